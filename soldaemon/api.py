@@ -1,0 +1,136 @@
+"""The contract between the front doors (websocket, CLI, benchmark) and an
+inference engine. Pure data: no torch, no asyncio.
+
+An :class:`Engine` turns a :class:`CompletionRequest` into a stream of
+:class:`Delta` events ending in exactly one :class:`Done`. It is driven from one
+worker thread; the caller cancels it through a :class:`CancelToken`, which the
+engine checks between prefill chunks and before every decode step, so a cancel
+takes effect within one step.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Literal, Protocol
+
+Multiline = Literal["auto", "single", "multi"]
+Priority = Literal["normal", "high"]
+# Why a completion ended. "stop": a stop token, the end of the hole, or a
+# post-processing cut; "length": max_tokens; "budget": budget_ms ran out;
+# "cancelled": the client cancelled or disconnected; "superseded": a newer
+# request for the same document replaced it; "error": see the error frame.
+FinishReason = Literal["stop", "length", "budget", "cancelled", "superseded", "error"]
+
+
+@dataclass(frozen=True)
+class ContextChunk:
+    """Extra context from another file (or another part of this one)."""
+
+    uri: str
+    text: str
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    id: str                                # client-chosen, unique per connection
+    prefix: str                            # document text before the cursor
+    suffix: str                            # document text after the cursor
+    uri: str = "untitled:"                 # document identity (supersede key)
+    version: int | None = None             # editor's document version
+    language: str | None = None            # LSP language id ("python", ...)
+    context: tuple[ContextChunk, ...] = ()
+    max_tokens: int = 64                   # generated tokens, hard cap
+    budget_ms: float | None = None         # wall-clock budget from arrival, ms
+    multiline: Multiline = "auto"
+    priority: Priority = "normal"
+    temperature: float = 0.0               # 0 → greedy
+    top_p: float = 1.0
+    n: int = 1                             # candidates (n > 1 needs temperature > 0)
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Per-request stage timings. Every figure the API, the logs and the
+    benchmark report comes from here."""
+
+    queue_ms: float = 0.0                  # arrival → worker picks it up
+    prompt_ms: float = 0.0                 # windowing + tokenizing + FIM template
+    prefill_ms: float = 0.0                # forward over the computed prompt tokens
+    ttft_ms: float = 0.0                   # arrival → first token sampled
+    decode_ms: float = 0.0                 # first token → last token
+    total_ms: float = 0.0                  # arrival → done
+    prompt_tokens: int = 0                 # tokens in the full prompt
+    cached_tokens: int = 0                 # prompt tokens whose KV was reused
+    generated_tokens: int = 0              # tokens sampled (incl. accepted drafts)
+    draft_tokens: int = 0                  # speculative tokens proposed
+    accepted_tokens: int = 0               # speculative tokens accepted
+    ttft_start_ns: int = 0                 # time.time_ns() at arrival
+    ttft_end_ns: int = 0                   # time.time_ns() at first token
+
+    @property
+    def tokens_per_s(self) -> float:
+        if self.generated_tokens <= 1 or self.decode_ms <= 0:
+            return 0.0
+        return (self.generated_tokens - 1) / (self.decode_ms / 1000.0)
+
+
+@dataclass(frozen=True)
+class Delta:
+    """Streamed text, appended in order. Never splits a UTF-8 character."""
+
+    id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Done:
+    """The last event of a request. ``items`` are the final, post-processed
+    completions; a client shows these (the deltas are a preview of item 0)."""
+
+    id: str
+    items: tuple[str, ...]
+    finish_reason: FinishReason
+    timings: Timings = field(default_factory=Timings)
+
+
+Event = Delta | Done
+
+
+class CancelToken:
+    """Set once, by any thread; read by the engine between steps."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason: FinishReason = "cancelled"
+
+    def cancel(self, reason: FinishReason = "cancelled") -> None:
+        if not self._event.is_set():
+            self.reason = reason
+            self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+
+class Engine(Protocol):
+    def complete(self, req: CompletionRequest, cancel: CancelToken) -> Iterator[Event]:
+        """Stream a completion. Yields zero or more ``Delta`` then one ``Done``.
+        Raises ``SolError`` subclasses for bad requests; never anything else
+        for a request problem."""
+        ...
+
+    def warm(self, req: CompletionRequest, cancel: CancelToken) -> Timings:
+        """Prefill the prompt of ``req`` into the KV cache; generate nothing."""
+        ...
+
+    def diagnosis(self) -> dict[str, Any]:
+        """The ``sol_diagnosis`` object: active, ttft_optimized,
+        prefetch_hit_rate, kv_fold_ratio, offloaded_layers."""
+        ...
+
+    def info(self) -> dict[str, Any]:
+        """Model name, device, dtype, context length, threads."""
+        ...
