@@ -1,0 +1,204 @@
+"""Find, verify, convert and load a model.
+
+Sources, in the order the daemon tries them:
+
+- ``model.path`` unset → the embedded default (see :mod:`.embedded`): assemble
+  the GGUF from the installed parts, verify its sha256, convert once to a
+  cached safetensors copy, load the copy.
+- ``model.path`` is a ``.gguf`` file → convert once to the cache, load.
+- ``model.path`` is a directory with ``config.json`` → load it directly.
+
+The converted copy lives in ``cache_dir()/models/<key>/``. Conversion writes
+to a temporary sibling directory and renames it into place only once every file
+and the ``soldaemon-complete.json`` marker are written, so an interrupted
+conversion never leaves a cache that a later start would load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+
+from .. import paths
+from ..errors import ModelError, OutOfMemory
+from .embedded import QWEN25_CODER_05B, assemble_gguf
+
+log = logging.getLogger(__name__)
+
+MARKER = "soldaemon-complete.json"
+CACHE_FORMAT = 1           # bump when the converted layout changes
+STORE_DTYPE = torch.float16  # dtype of the cached copy (halves disk and load time)
+
+
+@dataclass
+class LoadedModel:
+    model: Any                 # a transformers PreTrainedModel, eval mode
+    tokenizer: Any             # a transformers PreTrainedTokenizerFast
+    name: str                  # shown in health, logs, the benchmark
+    directory: Path            # the HF directory the weights were loaded from
+    gguf_path: Path | None     # the GGUF file it came from, when there is one
+    device: torch.device
+    dtype: torch.dtype
+    load_s: float              # wall time of this load, s
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelError(
+            f"device '{name}' asked for, but torch sees no CUDA device "
+            f"(torch {torch.__version__}, built for CUDA {torch.version.cuda})",
+            hint="set device.device: cpu, or install a CUDA build of torch; `soldaemon doctor` tells more",
+        )
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32  # CPUs without native bf16/fp16 math are fastest in fp32
+    table = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+    return table[name]
+
+
+def prepare_model_dir(path: str | None, *, progress: bool = True) -> tuple[Path, Path | None, str]:
+    """Return ``(hf_dir, gguf_path, name)`` for a model source, converting a
+    GGUF into the cache when needed. Raises ModelError subclasses."""
+    if path is None:
+        root = paths.cache_dir() / "models"
+        gguf = assemble_gguf(root / "gguf" / f"{QWEN25_CODER_05B.name}.gguf", progress=progress)
+        key = f"{QWEN25_CODER_05B.name}-{QWEN25_CODER_05B.sha256[:12]}"
+        return convert_gguf(gguf, root / key, progress=progress), gguf, QWEN25_CODER_05B.name
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ModelError(f"model.path '{p}' does not exist", hint="point model.path at a Hugging Face model directory or a .gguf file")
+    if p.is_dir():
+        if not (p / "config.json").exists():
+            raise ModelError(f"model.path '{p}' is a directory without config.json", hint="it must be a Hugging Face model directory (config.json, tokenizer, weights)")
+        return p, None, p.name
+    if p.suffix.lower() != ".gguf":
+        raise ModelError(f"model.path '{p}' is neither a directory nor a .gguf file")
+    st = p.stat()
+    key = hashlib.sha256(f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    return convert_gguf(p, paths.cache_dir() / "models" / f"{p.stem}-{key}", progress=progress), p, p.stem
+
+
+def is_complete(directory: Path) -> bool:
+    marker = directory / MARKER
+    try:
+        return json.loads(marker.read_text()).get("format") == CACHE_FORMAT
+    except (OSError, ValueError):
+        return False
+
+
+def convert_gguf(gguf: Path, dest: Path, *, progress: bool = True) -> Path:
+    """De-quantize ``gguf`` with transformers and write a safetensors copy to
+    ``dest`` atomically. A complete ``dest`` is returned as is."""
+    if is_complete(dest):
+        return dest
+    if dest.exists():
+        log.warning("removing incomplete model cache %s", dest)
+        shutil.rmtree(dest, ignore_errors=True)
+    import transformers
+
+    if not progress:
+        transformers.utils.logging.disable_progress_bar()
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    t0 = time.perf_counter()
+    log.info("converting %s to a cached safetensors copy (once; about a minute)", gguf.name)
+    if progress:
+        print(f"soldaemon: converting {gguf.name} once into {dest} (about a minute)…", flush=True)
+    try:
+        try:
+            tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+            )
+        except (ValueError, OSError, KeyError, RuntimeError) as exc:
+            raise ModelError(
+                f"cannot read GGUF '{gguf}': {exc}",
+                hint="transformers must support its architecture and quantization; a Hugging Face model directory always works",
+            ) from None
+        # The weights are now plain tensors; drop the GGUF quantizer so the
+        # model saves as an ordinary checkpoint.
+        model.hf_quantizer = None
+        model.config.__dict__.pop("quantization_config", None)
+        model.to(STORE_DTYPE)
+        model.config.dtype = STORE_DTYPE
+        tmp.mkdir(parents=True)
+        model.save_pretrained(str(tmp))
+        tok.save_pretrained(str(tmp))
+        (tmp / MARKER).write_text(json.dumps({"format": CACHE_FORMAT, "source": gguf.name, "seconds": round(time.perf_counter() - t0, 1)}))
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("converted in %.1f s", time.perf_counter() - t0)
+    return dest
+
+
+def check_memory(directory: Path, device: torch.device, dtype: torch.dtype) -> None:
+    """Raise OutOfMemory when the weights in ``dtype`` cannot fit."""
+    files = list(directory.glob("*.safetensors")) or list(directory.glob("*.bin"))
+    stored = sum(f.stat().st_size for f in files)
+    if not stored:
+        return
+    stored_itemsize = _stored_itemsize(directory)
+    need = stored // stored_itemsize * torch.empty((), dtype=dtype).element_size()
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        where = f"GPU {device}"
+    else:
+        free = psutil.virtual_memory().available
+        where = "RAM"
+    if need * 1.15 > free:
+        raise OutOfMemory(
+            f"the model needs about {need / 2**30:.1f} GiB in {str(dtype).removeprefix('torch.')} "
+            f"but only {free / 2**30:.1f} GiB of {where} is free",
+            hint="close other programs, choose a smaller dtype (model.dtype: bfloat16) or a smaller model, "
+            "or set sol.memory_budget to offload layers",
+        )
+
+
+def _stored_itemsize(directory: Path) -> int:
+    try:
+        cfg = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return 4
+    name = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
+    return 4 if "32" in name else 2
+
+
+def load_model(path: str | None = None, *, device: str = "auto", dtype: str = "auto",
+               progress: bool = True) -> LoadedModel:
+    """Prepare (verify/convert) and load a model with its tokenizer."""
+    import transformers
+
+    t0 = time.perf_counter()
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    directory, gguf, name = prepare_model_dir(path, progress=progress)
+    check_memory(directory, dev, dt)
+    if not progress:
+        transformers.utils.logging.disable_progress_bar()
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(str(directory))
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(directory), dtype=dt)
+    except (ValueError, OSError, KeyError) as exc:
+        raise ModelError(f"cannot load model from '{directory}': {exc}") from None
+    model.to(dev)
+    model.eval()
+    model.requires_grad_(False)
+    return LoadedModel(model, tok, name, directory, gguf, dev, dt, time.perf_counter() - t0)

@@ -1,0 +1,1 @@
+"""Helpers for tests and demos that need a model but not a good one."""
