@@ -1,0 +1,580 @@
+"""The websocket wire protocol, version 1: pure encode/decode, no I/O.
+
+The spec is ``docs/protocol.md``; this module is its executable form. The
+websocket server (``soldaemon.server``) is a thin adapter that feeds received
+frames to :func:`decode_client` and sends what :func:`encode_server` returns;
+clients (the language server, ``soldaemon status``, the tests) use
+:func:`encode_client` and :func:`decode_server`.
+
+Contracts:
+
+- :func:`decode_client` takes the raw payload of one websocket frame (bytes or
+  str) and returns exactly one :data:`ClientMessage`, or raises a
+  :class:`ProtocolError` whose ``code`` is stable and documented and whose
+  ``request_id`` is the message's ``id`` when one could be read (so the error
+  frame can name the request). It never raises anything else, whatever the
+  input.
+- :func:`encode_server` turns a daemon message into one JSON text frame.
+- Unknown *fields* are ignored (forward compatibility inside version 1);
+  unknown message *types* are an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping, NoReturn
+
+from soldaemon.api import (
+    CompletionRequest,
+    ContextChunk,
+    Delta,
+    Done,
+    FinishReason,
+    Timings,
+)
+from soldaemon.errors import BadRequest, Busy, SolError
+
+PROTOCOL_VERSION = 1
+
+# --------------------------------------------------------------------------
+# Errors: one class per stable code. All are BadRequest (the client sent
+# something wrong; the connection lives on) except RateLimited (retryable).
+# --------------------------------------------------------------------------
+
+
+class ProtocolError(BadRequest):
+    """A frame the daemon cannot accept. ``request_id`` is the offending
+    message's ``id`` when it could be read, else ``None``."""
+
+    code = "bad_request"
+
+    def __init__(self, message: str, *, request_id: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.request_id = request_id
+
+
+class BadUtf8(ProtocolError):
+    code = "bad_utf8"
+
+
+class BadJson(ProtocolError):
+    code = "bad_json"
+
+
+class BadField(ProtocolError):
+    """A field is missing, has the wrong type, or is out of range."""
+
+    code = "bad_field"
+
+
+class TooLarge(ProtocolError):
+    """A frame or a field is over its size limit."""
+
+    code = "too_large"
+
+
+class UnknownType(ProtocolError):
+    code = "unknown_type"
+
+
+class UnsupportedVersion(ProtocolError):
+    code = "unsupported_version"
+
+
+class UnknownId(ProtocolError):
+    """A ``cancel`` names no request in flight on this connection."""
+
+    code = "unknown_id"
+
+
+class DuplicateId(ProtocolError):
+    """A ``complete``/``warm`` reuses the id of a request still in flight."""
+
+    code = "duplicate_id"
+
+
+class RateLimited(Busy):
+    """The connection sent frames faster than its rate limit; the frame was
+    dropped. Retryable after a short wait."""
+
+    code = "rate_limited"
+
+
+# --------------------------------------------------------------------------
+# Limits
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Size and range bounds applied while decoding. Lengths are in
+    characters (code points) except ``max_message_bytes``."""
+
+    max_message_bytes: int = 1024 * 1024       # one frame, bytes
+    max_id_chars: int = 128
+    max_uri_chars: int = 4096
+    max_language_chars: int = 64
+    max_text_chars: int = 1_000_000             # prefix, suffix, one context chunk
+    max_context_chunks: int = 32
+    max_tokens: int = 2048                      # cap on complete.max_tokens
+    max_n: int = 8
+    max_budget_ms: float = 120_000.0            # ms
+
+
+DEFAULT_LIMITS = Limits()
+
+# --------------------------------------------------------------------------
+# Client → daemon messages
+# --------------------------------------------------------------------------
+
+EventKind = Literal["shown", "accepted", "partial", "rejected"]
+DebugPart = Literal["heatmap", "prefetch"]
+EVENT_KINDS: tuple[EventKind, ...] = ("shown", "accepted", "partial", "rejected")
+DEBUG_PARTS: tuple[DebugPart, ...] = ("heatmap", "prefetch")
+
+
+@dataclass(frozen=True)
+class Complete:
+    """Stream a completion: zero or more ``delta`` then one ``done`` (or one
+    ``error``) with the same id."""
+
+    request: CompletionRequest
+
+
+@dataclass(frozen=True)
+class Warm:
+    """Prefill the prompt into the KV cache; ends with a ``done`` whose
+    ``items`` is empty (or one ``error``)."""
+
+    request: CompletionRequest
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Stop request ``id``; its ``done`` carries finish reason ``cancelled``."""
+
+    id: str
+
+
+@dataclass(frozen=True)
+class CompletionEvent:
+    """What the editor did with a completion (telemetry, counted in metrics).
+    No reply."""
+
+    id: str
+    kind: EventKind
+    item: int = 0                          # index into done.items
+    accepted_chars: int | None = None      # for "partial"
+
+
+@dataclass(frozen=True)
+class Health:
+    """Ask for a ``status`` frame of kind ``health``."""
+
+    id: str | None = None
+
+
+@dataclass(frozen=True)
+class Debug:
+    """Ask for a ``status`` frame of kind ``debug`` with the named snapshots."""
+
+    id: str | None = None
+    parts: tuple[DebugPart, ...] = DEBUG_PARTS
+
+
+ClientMessage = Complete | Warm | Cancel | CompletionEvent | Health | Debug
+
+# --------------------------------------------------------------------------
+# Daemon → client messages (besides api.Delta and api.Done)
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ErrorFrame:
+    """An error. ``id`` names the request it ends (or the frame it answers);
+    ``None`` when no id could be read."""
+
+    id: str | None
+    code: str
+    message: str
+    retryable: bool = False
+    hint: str | None = None
+
+
+StatusKind = Literal["hello", "health", "debug", "state"]
+
+
+@dataclass(frozen=True)
+class Status:
+    """A status frame. ``hello`` is pushed once on connect, ``state`` whenever
+    the daemon's state changes (loading → ready → draining), ``health`` and
+    ``debug`` answer the requests of the same name (``id`` echoed)."""
+
+    kind: StatusKind
+    body: Mapping[str, Any] = field(default_factory=dict)
+    id: str | None = None
+
+
+ServerMessage = Delta | Done | ErrorFrame | Status
+
+
+def error_frame(exc: BaseException, request_id: str | None = None) -> ErrorFrame:
+    """Map any exception to an error frame: the one mapper for this boundary.
+    A :class:`SolError` keeps its code, message and hint; anything else
+    becomes ``internal`` with no detail (no traceback reaches a client)."""
+    if isinstance(exc, ProtocolError) and request_id is None:
+        request_id = exc.request_id
+    if isinstance(exc, SolError):
+        return ErrorFrame(request_id, exc.code, exc.message, exc.retryable, exc.hint)
+    return ErrorFrame(request_id, "internal", "internal error; see the daemon log", False, None)
+
+
+# --------------------------------------------------------------------------
+# Decoding client messages
+# --------------------------------------------------------------------------
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+class _Reader:
+    """Typed field access on one decoded JSON object; every failure raises a
+    ProtocolError naming the field (never echoing its value)."""
+
+    def __init__(self, obj: dict[str, Any], request_id: str | None, limits: Limits) -> None:
+        self.obj = obj
+        self.request_id = request_id
+        self.limits = limits
+
+    def fail(self, cls: type[ProtocolError], message: str) -> NoReturn:
+        raise cls(message, request_id=self.request_id)
+
+    def string(self, name: str, max_chars: int, *, default: str | None = None,
+               required: bool = False, nullable: bool = False) -> str | None:
+        if name not in self.obj:
+            if required:
+                self.fail(BadField, f"missing field '{name}'")
+            return default
+        value = self.obj[name]
+        if value is None and nullable:
+            return None
+        if not isinstance(value, str):
+            self.fail(BadField, f"field '{name}' must be a string")
+        return self.check_text(name, value, max_chars)
+
+    def check_text(self, name: str, value: str, max_chars: int) -> str:
+        if len(value) > max_chars:
+            self.fail(TooLarge, f"field '{name}' is longer than {max_chars} characters")
+        if _has_surrogate(value):
+            self.fail(BadField, f"field '{name}' contains a lone UTF-16 surrogate")
+        return value
+
+    def integer(self, name: str, default: int | None, lo: int, hi: int,
+                *, nullable: bool = False) -> int | None:
+        if name not in self.obj or (nullable and self.obj[name] is None):
+            return default
+        value = self.obj[name]
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(BadField, f"field '{name}' must be an integer")
+        if not lo <= value <= hi:
+            self.fail(BadField, f"field '{name}' must be between {lo} and {hi}")
+        return value
+
+    def number(self, name: str, default: float | None, lo: float, hi: float,
+               *, nullable: bool = False) -> float | None:
+        if name not in self.obj or (nullable and self.obj[name] is None):
+            return default
+        value = self.obj[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.fail(BadField, f"field '{name}' must be a number")
+        number = float(value)
+        if not math.isfinite(number) or not lo <= number <= hi:
+            self.fail(BadField, f"field '{name}' must be between {lo:g} and {hi:g}")
+        return number
+
+    def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
+        value = self.string(name, 64, default=default)
+        assert value is not None
+        if value not in choices:
+            self.fail(BadField, f"field '{name}' must be one of {', '.join(choices)}")
+        return value
+
+
+def _read_id(obj: dict[str, Any], limits: Limits) -> str | None:
+    """The message id if it is a usable string, else None (for error frames)."""
+    value = obj.get("id")
+    if isinstance(value, str) and 0 < len(value) <= limits.max_id_chars and not _has_surrogate(value):
+        return value
+    return None
+
+
+def _required_id(r: _Reader) -> str:
+    value = r.string("id", r.limits.max_id_chars, required=True)
+    assert value is not None
+    if not value:
+        r.fail(BadField, "field 'id' must not be empty")
+    return value
+
+
+def _optional_id(r: _Reader) -> str | None:
+    value = r.string("id", r.limits.max_id_chars, nullable=True)
+    if value == "":
+        r.fail(BadField, "field 'id' must not be empty")
+    return value
+
+
+def _read_context(r: _Reader) -> tuple[ContextChunk, ...]:
+    raw = r.obj.get("context", [])
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        r.fail(BadField, "field 'context' must be a list")
+    if len(raw) > r.limits.max_context_chunks:
+        r.fail(TooLarge, f"field 'context' has more than {r.limits.max_context_chunks} chunks")
+    chunks: list[ContextChunk] = []
+    for index, item in enumerate(raw):
+        if not isinstance(item, dict):
+            r.fail(BadField, f"context[{index}] must be an object")
+        uri, text = item.get("uri", "untitled:"), item.get("text")
+        if not isinstance(uri, str) or not isinstance(text, str):
+            r.fail(BadField, f"context[{index}] needs string fields 'uri' and 'text'")
+        chunks.append(ContextChunk(
+            uri=r.check_text(f"context[{index}].uri", uri, r.limits.max_uri_chars),
+            text=r.check_text(f"context[{index}].text", text, r.limits.max_text_chars),
+        ))
+    return tuple(chunks)
+
+
+def _read_request(r: _Reader) -> CompletionRequest:
+    lim = r.limits
+    request_id = _required_id(r)
+    prefix = r.string("prefix", lim.max_text_chars, required=True)
+    suffix = r.string("suffix", lim.max_text_chars, default="")
+    uri = r.string("uri", lim.max_uri_chars, default="untitled:")
+    language = r.string("language", lim.max_language_chars, nullable=True)
+    version = r.integer("version", None, -(2**63), 2**63 - 1, nullable=True)
+    max_tokens = r.integer("max_tokens", 64, 1, lim.max_tokens)
+    budget_ms = r.number("budget_ms", None, 1.0, lim.max_budget_ms, nullable=True)
+    multiline = r.choice("multiline", "auto", ("auto", "single", "multi"))
+    priority = r.choice("priority", "normal", ("normal", "high"))
+    temperature = r.number("temperature", 0.0, 0.0, 2.0)
+    top_p = r.number("top_p", 1.0, 0.0, 1.0)
+    n = r.integer("n", 1, 1, lim.max_n)
+    seed = r.integer("seed", None, 0, 2**63 - 1, nullable=True)
+    assert prefix is not None and suffix is not None and uri is not None
+    assert max_tokens is not None and temperature is not None and top_p is not None and n is not None
+    if top_p <= 0.0:
+        r.fail(BadField, "field 'top_p' must be greater than 0")
+    if n > 1 and temperature <= 0.0:
+        r.fail(BadField, "field 'n' greater than 1 needs 'temperature' greater than 0")
+    return CompletionRequest(
+        id=request_id, prefix=prefix, suffix=suffix, uri=uri, version=version,
+        language=language, context=_read_context(r), max_tokens=max_tokens,
+        budget_ms=budget_ms, multiline=multiline,  # type: ignore[arg-type]
+        priority=priority,  # type: ignore[arg-type]
+        temperature=temperature, top_p=top_p, n=n, seed=seed,
+    )
+
+
+def _read_event(r: _Reader) -> CompletionEvent:
+    request_id = _required_id(r)
+    kind = r.choice("kind", "", EVENT_KINDS)
+    item = r.integer("item", 0, 0, r.limits.max_n - 1)
+    accepted = r.integer("accepted_chars", None, 0, r.limits.max_text_chars, nullable=True)
+    assert item is not None
+    return CompletionEvent(request_id, kind, item, accepted)  # type: ignore[arg-type]
+
+
+def _read_debug(r: _Reader) -> Debug:
+    request_id = _optional_id(r)
+    raw = r.obj.get("parts", list(DEBUG_PARTS))
+    if not isinstance(raw, list) or not all(isinstance(p, str) for p in raw):
+        r.fail(BadField, "field 'parts' must be a list of strings")
+    if len(raw) > len(DEBUG_PARTS) * 2 or any(p not in DEBUG_PARTS for p in raw):
+        r.fail(BadField, f"field 'parts' may name only {', '.join(DEBUG_PARTS)}")
+    parts = tuple(p for p in DEBUG_PARTS if p in raw)
+    return Debug(request_id, parts)
+
+
+def decode_client(data: bytes | str, limits: Limits = DEFAULT_LIMITS) -> ClientMessage:
+    """Decode one client frame. Raises a :class:`ProtocolError` subclass (and
+    nothing else) when the frame is not a valid version-1 message."""
+    try:
+        return _decode_client(data, limits)
+    except ProtocolError:
+        raise
+    except Exception as exc:  # a bug here must still be a clean error frame
+        raise BadJson(f"undecodable message ({type(exc).__name__})") from exc
+
+
+def _decode_client(data: bytes | str, limits: Limits) -> ClientMessage:
+    size = len(data) if isinstance(data, bytes) else len(data.encode("utf-8", "surrogatepass"))
+    if size > limits.max_message_bytes:
+        raise TooLarge(f"message is larger than {limits.max_message_bytes} bytes")
+    if isinstance(data, bytes):
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise BadUtf8("message is not valid UTF-8") from None
+    else:
+        text = data
+    try:
+        obj = json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        raise BadJson("message is not valid JSON") from None
+    if not isinstance(obj, dict):
+        raise BadJson("message must be a JSON object")
+    r = _Reader(obj, _read_id(obj, limits), limits)
+    if "v" in obj:
+        v = obj["v"]
+        if isinstance(v, bool) or not isinstance(v, int) or v != PROTOCOL_VERSION:
+            r.fail(UnsupportedVersion, f"protocol version must be {PROTOCOL_VERSION}")
+    kind = obj.get("type")
+    if not isinstance(kind, str):
+        r.fail(BadField, "field 'type' must be a string")
+    if kind == "complete":
+        return Complete(_read_request(r))
+    if kind == "warm":
+        return Warm(_read_request(r))
+    if kind == "cancel":
+        return Cancel(_required_id(r))
+    if kind == "event":
+        return _read_event(r)
+    if kind == "health":
+        return Health(_optional_id(r))
+    if kind == "debug":
+        return _read_debug(r)
+    r.fail(UnknownType, "unknown message type",)
+
+
+# --------------------------------------------------------------------------
+# Encoding
+# --------------------------------------------------------------------------
+
+
+def _dumps(obj: dict[str, Any]) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def timings_to_json(t: Timings) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(t):
+        value = getattr(t, f.name)
+        out[f.name] = round(value, 3) if isinstance(value, float) else value
+    return out
+
+
+def timings_from_json(obj: Mapping[str, Any]) -> Timings:
+    names = {f.name for f in dataclasses.fields(Timings)}
+    return Timings(**{k: v for k, v in obj.items() if k in names})
+
+
+def server_to_json(msg: ServerMessage) -> dict[str, Any]:
+    if isinstance(msg, Delta):
+        return {"type": "delta", "id": msg.id, "text": msg.text}
+    if isinstance(msg, Done):
+        return {"type": "done", "id": msg.id, "items": list(msg.items),
+                "finish_reason": msg.finish_reason, "timings": timings_to_json(msg.timings)}
+    if isinstance(msg, ErrorFrame):
+        out: dict[str, Any] = {"type": "error", "id": msg.id, "code": msg.code,
+                               "message": msg.message, "retryable": msg.retryable}
+        if msg.hint:
+            out["hint"] = msg.hint
+        return out
+    body = dict(msg.body)
+    body.update({"type": "status", "kind": msg.kind})
+    if msg.id is not None:
+        body["id"] = msg.id
+    return body
+
+
+def encode_server(msg: ServerMessage) -> str:
+    """One JSON text frame for a daemon → client message."""
+    return _dumps(server_to_json(msg))
+
+
+def _request_to_json(req: CompletionRequest) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": req.id, "prefix": req.prefix, "suffix": req.suffix, "uri": req.uri,
+                           "max_tokens": req.max_tokens, "multiline": req.multiline,
+                           "priority": req.priority}
+    if req.version is not None:
+        out["version"] = req.version
+    if req.language is not None:
+        out["language"] = req.language
+    if req.context:
+        out["context"] = [{"uri": c.uri, "text": c.text} for c in req.context]
+    if req.budget_ms is not None:
+        out["budget_ms"] = req.budget_ms
+    if req.temperature != 0.0 or req.n != 1:
+        out.update(temperature=req.temperature, top_p=req.top_p, n=req.n)
+    if req.seed is not None:
+        out["seed"] = req.seed
+    return out
+
+
+def encode_client(msg: ClientMessage) -> str:
+    """One JSON text frame for a client → daemon message (for clients)."""
+    obj: dict[str, Any]
+    if isinstance(msg, (Complete, Warm)):
+        obj = {"type": "complete" if isinstance(msg, Complete) else "warm", **_request_to_json(msg.request)}
+    elif isinstance(msg, Cancel):
+        obj = {"type": "cancel", "id": msg.id}
+    elif isinstance(msg, CompletionEvent):
+        obj = {"type": "event", "id": msg.id, "kind": msg.kind, "item": msg.item}
+        if msg.accepted_chars is not None:
+            obj["accepted_chars"] = msg.accepted_chars
+    elif isinstance(msg, Health):
+        obj = {"type": "health"}
+        if msg.id is not None:
+            obj["id"] = msg.id
+    else:
+        obj = {"type": "debug", "parts": list(msg.parts)}
+        if msg.id is not None:
+            obj["id"] = msg.id
+    obj["v"] = PROTOCOL_VERSION
+    return _dumps(obj)
+
+
+FINISH_REASONS: tuple[FinishReason, ...] = ("stop", "length", "budget", "cancelled", "superseded", "error")
+
+
+def decode_server(data: bytes | str) -> ServerMessage:
+    """Decode a daemon frame (for clients). Raises :class:`BadJson` or
+    :class:`BadField` when the frame is not a version-1 daemon message."""
+    try:
+        obj = json.loads(data)
+    except (ValueError, RecursionError):
+        raise BadJson("daemon sent invalid JSON") from None
+    if not isinstance(obj, dict):
+        raise BadJson("daemon frame is not a JSON object")
+    kind = obj.get("type")
+    try:
+        if kind == "delta":
+            return Delta(str(obj["id"]), str(obj["text"]))
+        if kind == "done":
+            reason = obj["finish_reason"]
+            if reason not in FINISH_REASONS:
+                raise BadField(f"unknown finish reason {reason!r}")
+            return Done(str(obj["id"]), tuple(str(i) for i in obj["items"]), reason,
+                        timings_from_json(obj.get("timings") or {}))
+        if kind == "error":
+            return ErrorFrame(obj.get("id"), str(obj["code"]), str(obj["message"]),
+                              bool(obj.get("retryable", False)), obj.get("hint"))
+        if kind == "status":
+            body = {k: v for k, v in obj.items() if k not in ("type", "kind", "id")}
+            return Status(obj["kind"], body, obj.get("id"))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BadField(f"malformed {kind} frame: {exc}") from None
+    raise BadField(f"unknown daemon frame type {kind!r}")
