@@ -1,0 +1,110 @@
+"""Prometheus metrics for ``GET /metrics`` (prometheus-client).
+
+One :class:`Metrics` per daemon, with its own registry (so tests can build
+several). The server records each request once, when it ends; gauges that
+mirror live state (queue depth, in-flight, connections) and the engine's own
+counters (prefetch fallbacks) are read at scrape time through callables, so
+they can never drift. Names and labels are documented in docs/protocol.md §7.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from soldaemon.api import Done, Timings
+
+# seconds; batch-1 TTFT lives between a few ms (GPU, cached) and seconds (CPU)
+TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
+E2E_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
+
+
+class _EngineCollector(Collector):
+    """Reads the engine's counters and the running KV hit ratio at scrape time."""
+
+    def __init__(self, metrics: Metrics, engine_stats: Callable[[], Mapping[str, Any]]) -> None:
+        self._metrics = metrics
+        self._engine_stats = engine_stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._engine_stats()
+        fallback = CounterMetricFamily(
+            "sol_fallback", "Prefetches not ready in time: the synchronous path was taken (engine).")
+        fallback.add_metric([], float(stats.get("fallback_count", 0) or 0))
+        yield fallback
+        ratio = GaugeMetricFamily(
+            "sol_kv_cache_hit_ratio", "Prompt tokens whose KV was reused / all prompt tokens, since start.")
+        ratio.add_metric([], self._metrics.kv_hit_ratio())
+        yield ratio
+
+
+class Metrics:
+    """The daemon's metrics. ``live`` gives the current queue depth, in-flight
+    requests and connections; ``engine_stats`` gives engine counters (at least
+    ``fallback_count`` when the engine keeps one). Both are called at scrape
+    time, from the event loop thread."""
+
+    def __init__(self, live: Callable[[], Mapping[str, int]],
+                 engine_stats: Callable[[], Mapping[str, Any]] = lambda: {}) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("sol_requests", "Requests ended, by kind and outcome "
+                                "(finish reason, or error code).", ["kind", "outcome"], registry=r)
+        self.ttft = Histogram("sol_ttft_seconds", "Arrival to first token, completions.",
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.e2e = Histogram("sol_e2e_seconds", "Arrival to done, completions.",
+                             buckets=E2E_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("sol_prompt_tokens", "Prompt tokens.", registry=r)
+        self.cached_tokens = Counter("sol_cached_tokens", "Prompt tokens whose KV was reused.", registry=r)
+        self.generated_tokens = Counter("sol_generated_tokens", "Generated tokens.", registry=r)
+        self.client_errors = Counter("sol_client_errors", "Error frames sent for bad client input.",
+                                     ["code"], registry=r)
+        self.events = Counter("sol_completion_events", "Editor events (shown, accepted, ...).",
+                              ["kind"], registry=r)
+        for name, doc in (("queue_depth", "Requests waiting for the inference worker."),
+                          ("in_flight", "Requests queued or running."),
+                          ("connections", "Open websocket connections.")):
+            gauge = Gauge(f"sol_{name}", doc, registry=r)
+            gauge.set_function(lambda name=name: float(live().get(name, 0)))  # type: ignore[misc]
+        r.register(_EngineCollector(self, engine_stats))
+        self._prompt_total = 0
+        self._cached_total = 0
+
+    def kv_hit_ratio(self) -> float:
+        return self._cached_total / self._prompt_total if self._prompt_total else 0.0
+
+    def record_done(self, kind: str, done: Done) -> None:
+        """Count a request that ended with ``done``; its timings feed the
+        histograms (completions only) and token counters."""
+        self.requests.labels(kind, done.finish_reason).inc()
+        self._count_tokens(done.timings)
+        if kind == "complete":
+            if done.timings.generated_tokens > 0 and done.timings.ttft_ms > 0:
+                self.ttft.observe(done.timings.ttft_ms / 1000.0)
+            if done.finish_reason in ("stop", "length", "budget"):
+                self.e2e.observe(done.timings.total_ms / 1000.0)
+
+    def record_error(self, kind: str, code: str) -> None:
+        """Count a request that ended with an error frame."""
+        self.requests.labels(kind, code).inc()
+
+    def record_client_error(self, code: str) -> None:
+        self.client_errors.labels(code).inc()
+
+    def record_event(self, kind: str) -> None:
+        self.events.labels(kind).inc()
+
+    def _count_tokens(self, t: Timings) -> None:
+        self.prompt_tokens.inc(t.prompt_tokens)
+        self.cached_tokens.inc(t.cached_tokens)
+        self.generated_tokens.inc(t.generated_tokens)
+        self._prompt_total += t.prompt_tokens
+        self._cached_total += t.cached_tokens
+
+    def render(self) -> tuple[bytes, str]:
+        """The Prometheus text exposition and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,233 @@
+"""The server's parts in-process, with a scripted engine: the worker's
+priority queue, withdrawal of queued jobs, timings from arrival, error
+mapping; the rate limiter; the metrics exposition."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any, Iterator
+
+import pytest
+
+from soldaemon.api import CancelToken, CompletionRequest, Delta, Done, Event, Timings
+from soldaemon.errors import BadRequest
+from soldaemon.metrics import Metrics
+from soldaemon.protocol import ErrorFrame
+from soldaemon.server import Job, TokenBucket, Worker
+from tests.fixtures.fake_engine import FakeEngine
+
+
+class GatedEngine(FakeEngine):
+    """Blocks its first request until ``gate`` is set, and records order."""
+
+    def __init__(self) -> None:
+        super().__init__(step_ms=1.0)
+        self.gate = threading.Event()
+        self.order: list[str] = []
+
+    def complete(self, req: CompletionRequest, cancel: CancelToken) -> Iterator[Event]:
+        self.order.append(req.id)
+        if req.id == "blocker":
+            self.gate.wait(5)
+        yield from super().complete(req, cancel)
+
+    def warm(self, req: CompletionRequest, cancel: CancelToken) -> Timings:
+        self.order.append(req.id)
+        return super().warm(req, cancel)
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.events: dict[str, list[Delta | Done | ErrorFrame]] = {}
+        self.ended: dict[str, asyncio.Future[Done | ErrorFrame]] = {}
+
+    def job(self, kind: str, rid: str, **fields: Any) -> Job:
+        loop = asyncio.get_running_loop()
+        self.ended[rid] = loop.create_future()
+        return Job(kind, CompletionRequest(id=rid, prefix=fields.pop("prefix", "abc"), suffix="", **fields),  # type: ignore[arg-type]
+                   self.deliver)
+
+    def deliver(self, job: Job, event: Delta | Done | ErrorFrame) -> None:
+        self.events.setdefault(job.id, []).append(event)
+        if not isinstance(event, Delta):
+            assert not self.ended[job.id].done(), "two final events"
+            self.ended[job.id].set_result(event)
+
+    async def end(self, rid: str) -> Done | ErrorFrame:
+        return await asyncio.wait_for(self.ended[rid], 5)
+
+
+async def started_worker(engine: FakeEngine) -> Worker:
+    worker = Worker(asyncio.get_running_loop())
+    await asyncio.wait_for(worker.start(lambda: engine), 5)
+    return worker
+
+
+@pytest.mark.asyncio
+async def test_priority_high_then_normal_then_warm() -> None:
+    engine = GatedEngine()
+    worker = await started_worker(engine)
+    c = Collector()
+    try:
+        worker.submit(c.job("complete", "blocker", max_tokens=1))
+        await asyncio.sleep(0.05)
+        worker.submit(c.job("warm", "w1"))
+        worker.submit(c.job("complete", "n1", max_tokens=1))
+        worker.submit(c.job("complete", "h1", max_tokens=1, priority="high"))
+        worker.submit(c.job("complete", "n2", max_tokens=1))
+        assert worker.queue_depth == 4
+        engine.gate.set()
+        for rid in ("blocker", "w1", "n1", "h1", "n2"):
+            assert isinstance(await c.end(rid), Done)
+        assert engine.order == ["blocker", "h1", "n1", "n2", "w1"]
+        assert worker.queue_depth == 0
+        warm = await c.end("w1")
+        assert isinstance(warm, Done) and warm.items == () and warm.finish_reason == "stop"
+    finally:
+        engine.gate.set()
+        worker.stop()
+
+
+@pytest.mark.asyncio
+async def test_withdrawn_queued_job_ends_at_once_without_the_engine() -> None:
+    engine = GatedEngine()
+    worker = await started_worker(engine)
+    c = Collector()
+    try:
+        worker.submit(c.job("complete", "blocker", max_tokens=1))
+        await asyncio.sleep(0.05)
+        queued = c.job("complete", "q", max_tokens=1)
+        worker.submit(queued)
+        worker.withdraw(queued, "superseded")
+        end = await c.end("q")  # before the gate opens
+        assert isinstance(end, Done) and end.finish_reason == "superseded" and end.items == ()
+        assert end.timings.generated_tokens == 0 and end.timings.total_ms >= 0
+        engine.gate.set()
+        await c.end("blocker")
+        await asyncio.sleep(0.05)
+        assert "q" not in engine.order
+        assert c.events["q"] == [end]
+    finally:
+        engine.gate.set()
+        worker.stop()
+
+
+@pytest.mark.asyncio
+async def test_running_job_cancel_within_a_step_and_reason_kept() -> None:
+    engine = FakeEngine(step_ms=20.0)
+    worker = await started_worker(engine)
+    c = Collector()
+    try:
+        job = c.job("complete", "r", max_tokens=500)
+        worker.submit(job)
+        while "r" not in c.events:
+            await asyncio.sleep(0.005)
+        t0 = time.perf_counter()
+        worker.withdraw(job, "superseded")
+        end = await c.end("r")
+        latency_ms = (time.perf_counter() - t0) * 1000
+        assert isinstance(end, Done) and end.finish_reason == "superseded"
+        assert latency_ms < 20.0 + 30.0
+        assert 0 < end.timings.generated_tokens < 500
+    finally:
+        worker.stop()
+
+
+@pytest.mark.asyncio
+async def test_timings_count_from_arrival() -> None:
+    engine = GatedEngine()
+    worker = await started_worker(engine)
+    c = Collector()
+    try:
+        worker.submit(c.job("complete", "blocker", max_tokens=1))
+        late = c.job("complete", "late", max_tokens=3)
+        worker.submit(late)
+        await asyncio.sleep(0.1)
+        engine.gate.set()
+        end = await c.end("late")
+        assert isinstance(end, Done)
+        t = end.timings
+        assert t.queue_ms >= 90
+        assert t.ttft_ms >= t.queue_ms and t.total_ms >= t.ttft_ms
+        assert t.ttft_start_ns == late.arrival_ns and t.ttft_end_ns > t.ttft_start_ns
+        assert abs((t.ttft_end_ns - t.ttft_start_ns) / 1e6 - t.ttft_ms) < 5
+    finally:
+        engine.gate.set()
+        worker.stop()
+
+
+@pytest.mark.asyncio
+async def test_budget_spent_in_the_queue_never_reaches_the_engine() -> None:
+    engine = GatedEngine()
+    worker = await started_worker(engine)
+    c = Collector()
+    try:
+        worker.submit(c.job("complete", "blocker", max_tokens=1))
+        worker.submit(c.job("complete", "b", max_tokens=3, budget_ms=20.0))
+        await asyncio.sleep(0.08)
+        engine.gate.set()
+        end = await c.end("b")
+        assert isinstance(end, Done) and end.finish_reason == "budget"
+        assert "b" not in engine.order
+    finally:
+        engine.gate.set()
+        worker.stop()
+
+
+@pytest.mark.asyncio
+async def test_engine_errors_become_error_frames_without_details() -> None:
+    worker = await started_worker(FakeEngine())
+    c = Collector()
+    try:
+        worker.submit(c.job("complete", "bad", prefix="!raise-bad"))
+        worker.submit(c.job("complete", "bug", prefix="!raise-bug"))
+        worker.submit(c.job("complete", "ok", max_tokens=2))
+        bad, bug, ok = await c.end("bad"), await c.end("bug"), await c.end("ok")
+        assert bad == ErrorFrame("bad", BadRequest.code, "the prompt is empty after windowing", False, None)
+        assert isinstance(bug, ErrorFrame) and bug.code == "internal" and "secret" not in bug.message
+        assert isinstance(ok, Done) and ok.finish_reason == "length"
+    finally:
+        worker.stop()
+
+
+@pytest.mark.asyncio
+async def test_load_failure_reaches_the_caller() -> None:
+    worker = Worker(asyncio.get_running_loop())
+
+    def load() -> FakeEngine:
+        raise BadRequest("no such model")
+
+    with pytest.raises(BadRequest):
+        await asyncio.wait_for(worker.start(load), 5)
+
+
+def test_token_bucket() -> None:
+    bucket = TokenBucket(rate=10.0, burst=20.0)
+    assert sum(bucket.take() for _ in range(100)) == 20
+    bucket.stamp -= 0.5  # half a second later: 5 more
+    assert sum(bucket.take() for _ in range(100)) == 5
+
+
+def test_metrics_exposition() -> None:
+    live = {"queue_depth": 2, "in_flight": 3, "connections": 1}
+    m = Metrics(lambda: live, lambda: {"fallback_count": 7})
+    m.record_done("complete", Done("a", ("x",), "stop", Timings(ttft_ms=12.0, total_ms=40.0, prompt_tokens=100,
+                                                                cached_tokens=75, generated_tokens=4)))
+    m.record_done("complete", Done("b", (), "cancelled", Timings(prompt_tokens=100, cached_tokens=25)))
+    m.record_error("complete", "internal")
+    m.record_client_error("bad_json")
+    m.record_event("accepted")
+    text, content_type = m.render()
+    body = text.decode()
+    assert content_type.startswith("text/plain")
+    for line in ('sol_requests_total{kind="complete",outcome="stop"} 1.0',
+                 'sol_requests_total{kind="complete",outcome="cancelled"} 1.0',
+                 'sol_requests_total{kind="complete",outcome="internal"} 1.0',
+                 "sol_ttft_seconds_count 1.0", 'sol_ttft_seconds_bucket{le="0.02"} 1.0',
+                 "sol_e2e_seconds_count 1.0", "sol_queue_depth 2.0", "sol_in_flight 3.0",
+                 "sol_connections 1.0", "sol_fallback_total 7.0", "sol_kv_cache_hit_ratio 0.5",
+                 'sol_client_errors_total{code="bad_json"} 1.0',
+                 'sol_completion_events_total{kind="accepted"} 1.0'):
+        assert line in body, line
