@@ -1,0 +1,957 @@
+"""soldaemon doctor: readers replay recorded NVML / nvidia-smi readings of fake
+devices (tests/data/doctor, see its README for provenance); judges are checked
+for every verdict of every check; nothing may ever run a command that changes
+a setting."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import http.server
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Iterator
+
+import pynvml
+import pytest
+
+from soldaemon import doctor, gpuprobe
+from soldaemon.doctor import Check, judge, judge_machine
+from soldaemon.gpuprobe import (
+    READ_ONLY_ARGVS,
+    SMI_APPS_ARGV,
+    SMI_BANNER_ARGV,
+    SMI_CORE_ARGV,
+    SMI_QUERY_ARGV,
+    CacheReading,
+    CommandFailed,
+    CpuReading,
+    GpuProbe,
+    GpuReading,
+    MachineReading,
+    ProbeUnavailable,
+    TorchReading,
+)
+
+DATA = Path(__file__).parent / "data" / "doctor"
+GiB = 1024 ** 3
+
+# Options of nvidia-smi that change state; none may ever reach a runner.
+SETTING_FLAGS = ("-pm", "--persistence-mode", "-e", "--ecc-config", "-r", "--gpu-reset", "-ac",
+                 "--applications-clocks", "-rac", "-lgc", "--lock-gpu-clocks", "-rgc", "-lmc",
+                 "-pl", "--power-limit", "-c", "--compute-mode", "-mig", "--multi-instance-gpu",
+                 "-am", "-caa", "-p", "--reset-ecc-errors", "-dm", "-fdm")
+
+
+# ------------------------------------------------------------------------ fakes
+
+
+class FakeNvml:
+    """Replays one nvml_*.json recording with pynvml's names, constants and
+    error type. Records every function called."""
+
+    NVMLError = pynvml.NVMLError
+    NVML_FEATURE_ENABLED = pynvml.NVML_FEATURE_ENABLED
+    NVML_CLOCK_SM = pynvml.NVML_CLOCK_SM
+    NVML_CLOCK_MEM = pynvml.NVML_CLOCK_MEM
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+    NVML_VOLATILE_ECC = pynvml.NVML_VOLATILE_ECC
+
+    def __init__(self, recording: dict[str, Any] | None = None, *, init_error: int | None = None,
+                 handle_error: dict[int, int] | None = None) -> None:
+        rec = recording or {"system": {}, "devices": []}
+        self._system: dict[str, Any] = rec.get("system", {})
+        self._devices: list[dict[str, Any]] = rec.get("devices", [])
+        self._names: dict[str, str] = rec.get("process_names", {})
+        self._missing: set[str] = set(rec.get("missing_functions", []))
+        self._init_error = init_error
+        self._handle_error = handle_error or {}
+        self.calls: list[str] = []
+        self.shutdown = False
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("nvml") or name in self._missing:
+            raise AttributeError(name)
+        return lambda *args: self._call(name, args)
+
+    def _raise_if_error(self, value: Any) -> Any:
+        if isinstance(value, dict) and set(value) == {"error"}:
+            raise pynvml.NVMLError(value["error"])
+        return value
+
+    def _call(self, name: str, args: tuple[Any, ...]) -> Any:
+        self.calls.append(name)
+        if name == "nvmlInit":
+            if self._init_error is not None:
+                raise pynvml.NVMLError(self._init_error)
+            return None
+        if name == "nvmlShutdown":
+            self.shutdown = True
+            return None
+        if name == "nvmlDeviceGetCount":
+            return len(self._devices)
+        if name == "nvmlDeviceGetHandleByIndex":
+            (index,) = args
+            if index in self._handle_error:
+                raise pynvml.NVMLError(self._handle_error[index])
+            return ("handle", index)
+        if name == "nvmlSystemGetProcessName":
+            (pid,) = args
+            if str(pid) not in self._names:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+            return self._names[str(pid)]
+        if name.startswith("nvmlSystemGet"):
+            if name not in self._system:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            return self._raise_if_error(self._system[name])
+        handle, rest = args[0], args[1:]
+        assert isinstance(handle, tuple) and handle[0] == "handle", handle
+        device = self._devices[handle[1]]
+        if name not in device:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        value = self._raise_if_error(device[name])
+        if rest:
+            value = self._raise_if_error(value[",".join(str(a) for a in rest)])
+        if name in {"nvmlDeviceGetMemoryInfo", "nvmlDeviceGetPciInfo"}:
+            return SimpleNamespace(**value)
+        if name.endswith("RunningProcesses"):
+            return [SimpleNamespace(**p) for p in value]
+        if isinstance(value, list):
+            return tuple(value)
+        return value
+
+
+class FakeSmi:
+    """Replays one smi_*/ folder as the nvidia-smi runner; records argv."""
+
+    FILES = {SMI_QUERY_ARGV: "query-gpu.csv", SMI_CORE_ARGV: "query-gpu-core.csv",
+             SMI_APPS_ARGV: "query-compute-apps.csv", SMI_BANNER_ARGV: "nvidia-smi.txt"}
+
+    def __init__(self, folder: str | None = None, *, error: BaseException | None = None) -> None:
+        self.folder = DATA / folder if folder else None
+        self.error = error
+        self.argvs: list[list[str]] = []
+
+    def __call__(self, argv: list[str]) -> str:
+        self.argvs.append(list(argv))
+        if self.error is not None:
+            raise self.error
+        assert self.folder is not None
+        name = self.FILES[tuple(argv)]           # KeyError: an argv nobody allowed
+        err = self.folder / (name.rsplit(".", 1)[0] + ".err")
+        if err.exists():
+            raise CommandFailed(2, err.read_text())
+        return (self.folder / name).read_text()
+
+
+def nvml(name: str, **kw: Any) -> FakeNvml:
+    return FakeNvml(json.loads((DATA / f"{name}.json").read_text()), **kw)
+
+
+def nvml_readings(name: str) -> list[GpuReading]:
+    fake = nvml(name)
+    out = gpuprobe.read_nvml(fake)
+    assert_read_only_nvml(fake)
+    return out
+
+
+def smi_readings(folder: str) -> list[GpuReading]:
+    fake = FakeSmi(folder)
+    out = gpuprobe.read_nvidia_smi(fake)
+    assert_read_only_argvs(fake.argvs)
+    return out
+
+
+def assert_read_only_nvml(fake: FakeNvml) -> None:
+    assert fake.calls, "nothing was read"
+    for name in fake.calls:
+        assert name in {"nvmlInit", "nvmlShutdown"} or name.startswith(("nvmlSystemGet", "nvmlDeviceGet")), name
+    assert fake.shutdown
+
+
+def assert_read_only_argvs(argvs: list[list[str]]) -> None:
+    assert argvs, "nvidia-smi was never asked"
+    for argv in argvs:
+        assert tuple(argv) in READ_ONLY_ARGVS, argv
+        assert not set(argv) & set(SETTING_FLAGS), argv
+        assert all(a == "nvidia-smi" or a.startswith(("--query-", "--format=")) for a in argv), argv
+
+
+def by_name(checks: list[Check]) -> dict[str, Check]:
+    names = [c.name for c in checks]
+    assert len(names) == len(set(names)), names
+    return {c.name: c for c in checks}
+
+
+TORCH_CU124 = ("2.5.1+cu124", "12.4")
+TORCH_CU121 = ("2.5.1+cu121", "12.1")
+TORCH_CU128 = ("2.7.1+cu128", "12.8")
+
+
+def verdicts(reading: GpuReading, torch: tuple[str | None, str | None] = TORCH_CU124) -> dict[str, Check]:
+    version, cuda = torch
+    return by_name(judge(reading, cuda, torch_version=version))
+
+
+# ------------------------------------------------------------------ NVML reader
+
+
+def test_read_nvml_h200_fields() -> None:
+    g0, g1 = nvml_readings("nvml_h200")
+    assert g0.source == "nvml" and g0.name == "NVIDIA H200" and g0.index == 0
+    assert g0.driver_version == "550.90.07" and g0.cuda_driver_version == "12.4"
+    assert g0.compute_capability == (9, 0)
+    assert g0.persistence_mode is True
+    assert (g0.ecc_enabled, g0.ecc_pending, g0.ecc_uncorrected_volatile) == (True, True, 0)
+    assert g0.retired_pages_pending is None                  # Not Supported on Hopper
+    assert (g0.remap_pending, g0.remap_failure) == (False, False)
+    assert (g0.pcie_gen_current, g0.pcie_gen_max, g0.pcie_gen_gpu_max) == (5, 5, 5)
+    assert (g0.pcie_width_current, g0.pcie_width_max) == (16, 16)
+    assert (g0.sm_clock_mhz, g0.sm_clock_max_mhz, g0.mem_clock_mhz) == (345, 1980, 3201)
+    assert g0.clock_event_reasons == 1
+    assert g0.memory_total_bytes == 143771 * 1024 * 1024
+    assert g0.pci_bus_id == "00000000:19:00.0"
+    assert g0.processes == ()
+    assert any("nvmlDeviceGetRetiredPagesPendingStatus: Not Supported" in n for n in g0.notes)
+    (p,) = g1.processes or ()
+    assert (p.pid, p.name, p.kind, p.used_bytes) == (9001, "/usr/bin/python3", "compute", 122880 * 1024 * 1024)
+
+
+def test_read_nvml_old_binding_falls_back_and_records_why() -> None:
+    (g,) = nvml_readings("nvml_k80_old")
+    assert g.cuda_driver_version == "11.4"
+    assert g.clock_event_reasons == 1                         # via ...ThrottleReasons
+    assert g.pcie_gen_gpu_max is None
+    assert g.processes is None                                # both lists refused
+    assert any("Insufficient Permissions" in n for n in g.notes)
+    assert any("nvmlDeviceGetGpuMaxPcieLinkGeneration: not in this pynvml" in n for n in g.notes)
+
+
+def test_read_nvml_decodes_bytes_from_old_bindings() -> None:
+    rec = json.loads((DATA / "nvml_rtx4090_desktop.json").read_text())
+    fake = FakeNvml(rec)
+    real_call = fake._call
+
+    def bytes_call(name: str, args: tuple[Any, ...]) -> Any:
+        value = real_call(name, args)
+        return value.encode() if isinstance(value, str) else value
+
+    fake._call = bytes_call  # type: ignore[method-assign]
+    (g,) = gpuprobe.read_nvml(fake)
+    assert g.name == "NVIDIA GeForce RTX 4090" and g.driver_version == "560.35.03"
+    assert g.processes and g.processes[0].name == "/usr/lib/xorg/Xorg"
+
+
+@pytest.mark.parametrize("code,reason", [
+    (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, "NVML Shared Library Not Found"),
+    (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "Driver Not Loaded"),
+])
+def test_read_nvml_init_failure_is_probe_unavailable(code: int, reason: str) -> None:
+    fake = FakeNvml(init_error=code)
+    with pytest.raises(ProbeUnavailable, match=reason):
+        gpuprobe.read_nvml(fake)
+    assert fake.calls == ["nvmlInit"]
+
+
+def test_read_nvml_with_a_foreign_error_type() -> None:
+    class OtherError(Exception):
+        pass
+
+    class Broken:
+        NVMLError = OtherError
+
+        def nvmlInit(self) -> None:
+            raise OtherError("no driver here")
+
+    with pytest.raises(ProbeUnavailable, match="no driver here"):
+        gpuprobe.read_nvml(Broken())
+
+
+def test_read_nvml_refuses_setters() -> None:
+    api = gpuprobe._Nvml(FakeNvml())
+    for setter in ("nvmlDeviceSetPersistenceMode", "nvmlDeviceSetEccMode", "nvmlDeviceResetGpuLockedClocks",
+                   "nvmlDeviceClearEccErrorCounts", "nvmlDeviceSetPowerManagementLimit"):
+        with pytest.raises(ValueError, match="only reads"):
+            api.call([], setter, ("handle", 0), 1)
+
+
+def test_real_pynvml_on_this_machine_never_raises() -> None:
+    probe = gpuprobe.read_gpus(run=FakeSmi(error=FileNotFoundError("nvidia-smi")))
+    if probe.source is None:
+        assert probe.nvml_error and probe.smi_error == "not found"
+    else:                                           # a GPU machine: the readings are real
+        assert probe.gpus
+
+
+# ----------------------------------------------------------- nvidia-smi reader
+
+
+def comparable(r: GpuReading) -> dict[str, Any]:
+    d = dataclasses.asdict(r)
+    for k in ("source", "notes"):
+        d.pop(k)
+    return d
+
+
+def test_nvidia_smi_reads_the_same_machine_as_nvml() -> None:
+    from_nvml = nvml_readings("nvml_h200")
+    from_smi = smi_readings("smi_h200")
+    assert [g.source for g in from_smi] == ["nvidia-smi", "nvidia-smi"]
+    assert [comparable(g) for g in from_smi] == [comparable(g) for g in from_nvml]
+    for a, b in zip(from_nvml, from_smi):
+        assert {n: c.verdict for n, c in verdicts(a).items()} == {n: c.verdict for n, c in verdicts(b).items()}
+
+
+def test_nvidia_smi_runs_only_the_read_only_queries() -> None:
+    fake = FakeSmi("smi_h200")
+    gpuprobe.read_nvidia_smi(fake)
+    assert fake.argvs == [list(SMI_QUERY_ARGV), list(SMI_BANNER_ARGV), list(SMI_APPS_ARGV)]
+    assert_read_only_argvs(fake.argvs)
+    assert SMI_QUERY_ARGV[2] == "--format=csv,noheader,nounits"
+
+
+def test_nvidia_smi_not_applicable_values() -> None:
+    (g,) = smi_readings("smi_gtx1080ti")
+    assert g.compute_capability == (6, 1)
+    assert g.ecc_enabled is None and g.ecc_pending is None and g.remap_failure is None
+    assert g.persistence_mode is False
+    assert g.cuda_driver_version == "12.2"
+    assert g.processes and g.processes[0].name == "/usr/local/bin/ollama"
+    assert g.processes[0].used_bytes == 6144 * 1024 * 1024
+
+
+def test_nvidia_smi_old_driver_falls_back_to_basic_fields() -> None:
+    fake = FakeSmi("smi_p100_old_driver")
+    (g,) = gpuprobe.read_nvidia_smi(fake)
+    assert fake.argvs[:2] == [list(SMI_QUERY_ARGV), list(SMI_CORE_ARGV)]
+    assert_read_only_argvs(fake.argvs)
+    assert g.name == "Tesla P100-PCIE-16GB" and g.driver_version == "418.226.00"
+    assert g.cuda_driver_version == "10.1"
+    assert g.compute_capability is None and g.clock_event_reasons is None
+    assert g.ecc_enabled is True and g.processes == ()
+    assert any("basic field set" in n for n in g.notes)
+
+
+@pytest.mark.parametrize("error,reason", [
+    (FileNotFoundError("nvidia-smi"), "not found"),
+    (CommandFailed(9, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+                      "Make sure that the latest NVIDIA driver is installed and running.\n"),
+     "NVIDIA-SMI has failed"),
+    (CommandFailed(None, "timed out after 5 s"), "timed out"),
+    (PermissionError(13, "Permission denied"), "Permission denied"),
+])
+def test_nvidia_smi_unusable(error: BaseException, reason: str) -> None:
+    with pytest.raises(ProbeUnavailable, match=reason):
+        gpuprobe.read_nvidia_smi(FakeSmi(error=error))
+
+
+def test_nvidia_smi_no_devices_is_an_empty_list() -> None:
+    assert gpuprobe.read_nvidia_smi(FakeSmi(error=CommandFailed(6, "No devices were found\n"))) == []
+
+
+def test_real_runner_refuses_anything_but_the_queries() -> None:
+    for argv in (["nvidia-smi", "-pm", "1"], ["nvidia-smi", "-r", "-i", "0"], ["sh", "-c", "nvidia-smi"],
+                 ["nvidia-smi", "-e", "0"], ["nvidia-smi", "--query-gpu=name"]):
+        with pytest.raises(ValueError, match="read-only"):
+            gpuprobe.run_nvidia_smi(argv)
+
+
+def test_real_runner_missing_binary(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(FileNotFoundError):
+        gpuprobe.run_nvidia_smi(list(SMI_BANNER_ARGV))
+
+
+FAKE_SMI_SCRIPT = """#!{python}
+import json, sys, pathlib
+with open({log!r}, "a") as fh:
+    fh.write(json.dumps(sys.argv[1:]) + "\\n")
+folder = pathlib.Path({folder!r})
+args = sys.argv[1:]
+if not args:
+    sys.stdout.write((folder / "nvidia-smi.txt").read_text())
+elif args[0].startswith("--query-compute-apps="):
+    sys.stdout.write((folder / "query-compute-apps.csv").read_text())
+elif args[0].startswith("--query-gpu="):
+    sys.stdout.write((folder / "query-gpu.csv").read_text())
+else:
+    sys.stderr.write("unexpected " + repr(args))
+    sys.exit(2)
+"""
+
+
+@pytest.fixture()
+def fake_smi_binary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An executable ``nvidia-smi`` on PATH that logs its argv (one JSON list
+    per line) and prints the smi_h200 recording."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    log = tmp_path / "argv.log"
+    script = bindir / "nvidia-smi"
+    script.write_text(FAKE_SMI_SCRIPT.format(python=sys.executable, log=str(log),
+                                             folder=str(DATA / "smi_h200")))
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
+    return log
+
+
+def test_real_runner_through_a_fake_binary(fake_smi_binary: Path) -> None:
+    readings = gpuprobe.read_nvidia_smi(gpuprobe.run_nvidia_smi)
+    assert [g.name for g in readings] == ["NVIDIA H200", "NVIDIA H200"]
+    logged = [json.loads(line) for line in fake_smi_binary.read_text().splitlines()]
+    assert_read_only_argvs([["nvidia-smi", *a] for a in logged])
+    assert len(logged) == 3
+
+
+def test_doctor_run_end_to_end_only_queries(fake_smi_binary: Path, monkeypatch: pytest.MonkeyPatch,
+                                            tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """NVML fails, so the doctor falls back to the (fake) nvidia-smi binary:
+    every command it ran is a read-only query, although its output is full of
+    fix commands like ``nvidia-smi -pm 1``."""
+    monkeypatch.setattr(gpuprobe, "load_nvml",
+                        lambda: FakeNvml(init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
+    monkeypatch.setattr(gpuprobe, "read_torch", lambda: TorchReading(*TORCH_CU124))
+    monkeypatch.setenv("SOLDAEMON_CACHE_DIR", str(tmp_path / "cache"))
+    assert doctor.run(argparse.Namespace(json=False, port=closed_port())) == 0
+    out = capsys.readouterr().out
+    assert "[warn] gpu1.processes" in out
+    logged = [json.loads(line) for line in fake_smi_binary.read_text().splitlines()]
+    assert_read_only_argvs([["nvidia-smi", *a] for a in logged])
+
+
+# ------------------------------------------------------------ GPU verdicts
+
+
+# (recording, torch, check, verdict, text in the detail)
+RECORDED_VERDICTS = [
+    # architecture
+    ("nvml_h200", TORCH_CU124, "gpu0", "ok", "compute 9.0 (Hopper): fast path"),
+    ("nvml_rtx4090_desktop", TORCH_CU124, "gpu0", "ok", "compute 8.9 (Ada Lovelace)"),
+    ("nvml_a100_failing", TORCH_CU121, "gpu0", "ok", "compute 8.0 (Ampere)"),
+    ("nvml_t4_degraded", TORCH_CU121, "gpu0", "warn", "Turing): safe mode: no native bf16 before Ampere"),
+    ("smi_gtx1080ti", TORCH_CU121, "gpu0", "warn", "may ship no kernels"),
+    ("smi_p100_old_driver", TORCH_CU121, "gpu0", "warn", "compute capability not reported"),
+    ("nvml_k80_old", TORCH_CU121, "gpu0", "fail", "no kernels for compute capability below 5.0"),
+    # driver vs torch's CUDA
+    ("nvml_h200", TORCH_CU124, "cuda", "ok", "supports CUDA 12.4; torch 2.5.1+cu124 uses CUDA 12.4: compatible"),
+    ("nvml_t4_degraded", TORCH_CU121, "cuda", "ok", "compatible"),
+    ("nvml_rtx4090_desktop", TORCH_CU128, "cuda", "warn", "minor-version compatibility"),
+    ("nvml_rtx4090_desktop", ("2.5.1+cpu", None), "cuda", "warn", "CPU-only; install a CUDA build"),
+    ("nvml_k80_old", TORCH_CU121, "cuda", "fail", "runtime is newer than the driver supports"),
+    ("smi_p100_old_driver", TORCH_CU121, "cuda", "fail", "supports CUDA 10.1"),
+    ("nvml_h200", (None, None), "cuda", "fail", "torch is not importable"),
+    # persistence
+    ("nvml_h200", TORCH_CU124, "gpu0.persistence", "ok", "on"),
+    ("nvml_rtx4090_desktop", TORCH_CU124, "gpu0.persistence", "warn", "off"),
+    ("smi_gtx1080ti", TORCH_CU121, "gpu0.persistence", "warn", "off"),
+    # ECC
+    ("nvml_h200", TORCH_CU124, "gpu0.ecc", "ok", "no uncorrected errors"),
+    ("smi_p100_old_driver", TORCH_CU121, "gpu0.ecc", "ok", "ECC on"),
+    ("nvml_rtx4090_desktop", TORCH_CU124, "gpu0.ecc", "info", "ECC off"),
+    ("smi_gtx1080ti", TORCH_CU121, "gpu0.ecc", "info", "not supported"),
+    ("nvml_t4_degraded", TORCH_CU121, "gpu0.ecc", "warn", "page retirement is pending until the GPU is reset; 2 uncorrected"),
+    ("nvml_a100_failing", TORCH_CU121, "gpu0.ecc", "fail", "row remapping has failed"),
+    # PCIe
+    ("nvml_h200", TORCH_CU124, "gpu0.pcie", "ok", "PCIe Gen5 x16 (max Gen5 x16)"),
+    ("smi_gtx1080ti", TORCH_CU121, "gpu0.pcie", "ok", "Gen3 x16"),
+    ("nvml_rtx4090_desktop", TORCH_CU124, "gpu0.pcie", "warn", "drop to a lower generation at idle"),
+    ("nvml_t4_degraded", TORCH_CU121, "gpu0.pcie", "warn", "PCIe Gen3 x8 (max Gen3 x16): the link trained narrower"),
+    ("nvml_a100_failing", TORCH_CU121, "gpu0.pcie", "warn", "supports Gen4, the slot or platform limits it to Gen3"),
+    # clocks
+    ("nvml_h200", TORCH_CU124, "gpu0.clocks", "ok", "idle, clocks rise under load"),
+    ("nvml_a100_failing", TORCH_CU121, "gpu0.clocks", "ok", "at its power cap"),
+    ("nvml_k80_old", TORCH_CU121, "gpu0.clocks", "ok", "SM 324/875 MHz"),
+    ("smi_p100_old_driver", TORCH_CU121, "gpu0.clocks", "ok", "reasons not reported"),
+    ("nvml_t4_degraded", TORCH_CU121, "gpu0.clocks", "warn", "software thermal slowdown, hardware thermal slowdown"),
+    # memory
+    ("nvml_h200", TORCH_CU124, "gpu0.memory", "ok", "139.8 GiB free of 140.4 GiB"),
+    ("nvml_t4_degraded", TORCH_CU121, "gpu0.memory", "warn", "3.0 GiB free of 15.0 GiB: little room"),
+    ("nvml_a100_failing", TORCH_CU121, "gpu0.memory", "fail", "0.7 GiB free of 40.0 GiB: the model needs"),
+    # other processes
+    ("nvml_h200", TORCH_CU124, "gpu0.processes", "ok", "no other processes"),
+    ("nvml_rtx4090_desktop", TORCH_CU124, "gpu0.processes", "ok", "display only: /usr/lib/xorg/Xorg (pid 1843, 345 MiB)"),
+    ("nvml_h200", TORCH_CU124, "gpu1.processes", "warn", "/usr/bin/python3 (pid 9001, 122880 MiB)"),
+    ("nvml_t4_degraded", TORCH_CU121, "gpu0.processes", "warn", "python3 (pid 4242"),
+    ("smi_gtx1080ti", TORCH_CU121, "gpu0.processes", "warn", "ollama"),
+    ("nvml_k80_old", TORCH_CU121, "gpu0.processes", "info", "cannot be listed"),
+]
+
+
+def machine_checks(recording: str, torch: tuple[str | None, str | None]) -> dict[str, Check]:
+    readings = smi_readings(recording) if recording.startswith("smi_") else nvml_readings(recording)
+    checks: list[Check] = []
+    for i, r in enumerate(readings):
+        checks += judge(r, torch[1], torch_version=torch[0], include_driver=i == 0)
+    return by_name(checks)
+
+
+@pytest.mark.parametrize("recording,torch,name,verdict,text", RECORDED_VERDICTS,
+                         ids=[f"{r[0]}-{r[2]}-{r[3]}" for r in RECORDED_VERDICTS])
+def test_recorded_verdicts(recording: str, torch: tuple[str | None, str | None], name: str,
+                           verdict: str, text: str) -> None:
+    c = machine_checks(recording, torch)[name]
+    assert (c.verdict, text in c.detail) == (verdict, True), c
+    if verdict in ("warn", "fail"):
+        assert c.cost, c                                    # every problem says what it costs
+
+
+def test_every_gpu_check_reaches_every_verdict_it_has() -> None:
+    seen: dict[str, set[str]] = {}
+    for recording, torch, name, verdict, _ in RECORDED_VERDICTS:
+        seen.setdefault(name.split(".", 1)[-1] if "." in name else name.rstrip("0123456789"), set()).add(verdict)
+    assert seen["gpu"] == {"ok", "warn", "fail"}
+    assert seen["cuda"] == {"ok", "warn", "fail"}
+    assert seen["ecc"] == {"ok", "info", "warn", "fail"}
+    for name in ("persistence", "pcie", "clocks", "processes"):
+        assert {"ok", "warn"} <= seen[name] or {"ok", "info"} <= seen[name], name
+    assert seen["memory"] == {"ok", "warn", "fail"}
+
+
+def test_fixes_are_the_commands_a_user_runs() -> None:
+    t4 = machine_checks("nvml_t4_degraded", TORCH_CU121)
+    assert t4["gpu0.persistence"].fix and t4["gpu0.persistence"].fix.startswith("sudo nvidia-smi -pm 1")
+    assert t4["gpu0.ecc"].fix and t4["gpu0.ecc"].fix.startswith("sudo nvidia-smi -r -i 0")
+    assert t4["gpu0.pcie"].fix and "lspci -vv -s 3B:00.0" in t4["gpu0.pcie"].fix
+    k80 = machine_checks("nvml_k80_old", TORCH_CU121)
+    assert k80["cuda"].fix and k80["cuda"].fix.endswith("https://download.pytorch.org/whl/cu118")
+    cpu_only = machine_checks("nvml_rtx4090_desktop", ("2.5.1+cpu", None))
+    assert cpu_only["cuda"].fix and cpu_only["cuda"].fix.endswith("/whl/cu126")
+    gtx = machine_checks("smi_gtx1080ti", TORCH_CU121)
+    assert gtx["gpu0"].fix and "get_arch_list" in gtx["gpu0"].fix
+    assert doctor.torch_install_fix("10.1") is None
+    p100 = machine_checks("smi_p100_old_driver", TORCH_CU121)
+    assert p100["cuda"].fix == "upgrade the NVIDIA driver"
+    assert doctor.torch_install_fix("12.4") and doctor.torch_install_fix("12.4").endswith("/cu124")  # type: ignore[union-attr]
+
+
+def test_cuda_check_is_once_per_machine() -> None:
+    names = list(machine_checks("nvml_h200", TORCH_CU124))
+    assert names.count("cuda") == 1 and "gpu1" in names and "gpu1.memory" in names
+
+
+# Verdicts no recording reaches: the recorded reading with one field changed.
+def test_verdicts_for_unreported_fields() -> None:
+    (h200, _) = nvml_readings("nvml_h200")
+    blank = dataclasses.replace(
+        h200, persistence_mode=None, pcie_gen_current=None, sm_clock_mhz=None,
+        memory_free_bytes=None, processes=None, cuda_driver_version=None)
+    got = verdicts(blank)
+    assert got["gpu0.persistence"].verdict == "info" and "Windows" in got["gpu0.persistence"].detail
+    assert got["gpu0.pcie"].verdict == "info"
+    assert got["gpu0.clocks"].verdict == "info"
+    assert got["gpu0.memory"].verdict == "info"
+    assert got["gpu0.processes"].verdict == "info"
+    assert got["cuda"].verdict == "info" and "cannot compare" in got["cuda"].detail
+
+
+def test_ecc_pending_mode_change_and_errors_without_pending_retirement() -> None:
+    (h200, _) = nvml_readings("nvml_h200")
+    c = verdicts(dataclasses.replace(h200, ecc_pending=False))["gpu0.ecc"]
+    assert c.verdict == "warn" and "off after the next GPU reset" in c.detail
+    (t4,) = nvml_readings("nvml_t4_degraded")
+    c = verdicts(dataclasses.replace(t4, retired_pages_pending=False))["gpu0.ecc"]
+    assert c.verdict == "warn" and c.detail.startswith("ECC on; 2 uncorrected errors")
+    c = verdicts(dataclasses.replace(h200, remap_pending=True))["gpu0.ecc"]
+    assert c.verdict == "warn" and "row remapping is pending" in c.detail
+
+
+def test_own_process_is_not_another_process() -> None:
+    (t4,) = nvml_readings("nvml_t4_degraded")
+    c = by_name(judge(t4, "12.1", torch_version="2.5.1", own_pid=4242))["gpu0.processes"]
+    assert c.verdict == "ok"
+
+
+def test_pcie_idle_note_needs_the_idle_reason() -> None:
+    (rtx,) = nvml_readings("nvml_rtx4090_desktop")
+    assert "the GPU is idle now" in verdicts(rtx)["gpu0.pcie"].detail
+    busy = dataclasses.replace(rtx, clock_event_reasons=0)
+    assert "the GPU is idle now" not in verdicts(busy)["gpu0.pcie"].detail
+    assert verdicts(busy)["gpu0.pcie"].verdict == "warn"
+
+
+def test_unreadable_gpu_fails() -> None:
+    rec = json.loads((DATA / "nvml_h200.json").read_text())
+    fake = FakeNvml(rec, handle_error={1: pynvml.NVML_ERROR_GPU_IS_LOST})
+    g0, g1 = gpuprobe.read_nvml(fake)
+    assert g0.name == "NVIDIA H200" and g1.name == "(unreadable)"
+    checks = by_name(judge(g1, "12.4", torch_version="2.5.1", include_driver=False))
+    assert list(checks) == ["gpu1"] and checks["gpu1"].verdict == "fail"
+    assert "GPU is lost" in checks["gpu1"].detail
+
+
+def test_judge_is_pure() -> None:
+    (t4,) = nvml_readings("nvml_t4_degraded")
+    assert judge(t4, "12.1", torch_version="x") == judge(t4, "12.1", torch_version="x")
+
+
+def test_arch_names() -> None:
+    assert [doctor.arch_name(cc) for cc in [(12, 0), (10, 0), (9, 0), (8, 9), (8, 6), (8, 0), (7, 5), (7, 0),
+                                            (6, 1), (5, 2), (3, 7)]] == [
+        "Blackwell", "Blackwell", "Hopper", "Ada Lovelace", "Ampere", "Ampere", "Turing", "Volta",
+        "Pascal", "Maxwell", "Kepler"]
+
+
+# --------------------------------------------------------------- no GPU at all
+
+
+def no_gpu_probe() -> GpuProbe:
+    return gpuprobe.read_gpus(lambda: FakeNvml(init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND),
+                              FakeSmi(error=FileNotFoundError("nvidia-smi")))
+
+
+def cpu(**kw: Any) -> CpuReading:
+    base = dict(arch="x86_64", model="AMD EPYC", logical_cores=2, physical_cores=2,
+                ram_total_bytes=24 * GiB, ram_available_bytes=22 * GiB,
+                vector_flags=("avx", "avx2", "fma"), flags_source="/proc/cpuinfo")
+    base.update(kw)
+    return CpuReading(**base)  # type: ignore[arg-type]
+
+
+EMPTY_CACHE = CacheReading(path="/tmp/none", exists=False, models=(), disk_free_bytes=100 * GiB)
+
+
+def test_no_gpu_says_so_plainly_and_checks_what_applies() -> None:
+    probe = no_gpu_probe()
+    assert probe == GpuProbe(source=None, gpus=(), nvml_error="NVML Shared Library Not Found",
+                             smi_error="not found")
+    m = MachineReading(gpu=probe, cpu=cpu(), torch=TorchReading("2.13.0+cpu", None), cache=EMPTY_CACHE,
+                       daemon=None)
+    checks = judge_machine(m)
+    assert [c.name for c in checks] == ["gpu", "torch", "cpu.cores", "cpu.ram", "cpu.vector", "model_cache"]
+    assert checks[0] == Check("gpu", "info", "no NVIDIA GPU found (NVML: NVML Shared Library Not Found; "
+                                              "nvidia-smi: not found) — running on CPU")
+    text = doctor.format_human(checks)
+    assert text.splitlines()[0] == checks[0].detail             # a plain line, no verdict tag
+    assert not any(c.name.startswith("gpu0") or c.name == "cuda" for c in checks)
+
+
+def test_no_gpu_when_nvml_loads_but_sees_none() -> None:
+    probe = gpuprobe.read_gpus(lambda: FakeNvml(), FakeSmi(error=CommandFailed(6, "No devices were found")))
+    assert (probe.nvml_error, probe.smi_error) == ("no devices", "no devices")
+
+
+def test_pynvml_missing_falls_back_to_nvidia_smi() -> None:
+    def no_pynvml() -> Any:
+        raise ProbeUnavailable("pynvml not importable (No module named 'pynvml')")
+
+    fake = FakeSmi("smi_gtx1080ti")
+    probe = gpuprobe.read_gpus(no_pynvml, fake)
+    assert probe.source == "nvidia-smi" and probe.nvml_error and "pynvml" in probe.nvml_error
+    assert [g.name for g in probe.gpus] == ["NVIDIA GeForce GTX 1080 Ti"]
+    assert_read_only_argvs(fake.argvs)
+
+
+def test_nvml_working_means_nvidia_smi_is_not_run() -> None:
+    fake = FakeSmi(error=AssertionError("must not run"))
+    probe = gpuprobe.read_gpus(lambda: nvml("nvml_t4_degraded"), fake)
+    assert probe.source == "nvml" and fake.argvs == []
+
+
+# ------------------------------------------------------------------------ CPU
+
+
+@pytest.mark.parametrize("name,model,flags", [
+    ("cpuinfo_epyc_2core.txt", "AMD EPYC", ("avx", "avx2", "fma")),
+    ("cpuinfo_sapphire_rapids.txt", "Intel(R) Xeon(R) Platinum 8480+",
+     ("avx", "avx2", "fma", "avx_vnni", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+      "amx_tile", "amx_bf16", "amx_int8")),
+    ("cpuinfo_westmere_no_avx.txt", "Intel(R) Xeon(R) CPU           X5670  @ 2.93GHz", ()),
+    ("cpuinfo_graviton3.txt", None, ("asimd", "asimddp", "i8mm", "bf16", "sve")),
+])
+def test_parse_cpuinfo(name: str, model: str | None, flags: tuple[str, ...]) -> None:
+    assert gpuprobe.parse_cpuinfo((DATA / name).read_text()) == (model, flags)
+
+
+def test_read_cpu_here() -> None:
+    c = gpuprobe.read_cpu()
+    assert c.logical_cores and c.logical_cores >= 1
+    assert c.ram_total_bytes and c.ram_available_bytes is not None
+    if Path("/proc/cpuinfo").exists():
+        assert c.vector_flags is not None and c.flags_source == "/proc/cpuinfo"
+
+
+def test_read_cpu_without_proc(tmp_path: Path) -> None:
+    c = gpuprobe.read_cpu(str(tmp_path / "missing"))
+    assert c.vector_flags is None and c.flags_source is None
+    assert by_name(doctor.judge_cpu(c, has_gpu=False))["cpu.vector"].verdict == "info"
+
+
+def test_cpu_verdicts() -> None:
+    def j(c: CpuReading, has_gpu: bool = False) -> dict[str, Check]:
+        return by_name(doctor.judge_cpu(c, has_gpu))
+
+    assert j(cpu())["cpu.cores"].verdict == "warn"               # 2 cores, no GPU
+    assert j(cpu(), has_gpu=True)["cpu.cores"].verdict == "ok"
+    assert j(cpu(logical_cores=16))["cpu.cores"].verdict == "ok"
+    assert j(cpu())["cpu.ram"].verdict == "ok"
+    assert j(cpu(ram_available_bytes=3 * GiB))["cpu.ram"].verdict == "warn"
+    assert j(cpu(ram_available_bytes=GiB))["cpu.ram"].verdict == "fail"
+    assert j(cpu(ram_available_bytes=None))["cpu.ram"].verdict == "info"
+    spr = gpuprobe.parse_cpuinfo((DATA / "cpuinfo_sapphire_rapids.txt").read_text())[1]
+    c = j(cpu(vector_flags=spr))["cpu.vector"]
+    assert c.verdict == "ok" and "amx_bf16" in c.detail and "(no" not in c.detail
+    c = j(cpu())["cpu.vector"]
+    assert c.verdict == "ok" and c.detail == "avx2, fma (no avx512f, no amx_bf16)"
+    assert j(cpu(vector_flags=()))["cpu.vector"].verdict == "warn"
+    arm = gpuprobe.parse_cpuinfo((DATA / "cpuinfo_graviton3.txt").read_text())[1]
+    assert j(cpu(arch="aarch64", vector_flags=arm))["cpu.vector"].verdict == "ok"
+
+
+def test_torch_verdicts() -> None:
+    assert doctor.judge_torch(TorchReading(None, None, "ImportError: nope"), True).verdict == "fail"
+    assert doctor.judge_torch(TorchReading("2.13.0+cpu", None), False).verdict == "ok"
+    c = doctor.judge_torch(TorchReading("2.5.1+cu124", "12.4"), False)
+    assert c.verdict == "ok" and "unused without a GPU" in c.detail
+
+
+def test_read_torch_here() -> None:
+    t = gpuprobe.read_torch()
+    import torch
+    assert t.version == torch.__version__ and t.cuda == torch.version.cuda
+
+
+# ----------------------------------------------------------------- model cache
+
+
+def test_cache_empty_and_missing(tmp_path: Path) -> None:
+    r = gpuprobe.read_cache(tmp_path / "nope")
+    assert (r.exists, r.models) == (False, ()) and r.disk_free_bytes
+    c = doctor.judge_cache(r)
+    assert c.verdict == "info" and "first start will convert the embedded model (~80 s)" in c.detail
+    low = doctor.judge_cache(dataclasses.replace(r, disk_free_bytes=GiB))
+    assert low.verdict == "warn" and low.fix
+
+
+def test_cache_finds_converted_models(tmp_path: Path) -> None:
+    model = tmp_path / "qwen2.5-coder-0.5b" / "bf16"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"\0" * 4096)
+    sharded = tmp_path / "other"
+    sharded.mkdir()
+    (sharded / "config.json").write_text("{}")
+    (sharded / "model.safetensors.index.json").write_text("{}")
+    (tmp_path / "half-done").mkdir()
+    (tmp_path / "half-done" / "model.safetensors").write_bytes(b"\0")   # no config: not a model
+    r = gpuprobe.read_cache(tmp_path)
+    assert [m.name for m in r.models] == ["other", "qwen2.5-coder-0.5b/bf16"]
+    assert r.models[1].size_bytes == 4096 + 2
+    c = doctor.judge_cache(r)
+    assert c.verdict == "ok" and c.detail.startswith("2 converted model(s)")
+
+
+def test_cache_default_is_paths_cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SOLDAEMON_CACHE_DIR", str(tmp_path))
+    assert gpuprobe.read_cache().path == str(tmp_path)
+
+
+# ---------------------------------------------------------------------- daemon
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture()
+def http_server() -> Iterator[Any]:
+    """Start local HTTP servers answering every GET with a given status."""
+    servers: list[http.server.ThreadingHTTPServer] = []
+
+    def start(status: int) -> int:
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(status)
+                self.end_headers()
+                self.wfile.write(b'{"status": "ok"}')
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return int(server.server_port)
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def test_daemon_probe_verdicts(http_server: Any) -> None:
+    port = http_server(200)
+    r = gpuprobe.probe_daemon(port)
+    assert (r.reachable, r.status, r.url) == (True, 200, f"http://127.0.0.1:{port}/healthz")
+    assert doctor.judge_daemon(r) == Check("daemon", "ok", f"daemon answering at {r.url}")
+    port = http_server(404)
+    r = gpuprobe.probe_daemon(port)
+    assert (r.reachable, r.status) == (True, 404)
+    c = doctor.judge_daemon(r)
+    assert c.verdict == "warn" and c.fix == f"ss -ltnp 'sport = :{port}'"
+    down = gpuprobe.probe_daemon(closed_port())
+    assert not down.reachable
+    c = doctor.judge_daemon(down)
+    assert c.verdict == "info" and c.detail.startswith("no daemon answering")
+
+
+def test_daemon_probe_ignores_proxy_settings(http_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{closed_port()}")
+    monkeypatch.setenv("no_proxy", "")
+    assert gpuprobe.probe_daemon(http_server(200)).status == 200
+
+
+def test_daemon_probe_times_out_in_a_second() -> None:
+    with socket.socket() as s:                       # listens, never answers
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        t0 = time.monotonic()
+        r = gpuprobe.probe_daemon(int(s.getsockname()[1]), timeout_s=0.3)
+        assert time.monotonic() - t0 < 2.0
+    assert not r.reachable and doctor.judge_daemon(r).verdict == "info"
+
+
+def test_daemon_judge_both_statuses() -> None:
+    ok = gpuprobe.DaemonReading("http://127.0.0.1:8765/healthz", True, 200, "{}")
+    bad = gpuprobe.DaemonReading("http://127.0.0.1:8765/healthz", True, 404, "Not Found")
+    assert doctor.judge_daemon(ok).verdict == "ok"
+    assert doctor.judge_daemon(bad).verdict == "warn" and doctor.judge_daemon(bad).fix == "ss -ltnp 'sport = :8765'"
+
+
+# ------------------------------------------------------------ output, CLI, run
+
+
+def test_format_human_lines() -> None:
+    checks = machine_checks("nvml_t4_degraded", TORCH_CU121)
+    text = doctor.format_human(list(checks.values()))
+    lines = text.splitlines()
+    i = lines.index("[warn] gpu0.persistence: persistence mode off")
+    assert lines[i + 1].startswith("       cost: ")
+    assert lines[i + 2].startswith("       fix:  sudo nvidia-smi -pm 1")
+    assert "[ ok ] cuda: " in text
+    assert lines[-1].startswith("status: warn (0 fail, ")
+
+
+def test_summarize_shape() -> None:
+    checks = list(machine_checks("nvml_a100_failing", TORCH_CU121).values())
+    s = doctor.summarize(checks)
+    assert set(s) == {"status", "counts", "checks"} and s["status"] == "fail"
+    assert set(s["counts"]) == {"ok", "info", "warn", "fail"} and sum(s["counts"].values()) == len(checks)
+    assert set(s["checks"][0]) == {"name", "verdict", "detail", "cost", "fix"}
+    json.dumps(s)
+    assert doctor.worst([Check("a", "info", "x")]) == "ok"
+    assert doctor.worst([Check("a", "warn", "x"), Check("b", "ok", "y")]) == "warn"
+
+
+def patch_machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, recording: str | None,
+                  torch: tuple[str | None, str | None] = TORCH_CU121) -> FakeSmi:
+    """Route doctor.run's readers to recordings; returns the nvidia-smi fake."""
+    if recording is None:
+        monkeypatch.setattr(gpuprobe, "load_nvml",
+                            lambda: FakeNvml(init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
+        smi = FakeSmi(error=FileNotFoundError("nvidia-smi"))
+    else:
+        monkeypatch.setattr(gpuprobe, "load_nvml", lambda: nvml(recording))
+        smi = FakeSmi(error=AssertionError("NVML worked; nvidia-smi must not run"))
+    monkeypatch.setattr(gpuprobe, "run_nvidia_smi", smi)
+    monkeypatch.setattr(gpuprobe, "read_torch", lambda: TorchReading(*torch))
+    monkeypatch.setattr(gpuprobe, "read_cpu", lambda: cpu())
+    monkeypatch.setenv("SOLDAEMON_CACHE_DIR", str(tmp_path / "cache"))
+    return smi
+
+
+def test_run_json_shape_and_exit_codes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    port = closed_port()
+    patch_machine(monkeypatch, tmp_path, "nvml_a100_failing")
+    assert doctor.run(argparse.Namespace(json=True, port=port)) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) == {"schema", "status", "counts", "checks", "reading"}
+    assert doc["schema"] == 1 and doc["status"] == "fail"
+    assert set(doc["reading"]) == {"gpu", "cpu", "torch", "cache", "daemon"}
+    assert doc["reading"]["gpu"]["source"] == "nvml"
+    assert doc["reading"]["gpu"]["gpus"][0]["name"] == "NVIDIA A100-PCIE-40GB"
+    assert doc["reading"]["daemon"]["reachable"] is False
+    assert {c["name"]: c["verdict"] for c in doc["checks"]}["gpu0.ecc"] == "fail"
+
+    patch_machine(monkeypatch, tmp_path, "nvml_t4_degraded")
+    assert doctor.run(argparse.Namespace(json=False, port=port)) == 0      # warnings only
+    assert "[warn] gpu0.clocks" in capsys.readouterr().out
+
+
+def test_run_without_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                         capsys: pytest.CaptureFixture[str]) -> None:
+    smi = patch_machine(monkeypatch, tmp_path, None, torch=("2.13.0+cpu", None))
+    assert doctor.main(["--port", str(closed_port())]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == ("no NVIDIA GPU found (NVML: NVML Shared Library Not Found; nvidia-smi: not found) "
+                      "— running on CPU")
+    assert any(line.startswith("[warn] cpu.cores: 2 logical") for line in out)
+    assert any(line.startswith("[info] daemon: no daemon answering") for line in out)
+    assert smi.argvs == [list(SMI_QUERY_ARGV)]
+    assert doctor.main(["--json", "--port", str(closed_port())]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["checks"][0]["name"] == "gpu" and doc["reading"]["gpu"]["gpus"] == []
+
+
+def test_add_arguments_defaults() -> None:
+    p = argparse.ArgumentParser()
+    doctor.add_arguments(p)
+    assert vars(p.parse_args([])) == {"json": False, "port": 8765}
+    assert vars(p.parse_args(["--json", "--port", "9000"])) == {"json": True, "port": 9000}
+
+
+def test_startup_checks_skip_the_daemon_probe(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    patch_machine(monkeypatch, tmp_path, "nvml_h200", torch=TORCH_CU124)
+    monkeypatch.setattr(gpuprobe, "probe_daemon", lambda *a, **k: pytest.fail("probed the daemon"))
+    checks = doctor.startup_checks()
+    names = [c.name for c in checks]
+    assert "daemon" not in names and "gpu0.persistence" in names and "model_cache" in names
+    json.dumps(doctor.summarize(checks))
+
+
+def test_startup_checks_never_raise(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(**_: Any) -> MachineReading:
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(gpuprobe, "read_machine", boom)
+    assert doctor.startup_checks() == [
+        Check("doctor", "warn", "start-up checks failed: RuntimeError: disk on fire")]
+
+
+def test_startup_checks_are_fast_here() -> None:
+    import torch  # noqa: F401  (the daemon has imported it by the time it checks)
+    doctor.startup_checks()
+    t0 = time.monotonic()
+    checks = doctor.startup_checks()
+    elapsed = time.monotonic() - t0
+    # Without a GPU it is pure file reading; with one, nvmlInit on a GPU without
+    # persistence mode may itself take a while, so only bound it loosely there.
+    assert elapsed < (1.0 if checks[0].name == "gpu" else 5.0), elapsed
+
+
+def test_log_checks_levels(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="soldaemon.doctor")
+    doctor.log_checks([Check("a", "ok", "fine"), Check("b", "warn", "meh", fix="do x"),
+                       Check("c", "fail", "bad"), Check("d", "info", "fyi")])
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.INFO, "doctor ok a: fine"), (logging.WARNING, "doctor warn b: meh (fix: do x)"),
+        (logging.ERROR, "doctor fail c: bad"), (logging.INFO, "doctor info d: fyi")]
+
+
+def test_python_dash_m_runs_here() -> None:
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "soldaemon.doctor", "--json", "--port", str(closed_port())],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode in (0, 1), done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["schema"] == 1 and doc["checks"]
