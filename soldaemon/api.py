@@ -48,6 +48,7 @@ class CompletionRequest:
     top_p: float = 1.0
     n: int = 1                             # candidates (n > 1 needs temperature > 0)
     seed: int | None = None
+    received_ns: int = 0                   # time.perf_counter_ns() at arrival (0: when the engine starts it)
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,8 @@ def resolve_device(name: str) -> torch.device:
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+            # bf16 only where it is native (Ampere+); older cards run fp16
+            return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
         return torch.float32  # CPUs without native bf16/fp16 math are fastest in fp32
     table = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
     return table[name]

@@ -1,0 +1,201 @@
+"""Backends: the forward pass over a preallocated KV cache.
+
+A backend owns the KV cache of one sequence (batch 1) and exposes one
+operation, :meth:`Backend.forward`: run ``tokens`` at positions
+``pos … pos+T-1``, write their keys/values into the cache at those positions,
+and return logits. Everything at positions ``>= pos`` is overwritten or
+ignored, so truncating the cache is free: the caller just calls ``forward``
+at a lower ``pos``. What is in the cache (which token ids at which positions)
+is the caller's bookkeeping (see :mod:`.session`).
+
+Two implementations:
+
+- :class:`LeanBackend` — a lean Qwen2/Llama-family decoder written against the
+  model's own weight tensors (no copy): static KV cache, no per-token
+  allocation of cache or masks, logits only where asked.
+- :class:`HFStaticBackend` — any transformers causal LM through its
+  ``StaticCache``; the fallback for architectures the lean path lacks.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+
+LEAN_ARCHITECTURES = {"qwen2", "llama", "mistral"}
+
+
+class Backend(Protocol):
+    n_ctx: int                 # positions in the KV cache
+    vocab_size: int
+    device: torch.device
+
+    def forward(self, tokens: torch.Tensor, pos: int, *, last_only: bool = True) -> torch.Tensor:
+        """tokens: [T] int64 on device. Returns logits [1, V] (last_only) or
+        [T, V], float32."""
+        ...
+
+    def shift(self, src: int, dst: int, length: int) -> None:
+        """Move the KV of positions src…src+length-1 to dst…dst+length-1,
+        re-rotating keys so they read as if computed at the new positions."""
+        ...
+
+
+class LeanBackend:
+    """A Qwen2/Llama/Mistral decoder over a static KV cache.
+
+    The math is the model's: RMSNorm in float32, rotary embeddings in the
+    rotate-half form, grouped-query attention, SwiGLU MLP. It reads the HF
+    module's parameters in place.
+    """
+
+    def __init__(self, hf_model: Any, n_ctx: int) -> None:
+        cfg = hf_model.config
+        if cfg.model_type not in LEAN_ARCHITECTURES:
+            raise ValueError(f"lean backend does not support model_type {cfg.model_type!r}")
+        rope = getattr(cfg, "rope_parameters", None) or {}
+        rope_type = rope.get("rope_type", "default") if isinstance(rope, dict) else "default"
+        if rope_type not in ("default", None):
+            raise ValueError(f"lean backend supports plain RoPE only, not {rope_type!r}")
+        theta = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)) if isinstance(rope, dict) else getattr(cfg, "rope_theta", 10000.0))
+        inner = hf_model.model
+        self.device = inner.embed_tokens.weight.device
+        self.dtype = inner.embed_tokens.weight.dtype
+        self.n_ctx = n_ctx
+        self.vocab_size = int(cfg.vocab_size)
+        self.n_heads = int(cfg.num_attention_heads)
+        self.n_kv = int(cfg.num_key_value_heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads)
+        self.eps = float(cfg.rms_norm_eps)
+        self.embed = inner.embed_tokens.weight           # [V, D]
+        self.norm = inner.norm.weight                    # [D]
+        self.lm_head = hf_model.lm_head.weight           # [V, D]
+        self.layers = [self._layer_weights(layer) for layer in inner.layers]
+        n_layers = len(self.layers)
+        # KV cache: [layers, kv_heads, n_ctx, head_dim], preallocated once.
+        shape = (n_layers, self.n_kv, n_ctx, self.head_dim)
+        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        # RoPE tables computed like transformers does (float32 outer product).
+        inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.int64).to(self.device, torch.float32) / self.head_dim))
+        self.inv_freq = inv_freq                         # [hd/2]
+        t = torch.arange(n_ctx, device=self.device, dtype=torch.float32)
+        freqs = torch.outer(t, inv_freq)                 # [n_ctx, hd/2]
+        emb = torch.cat((freqs, freqs), dim=-1)          # [n_ctx, hd]
+        self.cos = emb.cos().to(self.dtype)
+        self.sin = emb.sin().to(self.dtype)
+        self.scale = self.head_dim ** -0.5
+
+    @staticmethod
+    def _layer_weights(layer: Any) -> dict[str, torch.Tensor | None]:
+        a, m = layer.self_attn, layer.mlp
+        return {
+            "ln1": layer.input_layernorm.weight, "ln2": layer.post_attention_layernorm.weight,
+            "wq": a.q_proj.weight, "bq": a.q_proj.bias, "wk": a.k_proj.weight, "bk": a.k_proj.bias,
+            "wv": a.v_proj.weight, "bv": a.v_proj.bias, "wo": a.o_proj.weight, "bo": a.o_proj.bias,
+            "wg": m.gate_proj.weight, "wu": m.up_proj.weight, "wd": m.down_proj.weight,
+        }
+
+    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return w * h.to(x.dtype)
+
+    @staticmethod
+    def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, pos: int, *, last_only: bool = True) -> torch.Tensor:
+        T = tokens.shape[0]
+        end = pos + T
+        if end > self.n_ctx:
+            raise ValueError(f"KV cache overflow: {end} > n_ctx {self.n_ctx}")
+        cos = self.cos[pos:end]                          # [T, hd]
+        sin = self.sin[pos:end]
+        mask = None
+        if T > 1:
+            # new token i (at pos+i) sees cache positions 0 … pos+i
+            mask = torch.ones(T, end, dtype=torch.bool, device=self.device).tril(diagonal=pos)
+        x = F.embedding(tokens, self.embed)              # [T, D]
+        H, KV, hd = self.n_heads, self.n_kv, self.head_dim
+        for i, w in enumerate(self.layers):
+            h = self._rms(x, w["ln1"])                   # type: ignore[arg-type]
+            q = F.linear(h, w["wq"], w["bq"]).view(T, H, hd).transpose(0, 1)    # [H, T, hd]
+            k = F.linear(h, w["wk"], w["bk"]).view(T, KV, hd).transpose(0, 1)   # [KV, T, hd]
+            v = F.linear(h, w["wv"], w["bv"]).view(T, KV, hd).transpose(0, 1)
+            q = q * cos + self._rotate_half(q) * sin
+            k = k * cos + self._rotate_half(k) * sin
+            self.k_cache[i, :, pos:end] = k
+            self.v_cache[i, :, pos:end] = v
+            keys = self.k_cache[i, :, :end]              # [KV, end, hd]
+            vals = self.v_cache[i, :, :end]
+            o = F.scaled_dot_product_attention(
+                q.unsqueeze(0), keys.unsqueeze(0), vals.unsqueeze(0),
+                attn_mask=mask, scale=self.scale, enable_gqa=True,
+            )[0]                                         # [H, T, hd]
+            o = o.transpose(0, 1).reshape(T, H * hd)
+            x = x + F.linear(o, w["wo"], w["bo"])        # type: ignore[arg-type]
+            h = self._rms(x, w["ln2"])                   # type: ignore[arg-type]
+            x = x + F.linear(F.silu(F.linear(h, w["wg"])) * F.linear(h, w["wu"]), w["wd"])  # type: ignore[arg-type]
+        if last_only:
+            x = x[-1:]
+        x = self._rms(x, self.norm)
+        return F.linear(x, self.lm_head).float()         # [T or 1, V]
+
+    @torch.inference_mode()
+    def shift(self, src: int, dst: int, length: int) -> None:
+        if length <= 0 or src == dst:
+            return
+        if max(src, dst) + length > self.n_ctx:
+            raise ValueError("KV shift beyond n_ctx")
+        # RoPE is a rotation by angle pos·θ_j: a key rotated for position p
+        # becomes the key for p+d by one more rotation of d·θ_j (float32).
+        d = float(dst - src)
+        freqs = d * self.inv_freq                        # [hd/2]
+        emb = torch.cat((freqs, freqs))
+        cos, sin = emb.cos(), emb.sin()
+        k = self.k_cache[:, :, src:src + length].to(torch.float32).clone()
+        v = self.v_cache[:, :, src:src + length].clone()
+        k = k * cos + self._rotate_half(k) * sin
+        self.k_cache[:, :, dst:dst + length] = k.to(self.dtype)
+        self.v_cache[:, :, dst:dst + length] = v
+
+
+class HFStaticBackend:
+    """Any transformers causal LM through its StaticCache (slower: the full
+    module stack runs per step). Used when the lean path lacks the
+    architecture. ``shift`` is unsupported (moved-chunk reuse is off)."""
+
+    def __init__(self, hf_model: Any, n_ctx: int) -> None:
+        from transformers import StaticCache
+
+        self.model = hf_model
+        self.n_ctx = n_ctx
+        self.vocab_size = int(hf_model.config.vocab_size)
+        self.device = next(hf_model.parameters()).device
+        self.cache = StaticCache(config=hf_model.config, max_cache_len=n_ctx)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, pos: int, *, last_only: bool = True) -> torch.Tensor:
+        T = tokens.shape[0]
+        cache_position = torch.arange(pos, pos + T, device=self.device)
+        out = self.model(
+            input_ids=tokens.unsqueeze(0), past_key_values=self.cache, cache_position=cache_position,
+            use_cache=True, logits_to_keep=1 if last_only else 0,
+        )
+        return out.logits[0].float()
+
+    def shift(self, src: int, dst: int, length: int) -> None:
+        raise NotImplementedError("moved-chunk KV reuse needs the lean backend")
+
+
+def make_backend(hf_model: Any, n_ctx: int) -> Backend:
+    """The lean backend where the architecture allows, else the HF one."""
+    try:
+        return LeanBackend(hf_model, n_ctx)
+    except ValueError:
+        return HFStaticBackend(hf_model, n_ctx)

@@ -1,0 +1,141 @@
+"""Generation as a generator of token events, gpt-fast style steps.
+
+``generate`` yields a :class:`TokenEvent` per model step (one token, or several
+when a speculative draft was accepted); the last event carries
+``finish_reason``. Cancellation, the time budget and stop conditions are
+checked before every step, so a cancel takes effect within one step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+from .draft import DraftProposer
+from .sampling import Sampler
+from .session import KVSession
+
+
+@dataclass
+class GenStats:
+    prefill_ms: float = 0.0        # prompt forward, ms
+    cached_tokens: int = 0         # prompt tokens reused from the KV cache
+    computed_tokens: int = 0       # prompt tokens computed
+    steps: int = 0                 # model forwards after prefill
+    draft_tokens: int = 0          # speculative tokens proposed
+    accepted_tokens: int = 0       # of which accepted
+    first_token_ns: int = 0        # time.perf_counter_ns() at the first token
+    first_token_wall_ns: int = 0   # time.time_ns() at the first token
+
+
+@dataclass
+class TokenEvent:
+    tokens: list[int]              # new tokens this step (never a stop token)
+    finish_reason: str | None = None   # set on the last event only
+    stats: GenStats = field(default_factory=GenStats)
+
+
+def generate(
+    session: KVSession,
+    prompt: Sequence[int],
+    *,
+    sampler: Sampler,
+    stop_ids: frozenset[int],
+    max_tokens: int,
+    cancelled: Callable[[], bool] = lambda: False,
+    should_stop: Callable[[list[int]], bool] = lambda toks: False,
+    deadline_ns: int | None = None,
+    drafter: DraftProposer | None = None,
+    draft_k: int = 8,
+) -> Iterator[TokenEvent]:
+    """Prefill ``prompt`` (reusing the cache) and decode up to ``max_tokens``.
+
+    ``should_stop(generated)`` lets the caller end early (post-processing
+    would cut the rest); ``deadline_ns`` is a ``perf_counter_ns`` budget.
+    Speculation runs only with a greedy sampler; its output is the greedy
+    output. Raises session.Cancelled if cancelled during prefill."""
+    stats = GenStats()
+    t0 = time.perf_counter_ns()
+    pre = session.prefill(prompt, cancelled=cancelled)
+    stats.prefill_ms = (time.perf_counter_ns() - t0) / 1e6
+    stats.cached_tokens, stats.computed_tokens = pre.cached, pre.computed
+    speculate = drafter is not None and sampler.greedy and draft_k > 0
+    if speculate:
+        assert drafter is not None
+        drafter.reset(prompt)
+    generated: list[int] = []
+    token = sampler(pre.logits)
+    stats.first_token_ns = time.perf_counter_ns()
+    stats.first_token_wall_ns = time.time_ns()
+    while True:
+        if token in stop_ids:
+            yield TokenEvent([], "stop", stats)
+            return
+        new = [token]
+        # `token` is sampled but not yet in the cache. Draft what follows it
+        # and run [token, *draft] in one forward: row i predicts the token
+        # after draft[:i]; accept while the draft matches greedy.
+        next_token: int | None = None
+        budget = max_tokens - len(generated) - 1
+        draft: list[int] = []
+        if speculate and budget > 0 and not _done(generated + new, should_stop, cancelled, deadline_ns):
+            assert drafter is not None
+            drafter.extend(new)
+            draft = drafter.propose(min(draft_k, budget))
+            draft = [d for d in _until_stop(draft, stop_ids)]
+        generated.extend(new)
+        if draft:
+            base = len(session.tokens)
+            logits = session.verify([token, *draft])                       # [1+k, V]
+            greedy = torch.argmax(logits, dim=-1).tolist()                 # one host sync
+            stats.steps += 1
+            stats.draft_tokens += len(draft)
+            accepted = 0
+            while accepted < len(draft) and draft[accepted] == greedy[accepted]:
+                accepted += 1
+            stats.accepted_tokens += accepted
+            generated.extend(draft[:accepted])
+            session.truncate(base + 1 + accepted, logits[accepted])
+            next_token = greedy[accepted]
+            assert drafter is not None
+            drafter.extend(draft[:accepted])
+            yield TokenEvent(new + draft[:accepted], None, stats)
+        else:
+            yield TokenEvent(new, None, stats)
+        reason = _finish(generated, max_tokens, should_stop, cancelled, deadline_ns)
+        if reason:
+            yield TokenEvent([], reason, stats)
+            return
+        if next_token is None:
+            logits1 = session.decode_step(token)
+            stats.steps += 1
+            next_token = sampler(logits1)
+        token = next_token
+
+
+def _until_stop(draft: list[int], stop_ids: frozenset[int]) -> list[int]:
+    for i, t in enumerate(draft):
+        if t in stop_ids:
+            return draft[:i]
+    return draft
+
+
+def _done(generated: list[int], should_stop: Callable[[list[int]], bool], cancelled: Callable[[], bool],
+          deadline_ns: int | None) -> bool:
+    return should_stop(generated) or cancelled() or (deadline_ns is not None and time.perf_counter_ns() >= deadline_ns)
+
+
+def _finish(generated: list[int], max_tokens: int, should_stop: Callable[[list[int]], bool],
+            cancelled: Callable[[], bool], deadline_ns: int | None) -> str | None:
+    if cancelled():
+        return "cancelled"
+    if should_stop(generated):
+        return "stop"
+    if len(generated) >= max_tokens:
+        return "length"
+    if deadline_ns is not None and time.perf_counter_ns() >= deadline_ns:
+        return "budget"
+    return None
