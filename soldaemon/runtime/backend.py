@@ -13,8 +13,8 @@ Two implementations:
 - :class:`LeanBackend` — a lean Qwen2/Llama-family decoder written against the
   model's own weight tensors (no copy): static KV cache, no per-token
   allocation of cache or masks, logits only where asked.
-- :class:`HFStaticBackend` — any transformers causal LM through its
-  ``StaticCache``; the fallback for architectures the lean path lacks.
+- :class:`HFBackend` — any transformers causal LM through its own cache;
+  the fallback for architectures the lean path lacks.
 """
 
 from __future__ import annotations
@@ -165,26 +165,33 @@ class LeanBackend:
         self.v_cache[:, :, dst:dst + length] = v
 
 
-class HFStaticBackend:
-    """Any transformers causal LM through its StaticCache (slower: the full
-    module stack runs per step). Used when the lean path lacks the
-    architecture. ``shift`` is unsupported (moved-chunk reuse is off)."""
+class HFBackend:
+    """Any transformers causal LM through its own ``DynamicCache``, cropped
+    to ``pos`` before each forward (transformers' StaticCache cannot be
+    rewound). Slower: the full module stack runs per step. The fallback for
+    architectures the lean path lacks; ``shift`` is unsupported, so
+    moved-chunk reuse is off with it."""
 
     def __init__(self, hf_model: Any, n_ctx: int) -> None:
-        from transformers import StaticCache
+        from transformers import DynamicCache
 
         self.model = hf_model
         self.n_ctx = n_ctx
         self.vocab_size = int(hf_model.config.vocab_size)
         self.device = next(hf_model.parameters()).device
-        self.cache = StaticCache(config=hf_model.config, max_cache_len=n_ctx)
+        self.cache = DynamicCache(config=hf_model.config)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, pos: int, *, last_only: bool = True) -> torch.Tensor:
+        have = self.cache.get_seq_length()
+        if pos > have:
+            raise ValueError(f"forward at {pos} but the cache holds {have} positions")
+        if pos < have:
+            self.cache.crop(pos - have)
         T = tokens.shape[0]
-        cache_position = torch.arange(pos, pos + T, device=self.device)
         out = self.model(
-            input_ids=tokens.unsqueeze(0), past_key_values=self.cache, cache_position=cache_position,
+            input_ids=tokens.unsqueeze(0), cache=self.cache,
+            cache_position=torch.arange(pos, pos + T, device=self.device),
             use_cache=True, logits_to_keep=1 if last_only else 0,
         )
         return out.logits[0].float()
@@ -198,4 +205,4 @@ def make_backend(hf_model: Any, n_ctx: int) -> Backend:
     try:
         return LeanBackend(hf_model, n_ctx)
     except ValueError:
-        return HFStaticBackend(hf_model, n_ctx)
+        return HFBackend(hf_model, n_ctx)

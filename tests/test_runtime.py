@@ -1,0 +1,226 @@
+"""The runtime against transformers on a tiny random Qwen2: same greedy
+tokens, reuse paths equal a full recompute, speculation is exact."""
+
+from __future__ import annotations
+
+import inspect
+import random
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from soldaemon.runtime.backend import HFBackend, LeanBackend
+from soldaemon.runtime.draft import PromptLookup
+from soldaemon.runtime.generate import generate
+from soldaemon.runtime.sampling import Greedy, TopP, make_sampler
+from soldaemon.runtime.session import Cancelled, KVSession, common_prefix
+from soldaemon.testing.tiny import build_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = build_tiny_model(tmp_path_factory.mktemp("tiny"))
+    model = AutoModelForCausalLM.from_pretrained(str(path))
+    model.eval()
+    return model, AutoTokenizer.from_pretrained(str(path))
+
+
+SOURCE = inspect.getsource(textwrap)
+
+
+def _prompts(tok, n: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        a = rng.randrange(0, len(SOURCE) - 600)
+        out.append(tok(SOURCE[a:a + rng.randrange(40, 600)], add_special_tokens=False).input_ids)
+    return out
+
+
+def _hf_greedy(model, ids: list[int], n: int) -> list[int]:
+    x = torch.tensor([ids])
+    out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
+                         do_sample=False, pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+def _ours(session: KVSession, ids: list[int], n: int, drafter=None) -> list[int]:
+    toks: list[int] = []
+    for ev in generate(session, ids, sampler=Greedy(), stop_ids=frozenset(), max_tokens=n, drafter=drafter):
+        toks.extend(ev.tokens)
+    return toks
+
+
+def test_lean_logits_match_transformers(tiny) -> None:
+    model, tok = tiny
+    ids = torch.tensor(_prompts(tok, 1)[0])
+    backend = LeanBackend(model, 1024)
+    with torch.no_grad():
+        ref = model(ids[None]).logits[0]
+    assert torch.allclose(backend.forward(ids, 0, last_only=False), ref, atol=1e-4)
+    # incremental = full
+    backend.forward(ids[:10], 0)
+    assert torch.allclose(backend.forward(ids[10:], 10, last_only=False), ref[10:], atol=1e-4)
+
+
+@pytest.mark.parametrize("backend_cls", [LeanBackend, HFBackend])
+def test_greedy_equals_generate(tiny, backend_cls) -> None:
+    model, tok = tiny
+    session = KVSession(backend_cls(model, 2048))
+    for ids in _prompts(tok, 6):
+        assert _ours(session, ids, 20) == _hf_greedy(model, ids, 20)
+
+
+def test_prefix_reuse_equals_recompute(tiny) -> None:
+    model, tok = tiny
+    session = KVSession(LeanBackend(model, 2048))
+    fresh = KVSession(LeanBackend(model, 2048))
+    base = _prompts(tok, 1, seed=3)[0]
+    _ours(session, base, 8)
+    # the user typed: the prompt grows by a few tokens at its end
+    edited = base + tok(" = value", add_special_tokens=False).input_ids
+    pre = session.prefill(edited)
+    assert pre.cached == len(base)          # everything before the edit reused
+    assert pre.computed == len(edited) - len(base)
+    assert _ours(session, edited, 12) == _ours(fresh, edited, 12)
+    # a shorter prompt (backspace) reuses what still matches
+    shorter = base[:-5]
+    pre = session.prefill(shorter)
+    assert pre.cached == len(shorter) - 1 and pre.computed == 1
+    fresh.truncate(0)
+    assert _ours(session, shorter, 12) == _ours(fresh, shorter, 12)
+
+
+def test_chunked_prefill_equals_one_pass(tiny) -> None:
+    model, tok = tiny
+    ids = _prompts(tok, 1, seed=5)[0]
+    one = KVSession(LeanBackend(model, 2048), chunk=4096)
+    chunked = KVSession(LeanBackend(model, 2048), chunk=7)
+    assert torch.allclose(one.prefill(ids).logits, chunked.prefill(ids).logits, atol=1e-4)
+    assert _ours(one, ids, 16) == _ours(chunked, ids, 16)
+
+
+def test_cancel_between_prefill_chunks_keeps_a_valid_prefix(tiny) -> None:
+    model, tok = tiny
+    ids = _prompts(tok, 1, seed=6)[0]
+    session = KVSession(LeanBackend(model, 2048), chunk=8)
+    calls = {"n": 0}
+
+    def cancelled() -> bool:
+        calls["n"] += 1
+        return calls["n"] > 2
+
+    with pytest.raises(Cancelled):
+        session.prefill(ids, cancelled=cancelled)
+    assert session.tokens == ids[:16]       # two chunks made it
+    fresh = KVSession(LeanBackend(model, 2048))
+    assert _ours(session, ids, 10) == _ours(fresh, ids, 10)
+
+
+def test_cancel_stops_decode_within_one_step(tiny) -> None:
+    model, tok = tiny
+    session = KVSession(LeanBackend(model, 2048))
+    ids = _prompts(tok, 1)[0]
+    flag = {"cancel": False}
+    events = []
+    for ev in generate(session, ids, sampler=Greedy(), stop_ids=frozenset(), max_tokens=50,
+                       cancelled=lambda: flag["cancel"]):
+        events.append(ev)
+        if len(events) == 3:
+            flag["cancel"] = True
+    assert events[-1].finish_reason == "cancelled"
+    assert len(events) == 4                 # three token events, then the cancel, no more steps
+    assert events[-1].stats.steps == 2      # prefill + two decode steps
+
+
+def test_stop_token_and_length(tiny) -> None:
+    model, tok = tiny
+    session = KVSession(LeanBackend(model, 2048))
+    ids = _prompts(tok, 1)[0]
+    free = _ours(session, ids, 12)
+    stop = free[5]
+    events = list(generate(session, ids, sampler=Greedy(), stop_ids=frozenset({stop}), max_tokens=12))
+    toks = [t for ev in events for t in ev.tokens]
+    assert events[-1].finish_reason == "stop"
+    assert toks == free[: free.index(stop)]
+    events = list(generate(session, ids, sampler=Greedy(), stop_ids=frozenset(), max_tokens=7))
+    assert events[-1].finish_reason == "length" and sum(len(e.tokens) for e in events) == 7
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10_000), k=st.integers(1, 10), n=st.integers(1, 30))
+def test_speculation_is_token_identical(tiny, seed: int, k: int, n: int) -> None:
+    """Property: prompt-lookup speculation returns exactly the greedy tokens."""
+    model, tok = tiny
+    ids = _prompts(tok, 1, seed=seed)[0]
+    session = KVSession(LeanBackend(model, 2048))
+    plain = _ours(session, ids, n)
+    spec: list[int] = []
+    for ev in generate(session, ids, sampler=Greedy(), stop_ids=frozenset(), max_tokens=n,
+                       drafter=PromptLookup(), draft_k=k):
+        spec.extend(ev.tokens)
+    assert spec == plain
+
+
+def test_speculation_accepts_on_repetitive_code(tiny) -> None:
+    model, tok = tiny
+    ids = _prompts(tok, 1, seed=1)[0]
+    session = KVSession(LeanBackend(model, 2048))
+    last = None
+    for ev in generate(session, ids * 2, sampler=Greedy(), stop_ids=frozenset(), max_tokens=30,
+                       drafter=PromptLookup()):
+        last = ev
+    assert last is not None and last.stats.draft_tokens > 0
+    assert last.stats.steps < 30            # fewer forwards than tokens
+
+
+def test_prompt_lookup_proposes_the_continuation() -> None:
+    d = PromptLookup(max_n=3)
+    d.reset([1, 2, 3, 4, 5, 9, 1, 2, 3])
+    assert d.propose(2) == [4, 5]
+    d.extend([7])
+    assert d.propose(3) == []  # (2, 3, 7), (3, 7), (7,) never seen
+    d.reset([5, 6, 5])
+    assert d.propose(4) == [6, 5]
+
+
+def test_samplers() -> None:
+    logits = torch.tensor([0.0, 5.0, 1.0])
+    assert Greedy()(logits) == 1
+    assert isinstance(make_sampler(0.0), Greedy)
+    s1, s2 = TopP(0.8, 0.9, seed=1), TopP(0.8, 0.9, seed=1)
+    draws = [s1(logits) for _ in range(20)]
+    assert draws == [s2(logits) for _ in range(20)]      # seeded: reproducible
+    assert set(draws) <= {1, 2}
+    assert all(TopP(1.0, 0.01, seed=i)(logits) == 1 for i in range(10))  # nucleus of one
+    with pytest.raises(ValueError, match="temperature"):
+        TopP(0.0)
+
+
+def test_kv_shift_rerotates_keys(tiny) -> None:
+    """Moving a chunk re-rotates keys: layer-0 keys equal those computed at
+    the new position (deeper layers see other context, so only layer 0 is
+    exact)."""
+    model, tok = tiny
+    ids = torch.tensor(_prompts(tok, 1, seed=2)[0][:40])
+    a = LeanBackend(model, 256)
+    b = LeanBackend(model, 256)
+    a.forward(ids, 0)
+    a.shift(10, 15, 30)
+    b.forward(ids[:10], 0)
+    b.forward(torch.zeros(5, dtype=torch.long), 10)
+    b.forward(ids[10:], 15)
+    assert torch.allclose(a.k_cache[0, :, 15:45], b.k_cache[0, :, 15:45], atol=1e-4)
+    assert torch.allclose(a.v_cache[0, :, 15:45], b.v_cache[0, :, 15:45], atol=1e-6)
+
+
+def test_common_prefix() -> None:
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
+    assert common_prefix([], [1]) == 0
+    assert common_prefix([1, 2], [1, 2]) == 2
