@@ -51,7 +51,7 @@ def find_parts(model: EmbeddedModel = QWEN25_CODER_05B) -> list[Path]:
         module = model.part_module(i)
         try:
             data = importlib.resources.files(module) / "data"
-            chunks = sorted(p for p in data.iterdir() if p.name.endswith(".bin"))
+            chunks = sorted((p for p in data.iterdir() if p.name.endswith(".bin")), key=lambda p: p.name)
         except (ModuleNotFoundError, FileNotFoundError, NotADirectoryError):
             missing.append(dist)
             continue

@@ -135,9 +135,9 @@ def convert_gguf(gguf: Path, dest: Path, *, progress: bool = True) -> Path:
             ) from None
         # The weights are now plain tensors; drop the GGUF quantizer so the
         # model saves as an ordinary checkpoint.
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]
         model.config.__dict__.pop("quantization_config", None)
-        model.to(STORE_DTYPE)
+        model.to(STORE_DTYPE)  # type: ignore[arg-type]
         model.config.dtype = STORE_DTYPE
         tmp.mkdir(parents=True)
         model.save_pretrained(str(tmp))
@@ -199,7 +199,7 @@ def load_model(path: str | None = None, *, device: str = "auto", dtype: str = "a
         model = transformers.AutoModelForCausalLM.from_pretrained(str(directory), dtype=dt)
     except (ValueError, OSError, KeyError) as exc:
         raise ModelError(f"cannot load model from '{directory}': {exc}") from None
-    model.to(dev)
+    model.to(dev)  # type: ignore[arg-type]
     model.eval()
     model.requires_grad_(False)
     return LoadedModel(model, tok, name, directory, gguf, dev, dt, time.perf_counter() - t0)

@@ -19,6 +19,7 @@ Two implementations:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -41,6 +42,25 @@ class Backend(Protocol):
         """Move the KV of positions src…src+length-1 to dst…dst+length-1,
         re-rotating keys so they read as if computed at the new positions."""
         ...
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One decoder layer's tensors (views of the HF module's parameters)."""
+
+    ln1: torch.Tensor                  # [D] input RMSNorm
+    ln2: torch.Tensor                  # [D] post-attention RMSNorm
+    wq: torch.Tensor                   # [H*hd, D]
+    bq: torch.Tensor | None            # [H*hd]
+    wk: torch.Tensor                   # [KV*hd, D]
+    bk: torch.Tensor | None
+    wv: torch.Tensor                   # [KV*hd, D]
+    bv: torch.Tensor | None
+    wo: torch.Tensor                   # [D, H*hd]
+    bo: torch.Tensor | None
+    wg: torch.Tensor                   # [F, D] gate
+    wu: torch.Tensor                   # [F, D] up
+    wd: torch.Tensor                   # [D, F] down
 
 
 class LeanBackend:
@@ -89,14 +109,14 @@ class LeanBackend:
         self.scale = self.head_dim ** -0.5
 
     @staticmethod
-    def _layer_weights(layer: Any) -> dict[str, torch.Tensor | None]:
+    def _layer_weights(layer: Any) -> LayerWeights:
         a, m = layer.self_attn, layer.mlp
-        return {
-            "ln1": layer.input_layernorm.weight, "ln2": layer.post_attention_layernorm.weight,
-            "wq": a.q_proj.weight, "bq": a.q_proj.bias, "wk": a.k_proj.weight, "bk": a.k_proj.bias,
-            "wv": a.v_proj.weight, "bv": a.v_proj.bias, "wo": a.o_proj.weight, "bo": a.o_proj.bias,
-            "wg": m.gate_proj.weight, "wu": m.up_proj.weight, "wd": m.down_proj.weight,
-        }
+        return LayerWeights(
+            ln1=layer.input_layernorm.weight, ln2=layer.post_attention_layernorm.weight,
+            wq=a.q_proj.weight, bq=a.q_proj.bias, wk=a.k_proj.weight, bk=a.k_proj.bias,
+            wv=a.v_proj.weight, bv=a.v_proj.bias, wo=a.o_proj.weight, bo=a.o_proj.bias,
+            wg=m.gate_proj.weight, wu=m.up_proj.weight, wd=m.down_proj.weight,
+        )
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         h = x.to(torch.float32)
@@ -123,10 +143,10 @@ class LeanBackend:
         x = F.embedding(tokens, self.embed)              # [T, D]
         H, KV, hd = self.n_heads, self.n_kv, self.head_dim
         for i, w in enumerate(self.layers):
-            h = self._rms(x, w["ln1"])                   # type: ignore[arg-type]
-            q = F.linear(h, w["wq"], w["bq"]).view(T, H, hd).transpose(0, 1)    # [H, T, hd]
-            k = F.linear(h, w["wk"], w["bk"]).view(T, KV, hd).transpose(0, 1)   # [KV, T, hd]
-            v = F.linear(h, w["wv"], w["bv"]).view(T, KV, hd).transpose(0, 1)
+            h = self._rms(x, w.ln1)
+            q = F.linear(h, w.wq, w.bq).view(T, H, hd).transpose(0, 1)     # [H, T, hd]
+            k = F.linear(h, w.wk, w.bk).view(T, KV, hd).transpose(0, 1)    # [KV, T, hd]
+            v = F.linear(h, w.wv, w.bv).view(T, KV, hd).transpose(0, 1)
             q = q * cos + self._rotate_half(q) * sin
             k = k * cos + self._rotate_half(k) * sin
             self.k_cache[i, :, pos:end] = k
@@ -138,9 +158,9 @@ class LeanBackend:
                 attn_mask=mask, scale=self.scale, enable_gqa=True,
             )[0]                                         # [H, T, hd]
             o = o.transpose(0, 1).reshape(T, H * hd)
-            x = x + F.linear(o, w["wo"], w["bo"])        # type: ignore[arg-type]
-            h = self._rms(x, w["ln2"])                   # type: ignore[arg-type]
-            x = x + F.linear(F.silu(F.linear(h, w["wg"])) * F.linear(h, w["wu"]), w["wd"])  # type: ignore[arg-type]
+            x = x + F.linear(o, w.wo, w.bo)
+            h = self._rms(x, w.ln2)
+            x = x + F.linear(F.silu(F.linear(h, w.wg)) * F.linear(h, w.wu), w.wd)
         if last_only:
             x = x[-1:]
         x = self._rms(x, self.norm)

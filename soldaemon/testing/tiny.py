@@ -66,7 +66,7 @@ def build_tiny_model(path: str | Path, *, layers: int = 4, hidden: int = 64, hea
     config = Qwen2Config(
         vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 3,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-        max_position_embeddings=8192, rope_theta=10000.0, tie_word_embeddings=False,
+        max_position_embeddings=8192, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
         bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id,
     )
     torch.manual_seed(seed)

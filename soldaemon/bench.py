@@ -1,0 +1,179 @@
+"""``soldaemon bench``: this runtime against transformers ``generate()`` on
+the same model, the same prompts, in the same run.
+
+For each hole cut from real source (see :mod:`.holes`), the same FIM prompt
+ids go to:
+
+- ``generate``: plain transformers ``model.generate()``, greedy, its own
+  dynamic KV cache;
+- ``sol``: this runtime's prefill + decode steps (static KV cache, lean step),
+  greedy, speculation off;
+- ``sol+spec``: the same with prompt-lookup speculation.
+
+All three produce exactly ``--tokens`` tokens (stop tokens ignored) from a cold
+cache, so time per token compares like with like; the greedy tokens must agree
+(reported). TTFT is arrival → first token sampled. Then the full pipeline
+(``complete``: windowing, stop rules, post-processing) runs on the same holes
+for end-to-end latency and a first-line exact-match rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .api import CancelToken, CompletionRequest, Done
+from .config import Config
+from .holes import cut_line_holes, default_corpus
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--holes", type=int, default=6, help="number of holes (default 6)")
+    p.add_argument("--tokens", type=int, default=24, help="tokens generated per hole (default 24)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--corpus", nargs="*", help="source files (default: modules of Python's standard library)")
+    p.add_argument("--max-prefix-tokens", type=int, default=384)
+    p.add_argument("--max-suffix-tokens", type=int, default=128)
+    p.add_argument("--json", dest="json_out", help="write the raw results here")
+
+
+@dataclass
+class Row:
+    ttft_ms: list[float] = field(default_factory=list)
+    ms_per_token: list[float] = field(default_factory=list)
+    tokens: list[list[int]] = field(default_factory=list)
+    accept: list[float] = field(default_factory=list)
+
+    def p50(self, name: str) -> float:
+        values = getattr(self, name)
+        return statistics.median(values) if values else float("nan")
+
+
+class _FirstToken:
+    """A transformers streamer that notes when the first new token arrives."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.first_ns = 0
+
+    def put(self, value: Any) -> None:
+        self.calls += 1
+        if self.calls == 2 and not self.first_ns:  # call 1 is the prompt
+            self.first_ns = time.perf_counter_ns()
+
+    def end(self) -> None:
+        pass
+
+
+def bench_generate(model: Any, ids: list[int], n: int) -> tuple[float, float, list[int]]:
+    x = torch.tensor([ids], device=model.device)
+    streamer = _FirstToken()
+    t0 = time.perf_counter_ns()
+    with torch.inference_mode():
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
+                             do_sample=False, streamer=streamer, pad_token_id=0)
+    t1 = time.perf_counter_ns()
+    ttft = (streamer.first_ns - t0) / 1e6
+    return ttft, (t1 - streamer.first_ns) / 1e6 / (n - 1), out[0, len(ids):].tolist()
+
+
+def bench_sol(engine: Any, ids: list[int], n: int, speculative: bool) -> tuple[float, float, list[int], float]:
+    from .runtime.draft import PromptLookup
+    from .runtime.generate import generate
+    from .runtime.sampling import Greedy
+
+    engine.session.truncate(0)  # cold: no reuse from the previous hole
+    t0 = time.perf_counter_ns()
+    toks: list[int] = []
+    stats = None
+    for ev in generate(engine.session, ids, sampler=Greedy(), stop_ids=frozenset(), max_tokens=n,
+                       drafter=PromptLookup() if speculative else None,
+                       draft_k=engine.config.completion.draft_tokens):
+        toks.extend(ev.tokens)
+        stats = ev.stats
+    t1 = time.perf_counter_ns()
+    assert stats is not None
+    ttft = (stats.first_token_ns - t0) / 1e6
+    acc = stats.accepted_tokens / stats.draft_tokens if stats.draft_tokens else 0.0
+    return ttft, (t1 - stats.first_token_ns) / 1e6 / (n - 1), toks, acc
+
+
+def run(args: argparse.Namespace, config: Config) -> int:
+    from .runtime.engine import load_engine
+
+    config = config.with_overrides({"model.max_prefix_tokens": args.max_prefix_tokens,
+                                    "model.max_suffix_tokens": args.max_suffix_tokens}, source="bench")
+    files = [Path(p) for p in args.corpus] if args.corpus else default_corpus()
+    holes = cut_line_holes(files, args.holes, args.seed)
+    engine = load_engine(config)
+    model = engine.loaded.model
+    rows = {"generate": Row(), "sol": Row(), "sol+spec": Row()}
+    e2e_ms: list[float] = []
+    e2e_ttft: list[float] = []
+    exact = 0
+    prompts = [engine.build_prompt(CompletionRequest(id="b", prefix=h.prefix, suffix=h.suffix))[0].ids
+               for h in holes]
+    # warm every path once (allocator, kernels) before timing
+    bench_generate(model, prompts[0][:64], 4)
+    bench_sol(engine, prompts[0][:64], 4, True)
+    for i, (hole, ids) in enumerate(zip(holes, prompts)):
+        for name in rows:
+            if name == "generate":
+                ttft, mpt, toks = bench_generate(model, ids, args.tokens)
+                acc = 0.0
+            else:
+                ttft, mpt, toks, acc = bench_sol(engine, ids, args.tokens, name == "sol+spec")
+            r = rows[name]
+            r.ttft_ms.append(ttft)
+            r.ms_per_token.append(mpt)
+            r.tokens.append(toks)
+            r.accept.append(acc)
+        engine.session.truncate(0)
+        req = CompletionRequest(id=f"h{i}", prefix=hole.prefix, suffix=hole.suffix, language="python",
+                                max_tokens=args.tokens)
+        done = [ev for ev in engine.complete(req, CancelToken()) if isinstance(ev, Done)][0]
+        e2e_ms.append(done.timings.total_ms)
+        e2e_ttft.append(done.timings.ttft_ms)
+        exact += int(done.items[0].strip() == hole.expected.strip())
+        print(f"  hole {i + 1}/{len(holes)} {hole.path}:{hole.line} prompt {len(ids)} tok  "
+              f"→ {done.items[0]!r}", file=sys.stderr, flush=True)
+    same = sum(a == b == c for a, b, c in zip(rows["generate"].tokens, rows["sol"].tokens, rows["sol+spec"].tokens))
+    base = rows["generate"]
+    lines = [
+        f"soldaemon bench — {engine.loaded.name} ({engine.info()['dtype']}, {engine.info()['backend']}) "
+        f"on {engine.loaded.device}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}",
+        f"{len(holes)} holes from {len(files)} files (seed {args.seed}), prompts "
+        f"{min(map(len, prompts))}–{max(map(len, prompts))} tokens, {args.tokens} tokens each, cold cache",
+        "",
+        f"{'path':<10} {'TTFT p50 ms':>12} {'ms/token p50':>13} {'vs generate':>12} {'TTFT vs gen':>12} {'accept':>7}",
+    ]
+    for name, r in rows.items():
+        lines.append(
+            f"{name:<10} {r.p50('ttft_ms'):>12.1f} {r.p50('ms_per_token'):>13.1f} "
+            f"{r.p50('ms_per_token') / base.p50('ms_per_token'):>11.2f}x "
+            f"{r.p50('ttft_ms') / base.p50('ttft_ms'):>11.2f}x "
+            f"{(statistics.mean(r.accept) if name == 'sol+spec' else float('nan')):>7.2f}"
+        )
+    lines += [
+        "",
+        f"greedy tokens identical in all three paths: {same}/{len(holes)} holes",
+        f"full pipeline (complete): end-to-end p50 {statistics.median(e2e_ms):.0f} ms, TTFT p50 "
+        f"{statistics.median(e2e_ttft):.0f} ms, rest-of-line exact match {exact}/{len(holes)}",
+    ]
+    print("\n".join(lines))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({
+            "info": engine.info(), "holes": len(holes), "tokens": args.tokens,
+            "rows": {k: asdict(v) for k, v in rows.items()}, "e2e_ms": e2e_ms, "e2e_ttft_ms": e2e_ttft,
+            "exact": exact, "identical": same,
+        }, indent=1))
+    return 0
