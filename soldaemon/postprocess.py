@@ -1,0 +1,463 @@
+"""From raw model text to what the editor shows. Pure string functions.
+
+Three pieces:
+
+* :func:`decide_multiline` -- whether a request at this cursor should get a
+  multi-line completion (``auto`` mode), like Copilot: never in the middle of
+  a line, never on a comment line.
+* :func:`postprocess` -- cuts the generated text: one line, or a block that
+  ends where the enclosing block ends; removes what the suffix already
+  contains; stops degenerate repetition; trims whitespace.
+* :class:`StopChecker` -- the same cuts, decided incrementally during decoding
+  so that generation stops as soon as more text could not change the result.
+
+The cut rules are all of the form "keep the lines before (or up to) the first
+line where a condition holds", and each condition looks only at that line and
+the lines before it. That is what makes early stopping exact:
+``postprocess(text[:n])`` equals ``postprocess(text)`` for every ``n`` at or
+after the point where :meth:`StopChecker.check` first returned True.
+
+Lines are split on ``"\\n"`` only; a ``"\\r"`` before it is kept with the line
+and counts as trailing whitespace. Indentation is measured in columns with a
+tab counted as 4.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from soldaemon.api import Multiline
+
+_CLOSE_TO_OPEN = {")": "(", "]": "[", "}": "{"}
+_OPENERS = "([{"
+_CLOSERS = ")]}"
+_QUOTES = "\"'`"
+# The rest of the cursor line may hold only these for a multi-line completion.
+_REST_ALLOWED = frozenset(_CLOSERS + _QUOTES + ";, \t\r")
+# Characters that may be dropped from the end of a completion when the suffix
+# supplies them right after the cursor (besides a whole-rest overlap).
+_TAIL_PUNCT = frozenset(_CLOSERS + _QUOTES + ";,: \t")
+_COMMENT_STARTS = ("#", "//", "--", "/*", "*", "<!--", ";", "%", "'''", '"""')
+_OPENER_WORDS = ("do", "then", "else", "begin")
+
+
+def _indent(line: str) -> int:
+    """Indentation width of ``line`` in columns (a tab counts as 4)."""
+    n = len(line) - len(line.lstrip(" \t"))
+    return len(line[:n].expandtabs(4))
+
+
+def _depth(text: str) -> int:
+    """Naive bracket depth at the end of ``text`` (strings not recognised;
+    unmatched closers ignored)."""
+    depth = 0
+    for ch in text:
+        if ch in _OPENERS:
+            depth += 1
+        elif ch in _CLOSERS and depth > 0:
+            depth -= 1
+    return depth
+
+
+def _opens_block(before: str) -> bool:
+    """Whether the text before the cursor ends with a block opener.
+
+    Openers: ``(``, ``[``, ``{``; ``=>``; `` ->`` (with a space before it, so a
+    C/PHP member access ``a->`` is not one); a ``:`` that is not ``::`` on a
+    line with no bracket left open (Python ``def f():``, ``case 1:``, but not
+    ``{"key":`` or ``a[1:``); and a trailing word ``do``, ``then``, ``else``,
+    ``begin``.
+    """
+    s = before.rstrip()
+    if not s:
+        return False
+    if s[-1] in _OPENERS or s.endswith("=>"):
+        return True
+    if s.endswith("->") and len(s) >= 3 and s[-3] in " \t":
+        return True
+    if s.endswith(":") and not s.endswith("::") and _depth(s) == 0:
+        return True
+    for word in _OPENER_WORDS:
+        if s.endswith(word):
+            head = s[: -len(word)]
+            if not head or not (head[-1].isalnum() or head[-1] == "_"):
+                return True
+    return False
+
+
+def _is_comment(stripped: str) -> bool:
+    return stripped.startswith(_COMMENT_STARTS)
+
+
+def _cursor_line(prefix: str) -> str:
+    return prefix[prefix.rfind("\n") + 1:]
+
+
+def _rest_of_line(suffix: str) -> str:
+    nl = suffix.find("\n")
+    return suffix if nl < 0 else suffix[:nl]
+
+
+def decide_multiline(prefix: str, suffix: str, mode: Multiline) -> bool:
+    """Whether to generate a multi-line completion.
+
+    ``"single"`` and ``"multi"`` are obeyed. ``"auto"`` gives multi-line only
+    when both hold:
+
+    1. the rest of the cursor line (suffix up to its first newline) is empty or
+       holds only closing brackets, quotes, ``;``, ``,`` and whitespace -- no
+       multi-line in the middle of a line; and
+    2. the cursor line before the cursor is blank (an empty or
+       indentation-only line), or is not a comment line (``#``, ``//``, ``--``,
+       ``/*``, ``*``, ``<!--``, ``;``, ``%``, a docstring quote) and ends with a
+       block opener (see ``_opens_block``: ``(`` ``[`` ``{`` ``=>`` `` ->``,
+       a block ``:``, ``do``/``then``/``else``/``begin``).
+
+    At the end of a complete statement (``x = f(a)|``) the answer is single:
+    the completion continues that line.
+    """
+    if mode == "single":
+        return False
+    if mode == "multi":
+        return True
+    rest = _rest_of_line(suffix)
+    if any(ch not in _REST_ALLOWED for ch in rest):
+        return False
+    before = _cursor_line(prefix)
+    stripped = before.strip()
+    if not stripped:
+        return True
+    if _is_comment(stripped):
+        return False
+    return _opens_block(before)
+
+
+@dataclass(frozen=True)
+class _Cursor:
+    """What the cut rules need to know about the document around the cursor."""
+
+    prefix: str
+    suffix: str
+    before: str              # cursor line, text before the cursor
+    rest: str                # cursor line, text after the cursor
+    indent: int              # indentation of the cursor line
+    opener: bool             # ``before`` ends with a block opener
+    next_line: str | None    # first non-blank suffix line after the cursor line, rstripped
+
+
+def _cursor(prefix: str, suffix: str) -> _Cursor:
+    before = _cursor_line(prefix)
+    nl = suffix.find("\n")
+    rest = suffix if nl < 0 else suffix[:nl]
+    next_line: str | None = None
+    pos = nl + 1 if nl >= 0 else len(suffix)
+    while pos < len(suffix):
+        end = suffix.find("\n", pos)
+        line = suffix[pos:] if end < 0 else suffix[pos:end]
+        if line.strip():
+            next_line = line.rstrip()
+            break
+        if end < 0:
+            break
+        pos = end + 1
+    indent = _indent(before) if before.strip() else len(before.expandtabs(4))
+    return _Cursor(
+        prefix=prefix,
+        suffix=suffix,
+        before=before,
+        rest=rest,
+        indent=indent,
+        opener=_opens_block(before),
+        next_line=next_line,
+    )
+
+
+_Cut = tuple[Literal["before", "after"], int]
+
+
+class _Scanner:
+    """The line-by-line cut rules (see :func:`postprocess`), fed one line at a
+    time: :meth:`decide` for line ``i`` (pure), then :meth:`advance` when it
+    is kept and complete."""
+
+    def __init__(self, cur: _Cursor, multiline: bool, max_lines: int) -> None:
+        self.cur = cur
+        self.multiline = multiline
+        self.max_lines = max(1, max_lines)
+        self.i = 0
+        self.first_blank = False
+        self.base = cur.indent          # body lines are indented at least this much
+        self.prev: str | None = None    # last non-blank line, rstripped
+        self.run = 0                    # how many times in a row ``prev`` came
+        self.run_second = 0             # index of its second occurrence
+        self._header: tuple[str, int] | None | Literal[False] = False  # lazy
+
+    # -- block structure -------------------------------------------------
+
+    def header(self) -> tuple[str, int] | None:
+        """The line that opened the block the completion is in, with its
+        indentation: the cursor line when it ends with an opener, else the
+        nearest non-blank prefix line above with less indentation than the
+        block."""
+        if self._header is not False:
+            return self._header
+        found: tuple[str, int] | None = None
+        if self.cur.opener:
+            found = (self.cur.before, self.cur.indent)
+        else:
+            prefix = self.cur.prefix
+            end = prefix.rfind("\n")  # end of the line above the cursor line
+            while end >= 0:
+                start = prefix.rfind("\n", 0, end) + 1
+                line = prefix[start:end]
+                if line.strip() and _indent(line) < self.base:
+                    found = (line, _indent(line))
+                    break
+                end = start - 1
+        self._header = found
+        return found
+
+    def suffix_closes(self, closer: str, indent: int) -> bool:
+        """Whether the suffix's first non-blank line (after the cursor line) at
+        or left of ``indent`` starts with ``closer``: the block is closed."""
+        suffix = self.cur.suffix
+        nl = suffix.find("\n")
+        if nl < 0:
+            return False
+        pos = nl + 1
+        while pos < len(suffix):
+            end = suffix.find("\n", pos)
+            line = suffix[pos:] if end < 0 else suffix[pos:end]
+            stripped = line.strip()
+            if stripped and _indent(line) <= indent:
+                return stripped.startswith(closer)
+            if end < 0:
+                break
+            pos = end + 1
+        return False
+
+    def closer_kept(self, closer: str, indent: int) -> bool:
+        """A dedented line starting with ``closer`` is kept (as the block's last
+        line) when it closes the block header's opener at the header's
+        indentation and the document does not close that block already --
+        or closes it right after the cursor (then the finishing step turns
+        the line into the indentation in front of that closer)."""
+        header = self.header()
+        if header is None:
+            return False
+        text, h_indent = header
+        if indent != h_indent or not text.rstrip().endswith(_CLOSE_TO_OPEN[closer]):
+            return False
+        if self.cur.rest.lstrip().startswith(closer):
+            return True
+        return not self.suffix_closes(closer, h_indent)
+
+    # -- the rules ---------------------------------------------------------
+
+    def decide(self, line: str, complete: bool) -> _Cut | None:
+        """The cut that line ``self.i`` causes, or None. With ``complete``
+        False (a line still being generated) only cuts that no further text
+        on the line could change are returned."""
+        i = self.i
+        if i == 0:
+            return None
+        if not self.multiline:
+            return ("before", i)
+        shown = i + 1 - (1 if self.first_blank else 0)
+        if shown > self.max_lines:
+            return ("before", i)
+        stripped = line.strip()
+        if not stripped:
+            return None
+        ind = _indent(line)
+        if ind < self.base:
+            c = stripped[0]
+            if c in _CLOSE_TO_OPEN and self.closer_kept(c, ind):
+                if not complete:
+                    return None
+                if self.cur.next_line is not None and line.rstrip() == self.cur.next_line:
+                    return ("before", i)
+                return ("after", i)
+            return ("before", i)
+        if not complete:
+            return None
+        text = line.rstrip()
+        if self.cur.next_line is not None and text == self.cur.next_line:
+            return ("before", i)
+        if text == self.prev and self.run + 1 >= 3:
+            return ("before", self.run_second)
+        return None
+
+    def advance(self, line: str) -> None:
+        """Line ``self.i`` is complete and kept: update the state."""
+        i = self.i
+        if i == 0:
+            self.first_blank = not line.strip()
+            full = self.cur.before + line
+            if self.cur.opener:
+                self.base = self.cur.indent + 1
+            elif not self.cur.before.strip() and full.strip():
+                self.base = _indent(full)
+            else:
+                self.base = self.cur.indent
+            text = full.rstrip()
+        else:
+            text = line.rstrip()
+        if text.strip():
+            if text == self.prev:
+                self.run += 1
+                if self.run == 2:
+                    self.run_second = i
+            else:
+                self.prev = text
+                self.run = 1
+        self.i = i + 1
+
+
+def _can_drop(head: str, tail: str) -> bool:
+    """Whether ``tail`` (text the suffix repeats) can be cut from the end of a
+    completion whose other text is ``head``: no closer in it may close a
+    bracket opened in ``head``, no quote in it may close a string opened in
+    ``head``."""
+    if any(ch in _CLOSERS for ch in tail) and _depth(head) > 0:
+        return False
+    for q in _QUOTES:
+        if q in tail and head.count(q) % 2 == 1:
+            return False
+    return True
+
+
+def _trim_rest_overlap(text: str, rest: str) -> str:
+    """Cut the end of ``text`` where it repeats the start of ``rest`` (the
+    suffix up to its newline): the longest overlap that is either made only of
+    closing brackets, quotes and ``;,:`` or covers all of ``rest`` (trailing
+    whitespace aside), and that :func:`_can_drop` allows."""
+    core = rest.rstrip()
+    if not core:
+        return text
+    for k in range(min(len(rest), len(text)), 0, -1):
+        tail = rest[:k]
+        if not text.endswith(tail) or not tail.strip():
+            continue
+        if not (k >= len(core) or all(ch in _TAIL_PUNCT for ch in tail)):
+            continue
+        head = text[:-k]
+        if not _can_drop(head, tail):
+            continue
+        lines = head.split("\n")
+        last = lines[-1]
+        if last.strip() or len(lines) == 1:
+            last = last.rstrip()
+        # else: an indentation-only last line stays, to place ``rest``.
+        return "\n".join(lines[:-1] + [last])
+    return text
+
+
+def _finish(lines: list[str], cur: _Cursor) -> str:
+    lines = list(lines)
+    while len(lines) > 1 and not lines[-1].strip():
+        lines.pop()
+    lines[-1] = lines[-1].rstrip()
+    text = _trim_rest_overlap("\n".join(lines), cur.rest)
+    return text if text.strip() else ""
+
+
+def _cut_lines(lines: list[str], scanner: _Scanner) -> list[str]:
+    for line in lines:
+        cut = scanner.decide(line, complete=True)
+        if cut is not None:
+            kind, at = cut
+            return lines[: at + 1] if kind == "after" else lines[:at]
+        scanner.advance(line)
+    return lines
+
+
+def postprocess(
+    text: str, *, prefix: str, suffix: str, multiline: bool, max_lines: int
+) -> str:
+    """What to show for generated ``text`` at the cursor between ``prefix`` and
+    ``suffix``. Never only whitespace: "" means show nothing.
+
+    Lines are cut at the first of (each looks only at the lines up to it):
+
+    a. single-line: the first newline (so text starting with a newline gives
+       "");
+    b. multi-line: line ``max_lines + 1`` (a blank first line -- the text
+       starts with a newline -- is not counted);
+       the end of the enclosing block: a non-blank line indented less than the
+       block (the block is deeper than the cursor line when that line ends
+       with an opener; else it is at the cursor line's indentation, or for a
+       blank cursor line at the indentation where the completion's first line
+       starts). Such a line is dropped -- unless it starts with the closer
+       matching the opener of the block's header line, at the header's
+       indentation, and the suffix does not already close that block: then it
+       is kept as the last line (brace languages);
+    c. a line equal (trailing whitespace aside) to the next non-blank line of
+       the suffix: it and everything after it are dropped;
+    e. a line repeated 3 times in a row (blank lines between ignored): only
+       its first occurrence is kept.
+
+    Then trailing blank lines go, the last line loses its trailing whitespace,
+    and (c, d) the end of the text that repeats the start of the rest of the
+    cursor line is cut -- closing brackets/quotes the suffix already supplies
+    (``foo(`` + ``a, b)`` before ``)`` gives ``a, b``) unless they close
+    something the completion opened, or the whole rest of the line. When that
+    leaves an indentation-only last line in a multi-line completion, the
+    indentation stays so the suffix's closer lands on its own line.
+    """
+    cur = _cursor(prefix, suffix)
+    scanner = _Scanner(cur, multiline, max_lines)
+    return _finish(_cut_lines(text.split("\n"), scanner), cur)
+
+
+class StopChecker:
+    """Decides during decoding whether generation can stop.
+
+    ``check(text_so_far)`` is called with the whole generated text after every
+    step (each call extending the previous one). It returns True once
+    :func:`postprocess` is certain to cut everything after this point:
+    single-line and a newline appeared; multi-line and a line past
+    ``max_lines`` began, or a line left of the block began (a closer line that
+    would be kept is waited for until it ends), or a completed line equals the
+    next suffix line, or a line completed its third repetition. Guarantee:
+    when ``check(t)`` is True, ``postprocess(u) == postprocess(t)`` for every
+    extension ``u`` of ``t``. Once True it stays True.
+
+    Cost per call: amortised over the new characters only (each line is
+    examined when it completes, plus the current partial line).
+    """
+
+    def __init__(self, prefix: str, suffix: str, multiline: bool, max_lines: int) -> None:
+        self._cur = _cursor(prefix, suffix)
+        self._multiline = multiline
+        self._max_lines = max_lines
+        self._reset()
+
+    def _reset(self) -> None:
+        self._scanner = _Scanner(self._cur, self._multiline, self._max_lines)
+        self._pos = 0
+        self._stopped = False
+
+    def check(self, text_so_far: str) -> bool:
+        """True when generation can stop now (see the class docstring)."""
+        if self._stopped:
+            return True
+        text = text_so_far
+        if len(text) < self._pos:  # not an extension: start over
+            self._reset()
+        scanner = self._scanner
+        while True:
+            nl = text.find("\n", self._pos)
+            if nl < 0:
+                break
+            line = text[self._pos:nl]
+            if scanner.decide(line, complete=True) is not None:
+                self._stopped = True
+                return True
+            scanner.advance(line)
+            self._pos = nl + 1
+        if scanner.decide(text[self._pos:], complete=False) is not None:
+            self._stopped = True
+            return True
+        return False
