@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Set up everything the tests need and run them all. The README's test command.
+#   - a virtual environment in .venv with the daemon and its test extra
+#   - Debian's chromium and neovim for the real-client tests (when root)
+#   - the Python suite (pytest, incl. mypy and the slow real-model tests)
+#   - the VS Code extension: npm ci, compile, test, package the .vsix
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+# The CPU build of torch (pinned so pip does not pull a multi-GB CUDA build).
+python -m pip install -q "torch==2.13.0"
+python -m pip install -q -e '.[test,bench]'
+
+need=()
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v nvim >/dev/null 2>&1 || need+=(neovim)
+if [ ${#need[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+    else
+        echo "note: ${need[*]} not installed and not root: the real-browser/editor tests will be skipped" >&2
+    fi
+fi
+
+# pytest exits 5 when it collected no test: that fails this script too.
+python -m pytest "$@"
+
+if [ -f vscode-extension/ci.sh ]; then
+    (cd vscode-extension && bash ci.sh)
+fi
