@@ -1,0 +1,131 @@
+"""The engine pipeline on the tiny model: events, timings, cancellation,
+budget, candidates, errors; and the CLI's location handling."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from soldaemon.api import CancelToken, CompletionRequest, Delta, Done
+from soldaemon.cli import parse_location, split_at
+from soldaemon.config import config_from_dict
+from soldaemon.errors import BadRequest
+from soldaemon.runtime.engine import LocalEngine, load_engine
+from soldaemon.testing.tiny import build_tiny_model
+
+PREFIX = "import os\n\n\ndef join_all(parts):\n    result = []\n    for part in parts:\n        result.append("
+SUFFIX = ")\n    return result\n"
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> LocalEngine:
+    path = build_tiny_model(tmp_path_factory.mktemp("tiny"))
+    config = config_from_dict({"model": {"path": str(path), "max_context": 2048}, "device": {"device": "cpu"}})
+    return load_engine(config, progress=False)
+
+
+def _run(engine: LocalEngine, req: CompletionRequest, cancel: CancelToken | None = None) -> tuple[list[Delta], Done]:
+    events = list(engine.complete(req, cancel or CancelToken()))
+    assert isinstance(events[-1], Done)
+    assert all(isinstance(e, Delta) for e in events[:-1])
+    return events[:-1], events[-1]  # type: ignore[return-value]
+
+
+def test_complete_streams_then_done(engine: LocalEngine) -> None:
+    deltas, done = _run(engine, CompletionRequest(id="a", prefix=PREFIX, suffix=SUFFIX, max_tokens=12,
+                                                  multiline="multi"))
+    assert done.id == "a" and len(done.items) == 1
+    assert done.finish_reason in ("stop", "length")
+    t = done.timings
+    assert t.prompt_tokens > 10 and t.generated_tokens >= 1
+    assert 0 <= t.queue_ms <= t.ttft_ms <= t.total_ms
+    assert t.ttft_end_ns >= t.ttft_start_ns > 0
+    streamed = "".join(d.text for d in deltas)
+    assert all(d.text for d in deltas)
+    # deltas are a preview of the raw text: never retracted, held back at the end
+    assert "\ufffd" not in streamed
+
+
+def test_second_request_reuses_the_kv_cache(engine: LocalEngine) -> None:
+    _run(engine, CompletionRequest(id="a", prefix=PREFIX, suffix=SUFFIX, max_tokens=4))
+    _, done = _run(engine, CompletionRequest(id="b", prefix=PREFIX + "p", suffix=SUFFIX, max_tokens=4))
+    assert done.timings.cached_tokens > 0.5 * done.timings.prompt_tokens
+
+
+def test_greedy_is_deterministic(engine: LocalEngine) -> None:
+    req = CompletionRequest(id="a", prefix=PREFIX, suffix=SUFFIX, max_tokens=10)
+    assert _run(engine, req)[1].items == _run(engine, req)[1].items
+
+
+def test_cancel_before_start(engine: LocalEngine) -> None:
+    cancel = CancelToken()
+    cancel.cancel("superseded")
+    _, done = _run(engine, CompletionRequest(id="c", prefix=PREFIX, suffix=SUFFIX, max_tokens=50), cancel)
+    assert done.finish_reason == "superseded"
+
+
+def test_cancel_mid_decode(engine: LocalEngine) -> None:
+    cancel = CancelToken()
+    events = []
+    for ev in engine.complete(CompletionRequest(id="c", prefix=PREFIX, suffix="", max_tokens=200,
+                                                multiline="multi"), cancel):
+        events.append(ev)
+        if isinstance(ev, Delta):
+            cancel.cancel()
+    done = events[-1]
+    assert isinstance(done, Done) and done.finish_reason == "cancelled"
+    assert done.timings.generated_tokens < 200
+
+
+def test_budget_ends_generation(engine: LocalEngine) -> None:
+    _, done = _run(engine, CompletionRequest(id="b", prefix=PREFIX, suffix="", max_tokens=500, budget_ms=1,
+                                             multiline="multi"))
+    assert done.finish_reason == "budget"
+
+
+def test_several_candidates_need_sampling(engine: LocalEngine) -> None:
+    with pytest.raises(BadRequest, match="temperature"):
+        list(engine.complete(CompletionRequest(id="n", prefix=PREFIX, suffix="", n=3), CancelToken()))
+    _, done = _run(engine, CompletionRequest(id="n", prefix=PREFIX, suffix="", n=3, temperature=0.8, seed=7,
+                                             max_tokens=6))
+    assert len(done.items) == 3
+
+
+def test_prompt_too_long_for_context(engine: LocalEngine) -> None:
+    with pytest.raises(BadRequest, match="max_context"):
+        list(engine.complete(CompletionRequest(id="x", prefix=PREFIX, suffix="", max_tokens=2040), CancelToken()))
+
+
+def test_cancel_from_another_thread(engine: LocalEngine) -> None:
+    cancel = CancelToken()
+    timer = threading.Timer(0.05, cancel.cancel)
+    timer.start()
+    try:
+        _, done = _run(engine, CompletionRequest(id="t", prefix=PREFIX * 3, suffix="", max_tokens=2000 - 600,
+                                                 multiline="multi"), cancel)
+    finally:
+        timer.cancel()
+    assert done.finish_reason in ("cancelled", "stop")
+
+
+def test_health_and_info(engine: LocalEngine) -> None:
+    d = engine.diagnosis()
+    assert set(d) >= {"active", "ttft_optimized", "prefetch_hit_rate", "kv_fold_ratio", "offloaded_layers"}
+    info = engine.info()
+    assert info["backend"] == "lean" and info["fim"] == "qwen2.5-coder" and info["device"] == "cpu"
+
+
+def test_locations(tmp_path: Path) -> None:
+    assert parse_location("a/b.py:3:7") == (Path("a/b.py"), 3, 7)
+    with pytest.raises(BadRequest, match="FILE:LINE:COL"):
+        parse_location("a.py:3")
+    with pytest.raises(BadRequest, match="1-based"):
+        parse_location("a.py:0:1")
+    text = "ab\ncdef\n"
+    assert split_at(text, 2, 3) == ("ab\ncd", "ef\n")
+    assert split_at(text, 2, 99) == ("ab\ncdef", "\n")  # past the end: end of line
+    assert split_at(text, 1, 1) == ("", text)
+    with pytest.raises(BadRequest, match="past the end"):
+        split_at(text, 9, 1)

@@ -1,0 +1,93 @@
+"""End to end with the real embedded model (Qwen2.5-Coder-0.5B, from the
+PyPI parts). Slow: the first run assembles, verifies and converts the GGUF
+(about a minute and a half) into the user's cache; later runs load the cache."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+SAMPLE = '''import math
+
+
+def circle_area(radius: float) -> float:
+    """Area of a circle."""
+    return math.pi * radius ** 2
+
+
+def circle_circumference(radius: float) -> float:
+    """Circumference of a circle."""
+    return 2 * math.pi * radius
+
+
+def sphere_volume(radius: float) -> float:
+    """Volume of a sphere."""
+    return 4 / 3 * math.pi * radius ** 3
+
+
+def main() -> None:
+    for r in (1.0, 2.0, 3.0):
+        print(f"r={r}: area={circle_area(r):.2f} circumference={circle_circumference(r):.2f}")
+'''
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from soldaemon.config import config_from_dict
+    from soldaemon.runtime.engine import load_engine
+
+    config = config_from_dict({"device": {"device": "cpu"}, "model": {"max_context": 2048}})
+    return load_engine(config, progress=False)
+
+
+def test_runtime_greedy_equals_generate_on_the_real_model(engine) -> None:
+    """Token for token, this runtime's greedy decode equals transformers
+    generate() on the same weights."""
+    from soldaemon.api import CompletionRequest
+    from soldaemon.runtime.generate import generate
+    from soldaemon.runtime.sampling import Greedy
+
+    model = engine.loaded.model
+    cut = SAMPLE.index("return 4 / 3")
+    cases = [(SAMPLE[:cut], SAMPLE[cut + 30:]), (SAMPLE[: SAMPLE.index("area={")], "\n")]
+    for prefix, suffix in cases:
+        ids = engine.build_prompt(CompletionRequest(id="g", prefix=prefix, suffix=suffix))[0].ids
+        x = torch.tensor([ids])
+        ref = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, min_new_tokens=12,
+                             do_sample=False, pad_token_id=0)[0, len(ids):].tolist()
+        engine.session.truncate(0)
+        ours = [t for ev in generate(engine.session, ids, sampler=Greedy(), stop_ids=frozenset(), max_tokens=12)
+                for t in ev.tokens]
+        assert ours == ref, (engine.tokenizer.decode(ours), engine.tokenizer.decode(ref))
+
+
+def test_fim_completion_is_plausible(engine) -> None:
+    from soldaemon.api import CancelToken, CompletionRequest, Done
+
+    prefix = SAMPLE + '        print(f"r={r}: volume='
+    done = [e for e in engine.complete(CompletionRequest(id="p", prefix=prefix, suffix="\n", language="python"),
+                                       CancelToken()) if isinstance(e, Done)][0]
+    assert "sphere_volume(r)" in done.items[0]
+    assert "\n" not in done.items[0]
+    t = done.timings
+    assert t.prompt_tokens > 100 and t.generated_tokens >= 3
+
+
+def test_soldaemon_complete_cli_on_a_real_file(tmp_path: Path) -> None:
+    src = tmp_path / "shapes.py"
+    src.write_text(SAMPLE + "\n\ndef square_area(side: float) -> float:\n    return \n")
+    line = SAMPLE.count("\n") + 3
+    r = subprocess.run([sys.executable, "-m", "soldaemon.cli", "complete", f"{src}:{line}:12", "--quiet",
+                        "--device", "cpu"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    completion = r.stdout.strip()
+    assert "side" in completion, completion
+    timing = r.stderr.strip().splitlines()[-1]
+    assert "prefill" in timing and "TTFT" in timing and "tok/s" in timing
+    assert src.read_text().endswith("    return \n")  # the user's file is never written
