@@ -150,26 +150,37 @@ _PRIORITY = {("complete", "high"): 0, ("complete", "normal"): 1, ("warm", "high"
 class Job:
     """One ``complete`` or ``warm`` from arrival to its last frame.
 
-    ``state`` moves queued → running → finished, guarded by the worker's lock
-    (a queued job withdrawn by the loop goes straight to finished and the
-    worker skips it). ``deliver`` is called on the event loop thread with
-    each event, the last being a ``Done`` or an ``ErrorFrame``."""
+    ``request.received_ns`` is the arrival (``perf_counter_ns``), stamped by
+    :meth:`arrive`; the engine measures queue, TTFT, total and the budget
+    from it. ``state`` moves queued → running → finished, guarded by the
+    worker's lock (a queued job withdrawn by the loop goes straight to
+    finished and the worker skips it). ``deliver`` is called on the event loop
+    thread with each event, the last being a ``Done`` or an ``ErrorFrame``."""
 
     kind: JobKind
     request: CompletionRequest
     deliver: Callable[[Job, Delta | Done | ErrorFrame], None]
-    arrival_ns: int = field(default_factory=time.time_ns)          # wall clock
-    arrival_s: float = field(default_factory=time.perf_counter)    # monotonic
+    arrival_ns: int = 0                                            # time.time_ns() at arrival
     cancel: CancelToken = field(default_factory=CancelToken)
     state: Literal["queued", "running", "finished"] = "queued"
+
+    @classmethod
+    def arrive(cls, kind: JobKind, request: CompletionRequest,
+               deliver: Callable[[Job, Delta | Done | ErrorFrame], None]) -> Job:
+        stamped = dataclasses.replace(request, received_ns=time.perf_counter_ns())
+        return cls(kind, stamped, deliver, arrival_ns=time.time_ns())
 
     @property
     def id(self) -> str:
         return self.request.id
 
+    def age_ms(self) -> float:
+        """Milliseconds since arrival."""
+        return (time.perf_counter_ns() - self.request.received_ns) / 1e6
+
     def timings_without_engine(self) -> Timings:
         """Timings for a job that ended before the engine saw it."""
-        ms = (time.perf_counter() - self.arrival_s) * 1000.0
+        ms = self.age_ms()
         return Timings(queue_ms=ms, total_ms=ms, ttft_start_ns=self.arrival_ns)
 
 
@@ -257,19 +268,16 @@ class Worker:
                     job.state = "finished"
 
     def _run(self, engine: Engine, job: Job) -> None:
-        start_s = time.perf_counter()
-        queue_ms = (start_s - job.arrival_s) * 1000.0
+        queue_ms = job.age_ms()
         req = job.request
-        if req.budget_ms is not None:  # the budget counts from arrival, not from here
-            if queue_ms >= req.budget_ms:
-                self._post(job.deliver, job, Done(job.id, (), "budget", job.timings_without_engine()))
-                return
-            req = dataclasses.replace(req, budget_ms=req.budget_ms - queue_ms)
+        if req.budget_ms is not None and queue_ms >= req.budget_ms:  # spent waiting: skip the prefill
+            self._post(job.deliver, job, Done(job.id, (), "budget", job.timings_without_engine()))
+            return
         try:
             if job.kind == "warm":
                 timings = engine.warm(req, job.cancel)
                 reason: FinishReason = job.cancel.reason if job.cancel.cancelled else "stop"
-                self._post(job.deliver, job, Done(job.id, (), reason, _from_arrival(timings, job, queue_ms)))
+                self._post(job.deliver, job, Done(job.id, (), reason, _with_arrival(timings, job, queue_ms)))
                 return
             events = engine.complete(req, job.cancel)
             try:
@@ -299,17 +307,15 @@ class Worker:
         reason = done.finish_reason
         if job.cancel.cancelled and reason in ("cancelled", "superseded"):
             reason = job.cancel.reason
-        return Done(job.id, done.items, reason, _from_arrival(done.timings, job, queue_ms))
+        return Done(job.id, done.items, reason, _with_arrival(done.timings, job, queue_ms))
 
 
-def _from_arrival(t: Timings, job: Job, queue_ms: float) -> Timings:
-    """The engine measures from when it was called; the API reports from
-    arrival: add the queue time to TTFT and total, set the arrival stamp."""
-    ttft_ms = t.ttft_ms + queue_ms if t.ttft_ms > 0 else 0.0
-    ttft_end_ns = t.ttft_end_ns or (job.arrival_ns + int(ttft_ms * 1e6) if ttft_ms else 0)
+def _with_arrival(t: Timings, job: Job, queue_ms: float) -> Timings:
+    """The engine measures from ``request.received_ns`` (the arrival); fill
+    in what it left at zero (a ``warm`` reports no queue time or stamps)."""
     return dataclasses.replace(
-        t, queue_ms=queue_ms, ttft_ms=ttft_ms, ttft_end_ns=ttft_end_ns, ttft_start_ns=job.arrival_ns,
-        total_ms=(time.perf_counter() - job.arrival_s) * 1000.0)
+        t, queue_ms=t.queue_ms or queue_ms, total_ms=t.total_ms or job.age_ms(),
+        ttft_start_ns=t.ttft_start_ns or job.arrival_ns)
 
 
 def _resolve(fut: asyncio.Future[Engine], engine: Engine | None, exc: BaseException | None) -> None:
@@ -448,7 +454,7 @@ class Connection:
         for old in list(self.jobs.values()):
             if old.request.uri == req.uri and (kind == "complete" or old.kind == "warm"):
                 self.daemon.worker.withdraw(old, "superseded")
-        job = Job(kind, req, self.deliver)
+        job = Job.arrive(kind, req, self.deliver)
         self.jobs[req.id] = job
         self.daemon.track(job)
         self.daemon.worker.submit(job)
@@ -542,7 +548,7 @@ class Daemon:
         else:
             self.metrics.record_error(job.kind, event.code)
             log.info("req conn=%d id=%s kind=%s outcome=error:%s total=%.1fms", conn.cid, job.id, job.kind,
-                     event.code, (time.perf_counter() - job.arrival_s) * 1000.0)
+                     event.code, job.age_ms())
 
     def track(self, job: Job) -> None:
         self.jobs.add(job)
