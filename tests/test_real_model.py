@@ -81,8 +81,9 @@ def test_fim_completion_is_plausible(engine) -> None:
 
 def test_soldaemon_complete_cli_on_a_real_file(tmp_path: Path) -> None:
     src = tmp_path / "shapes.py"
-    src.write_text(SAMPLE + "\n\ndef square_area(side: float) -> float:\n    return \n")
-    line = SAMPLE.count("\n") + 3
+    text = SAMPLE + "\n\ndef square_area(side: float) -> float:\n    return \n"
+    src.write_text(text)
+    line = len(text.splitlines())  # the last line, "    return "
     r = subprocess.run([sys.executable, "-m", "soldaemon.cli", "complete", f"{src}:{line}:12", "--quiet",
                         "--device", "cpu"], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
