@@ -126,6 +126,7 @@ class ServerSettings:
     drain_timeout_s: float = 5.0                   # s
     max_in_flight_per_connection: int = 32
     max_in_flight: int = 256
+    max_outbox_frames: int = 20_000                # unread frames before a connection is closed
 
     @classmethod
     def from_config(cls, server: ServerConfig) -> ServerSettings:
@@ -364,6 +365,7 @@ class Connection:
         self.jobs: dict[str, Job] = {}
         self.open = True
         self._outbox: asyncio.Queue[str] = asyncio.Queue()
+        self._closer: asyncio.Future[None] | None = None
         rate = daemon.settings.rate_limit_per_s
         self._bucket = TokenBucket(rate, max(1.0, 2.0 * rate))
 
@@ -387,8 +389,17 @@ class Connection:
                 await writer
 
     def send(self, msg: Delta | Done | ErrorFrame | Status) -> None:
-        if self.open:
-            self._outbox.put_nowait(encode_server(msg))
+        """Queue a frame for the writer. A client that lets more than
+        ``max_outbox_frames`` pile up is not reading: it is closed with 1008
+        (its work is then cancelled like any disconnect)."""
+        if not self.open:
+            return
+        if self._outbox.qsize() >= self.daemon.settings.max_outbox_frames:
+            log.warning("connection %d: the client is not reading its frames; closing it", self.cid)
+            self.open = False
+            self._closer = asyncio.ensure_future(self.ws.close(1008, "client is not reading its messages"))
+            return
+        self._outbox.put_nowait(encode_server(msg))
 
     async def flush(self, timeout: float) -> None:
         """Wait (bounded) until every queued frame was written."""

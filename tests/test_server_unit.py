@@ -231,3 +231,34 @@ def test_metrics_exposition() -> None:
                  'sol_client_errors_total{code="bad_json"} 1.0',
                  'sol_completion_events_total{kind="accepted"} 1.0'):
         assert line in body, line
+
+
+class StubSocket:
+    """Stands in for a websocket whose client never reads."""
+
+    def __init__(self) -> None:
+        self.closed_with: int | None = None
+
+    async def send(self, frame: str) -> None:
+        await asyncio.sleep(3600)
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        self.closed_with = code
+
+
+@pytest.mark.asyncio
+async def test_a_client_that_does_not_read_is_closed_1008(tmp_path: Any) -> None:
+    from soldaemon.protocol import Status
+    from soldaemon.server import Connection, Daemon, ServerSettings
+
+    settings = ServerSettings(max_outbox_frames=5, token_path=tmp_path / "token")
+    daemon = Daemon(settings, "t" * 43, "stub", asyncio.get_running_loop())
+    ws = StubSocket()
+    conn = Connection(daemon, ws)  # type: ignore[arg-type]
+    for _ in range(5):
+        conn.send(Status("health"))
+    assert conn.open and ws.closed_with is None
+    conn.send(Status("health"))
+    await asyncio.sleep(0)
+    assert not conn.open and ws.closed_with == 1008
+    conn.send(Status("health"))  # dropped, no error
