@@ -91,26 +91,32 @@ async def test_streaming_order_and_done(daemon: Daemon) -> None:
 
 @pytest.mark.asyncio
 async def test_cancel_stops_within_one_decode_step(daemon: Daemon) -> None:
+    """Cancel right after the first delta; the time from sending ``cancel``
+    to receiving ``done`` is compared with the decode step of that same
+    request (its decode_ms over its generated tokens)."""
+    latencies: list[float] = []
+    steps: list[float] = []
     async with await daemon.connect() as ws:
-        # the decode step on this machine, from an uncancelled run
-        _, ref = await complete(ws, "ref", "class Stack:\n    def push(self, item):\n        ", **LONG)
-        assert isinstance(ref, Done)
-        step_ms = ref.timings.decode_ms / max(1, ref.timings.generated_tokens - 1)
-        latencies: list[float] = []
         for i in range(12):
             rid = f"c{i}"
             await ws.send(json.dumps({"type": "complete", "id": rid, "prefix": f"# {i}\nclass Stack:\n    ",
                                       "suffix": "", **LONG}))
             await first_delta(ws, rid)
+            await asyncio.sleep(0.05)  # let a few steps run
             t0 = time.perf_counter()
             await ws.send(json.dumps({"type": "cancel", "id": rid}))
             _, end = await collect(ws, rid)
-            latencies.append((time.perf_counter() - t0) * 1000)
+            latency = (time.perf_counter() - t0) * 1000
             assert isinstance(end, Done), end
-            assert end.finish_reason in ("cancelled", "stop", "length"), end
-    median, worst = statistics.median(latencies), max(latencies)
-    print(f"\n[figure] cancel→done: median {median:.2f} ms, max {worst:.2f} ms; decode step {step_ms:.2f} ms "
-          f"(target ≤ step + 20 ms = {step_ms + 20:.2f} ms)")
+            if end.finish_reason != "cancelled":  # it ended by itself before the cancel: no figure
+                continue
+            latencies.append(latency)
+            if end.timings.generated_tokens > 1:
+                steps.append(end.timings.decode_ms / (end.timings.generated_tokens - 1))
+    assert len(latencies) >= 6 and steps
+    median, worst, step_ms = statistics.median(latencies), max(latencies), statistics.median(steps)
+    print(f"\n[figure] cancel→done over {len(latencies)} runs: median {median:.2f} ms, max {worst:.2f} ms; "
+          f"decode step {step_ms:.2f} ms (target ≤ step + 20 ms = {step_ms + 20:.2f} ms)")
     assert median <= step_ms + 20.0
     assert worst <= 2 * step_ms + 100.0  # a loaded CI machine may hiccup once
 
