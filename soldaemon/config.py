@@ -400,6 +400,10 @@ class ModelConfig:
     max_suffix_tokens: int = _setting(256, _int(0))
     # A smaller model for speculative decoding; None: no draft model.
     draft_model: Path | None = _setting(None, _optional(_path()))
+    # Moved-chunk KV reuse (like llama.cpp's --cache-reuse): the text after the
+    # cursor is re-rotated instead of recomputed when at least this many of its
+    # tokens merely moved; tokens, 0 = off (exact prefix reuse only).
+    cache_reuse: int = _setting(16, _int(0))
 
 
 @dataclass(frozen=True)

@@ -219,6 +219,7 @@ BAD_VALUES: list[tuple[str, str, Any, str]] = [
     ("model", "max_prefix_tokens", 0, "0"),
     ("model", "max_suffix_tokens", -1, "-1"),
     ("model", "draft_model", ["a"], "['a']"),
+    ("model", "cache_reuse", -1, "-1"),
     ("device", "device", "gpu", '"gpu"'),
     ("device", "device", "cuda:x", '"cuda:x"'),
     ("device", "threads", 0, "0"),

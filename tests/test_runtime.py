@@ -224,3 +224,41 @@ def test_common_prefix() -> None:
     assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
     assert common_prefix([], [1]) == 0
     assert common_prefix([1, 2], [1, 2]) == 2
+
+
+def test_plan_reuse_finds_the_moved_suffix() -> None:
+    from soldaemon.runtime.session import ReusePlan, plan_reuse
+
+    old = [1, 2, 3, 4] + list(range(100, 120)) + [9]
+    new = [1, 2, 3, 4, 5, 6] + list(range(100, 120)) + [9]          # typed two tokens before the suffix
+    assert plan_reuse(old, new, 8) == ReusePlan(keep=4, move_src=4, move_dst=6, move_len=20)
+    back = [1, 2, 3] + list(range(100, 120)) + [9]                   # backspace
+    assert plan_reuse(old, back, 8) == ReusePlan(keep=3, move_src=4, move_dst=3, move_len=20)
+    assert plan_reuse(old, new, 0) == ReusePlan(keep=4)             # off
+    assert plan_reuse(old, new, 21) == ReusePlan(keep=4)            # run too short
+    assert plan_reuse(old, old, 8) == ReusePlan(keep=len(old))      # nothing changed
+    # the common prefix and the common suffix never overlap
+    assert plan_reuse([7] * 30, [7] * 31, 4).keep + plan_reuse([7] * 30, [7] * 31, 4).move_len <= 31
+
+
+def test_moved_chunk_reuse_computes_only_the_edit(tiny) -> None:
+    model, tok = tiny
+    prefix = tok(SOURCE[:800], add_special_tokens=False).input_ids
+    suffix = tok(SOURCE[800:1400], add_special_tokens=False).input_ids
+    fim = lambda p: [3] + p + [5] + suffix + [4]   # <|fim_prefix|> p <|fim_suffix|> s <|fim_middle|>
+    session = KVSession(LeanBackend(model, 2048), min_move=16)
+    _ours(session, fim(prefix), 6)                  # a completion leaves generated tokens behind
+    typed = prefix + tok(" x", add_special_tokens=False).input_ids
+    pre = session.prefill(fim(typed))
+    assert pre.computed <= 4                        # the typed tokens and the last one
+    assert pre.cached == len(fim(typed)) - pre.computed
+    assert session.tokens == fim(typed)
+    # the reused suffix's layer-0 keys/values equal a fresh computation at the new position
+    fresh = LeanBackend(model, 2048)
+    fresh.forward(torch.tensor(fim(typed)), 0)
+    n = len(fim(typed))
+    assert torch.allclose(session.backend.k_cache[0, :, :n], fresh.k_cache[0, :, :n], atol=1e-4)  # type: ignore[attr-defined]
+    # exact mode computes everything after the edit
+    exact = KVSession(LeanBackend(model, 2048), min_move=0)
+    exact.prefill(fim(prefix))
+    assert exact.prefill(fim(typed)).computed >= len(suffix)

@@ -59,7 +59,8 @@ class LocalEngine:
         if config.device.threads:
             torch.set_num_threads(config.device.threads)
         self.backend: Backend = make_backend(loaded.model, config.model.max_context)
-        self.session = KVSession(self.backend)
+        min_move = config.model.cache_reuse if isinstance(self.backend, LeanBackend) else 0
+        self.session = KVSession(self.backend, min_move=min_move)
         self.stats = EngineStats()
         self.started = time.time()
         self._lock = threading.Lock()   # one generation at a time

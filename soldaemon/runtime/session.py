@@ -35,11 +35,48 @@ class PrefillResult:
     computed: int              # prompt tokens run through the model
 
 
+@dataclass(frozen=True)
+class ReusePlan:
+    """How to turn the cache's last prompt ``old`` into the new prompt.
+
+    ``keep``: leading tokens reused in place (exact). ``move``: a run of
+    ``move_len`` tokens that only moved, from ``move_src`` to ``move_dst``
+    (the text after the cursor, when the user typed before it); its keys are
+    re-rotated, its values copied — an approximation, since those tokens had
+    attended to the old text before them (llama.cpp's ``--cache-reuse``).
+    Everything else is computed."""
+
+    keep: int
+    move_src: int = 0
+    move_dst: int = 0
+    move_len: int = 0
+
+
+def plan_reuse(old: Sequence[int], new: Sequence[int], min_move: int) -> ReusePlan:
+    """Longest common prefix, plus the longest common suffix of ``old`` and
+    ``new`` (not overlapping that prefix) when it is at least ``min_move``
+    tokens and ``min_move > 0``. The last token of ``new`` is never moved (its
+    logits are needed), so the moved run stops one short of the end."""
+    keep = common_prefix(old, new)
+    if min_move <= 0 or keep >= len(new) - 1:
+        return ReusePlan(keep)
+    limit = min(len(old), len(new)) - keep
+    tail = 0
+    while tail < limit and old[len(old) - 1 - tail] == new[len(new) - 1 - tail]:
+        tail += 1
+    move_len = tail - 1  # leave the last token to compute
+    if move_len < min_move:
+        return ReusePlan(keep)
+    return ReusePlan(keep, len(old) - tail, len(new) - tail, move_len)
+
+
 class KVSession:
-    def __init__(self, backend: Backend, *, chunk: int = 512) -> None:
+    def __init__(self, backend: Backend, *, chunk: int = 512, min_move: int = 0) -> None:
         self.backend = backend
         self.chunk = chunk
+        self.min_move = min_move            # 0: exact reuse only (common prefix)
         self.tokens: list[int] = []        # token ids at cache positions 0 … len-1
+        self.prompt_len = 0                # of which the last prompt (the rest: generated)
         self._last_logits: torch.Tensor | None = None  # logits after self.tokens
 
     @property
@@ -49,36 +86,53 @@ class KVSession:
     def _tensor(self, ids: Sequence[int]) -> torch.Tensor:
         return torch.tensor(ids, dtype=torch.long, device=self.backend.device)
 
-    def prefill(self, ids: Sequence[int], *, cancelled: Callable[[], bool] = lambda: False,
-                reuse_from: int | None = None) -> PrefillResult:
+    def prefill(self, ids: Sequence[int], *, cancelled: Callable[[], bool] = lambda: False) -> PrefillResult:
         """Make the cache hold exactly ``ids``; return the next-token logits.
 
-        ``reuse_from`` caps the reused prefix (for callers that patched the
-        cache themselves). Raises Cancelled between chunks; the cache then
+        Reuses the common prefix with what the cache holds and, when
+        ``min_move`` allows, the moved tail of the last prompt (see
+        :class:`ReusePlan`). Raises Cancelled between chunks; the cache then
         holds a valid prefix of ``ids`` (kept for the next request)."""
         if not ids:
             raise ValueError("empty prompt")
         if len(ids) >= self.n_ctx:
             raise ValueError(f"prompt of {len(ids)} tokens does not fit the {self.n_ctx}-token KV cache")
         n = common_prefix(self.tokens, ids)
-        if reuse_from is not None:
-            n = min(n, reuse_from)
         if n == len(ids) and n == len(self.tokens) and self._last_logits is not None:
+            self.prompt_len = len(ids)
             return PrefillResult(self._last_logits, n, 0)
-        if n == len(ids):
-            n -= 1  # recompute the last token to get its logits
-        self.tokens = list(ids[:n])
+        plan = ReusePlan(n)
+        if self.min_move > 0 and n < len(ids) - 1:
+            plan = plan_reuse(self.tokens[: self.prompt_len], ids, self.min_move)
+            if plan.keep < n:  # the generated tail matched further: prefer it
+                plan = ReusePlan(n)
+        n = min(plan.keep, len(ids) - 1)  # recompute at least the last token for its logits
         self._last_logits = None
-        logits = None
-        for start in range(n, len(ids), self.chunk):
-            if cancelled():
-                raise Cancelled()
-            piece = ids[start:start + self.chunk]
-            logits = self.backend.forward(self._tensor(piece), start)[-1]
-            self.tokens.extend(piece)
+        if plan.move_len:
+            # Move first: computing the inserted tokens may overwrite the source.
+            self.backend.shift(plan.move_src, plan.move_dst, plan.move_len)
+        end_compute = plan.move_dst if plan.move_len else len(ids)
+        self.tokens = list(ids[:n])
+        logits = self._compute(ids, n, end_compute, cancelled)
+        if plan.move_len:
+            self.tokens = list(ids[: plan.move_dst + plan.move_len])
+            logits = self._compute(ids, plan.move_dst + plan.move_len, len(ids), cancelled)
         assert logits is not None
         self._last_logits = logits
-        return PrefillResult(logits, n, len(ids) - n)
+        self.prompt_len = len(ids)
+        reused = n + plan.move_len
+        return PrefillResult(logits, reused, len(ids) - reused)
+
+    def _compute(self, ids: Sequence[int], start: int, stop: int,
+                 cancelled: Callable[[], bool]) -> torch.Tensor | None:
+        logits = None
+        for pos in range(start, stop, self.chunk):
+            if cancelled():
+                raise Cancelled()
+            piece = ids[pos:min(stop, pos + self.chunk)]
+            logits = self.backend.forward(self._tensor(piece), pos)[-1]
+            self.tokens.extend(piece)
+        return logits
 
     def decode_step(self, token: int) -> torch.Tensor:
         """Append ``token``; return the logits [V] for the next one."""
@@ -102,4 +156,5 @@ class KVSession:
     def truncate(self, n: int, logits: torch.Tensor | None = None) -> None:
         """Keep the first ``n`` tokens; ``logits`` are those after them, if known."""
         del self.tokens[n:]
+        self.prompt_len = min(self.prompt_len, n)
         self._last_logits = logits
