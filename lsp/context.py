@@ -1,0 +1,113 @@
+"""Extra context for a completion: a bounded ring of chunks from recently
+edited and recently opened documents.
+
+An entry is an anchor ``(uri, line)``: where the user opened (line 0) or last
+edited a document. The chunk's text is read from the live document when a
+completion is built, so typing costs one O(entries) update and no copying; a
+document that is closed keeps a snapshot of its chunks.
+
+Contracts:
+
+- at most ``max_entries`` anchors; the least recently touched goes first;
+- an edit near an existing anchor of the same document (within half a chunk)
+  moves that anchor instead of adding one, so one busy spot is one chunk;
+- :meth:`ContextRing.chunks` never returns a chunk of the document being
+  completed (the prefix and suffix already carry it), returns most recent
+  first (the daemon spends its context budget in order), at most
+  ``max_chunks`` chunks, each at most ``max_chunk_chars`` and together at
+  most ``max_total_chars`` characters, and skips whitespace-only chunks;
+- the order is stable while only the current document is edited, so the
+  daemon's prompt (context before the prefix) keeps its KV-cache prefix.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from soldaemon.api import ContextChunk
+
+from lsp.documents import DocumentStore
+
+
+@dataclass
+class _Anchor:
+    uri: str
+    line: int
+    stamp: float
+    snapshot: str | None = None        # set once the document is closed
+
+
+class ContextRing:
+    """Recently edited and opened spots, newest last."""
+
+    def __init__(self, *, max_entries: int = 16, max_chunks: int = 8, chunk_lines: int = 40,
+                 max_chunk_chars: int = 4000, max_total_chars: int = 16000) -> None:
+        self.max_entries = max(0, max_entries)
+        self.max_chunks = max(0, min(max_chunks, 32))  # protocol: at most 32 chunks
+        self.chunk_lines = max(2, chunk_lines)
+        self.max_chunk_chars = max(1, max_chunk_chars)
+        self.max_total_chars = max(0, max_total_chars)
+        self._anchors: list[_Anchor] = []
+
+    def __len__(self) -> int:
+        return len(self._anchors)
+
+    def touch(self, uri: str, line: int) -> None:
+        """Record activity at ``line`` of ``uri`` (an edit, or an open at 0)."""
+        if self.max_entries == 0:
+            return
+        half = self.chunk_lines // 2
+        for index, anchor in enumerate(self._anchors):
+            if anchor.uri == uri and anchor.snapshot is None and abs(anchor.line - line) <= half:
+                del self._anchors[index]
+                anchor.line, anchor.stamp = line, time.monotonic()
+                self._anchors.append(anchor)
+                return
+        self._anchors.append(_Anchor(uri, line, time.monotonic()))
+        if len(self._anchors) > self.max_entries:
+            del self._anchors[: len(self._anchors) - self.max_entries]
+
+    def opened(self, uri: str, store: DocumentStore) -> None:
+        """A document was (re)opened: drop stale snapshots, anchor its head."""
+        self._anchors = [a for a in self._anchors if not (a.uri == uri and a.snapshot is not None)]
+        if store.get(uri) is not None:
+            self.touch(uri, 0)
+
+    def closed(self, uri: str, store: DocumentStore) -> None:
+        """Snapshot ``uri``'s chunks before the document goes away (call
+        before removing it from the store)."""
+        for anchor in self._anchors:
+            if anchor.uri == uri and anchor.snapshot is None:
+                anchor.snapshot = self._read(anchor, store)
+
+    def _read(self, anchor: _Anchor, store: DocumentStore) -> str:
+        if anchor.snapshot is not None:
+            return anchor.snapshot
+        doc = store.get(anchor.uri)
+        if doc is None:
+            return ""
+        half = self.chunk_lines // 2
+        first = max(0, anchor.line - half)
+        text = doc.lines(first, first + self.chunk_lines)
+        return text[: self.max_chunk_chars]
+
+    def chunks(self, for_uri: str, store: DocumentStore) -> tuple[ContextChunk, ...]:
+        """Context for a completion in ``for_uri`` (see the module contract)."""
+        out: list[ContextChunk] = []
+        total = 0
+        for anchor in reversed(self._anchors):
+            if len(out) >= self.max_chunks:
+                break
+            if anchor.uri == for_uri:
+                continue
+            text = self._read(anchor, store)
+            if not text.strip():
+                continue
+            room = self.max_total_chars - total
+            if room <= 0:
+                break
+            text = text[:room]
+            out.append(ContextChunk(anchor.uri, text))
+            total += len(text)
+        return tuple(out)

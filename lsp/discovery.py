@@ -1,0 +1,185 @@
+"""Finding the daemon, and starting one when configured to.
+
+Discovery (:func:`resolve_target`), re-run before every connection attempt so
+that a daemon restarted on another port is found again:
+
+1. ``url`` from the settings, when given;
+2. else the running daemon's record, ``daemon.json`` in the state directory
+   (written by ``soldaemon serve`` once ready; ignored when its pid is gone);
+3. else ``server.host``/``server.port`` of sol_config.yaml.
+
+The token comes from the settings' ``token_file``, else the record's, else
+``server.token_file``/the state directory — read with
+:func:`soldaemon.auth.read_token`, so an unsafe token file is refused.
+
+:class:`DaemonLauncher` starts ``soldaemon serve`` (an argv list, never a
+shell) in its own session, detached, logging to ``daemon.log`` in the state
+directory. It never blocks: the client keeps trying to connect while the
+daemon prepares its model, for at most ``timeout_s``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import psutil
+
+from soldaemon.auth import read_token
+from soldaemon.config import load_config
+from soldaemon.paths import state_dir
+
+from lsp.settings import Settings
+
+log = logging.getLogger("sol.lsp.discovery")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where to connect and with what token. ``source`` says where the URL
+    came from (for messages); ``pid`` is the daemon's when known."""
+
+    url: str
+    token: str
+    token_path: Path
+    source: str
+    pid: int | None = None
+
+
+@dataclass(frozen=True)
+class DaemonRecord:
+    url: str
+    token_path: Path
+    pid: int
+
+
+def daemon_record_path() -> Path:
+    """The running daemon's record (kept in step with soldaemon.server)."""
+    from soldaemon.server import _daemon_file
+
+    return _daemon_file()
+
+
+def read_daemon_record() -> DaemonRecord | None:
+    """The record of a daemon whose process still exists, else ``None``."""
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        record = json.loads(daemon_record_path().read_text())
+        pid = int(record["pid"])
+        if psutil.pid_exists(pid):
+            return DaemonRecord(str(record["url"]), Path(record["token_file"]), pid)
+    return None
+
+
+def _ws_url(host: str, port: int) -> str:
+    return f"ws://[{host}]:{port}" if ":" in host else f"ws://{host}:{port}"
+
+
+def resolve_target(settings: Settings) -> Target:
+    """See the module docstring. Raises :class:`soldaemon.errors.Unavailable`
+    when there is no token file (no daemon ever started) and
+    :class:`soldaemon.errors.ConfigError` for a bad config or token file."""
+    record = None if settings.url else read_daemon_record()
+    token_path = settings.token_file
+    if settings.url:
+        url, source, pid = settings.url, "settings", None
+    elif record is not None:
+        url, source, pid = record.url, f"daemon.json (pid {record.pid})", record.pid
+        token_path = token_path or record.token_path
+    else:
+        config = load_config(settings.config)
+        url, source, pid = _ws_url(config.server.host, config.server.port), "sol_config.yaml", None
+    if token_path is None:
+        token_path = load_config(settings.config).server.token_path()
+    return Target(url, read_token(token_path), token_path, source, pid)
+
+
+def default_daemon_command(settings: Settings) -> list[str]:
+    """``soldaemon [--config FILE] serve``: the console script next to this
+    Python when installed, else ``python -m soldaemon.cli``."""
+    exe = shutil.which("soldaemon", path=str(Path(sys.executable).parent)) or shutil.which("soldaemon")
+    argv = [exe] if exe else [sys.executable, "-m", "soldaemon.cli"]
+    if settings.config:
+        argv += ["--config", settings.config]
+    return argv + ["serve"]
+
+
+class DaemonLauncher:
+    """Starts at most one daemon at a time; a failed start is retried only
+    after ``cooldown_s``."""
+
+    def __init__(self, argv: Sequence[str], *, timeout_s: float = 180.0, cooldown_s: float = 60.0,
+                 log_path: Path | None = None) -> None:
+        if not argv:
+            raise ValueError("empty daemon command")
+        self.argv = list(argv)
+        self.timeout_s = timeout_s
+        self.cooldown_s = cooldown_s
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
+        self.error: str | None = None
+
+    @property
+    def starting(self) -> bool:
+        """A daemon we started is alive and still within its time to get ready."""
+        return (self.proc is not None and self.proc.poll() is None
+                and time.monotonic() - self.started_at < self.timeout_s)
+
+    def check(self) -> str | None:
+        """Why the daemon we started is not coming (exited, or too slow), or
+        ``None`` while it may still come (or none was started)."""
+        if self.proc is None:
+            return None
+        code = self.proc.poll()
+        where = f"; see {self.log_path}" if self.log_path else ""
+        if code is not None:
+            return f"the daemon started by sol-lsp exited with status {code}{where}"
+        if time.monotonic() - self.started_at >= self.timeout_s:
+            return f"the daemon started by sol-lsp was not ready within {self.timeout_s:.0f} s{where}"
+        return None
+
+    def ready(self) -> None:
+        """A connection succeeded: forget the start (the daemon lives on)."""
+        self.proc = None
+        self.error = None
+        self.started_at = 0.0
+
+    def start(self) -> bool:
+        """Start the daemon unless one we started is still coming or the
+        cooldown after a failed start runs. Returns True when a process was
+        spawned now. Never raises: a spawn failure is kept in ``error``."""
+        if self.proc is not None and self.proc.poll() is None:
+            return False  # ours is alive: still preparing, or too slow (then check() says so)
+        if self.started_at and time.monotonic() - self.started_at < self.cooldown_s:
+            return False  # a start failed recently
+        log_path = self.log_path or state_dir() / "daemon.log"
+        self.log_path = log_path
+        t0 = time.perf_counter()
+        try:
+            log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            try:
+                self.proc = subprocess.Popen(
+                    self.argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT,
+                    start_new_session=True, close_fds=True)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            self.error = f"cannot start the daemon ({self.argv[0]}): {exc.strerror or exc}"
+            log.error("%s", self.error)
+            self.started_at = time.monotonic()
+            return False
+        self.started_at = time.monotonic()
+        self.error = None
+        log.info("started the daemon: pid %d, argv %s, log %s (spawn %.1f ms)", self.proc.pid,
+                 self.argv, log_path, (time.perf_counter() - t0) * 1000)
+        return True

@@ -1,0 +1,375 @@
+"""``sol-lsp``: the language server that brings soldaemon's completions to any
+LSP editor (Neovim, Helix, Emacs, Zed, VS Code, ...).
+
+The pygls wiring only; the pieces are
+
+- :mod:`lsp.documents` — open documents, incremental sync, position encodings;
+- :mod:`lsp.context` — the ring of recently edited/opened chunks;
+- :mod:`lsp.completer` — debounce, supersede, typed-through, request building;
+- :mod:`lsp.daemon_client` — the websocket client (reconnect, cancel, status);
+- :mod:`lsp.discovery` — finding (and optionally starting) the daemon;
+- :mod:`lsp.settings` — flags and ``initializationOptions``.
+
+LSP surface (docs/editors.md has the editor set-ups):
+
+- ``textDocument/inlineCompletion`` (LSP 3.18): items replace from the start
+  of the cursor's line (``range`` = line start → cursor, ``insertText`` = the
+  line's text before the cursor + the completion), so the item stays valid
+  while the user keeps typing it; each carries the command ``sol.accepted``
+  (arguments ``[daemon request id, item index]``) for accept telemetry.
+- ``textDocument/completion`` for clients without inline completion
+  (``completionItems``: auto/always/never): one item per completion, a
+  ``textEdit`` from the start of the word at the cursor, ``isIncomplete``
+  so the client asks again as the user types.
+- ``sol/didShowCompletion`` ``{"item": <inline item>}`` or ``{"id", "index"}``
+  and ``sol/didPartiallyAcceptCompletion`` (the same plus
+  ``"acceptedLength"``) are forwarded to the daemon as ``event`` frames.
+- ``sol/status`` notifications ``{"state": "connecting"|"ready"|"slow"|"error",
+  "message", "url"}`` on every change, and at most one ``window/showMessage``
+  per outage, when a failure persists.
+- ``$/cancelRequest`` (and a newer request) cancel the daemon-side work.
+- Errors: invalid ``initializationOptions`` → InvalidParams; a daemon error
+  that retrying cannot fix → RequestFailed (-32803) with ``data.code`` the
+  daemon's error code. Everything transient answers empty, at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any, Sequence
+
+import attrs
+from lsprotocol import types
+from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
+from pygls.lsp.server import LanguageServer
+
+from soldaemon import __version__
+from soldaemon.protocol import CompletionEvent
+
+from lsp.completer import Completer, DaemonRequestFailed, Suggestion
+from lsp.context import ContextRing
+from lsp.daemon_client import DaemonClient, StatusUpdate
+from lsp.discovery import DaemonLauncher, default_daemon_command, resolve_target
+from lsp.documents import DocumentStore, normalize_encoding, units
+from lsp.settings import Launch, Settings, SettingsError, parse_args
+
+log = logging.getLogger("sol.lsp")
+
+SOL_STATUS = "sol/status"
+SOL_DID_SHOW = "sol/didShowCompletion"
+SOL_DID_PARTIALLY_ACCEPT = "sol/didPartiallyAcceptCompletion"
+ACCEPT_COMMAND = "sol.accepted"
+MAX_LINE_PREFIX = 1000          # chars: longer lines get cursor-relative items
+MESSAGE_INTERVAL_S = 600.0      # at most one failure pop-up per this many seconds
+
+
+@attrs.define
+class SolStatusParams:
+    """Params of the ``sol/status`` notification."""
+
+    state: str
+    message: str = ""
+    url: str | None = None
+
+
+class RequestFailed(JsonRpcException):
+    """LSP ``RequestFailed``: the daemon refused the request for good."""
+
+    CODE = types.LSPErrorCodes.RequestFailed.value
+    MESSAGE = "Request Failed"
+
+
+class StatusReporter:
+    """Turns :class:`StatusUpdate` into ``sol/status`` notifications and at
+    most one ``window/showMessage`` per outage (and per
+    ``MESSAGE_INTERVAL_S``): never a stream of pop-ups."""
+
+    def __init__(self, server: SolLanguageServer) -> None:
+        self.server = server
+        self._shown_this_outage = False
+        self._last_shown = -MESSAGE_INTERVAL_S
+
+    def __call__(self, update: StatusUpdate) -> None:
+        log.info("status: %s %s", update.state, update.message)
+        self.server.protocol.notify(SOL_STATUS, SolStatusParams(update.state, update.message, update.url))
+        if update.state == "ready":
+            self._shown_this_outage = False
+            return
+        now = time.monotonic()
+        if update.persistent and not self._shown_this_outage and now - self._last_shown >= MESSAGE_INTERVAL_S:
+            self._shown_this_outage = True
+            self._last_shown = now
+            self.server.window_show_message(types.ShowMessageParams(
+                type=types.MessageType.Warning,
+                message=f"soldaemon completions are unavailable: {update.message}. "
+                        "sol-lsp keeps retrying in the background."))
+
+
+class SolLanguageServer(LanguageServer):
+    """The server object; the feature handlers are registered by
+    :func:`build_server`."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__("sol-lsp", __version__,
+                         text_document_sync_kind=types.TextDocumentSyncKind.Incremental)
+        self.settings = settings
+        self.documents = DocumentStore()
+        self.client_has_inline = False
+        self.documentation_formats: tuple[types.MarkupKind, ...] = ()
+        self.daemon: DaemonClient | None = None
+        self.completer: Completer | None = None
+        self.reporter = StatusReporter(self)
+
+    def report_server_error(self, error: Exception, source: Any) -> None:
+        """Log only: errors must never become a stream of pop-ups."""
+        log.error("server error (%s): %s", getattr(source, "__name__", source), error)
+
+    # -- set-up --------------------------------------------------------------------
+
+    def configure(self, params: types.InitializeParams) -> None:
+        """Apply ``initializationOptions`` and the negotiated encoding; start
+        connecting to the daemon. Raises JsonRpcInvalidParams for a bad
+        option."""
+        try:
+            settings, unknown = self.settings.with_options(params.initialization_options)
+        except SettingsError as exc:
+            raise JsonRpcInvalidParams(f"initializationOptions: {exc}") from None
+        if unknown:
+            log.warning("ignoring unknown initializationOptions: %s", ", ".join(sorted(unknown)))
+        self.settings = settings
+        self.documents.encoding = normalize_encoding(self.workspace.position_encoding)
+        text_caps = params.capabilities.text_document
+        self.client_has_inline = bool(text_caps and text_caps.inline_completion is not None)
+        item_caps = text_caps.completion.completion_item if text_caps and text_caps.completion else None
+        self.documentation_formats = tuple(item_caps.documentation_format or ()) if item_caps else ()
+        client = params.client_info.name if params.client_info else "unknown client"
+        log.info("initialize: %s, position encoding %s, inline completion %s", client,
+                 self.documents.encoding, "yes" if self.client_has_inline else "no")
+        self.start_daemon_client()
+
+    def start_daemon_client(self) -> None:
+        s = self.settings
+        launcher = None
+        if s.start_daemon:
+            launcher = DaemonLauncher(list(s.daemon_command) or default_daemon_command(s),
+                                      timeout_s=s.start_timeout_s)
+        self.daemon = DaemonClient(
+            lambda: resolve_target(self.settings), on_status=self.reporter, launcher=launcher,
+            backoff_initial_s=s.backoff_initial_ms / 1000, backoff_max_s=s.backoff_max_ms / 1000,
+            connect_timeout_s=s.connect_timeout_ms / 1000, failure_message_after_s=s.failure_message_after_s,
+            slow_ms=s.slow_ms)
+        ring = ContextRing(max_entries=max(16, 2 * s.context_chunks), max_chunks=s.context_chunks,
+                           chunk_lines=s.context_lines)
+        self.completer = Completer(s, self.documents, ring, self.daemon)
+        self.daemon.start()
+
+    async def stop_daemon_client(self) -> None:
+        if self.completer is not None:
+            await self.completer.aclose()
+        if self.daemon is not None:
+            await self.daemon.close()
+
+    # -- completions ----------------------------------------------------------------
+
+    async def suggest(self, uri: str, position: types.Position, automatic: bool) -> Suggestion | None:
+        """The completer's answer; daemon errors become typed JSON-RPC errors."""
+        if self.completer is None:
+            return None
+        try:
+            return await self.completer.suggest(uri, position, automatic=automatic,
+                                                tag=str(self.protocol.msg_id))
+        except DaemonRequestFailed as exc:
+            raise RequestFailed(str(exc), data={"code": exc.frame.code, "hint": exc.frame.hint}) from None
+
+    def inline_items(self, s: Suggestion, position: types.Position) -> list[types.InlineCompletionItem]:
+        """Items replacing from the start of the line (see the module doc)."""
+        items = []
+        from_line_start = len(s.line_prefix) <= MAX_LINE_PREFIX
+        for text, index in zip(s.items, s.indices):
+            command = types.Command(title="soldaemon: accepted", command=ACCEPT_COMMAND,
+                                    arguments=[s.request_id, index])
+            if from_line_start:
+                items.append(types.InlineCompletionItem(
+                    insert_text=s.line_prefix + text, command=command,
+                    range=types.Range(types.Position(position.line, 0), position)))
+            else:
+                items.append(types.InlineCompletionItem(insert_text=text, command=command))
+        return items
+
+    def completion_items(self, s: Suggestion, position: types.Position, language: str | None
+                         ) -> list[types.CompletionItem]:
+        """Plain completion items: a textEdit from the start of the word
+        before the cursor (clients filter on that word)."""
+        word_start = len(s.line_prefix)
+        while word_start > 0 and (s.line_prefix[word_start - 1].isalnum() or s.line_prefix[word_start - 1] == "_"):
+            word_start -= 1
+        word = s.line_prefix[word_start:]
+        start = types.Position(position.line, max(0, position.character - units(word, self.documents.encoding)))
+        out = []
+        for rank, (text, index) in enumerate(zip(s.items, s.indices)):
+            new_text = word + text
+            first_line = new_text.strip().split("\n", 1)[0]
+            label = first_line if len(first_line) <= 60 else first_line[:59] + "…"
+            out.append(types.CompletionItem(
+                label=label or new_text.strip()[:60], kind=types.CompletionItemKind.Text,
+                detail="soldaemon", sort_text=f"{rank:04d}", filter_text=new_text, preselect=rank == 0,
+                documentation=self._documentation(new_text, language),
+                insert_text_format=types.InsertTextFormat.PlainText,
+                text_edit=types.TextEdit(types.Range(start, position), new_text),
+                command=types.Command(title="soldaemon: accepted", command=ACCEPT_COMMAND,
+                                      arguments=[s.request_id, index])))
+        return out
+
+    def _documentation(self, text: str, language: str | None) -> types.MarkupContent | str:
+        """The full completion: Markdown when the client renders it, else
+        a plain string (always allowed)."""
+        if types.MarkupKind.Markdown in self.documentation_formats:
+            return types.MarkupContent(types.MarkupKind.Markdown, f"```{language or ''}\n{text}\n```")
+        return text
+
+    # -- telemetry --------------------------------------------------------------------
+
+    def forward_event(self, kind: str, params: Any) -> None:
+        """Forward a shown/partial/accepted event; malformed params are
+        logged and dropped (notifications have no reply)."""
+        target = _event_target(params)
+        if target is None or self.daemon is None:
+            log.info("ignoring %s event with params %r", kind, params)
+            return
+        rid, index, accepted = target
+        sent = self.daemon.event(CompletionEvent(rid, kind, index,  # type: ignore[arg-type]
+                                                 accepted if kind == "partial" else None))
+        log.debug("event %s for %s[%d]%s", kind, rid, index, "" if sent else " dropped (not connected)")
+
+
+def _plain(value: Any) -> Any:
+    """pygls hands custom-method params over as namedtuples; make them
+    plain dicts/lists again."""
+    if hasattr(value, "_asdict"):
+        return {k: _plain(v) for k, v in value._asdict().items()}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _event_target(params: Any) -> tuple[str, int, int | None] | None:
+    """``(request id, item index, accepted length)`` from ``{"item": <item
+    with our command>}`` or ``{"id": ..., "index": ...}``."""
+    data = _plain(params)
+    if not isinstance(data, dict):
+        return None
+    accepted = data.get("acceptedLength", data.get("accepted_length"))
+    accepted = accepted if isinstance(accepted, int) and not isinstance(accepted, bool) and accepted >= 0 else None
+    rid: Any = data.get("id")
+    index: Any = data.get("index", 0)
+    item = data.get("item")
+    if isinstance(item, dict):
+        command = item.get("command")
+        args = command.get("arguments") if isinstance(command, dict) else None
+        if isinstance(args, list) and len(args) >= 2:
+            rid, index = args[0], args[1]
+    if not isinstance(rid, str) or not rid or isinstance(index, bool) or not isinstance(index, int) \
+            or not 0 <= index < 8:
+        return None
+    return rid, index, accepted
+
+
+def build_server(settings: Settings) -> SolLanguageServer:
+    """A configured server with every feature registered."""
+    server = SolLanguageServer(settings)
+
+    @server.feature(types.INITIALIZE)
+    def initialize(ls: SolLanguageServer, params: types.InitializeParams) -> None:
+        ls.configure(params)
+
+    @server.feature(types.SHUTDOWN)
+    async def shutdown(ls: SolLanguageServer, params: Any) -> None:
+        await ls.stop_daemon_client()
+
+    @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
+    def did_open(ls: SolLanguageServer, params: types.DidOpenTextDocumentParams) -> None:
+        doc = ls.documents.open(params.text_document)
+        if ls.completer is not None:
+            ls.completer.opened(doc)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
+    def did_change(ls: SolLanguageServer, params: types.DidChangeTextDocumentParams) -> None:
+        changed = ls.documents.change(params)
+        if changed is None:
+            log.warning("didChange for %s, which is not open", params.text_document.uri)
+            return
+        if ls.completer is not None:
+            ls.completer.edited(*changed)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
+    def did_close(ls: SolLanguageServer, params: types.DidCloseTextDocumentParams) -> None:
+        if ls.completer is not None:
+            ls.completer.closing(params.text_document.uri)
+        ls.documents.close(params.text_document.uri)
+
+    @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
+    async def inline_completion(ls: SolLanguageServer, params: types.InlineCompletionParams
+                                ) -> types.InlineCompletionList:
+        automatic = params.context.trigger_kind == types.InlineCompletionTriggerKind.Automatic
+        found = await ls.suggest(params.text_document.uri, params.position, automatic)
+        return types.InlineCompletionList(items=ls.inline_items(found, params.position) if found else [])
+
+    @server.feature(types.TEXT_DOCUMENT_COMPLETION, types.CompletionOptions(resolve_provider=False))
+    async def completion(ls: SolLanguageServer, params: types.CompletionParams) -> types.CompletionList:
+        mode = ls.settings.completion_items
+        if mode == "never" or (mode == "auto" and ls.client_has_inline):
+            return types.CompletionList(is_incomplete=False, items=[])
+        automatic = params.context is not None and \
+            params.context.trigger_kind != types.CompletionTriggerKind.Invoked
+        found = await ls.suggest(params.text_document.uri, params.position, automatic)
+        doc = ls.documents.get(params.text_document.uri)
+        items = ls.completion_items(found, params.position, doc.language if doc else None) if found else []
+        return types.CompletionList(is_incomplete=True, items=items)
+
+    @server.command(ACCEPT_COMMAND)
+    def accepted(ls: SolLanguageServer, *args: Any) -> None:
+        ls.forward_event("accepted", {"id": args[0] if args else None, "index": args[1] if len(args) > 1 else 0})
+
+    @server.feature(SOL_DID_SHOW)
+    def did_show(ls: SolLanguageServer, params: Any) -> None:
+        ls.forward_event("shown", params)
+
+    @server.feature(SOL_DID_PARTIALLY_ACCEPT)
+    def did_partially_accept(ls: SolLanguageServer, params: Any) -> None:
+        ls.forward_event("partial", params)
+
+    return server
+
+
+def _setup_logging(launch: Launch) -> None:
+    handler: logging.Handler = (logging.FileHandler(launch.log_file) if launch.log_file
+                                else logging.StreamHandler(sys.stderr))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    level = launch.log_level.upper()
+    logging.getLogger("sol").setLevel(level)
+    logging.getLogger("pygls").setLevel(logging.WARNING if level != "DEBUG" else logging.INFO)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``sol-lsp [--stdio | --tcp HOST:PORT] [options]``; see ``--help``."""
+    launch = parse_args(argv)
+    _setup_logging(launch)
+    server = build_server(launch.settings)
+    log.info("sol-lsp %s starting (%s)", __version__,
+             f"tcp {launch.tcp[0]}:{launch.tcp[1]}" if launch.tcp else "stdio")
+    if launch.tcp:
+        server.start_tcp(*launch.tcp)
+    else:
+        server.start_io()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

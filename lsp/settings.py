@@ -1,0 +1,259 @@
+"""sol-lsp settings: command-line flags, then the client's
+``initializationOptions`` on top (an editor's per-project configuration).
+
+Every option has one name on the command line (``--debounce-ms``) and one in
+``initializationOptions`` (``debounceMs``); the table :data:`OPTIONS` is the
+single source of both and of the documentation in docs/editors.md.
+
+Contract: :func:`parse_args` and :func:`Settings.with_options` validate every
+value and raise :class:`SettingsError` (a ``ValueError``) naming the option and
+the expected value; unknown ``initializationOptions`` keys are returned as
+warnings, not errors (a newer editor plugin may send more).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Literal, Mapping, Sequence
+
+CompletionItems = Literal["auto", "always", "never"]
+Multiline = Literal["auto", "single", "multi"]
+
+
+class SettingsError(ValueError):
+    """An option has an invalid value."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything sol-lsp can be told. Times are milliseconds unless named
+    ``_s``."""
+
+    # Where the daemon is. None: the running daemon's record (daemon.json in
+    # the state directory), else server.host/port of sol_config.yaml.
+    url: str | None = None
+    token_file: Path | None = None          # None: the daemon's record, else config
+    config: str | None = None               # sol_config.yaml for the defaults above
+    start_daemon: bool = False              # start `soldaemon serve` when none answers
+    daemon_command: tuple[str, ...] = ()    # argv for that; () = soldaemon serve
+    start_timeout_s: float = 180.0          # how long a started daemon may take to be ready
+    # Requests
+    debounce_ms: float = 25.0               # automatic triggers wait this long for more typing
+    timeout_ms: float = 5000.0              # a daemon answer later than this is cancelled
+    budget_ms: float | None = None          # the daemon's own budget per request
+    max_tokens: int = 64
+    max_lines: int = 8                      # lines in an item, cap
+    multiline: Multiline = "auto"
+    max_prefix_chars: int = 32_000
+    max_suffix_chars: int = 8_000
+    completion_items: CompletionItems = "auto"  # textDocument/completion: auto = only without inline
+    # Context and warm-up
+    context_chunks: int = 8                 # 0: send no extra context
+    context_lines: int = 40
+    warm: bool = True
+    warm_delay_ms: float = 250.0            # idle time after an edit before a warm
+    # Status and reconnection
+    slow_ms: float = 1500.0                 # a completion slower than this reports "slow"
+    backoff_initial_ms: float = 250.0
+    backoff_max_ms: float = 10_000.0
+    connect_timeout_ms: float = 3000.0
+    failure_message_after_s: float = 10.0   # a failure this old is persistent: one showMessage
+
+    def with_options(self, options: Mapping[str, Any] | None) -> tuple[Settings, list[str]]:
+        """These settings with ``initializationOptions`` applied; also the
+        list of ignored (unknown) keys."""
+        if not options:
+            return self, []
+        if not isinstance(options, Mapping):
+            raise SettingsError("initializationOptions must be an object")
+        changes: dict[str, Any] = {}
+        unknown: list[str] = []
+        by_key = {opt.key: opt for opt in OPTIONS}
+        for key, value in options.items():
+            opt = by_key.get(key)
+            if opt is None:
+                unknown.append(key)
+                continue
+            changes[opt.field] = opt.parse(value, key)
+        return dataclasses.replace(self, **changes), unknown
+
+
+# --------------------------------------------------------------------------
+# Parsers: JSON values (initializationOptions) and strings (flags) alike
+# --------------------------------------------------------------------------
+
+
+def _number(lo: float, hi: float, *, integer: bool = False, nullable: bool = False) -> Callable[[Any, str], Any]:
+    def parse(value: Any, name: str) -> Any:
+        if value is None and nullable:
+            return None
+        if isinstance(value, str):
+            try:
+                value = float(value) if not integer else int(value)
+            except ValueError:
+                raise SettingsError(f"{name}: expected a number, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SettingsError(f"{name}: expected a number")
+        if integer and value != int(value):
+            raise SettingsError(f"{name}: expected a whole number")
+        if not lo <= value <= hi:
+            raise SettingsError(f"{name}: must be between {lo:g} and {hi:g}")
+        return int(value) if integer else float(value)
+    return parse
+
+
+def _bool(value: Any, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+        return value.lower() in ("true", "1", "yes")
+    raise SettingsError(f"{name}: expected true or false")
+
+
+def _text(value: Any, name: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise SettingsError(f"{name}: expected a non-empty string")
+    return value
+
+
+def _url(value: Any, name: str) -> str | None:
+    text = _text(value, name)
+    if text is not None and not text.startswith(("ws://", "wss://")):
+        raise SettingsError(f"{name}: expected a ws:// URL, got {text!r}")
+    return text
+
+
+def _path(value: Any, name: str) -> Path | None:
+    text = _text(value, name)
+    return Path(text).expanduser() if text is not None else None
+
+
+def _argv(value: Any, name: str) -> tuple[str, ...]:
+    """A command as a list of strings, or one string split like a shell
+    would (never run through a shell)."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        try:
+            parts = shlex.split(value)
+        except ValueError as exc:
+            raise SettingsError(f"{name}: {exc}") from None
+    elif isinstance(value, (list, tuple)) and all(isinstance(p, str) for p in value):
+        parts = list(value)
+    else:
+        raise SettingsError(f"{name}: expected a list of strings or a command line")
+    return tuple(parts)
+
+
+def _choice(*choices: str) -> Callable[[Any, str], str]:
+    def parse(value: Any, name: str) -> str:
+        if value not in choices:
+            raise SettingsError(f"{name}: expected one of {', '.join(choices)}")
+        return str(value)
+    return parse
+
+
+@dataclass(frozen=True)
+class Option:
+    field: str                     # Settings field
+    key: str                       # initializationOptions key
+    flag: str                      # command-line flag
+    parse: Callable[[Any, str], Any]
+    help: str
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("url", "url", "--url", _url, "the daemon's ws:// URL (default: the running daemon's, else sol_config.yaml)"),
+    Option("token_file", "tokenFile", "--token-file", _path, "the daemon's token file (default: the running daemon's)"),
+    Option("config", "config", "--config", _text, "sol_config.yaml to read server.host/port/token_file from"),
+    Option("start_daemon", "startDaemon", "--start-daemon", _bool, "start `soldaemon serve` when no daemon answers"),
+    Option("daemon_command", "daemonCommand", "--daemon-command", _argv,
+           "the command that starts the daemon (default: soldaemon serve)"),
+    Option("start_timeout_s", "startTimeoutS", "--start-timeout-s", _number(1, 3600),
+           "seconds a started daemon may take to become ready"),
+    Option("debounce_ms", "debounceMs", "--debounce-ms", _number(0, 2000),
+           "automatic triggers wait this long for more typing"),
+    Option("timeout_ms", "timeoutMs", "--timeout-ms", _number(50, 120_000),
+           "a completion not answered within this is cancelled and returns empty"),
+    Option("budget_ms", "budgetMs", "--budget-ms", _number(1, 120_000, nullable=True),
+           "the daemon's wall-clock budget per completion"),
+    Option("max_tokens", "maxTokens", "--max-tokens", _number(1, 2048, integer=True), "generated tokens, cap"),
+    Option("max_lines", "maxLines", "--max-lines", _number(1, 1000, integer=True), "lines in a completion, cap"),
+    Option("multiline", "multiline", "--multiline", _choice("auto", "single", "multi"), "auto, single or multi"),
+    Option("max_prefix_chars", "maxPrefixChars", "--max-prefix-chars", _number(1, 900_000, integer=True),
+           "document text before the cursor sent, cap"),
+    Option("max_suffix_chars", "maxSuffixChars", "--max-suffix-chars", _number(0, 900_000, integer=True),
+           "document text after the cursor sent, cap"),
+    Option("completion_items", "completionItems", "--completion-items", _choice("auto", "always", "never"),
+           "answer textDocument/completion: auto = only for clients without inline completion"),
+    Option("context_chunks", "contextChunks", "--context-chunks", _number(0, 32, integer=True),
+           "chunks of other recently edited/open documents sent as context"),
+    Option("context_lines", "contextLines", "--context-lines", _number(2, 400, integer=True), "lines per chunk"),
+    Option("warm", "warm", "--warm", _bool, "prefill the daemon's cache in the background after edits"),
+    Option("warm_delay_ms", "warmDelayMs", "--warm-delay-ms", _number(0, 60_000),
+           "idle time after an edit before the background warm"),
+    Option("slow_ms", "slowMs", "--slow-ms", _number(1, 600_000), "a completion slower than this reports 'slow'"),
+    Option("backoff_initial_ms", "backoffInitialMs", "--backoff-initial-ms", _number(10, 60_000),
+           "first reconnect delay"),
+    Option("backoff_max_ms", "backoffMaxMs", "--backoff-max-ms", _number(10, 600_000), "longest reconnect delay"),
+    Option("connect_timeout_ms", "connectTimeoutMs", "--connect-timeout-ms", _number(50, 60_000),
+           "websocket handshake timeout"),
+    Option("failure_message_after_s", "failureMessageAfterS", "--failure-message-after-s", _number(0, 86_400),
+           "show one message when the daemon has been unreachable this long"),
+)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How sol-lsp itself runs (command line only)."""
+
+    settings: Settings
+    tcp: tuple[str, int] | None = None      # None: stdio
+    log_level: str = "info"
+    log_file: Path | None = None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sol-lsp",
+        description="Language server for soldaemon: inline completions (LSP 3.18) and plain completions "
+                    "from the local daemon. Speaks LSP on stdio unless --tcp is given.")
+    parser.add_argument("--stdio", action="store_true", help="speak LSP on stdin/stdout (the default)")
+    parser.add_argument("--tcp", metavar="HOST:PORT", help="listen for one LSP client on a TCP port instead")
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.add_argument("--log-file", help="append logs here instead of stderr")
+    for opt in OPTIONS:
+        if opt.parse is _bool:
+            parser.add_argument(opt.flag, dest=opt.field, action=argparse.BooleanOptionalAction,
+                                default=None, help=opt.help)
+        else:
+            parser.add_argument(opt.flag, dest=opt.field, default=None, help=opt.help)
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Launch:
+    """Parse the command line (raises SystemExit with usage on bad flags)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    changes: dict[str, Any] = {}
+    try:
+        for opt in OPTIONS:
+            value = getattr(args, opt.field)
+            if value is not None:
+                changes[opt.field] = opt.parse(value, opt.flag)
+        tcp: tuple[str, int] | None = None
+        if args.tcp:
+            host, sep, port = args.tcp.rpartition(":")
+            if not sep or not port.isdigit():
+                raise SettingsError(f"--tcp: expected HOST:PORT, got {args.tcp!r}")
+            tcp = (host or "127.0.0.1", int(port))
+    except SettingsError as exc:
+        parser.error(str(exc))
+    return Launch(Settings(**changes), tcp, args.log_level,
+                  Path(args.log_file).expanduser() if args.log_file else None)
