@@ -150,6 +150,11 @@ class SolLanguageServer(LanguageServer):
         self.start_daemon_client()
 
     def start_daemon_client(self) -> None:
+        """Create the daemon client and the completer, and start connecting
+        (once per process: a second ``initialize`` keeps the first set-up)."""
+        if self.daemon is not None:
+            log.warning("initialize received again; keeping the existing daemon connection")
+            return
         s = self.settings
         launcher = None
         if s.start_daemon:
