@@ -108,11 +108,12 @@ async def start(daemon: DaemonBox) -> AsyncIterator[Starter]:
     clients: list[LanguageClient] = []
 
     async def _start(*flags: str, options: dict[str, Any] | None = None, inline: bool = True,
-                     state_dir: Path | None = None, wait_ready: bool = True
-                     ) -> tuple[LanguageClient, list[dict[str, Any]]]:
+                     encodings: list[str] | None = None, state_dir: Path | None = None,
+                     wait_ready: bool = True) -> tuple[LanguageClient, list[dict[str, Any]]]:
         client, statuses = await start_lsp([*QUICK, *flags], lsp_env(state_dir or daemon.d.state_dir))
         clients.append(client)
-        await initialize(client, inline=inline, options=options)
+        result = await initialize(client, inline=inline, options=options, encodings=encodings)
+        client.init_result = result  # type: ignore[attr-defined]
         if wait_ready:
             await wait_for(lambda: last_state(statuses) == "ready", 30, f"sol/status ready; got {statuses}")
         return client, statuses
@@ -149,24 +150,29 @@ async def wait_in_flight(daemon: DaemonBox) -> None:
 
 @pytest.mark.asyncio
 async def test_inline_completion_and_accept_telemetry(start: Starter, daemon: DaemonBox) -> None:
-    client, _ = await start()
+    # The client prefers UTF-32 positions: sol-lsp takes them (no UTF-16 conversion), and the
+    # emoji before the cursor (1 code point, 2 UTF-16 units) shows which one it used.
+    client, _ = await start(encodings=["utf-32", "utf-16"])
+    assert client.init_result.capabilities.position_encoding == "utf-32"  # type: ignore[attr-defined]
     open_doc(client, "file:///w/helper.py", "def helper(x):\n    return x * 2\n")   # context for the next
     uri = "file:///w/a.py"
-    open_doc(client, uri, PREFIX + "\n")
-    result = await asyncio.wait_for(client.text_document_inline_completion_async(inline_params(uri, 1, 11)), 60)
+    line = "    return '😀' + "
+    open_doc(client, uri, f"def add(a, b):\n{line}\n")
+    result = await asyncio.wait_for(
+        client.text_document_inline_completion_async(inline_params(uri, 1, len(line))), 60)
     assert result is not None and result.items, "no inline completion from the daemon"
     item = result.items[0]
     assert isinstance(item.insert_text, str)
     # Replaces from the start of the line: the line's text so far + the completion.
-    assert item.range == types.Range(types.Position(1, 0), types.Position(1, 11))
-    assert item.insert_text.startswith("    return ") and item.insert_text[len("    return "):].strip()
+    assert item.range == types.Range(types.Position(1, 0), types.Position(1, len(line)))
+    assert item.insert_text.startswith(line) and item.insert_text[len(line):].strip()
     assert item.command is not None and item.command.command == "sol.accepted"
     request_id, index = item.command.arguments or ("", -1)
     assert isinstance(request_id, str) and request_id.startswith("c") and index == 0
 
     # A client with inline completion gets no plain completion items (no duplicates).
     plain = await client.text_document_completion_async(types.CompletionParams(
-        types.TextDocumentIdentifier(uri), types.Position(1, 11)))
+        types.TextDocumentIdentifier(uri), types.Position(1, len(line))))
     assert isinstance(plain, types.CompletionList) and len(plain.items) == 0
 
     # Telemetry: shown, partially accepted, accepted reach the daemon's metrics.
@@ -296,8 +302,9 @@ def test_neovim_builtin_client_gets_a_completion(daemon: DaemonBox, tmp_path: Pa
     items = report["result"]["items"]
     assert items, f"empty completion list from the daemon via Neovim: {report}\n{log[-3000:]}"
     new_text = items[0]["textEdit"]["newText"]
-    # Neovim puts the cursor on the last character ("n" of "return"): the item
-    # replaces that word and continues it with the daemon's text.
+    # The normal-mode cursor at byte 10 sits on the trailing space, so the
+    # position is right after "return": the item replaces that word and
+    # continues it with the daemon's text.
     assert new_text.startswith("retur") and len(new_text) > len("return"), items[0]
     assert items[0]["command"]["command"] == "sol.accepted"
 
@@ -309,7 +316,7 @@ async def test_daemon_restart_while_the_editor_is_connected(start: Starter, daem
     uri = "file:///w/restart.py"
     open_doc(client, uri, PREFIX + "\n")
     ready_at = len(statuses)
-    daemon.stop()
+    await asyncio.to_thread(daemon.stop)               # SIGTERM: drain, close 1001
     await wait_for(lambda: last_state(statuses) in ("connecting", "error") and len(statuses) > ready_at, 20,
                    f"sol/status to leave ready; got {statuses}")
 
