@@ -129,3 +129,24 @@ def test_locations(tmp_path: Path) -> None:
     assert split_at(text, 1, 1) == ("", text)
     with pytest.raises(BadRequest, match="past the end"):
         split_at(text, 9, 1)
+
+
+def test_type_through_answers_without_the_model(engine: LocalEngine) -> None:
+    uri = "file:///tmp/t.py"
+    _, first = _run(engine, CompletionRequest(id="1", uri=uri, prefix=PREFIX, suffix=SUFFIX, max_tokens=12))
+    text = first.items[0]
+    if len(text) < 2:
+        pytest.skip("the tiny model gave a one-character completion here")
+    steps_before = engine.stats.requests
+    deltas, done = _run(engine, CompletionRequest(id="2", uri=uri, prefix=PREFIX + text[0], suffix=SUFFIX))
+    assert done.timings.source == "type-through"
+    assert done.items == (text[1:],) and "".join(d.text for d in deltas) == text[1:]
+    assert done.timings.prompt_tokens == 0 and engine.stats.requests == steps_before  # no model work
+    # typing something else goes back to the model
+    _, other = _run(engine, CompletionRequest(id="3", uri=uri, prefix=PREFIX + "\u00e9", suffix=SUFFIX, max_tokens=4))
+    assert other.timings.source == "model"
+    # a different suffix (the user edited after the cursor) is not type-through
+    _run(engine, CompletionRequest(id="4", uri=uri, prefix=PREFIX, suffix=SUFFIX, max_tokens=12))
+    _, moved = _run(engine, CompletionRequest(id="5", uri=uri, prefix=PREFIX + text[0], suffix=SUFFIX + "x",
+                                              max_tokens=4))
+    assert moved.timings.source == "model"

@@ -64,6 +64,8 @@ class LocalEngine:
         self.stats = EngineStats()
         self.started = time.time()
         self._lock = threading.Lock()   # one generation at a time
+        # uri → (prefix, suffix, completion) of the last completion, for type-through
+        self._shown: dict[str, tuple[str, str, str]] = {}
 
     # -- the Engine protocol -------------------------------------------------
 
@@ -107,6 +109,16 @@ class LocalEngine:
         arrival_wall = time.time_ns() - (time.perf_counter_ns() - arrival)
         t_start = time.perf_counter_ns()
         self._validate(req)
+        rest = self.type_through(req)
+        if rest is not None:
+            now = time.perf_counter_ns()
+            ms = (now - arrival) / 1e6
+            self._remember(req, rest)
+            yield Delta(req.id, rest)
+            yield Done(req.id, (rest,), "stop", Timings(
+                queue_ms=(t_start - arrival) / 1e6, ttft_ms=ms, total_ms=ms, ttft_start_ns=arrival_wall,
+                ttft_end_ns=time.time_ns(), source="type-through"))
+            return
         prompt, prompt_ms = self.build_prompt(req)
         multiline = decide_multiline(prompt.prefix_text, req.suffix, req.multiline)
         max_lines = self.config.completion.max_lines if multiline else 1
@@ -161,6 +173,8 @@ class LocalEngine:
             ttft_end_ns=stats.first_token_wall_ns or time.time_ns(),
         )
         self._account(timings)
+        if finish in ("stop", "length") and items:
+            self._remember(req, items[0])
         log.info("complete id=%s finish=%s prompt=%d cached=%d gen=%d prompt_ms=%.1f prefill_ms=%.1f "
                  "ttft_ms=%.1f decode_ms=%.1f total_ms=%.1f accept=%d/%d", req.id, finish,
                  timings.prompt_tokens, timings.cached_tokens, timings.generated_tokens, timings.prompt_ms,
@@ -176,6 +190,29 @@ class LocalEngine:
             pass
         self.session.truncate(0)
         self.stats = EngineStats()
+        self._shown.clear()
+
+    def type_through(self, req: CompletionRequest) -> str | None:
+        """The rest of the last completion for this document when the user
+        typed its beginning (same suffix, greedy, one candidate), else None."""
+        last = self._shown.get(req.uri)
+        if last is None or req.n != 1 or req.temperature > 0:
+            return None
+        prefix, suffix, text = last
+        if req.suffix != suffix or not req.prefix.startswith(prefix):
+            return None
+        typed = req.prefix[len(prefix):]
+        if not typed or not text.startswith(typed) or len(typed) >= len(text):
+            return None
+        rest = text[len(typed):]
+        return rest if rest.strip() else None
+
+    def _remember(self, req: CompletionRequest, text: str) -> None:
+        self._shown.pop(req.uri, None)
+        if text:
+            self._shown[req.uri] = (req.prefix, req.suffix, text)
+            while len(self._shown) > 64:
+                self._shown.pop(next(iter(self._shown)))
 
     # -- stages --------------------------------------------------------------
 
