@@ -39,6 +39,9 @@ export class Controller implements vscode.Disposable {
     private managed?: StartedDaemon;
     private starting = false;
     private startError?: DaemonError;
+    /** A start failed because the port is taken: maybe by another window's
+     * daemon that we can use; reported only if connecting fails too. */
+    private portBusy?: DaemonError;
     private requestError?: DaemonError;
     private autoStartsLeft = AUTO_STARTS;
     private location?: Location;
@@ -129,8 +132,19 @@ export class Controller implements vscode.Disposable {
     }
 
     private onConnection(info: ConnectionInfo): void {
+        if (info.state === "open") {
+            this.portBusy = undefined;
+        }
         this.render();
         if (this.disposed || info.state !== "waiting" || !info.lastError) {
+            return;
+        }
+        if (this.portBusy) {
+            const err = this.portBusy;
+            this.portBusy = undefined;
+            this.startError = err;
+            this.render();
+            this.notifyOnce(`start-${err.code}`, err, "soldaemon could not be started");
             return;
         }
         const code = info.lastError.code;
@@ -183,6 +197,14 @@ export class Controller implements vscode.Disposable {
             this.client.reconnectNow();
         } catch (e) {
             const err = e instanceof DaemonError ? e : new DaemonError("start_failed", errText(e));
+            if (/address_in_use/.test(err.message)) {
+                // Another daemon (another VS Code window's?) holds the port
+                // since we last looked: try to use it before complaining.
+                this.output.info("the port is taken; trying to connect to the daemon that holds it");
+                this.portBusy = err;
+                this.client.reconnectNow();
+                return;
+            }
             this.startError = err;
             this.output.error(`could not start the daemon: ${err.message}${err.hint ? ` (${err.hint})` : ""}`);
             this.notifyOnce(`start-${err.code}`, err, "soldaemon could not be started");
@@ -360,7 +382,7 @@ export class Controller implements vscode.Disposable {
         if (st.lastError) {
             lines.push(`  last failure: ${st.lastError.code}: ${st.lastError.message}`);
         }
-        lines.push(`  settings:     debounce ${s.provider.debounceMs} ms, max lines ${s.provider.maxLines}, max tokens ${s.provider.maxTokens}, `
+        lines.push(`  settings:     debounce ${s.provider.debounceMs} ms, max lines ${s.provider.maxLines}, max tokens ${s.provider.maxTokens || "daemon default"}, `
             + `auto-start ${s.autoStart ? "on" : "off"}, command ${s.command}`);
         return lines.join("\n");
     }

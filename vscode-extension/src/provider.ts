@@ -101,6 +101,7 @@ export interface ProviderConfig {
     languages: Record<string, boolean>;
     debounceMs: number;
     maxLines: number;
+    /** Tokens per suggestion; 0: the daemon's completion.max_tokens. */
     maxTokens: number;
     /** Daemon-side wall-clock budget per request; 0: none. */
     budgetMs: number;
@@ -113,7 +114,7 @@ export const DEFAULT_CONFIG: ProviderConfig = {
     languages: { "*": true, plaintext: false, markdown: false, scminput: false },
     debounceMs: 75,
     maxLines: 8,
-    maxTokens: 64,
+    maxTokens: 0,
     budgetMs: 0,
     maxPrefixChars: 16_000,
     maxSuffixChars: 4_000,
@@ -429,9 +430,11 @@ export class InlineProvider<I> {
             language: snap.language,
             prefix: snap.prefix,
             suffix: snap.suffix,
-            max_tokens: cfg.maxTokens,
             multiline: cfg.maxLines <= 1 ? "single" : "auto",
         };
+        if (cfg.maxTokens > 0) {
+            request.max_tokens = cfg.maxTokens;
+        }
         if (cfg.budgetMs > 0) {
             request.budget_ms = cfg.budgetMs;
         }

@@ -45,7 +45,7 @@ export function readSettings(get: Getter): Settings {
             languages,
             debounceMs: num(get("debounceMs"), DEFAULT_CONFIG.debounceMs, 0, 5000),
             maxLines: Math.round(num(get("maxLines"), DEFAULT_CONFIG.maxLines, 1, 200)),
-            maxTokens: Math.round(num(get("maxTokens"), DEFAULT_CONFIG.maxTokens, 1, 2048)),
+            maxTokens: Math.round(num(get("maxTokens"), DEFAULT_CONFIG.maxTokens, 0, 2048)),
             budgetMs: num(get("budgetMs"), DEFAULT_CONFIG.budgetMs, 0, 120_000),
             maxPrefixChars: DEFAULT_CONFIG.maxPrefixChars,
             maxSuffixChars: DEFAULT_CONFIG.maxSuffixChars,

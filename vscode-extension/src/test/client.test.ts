@@ -4,7 +4,7 @@
 import { strict as assert } from "node:assert";
 import { after, describe, it } from "node:test";
 import { DaemonClient, DaemonError } from "../daemonClient";
-import { FakeDaemon } from "./fakeDaemon";
+import { FakeDaemon } from "../testing/fakeDaemon";
 
 const TOKEN = "t".repeat(43);
 

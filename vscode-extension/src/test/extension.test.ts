@@ -7,8 +7,8 @@ import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import { after, afterEach, describe, it } from "node:test";
-import * as vscode from "./fakeVscode";
-import { FakeDaemon } from "./fakeDaemon";
+import * as vscode from "../testing/fakeVscode";
+import { FakeDaemon } from "../testing/fakeDaemon";
 import type * as Ext from "../extension";
 
 // Loaded after the fake is installed (importing ./fakeVscode did that).
@@ -119,12 +119,52 @@ describe("extension", () => {
         assert.match(String(vscode.recorded.statusItems[0].tooltip), /could not be started/);
     });
 
+    it("a start that finds the port taken uses the daemon holding it, without an error", async () => {
+        const state = path.join(tmp, "busy-state");
+        fs.mkdirSync(state, { recursive: true });
+        process.env.SOLDAEMON_STATE_DIR = state;
+        const d = await new FakeDaemon({ token: TOKEN, reply: () => ({ deltas: ["7"], items: ["7"] }) }).start();
+        daemons.push(d);
+        // Another window's daemon got there first: it wrote its record and
+        // token just as ours failed to bind.
+        const exe = path.join(tmp, "busy-soldaemon");
+        fs.writeFileSync(exe, `#!${process.execPath}
+const fs = require("fs");
+const dir = process.env.SOLDAEMON_STATE_DIR;
+fs.writeFileSync(dir + "/token", ${JSON.stringify(TOKEN)});
+fs.writeFileSync(dir + "/daemon.json", JSON.stringify({ pid: ${process.pid}, url: ${JSON.stringify(d.url)}, token_file: dir + "/token" }));
+console.error("soldaemon: error [address_in_use]: port 8765 on 127.0.0.1 is already in use");
+process.exit(4);
+`, { mode: 0o755 });
+        activate({ "soldaemon.command": exe, "soldaemon.debounceMs": 0 });
+        await until(() => statusText().startsWith("$(check)"), 10_000, "ready");
+        assert.deepEqual(vscode.recorded.messages.filter((m) => m.level === "error"), []);
+        const items = await provide("n = |");
+        assert.equal(items?.[0].insertText, "n = 7");
+    });
+
+    it("a taken port with nothing usable behind it is reported", async () => {
+        const state = path.join(tmp, "busy-state2");
+        fs.mkdirSync(state, { recursive: true });
+        process.env.SOLDAEMON_STATE_DIR = state;
+        const exe = path.join(tmp, "busy-soldaemon2");
+        fs.writeFileSync(exe, `#!${process.execPath}
+console.error("soldaemon: error [address_in_use]: port 8765 on 127.0.0.1 is already in use");
+console.error("  hint: another soldaemon may be running");
+process.exit(4);
+`, { mode: 0o755 });
+        activate({ "soldaemon.command": exe });
+        await until(() => vscode.recorded.messages.some((m) => m.level === "error"), 10_000, "an error message");
+        assert.match(vscode.recorded.messages[0].text, /already in use/);
+        await until(() => statusText() === "$(error) sol", 2000, "error status");
+    });
+
     it("starts the daemon when none runs, connects to it, and stops it on shutdown", async () => {
         const state = path.join(tmp, "auto-state");
         fs.mkdirSync(state, { recursive: true });
         process.env.SOLDAEMON_STATE_DIR = state;
         const pidFile = path.join(tmp, "auto.pid");
-        const fakeDaemonJs = path.join(__dirname, "fakeDaemon.js");
+        const fakeDaemonJs = path.join(__dirname, "..", "testing", "fakeDaemon.js");
         const exe = path.join(tmp, "fake-soldaemon");
         fs.writeFileSync(exe, `#!${process.execPath}
 const fs = require("fs");
