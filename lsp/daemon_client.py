@@ -86,8 +86,6 @@ class _Pending:
 @dataclass
 class _Outage:
     since: float = field(default_factory=time.monotonic)
-    attempts: int = 0
-    reported: bool = False
 
 
 def unavailable(request_id: str, message: str = "not connected to soldaemon") -> ErrorFrame:
@@ -234,9 +232,12 @@ class DaemonClient:
     def _observe(self, answer: Answer, elapsed_ms: float) -> None:
         """Report ``slow`` when completions get slow, ``ready`` once they are
         fast again."""
-        if not isinstance(answer, Done) or answer.finish_reason in ("cancelled", "superseded"):
+        if isinstance(answer, ErrorFrame) and answer.code == "timeout":
+            slow = True
+        elif not isinstance(answer, Done) or answer.finish_reason in ("cancelled", "superseded"):
             return
-        slow = elapsed_ms > self.slow_ms
+        else:
+            slow = elapsed_ms > self.slow_ms
         if slow and not self._slow:
             self._slow = True
             self._status("slow", f"a completion took {elapsed_ms:.0f} ms")
@@ -266,8 +267,11 @@ class DaemonClient:
         while True:
             self._wake.clear()
             self._last_attempt = time.monotonic()
-            outage.attempts += 1
-            failure, refused = await self._attempt()
+            try:
+                failure, refused = await self._attempt()
+            except Exception as exc:  # a bug must not end the reconnect loop
+                log.exception("connection attempt failed unexpectedly")
+                failure, refused = f"internal error in sol-lsp: {type(exc).__name__}: {exc}", False
             if failure is None:  # we had a connection; it ended
                 delay, outage = self.backoff_initial_s, _Outage()
                 if self._closing:
@@ -311,6 +315,8 @@ class DaemonClient:
             return f"{exc.message} ({exc.hint})" if exc.hint else exc.message, True
         except SolError as exc:
             return str(exc), False
+        except OSError as exc:  # an unreadable token or config file
+            return f"cannot read the daemon's settings: {exc}", False
         self.url = target.url
         try:
             ws = await connect(target.url, additional_headers=[("Authorization", f"Bearer {target.token}")],
@@ -371,6 +377,13 @@ class DaemonClient:
     # -- inbound frames --------------------------------------------------------
 
     def _handle(self, raw: str | bytes) -> None:
+        """Route one daemon frame; never raises (a bad frame is logged)."""
+        try:
+            self._route(raw)
+        except Exception:
+            log.exception("failed to handle a daemon frame")
+
+    def _route(self, raw: str | bytes) -> None:
         try:
             msg = decode_server(raw)
         except ProtocolError as exc:

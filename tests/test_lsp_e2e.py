@@ -89,6 +89,12 @@ class DaemonBox:
     async def metric(self, name: str) -> float:
         return await asyncio.to_thread(self.d.metric, name)
 
+    async def requests(self, kind: str) -> float:
+        """``sol_requests_total`` of ``kind`` over every outcome."""
+        _, body = await asyncio.to_thread(self.d.http_get, "/metrics")
+        head = f'sol_requests_total{{kind="{kind}"'
+        return sum(float(line.rpartition(" ")[2]) for line in body.decode().splitlines() if line.startswith(head))
+
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, engine_args: list[str]) -> Iterator[DaemonBox]:
@@ -188,7 +194,7 @@ async def test_inline_completion_and_accept_telemetry(start: Starter, daemon: Da
 
 
 @pytest.mark.asyncio
-async def test_plain_completion_for_clients_without_inline(start: Starter) -> None:
+async def test_plain_completion_for_clients_without_inline(start: Starter, daemon: DaemonBox) -> None:
     client, _ = await start(inline=False)
     uri = "file:///w/plain.py"
     open_doc(client, uri, PREFIX + "\n")
@@ -201,6 +207,17 @@ async def test_plain_completion_for_clients_without_inline(start: Starter) -> No
     # No word before the cursor ("return " ends in a space): the edit starts at the cursor.
     assert item.text_edit.range == types.Range(types.Position(1, 11), types.Position(1, 11))
     assert item.label and item.command is not None and item.command.command == "sol.accepted"
+
+    # An edit with no completion after it: once typing pauses, the spot is warmed on the daemon.
+    warms = await daemon.requests("warm")
+    client.text_document_did_change(types.DidChangeTextDocumentParams(
+        types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+        [types.TextDocumentContentChangePartial(
+            range=types.Range(types.Position(1, 11), types.Position(1, 11)), text="a")]))
+
+    async def warmed() -> bool:
+        return await daemon.requests("warm") >= warms + 1
+    await wait_for_async(warmed, 20, "a background warm on the daemon", interval=0.1)
 
 
 @pytest.mark.asyncio
