@@ -92,6 +92,23 @@ describe("extension", () => {
         assert.match(diag, /requests: +1 sent, 1 shown/);
     });
 
+    it("VS Code's cancellation reaches the daemon as a cancel frame", async () => {
+        const d = await new FakeDaemon({ token: TOKEN, reply: () => ({ deltas: ["slow"], items: ["slow"], delayMs: 2000 }) }).start();
+        daemons.push(d);
+        const tokenFile = path.join(tmp, "token-cancel");
+        fs.writeFileSync(tokenFile, TOKEN);
+        activate({ "soldaemon.endpoint": d.url, "soldaemon.tokenFile": tokenFile, "soldaemon.debounceMs": 0 });
+        await until(() => statusText().startsWith("$(check)"), 5000, "ready");
+        const { doc, pos } = vscode.docAt("x = |");
+        const src = vscode.newToken();
+        const pending = vscode.recorded.providers[0].provider.provideInlineCompletionItems(doc, pos, { triggerKind: 1 }, src.token);
+        await until(() => d.received.some((m) => m.type === "complete"), 2000, "the request");
+        const id = d.received.find((m) => m.type === "complete")!.id;
+        src.cancel();
+        assert.equal(await pending, undefined);
+        assert.ok(d.received.some((m) => m.type === "cancel" && m.id === id), "cancel sent for the same id");
+    });
+
     it("toggle turns completions off and on", async () => {
         const d = await new FakeDaemon({ token: TOKEN }).start();
         daemons.push(d);
