@@ -402,8 +402,12 @@ class ModelConfig:
     draft_model: Path | None = _setting(None, _optional(_path()))
     # Moved-chunk KV reuse (like llama.cpp's --cache-reuse): the text after the
     # cursor is re-rotated instead of recomputed when at least this many of its
-    # tokens merely moved; tokens, 0 = off (exact prefix reuse only).
-    cache_reuse: int = _setting(16, _int(0))
+    # tokens merely moved; tokens, 0 = off (exact prefix reuse only). Off by
+    # default: measured on the embedded model, FIM completions then ignore
+    # what was just typed (docs/config.md).
+    cache_reuse: int = _setting(0, _int(0))
+    # Documents whose KV cache is kept (an LRU, one cache of max_context each).
+    kv_sessions: int = _setting(4, _int(1, 64))
 
 
 @dataclass(frozen=True)

@@ -262,3 +262,26 @@ def test_moved_chunk_reuse_computes_only_the_edit(tiny) -> None:
     exact = KVSession(LeanBackend(model, 2048), min_move=0)
     exact.prefill(fim(prefix))
     assert exact.prefill(fim(typed)).computed >= len(suffix)
+
+
+def test_session_pool_keeps_one_cache_per_document(tiny) -> None:
+    from soldaemon.runtime.session import SessionPool
+
+    model, tok = tiny
+    a_ids, b_ids, c_ids = _prompts(tok, 3, seed=9)
+    pool = SessionPool(LeanBackend(model, 1024), 2)
+    sa = pool.acquire("a")
+    _ours(sa, a_ids, 4)
+    sb = pool.acquire("b")
+    _ours(sb, b_ids, 4)
+    assert sa is not sb and sa.cache[0].data_ptr() != sb.cache[0].data_ptr()
+    # back to a: its cache survived b's work, so the whole prompt is reused
+    assert pool.acquire("a") is sa
+    pre = sa.prefill(a_ids)
+    assert pre.cached == len(a_ids) - 1 or pre.computed == 0
+    fresh = KVSession(LeanBackend(model, 1024))
+    assert _ours(sa, a_ids, 8) == _ours(fresh, a_ids, 8)
+    # a third document recycles the least recently used (b)
+    sc = pool.acquire("c")
+    assert sc is sb and sc.tokens == [] and len(pool) == 2
+    assert _ours(sc, c_ids, 6) == _ours(fresh, c_ids, 6)

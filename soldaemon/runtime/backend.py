@@ -43,6 +43,18 @@ class Backend(Protocol):
         re-rotating keys so they read as if computed at the new positions."""
         ...
 
+    def new_cache(self) -> Any:
+        """Allocate another KV cache (for another document's session)."""
+        ...
+
+    def use_cache(self, cache: Any) -> None:
+        """Make ``cache`` (from :meth:`new_cache`) the one forward writes to."""
+        ...
+
+    def current_cache(self) -> Any:
+        """The cache forward writes to now."""
+        ...
+
 
 @dataclass(frozen=True)
 class LayerWeights:
@@ -95,9 +107,8 @@ class LeanBackend:
         self.layers = [self._layer_weights(layer) for layer in inner.layers]
         n_layers = len(self.layers)
         # KV cache: [layers, kv_heads, n_ctx, head_dim], preallocated once.
-        shape = (n_layers, self.n_kv, n_ctx, self.head_dim)
-        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self._kv_shape = (n_layers, self.n_kv, n_ctx, self.head_dim)
+        self.k_cache, self.v_cache = self.new_cache()
         # RoPE tables computed like transformers does (float32 outer product).
         inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.int64).to(self.device, torch.float32) / self.head_dim))
         self.inv_freq = inv_freq                         # [hd/2]
@@ -107,6 +118,24 @@ class LeanBackend:
         self.cos = emb.cos().to(self.dtype)
         self.sin = emb.sin().to(self.dtype)
         self.scale = self.head_dim ** -0.5
+
+    def new_cache(self) -> tuple[torch.Tensor, torch.Tensor]:
+        # [layers, kv_heads, n_ctx, head_dim] each, allocated once per session
+        k = torch.zeros(self._kv_shape, dtype=self.dtype, device=self.device)
+        return k, torch.zeros_like(k)
+
+    def use_cache(self, cache: tuple[torch.Tensor, torch.Tensor]) -> None:
+        self.k_cache, self.v_cache = cache
+
+    def current_cache(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k_cache, self.v_cache
+
+    @property
+    def kv_bytes_per_session(self) -> int:
+        n = 1
+        for d in self._kv_shape:
+            n *= d
+        return 2 * n * self.k_cache.element_size()
 
     @staticmethod
     def _layer_weights(layer: Any) -> LayerWeights:
@@ -193,13 +222,23 @@ class HFBackend:
     moved-chunk reuse is off with it."""
 
     def __init__(self, hf_model: Any, n_ctx: int) -> None:
-        from transformers import DynamicCache
-
         self.model = hf_model
         self.n_ctx = n_ctx
         self.vocab_size = int(hf_model.config.vocab_size)
         self.device = next(hf_model.parameters()).device
-        self.cache = DynamicCache(config=hf_model.config)
+        self._config = hf_model.config
+        self.cache = self.new_cache()
+
+    def new_cache(self) -> Any:
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self._config)
+
+    def use_cache(self, cache: Any) -> None:
+        self.cache = cache
+
+    def current_cache(self) -> Any:
+        return self.cache
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, pos: int, *, last_only: bool = True) -> torch.Tensor:

@@ -26,7 +26,7 @@ from .backend import Backend, LeanBackend, make_backend
 from .draft import PromptLookup
 from .generate import GenStats, generate
 from .sampling import make_sampler
-from .session import Cancelled, KVSession
+from .session import Cancelled, KVSession, SessionPool
 
 log = logging.getLogger("soldaemon.engine")
 
@@ -60,7 +60,8 @@ class LocalEngine:
             torch.set_num_threads(config.device.threads)
         self.backend: Backend = make_backend(loaded.model, config.model.max_context)
         min_move = config.model.cache_reuse if isinstance(self.backend, LeanBackend) else 0
-        self.session = KVSession(self.backend, min_move=min_move)
+        self.pool = SessionPool(self.backend, config.model.kv_sessions, min_move=min_move)
+        self.session: KVSession = self.pool.acquire("untitled:")  # the last used session
         self.stats = EngineStats()
         self.started = time.time()
         self._lock = threading.Lock()   # one generation at a time
@@ -96,6 +97,7 @@ class LocalEngine:
         prompt, prompt_ms = self.build_prompt(req)
         t1 = time.perf_counter_ns()
         with self._lock:
+            self.session = self.pool.acquire(req.uri)
             try:
                 pre = self.session.prefill(prompt.ids, cancelled=lambda: cancel.cancelled)
             except Cancelled:
@@ -129,6 +131,7 @@ class LocalEngine:
         emitted = ""
         generated_total = 0
         with self._lock:
+            self.session = self.pool.acquire(req.uri)
             for candidate in range(req.n):
                 checker = StopChecker(req.prefix, req.suffix, multiline, max_lines)
                 decode = _Detok(self.tokenizer)

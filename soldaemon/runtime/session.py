@@ -9,7 +9,7 @@ forward simply writes at a lower position.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -71,8 +71,10 @@ def plan_reuse(old: Sequence[int], new: Sequence[int], min_move: int) -> ReusePl
 
 
 class KVSession:
-    def __init__(self, backend: Backend, *, chunk: int = 512, min_move: int = 0) -> None:
+    def __init__(self, backend: Backend, *, chunk: int = 512, min_move: int = 0, cache: Any = None) -> None:
         self.backend = backend
+        # this session's KV cache; the backend's current one when not given
+        self.cache = cache if cache is not None else backend.current_cache()
         self.chunk = chunk
         self.min_move = min_move            # 0: exact reuse only (common prefix)
         self.tokens: list[int] = []        # token ids at cache positions 0 … len-1
@@ -84,6 +86,8 @@ class KVSession:
         return self.backend.n_ctx
 
     def _tensor(self, ids: Sequence[int]) -> torch.Tensor:
+        # every forward goes through here: point the backend at our cache
+        self.backend.use_cache(self.cache)
         return torch.tensor(ids, dtype=torch.long, device=self.backend.device)
 
     def prefill(self, ids: Sequence[int], *, cancelled: Callable[[], bool] = lambda: False) -> PrefillResult:
@@ -110,6 +114,7 @@ class KVSession:
         self._last_logits = None
         if plan.move_len:
             # Move first: computing the inserted tokens may overwrite the source.
+            self.backend.use_cache(self.cache)
             self.backend.shift(plan.move_src, plan.move_dst, plan.move_len)
         end_compute = plan.move_dst if plan.move_len else len(ids)
         self.tokens = list(ids[:n])
@@ -158,3 +163,36 @@ class KVSession:
         del self.tokens[n:]
         self.prompt_len = min(self.prompt_len, n)
         self._last_logits = logits
+
+
+class SessionPool:
+    """A small LRU of sessions, one per recently used document, each with its
+    own KV cache, so that switching files does not throw away the other
+    file's reuse. ``acquire`` returns the document's session, or recycles the
+    least recently used one."""
+
+    def __init__(self, backend: Backend, slots: int, **session_kwargs: Any) -> None:
+        if slots < 1:
+            raise ValueError("slots must be >= 1")
+        self.backend = backend
+        self.slots = slots
+        self.session_kwargs = session_kwargs
+        self._by_key: dict[str, KVSession] = {}   # insertion order = LRU order
+        self._created = 0
+
+    def acquire(self, key: str) -> KVSession:
+        session = self._by_key.pop(key, None)
+        if session is None:
+            if len(self._by_key) >= self.slots:
+                session = self._by_key.pop(next(iter(self._by_key)))  # least recently used
+                session.truncate(0)
+            else:
+                # the first session takes the cache the backend was built with
+                cache = self.backend.new_cache() if self._created else None
+                session = KVSession(self.backend, cache=cache, **self.session_kwargs)
+                self._created += 1
+        self._by_key[key] = session
+        return session
+
+    def __len__(self) -> int:
+        return len(self._by_key)
