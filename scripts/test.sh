@@ -31,5 +31,5 @@ fi
 python -m pytest "$@"
 
 if [ -f vscode-extension/ci.sh ]; then
-    (cd vscode-extension && bash ci.sh)
+    (cd vscode-extension && SOLDAEMON_REQUIRE_INTEGRATION=1 SOLDAEMON_PYTHON="$PWD/../.venv/bin/python" bash ci.sh)
 fi
