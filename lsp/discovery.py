@@ -148,10 +148,11 @@ class DaemonLauncher:
         return None
 
     def ready(self) -> None:
-        """A connection succeeded: forget the start (the daemon lives on)."""
+        """A connection succeeded: forget the process (the daemon lives on,
+        detached). ``started_at`` stays, so a daemon that dies again is
+        restarted at most once per ``cooldown_s``."""
         self.proc = None
         self.error = None
-        self.started_at = 0.0
 
     def start(self) -> bool:
         """Start the daemon unless one we started is still coming or the

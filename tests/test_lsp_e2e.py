@@ -126,8 +126,10 @@ async def start(daemon: DaemonBox) -> AsyncIterator[Starter]:
 
     yield _start
     for client in clients:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(client.shutdown_session(), 15)
+        server = client._server
+        if server is not None and server.returncode is None:      # not shut down by the test
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.shutdown_session(), 15)
         with contextlib.suppress(Exception):
             await client.stop()
 
@@ -270,6 +272,7 @@ async def test_start_daemon_when_none_is_running(start: Starter, tmp_path: Path)
     command = (f"{sys.executable} -m soldaemon.cli --config {config} serve "
                f"--engine tests.fixtures.fake_engine:make_engine --port 0")
     state = tmp_path / "state"
+    client: LanguageClient | None = None
     try:
         client, statuses = await start("--start-daemon", "--daemon-command", command, "--config", str(config),
                                        state_dir=state, wait_ready=False)
@@ -283,11 +286,20 @@ async def test_start_daemon_when_none_is_running(start: Starter, tmp_path: Path)
         assert result is not None
         assert client.messages == []         # no pop-up for a start that worked
     finally:
+        # The daemon outlives sol-lsp by design (detached): stop sol-lsp first (or it
+        # would start the daemon again), then the daemon it started.
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.shutdown_session(), 15)
+        record_path = state / "daemon.json"
+        for _ in range(150):                      # a daemon still starting writes it when ready
+            if record_path.exists():
+                break
+            await asyncio.sleep(0.1)
         with contextlib.suppress(OSError, ValueError, KeyError):
-            pid = int(json.loads((state / "daemon.json").read_text())["pid"])
-            os.kill(pid, signal.SIGTERM)
+            os.kill(int(json.loads(record_path.read_text())["pid"]), signal.SIGTERM)
             for _ in range(100):
-                if not (state / "daemon.json").exists():
+                if not record_path.exists():
                     break
                 await asyncio.sleep(0.1)
 
