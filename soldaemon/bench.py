@@ -44,6 +44,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-prefix-tokens", type=int, default=384)
     p.add_argument("--max-suffix-tokens", type=int, default=128)
     p.add_argument("--json", dest="json_out", help="write the raw results here")
+    p.add_argument("--trace", action="store_true",
+                   help="replay keystrokes typing real lines (one request per keystroke) instead")
+    p.add_argument("--lines", type=int, default=4, help="--trace: lines typed (default 4)")
+    p.add_argument("--baselines", nargs="*", default=["generate", "llama.cpp"],
+                   help="--trace: baselines to run (generate, llama.cpp)")
+    p.add_argument("--baseline-every", type=int, default=3,
+                   help="--trace: run generate() on every Nth keystroke only (it recomputes the whole prompt)")
+    p.add_argument("--png", help="--trace: write the TTFT distribution per backend here")
 
 
 @dataclass
@@ -109,6 +117,11 @@ def bench_sol(engine: Any, ids: list[int], n: int, speculative: bool) -> tuple[f
 
 def run(args: argparse.Namespace, config: Config) -> int:
     from .runtime.engine import load_engine
+
+    if args.trace:
+        from . import trace
+
+        return trace.run(args, config)
 
     config = config.with_overrides({"model.max_prefix_tokens": args.max_prefix_tokens,
                                     "model.max_suffix_tokens": args.max_suffix_tokens}, source="bench")

@@ -1,0 +1,283 @@
+"""``soldaemon bench --trace``: replay a user typing real code, one request
+per keystroke (an editor without debounce), against this engine and the
+baselines in the same run.
+
+A trace takes single-line statements inside function bodies of real source
+files; for each, the line is removed and then "typed" one character at a time
+from its first non-blank character. Every keystroke is a completion request
+with prefix = everything before the cursor, suffix = the file after the line.
+Reported per backend: TTFT and end-to-end p50/p95, prompt tokens computed vs
+cached, speculation acceptance, and how often the completion equals the rest
+of the line the user then typed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .api import CancelToken, CompletionRequest, Done
+from .config import Config
+from .holes import _body_lines, default_corpus
+
+
+@dataclass(frozen=True)
+class Keystroke:
+    file: str
+    line: int
+    prefix: str
+    suffix: str
+    rest: str             # what the user goes on to type on this line
+
+
+def make_trace(files: list[Path], lines: int, seed: int = 0, *, min_len: int = 12, max_len: int = 60) -> list[Keystroke]:
+    """Keystrokes that type ``lines`` real lines, one after another."""
+    import ast
+
+    rng = random.Random(seed)
+    picks: list[tuple[Path, str, int]] = []
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        for ln in _body_lines(tree, text):
+            body = text.splitlines()[ln - 1].strip()
+            if min_len <= len(body) <= max_len:
+                picks.append((path, text, ln))
+    rng.shuffle(picks)
+    out: list[Keystroke] = []
+    for path, text, ln in picks[:lines]:
+        all_lines = text.splitlines(keepends=True)
+        line = all_lines[ln - 1].rstrip("\n")
+        indent = len(line) - len(line.lstrip())
+        before = "".join(all_lines[: ln - 1])
+        after = "".join(all_lines[ln:])
+        for k in range(indent, len(line)):
+            out.append(Keystroke(path.name, ln, before + line[:k], "\n" + after, line[k:]))
+    return out
+
+
+@dataclass
+class Series:
+    ttft_ms: list[float] = field(default_factory=list)
+    e2e_ms: list[float] = field(default_factory=list)
+    prompt_tokens: list[int] = field(default_factory=list)
+    computed_tokens: list[int] = field(default_factory=list)
+    generated: list[int] = field(default_factory=list)
+    drafted: int = 0
+    accepted: int = 0
+    matches: int = 0          # completion == the rest of the line typed later
+    nonempty: int = 0
+    type_through: int = 0
+
+    def pct(self, name: str, q: float) -> float:
+        values = sorted(getattr(self, name))
+        if not values:
+            return float("nan")
+        return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def _is_match(item: str, rest: str) -> bool:
+    return bool(item.strip()) and item.rstrip() == rest.rstrip()
+
+
+def run_sol(engine: Any, trace: list[Keystroke], progress: Callable[[str], None]) -> Series:
+    s = Series()
+    for i, ks in enumerate(trace):
+        req = CompletionRequest(id=f"k{i}", uri=f"file:///{ks.file}", prefix=ks.prefix, suffix=ks.suffix,
+                                language="python", max_tokens=32, received_ns=time.perf_counter_ns())
+        done = [e for e in engine.complete(req, CancelToken()) if isinstance(e, Done)][0]
+        t = done.timings
+        s.ttft_ms.append(t.ttft_ms)
+        s.e2e_ms.append(t.total_ms)
+        s.prompt_tokens.append(t.prompt_tokens)
+        s.computed_tokens.append(t.prompt_tokens - t.cached_tokens)
+        s.generated.append(t.generated_tokens)
+        s.drafted += t.draft_tokens
+        s.accepted += t.accepted_tokens
+        s.type_through += t.source == "type-through"
+        s.nonempty += bool(done.items[0].strip())
+        s.matches += _is_match(done.items[0], ks.rest)
+        if i % 10 == 0:
+            progress(f"sol {i + 1}/{len(trace)} ttft {t.ttft_ms:.0f} ms")
+    return s
+
+
+class _NewlineStop:
+    """A transformers stopping criterion: stop at the first newline (single
+    line), as the editor would."""
+
+    def __init__(self, tokenizer: Any, start: int) -> None:
+        self.tokenizer = tokenizer
+        self.start = start
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        text = self.tokenizer.decode(input_ids[0, self.start:], skip_special_tokens=True)
+        return torch.tensor([text.lstrip("\n").find("\n") >= 0], device=input_ids.device)
+
+
+def run_generate(engine: Any, trace: list[Keystroke], every: int, progress: Callable[[str], None]) -> Series:
+    """Plain transformers generate() on the same prompt ids, no reuse."""
+    from transformers import StoppingCriteriaList
+
+    from .bench import _FirstToken
+    from .postprocess import postprocess
+
+    model, tok = engine.loaded.model, engine.tokenizer
+    s = Series()
+    for i, ks in enumerate(trace):
+        if i % every:
+            continue
+        t0 = time.perf_counter_ns()
+        req = CompletionRequest(id="g", prefix=ks.prefix, suffix=ks.suffix, max_tokens=32)
+        ids = engine.build_prompt(req)[0].ids
+        x = torch.tensor([ids], device=model.device)
+        streamer = _FirstToken()
+        with torch.inference_mode():
+            out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=32, do_sample=False,
+                                 streamer=streamer, pad_token_id=0, eos_token_id=sorted(engine.template.stop_ids),
+                                 stopping_criteria=StoppingCriteriaList([_NewlineStop(tok, len(ids))]))
+        gen = out[0, len(ids):].tolist()
+        item = postprocess(tok.decode(gen, skip_special_tokens=True), prefix=ks.prefix, suffix=ks.suffix,
+                           multiline=False, max_lines=1)
+        t1 = time.perf_counter_ns()
+        s.ttft_ms.append((streamer.first_ns - t0) / 1e6)
+        s.e2e_ms.append((t1 - t0) / 1e6)
+        s.prompt_tokens.append(len(ids))
+        s.computed_tokens.append(len(ids))
+        s.generated.append(len(gen))
+        s.nonempty += bool(item.strip())
+        s.matches += _is_match(item, ks.rest)
+        if (i // every) % 5 == 0:
+            progress(f"generate {i + 1}/{len(trace)} ttft {s.ttft_ms[-1]:.0f} ms")
+    return s
+
+
+def run_llama_cpp(engine: Any, gguf: Path, trace: list[Keystroke], threads: int,
+                  progress: Callable[[str], None]) -> Series | None:
+    """llama.cpp through llama-cpp-python on the same GGUF and the same prompt
+    ids; its Python API reuses the longest common prefix between calls."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    from .postprocess import postprocess
+
+    llm = Llama(model_path=str(gguf), n_ctx=engine.backend.n_ctx, n_threads=threads, verbose=False)
+    tok = engine.tokenizer
+    s = Series()
+    for i, ks in enumerate(trace):
+        t0 = time.perf_counter_ns()
+        req = CompletionRequest(id="l", prefix=ks.prefix, suffix=ks.suffix, max_tokens=32)
+        ids = engine.build_prompt(req)[0].ids
+        first = 0
+        gen: list[int] = []
+        for t in llm.generate(ids, temp=0.0, top_k=1, reset=False):
+            if not first:
+                first = time.perf_counter_ns()
+            if t in engine.template.stop_ids or len(gen) >= 32:
+                break
+            gen.append(int(t))
+            if "\n" in tok.decode(gen, skip_special_tokens=True).lstrip("\n"):
+                break
+        item = postprocess(tok.decode(gen, skip_special_tokens=True), prefix=ks.prefix, suffix=ks.suffix,
+                           multiline=False, max_lines=1)
+        t1 = time.perf_counter_ns()
+        s.ttft_ms.append((first - t0) / 1e6)
+        s.e2e_ms.append((t1 - t0) / 1e6)
+        s.prompt_tokens.append(len(ids))
+        s.computed_tokens.append(len(ids))  # llama-cpp-python does not report its reuse
+        s.generated.append(len(gen))
+        s.nonempty += bool(item.strip())
+        s.matches += _is_match(item, ks.rest)
+        if i % 10 == 0:
+            progress(f"llama.cpp {i + 1}/{len(trace)} ttft {s.ttft_ms[-1]:.0f} ms")
+    return s
+
+
+def table(results: dict[str, Series], n_keys: int) -> list[str]:
+    lines = [f"{'backend':<11} {'n':>4} {'TTFT p50':>9} {'TTFT p95':>9} {'e2e p50':>8} {'e2e p95':>8} "
+             f"{'computed/prompt tok':>20} {'accept':>7} {'=rest of line':>14} {'type-through':>12}"]
+    base = results.get("llama.cpp") or results.get("generate")
+    for name, s in results.items():
+        n = len(s.ttft_ms)
+        comp = f"{statistics.mean(s.computed_tokens):.0f}/{statistics.mean(s.prompt_tokens):.0f}" if n else "-"
+        acc = f"{s.accepted / s.drafted:.2f}" if s.drafted else "-"
+        lines.append(f"{name:<11} {n:>4} {s.pct('ttft_ms', .5):>9.0f} {s.pct('ttft_ms', .95):>9.0f} "
+                     f"{s.pct('e2e_ms', .5):>8.0f} {s.pct('e2e_ms', .95):>8.0f} {comp:>20} {acc:>7} "
+                     f"{s.matches:>6}/{n:<7} {s.type_through:>12}")
+    if base is not None and "sol" in results:
+        sol = results["sol"]
+        bname = "llama.cpp" if "llama.cpp" in results else "generate"
+        lines.append("")
+        lines.append(f"sol / {bname}: TTFT p50 {sol.pct('ttft_ms', .5) / base.pct('ttft_ms', .5):.3f}x, "
+                     f"TTFT p95 {sol.pct('ttft_ms', .95) / base.pct('ttft_ms', .95):.3f}x, "
+                     f"e2e p50 {sol.pct('e2e_ms', .5) / base.pct('e2e_ms', .5):.3f}x")
+    return lines
+
+
+def plot(results: dict[str, Series], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    names = [n for n, s in results.items() if s.ttft_ms]
+    ax.boxplot([results[n].ttft_ms for n in names], tick_labels=names, showfliers=True)
+    ax.set_yscale("log")
+    ax.set_ylabel("time to first token per keystroke (ms, log)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace, config: Config) -> int:
+    import platform
+
+    from .runtime.engine import load_engine
+
+    config = config.with_overrides({"model.max_prefix_tokens": args.max_prefix_tokens,
+                                    "model.max_suffix_tokens": args.max_suffix_tokens}, source="bench")
+    files = [Path(p) for p in args.corpus] if args.corpus else default_corpus()
+    trace = make_trace(files, args.lines, args.seed)
+    engine = load_engine(config)
+    say = lambda msg: print("  " + msg, file=sys.stderr, flush=True)  # noqa: E731
+    results: dict[str, Series] = {}
+    results["sol"] = run_sol(engine, trace, say)
+    if "generate" in args.baselines:
+        results["generate"] = run_generate(engine, trace, args.baseline_every, say)
+    if "llama.cpp" in args.baselines:
+        gguf = engine.loaded.gguf_path
+        lc = run_llama_cpp(engine, gguf, trace, torch.get_num_threads(), say) if gguf else None
+        if lc is None:
+            say("llama.cpp: llama-cpp-python not installed (pip install '.[bench]' with llama-cpp-python) "
+                "or the model has no GGUF; skipped")
+        else:
+            results["llama.cpp"] = lc
+    info = engine.info()
+    head = (f"soldaemon bench --trace — {info['model']} ({info['dtype']}, {info['backend']}) on {info['device']}, "
+            f"{info['threads']} threads, {platform.machine()}; {len(trace)} keystrokes typing {args.lines} lines "
+            f"(seed {args.seed}); generate() on every {args.baseline_every}th keystroke")
+    lines = [head, ""] + table(results, len(trace))
+    print("\n".join(lines))
+    if args.png:
+        plot(results, Path(args.png), head)
+        print(f"wrote {args.png}")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"info": info, "keystrokes": len(trace),
+                                                   "results": {k: asdict(v) for k, v in results.items()}}))
+    return 0
