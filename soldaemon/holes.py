@@ -46,18 +46,25 @@ def _body_lines(tree: ast.AST, text: str) -> list[int]:
     return lines
 
 
-def cut_line_holes(files: list[Path], n: int, seed: int = 0, *, min_rest: int = 6) -> list[Hole]:
-    """``n`` one-line holes: cursor at a random column of a single-line
-    statement inside a function body; the rest of that line is the answer."""
-    rng = random.Random(seed)
-    candidates: list[tuple[Path, str, int]] = []
+def statement_lines(files: list[Path]) -> list[tuple[Path, str, int]]:
+    """(file, its text, 1-based line) of every single-line statement inside a
+    function body (docstrings excluded) in ``files``; unparsable files skipped."""
+    found: list[tuple[Path, str, int]] = []
     for path in files:
         text = path.read_text(encoding="utf-8")
         try:
             tree = ast.parse(text)
         except SyntaxError:
             continue
-        candidates.extend((path, text, ln) for ln in _body_lines(tree, text))
+        found.extend((path, text, ln) for ln in _body_lines(tree, text))
+    return found
+
+
+def cut_line_holes(files: list[Path], n: int, seed: int = 0, *, min_rest: int = 6) -> list[Hole]:
+    """``n`` one-line holes: cursor at a random column of a single-line
+    statement inside a function body; the rest of that line is the answer."""
+    rng = random.Random(seed)
+    candidates = statement_lines(files)
     rng.shuffle(candidates)
     holes: list[Hole] = []
     for path, text, ln in candidates:

@@ -27,7 +27,7 @@ import torch
 
 from .api import CancelToken, CompletionRequest, Done
 from .config import Config
-from .holes import _body_lines, default_corpus
+from .holes import default_corpus, statement_lines
 
 
 @dataclass(frozen=True)
@@ -41,20 +41,9 @@ class Keystroke:
 
 def make_trace(files: list[Path], lines: int, seed: int = 0, *, min_len: int = 12, max_len: int = 60) -> list[Keystroke]:
     """Keystrokes that type ``lines`` real lines, one after another."""
-    import ast
-
     rng = random.Random(seed)
-    picks: list[tuple[Path, str, int]] = []
-    for path in files:
-        text = path.read_text(encoding="utf-8")
-        try:
-            tree = ast.parse(text)
-        except SyntaxError:
-            continue
-        for ln in _body_lines(tree, text):
-            body = text.splitlines()[ln - 1].strip()
-            if min_len <= len(body) <= max_len:
-                picks.append((path, text, ln))
+    picks = [(path, text, ln) for path, text, ln in statement_lines(files)
+             if min_len <= len(text.splitlines()[ln - 1].strip()) <= max_len]
     rng.shuffle(picks)
     out: list[Keystroke] = []
     for path, text, ln in picks[:lines]:

@@ -83,7 +83,15 @@ class LeanBackend:
     module's parameters in place.
     """
 
-    def __init__(self, hf_model: Any, n_ctx: int) -> None:
+    def __init__(self, hf_model: Any, n_ctx: int, *, decode_dtype: torch.dtype | None = None,
+                 decode_max_tokens: int = 16) -> None:
+        """``decode_dtype``: when set (e.g. float16 on a CPU), a second copy of
+        the linear weights in that dtype serves forwards of at most
+        ``decode_max_tokens`` tokens (decode steps, draft verification), where
+        a batch-1 step is bound by memory bandwidth and half the bytes is about
+        half the time; longer forwards (prefill) keep the model's dtype. The
+        residual stream, norms, attention and KV cache stay in the model's
+        dtype; only the matrix products' inputs are cast."""
         cfg = hf_model.config
         if cfg.model_type not in LEAN_ARCHITECTURES:
             raise ValueError(f"lean backend does not support model_type {cfg.model_type!r}")
@@ -106,6 +114,16 @@ class LeanBackend:
         self.lm_head = hf_model.lm_head.weight           # [V, D]
         self.layers = [self._layer_weights(layer) for layer in inner.layers]
         n_layers = len(self.layers)
+        self.decode_dtype = decode_dtype if decode_dtype not in (None, self.dtype) else None
+        self.decode_max_tokens = decode_max_tokens
+        self.half_layers: list[LayerWeights] = []
+        self.half_lm_head: torch.Tensor | None = None
+        if self.decode_dtype is not None:
+            dt = self.decode_dtype
+            self.half_layers = [LayerWeights(**{
+                name: (t.to(dt) if t is not None and name not in ("ln1", "ln2") else t)
+                for name, t in vars(w).items()}) for w in self.layers]
+            self.half_lm_head = self.lm_head.to(dt)
         # KV cache: [layers, kv_heads, n_ctx, head_dim], preallocated once.
         self._kv_shape = (n_layers, self.n_kv, n_ctx, self.head_dim)
         self.k_cache, self.v_cache = self.new_cache()
@@ -171,11 +189,14 @@ class LeanBackend:
             mask = torch.ones(T, end, dtype=torch.bool, device=self.device).tril(diagonal=pos)
         x = F.embedding(tokens, self.embed)              # [T, D]
         H, KV, hd = self.n_heads, self.n_kv, self.head_dim
-        for i, w in enumerate(self.layers):
+        half = self.decode_dtype is not None and T <= self.decode_max_tokens
+        layers = self.half_layers if half else self.layers
+        lin = self._linear_half if half else F.linear
+        for i, w in enumerate(layers):
             h = self._rms(x, w.ln1)
-            q = F.linear(h, w.wq, w.bq).view(T, H, hd).transpose(0, 1)     # [H, T, hd]
-            k = F.linear(h, w.wk, w.bk).view(T, KV, hd).transpose(0, 1)    # [KV, T, hd]
-            v = F.linear(h, w.wv, w.bv).view(T, KV, hd).transpose(0, 1)
+            q = lin(h, w.wq, w.bq).view(T, H, hd).transpose(0, 1)     # [H, T, hd]
+            k = lin(h, w.wk, w.bk).view(T, KV, hd).transpose(0, 1)    # [KV, T, hd]
+            v = lin(h, w.wv, w.bv).view(T, KV, hd).transpose(0, 1)
             q = q * cos + self._rotate_half(q) * sin
             k = k * cos + self._rotate_half(k) * sin
             self.k_cache[i, :, pos:end] = k
@@ -187,13 +208,22 @@ class LeanBackend:
                 attn_mask=mask, scale=self.scale, enable_gqa=True,
             )[0]                                         # [H, T, hd]
             o = o.transpose(0, 1).reshape(T, H * hd)
-            x = x + F.linear(o, w.wo, w.bo)
+            x = x + lin(o, w.wo, w.bo)
             h = self._rms(x, w.ln2)
-            x = x + F.linear(F.silu(F.linear(h, w.wg)) * F.linear(h, w.wu), w.wd)
+            x = x + lin(F.silu(lin(h, w.wg)) * lin(h, w.wu), w.wd)
         if last_only:
             x = x[-1:]
         x = self._rms(x, self.norm)
+        if half:
+            assert self.half_lm_head is not None
+            return self._linear_half(x, self.half_lm_head).float()
         return F.linear(x, self.lm_head).float()         # [T or 1, V]
+
+    @staticmethod
+    def _linear_half(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        """x in the model's dtype, w (and b) in the decode dtype; the result
+        in x's dtype."""
+        return F.linear(x.to(w.dtype), w, b).to(x.dtype)
 
     @torch.inference_mode()
     def shift(self, src: int, dst: int, length: int) -> None:
