@@ -53,7 +53,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.http11 import Request, Response
 
 from soldaemon import __version__
-from soldaemon.api import CancelToken, CompletionRequest, Delta, Done, Engine, Event, FinishReason, Timings
+from soldaemon.api import CancelToken, CompletionRequest, Delta, Done, Engine, FinishReason, Timings
 from soldaemon.auth import (
     authorization_header,
     bearer_ok,
@@ -510,7 +510,7 @@ class Daemon:
         self._idle = asyncio.Event()
         self._idle.set()
         self._started = time.monotonic()
-        self._info: dict[str, Any] = {}
+        self.engine_info: dict[str, Any] = {}
         self._loopback = is_loopback_host(settings.host)
         self.metrics = Metrics(self._live, self._engine_stats)
 
@@ -538,8 +538,8 @@ class Daemon:
                 break
             except asyncio.TimeoutError:
                 log.info("still preparing the model (%.0f s)…", time.monotonic() - t0)
-        self._info = _safe_call(engine.info)
-        log.info("model ready in %.1f s: %s", time.monotonic() - t0, self._info or self.model_label)
+        self.engine_info = _safe_call(engine.info)
+        log.info("model ready in %.1f s: %s", time.monotonic() - t0, self.engine_info or self.model_label)
         self.set_state("ready")
         return engine
 
@@ -586,7 +586,7 @@ class Daemon:
 
     def hello_body(self) -> dict[str, Any]:
         return {"protocol": PROTOCOL_VERSION, "daemon": __version__, "state": self.state,
-                "model": self._info.get("model", self.model_label),
+                "model": self.engine_info.get("model", self.model_label),
                 "limits": dataclasses.asdict(self.limits)}
 
     def health_body(self) -> dict[str, Any]:
@@ -600,9 +600,9 @@ class Daemon:
         return {
             "state": self.state, "protocol": PROTOCOL_VERSION, "daemon": __version__,
             "sol_diagnosis": diagnosis,
-            "device": self._info.get("device"), "model": self._info.get("model", self.model_label),
+            "device": self.engine_info.get("device"), "model": self.engine_info.get("model", self.model_label),
             "uptime_s": round(time.monotonic() - self._started, 3),
-            "engine": self._info, "counters": counters,
+            "engine": self.engine_info, "counters": counters,
             "load": dict(self._live()),
             "process": {"pid": os.getpid(), "rss_bytes": psutil.Process().memory_info().rss,
                         "tasks": len(asyncio.all_tasks())},
@@ -764,9 +764,16 @@ async def serve(settings: ServerSettings, load: Callable[[], Engine], model_labe
             stopping.cancel()
             return 130
         stopping.cancel()
-        loading.result()  # raises the loader's error
+        try:
+            loading.result()
+        except SolError:
+            raise
+        except Exception as exc:  # a loader bug: the log gets the traceback, the user a clean error
+            log.error("model preparation failed", exc_info=exc)
+            raise ModelError(f"could not prepare the model ({model_label}): {type(exc).__name__}: {exc}",
+                             hint="see the log above; run with --log-level debug for more") from None
         daemon_file = _write_daemon_file(url, settings.token_path)
-        info = daemon._info
+        info = daemon.engine_info
         print(f"soldaemon ready on {url} model={info.get('model', model_label)} "
               f"device={info.get('device', '?')} token file: {settings.token_path}",
               file=ready_out or sys.stdout, flush=True)
@@ -907,25 +914,3 @@ def run_status(args: argparse.Namespace, config: Config) -> int:
     body = asyncio.run(query_health(url, token, getattr(args, "timeout", 5.0) or 5.0))
     print(json.dumps(body, indent=2) if getattr(args, "json", False) else _format_health(url, body))
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m soldaemon.server serve|status`` (until the CLI wires it)."""
-    from soldaemon.config import load_config
-
-    parser = argparse.ArgumentParser(prog="python -m soldaemon.server")
-    parser.add_argument("--config", help="sol_config.yaml to use")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_arguments(sub.add_parser("serve", help="run the daemon"))
-    add_status_arguments(sub.add_parser("status", help="query a running daemon"))
-    args = parser.parse_args(argv)
-    try:
-        config = load_config(args.config)
-        return run(args, config) if args.command == "serve" else run_status(args, config)
-    except SolError as exc:
-        print(f"soldaemon: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -392,3 +392,14 @@ async def test_loading_state_then_ready(tmp_path: Path) -> None:
     d = result["d"]
     assert isinstance(d, Daemon)
     assert d.stop() == 0
+
+
+def test_a_failing_model_load_is_a_clean_error(tmp_path: Path) -> None:
+    out = spawn(tmp_path, args=["--engine", "tests.fixtures.fake_engine:make_broken_engine"], expect_ready=False,
+                ready_timeout=60)
+    assert isinstance(out, subprocess.CompletedProcess)
+    assert out.returncode == 3  # ModelError
+    last = out.stderr.strip().splitlines()
+    assert any("could not prepare the model" in line and "boom in the loader" in line for line in last)
+    assert "soldaemon ready" not in out.stdout
+    assert not (tmp_path / "state" / "daemon.json").exists()
