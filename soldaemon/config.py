@@ -78,6 +78,7 @@ _HINT = "see docs/config.md or sol_config.example.yaml for every key and its all
 
 OffloadPolicy = Literal["layer", "block"]
 Dtype = Literal["auto", "float32", "float16", "bfloat16"]
+DecodeDtype = Literal["auto", "same", "float16", "bfloat16"]
 BackendKind = Literal["local", "remote"]
 
 _T = TypeVar("_T")
@@ -392,6 +393,10 @@ class ModelConfig:
     # model directory or a .gguf file.
     path: Path | None = _setting(None, _optional(_path()))
     dtype: Dtype = _setting("auto", _choice(get_args(Dtype)))
+    # Weights for short forwards (decode steps, draft verification): "same" as
+    # dtype, or a half-precision copy (memory-bound steps read half the bytes;
+    # prefill keeps dtype). "auto": float16 on a CPU running float32, else same.
+    decode_dtype: DecodeDtype = _setting("auto", _choice(get_args(DecodeDtype)))
     # Longest prompt + completion the engine allocates for; tokens, 256..131072.
     max_context: int = _setting(4096, _int(256, 131072))
     # Document text before the cursor kept in the prompt; tokens, >= 1.

@@ -285,3 +285,18 @@ def test_session_pool_keeps_one_cache_per_document(tiny) -> None:
     sc = pool.acquire("c")
     assert sc is sb and sc.tokens == [] and len(pool) == 2
     assert _ours(sc, c_ids, 6) == _ours(fresh, c_ids, 6)
+
+
+def test_half_precision_decode_path_is_close(tiny) -> None:
+    model, tok = tiny
+    ids = torch.tensor(_prompts(tok, 1, seed=4)[0])
+    full = LeanBackend(model, 1024)
+    half = LeanBackend(model, 1024, decode_dtype=torch.float16, decode_max_tokens=16)
+    assert half.half_layers[0].wq.dtype == torch.float16 and half.layers[0].wq.dtype == torch.float32
+    # prefill (long) keeps float32: identical
+    assert torch.equal(full.forward(ids, 0), half.forward(ids, 0))
+    # a decode step uses the float16 copy: close, not identical
+    a, b = full.forward(ids[:1], len(ids)), half.forward(ids[:1], len(ids))
+    assert not torch.equal(a, b)
+    assert torch.allclose(a, b, atol=0.05 * a.abs().max().item())
+    assert int(a.argmax()) == int(b.argmax())

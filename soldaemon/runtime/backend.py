@@ -289,9 +289,9 @@ class HFBackend:
         raise NotImplementedError("moved-chunk KV reuse needs the lean backend")
 
 
-def make_backend(hf_model: Any, n_ctx: int) -> Backend:
+def make_backend(hf_model: Any, n_ctx: int, *, decode_dtype: torch.dtype | None = None) -> Backend:
     """The lean backend where the architecture allows, else the HF one."""
     try:
-        return LeanBackend(hf_model, n_ctx)
+        return LeanBackend(hf_model, n_ctx, decode_dtype=decode_dtype)
     except ValueError:
         return HFBackend(hf_model, n_ctx)

@@ -58,7 +58,8 @@ class LocalEngine:
         self.template: FimTemplate = detect_template(loaded.tokenizer)
         if config.device.threads:
             torch.set_num_threads(config.device.threads)
-        self.backend: Backend = make_backend(loaded.model, config.model.max_context)
+        self.backend: Backend = make_backend(loaded.model, config.model.max_context,
+                                             decode_dtype=resolve_decode_dtype(config.model.decode_dtype, loaded))
         min_move = config.model.cache_reuse if isinstance(self.backend, LeanBackend) else 0
         self.pool = SessionPool(self.backend, config.model.kv_sessions, min_move=min_move)
         self.session: KVSession = self.pool.acquire("untitled:")  # the last used session
@@ -76,6 +77,7 @@ class LocalEngine:
             "device": str(self.loaded.device),
             "dtype": str(self.loaded.dtype).removeprefix("torch."),
             "backend": "lean" if isinstance(self.backend, LeanBackend) else "transformers",
+            "decode_dtype": str(getattr(self.backend, "decode_dtype", None) or self.loaded.dtype).removeprefix("torch."),
             "fim": self.template.family,
             "n_ctx": self.backend.n_ctx,
             "threads": torch.get_num_threads(),
@@ -90,7 +92,13 @@ class LocalEngine:
             "kv_fold_ratio": 0.0,
             "offloaded_layers": 0,
             "kv_hit_ratio": round(self.stats.kv_hit_ratio, 4),
+            "fallback_count": 0,             # no prefetch: nothing can fall back
         }
+
+    def debug_snapshots(self) -> dict[str, Any]:
+        """The ``debug`` message's snapshots. No memory scheduler yet: every
+        layer is resident, nothing is prefetched, so both are empty."""
+        return {"heatmap": {}, "prefetch": {}}
 
     def warm(self, req: CompletionRequest, cancel: CancelToken) -> Timings:
         t0 = req.received_ns or time.perf_counter_ns()
@@ -278,6 +286,17 @@ class _Detok:
 def _preview(raw: str, multiline: bool) -> str:
     text = raw if multiline else raw.split("\n", 1)[0]
     return text.rstrip(_HOLD_BACK)
+
+
+def resolve_decode_dtype(name: str, loaded: LoadedModel) -> torch.dtype | None:
+    """``model.decode_dtype`` → the dtype of the short-forward weight copy, or
+    None for "same"."""
+    if name == "same":
+        return None
+    if name == "auto":
+        on_cpu_fp32 = loaded.device.type == "cpu" and loaded.dtype == torch.float32
+        return torch.float16 if on_cpu_fp32 else None
+    return {"float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
 
 def _path_of(uri: str) -> str | None:
