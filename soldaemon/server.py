@@ -503,6 +503,7 @@ class Daemon:
         self.limits = settings.limits
         self.token = token
         self.model_label = model_label
+        self.machine: dict[str, Any] | None = None   # doctor.summarize() of the start-up checks
         self.worker = Worker(loop)
         self.state: DaemonState = "loading"
         self.connections: set[Connection] = set()
@@ -603,6 +604,7 @@ class Daemon:
             "device": self.engine_info.get("device"), "model": self.engine_info.get("model", self.model_label),
             "uptime_s": round(time.monotonic() - self._started, 3),
             "engine": self.engine_info, "counters": counters,
+            "machine": self.machine,
             "load": dict(self._live()),
             "process": {"pid": os.getpid(), "rss_bytes": psutil.Process().memory_info().rss,
                         "tasks": len(asyncio.all_tasks())},
@@ -734,6 +736,13 @@ async def serve(settings: ServerSettings, load: Callable[[], Engine], model_labe
     token = load_or_create_token(settings.token_path)
     loop = asyncio.get_running_loop()
     daemon = Daemon(settings, token, model_label, loop)
+    # The machine checks of `soldaemon doctor` (GPU persistence mode, ECC,
+    # driver/CUDA match, PCIe link, CPU): logged once, reported in health.
+    from . import doctor
+
+    checks = doctor.startup_checks()
+    doctor.log_checks(checks, log)
+    daemon.machine = doctor.summarize(checks)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)

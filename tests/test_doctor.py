@@ -955,3 +955,17 @@ def test_python_dash_m_runs_here() -> None:
     assert done.returncode in (0, 1), done.stderr
     doc = json.loads(done.stdout)
     assert doc["schema"] == 1 and doc["checks"]
+
+
+def test_daemon_health_reports_the_startup_checks(start_daemon, engine_args) -> None:
+    """The daemon runs the doctor's checks at start-up and reports them in
+    GET /healthz (and the log)."""
+    import json
+
+    daemon = start_daemon(args=engine_args)
+    status, raw = daemon.http_get("/healthz")
+    assert status == 200
+    machine = json.loads(raw)["machine"]
+    assert machine["status"] in ("ok", "warn", "fail", "info")
+    names = {c["name"] for c in machine["checks"]}
+    assert any(n.startswith("cpu.") for n in names)
