@@ -125,7 +125,8 @@ def _bench_sol(engine: Any, ids: list[int], n: int, speculative: bool) -> tuple[
     stats = None
     for ev in generate(engine.session, ids, sampler=Greedy(), stop_ids=frozenset(), max_tokens=n,
                        drafter=PromptLookup() if speculative else None,
-                       draft_k=engine.config.completion.draft_tokens):
+                       draft_k=engine.config.completion.draft_tokens,
+                       draft_length=engine.draft_length if speculative else None):
         toks.extend(ev.tokens)
         stats = ev.stats
     t1 = time.perf_counter_ns()

@@ -300,3 +300,33 @@ def test_half_precision_decode_path_is_close(tiny) -> None:
     assert not torch.equal(a, b)
     assert torch.allclose(a, b, atol=0.05 * a.abs().max().item())
     assert int(a.argmax()) == int(b.argmax())
+
+
+def test_draft_length_weighs_acceptance_against_forward_cost() -> None:
+    from soldaemon.runtime.draft import DraftLength
+
+    gpu_like = {1: 10.0, 2: 10.2, 3: 10.4, 5: 10.8, 9: 11.6}     # memory-bound: T barely matters
+    cpu_like = {1: 100.0, 2: 190.0, 3: 260.0, 5: 330.0, 9: 420.0}
+    assert DraftLength(gpu_like, 8, prior=0.9).choose(budget=20) == 8
+    assert DraftLength(gpu_like, 8, prior=0.9).choose(budget=3) == 3     # never beyond the budget
+    assert 2 <= DraftLength(gpu_like, 8, prior=0.4).choose(budget=20) < 8  # saturates: 1/(1-a) tokens at most
+    assert DraftLength(cpu_like, 8, prior=0.4).choose(budget=20) == 0    # drafts cost more than they give
+    high = DraftLength(cpu_like, 8, prior=0.95)
+    assert high.choose(budget=20) >= 4                                   # long accepted drafts do pay
+    for _ in range(30):
+        high.update(8, 0)                                                # nothing accepted lately
+    assert high.rate < 0.05 and high.choose(budget=20) == 0
+    assert DraftLength(cpu_like, 8).cost(4) == pytest.approx(295.0)     # interpolated
+
+
+def test_adaptive_speculation_is_still_exact(tiny) -> None:
+    from soldaemon.runtime.draft import DraftLength
+
+    model, tok = tiny
+    session = KVSession(LeanBackend(model, 2048))
+    for ids in _prompts(tok, 4, seed=11):
+        plain = _ours(session, ids, 20)
+        dl = DraftLength({1: 1.0, 9: 1.1}, 8, prior=0.9)
+        spec = [t for ev in generate(session, ids * 2, sampler=Greedy(), stop_ids=frozenset(), max_tokens=20,
+                                     drafter=PromptLookup(), draft_length=dl) for t in ev.tokens]
+        assert spec == _ours(session, ids * 2, 20)

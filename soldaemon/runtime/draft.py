@@ -63,3 +63,55 @@ class PromptLookup:
             if start is not None:
                 return toks[start:start + k]
         return []
+
+
+class DraftLength:
+    """How many draft tokens to verify per step, chosen from what a forward of
+    T tokens costs on this machine and how often drafts are accepted.
+
+    Verifying k drafts runs T = k+1 tokens in one forward and yields, with a
+    per-token acceptance rate a, 1 + a + … + a^k tokens on average. On a GPU
+    (or any memory-bound step) cost(T) barely grows with T, so long drafts
+    pay; on a CPU a forward of 9 tokens can cost 2–4× one token, where only
+    short drafts, or none, pay. ``choose`` maximizes tokens per millisecond;
+    0 means do not speculate."""
+
+    def __init__(self, costs_ms: dict[int, float], max_k: int, *, prior: float = 0.5, weight: float = 0.2) -> None:
+        if 1 not in costs_ms:
+            raise ValueError("costs_ms needs the cost of a 1-token forward")
+        self.costs_ms = dict(sorted(costs_ms.items()))   # T → ms per forward
+        self.max_k = max_k
+        self.rate = prior                                # EMA of per-token acceptance
+        self.weight = weight
+
+    def expected_tokens(self, k: int) -> float:
+        a = min(self.rate, 0.999)
+        return (1 - a ** (k + 1)) / (1 - a)
+
+    def cost(self, t: int) -> float:
+        """ms of a forward of t tokens, interpolated from the measured ones."""
+        known = self.costs_ms
+        if t in known:
+            return known[t]
+        lower = max((x for x in known if x < t), default=1)
+        upper = min((x for x in known if x > t), default=None)
+        if upper is None:
+            return known[lower] * t / lower
+        frac = (t - lower) / (upper - lower)
+        return known[lower] + frac * (known[upper] - known[lower])
+
+    def choose(self, budget: int) -> int:
+        best_k, best = 0, 1.0 / self.cost(1)
+        for k in range(1, min(self.max_k, budget) + 1):
+            value = self.expected_tokens(k) / self.cost(k + 1)
+            if value > best * 1.02:  # a clear win only
+                best_k, best = k, value
+        return best_k
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if drafted <= 0:
+            return
+        # accepted tokens are a prefix: a rate r gives E[accepted] ≈ r/(1-r) for long drafts;
+        # use the simple per-token ratio, which is what the expectation above assumes
+        observed = accepted / drafted
+        self.rate = (1 - self.weight) * self.rate + self.weight * observed

@@ -23,7 +23,7 @@ from ..fim import FimPrompt, FimTemplate, detect_template, make_prompt
 from ..model.loader import LoadedModel, load_model
 from ..postprocess import StopChecker, decide_multiline, postprocess
 from .backend import Backend, LeanBackend, make_backend
-from .draft import PromptLookup
+from .draft import DraftLength, PromptLookup
 from .generate import GenStats, generate
 from .sampling import make_sampler
 from .session import Cancelled, KVSession, SessionPool
@@ -63,6 +63,8 @@ class LocalEngine:
         min_move = config.model.cache_reuse if isinstance(self.backend, LeanBackend) else 0
         self.pool = SessionPool(self.backend, config.model.kv_sessions, min_move=min_move)
         self.session: KVSession = self.pool.acquire("untitled:")  # the last used session
+        # measured in warmup(); until then speculation uses the fixed draft size
+        self.draft_length: DraftLength | None = None
         self.stats = EngineStats()
         self.started = time.time()
         self._lock = threading.Lock()   # one generation at a time
@@ -82,6 +84,8 @@ class LocalEngine:
             "n_ctx": self.backend.n_ctx,
             "threads": torch.get_num_threads(),
             "load_s": round(self.loaded.load_s, 2),
+            "forward_ms_by_tokens": ({t: round(c, 2) for t, c in self.draft_length.costs_ms.items()}
+                                     if self.draft_length else None),
         }
 
     def diagnosis(self) -> dict[str, Any]:
@@ -93,6 +97,7 @@ class LocalEngine:
             "offloaded_layers": 0,
             "kv_hit_ratio": round(self.stats.kv_hit_ratio, 4),
             "fallback_count": 0,             # no prefetch: nothing can fall back
+            "draft_acceptance": round(self.draft_length.rate, 3) if self.draft_length else None,
         }
 
     def debug_snapshots(self) -> dict[str, Any]:
@@ -152,7 +157,7 @@ class LocalEngine:
                         max_tokens=req.max_tokens, cancelled=lambda: cancel.cancelled,
                         should_stop=lambda toks: checker.check(decode.text(toks)),
                         deadline_ns=deadline, drafter=drafter,
-                        draft_k=self.config.completion.draft_tokens,
+                        draft_k=self.config.completion.draft_tokens, draft_length=self.draft_length,
                     ):
                         stats = ev.stats
                         if ev.tokens:
@@ -199,6 +204,9 @@ class LocalEngine:
         req = CompletionRequest(id="warmup", prefix="def add(a, b):\n    return ", suffix="\n", max_tokens=4)
         for _ in self.complete(req, CancelToken()):
             pass
+        if self.config.completion.speculative:
+            self.draft_length = DraftLength(self.measure_forward_costs(), self.config.completion.draft_tokens)
+            log.info("forward cost by tokens (ms): %s", {t: round(c, 1) for t, c in self.draft_length.costs_ms.items()})
         self.session.truncate(0)
         self.stats = EngineStats()
         self._shown.clear()
@@ -224,6 +232,26 @@ class LocalEngine:
             self._shown[req.uri] = (req.prefix, req.suffix, text)
             while len(self._shown) > 64:
                 self._shown.pop(next(iter(self._shown)))
+
+    def measure_forward_costs(self, sizes: tuple[int, ...] = (1, 2, 3, 5, 9)) -> dict[int, float]:
+        """ms of one forward of T tokens after a 64-token context, per T
+        (the median of three): what speculation weighs its drafts against."""
+        n = 64
+        ids = [int(t) for t in torch.randint(0, min(self.backend.vocab_size, 30000), (n + max(sizes),))]
+        session = self.session
+        session.truncate(0)
+        session.prefill(ids[:n])
+        costs: dict[int, float] = {}
+        for t in sizes:
+            samples = []
+            for _ in range(3):
+                t0 = time.perf_counter_ns()
+                session.verify(ids[n:n + t])
+                samples.append((time.perf_counter_ns() - t0) / 1e6)
+                session.truncate(n)
+            costs[t] = sorted(samples)[1]
+        session.truncate(0)
+        return costs
 
     # -- stages --------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from .draft import DraftProposer
+from .draft import DraftLength, DraftProposer
 from .sampling import Sampler
 from .session import KVSession
 
@@ -50,13 +50,16 @@ def generate(
     deadline_ns: int | None = None,
     drafter: DraftProposer | None = None,
     draft_k: int = 8,
+    draft_length: DraftLength | None = None,
 ) -> Iterator[TokenEvent]:
     """Prefill ``prompt`` (reusing the cache) and decode up to ``max_tokens``.
 
     ``should_stop(generated)`` lets the caller end early (post-processing
     would cut the rest); ``deadline_ns`` is a ``perf_counter_ns`` budget.
     Speculation runs only with a greedy sampler; its output is the greedy
-    output. Raises session.Cancelled if cancelled during prefill."""
+    output. ``draft_length`` (when given) picks the draft size per step from
+    measured costs, at most ``draft_k``; 0 skips speculation for that step.
+    Raises session.Cancelled if cancelled during prefill."""
     stats = GenStats()
     t0 = time.perf_counter_ns()
     pre = session.prefill(prompt, cancelled=cancelled)
@@ -84,8 +87,10 @@ def generate(
         if speculate and budget > 0 and not _done(generated + new, should_stop, cancelled, deadline_ns):
             assert drafter is not None
             drafter.extend(new)
-            draft = drafter.propose(min(draft_k, budget))
-            draft = [d for d in _until_stop(draft, stop_ids)]
+            k = min(draft_k, budget)
+            if draft_length is not None:
+                k = min(k, draft_length.choose(budget))
+            draft = _until_stop(drafter.propose(k), stop_ids) if k > 0 else []
         generated.extend(new)
         if draft:
             base = len(session.tokens)
@@ -97,6 +102,8 @@ def generate(
             while accepted < len(draft) and draft[accepted] == greedy[accepted]:
                 accepted += 1
             stats.accepted_tokens += accepted
+            if draft_length is not None:
+                draft_length.update(len(draft), accepted)
             generated.extend(draft[:accepted])
             session.truncate(base + 1 + accepted, logits[accepted])
             next_token = greedy[accepted]
