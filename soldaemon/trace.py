@@ -245,7 +245,9 @@ def plot(results: dict[str, Series], path: Path, title: str) -> None:
     ax.boxplot([[max(v, 0.1) for v in results[n].ttft_ms] for n in names], tick_labels=names, showfliers=True)
     ax.set_yscale("log")
     ax.set_ylabel("time to first token per keystroke (ms, log)")
-    ax.set_title(title, fontsize=9)
+    import textwrap
+
+    ax.set_title(textwrap.fill(title, 100), fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -184,7 +184,8 @@ class LeanBackend:
         cos = self.cos[pos:end]                          # [T, hd]
         sin = self.sin[pos:end]
         mask = None
-        if T > 1:
+        causal = T > 1 and pos == 0   # a fresh prompt: the kernels' own causal path (no mask tensor)
+        if T > 1 and pos > 0:
             # new token i (at pos+i) sees cache positions 0 … pos+i
             mask = torch.ones(T, end, dtype=torch.bool, device=self.device).tril(diagonal=pos)
         x = F.embedding(tokens, self.embed)              # [T, D]
@@ -205,7 +206,7 @@ class LeanBackend:
             vals = self.v_cache[i, :, :end]
             o = F.scaled_dot_product_attention(
                 q.unsqueeze(0), keys.unsqueeze(0), vals.unsqueeze(0),
-                attn_mask=mask, scale=self.scale, enable_gqa=True,
+                attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=True,
             )[0]                                         # [H, T, hd]
             o = o.transpose(0, 1).reshape(T, H * hd)
             x = x + lin(o, w.wo, w.bo)
