@@ -183,7 +183,9 @@ describe("integration with a real soldaemon (tiny model)", { skip, timeout: 240_
     it("reconnects after the daemon dies and a new one starts on the same port", async () => {
         const port = Number(new URL(first.url).port);
         const pending = client.complete({ uri: "file:///work/crash.py", prefix: "class A:\n    ", max_tokens: 1024 });
-        await new Promise((r) => setTimeout(r, 300));
+        // Kill while the request is surely in flight: a short completion from
+        // the tiny model can finish within a few hundred ms on a fast machine.
+        await new Promise((r) => setTimeout(r, 20));
         first.process.kill("SIGKILL"); // a crash, not a drain
         await assert.rejects(pending, (e: unknown) => e instanceof DaemonError && e.code === "disconnected" && e.retryable);
         await first.exited;
