@@ -131,7 +131,7 @@ describe("integration with a real soldaemon (tiny model)", { skip, timeout: 240_
     it("gets a streamed completion, also through the provider", async () => {
         const deltas: string[] = [];
         const r = await client.complete(
-            { uri: "file:///work/add.py", language: "python", prefix: "def add(a, b):\n    return ", suffix: "\n", max_tokens: 4 },
+            { uri: "file:///project/add.py", language: "python", prefix: "def add(a, b):\n    return ", suffix: "\n", max_tokens: 4 },
             { onDelta: (t) => deltas.push(t) });
         assert.ok(["stop", "length"].includes(r.finishReason), r.finishReason);
         assert.equal(r.items.length, 1);
@@ -159,7 +159,7 @@ describe("integration with a real soldaemon (tiny model)", { skip, timeout: 240_
         const abort = new AbortController();
         let abortedAt = 0;
         const p = client.complete(
-            { uri: "file:///work/long.py", prefix: "import os\n\ndef main():\n    ", suffix: "", max_tokens: 1024 },
+            { uri: "file:///project/long.py", prefix: "import os\n\ndef main():\n    ", suffix: "", max_tokens: 1024 },
             {
                 signal: abort.signal,
                 onDelta: () => {
@@ -182,7 +182,7 @@ describe("integration with a real soldaemon (tiny model)", { skip, timeout: 240_
 
     it("reconnects after the daemon dies and a new one starts on the same port", async () => {
         const port = Number(new URL(first.url).port);
-        const pending = client.complete({ uri: "file:///work/crash.py", prefix: "class A:\n    ", max_tokens: 1024 });
+        const pending = client.complete({ uri: "file:///project/crash.py", prefix: "class A:\n    ", max_tokens: 1024 });
         // Kill while the request is surely in flight: a short completion from
         // the tiny model can finish within a few hundred ms on a fast machine.
         await new Promise((r) => setTimeout(r, 20));
@@ -196,7 +196,7 @@ describe("integration with a real soldaemon (tiny model)", { skip, timeout: 240_
         const second = await serve(port);
         assert.equal(second.url, first.url);
         await client.waitOpen(15_000);
-        const r = await client.complete({ uri: "file:///work/add.py", prefix: "def add(a, b):\n    return ", suffix: "\n", max_tokens: 4 });
+        const r = await client.complete({ uri: "file:///project/add.py", prefix: "def add(a, b):\n    return ", suffix: "\n", max_tokens: 4 });
         assert.ok(["stop", "length"].includes(r.finishReason), r.finishReason);
         assert.equal(r.items.length, 1);
     });

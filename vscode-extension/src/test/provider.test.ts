@@ -197,7 +197,7 @@ describe("provider", () => {
         const req = backend.calls[0].request;
         assert.equal(req.prefix, "def add(a, b):\n    return ");
         assert.equal(req.suffix, "\n");
-        assert.equal(req.uri, "file:///work/a.py");
+        assert.equal(req.uri, "file:///project/a.py");
         assert.equal(req.language, "python");
         assert.equal(req.max_tokens, undefined, "the daemon's default unless set");
         assert.ok(items && items.length === 1);

@@ -43,7 +43,7 @@ export class Uri {
 /** A text document over a string. */
 export class TextDocument {
     version = 1;
-    constructor(public text: string, public languageId = "python", public uri: Uri = Uri.parse("file:///work/a.py")) {}
+    constructor(public text: string, public languageId = "python", public uri: Uri = Uri.parse("file:///project/a.py")) {}
     getText(): string {
         return this.text;
     }
@@ -68,7 +68,7 @@ export class TextDocument {
 }
 
 /** A document and cursor from text with a `|` marking the cursor. */
-export function docAt(marked: string, languageId = "python", uri = "file:///work/a.py"): { doc: TextDocument; pos: Position } {
+export function docAt(marked: string, languageId = "python", uri = "file:///project/a.py"): { doc: TextDocument; pos: Position } {
     const i = marked.indexOf("|");
     if (i < 0) throw new Error("no cursor mark");
     const doc = new TextDocument(marked.slice(0, i) + marked.slice(i + 1), languageId, Uri.parse(uri));
