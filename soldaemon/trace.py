@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .api import CancelToken, CompletionRequest, Done
+from .api import CancelToken, CompletionRequest, Done, Timings
 from .config import Config
 from .holes import default_corpus, statement_lines
 
@@ -70,6 +70,19 @@ class Series:
     nonempty: int = 0
     type_through: int = 0
 
+    def add(self, t: Timings, item: str, rest: str) -> None:
+        """Record one keystroke's answer (``rest``: what the user then typed)."""
+        self.ttft_ms.append(t.ttft_ms)
+        self.e2e_ms.append(t.total_ms)
+        self.prompt_tokens.append(t.prompt_tokens)
+        self.computed_tokens.append(t.prompt_tokens - t.cached_tokens)
+        self.generated.append(t.generated_tokens)
+        self.drafted += t.draft_tokens
+        self.accepted += t.accepted_tokens
+        self.type_through += t.source == "type-through"
+        self.nonempty += bool(item.strip())
+        self.matches += _is_match(item, rest)
+
     def pct(self, name: str, q: float) -> float:
         values = sorted(getattr(self, name))
         if not values:
@@ -91,26 +104,9 @@ def run_sol(engine: Any, trace: list[Keystroke], progress: Callable[[str], None]
                                 language="python", max_tokens=32, received_ns=time.perf_counter_ns())
         done = [e for e in engine.complete(req, CancelToken()) if isinstance(e, Done)][0]
         t = done.timings
-        s.ttft_ms.append(t.ttft_ms)
-        s.e2e_ms.append(t.total_ms)
-        s.prompt_tokens.append(t.prompt_tokens)
-        s.computed_tokens.append(t.prompt_tokens - t.cached_tokens)
-        s.generated.append(t.generated_tokens)
-        s.drafted += t.draft_tokens
-        s.accepted += t.accepted_tokens
-        s.type_through += t.source == "type-through"
-        s.nonempty += bool(done.items[0].strip())
-        s.matches += _is_match(done.items[0], ks.rest)
+        s.add(t, done.items[0], ks.rest)
         if t.source == "model":
-            m.ttft_ms.append(t.ttft_ms)
-            m.e2e_ms.append(t.total_ms)
-            m.prompt_tokens.append(t.prompt_tokens)
-            m.computed_tokens.append(t.prompt_tokens - t.cached_tokens)
-            m.generated.append(t.generated_tokens)
-            m.drafted += t.draft_tokens
-            m.accepted += t.accepted_tokens
-            m.nonempty += bool(done.items[0].strip())
-            m.matches += _is_match(done.items[0], ks.rest)
+            m.add(t, done.items[0], ks.rest)
         if i % 10 == 0:
             progress(f"sol {i + 1}/{len(trace)} ttft {t.ttft_ms:.0f} ms")
     return s, m
