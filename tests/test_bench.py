@@ -1,0 +1,60 @@
+"""The benchmark commands run end to end (tiny model, a few holes/keystrokes)
+and report what they promise. Speed is not asserted here: figures come from
+the benchmark on a real model (docs/bench.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from soldaemon.cli import main
+from soldaemon.holes import cut_line_holes, default_corpus
+from soldaemon.testing.tiny import build_tiny_model
+from soldaemon.trace import make_trace
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+def test_holes_and_trace_are_seeded_and_real() -> None:
+    files = default_corpus()
+    assert len(files) >= 6
+    a, b = cut_line_holes(files, 5, seed=3), cut_line_holes(files, 5, seed=3)
+    assert a == b and len(a) == 5
+    for hole in a:
+        line = hole.prefix.rsplit("\n", 1)[-1] + hole.expected
+        assert hole.expected and line.strip()
+        assert hole.suffix.startswith("\n")
+    trace = make_trace(files, 2, seed=1)
+    assert trace == make_trace(files, 2, seed=1)
+    first, second = trace[0], trace[1]
+    assert second.prefix == first.prefix + first.rest[0]   # one character typed per keystroke
+    assert second.rest == first.rest[1:] and second.suffix == first.suffix
+    assert all(t.rest for t in trace)
+
+
+def test_bench_compares_with_generate(tiny_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "--model", str(tiny_dir), "--threads", "1", "--holes", "2", "--tokens", "6",
+               "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    for row in ("generate", "sol-exact", "sol ", "sol+spec"):
+        assert row in text
+    data = json.loads(out.read_text())
+    assert data["identical"] == 2               # sol-exact = generate() token for token
+    assert len(data["rows"]["generate"]["ms_per_token"]) == 2
+
+
+def test_bench_trace_writes_table_and_png(tiny_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    png = tmp_path / "ttft.png"
+    rc = main(["bench", "--trace", "--model", str(tiny_dir), "--threads", "1", "--lines", "1",
+               "--baselines", "generate", "--baseline-every", "6", "--png", str(png)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "sol:model" in text and "generate" in text and "TTFT p50" in text
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
