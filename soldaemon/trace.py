@@ -181,7 +181,7 @@ def run_llama_cpp(engine: Any, gguf: Path, trace: list[Keystroke], threads: int,
         ids = engine.build_prompt(req)[0].ids
         first = 0
         gen: list[int] = []
-        for t in llm.generate(ids, temp=0.0, top_k=1, reset=False):
+        for t in llm.generate(ids, temp=0.0, top_k=1):  # reset=True: keeps the common prefix, drops the rest
             if not first:
                 first = time.perf_counter_ns()
             if t in engine.template.stop_ids or len(gen) >= 32:
