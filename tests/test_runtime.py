@@ -330,3 +330,20 @@ def test_adaptive_speculation_is_still_exact(tiny) -> None:
         spec = [t for ev in generate(session, ids * 2, sampler=Greedy(), stop_ids=frozenset(), max_tokens=20,
                                      drafter=PromptLookup(), draft_length=dl) for t in ev.tokens]
         assert spec == _ours(session, ids * 2, 20)
+
+
+def test_prompt_logits_do_not_depend_on_the_cache(tiny) -> None:
+    """With half-precision decode weights, a prompt's next-token logits are
+    the same whether it was prefilled whole or mostly reused from the cache
+    (prompt tokens always take the precise path)."""
+    model, tok = tiny
+    ids = _prompts(tok, 1, seed=12)[0]
+    session = KVSession(LeanBackend(model, 2048, decode_dtype=torch.float16))
+    whole = session.prefill(ids).logits.clone()
+    _ours(session, ids, 5)                   # generation leaves decode-step KV behind
+    again = session.prefill(ids)             # reuses all but the last token
+    assert again.computed == 1
+    # float32 either way (row-vs-matrix rounding only), not the float16 path
+    assert (again.logits - whole).abs().max().item() < 1e-4
+    half_step = session.backend.forward(torch.tensor(ids[-1:]), len(ids) - 1)[0]
+    assert (half_step - whole).abs().max().item() > 1e-4   # the half path would differ

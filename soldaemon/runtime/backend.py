@@ -33,9 +33,12 @@ class Backend(Protocol):
     vocab_size: int
     device: torch.device
 
-    def forward(self, tokens: torch.Tensor, pos: int, *, last_only: bool = True) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, pos: int, *, last_only: bool = True,
+                precise: bool = False) -> torch.Tensor:
         """tokens: [T] int64 on device. Returns logits [1, V] (last_only) or
-        [T, V], float32."""
+        [T, V], float32. ``precise`` forbids the half-precision decode weights
+        (prompt tokens: a prompt's logits must not depend on how much of it
+        was cached)."""
         ...
 
     def shift(self, src: int, dst: int, length: int) -> None:
@@ -176,7 +179,8 @@ class LeanBackend:
         return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, pos: int, *, last_only: bool = True) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, pos: int, *, last_only: bool = True,
+                precise: bool = False) -> torch.Tensor:
         T = tokens.shape[0]
         end = pos + T
         if end > self.n_ctx:
@@ -190,7 +194,7 @@ class LeanBackend:
             mask = torch.ones(T, end, dtype=torch.bool, device=self.device).tril(diagonal=pos)
         x = F.embedding(tokens, self.embed)              # [T, D]
         H, KV, hd = self.n_heads, self.n_kv, self.head_dim
-        half = self.decode_dtype is not None and T <= self.decode_max_tokens
+        half = self.decode_dtype is not None and T <= self.decode_max_tokens and not precise
         layers = self.half_layers if half else self.layers
         lin = self._linear_half if half else F.linear
         for i, w in enumerate(layers):
@@ -272,7 +276,8 @@ class HFBackend:
         return self.cache
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, pos: int, *, last_only: bool = True) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, pos: int, *, last_only: bool = True,
+                precise: bool = False) -> torch.Tensor:
         have = self.cache.get_seq_length()
         if pos > have:
             raise ValueError(f"forward at {pos} but the cache holds {have} positions")

@@ -135,7 +135,7 @@ class KVSession:
             if cancelled():
                 raise Cancelled()
             piece = ids[pos:min(stop, pos + self.chunk)]
-            logits = self.backend.forward(self._tensor(piece), pos)[-1]
+            logits = self.backend.forward(self._tensor(piece), pos, precise=True)[-1]
             self.tokens.extend(piece)
         return logits
 
