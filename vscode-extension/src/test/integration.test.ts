@@ -137,7 +137,10 @@ describe("integration with a real soldaemon (tiny model)", { skip, timeout: 240_
         assert.equal(r.items.length, 1);
         assert.equal(typeof r.items[0], "string");
         assert.ok((r.timings.ttft_ms ?? 0) > 0, "the daemon reports a TTFT");
-        if ((r.timings.generated_tokens ?? 0) > 0) {
+        // Deltas preview item 0 (the done item is authoritative); they come
+        // whenever it has visible text (the daemon holds back trailing
+        // blanks/closers, and a tiny-model answer may be nothing but those).
+        if (/[A-Za-z0-9_]/.test(r.items[0])) {
             assert.ok(deltas.length > 0, "deltas were streamed");
         }
 
