@@ -80,6 +80,7 @@ OffloadPolicy = Literal["layer", "block"]
 Dtype = Literal["auto", "float32", "float16", "bfloat16"]
 DecodeDtype = Literal["auto", "same", "float16", "bfloat16"]
 BackendKind = Literal["local", "remote"]
+FimOrder = Literal["psm", "spm"]
 
 _T = TypeVar("_T")
 
@@ -411,6 +412,10 @@ class ModelConfig:
     # default: measured on the embedded model, FIM completions then ignore
     # what was just typed (docs/config.md).
     cache_reuse: int = _setting(0, _int(0))
+    # FIM prompt layout: "psm" (prefix, suffix, middle) or "spm" (suffix
+    # first: typing only appends, so the whole prompt before the cursor stays
+    # in the KV cache; llama.cpp's spm_infill layout).
+    fim_order: FimOrder = _setting("psm", _choice(get_args(FimOrder)))
     # Documents whose KV cache is kept (an LRU, one cache of max_context each).
     kv_sessions: int = _setting(4, _int(1, 64))
 

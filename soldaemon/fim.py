@@ -13,9 +13,12 @@ Contracts that the rest of the daemon relies on:
   (:func:`encode_text`): a document that contains the literal string
   ``<|fim_prefix|>`` produces ordinary text tokens, never the control token.
   Control tokens enter a prompt only through :func:`build_prompt`.
-* **PSM order.** Every prompt is ``[bos?] PRE prefix SUF suffix MID`` (after any
-  repository context), so the prompt starts with the prefix and the KV cache of
-  the previous keystroke can be reused up to the first changed token.
+* **PSM or SPM order.** A prompt is ``[bos?] PRE prefix SUF suffix MID`` (PSM,
+  the default) or ``[bos?] SUF suffix PRE prefix MID`` (SPM, llama.cpp's
+  ``spm_infill`` layout), after any repository context. The KV cache of the
+  previous keystroke is reused up to the first changed token: with PSM that is
+  the cursor, and the suffix after it is recomputed; with SPM the text before
+  the cursor comes last, so typing only appends.
 * **Stable window.** :func:`window_prefix` cuts the start of the prefix on a
   coarse grid of lines counted from the start of the file: typing on the last
   line never moves the cut unless the token budget forces it.
@@ -58,6 +61,7 @@ if TYPE_CHECKING:
     from soldaemon.api import ContextChunk
 
 Family = Literal["qwen2.5-coder", "starcoder2", "deepseek-coder", "codellama"]
+FimOrder = Literal["psm", "spm"]
 
 SUPPORTED_FAMILIES: tuple[Family, ...] = (
     "qwen2.5-coder",
@@ -333,8 +337,10 @@ def build_prompt(
     current_path: str | None = None,
     repo_name: str | None = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
+    order: FimOrder = "psm",
 ) -> list[int]:
-    """The prompt ids in PSM order (see the module docstring for each family).
+    """The prompt ids in PSM order, or SPM order with ``order="spm"`` (see
+    the module docstring for each family).
 
     ``prefix_ids``/``suffix_ids`` are the already tokenized, already windowed
     document parts (for CodeLlama, ``prefix_ids`` must encode ``" " + prefix``;
@@ -360,13 +366,10 @@ def build_prompt(
         bool(chunks) or current_path is not None or repo_name is not None
     )
     if not repo_level:
-        ids.append(template.prefix_id)
+        head: list[int] = []
         for _, code in chunks:
-            ids.extend(code)
-        ids.extend(prefix_ids)
-        ids.append(template.suffix_id)
-        ids.extend(suffix_ids)
-        ids.append(template.middle_id)
+            head.extend(code)
+        ids.extend(_fim_body(template, head, prefix_ids, suffix_ids, order))
         return ids
 
     if tokenizer is None:
@@ -382,19 +385,26 @@ def build_prompt(
         ids.extend(encode_text(tokenizer, path + "\n"))
         ids.extend(code)
     path_ids = encode_text(tokenizer, current_path + "\n") if current_path else []
+    ids.append(sep)
     if qwen:
-        ids.append(sep)
         ids.extend(path_ids)
-        ids.append(template.prefix_id)
-    else:  # StarCoder2: the path goes after <fim_prefix>
-        ids.append(sep)
-        ids.append(template.prefix_id)
-        ids.extend(path_ids)
-    ids.extend(prefix_ids)
-    ids.append(template.suffix_id)
-    ids.extend(suffix_ids)
-    ids.append(template.middle_id)
+        ids.extend(_fim_body(template, [], prefix_ids, suffix_ids, order))
+    else:  # StarCoder2: the path goes right after <fim_prefix>
+        ids.extend(_fim_body(template, path_ids, prefix_ids, suffix_ids, order))
     return ids
+
+
+def _fim_body(template: FimTemplate, head: Sequence[int], prefix_ids: Sequence[int],
+              suffix_ids: Sequence[int], order: FimOrder) -> list[int]:
+    """PSM: ``PRE head prefix SUF suffix MID``. SPM (llama.cpp's
+    ``spm_infill`` layout): ``SUF suffix PRE head prefix MID`` — the text
+    before the cursor comes last, so typing only appends to the prompt and
+    everything before the cursor stays reusable in the KV cache."""
+    if order == "spm":
+        return [template.suffix_id, *suffix_ids, template.prefix_id, *head, *prefix_ids, template.middle_id]
+    if order != "psm":
+        raise ValueError(f"FIM order must be 'psm' or 'spm', not {order!r}")
+    return [template.prefix_id, *head, *prefix_ids, template.suffix_id, *suffix_ids, template.middle_id]
 
 
 # Line-comment markers by LSP language id; block markers for the rest.
@@ -718,6 +728,7 @@ def make_prompt(
     current_path: str | None = None,
     repo_name: str | None = None,
     grain_lines: int = 16,
+    order: FimOrder = "psm",
 ) -> FimPrompt:
     """Window ``prefix``/``suffix`` to their budgets and build the prompt ids.
 
@@ -784,10 +795,10 @@ def make_prompt(
     if repo:
         ids = build_prompt(
             template, prefix_ids, suffix_ids, chunks,
-            current_path=current_path, repo_name=repo_name, tokenizer=tokenizer,
+            current_path=current_path, repo_name=repo_name, tokenizer=tokenizer, order=order,
         )
     else:
-        ids = build_prompt(template, header_ids + prefix_ids, suffix_ids)
+        ids = build_prompt(template, header_ids + prefix_ids, suffix_ids, order=order)
     fixed = 3 + (1 if template.bos_id is not None else 0)
     return FimPrompt(
         ids=ids,

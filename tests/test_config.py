@@ -220,6 +220,7 @@ BAD_VALUES: list[tuple[str, str, Any, str]] = [
     ("model", "max_suffix_tokens", -1, "-1"),
     ("model", "draft_model", ["a"], "['a']"),
     ("model", "cache_reuse", -1, "-1"),
+    ("model", "fim_order", "pms", "\"pms\""),
     ("model", "kv_sessions", 0, "0"),
     ("model", "decode_dtype", "int4", '"int4"'),
     ("device", "device", "gpu", '"gpu"'),

@@ -292,6 +292,41 @@ def test_build_prompt_starcoder2_repo_context(starcoder: PreTrainedTokenizerFast
     )
 
 
+def test_build_prompt_spm_puts_the_suffix_first(qwen: PreTrainedTokenizerFast,
+                                               starcoder: PreTrainedTokenizerFast) -> None:
+    t = fim.detect_template(qwen)
+    ids = fim.build_prompt(t, b("def f():\n    "), b("\n"), order="spm")
+    assert ids == [261, *b("\n"), 259, *b("def f():\n    "), 260]
+    ids = fim.build_prompt(t, b("x = "), b("\n"), [("a.py", b("A = 1\n"))],
+                           current_path="main.py", tokenizer=qwen, order="spm")
+    assert qwen.decode(ids) == "<|file_sep|>a.py\nA = 1\n<|file_sep|>main.py\n<|fim_suffix|>\n<|fim_prefix|>x = <|fim_middle|>"
+    s = fim.detect_template(starcoder)
+    ids = fim.build_prompt(s, b("x = "), b("\n"), [("a.py", b("A = 1\n"))],
+                           current_path="main.py", tokenizer=starcoder, order="spm")
+    assert starcoder.decode(ids) == "<file_sep>a.py\nA = 1\n<file_sep><fim_suffix>\n<fim_prefix>main.py\nx = <fim_middle>"
+    with pytest.raises(ValueError, match="psm"):
+        fim.build_prompt(t, b("x"), b(""), order="mps")  # type: ignore[arg-type]
+
+
+def test_spm_typing_only_appends(qwen: PreTrainedTokenizerFast) -> None:
+    """With SPM, the prompt of a keystroke extends the previous one up to
+    the last few prefix tokens (retokenization at the cursor), so the KV
+    cache covers all of the suffix and the prefix."""
+    t = fim.detect_template(qwen)
+    text = "def area(r):\n    return 3.14159 * r * r\n"
+    suffix = "\n\nprint(area(2))\n"
+    cut = text.index("return")
+    prev = None
+    for i in range(cut, len(text)):
+        p = fim.make_prompt(t, qwen, text[:i], suffix, max_prefix_tokens=200, max_suffix_tokens=50, order="spm")
+        if prev is not None:
+            same = 0
+            while same < min(len(prev), len(p.ids)) and prev[same] == p.ids[same]:
+                same += 1
+            assert same >= len(prev) - 3, (i, same, len(prev))
+        prev = p.ids
+
+
 def test_build_prompt_repo_context_needs_tokenizer(qwen: PreTrainedTokenizerFast) -> None:
     t = fim.detect_template(qwen)
     with pytest.raises(ValueError):

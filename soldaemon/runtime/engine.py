@@ -263,6 +263,7 @@ class LocalEngine:
             self.template, self.tokenizer, req.prefix, req.suffix,
             max_prefix_tokens=mc.max_prefix_tokens, max_suffix_tokens=mc.max_suffix_tokens,
             context=req.context, language=req.language, current_path=_path_of(req.uri),
+            order=mc.fim_order,
         )
         if len(prompt.ids) + req.max_tokens + 1 >= self.backend.n_ctx:
             raise BadRequest(
