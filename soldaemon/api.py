@@ -69,7 +69,7 @@ class Timings:
     accepted_tokens: int = 0               # speculative tokens accepted
     ttft_start_ns: int = 0                 # time.time_ns() at arrival
     ttft_end_ns: int = 0                   # time.time_ns() at first token
-    source: str = "model"                  # "model" | "type-through" (answered from the last completion)
+    source: str = "model"                  # "model" | "type-through" (from the last completion) | "resumed" (a superseded generation continued)
 
     @property
     def tokens_per_s(self) -> float:

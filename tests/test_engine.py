@@ -150,3 +150,66 @@ def test_type_through_answers_without_the_model(engine: LocalEngine) -> None:
     _, moved = _run(engine, CompletionRequest(id="5", uri=uri, prefix=PREFIX + text[0], suffix=SUFFIX + "x",
                                               max_tokens=4))
     assert moved.timings.source == "model"
+
+
+def _interrupt(engine: LocalEngine, req: CompletionRequest, after_chars: int) -> tuple[str, Done]:
+    """Run ``req`` and supersede it once ``after_chars`` characters were
+    streamed, as the server does when the same document sends a newer
+    request. Returns (streamed text, done)."""
+    cancel = CancelToken()
+    streamed = ""
+    done = None
+    for ev in engine.complete(req, cancel):
+        if isinstance(ev, Delta):
+            streamed += ev.text
+            if len(streamed) >= after_chars:
+                cancel.cancel("superseded")
+        else:
+            done = ev
+    assert done is not None
+    return streamed, done
+
+
+def test_a_superseded_generation_is_resumed_when_the_user_types_along(engine: LocalEngine) -> None:
+    """Generation reuse: the keystroke's answer equals the rest of the
+    uninterrupted generation (the reference run, full recompute)."""
+    uri = "file:///tmp/resume.py"
+    req = CompletionRequest(id="ref", uri=uri, prefix=PREFIX, suffix=SUFFIX, max_tokens=24, multiline="multi")
+    _, ref = _run(engine, req)
+    text = ref.items[0]
+    if len(text) < 4:
+        pytest.skip("the tiny model gave a too short completion here")
+    engine._shown.clear()   # no type-through: this is about the generation itself
+    streamed, first = _interrupt(engine, CompletionRequest(id="a", uri=uri, prefix=PREFIX, suffix=SUFFIX,
+                                                           max_tokens=24, multiline="multi"), 2)
+    assert first.finish_reason == "superseded"
+    typed = streamed[:2]
+    assert text.startswith(typed)
+    resumed_before = engine.stats.resumed
+    deltas, done = _run(engine, CompletionRequest(id="b", uri=uri, prefix=PREFIX + typed, suffix=SUFFIX,
+                                                  max_tokens=24, multiline="multi"))
+    assert done.timings.source == "resumed" and engine.stats.resumed == resumed_before + 1
+    assert done.items == (text[len(typed):],)
+    assert text[len(typed):].startswith("".join(d.text for d in deltas))
+    assert done.timings.cached_tokens == done.timings.prompt_tokens   # no prompt recomputed
+
+
+def test_a_parked_generation_is_dropped_when_the_user_types_something_else(engine: LocalEngine) -> None:
+    uri = "file:///tmp/resume2.py"
+    base = CompletionRequest(id="x", uri=uri, prefix=PREFIX, suffix=SUFFIX, max_tokens=24, multiline="multi")
+    streamed, first = _interrupt(engine, base, 1)
+    if first.finish_reason != "superseded":
+        pytest.skip("the tiny model finished before the interrupt")
+    other = "\u00e9" if not streamed.startswith("\u00e9") else "\u00e8"
+    _, done = _run(engine, CompletionRequest(id="y", uri=uri, prefix=PREFIX + other, suffix=SUFFIX, max_tokens=4))
+    assert done.timings.source == "model"
+    # and the same after an edit of the suffix, or a warm of the document in between
+    _interrupt(engine, base, 1)
+    _, done = _run(engine, CompletionRequest(id="z", uri=uri, prefix=PREFIX + streamed[:1], suffix=SUFFIX + "#",
+                                             max_tokens=4))
+    assert done.timings.source == "model"
+    _interrupt(engine, base, 1)
+    engine.warm(CompletionRequest(id="w", uri=uri, prefix=PREFIX, suffix=SUFFIX), CancelToken())
+    _, done = _run(engine, CompletionRequest(id="v", uri=uri, prefix=PREFIX + streamed[:1], suffix=SUFFIX,
+                                             max_tokens=4, multiline="multi"))
+    assert done.timings.source != "resumed"

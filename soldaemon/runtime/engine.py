@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -24,7 +24,7 @@ from ..model.loader import LoadedModel, load_model
 from ..postprocess import StopChecker, decide_multiline, postprocess
 from .backend import Backend, LeanBackend, make_backend
 from .draft import DraftLength, PromptLookup
-from .generate import GenStats, generate
+from .generate import GenStats, TokenEvent, generate
 from .sampling import make_sampler
 from .session import Cancelled, KVSession, SessionPool
 
@@ -42,6 +42,7 @@ class EngineStats:
     cached_tokens: int = 0         # of which reused from the KV cache
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    resumed: int = 0               # requests answered by resuming a parked generation
 
     @property
     def kv_hit_ratio(self) -> float:
@@ -70,6 +71,8 @@ class LocalEngine:
         self._lock = threading.Lock()   # one generation at a time
         # uri → (prefix, suffix, completion) of the last completion, for type-through
         self._shown: dict[str, tuple[str, str, str]] = {}
+        # a superseded generation kept for the next keystroke (see _resume)
+        self._parked: _Run | None = None
 
     # -- the Engine protocol -------------------------------------------------
 
@@ -124,8 +127,11 @@ class LocalEngine:
         arrival_wall = time.time_ns() - (time.perf_counter_ns() - arrival)
         t_start = time.perf_counter_ns()
         self._validate(req)
+        parked, self._parked = self._parked, None
         rest = self.type_through(req)
         if rest is not None:
+            if parked is not None:
+                parked.close()
             now = time.perf_counter_ns()
             ms = (now - arrival) / 1e6
             self._remember(req, rest)
@@ -134,6 +140,13 @@ class LocalEngine:
                 queue_ms=(t_start - arrival) / 1e6, ttft_ms=ms, total_ms=ms, ttft_start_ns=arrival_wall,
                 ttft_end_ns=time.time_ns(), source="type-through"))
             return
+        if parked is not None:
+            typed = parked.typed_by(req, self.session)
+            if typed is None:
+                parked.close()
+            else:
+                yield from self._resume(parked, req, typed, cancel, arrival, arrival_wall, t_start)
+                return
         prompt, prompt_ms = self.build_prompt(req)
         multiline = decide_multiline(prompt.prefix_text, req.suffix, req.multiline)
         max_lines = self.config.completion.max_lines if multiline else 1
@@ -141,7 +154,6 @@ class LocalEngine:
         items: list[str] = []
         stats = GenStats()
         finish = "stop"
-        emitted = ""
         generated_total = 0
         with self._lock:
             self.session = self.pool.acquire(req.uri)
@@ -151,52 +163,121 @@ class LocalEngine:
                 sampler = make_sampler(req.temperature, req.top_p,
                                        None if req.seed is None else req.seed + candidate)
                 drafter = PromptLookup() if self.config.completion.speculative and sampler.greedy else None
+                # A single greedy generation survives being superseded once it
+                # decodes: parked, the next keystroke may resume it (_resume).
+                run = _Run(req, cancel, deadline, decode, multiline, max_lines, len(prompt.ids),
+                           resumable=req.n == 1 and sampler.greedy)
+                run.gen = generate(
+                    self.session, prompt.ids, sampler=sampler, stop_ids=self.template.stop_ids,
+                    max_tokens=req.max_tokens, cancelled=run.cancelled,
+                    should_stop=_stopper(checker, decode),
+                    deadline_ns=run.deadline, drafter=drafter,
+                    draft_k=self.config.completion.draft_tokens, draft_length=self.draft_length,
+                )
                 try:
-                    for ev in generate(
-                        self.session, prompt.ids, sampler=sampler, stop_ids=self.template.stop_ids,
-                        max_tokens=req.max_tokens, cancelled=lambda: cancel.cancelled,
-                        should_stop=lambda toks: checker.check(decode.text(toks)),
-                        deadline_ns=deadline, drafter=drafter,
-                        draft_k=self.config.completion.draft_tokens, draft_length=self.draft_length,
-                    ):
-                        stats = ev.stats
-                        if ev.tokens:
-                            decode.push(ev.tokens)
-                            if candidate == 0:
-                                preview = _preview(decode.current, multiline)
-                                if preview.startswith(emitted) and len(preview) > len(emitted):
-                                    yield Delta(req.id, preview[len(emitted):])
-                                    emitted = preview
-                        if ev.finish_reason:
-                            finish = ev.finish_reason
+                    yield from self._drive(run, stream=candidate == 0)
                 except Cancelled:
-                    finish = "cancelled"
+                    run.finish = "cancelled"
+                finish, stats = run.finish, run.stats
                 generated_total += len(decode.tokens)
+                if run.parked:
+                    run.park(self.session)
+                    self._parked = run
+                else:
+                    run.close()
                 items.append(postprocess(decode.current, prefix=req.prefix, suffix=req.suffix,
                                          multiline=multiline, max_lines=max_lines))
-                if finish in ("cancelled", "budget"):
+                if finish in ("cancelled", "budget", "superseded"):
                     break
         if finish == "cancelled":
             finish = cancel.reason
+        timings = self._timings(stats, arrival, arrival_wall, t_start, prompt_ms=prompt_ms,
+                                prompt_tokens=len(prompt.ids), generated=generated_total)
+        yield self._finish(req, items, finish, timings)
+
+    def _drive(self, run: _Run, *, stream: bool) -> Iterator[Event]:
+        """Pull ``run``'s token events, streaming previews of the text after
+        what the user typed; park the run when it is superseded mid-decode."""
+        for ev in run.gen:
+            run.stats = ev.stats
+            if ev.tokens:
+                run.decode.push(ev.tokens)
+                if stream:
+                    delta = run.preview_delta()
+                    if delta:
+                        yield Delta(run.req.id, delta)
+            if ev.finish_reason:
+                run.finish = ev.finish_reason
+                return
+            if run.should_park():
+                run.parked = True
+                run.finish = "superseded"
+                return
+
+    def _resume(self, run: _Run, req: CompletionRequest, typed: str, cancel: CancelToken,
+                arrival: int, arrival_wall: int, t_start: int) -> Iterator[Event]:
+        """Continue a parked generation for ``req``, whose prefix is the
+        parked one plus ``typed``, text the generation had already produced."""
+        run.adopt(req, typed, cancel, arrival + int(req.budget_ms * 1e6) if req.budget_ms else None)
+        first_ns = 0
+        with self._lock:
+            self.session = self.pool.acquire(req.uri)
+            delta = run.preview_delta()
+            if delta:
+                first_ns = time.perf_counter_ns()
+                yield Delta(req.id, delta)
+            if run.finish == "superseded":   # still decoding when it was parked
+                run.finish = "stop"
+                try:
+                    for ev in self._drive(run, stream=True):
+                        if not first_ns:
+                            first_ns = time.perf_counter_ns()
+                        yield ev
+                except Cancelled:
+                    run.finish = "cancelled"
+            if run.parked:
+                run.park(self.session)
+                self._parked = run
+            else:
+                run.close()
+        finish = cancel.reason if run.finish == "cancelled" else run.finish
+        text = run.decode.current[len(run.typed):]
+        items = [postprocess(text, prefix=req.prefix, suffix=req.suffix, multiline=run.multiline,
+                             max_lines=run.max_lines)]
+        end = time.perf_counter_ns()
+        first_ns = first_ns or end
+        timings = Timings(
+            queue_ms=(t_start - arrival) / 1e6, ttft_ms=(first_ns - arrival) / 1e6,
+            decode_ms=(end - first_ns) / 1e6, total_ms=(end - arrival) / 1e6,
+            prompt_tokens=run.prompt_tokens, cached_tokens=run.prompt_tokens,
+            generated_tokens=len(run.decode.tokens) - run.tokens_before, ttft_start_ns=arrival_wall,
+            ttft_end_ns=time.time_ns(), source="resumed")
+        self.stats.resumed += 1
+        yield self._finish(req, items, finish, timings)
+
+    def _timings(self, stats: GenStats, arrival: int, arrival_wall: int, t_start: int, *, prompt_ms: float,
+                 prompt_tokens: int, generated: int) -> Timings:
         end = time.perf_counter_ns()
         first = stats.first_token_ns or end
-        timings = Timings(
+        return Timings(
             queue_ms=(t_start - arrival) / 1e6, prompt_ms=prompt_ms, prefill_ms=stats.prefill_ms,
             ttft_ms=(first - arrival) / 1e6, decode_ms=(end - first) / 1e6 if stats.first_token_ns else 0.0,
-            total_ms=(end - arrival) / 1e6, prompt_tokens=len(prompt.ids), cached_tokens=stats.cached_tokens,
-            generated_tokens=generated_total, draft_tokens=stats.draft_tokens,
+            total_ms=(end - arrival) / 1e6, prompt_tokens=prompt_tokens, cached_tokens=stats.cached_tokens,
+            generated_tokens=generated, draft_tokens=stats.draft_tokens,
             accepted_tokens=stats.accepted_tokens, ttft_start_ns=arrival_wall,
             ttft_end_ns=stats.first_token_wall_ns or time.time_ns(),
         )
+
+    def _finish(self, req: CompletionRequest, items: list[str], finish: str, timings: Timings) -> Done:
         self._account(timings)
         if finish in ("stop", "length") and items:
             self._remember(req, items[0])
-        log.info("complete id=%s finish=%s prompt=%d cached=%d gen=%d prompt_ms=%.1f prefill_ms=%.1f "
-                 "ttft_ms=%.1f decode_ms=%.1f total_ms=%.1f accept=%d/%d", req.id, finish,
+        log.info("complete id=%s finish=%s source=%s prompt=%d cached=%d gen=%d prompt_ms=%.1f prefill_ms=%.1f "
+                 "ttft_ms=%.1f decode_ms=%.1f total_ms=%.1f accept=%d/%d", req.id, finish, timings.source,
                  timings.prompt_tokens, timings.cached_tokens, timings.generated_tokens, timings.prompt_ms,
                  timings.prefill_ms, timings.ttft_ms, timings.decode_ms, timings.total_ms,
                  timings.accepted_tokens, timings.draft_tokens)
-        yield Done(req.id, tuple(items), finish, timings)  # type: ignore[arg-type]
+        return Done(req.id, tuple(items), finish, timings)  # type: ignore[arg-type]
 
     def warmup(self) -> None:
         """Run one short completion so that kernels, allocator pools and
@@ -292,6 +373,88 @@ class LocalEngine:
         s.accepted_tokens += t.accepted_tokens
 
 
+class _Run:
+    """One generation in flight: the suspended token generator and what the
+    engine needs to stream, finish — or park and later resume — it."""
+
+    def __init__(self, req: CompletionRequest, cancel: CancelToken, deadline_ns: int | None, decode: _Detok,
+                 multiline: bool, max_lines: int, prompt_tokens: int, *, resumable: bool) -> None:
+        self.req = req
+        self.cancel = cancel
+        self.deadline_ns = deadline_ns
+        self.decode = decode
+        self.multiline = multiline
+        self.max_lines = max_lines
+        self.prompt_tokens = prompt_tokens
+        self.resumable = resumable
+        self.gen: Iterator[TokenEvent] = iter(())
+        self.stats = GenStats()
+        self.finish = "stop"
+        self.parked = False
+        self.typed = ""              # what the user typed of this generation's text
+        self.emitted = ""            # preview streamed to the current request
+        self.tokens_before = 0       # tokens generated before the current request adopted it
+
+    def cancelled(self) -> bool:
+        """What the generator sees: a supersede does not stop a resumable
+        generation that is decoding; the engine parks it instead."""
+        return self.cancel.cancelled and not self.should_park()
+
+    def should_park(self) -> bool:
+        return (self.resumable and self.cancel.cancelled and self.cancel.reason == "superseded"
+                and self.stats.first_token_ns > 0)
+
+    def deadline(self) -> int | None:
+        return self.deadline_ns
+
+    def preview_delta(self) -> str:
+        preview = _preview(self.decode.current[len(self.typed):], self.multiline)
+        if preview.startswith(self.emitted) and len(preview) > len(self.emitted):
+            delta = preview[len(self.emitted):]
+            self.emitted = preview
+            return delta
+        return ""
+
+    def typed_by(self, req: CompletionRequest, session: KVSession | None) -> str | None:
+        """The text ``req`` typed along this parked generation, or None when
+        it cannot take the generation over: another document or suffix, a
+        prefix that does not extend this one by text the generation already
+        produced, other sampling, or a KV cache used since."""
+        old = self.req
+        if (req.uri != old.uri or req.suffix != old.suffix or req.n != 1 or req.temperature > 0
+                or req.context != old.context or req.multiline != old.multiline
+                or session is None or session is not self.session or session.version != self.session_version):
+            return None
+        if not req.prefix.startswith(old.prefix):
+            return None
+        typed = req.prefix[len(old.prefix):]
+        if len(typed) < len(self.typed) or not self.decode.current.startswith(typed):
+            return None
+        if decide_multiline(req.prefix, req.suffix, req.multiline) != self.multiline:
+            return None
+        if self.finish != "superseded" and len(typed) >= len(self.decode.current):
+            return None
+        return typed
+
+    def park(self, session: KVSession) -> None:
+        """Left suspended; ``session`` holds its prompt and tokens."""
+        self.session, self.session_version = session, session.version
+
+    session: KVSession | None = None
+    session_version = -1
+
+    def adopt(self, req: CompletionRequest, typed: str, cancel: CancelToken, deadline_ns: int | None) -> None:
+        self.req, self.typed, self.cancel, self.deadline_ns = req, typed, cancel, deadline_ns
+        self.emitted = ""
+        self.parked = False
+        self.tokens_before = len(self.decode.tokens)
+
+    def close(self) -> None:
+        close = getattr(self.gen, "close", None)
+        if close is not None:
+            close()
+
+
 class _Detok:
     """Incremental detokenization that never splits a UTF-8 character: text
     ending in U+FFFD (an incomplete byte sequence) is held back."""
@@ -310,6 +473,10 @@ class _Detok:
         if text.endswith("\ufffd"):
             text = text.rstrip("\ufffd")
         self.current = text
+
+
+def _stopper(checker: StopChecker, decode: _Detok) -> Callable[[list[int]], bool]:
+    return lambda tokens: checker.check(decode.text(tokens))
 
 
 def _preview(raw: str, multiline: bool) -> str:

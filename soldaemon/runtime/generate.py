@@ -47,7 +47,7 @@ def generate(
     max_tokens: int,
     cancelled: Callable[[], bool] = lambda: False,
     should_stop: Callable[[list[int]], bool] = lambda toks: False,
-    deadline_ns: int | None = None,
+    deadline_ns: int | None | Callable[[], int | None] = None,
     drafter: DraftProposer | None = None,
     draft_k: int = 8,
     draft_length: DraftLength | None = None,
@@ -59,7 +59,13 @@ def generate(
     Speculation runs only with a greedy sampler; its output is the greedy
     output. ``draft_length`` (when given) picks the draft size per step from
     measured costs, at most ``draft_k``; 0 skips speculation for that step.
-    Raises session.Cancelled if cancelled during prefill."""
+    Raises session.Cancelled if cancelled during prefill.
+
+    The generator may be left suspended after any event and resumed later
+    (the engine does that to keep a generation the user is typing along):
+    ``cancelled`` and ``deadline_ns`` (when a callable) are re-read at every
+    step, so the caller can point them at a newer request."""
+    deadline = deadline_ns if callable(deadline_ns) else (lambda: deadline_ns)
     stats = GenStats()
     t0 = time.perf_counter_ns()
     pre = session.prefill(prompt, cancelled=cancelled)
@@ -84,7 +90,7 @@ def generate(
         next_token: int | None = None
         budget = max_tokens - len(generated) - 1
         draft: list[int] = []
-        if speculate and budget > 0 and not _done(generated + new, should_stop, cancelled, deadline_ns):
+        if speculate and budget > 0 and not _done(generated + new, should_stop, cancelled, deadline()):
             assert drafter is not None
             drafter.extend(new)
             k = min(draft_k, budget)
@@ -112,7 +118,7 @@ def generate(
             yield TokenEvent(new + draft[:accepted], None, stats)
         else:
             yield TokenEvent(new, None, stats)
-        reason = _finish(generated, max_tokens, should_stop, cancelled, deadline_ns)
+        reason = _finish(generated, max_tokens, should_stop, cancelled, deadline())
         if reason:
             yield TokenEvent([], reason, stats)
             return

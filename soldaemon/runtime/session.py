@@ -80,6 +80,7 @@ class KVSession:
         self.tokens: list[int] = []        # token ids at cache positions 0 … len-1
         self.prompt_len = 0                # of which the last prompt (the rest: generated)
         self._last_logits: torch.Tensor | None = None  # logits after self.tokens
+        self.version = 0                   # bumped by every change of the cache
 
     @property
     def n_ctx(self) -> int:
@@ -101,6 +102,7 @@ class KVSession:
             raise ValueError("empty prompt")
         if len(ids) >= self.n_ctx:
             raise ValueError(f"prompt of {len(ids)} tokens does not fit the {self.n_ctx}-token KV cache")
+        self.version += 1
         n = common_prefix(self.tokens, ids)
         if n == len(ids) and n == len(self.tokens) and self._last_logits is not None:
             self.prompt_len = len(ids)
@@ -143,6 +145,7 @@ class KVSession:
         """Append ``token``; return the logits [V] for the next one."""
         if len(self.tokens) + 1 >= self.n_ctx:
             raise ValueError("KV cache full")
+        self.version += 1
         logits = self.backend.forward(self._tensor([token]), len(self.tokens))[0]
         self.tokens.append(token)
         self._last_logits = logits
@@ -153,6 +156,7 @@ class KVSession:
         pass; return logits [T, V]. The caller truncates rejected tokens."""
         if len(self.tokens) + len(tokens) >= self.n_ctx:
             raise ValueError("KV cache full")
+        self.version += 1
         logits = self.backend.forward(self._tensor(tokens), len(self.tokens), last_only=False)
         self.tokens.extend(tokens)
         self._last_logits = logits[-1]
@@ -160,6 +164,7 @@ class KVSession:
 
     def truncate(self, n: int, logits: torch.Tensor | None = None) -> None:
         """Keep the first ``n`` tokens; ``logits`` are those after them, if known."""
+        self.version += 1
         del self.tokens[n:]
         self.prompt_len = min(self.prompt_len, n)
         self._last_logits = logits
