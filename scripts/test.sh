@@ -14,6 +14,9 @@ fi
 python -m pip install -q --upgrade pip
 # The CPU build of torch (pinned so pip does not pull a multi-GB CUDA build).
 python -m pip install -q "torch==2.13.0"
+# llama-cpp-python (bench extra) builds llama.cpp from source when no wheel is
+# cached: a portable AVX2 build, since -march=native builds crashed on the CI CPU.
+export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF"
 python -m pip install -q -e '.[test,bench]'
 
 need=()

@@ -80,6 +80,7 @@ OffloadPolicy = Literal["layer", "block"]
 Dtype = Literal["auto", "float32", "float16", "bfloat16"]
 DecodeDtype = Literal["auto", "same", "float16", "bfloat16"]
 BackendKind = Literal["local", "remote"]
+PromptFormat = Literal["text", "tokens"]
 FimOrder = Literal["psm", "spm"]
 
 _T = TypeVar("_T")
@@ -480,17 +481,48 @@ class CompletionConfig:
 
 @dataclass(frozen=True)
 class BackendConfig:
-    """``backend:`` — where completions are computed. Only ``local`` is
-    implemented; ``remote`` is validated for future use."""
+    """``backend:`` — where completions are computed: ``local`` (the Sol
+    runtime in this process) or ``remote`` (an inference engine speaking the
+    OpenAI-compatible ``/v1/completions`` streaming API: vLLM, TGI, a
+    llama.cpp server; see docs/remote.md)."""
 
     kind: BackendKind = _setting("local", _choice(get_args(BackendKind)))
-    # Remote endpoint; required when kind is "remote".
+    # The engine's base URL (``http://host:8000`` or ``http://host:8000/v1``);
+    # required when kind is "remote".
     url: str | None = _setting(None, _optional(_url()))
+    # The model name sent in each request; None: the engine's only model.
     model_name: str | None = _setting(None, _optional(_text()))
     # Name of the environment variable holding the API key (never the key).
     api_key_env: str | None = _setting(None, _optional(_env_name()))
-    # Per-request timeout for the remote backend; seconds, > 0.
+    # A file whose first line is the API key (used when api_key_env is unset
+    # or names an empty variable).
+    api_key_file: Path | None = _setting(None, _optional(_path()))
+    # Tokenizer of the remote model's family, for FIM prompts: a Hugging Face
+    # model/tokenizer directory or a .gguf file; None: model.path's, else the
+    # embedded model's (Qwen2.5-Coder: every size shares it).
+    tokenizer: Path | None = _setting(None, _optional(_path()))
+    # How the prompt is sent: "text" (special tokens as text; every engine)
+    # or "tokens" (token ids; vLLM and the native llama.cpp server).
+    prompt_format: PromptFormat = _setting("text", _choice(get_args(PromptFormat)))
+    # Connecting to the engine; seconds, > 0.
+    connect_timeout_s: float = _setting(2.0, _float(0.0, lo_open=True))
+    # Waiting for the engine's answer: its first byte, then each streamed
+    # chunk; seconds, > 0.
     timeout_s: float = _setting(30.0, _float(0.0, lo_open=True))
+    # Extra connection attempts within one request when the engine cannot be
+    # reached (never after text was streamed); 0..5.
+    retries: int = _setting(1, _int(0, 5))
+    # Wait after the first failed attempt; doubles per consecutive failure up
+    # to max_backoff_s. While it runs, requests fail at once (retryable) or
+    # go to the local model; seconds, > 0.
+    backoff_s: float = _setting(0.5, _float(0.0, lo_open=True))
+    max_backoff_s: float = _setting(30.0, _float(0.0, lo_open=True))
+    # Reachability probe (GET /v1/models) for health, cached this long;
+    # seconds, > 0.
+    health_interval_s: float = _setting(5.0, _float(0.0, lo_open=True))
+    # When the engine is unreachable, answer from the local model (model.path
+    # or the embedded one), loaded on first need.
+    fallback_local: bool = _setting(False, _bool())
 
 
 _SECTIONS: dict[str, type[Any]] = {
@@ -696,6 +728,11 @@ def _cross_checks(config: Config, problems: _Problems) -> None:
         problems.items.append(
             f"{problems.where('backend.kind')}: backend.kind = \"remote\": "
             "backend.url is required (an http:// or https:// URL)"
+        )
+    if backend.max_backoff_s < backend.backoff_s:
+        problems.items.append(
+            f"{problems.where('backend.max_backoff_s')}: backend.max_backoff_s = {backend.max_backoff_s:g}: "
+            f"smaller than backend.backoff_s ({backend.backoff_s:g}); expected max_backoff_s >= backoff_s"
         )
     model, completion = config.model, config.completion
     needed = model.max_prefix_tokens + model.max_suffix_tokens + completion.max_tokens

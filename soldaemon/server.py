@@ -842,6 +842,12 @@ def _engine_loader(args: argparse.Namespace, config: Config) -> tuple[Callable[[
         factory = getattr(importlib.import_module(module_name), attr or "make_engine")
         return (lambda: factory(config)), spec
 
+    if config.backend.kind == "remote":
+        from soldaemon.remote import Endpoint, load_remote_engine
+
+        shown = Endpoint.parse(config.backend.url or "").shown
+        return (lambda: load_remote_engine(config)), f"remote engine at {shown}"
+
     def load() -> Engine:
         try:
             from soldaemon.runtime.engine import load_engine

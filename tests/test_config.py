@@ -256,6 +256,15 @@ BAD_VALUES: list[tuple[str, str, Any, str]] = [
     ("backend", "model_name", 3, "3"),
     ("backend", "api_key_env", "MY-KEY", '"MY-KEY"'),
     ("backend", "timeout_s", 0, "0"),
+    ("backend", "api_key_file", "", '""'),
+    ("backend", "tokenizer", 7, "7"),
+    ("backend", "prompt_format", "ids", '"ids"'),
+    ("backend", "connect_timeout_s", 0, "0"),
+    ("backend", "retries", 6, "6"),
+    ("backend", "backoff_s", -1, "-1"),
+    ("backend", "max_backoff_s", 0, "0"),
+    ("backend", "health_interval_s", "5s", '"5s"'),
+    ("backend", "fallback_local", "yes", '"yes"'),
 ]
 
 

@@ -91,9 +91,83 @@ def prepare_model_dir(path: str | None, *, progress: bool = True) -> tuple[Path,
         return p, None, p.name
     if p.suffix.lower() != ".gguf":
         raise ModelError(f"model.path '{p}' is neither a directory nor a .gguf file")
+    return convert_gguf(p, paths.cache_dir() / "models" / _gguf_cache_name(p), progress=progress), p, p.stem
+
+
+def _gguf_cache_name(p: Path) -> str:
+    """The cache directory name of a user's GGUF file (its stem + a key of
+    its path, size and mtime: a changed file is converted again)."""
     st = p.stat()
     key = hashlib.sha256(f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    return convert_gguf(p, paths.cache_dir() / "models" / f"{p.stem}-{key}", progress=progress), p, p.stem
+    return f"{p.stem}-{key}"
+
+
+def tokenizer_dir(path: str | None, *, progress: bool = True) -> tuple[Path, str]:
+    """A directory holding the tokenizer of a model source, and the source's
+    name, without loading (or converting) its weights: what a remote engine's
+    FIM prompts need. ``path`` is as for :func:`prepare_model_dir` (None: the
+    embedded model, assembled and verified). A GGUF's converted copy is used
+    when there is one; else its tokenizer alone is read once (tens of
+    seconds) and cached under ``cache_dir()/models/tokenizers``. Raises
+    ModelError subclasses."""
+    root = paths.cache_dir() / "models"
+    if path is None:
+        gguf = assemble_gguf(root / "gguf" / f"{QWEN25_CODER_05B.name}.gguf", progress=progress)
+        name = f"{QWEN25_CODER_05B.name}-{QWEN25_CODER_05B.sha256[:12]}"
+        if is_complete(root / name):
+            return root / name, QWEN25_CODER_05B.name
+        return _gguf_tokenizer(gguf, root / "tokenizers" / name), QWEN25_CODER_05B.name
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ModelError(f"tokenizer path '{p}' does not exist",
+                         hint="point it at a Hugging Face model or tokenizer directory, or a .gguf file")
+    if p.is_dir():
+        return p, p.name
+    if p.suffix.lower() != ".gguf":
+        raise ModelError(f"tokenizer path '{p}' is neither a directory nor a .gguf file")
+    name = _gguf_cache_name(p)
+    if is_complete(root / name):
+        return root / name, p.stem
+    return _gguf_tokenizer(p, root / "tokenizers" / name), p.stem
+
+
+def _gguf_tokenizer(gguf: Path, dest: Path) -> Path:
+    """Read the tokenizer of ``gguf`` and save it to ``dest`` atomically
+    (a complete ``dest`` is returned as is)."""
+    if is_complete(dest):
+        return dest
+    import transformers
+
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    log.info("reading the tokenizer of %s (once)", gguf.name)
+    try:
+        try:
+            tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        except (ValueError, OSError, KeyError, RuntimeError) as exc:
+            raise ModelError(f"cannot read the tokenizer of GGUF '{gguf}': {exc}") from None
+        tmp.mkdir(parents=True)
+        tok.save_pretrained(str(tmp))
+        (tmp / MARKER).write_text(json.dumps({"format": CACHE_FORMAT, "source": gguf.name, "tokenizer_only": True}))
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def load_tokenizer(path: str | None, *, progress: bool = True) -> tuple[Any, str]:
+    """The tokenizer of a model source (see :func:`tokenizer_dir`) and the
+    source's name. Raises ModelError."""
+    import transformers
+
+    directory, name = tokenizer_dir(path, progress=progress)
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(str(directory))
+    except (ValueError, OSError, KeyError) as exc:
+        raise ModelError(f"cannot load a tokenizer from '{directory}': {exc}",
+                         hint="it needs tokenizer.json or the tokenizer files of a Hugging Face model") from None
+    return tok, name
 
 
 def is_complete(directory: Path) -> bool:

@@ -1,0 +1,132 @@
+"""Stages of the completion pipeline that do not depend on where the model
+runs: request checks, FIM prompt building, type-through, the streamed
+preview's hold-back rule.
+
+The local engine (:mod:`soldaemon.runtime.engine`) and the remote one
+(:mod:`soldaemon.remote`) give the user the same behaviour because they call
+the same stages; the model-specific part (prefill/decode, or an HTTP stream)
+sits between ``build_fim_prompt`` and ``postprocess``. Nothing here imports
+torch.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator, MutableMapping
+
+from .api import CompletionRequest, Delta, Done, Event, Timings
+from .config import ModelConfig
+from .errors import BadRequest
+from .fim import FimPrompt, FimTemplate, make_prompt
+
+# Characters a preview holds back at its end: post-processing may still drop
+# them (trailing blanks, closers the suffix already has).
+HOLD_BACK = " \t)]}>\"'`;,"
+
+# uri → (prefix, suffix, completion) of the last completion shown there
+Shown = MutableMapping[str, tuple[str, str, str]]
+MAX_SHOWN = 64  # documents remembered for type-through
+
+
+def validate_request(req: CompletionRequest) -> None:
+    """Raise :class:`BadRequest` for field combinations no engine can serve."""
+    if req.max_tokens < 1:
+        raise BadRequest(f"max_tokens must be >= 1, got {req.max_tokens}")
+    if req.n < 1 or req.n > 8:
+        raise BadRequest(f"n must be in 1..8, got {req.n}")
+    if req.n > 1 and req.temperature <= 0:
+        raise BadRequest("n > 1 needs temperature > 0 (greedy gives one answer)")
+    if not 0 < req.top_p <= 1:
+        raise BadRequest(f"top_p must be in (0, 1], got {req.top_p}")
+
+
+def path_of(uri: str) -> str | None:
+    """The file path a FIM prompt names for ``uri`` (None for untitled)."""
+    if uri.startswith("file://"):
+        return uri[len("file://"):]
+    return None if uri.startswith("untitled:") else uri
+
+
+def build_fim_prompt(template: FimTemplate, tokenizer: Any, model: ModelConfig, req: CompletionRequest,
+                     n_ctx: int) -> tuple[FimPrompt, float]:
+    """Window, tokenize and template ``req`` (``model``'s budgets and FIM
+    order). Returns (prompt, ms). Raises :class:`BadRequest` when the prompt
+    plus ``max_tokens`` does not fit ``n_ctx`` tokens."""
+    t0 = time.perf_counter_ns()
+    prompt = make_prompt(
+        template, tokenizer, req.prefix, req.suffix,
+        max_prefix_tokens=model.max_prefix_tokens, max_suffix_tokens=model.max_suffix_tokens,
+        context=req.context, language=req.language, current_path=path_of(req.uri),
+        order=model.fim_order,
+    )
+    if len(prompt.ids) + req.max_tokens + 1 >= n_ctx:
+        raise BadRequest(
+            f"prompt of {len(prompt.ids)} tokens + max_tokens {req.max_tokens} does not fit "
+            f"model.max_context {n_ctx}",
+            hint="lower max_tokens or send less context",
+        )
+    return prompt, (time.perf_counter_ns() - t0) / 1e6
+
+
+def preview(raw: str, multiline: bool) -> str:
+    """What may be streamed of the raw generated text so far: its first line
+    when single-line, minus the :data:`HOLD_BACK` characters at its end."""
+    text = raw if multiline else raw.split("\n", 1)[0]
+    return text.rstrip(HOLD_BACK)
+
+
+class Previewer:
+    """Turns the growing raw text into ``Delta`` texts that only ever append:
+    ``push(raw)`` returns the new preview characters, or "" when the preview
+    did not grow (or would rewrite what was sent)."""
+
+    def __init__(self, multiline: bool) -> None:
+        self.multiline = multiline
+        self.emitted = ""
+
+    def push(self, raw: str) -> str:
+        shown = preview(raw, self.multiline)
+        if shown.startswith(self.emitted) and len(shown) > len(self.emitted):
+            new = shown[len(self.emitted):]
+            self.emitted = shown
+            return new
+        return ""
+
+
+def type_through(shown: Shown, req: CompletionRequest) -> str | None:
+    """The rest of the last completion for this document when the user
+    typed its beginning (same suffix, greedy, one candidate), else None."""
+    last = shown.get(req.uri)
+    if last is None or req.n != 1 or req.temperature > 0:
+        return None
+    prefix, suffix, text = last
+    if req.suffix != suffix or not req.prefix.startswith(prefix):
+        return None
+    typed = req.prefix[len(prefix):]
+    if not typed or not text.startswith(typed) or len(typed) >= len(text):
+        return None
+    rest = text[len(typed):]
+    return rest if rest.strip() else None
+
+
+def remember(shown: Shown, req: CompletionRequest, text: str) -> None:
+    """Record ``text`` as the completion shown for ``req`` (the newest of at
+    most :data:`MAX_SHOWN` documents)."""
+    shown.pop(req.uri, None)
+    if text:
+        shown[req.uri] = (req.prefix, req.suffix, text)
+        while len(shown) > MAX_SHOWN:
+            shown.pop(next(iter(shown)))
+
+
+def type_through_events(req: CompletionRequest, rest: str, t_start: int) -> Iterator[Event]:
+    """The answer from type-through: the rest as one delta, then done.
+    ``t_start`` is when the engine took the request (perf_counter_ns)."""
+    arrival = req.received_ns or t_start
+    now = time.perf_counter_ns()
+    ms = (now - arrival) / 1e6
+    arrival_wall = time.time_ns() - (now - arrival)
+    yield Delta(req.id, rest)
+    yield Done(req.id, (rest,), "stop", Timings(
+        queue_ms=(t_start - arrival) / 1e6, ttft_ms=ms, total_ms=ms, ttft_start_ns=arrival_wall,
+        ttft_end_ns=time.time_ns(), source="type-through"))
