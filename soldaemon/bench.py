@@ -40,8 +40,8 @@ from .holes import cut_line_holes, default_corpus
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--holes", type=int, default=6, help="number of holes (default 6)")
-    p.add_argument("--tokens", type=int, default=24, help="tokens generated per hole (default 24)")
+    p.add_argument("--holes", type=int, help="number of holes (default 6; --quality: 40)")
+    p.add_argument("--tokens", type=int, help="tokens generated per hole (default 24; --quality: at most 48)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--corpus", nargs="*", help="source files (default: modules of Python's standard library)")
     p.add_argument("--max-prefix-tokens", type=int, default=384)
@@ -54,7 +54,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--trace: baselines to run (generate, llama.cpp)")
     p.add_argument("--baseline-every", type=int, default=3,
                    help="--trace: run generate() on every Nth keystroke only (it recomputes the whole prompt)")
-    p.add_argument("--png", help="--trace: write the TTFT distribution per backend here")
+    p.add_argument("--png", help="--trace/--quality: write the plot here")
+    p.add_argument("--quality", action="store_true",
+                   help="score completions on holes cut from real code (daemon vs raw model vs llama.cpp) instead")
+    p.add_argument("--fim-orders", nargs="*", choices=("psm", "spm"),
+                   help="--quality: one daemon column per FIM order (default: the configured order)")
 
 
 @dataclass
@@ -143,6 +147,12 @@ def run(args: argparse.Namespace, config: Config) -> int:
         from . import trace
 
         return trace.run(args, config)
+    if args.quality:
+        from . import quality
+
+        return quality.run(args, config)
+    args.holes = 6 if args.holes is None else args.holes
+    args.tokens = 24 if args.tokens is None else args.tokens
 
     config = config.with_overrides({"model.max_prefix_tokens": args.max_prefix_tokens,
                                     "model.max_suffix_tokens": args.max_suffix_tokens}, source="bench")

@@ -1,0 +1,94 @@
+"""``soldaemon bench --quality``: the holes, the scorers on hand-made cases,
+and the command end to end on the tiny model (quality figures come from the
+real model, docs/quality.md)."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from soldaemon.cli import main
+from soldaemon.holes import Hole, cut_holes, default_corpus
+from soldaemon.quality import edit_similarity, exact_match, first_line_match, levenshtein, parses, score
+from soldaemon.testing.tiny import build_tiny_model
+
+SRC = '''\
+def area(w, h):
+    """Area of a rectangle.
+
+    Not a place for holes.
+    """
+    if w < 0 or h < 0:
+        raise ValueError("negative size")
+    result = w * h
+    return result
+'''
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+def test_scorers_on_hand_made_cases() -> None:
+    assert exact_match("x = 1  \n", "x = 1")                 # trailing blanks do not count
+    assert not exact_match("x = 1\ny = 2", "x = 1")
+    assert first_line_match("x = 1\ny = 3", "x = 1\ny = 2")
+    assert not first_line_match("x = 2\ny = 2", "x = 1\ny = 2")
+    assert not first_line_match("", "x")
+    assert levenshtein("kitten", "sitting") == 3 and levenshtein("", "abc") == 3
+    assert edit_similarity("abc", "abc") == 1.0
+    assert edit_similarity("", "abcd") == 0.0
+    assert edit_similarity("abcx", "abcd") == pytest.approx(0.75)
+    assert parses("def f():\n    return ", "1 + 2", "\n")
+    assert not parses("def f():\n    return ", "(1 + 2", "\n")
+    hole = Hole("f.py", 2, "def f():\n    return (", "\n", "a, b)", "line")
+    s = score(hole, "a, b)")
+    assert s.exact and s.first_line and s.edit_sim == 1.0 and s.parses
+    s = score(hole, "a, b")                                   # bracket missing: close, but it breaks the file
+    assert not s.exact and not s.parses and 0.7 < s.edit_sim < 1.0
+
+
+def test_holes_are_seeded_inside_bodies_and_never_in_docstrings(tmp_path: Path) -> None:
+    src = tmp_path / "area.py"
+    src.write_text(SRC)
+    holes = cut_holes([src], 6, seed=1, min_rest=3)
+    assert holes == cut_holes([src], 6, seed=1, min_rest=3)
+    assert {h.kind for h in holes} == {"line", "block"}
+    for h in holes:
+        assert h.prefix + h.expected + h.suffix == SRC       # the hole is exactly the removed text
+        assert h.line >= 6                                    # below the docstring
+        ast.parse(h.prefix + h.expected + h.suffix)
+        if h.kind == "block":
+            assert 2 <= h.expected.count("\n") + 1 <= 6 and h.suffix.startswith("\n")
+    files = default_corpus()
+    real = cut_holes(files, 20, seed=0)
+    assert len(real) == 20 and sum(h.kind == "block" for h in real) == 10
+    assert len({h.path for h in real}) >= 6                   # not all from the biggest file
+
+
+def test_bench_quality_end_to_end(tiny_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, png = tmp_path / "q.json", tmp_path / "q.png"
+    rc = main(["bench", "--quality", "--model", str(tiny_dir), "--threads", "1", "--holes", "4", "--tokens", "6",
+               "--json", str(out), "--png", str(png)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "| sol |" in text and "| raw |" in text and "exact match %" in text
+    data = json.loads(out.read_text())
+    assert len(data["holes"]) == 4
+    for h in data["holes"]:
+        for col in ("sol", "raw"):
+            o = h["out"][col]
+            assert o["exact"] == exact_match(o["text"], h["expected"])   # scores match the texts
+            assert o["e2e_ms"] > 0
+    assert data["summary"]["sol"]["all"]["n"] == 4
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_quality_bad_corpus_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["bench", "--quality", "--corpus", str(tmp_path / "missing.py")])
+    assert rc != 0
+    assert "missing.py" in capsys.readouterr().err
