@@ -534,6 +534,44 @@ class _Attempt:
     closed_by: str | None = field(default=None)   # "cancel" | "budget" | "stop"
 
 
+class _Watch:
+    """Beside the reading thread, for one request: closes the stream it
+    follows as soon as the request is cancelled or out of budget (checked
+    every :data:`WATCH_INTERVAL_S`). ``fired`` says which. A context
+    manager: the thread runs inside the ``with``."""
+
+    def __init__(self, cancel: CancelToken, deadline: int | None) -> None:
+        self.cancel, self.deadline = cancel, deadline
+        self.stream: UpstreamStream | None = None
+        self.fired: str | None = None          # "cancel" | "budget"
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sol-remote-watch", daemon=True)
+
+    def __enter__(self) -> _Watch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def follow(self, stream: UpstreamStream) -> None:
+        """Watch ``stream`` from now on (closed at once if already fired)."""
+        self.stream = stream
+        if self.fired is not None:
+            stream.close()
+
+    def _run(self) -> None:
+        while not self._done.wait(WATCH_INTERVAL_S):
+            if self.cancel.cancelled or _past(self.deadline):
+                self.fired = "cancel" if self.cancel.cancelled else "budget"
+                stream = self.stream
+                if stream is not None:
+                    stream.close()
+                log.debug("closed the upstream stream (%s)", self.fired)
+                return
+
+
 class RemoteEngine:
     """The Engine protocol over an OpenAI-compatible completions engine.
 
@@ -751,48 +789,46 @@ class RemoteEngine:
     def _generate(self, body: dict[str, Any], attempt: _Attempt, checker: StopChecker, cancel: CancelToken,
                   deadline: int | None) -> Iterator[str]:
         """Stream one completion; yield the raw text after each piece.
-        Fills ``attempt``. Retries connecting per ``backend.retries``."""
-        stream = self._open(body, cancel, deadline)
-        if stream is None:  # cancelled or out of budget before the engine answered
-            attempt.finish = "cancelled" if cancel.cancelled else "budget"
-            return
-        done = threading.Event()
-        watcher = threading.Thread(target=self._watch, args=(stream, attempt, cancel, deadline, done),
-                                   name="sol-remote-watch", daemon=True)
-        watcher.start()
-        try:
-            for piece in stream.pieces():
-                if piece.usage is not None:
-                    attempt.usage = piece.usage
-                if piece.text:
-                    if not attempt.first_ns:
-                        attempt.first_ns, attempt.first_wall_ns = time.perf_counter_ns(), time.time_ns()
-                    attempt.chunks += 1
-                    attempt.raw += piece.text
-                    yield attempt.raw
-                    if checker.check(attempt.raw):
-                        attempt.closed_by = attempt.closed_by or "stop"
-                        attempt.finish = "stop"
-                        stream.close()
-                        break
-                if piece.finish_reason is not None:
-                    attempt.finish = "length" if piece.finish_reason == "length" else "stop"
-            self.probe.note(True)
-        except (RemoteUnavailable, RemoteTimeout) as exc:
-            if not stream.closed:
-                self.backoff.failed(exc.message)
-                self.probe.note(False, exc.message)
-            raise
-        finally:
-            done.set()
-            watcher.join()
-            stream.release()
-        if attempt.closed_by in ("cancel", "budget"):
-            attempt.finish = "cancelled" if attempt.closed_by == "cancel" else "budget"
+        Fills ``attempt``. Retries connecting per ``backend.retries``. A
+        cancel or the budget closes the stream at any point, connecting and
+        waiting for the engine's first byte included."""
+        with _Watch(cancel, deadline) as watch:
+            stream = self._open(body, cancel, deadline, watch)
+            if stream is None:  # cancelled or out of budget before the engine answered
+                attempt.finish = "cancelled" if cancel.cancelled else "budget"
+                return
+            try:
+                for piece in stream.pieces():
+                    if piece.usage is not None:
+                        attempt.usage = piece.usage
+                    if piece.text:
+                        if not attempt.first_ns:
+                            attempt.first_ns, attempt.first_wall_ns = time.perf_counter_ns(), time.time_ns()
+                        attempt.chunks += 1
+                        attempt.raw += piece.text
+                        yield attempt.raw
+                        if checker.check(attempt.raw):  # post-processing cuts the rest: stop the engine
+                            attempt.closed_by = "stop"
+                            stream.close()
+                            break
+                    if piece.finish_reason is not None:
+                        attempt.finish = "length" if piece.finish_reason == "length" else "stop"
+                self.probe.note(True)
+            except (RemoteUnavailable, RemoteTimeout) as exc:
+                if not stream.closed:
+                    self.backoff.failed(exc.message)
+                    self.probe.note(False, exc.message)
+                raise
+            finally:
+                stream.release()
+        if attempt.closed_by is None and watch.fired is not None:
+            attempt.closed_by = watch.fired
         if attempt.closed_by is not None:
+            attempt.finish = {"cancel": "cancelled", "budget": "budget", "stop": "stop"}[attempt.closed_by]  # type: ignore[assignment]
             self.stats.upstream_closed += 1
 
-    def _open(self, body: dict[str, Any], cancel: CancelToken, deadline: int | None) -> UpstreamStream | None:
+    def _open(self, body: dict[str, Any], cancel: CancelToken, deadline: int | None,
+              watch: _Watch) -> UpstreamStream | None:
         """An open stream, trying ``1 + backend.retries`` times with the
         back-off between attempts. None when cancelled or out of budget
         first. Raises RemoteUnavailable, RemoteTimeout, RemoteHttpError."""
@@ -812,10 +848,14 @@ class RemoteEngine:
                 return None
             stream = UpstreamStream(self.endpoint, body, self._headers,
                                     connect_timeout_s=bc.connect_timeout_s, timeout_s=bc.timeout_s)
+            watch.follow(stream)
             try:
                 stream.open()
             except _CouldNotConnect as exc:
+                cancelled = stream.closed  # closed by the watch, not by the engine
                 stream.release()
+                if cancelled:
+                    return None
                 why = str(exc)
                 wait = self.backoff.failed(why)
                 self.probe.note(False, why)
@@ -832,24 +872,15 @@ class RemoteEngine:
                 if exc.retryable:
                     self.backoff.failed(exc.message)
                 raise
+            if stream.closed:  # cancelled while connecting or waiting for the answer
+                stream.release()
+                return None
             self.backoff.succeeded()
             return stream
         raise RemoteUnavailable(
             f"the engine at {self.endpoint.shown} is unreachable: {self.backoff.last_error} "
             f"({tries} attempt{'s' if tries > 1 else ''})",
             hint="start or fix the engine; set backend.fallback_local to answer locally meanwhile")
-
-    def _watch(self, stream: UpstreamStream, attempt: _Attempt, cancel: CancelToken, deadline: int | None,
-               done: threading.Event) -> None:
-        """Close ``stream`` as soon as the request is cancelled or out of
-        budget (runs beside the reading thread until ``done``)."""
-        while not done.wait(WATCH_INTERVAL_S):
-            if cancel.cancelled or _past(deadline):
-                if not stream.closed:
-                    attempt.closed_by = "cancel" if cancel.cancelled else "budget"
-                stream.close()
-                log.debug("closed the upstream stream (%s)", attempt.closed_by)
-                return
 
     # -- fallback ------------------------------------------------------------
 

@@ -345,6 +345,17 @@ def test_slow_engine_times_out(tiny_tokenizer: Any, scripted: ScriptedEngine) ->
     assert info.value.retryable and time.monotonic() - t0 < 1.5
 
 
+def test_cancel_while_waiting_for_the_engines_answer(tiny_tokenizer: Any, scripted: ScriptedEngine) -> None:
+    scripted.mode = "hang"
+    engine = _engine(tiny_tokenizer, scripted.url, timeout_s=10)
+    cancel = CancelToken()
+    threading.Timer(0.2, cancel.cancel).start()
+    t0 = time.monotonic()
+    _, done = _run(engine, _req(), cancel)
+    assert done.finish_reason == "cancelled" and time.monotonic() - t0 < 1.0
+    assert engine.backoff.failures == 0  # a cancel is not the engine's failure
+
+
 def test_refused_backs_off_then_recovers(tiny_tokenizer: Any) -> None:
     port = _free_port()
     engine = _engine(tiny_tokenizer, f"http://127.0.0.1:{port}", retries=0, backoff_s=0.4)
