@@ -19,11 +19,15 @@ Two implementations:
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from .residency import WeightStore
 
 LEAN_ARCHITECTURES = {"qwen2", "llama", "mistral"}
 
@@ -139,6 +143,39 @@ class LeanBackend:
         self.cos = emb.cos().to(self.dtype)
         self.sin = emb.sin().to(self.dtype)
         self.scale = self.head_dim ** -0.5
+        # Sol's weight store (runtime/residency.py): None, or every layer's
+        # weights go through it. With all layers resident the forward takes
+        # the plain loop below (the store then only records the heatmap).
+        self.residency: WeightStore | None = None
+        # KV folding reads the last query of each layer (runtime/kvfold.py):
+        # [layers, H, hd] when record_queries() was called, else None.
+        self.last_q: torch.Tensor | None = None
+        self.last_q_cache: torch.Tensor | None = None   # the k_cache those queries attended over
+
+    @property
+    def all_resident(self) -> bool:
+        """True when every layer's weights are on the device (no store, or
+        the store offloads nothing): CUDA-graph capture is only valid then."""
+        return self.residency is None or self.residency.all_resident
+
+    def fixed_weights(self) -> list[torch.Tensor]:
+        """Tensors outside the decoder layers (never offloaded)."""
+        out = [self.embed, self.norm, self.lm_head]
+        if self.half_lm_head is not None:
+            out.append(self.half_lm_head)
+        return out
+
+    def weight_sets(self) -> list[list[LayerWeights]]:
+        """The layer lists a WeightStore manages (the store updates them in
+        place): the model-dtype layers, then the half decode copy if any."""
+        return [self.layers] + ([self.half_layers] if self.half_layers else [])
+
+    def record_queries(self, on: bool = True) -> None:
+        """Keep each layer's last-token query (after RoPE) of the latest
+        forward in ``last_q``: what KV folding weighs blocks by."""
+        self.last_q = (torch.zeros(len(self.layers), self.n_heads, self.head_dim, dtype=self.dtype,
+                                   device=self.device) if on else None)
+        self.last_q_cache = None
 
     def new_cache(self) -> tuple[torch.Tensor, torch.Tensor]:
         # [layers, kv_heads, n_ctx, head_dim] each, allocated once per session
@@ -193,29 +230,24 @@ class LeanBackend:
             # new token i (at pos+i) sees cache positions 0 … pos+i
             mask = torch.ones(T, end, dtype=torch.bool, device=self.device).tril(diagonal=pos)
         x = F.embedding(tokens, self.embed)              # [T, D]
-        H, KV, hd = self.n_heads, self.n_kv, self.head_dim
         half = self.decode_dtype is not None and T <= self.decode_max_tokens and not precise
         layers = self.half_layers if half else self.layers
         lin = self._linear_half if half else F.linear
-        for i, w in enumerate(layers):
-            h = self._rms(x, w.ln1)
-            q = lin(h, w.wq, w.bq).view(T, H, hd).transpose(0, 1)     # [H, T, hd]
-            k = lin(h, w.wk, w.bk).view(T, KV, hd).transpose(0, 1)    # [KV, T, hd]
-            v = lin(h, w.wv, w.bv).view(T, KV, hd).transpose(0, 1)
-            q = q * cos + self._rotate_half(q) * sin
-            k = k * cos + self._rotate_half(k) * sin
-            self.k_cache[i, :, pos:end] = k
-            self.v_cache[i, :, pos:end] = v
-            keys = self.k_cache[i, :, :end]              # [KV, end, hd]
-            vals = self.v_cache[i, :, :end]
-            o = F.scaled_dot_product_attention(
-                q.unsqueeze(0), keys.unsqueeze(0), vals.unsqueeze(0),
-                attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=True,
-            )[0]                                         # [H, T, hd]
-            o = o.transpose(0, 1).reshape(T, H * hd)
-            x = x + lin(o, w.wo, w.bo)
-            h = self._rms(x, w.ln2)
-            x = x + lin(F.silu(lin(h, w.wg)) * lin(h, w.wu), w.wd)
+        store = self.residency
+        if store is None:
+            for i, w in enumerate(layers):
+                x = self._block(x, w, i, pos, end, cos, sin, mask, causal, lin)
+        elif store.all_resident:
+            timed = not store.cuda   # on CUDA host clocks only see kernel launches
+            marks = [time.perf_counter()]
+            for i, w in enumerate(layers):
+                x = self._block(x, w, i, pos, end, cos, sin, mask, causal, lin)
+                marks.append(time.perf_counter())
+            store.note_resident_forward([(b - a) * 1e3 for a, b in zip(marks, marks[1:])] if timed else None)
+        else:
+            x = self._offloaded_layers(store, x, int(half), pos, end, cos, sin, mask, causal, lin)
+        if self.last_q is not None:
+            self.last_q_cache = self.k_cache
         if last_only:
             x = x[-1:]
         x = self._rms(x, self.norm)
@@ -223,6 +255,48 @@ class LeanBackend:
             assert self.half_lm_head is not None
             return self._linear_half(x, self.half_lm_head).float()
         return F.linear(x, self.lm_head).float()         # [T or 1, V]
+
+    def _block(self, x: torch.Tensor, w: LayerWeights, i: int, pos: int, end: int, cos: torch.Tensor,
+               sin: torch.Tensor, mask: torch.Tensor | None, causal: bool, lin: Any) -> torch.Tensor:
+        """Decoder layer i on x [T, D]; writes its K/V at pos … end-1."""
+        T = x.shape[0]
+        H, KV, hd = self.n_heads, self.n_kv, self.head_dim
+        h = self._rms(x, w.ln1)
+        q = lin(h, w.wq, w.bq).view(T, H, hd).transpose(0, 1)     # [H, T, hd]
+        k = lin(h, w.wk, w.bk).view(T, KV, hd).transpose(0, 1)    # [KV, T, hd]
+        v = lin(h, w.wv, w.bv).view(T, KV, hd).transpose(0, 1)
+        q = q * cos + self._rotate_half(q) * sin
+        k = k * cos + self._rotate_half(k) * sin
+        if self.last_q is not None:
+            self.last_q[i] = q[:, -1]                    # [H, hd]
+        self.k_cache[i, :, pos:end] = k
+        self.v_cache[i, :, pos:end] = v
+        keys = self.k_cache[i, :, :end]                  # [KV, end, hd]
+        vals = self.v_cache[i, :, :end]
+        o = F.scaled_dot_product_attention(
+            q.unsqueeze(0), keys.unsqueeze(0), vals.unsqueeze(0),
+            attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=True,
+        )[0]                                             # [H, T, hd]
+        o = o.transpose(0, 1).reshape(T, H * hd)
+        x = x + lin(o, w.wo, w.bo)
+        h = self._rms(x, w.ln2)
+        return x + lin(F.silu(lin(h, w.wg)) * lin(h, w.wu), w.wd)
+
+    def _offloaded_layers(self, store: WeightStore, x: torch.Tensor, variant: int, pos: int, end: int,
+                          cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None, causal: bool,
+                          lin: Any) -> torch.Tensor:
+        """The layer loop when some layers live in host memory: each layer's
+        weights come from the store (resident, or a prefetched slot), and
+        the store is told when the layer is done with them."""
+        store.begin_forward(variant)
+        for i in range(len(self.layers)):
+            w, stall_ms, outcome, copied = store.layer(i)
+            t0 = time.perf_counter()
+            x = self._block(x, w, i, pos, end, cos, sin, mask, causal, lin)
+            ms = None if store.cuda else (time.perf_counter() - t0) * 1e3
+            store.end_layer(i, ms, stall_ms, outcome, copied)
+        store.end_forward()
+        return x
 
     @staticmethod
     def _linear_half(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:

@@ -8,6 +8,7 @@ checks) → ``postprocess`` (suffix overlap, brackets, line caps). Implements
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -18,7 +19,7 @@ import torch
 
 from ..api import CancelToken, CompletionRequest, Delta, Done, Event, Timings
 from ..config import Config
-from ..errors import BadRequest
+from ..errors import BadRequest, ConfigError
 from ..fim import FimPrompt, FimTemplate, detect_template, make_prompt
 from ..model.loader import LoadedModel, load_model
 from ..postprocess import StopChecker, decide_multiline, postprocess
@@ -26,6 +27,7 @@ from .backend import Backend, LeanBackend, make_backend
 from .draft import DraftLength, PromptLookup
 from .generate import GenStats, TokenEvent, generate
 from .sampling import make_sampler
+from .residency import BudgetTooSmall, MemoryScheduler
 from .session import Cancelled, KVSession, SessionPool
 
 log = logging.getLogger("soldaemon.engine")
@@ -62,13 +64,30 @@ class LocalEngine:
         self.backend: Backend = make_backend(loaded.model, config.model.max_context,
                                              decode_dtype=resolve_decode_dtype(config.model.decode_dtype, loaded))
         min_move = config.model.cache_reuse if isinstance(self.backend, LeanBackend) else 0
-        self.pool = SessionPool(self.backend, config.model.kv_sessions, min_move=min_move)
+        # KV folding of parked sessions (runtime/kvfold.py) needs the lean backend's queries
+        fold = config.sol.kv_folding_entropy_threshold if isinstance(self.backend, LeanBackend) else 0.0
+        if fold and isinstance(self.backend, LeanBackend):
+            self.backend.record_queries()
+        self.pool = SessionPool(self.backend, config.model.kv_sessions, min_move=min_move, fold_threshold=fold)
         self.session: KVSession = self.pool.acquire("untitled:")  # the last used session
         # measured in warmup(); until then speculation uses the fixed draft size
         self.draft_length: DraftLength | None = None
         self.stats = EngineStats()
         self.started = time.time()
         self._lock = threading.Lock()   # one generation at a time
+        # Sol's memory scheduler (runtime/residency.py): residency under
+        # sol.memory_budget, prefetch, heatmap, idle release, priority pins
+        self.memory: MemoryScheduler | None = None
+        if isinstance(self.backend, LeanBackend):
+            try:
+                self.memory = MemoryScheduler(self.backend, config.sol, self._lock,
+                                              kv_reserve_bytes=self.backend.kv_bytes_per_session * config.model.kv_sessions)
+            except BudgetTooSmall as exc:
+                raise ConfigError(f"sol.memory_budget: {exc}",
+                                  hint="raise sol.memory_budget, or lower model.max_context, model.kv_sessions "
+                                       "or sol.prefetch_depth") from None
+            # every completion runs inside memory_scope (see _complete_scheduled)
+            self.complete = self._complete_scheduled  # type: ignore[method-assign]
         # uri → (prefix, suffix, completion) of the last completion, for type-through
         self._shown: dict[str, tuple[str, str, str]] = {}
         # a superseded generation kept for the next keystroke (see _resume)
@@ -92,27 +111,56 @@ class LocalEngine:
         }
 
     def diagnosis(self) -> dict[str, Any]:
+        store = self.memory.store if self.memory else None
+        hit_rate = store.stats.hit_rate if store else None
         return {
             "active": True,
             "ttft_optimized": True,          # KV prefix reuse + chunked prefill are on
-            "prefetch_hit_rate": None,       # no weight offload: every layer resident
-            "kv_fold_ratio": 0.0,
-            "offloaded_layers": 0,
+            # share of offloaded-layer uses whose prefetch had landed; None: nothing offloaded yet
+            "prefetch_hit_rate": None if hit_rate is None else round(hit_rate, 4),
+            "kv_fold_ratio": self.pool.kv_stats()["fold_ratio"],
+            "offloaded_layers": store.offloaded_layers if store else 0,
             "kv_hit_ratio": round(self.stats.kv_hit_ratio, 4),
-            "fallback_count": 0,             # no prefetch: nothing can fall back
+            "fallback_count": store.stats.fallbacks if store else 0,
             "draft_acceptance": round(self.draft_length.rate, 3) if self.draft_length else None,
         }
 
     def debug_snapshots(self) -> dict[str, Any]:
-        """The ``debug`` message's snapshots. No memory scheduler yet: every
-        layer is resident, nothing is prefetched, so both are empty."""
-        return {"heatmap": {}, "prefetch": {}}
+        """The ``debug`` message's snapshots: the layer heatmap over
+        ``sol.layer_heatmap_window`` and the prefetcher's state (hit rate,
+        fallbacks, residency plan and its predicted cost, measured device
+        bytes, KV folding). Called from the server's loop thread."""
+        if self.memory is None:
+            return {"heatmap": {}, "prefetch": {"kv": self.pool.kv_stats()}}
+        prefetch = self.memory.store.snapshot_prefetch()
+        prefetch["kv"] = self.pool.kv_stats()
+        prefetch["idle_release_s"] = self.memory.idle_release_s if self.memory.idle_release else 0
+        prefetch["idle_releases"] = self.memory.releases
+        return {"heatmap": self.memory.store.snapshot_heatmap(), "prefetch": prefetch}
+
+    def memory_scope(self, req: CompletionRequest) -> contextlib.AbstractContextManager[None]:
+        """Around one request: notes activity for idle release, restores
+        released weights first, pins them for ``priority: high``."""
+        if self.memory is None:
+            return contextlib.nullcontext()
+        return self.memory.request(req.priority)
+
+    def _complete_scheduled(self, req: CompletionRequest, cancel: CancelToken) -> Iterator[Event]:
+        """``complete`` inside :meth:`memory_scope` (installed as
+        ``self.complete`` by ``__init__``)."""
+        with self.memory_scope(req):
+            yield from LocalEngine.complete(self, req, cancel)
+
+    def close(self) -> None:
+        """Stop the memory scheduler's idle timer and prefetch thread."""
+        if self.memory is not None:
+            self.memory.close()
 
     def warm(self, req: CompletionRequest, cancel: CancelToken) -> Timings:
         t0 = req.received_ns or time.perf_counter_ns()
         prompt, prompt_ms = self.build_prompt(req)
         t1 = time.perf_counter_ns()
-        with self._lock:
+        with self.memory_scope(req), self._lock:
             self.session = self.pool.acquire(req.uri)
             try:
                 pre = self.session.prefill(prompt.ids, cancelled=lambda: cancel.cancelled)

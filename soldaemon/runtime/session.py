@@ -8,12 +8,14 @@ forward simply writes at a lower position.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import torch
 
 from .backend import Backend
+from .kvfold import BLOCK, FoldedKV, block_scores, fold, unfold
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -171,21 +173,41 @@ class KVSession:
 
 
 class SessionPool:
-    """A small LRU of sessions, one per recently used document, each with its
-    own KV cache, so that switching files does not throw away the other
-    file's reuse. ``acquire`` returns the document's session, or recycles the
-    least recently used one."""
+    """A small LRU of sessions, one per recently used document, so that
+    switching files does not throw away the other file's reuse. ``acquire``
+    returns the document's session, or recycles the least recently used one.
 
-    def __init__(self, backend: Backend, slots: int, **session_kwargs: Any) -> None:
+    ``fold_threshold`` 0 (``sol.kv_folding_entropy_threshold``): each session
+    owns a full KV buffer. Above 0: one full buffer — the active session's,
+    the compute buffer — and every parked session is folded
+    (:mod:`.kvfold`): trimmed to the tokens it holds, low-attention blocks
+    stored as int8; acquiring it dequantizes it into the compute buffer.
+    Folding needs the backend's last queries (``record_queries``); without
+    them a parked session is only trimmed."""
+
+    def __init__(self, backend: Backend, slots: int, *, fold_threshold: float = 0.0,
+                 **session_kwargs: Any) -> None:
         if slots < 1:
             raise ValueError("slots must be >= 1")
+        if not 0.0 <= fold_threshold <= 1.0:
+            raise ValueError(f"fold_threshold must be in [0, 1], got {fold_threshold}")
         self.backend = backend
         self.slots = slots
+        self.fold_threshold = fold_threshold
         self.session_kwargs = session_kwargs
         self._by_key: dict[str, KVSession] = {}   # insertion order = LRU order
+        self._folded: dict[str, FoldedKV] = {}    # parked sessions' KV (folding on)
+        self._active: str | None = None
         self._created = 0
+        self.fold_ms = 0.0                         # last fold + unfold, ms
+
+    @property
+    def folding(self) -> bool:
+        return self.fold_threshold > 0
 
     def acquire(self, key: str) -> KVSession:
+        if self.folding:
+            return self._acquire_folding(key)
         session = self._by_key.pop(key, None)
         if session is None:
             if len(self._by_key) >= self.slots:
@@ -198,6 +220,77 @@ class SessionPool:
                 self._created += 1
         self._by_key[key] = session
         return session
+
+    def _acquire_folding(self, key: str) -> KVSession:
+        if key == self._active and key in self._by_key:
+            current = self._by_key.pop(key)
+            self._by_key[key] = current
+            return current
+        t0 = time.perf_counter()
+        buffer = self.backend.current_cache()
+        if self._active is not None and self._active in self._by_key:
+            self._park(self._active, self._by_key[self._active])
+        session = self._by_key.pop(key, None)
+        if session is None:
+            if len(self._by_key) >= self.slots:
+                old = next(iter(self._by_key))
+                session = self._by_key.pop(old)     # least recently used
+                self._folded.pop(old, None)
+                session.truncate(0)
+            else:
+                session = KVSession(self.backend, cache=buffer, **self.session_kwargs)
+                self._created += 1
+        session.cache = buffer
+        folded = self._folded.pop(key, None)
+        if folded is not None:
+            unfold(folded, *buffer)
+        self._by_key[key] = session
+        self._active = key
+        self.fold_ms = (time.perf_counter() - t0) * 1e3
+        return session
+
+    def _park(self, key: str, session: KVSession) -> None:
+        """Fold ``session``'s KV out of the compute buffer."""
+        k, v = cast("tuple[torch.Tensor, torch.Tensor]", session.cache)
+        n = len(session.tokens)
+        last_q = getattr(self.backend, "last_q", None)
+        scores = None
+        if last_q is not None and getattr(self.backend, "last_q_cache", None) is k and n >= BLOCK:
+            scores = block_scores(k, last_q, n, float(getattr(self.backend, "scale", 1.0)))
+        self._folded[key] = fold(k, v, n, scores, self.fold_threshold)
+
+    def kv_stats(self) -> dict[str, Any]:
+        """Parked sessions' KV bytes: stored (measured), trimmed-unfolded,
+        and full-buffer, so that the trimming and folding savings show
+        apart. ``fold_ratio``: share of the parked KV (trimmed bytes) that
+        is stored folded."""
+        per_session = getattr(self.backend, "kv_bytes_per_session", 0)
+        stored = sum(f.nbytes() for f in self._folded.values())
+        trimmed = sum(f.trimmed_bytes() for f in self._folded.values())
+        folded = sum(f.folded_block_bytes() for f in self._folded.values())
+        full = per_session * len(self._folded)
+        return {
+            "folding": self.folding, "threshold": self.fold_threshold, "parked": len(self._folded),
+            "stored_bytes": stored, "trimmed_bytes": trimmed, "full_bytes": full,
+            "saved_by_trim": full - trimmed, "saved_by_fold": trimmed - stored,
+            "fold_ratio": round(folded / trimmed, 4) if trimmed else 0.0,
+            "last_switch_ms": round(self.fold_ms, 2),
+        }
+
+    def kv_bytes(self) -> int:
+        """Measured bytes of every KV tensor the pool holds (full buffers and
+        folded sessions), each storage counted once."""
+        seen: dict[int, int] = {}
+        tensors: list[torch.Tensor] = []
+        for s in self._by_key.values():
+            if isinstance(s.cache, tuple):
+                tensors.extend(t for t in s.cache if isinstance(t, torch.Tensor))
+        for f in self._folded.values():
+            tensors.extend((f.fold, f.k_full, f.v_full, f.k_q, f.k_scale, f.v_q, f.v_scale, f.k_tail, f.v_tail))
+        for t in tensors:
+            st = t.untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+        return sum(seen.values())
 
     def __len__(self) -> int:
         return len(self._by_key)

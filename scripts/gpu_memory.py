@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Sol's weight residency on a GPU: what offloading costs, measured.
+
+Prints (and writes as JSON) the host→device copy bandwidth and, with 100%,
+75% and 50% of the decoder layers resident (the rest in pinned host memory,
+prefetched ``--depth`` layers ahead on a side stream): TTFT of a
+``--prompt-tokens`` prefill, time per decoded token, prefetch hit rate,
+fallbacks, and the cost the planner predicts from the bandwidth next to the
+cost measured. Greedy tokens must be identical in every row.
+
+    python scripts/gpu_memory.py                      # embedded model, CUDA
+    python scripts/gpu_memory.py --device cpu --model DIR --prompt-tokens 64 --tokens 4   # dry run
+
+On a CPU (``--device cpu``) the same mechanism runs with the staging slots
+and a copier thread standing in for GPU memory and the side stream: a dry
+run of the script, not a GPU figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from soldaemon.model.loader import load_model  # noqa: E402
+from soldaemon.runtime.backend import LeanBackend  # noqa: E402
+from soldaemon.runtime.engine import resolve_decode_dtype  # noqa: E402
+from soldaemon.runtime.residency import PrefetchStats, WeightStore, measure_copy_bandwidth  # noqa: E402
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _budget(store: WeightStore, resident_layers: int) -> int | None:
+    """Bytes that keep the first ``resident_layers`` layers resident."""
+    if resident_layers >= store.n_layers:
+        return None
+    per_layer = sorted((sum(u.info.nbytes for u in store.units if u.info.layer == i) for i in range(store.n_layers)))
+    ring = (store.prefetch_depth + 2) * store.slot_bytes
+    return store.fixed_bytes + ring + sum(per_layer[:resident_layers]) + 1
+
+
+def _run(backend: LeanBackend, ids: torch.Tensor, n: int) -> tuple[float, float, list[int]]:
+    """(TTFT ms, ms per decoded token, greedy tokens)."""
+    dev = backend.device
+    _sync(dev)
+    t0 = time.perf_counter()
+    logits = backend.forward(ids, 0, precise=True)
+    tok = int(logits[0].argmax())                     # host sync
+    ttft = (time.perf_counter() - t0) * 1e3
+    toks = [tok]
+    t1 = time.perf_counter()
+    for s in range(n - 1):
+        logits = backend.forward(torch.tensor([tok], device=dev), len(ids) + s)
+        tok = int(logits[0].argmax())
+        toks.append(tok)
+    per_token = (time.perf_counter() - t1) * 1e3 / max(1, n - 1)
+    return ttft, per_token, toks
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (dry run)")
+    ap.add_argument("--model", default=None, help="model directory or .gguf (default: the embedded model)")
+    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--tokens", type=int, default=32, help="tokens decoded per row")
+    ap.add_argument("--depth", type=int, default=2, help="prefetch_depth")
+    ap.add_argument("--fallback-timeout-ms", type=float, default=50.0)
+    ap.add_argument("--repeats", type=int, default=2, help="timed runs per row (best kept)")
+    ap.add_argument("--json", type=Path, default=None, help="write the results here")
+    args = ap.parse_args(argv)
+
+    loaded = load_model(args.model, device=args.device, dtype="auto", progress=False)
+    dev = loaded.device
+    source = inspect.getsource(textwrap) * 4
+    ids_list = loaded.tokenizer(source, add_special_tokens=False).input_ids[:args.prompt_tokens]
+    ids = torch.tensor(ids_list, dtype=torch.long, device=dev)
+    backend = LeanBackend(loaded.model, len(ids_list) + args.tokens + 8,
+                          decode_dtype=resolve_decode_dtype("auto", loaded))
+    store = WeightStore(backend.weight_sets(), backend.fixed_weights(), dev, prefetch_depth=args.depth,
+                        fallback_timeout_ms=args.fallback_timeout_ms)
+    backend.residency = store
+    bw = measure_copy_bandwidth(dev)
+    decode_variant = 1 if backend.decode_dtype is not None else 0
+    gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    print(f"device: {gpu}   model: {loaded.name} ({loaded.dtype})   layers: {store.n_layers}   "
+          f"copy bandwidth: {bw:.2f} GB/s   prefetch_depth: {args.depth}")
+
+    rows = []
+    base: dict[str, float] = {}
+    ref_tokens: list[int] | None = None
+    for pct in (100, 75, 50):
+        k = round(store.n_layers * pct / 100)
+        budget = _budget(store, k)
+        plan = store.make_plan(budget, 0, bandwidth_gbs=bw, first_layers=k)
+        store.apply_plan(plan)
+        _run(backend, ids[:16], 2)                     # warm: kernels, slots, the copier
+        store.stats = PrefetchStats()                  # count the timed runs only
+        alloc0 = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else None
+        best = None
+        for _ in range(args.repeats):
+            r = _run(backend, ids, args.tokens)
+            best = r if best is None or r[0] + r[1] < best[0] + best[1] else best
+        assert best is not None
+        ttft, per_tok, toks = best
+        if ref_tokens is None:
+            ref_tokens, base = toks, {"ttft": ttft, "tok": per_tok}
+        # predicted: copies of the offloaded layers at the measured bandwidth,
+        # overlapped with the all-resident compute when prefetching
+        offl = [i for i in range(store.n_layers) if i in store._rank]
+        copy_prefill = sum(store._layer_copy_bytes(i, 0) for i in offl) / (bw * 1e9) * 1e3
+        copy_decode = sum(store._layer_copy_bytes(i, decode_variant) for i in offl) / (bw * 1e9) * 1e3
+
+        def predict(compute: float, copy: float) -> float:
+            return max(compute, copy) if args.depth > 0 else compute + copy
+
+        s = store.stats
+        row = {
+            "resident_pct": pct, "resident_layers": store.n_layers - len(offl), "offloaded_layers": len(offl),
+            "budget_mb": None if budget is None else round(budget / 2**20, 1),
+            "device_mb": round(store.device_bytes() / 2**20, 1),
+            "cuda_allocated_mb": None if alloc0 is None else round(alloc0 / 2**20, 1),
+            "ttft_ms": round(ttft, 2), "ms_per_token": round(per_tok, 3),
+            "predicted_ttft_ms": round(predict(base["ttft"], copy_prefill), 2),
+            "predicted_ms_per_token": round(predict(base["tok"], copy_decode), 3),
+            "copy_ms_per_token": round(copy_decode, 3),
+            "prefetch_hit_rate": None if s.hit_rate is None else round(s.hit_rate, 4),
+            "fallbacks": s.fallbacks, "stall_ms": round(s.stall_ms, 2),
+            "same_tokens": toks == ref_tokens,
+        }
+        rows.append(row)
+
+    print(f"{'resident':>9} {'layers':>7} {'device MB':>10} {'TTFT ms':>9} {'pred.':>9} {'ms/tok':>8} "
+          f"{'pred.':>8} {'hit rate':>9} {'fallbk':>7} {'same':>5}")
+    for r in rows:
+        hit = "-" if r["prefetch_hit_rate"] is None else f"{r['prefetch_hit_rate']:.3f}"
+        print(f"{r['resident_pct']:>8}% {r['resident_layers']:>3}/{store.n_layers:<3} {r['device_mb']:>10} "
+              f"{r['ttft_ms']:>9.1f} {r['predicted_ttft_ms']:>9.1f} {r['ms_per_token']:>8.2f} "
+              f"{r['predicted_ms_per_token']:>8.2f} {hit:>9} {r['fallbacks']:>7} {str(r['same_tokens']):>5}")
+    print("predicted = max(all-resident time, offloaded bytes / measured bandwidth) with prefetch "
+          "(their sum without); resident = share of decoder layers on the device")
+    result = {"device": "cpu" if dev.type == "cpu" else gpu, "model": loaded.name, "dtype": str(loaded.dtype),
+              "layers": store.n_layers, "copy_bandwidth_gbs": round(bw, 3), "prefetch_depth": args.depth,
+              "prompt_tokens": len(ids_list), "tokens": args.tokens, "rows": rows}
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    store.close()
+    return 0 if all(r["same_tokens"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
