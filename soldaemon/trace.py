@@ -204,6 +204,21 @@ def run_llama_cpp(engine: Any, gguf: Path, trace: list[Keystroke], threads: int,
     return s
 
 
+def run_remote(config: Config, engine: Any, trace: list[Keystroke],
+               progress: Callable[[str], None]) -> dict[str, Series]:
+    """The same keystrokes through the remote backend (``backend.url``: an
+    OpenAI-compatible engine serving this model), with the local engine's
+    tokenizer; series "remote" and "remote:model" as for sol."""
+    from .remote import RemoteEngine
+
+    if config.backend.url is None:
+        progress("remote: set backend.url in the config to the engine's URL; skipped")
+        return {}
+    remote = RemoteEngine(config, engine.tokenizer, str(engine.info()["model"]))
+    every, computed = run_sol(remote, trace, progress)
+    return {"remote": every, "remote:model": computed}
+
+
 def table(results: dict[str, Series], n_keys: int) -> list[str]:
     lines = [f"{'backend':<11} {'n':>4} {'TTFT p50':>9} {'TTFT p95':>9} {'e2e p50':>8} {'e2e p95':>8} "
              f"{'computed/prompt tok':>20} {'accept':>7} {'=rest of line':>14} {'type-through':>12}"]
@@ -273,6 +288,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
                 "or the model has no GGUF; skipped")
         else:
             results["llama.cpp"] = lc
+    if "remote" in args.baselines:
+        results.update(run_remote(config, engine, trace, say))
     info = engine.info()
     head = (f"soldaemon bench --trace — {info['model']} ({info['dtype']}, {info['backend']}) on {info['device']}, "
             f"{info['threads']} threads, {platform.machine()}; {len(trace)} keystrokes typing {args.lines} lines "
