@@ -653,3 +653,24 @@ def test_engine_killed_mid_request_then_restarted(remote_daemon: Any, llama_serv
         time.sleep(0.5)
     assert frame["finish_reason"] in ("stop", "length") and frame["items"][0], frame
     assert remote_daemon.health()["counters"]["remote_reachable"] is True
+
+
+def test_trace_bench_replays_keystrokes_through_the_remote_backend(tiny_tokenizer: Any, scripted: ScriptedEngine,
+                                                                   tmp_path: Path) -> None:
+    from soldaemon.trace import make_trace, run_remote
+
+    source = tmp_path / "shapes.py"
+    source.write_text("def area(width, height):\n    result = width * height\n    return result\n")
+
+    class Local:  # what run_remote takes from the local engine: its tokenizer and name
+        tokenizer = tiny_tokenizer
+
+        def info(self) -> dict[str, Any]:
+            return {"model": "tiny"}
+
+    trace = make_trace([source], 1)
+    config = config_from_dict({"backend": {"url": scripted.url}})
+    results = run_remote(config, Local(), trace, lambda msg: None)
+    every, computed = results["remote"], results["remote:model"]
+    assert len(every.ttft_ms) == len(trace) and scripted.attempts == len(computed.ttft_ms) > 0
+    assert all(p > 0 for p in every.prompt_tokens[:1])
