@@ -429,6 +429,9 @@ class DeviceConfig:
     device: str = _setting("auto", _device())
     # CPU threads for torch; None: torch's default; else >= 1.
     threads: int | None = _setting(None, _optional(_int(1)))
+    # Decode steps replayed from CUDA graphs on a CUDA device (captured at
+    # warm-up; eager fallback when capture fails). Ignored on a CPU.
+    cuda_graphs: bool = _setting(True, _bool())
 
 
 @dataclass(frozen=True)

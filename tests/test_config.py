@@ -221,6 +221,7 @@ BAD_VALUES: list[tuple[str, str, Any, str]] = [
     ("model", "draft_model", ["a"], "['a']"),
     ("model", "cache_reuse", -1, "-1"),
     ("model", "fim_order", "pms", "\"pms\""),
+    ("device", "cuda_graphs", "yes", "\"yes\""),
     ("model", "kv_sessions", 0, "0"),
     ("model", "decode_dtype", "int4", '"int4"'),
     ("device", "device", "gpu", '"gpu"'),

@@ -24,6 +24,7 @@ from ..fim import FimPrompt, FimTemplate, detect_template, make_prompt
 from ..model.loader import LoadedModel, load_model
 from ..postprocess import StopChecker, decide_multiline, postprocess
 from .backend import Backend, LeanBackend, make_backend
+from .cudagraph import GraphDecoder
 from .draft import DraftLength, PromptLookup
 from .generate import GenStats, TokenEvent, generate
 from .sampling import make_sampler
@@ -90,6 +91,7 @@ class LocalEngine:
             self.complete = self._complete_scheduled  # type: ignore[method-assign]
         # uri → (prefix, suffix, completion) of the last completion, for type-through
         self._shown: dict[str, tuple[str, str, str]] = {}
+        self.graphs: GraphDecoder | None = None   # CUDA-graph decode steps (warmup() sets it up on CUDA)
         # a superseded generation kept for the next keystroke (see _resume)
         self._parked: _Run | None = None
 
@@ -106,6 +108,7 @@ class LocalEngine:
             "n_ctx": self.backend.n_ctx,
             "threads": torch.get_num_threads(),
             "load_s": round(self.loaded.load_s, 2),
+            "cuda_graphs": self.graphs.info() if self.graphs is not None else None,
             "forward_ms_by_tokens": ({t: round(c, 2) for t, c in self.draft_length.costs_ms.items()}
                                      if self.draft_length else None),
         }
@@ -331,14 +334,27 @@ class LocalEngine:
         """Run one short completion so that kernels, allocator pools and
         (on CUDA) graphs are ready before the first real request."""
         req = CompletionRequest(id="warmup", prefix="def add(a, b):\n    return ", suffix="\n", max_tokens=4)
-        for _ in self.complete(req, CancelToken()):
-            pass
+        self.complete_all(req)
+        if (self.config.device.cuda_graphs and isinstance(self.backend, LeanBackend)
+                and self.backend.device.type == "cuda"):
+            self.graphs = GraphDecoder(self.backend)
+            # KVSession.decode_step replays through the backend's `graphs` when set
+            setattr(self.backend, "graphs", self.graphs)
+            self.graphs.warm_up()
+            self.complete_all(req)               # one step through the graphs before the first user
         if self.config.completion.speculative:
             self.draft_length = DraftLength(self.measure_forward_costs(), self.config.completion.draft_tokens)
             log.info("forward cost by tokens (ms): %s", {t: round(c, 1) for t, c in self.draft_length.costs_ms.items()})
         self.session.truncate(0)
         self.stats = EngineStats()
         self._shown.clear()
+
+    def complete_all(self, req: CompletionRequest) -> Done:
+        """Run ``req`` to its end; its Done."""
+        events = list(self.complete(req, CancelToken()))
+        done = events[-1]
+        assert isinstance(done, Done)
+        return done
 
     def type_through(self, req: CompletionRequest) -> str | None:
         """The rest of the last completion for this document when the user

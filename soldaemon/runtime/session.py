@@ -148,7 +148,13 @@ class KVSession:
         if len(self.tokens) + 1 >= self.n_ctx:
             raise ValueError("KV cache full")
         self.version += 1
-        logits = self.backend.forward(self._tensor([token]), len(self.tokens))[0]
+        logits = None
+        graphs = getattr(self.backend, "graphs", None)
+        if graphs is not None:                 # a CUDA graph replay (None: graphs off)
+            self.backend.use_cache(self.cache)
+            logits = graphs.step(token, len(self.tokens))
+        if logits is None:
+            logits = self.backend.forward(self._tensor([token]), len(self.tokens))[0]
         self.tokens.append(token)
         self._last_logits = logits
         return logits
@@ -253,6 +259,8 @@ class SessionPool:
         """Fold ``session``'s KV out of the compute buffer."""
         k, v = cast("tuple[torch.Tensor, torch.Tensor]", session.cache)
         n = len(session.tokens)
+        if n == 0:
+            return                      # nothing to keep
         last_q = getattr(self.backend, "last_q", None)
         scores = None
         if last_q is not None and getattr(self.backend, "last_q_cache", None) is k and n >= BLOCK:

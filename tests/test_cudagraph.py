@@ -1,0 +1,85 @@
+"""The CUDA-graph decode step: its static form (position in a tensor, K/V
+written by index, attention over a masked bucket) must be the eager step's
+math. On the CPU the static step runs without capture; on a CUDA machine the
+``gpu`` test captures and replays real graphs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from soldaemon.runtime.backend import LeanBackend
+from soldaemon.runtime.cudagraph import GraphDecoder, buckets
+from soldaemon.runtime.session import KVSession
+from soldaemon.testing.tiny import build_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tmp_path_factory: pytest.TempPathFactory) -> object:
+    from transformers import AutoModelForCausalLM
+
+    path = build_tiny_model(tmp_path_factory.mktemp("tiny"))
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def test_buckets_cover_the_context() -> None:
+    assert buckets(256) == [256]
+    assert buckets(1000) == [256, 512, 1000]
+    assert buckets(4096) == [256, 512, 1024, 2048, 4096]
+
+
+def test_static_step_is_the_eager_step(tiny_hf: object) -> None:
+    backend = LeanBackend(tiny_hf, 600)
+    graphs = GraphDecoder(backend)
+    assert not graphs.enabled and graphs.failure == "not a CUDA device"
+    session = KVSession(backend)
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, backend.vocab_size, (300,), generator=gen).tolist()
+    session.prefill(prompt)
+    token = int(torch.randint(0, backend.vocab_size, (1,), generator=gen))
+    for step in range(3):
+        pos = len(session.tokens)
+        k0, v0 = backend.k_cache.clone(), backend.v_cache.clone()
+        eager = backend.forward(torch.tensor([token]), pos)[0]
+        k_eager, v_eager = backend.k_cache[:, :, pos].clone(), backend.v_cache[:, :, pos].clone()
+        backend.k_cache.copy_(k0)
+        backend.v_cache.copy_(v0)
+        graphs.token.fill_(token)
+        graphs.pos.fill_(pos)
+        window = graphs._bucket(pos)
+        assert window == 512
+        static = graphs.static_step(window)[0]
+        torch.testing.assert_close(static, eager, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(backend.k_cache[:, :, pos], k_eager)
+        torch.testing.assert_close(backend.v_cache[:, :, pos], v_eager)
+        assert int(static.argmax()) == int(eager.argmax())
+        session.tokens.append(token)
+        token = int(eager.argmax())
+    # off the GPU the session's step never goes through graphs
+    assert graphs.step(token, len(session.tokens)) is None and graphs.replays == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_graph_decode_matches_eager_on_cuda(tiny_hf: object) -> None:
+    model = tiny_hf.to("cuda")  # type: ignore[attr-defined]
+    backend = LeanBackend(model, 1024)
+    session = KVSession(backend)
+    prompt = list(range(5, 300))
+    logits = session.prefill(prompt).logits
+    eager_tokens = []
+    token = int(logits.argmax())
+    for _ in range(16):
+        eager_tokens.append(token)
+        token = int(session.decode_step(token).argmax())
+    session.truncate(len(prompt), logits)
+    backend.graphs = GraphDecoder(backend)
+    token = int(logits.argmax())
+    graph_tokens = []
+    for _ in range(16):
+        graph_tokens.append(token)
+        token = int(session.decode_step(token).argmax())
+    assert backend.graphs.replays == 16 and backend.graphs.failure is None
+    assert graph_tokens == eager_tokens
