@@ -2,13 +2,20 @@
 
 Prompt lookup: code repeats itself (names, call patterns, whole lines), so the
 tokens that followed the last occurrence of the current n-gram are a cheap,
-often right guess. Verification (see :mod:`.generate`) keeps only what greedy
+often right guess. A draft model (``model.draft_model``: a smaller model with
+the same tokenizer) guesses where nothing repeats, at the cost of its own
+decode steps. Verification (see :mod:`.generate`) keeps only what greedy
 decoding would have produced, so a wrong guess costs time, never output.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
+
+import torch
+
+if TYPE_CHECKING:
+    from .backend import Backend
 
 
 class DraftProposer(Protocol):
@@ -76,13 +83,17 @@ class DraftLength:
     short drafts, or none, pay. ``choose`` maximizes tokens per millisecond;
     0 means do not speculate."""
 
-    def __init__(self, costs_ms: dict[int, float], max_k: int, *, prior: float = 0.5, weight: float = 0.2) -> None:
+    def __init__(self, costs_ms: dict[int, float], max_k: int, *, prior: float = 0.5, weight: float = 0.2,
+                 draft_ms: float = 0.0) -> None:
+        """``draft_ms``: what proposing one draft token costs (a draft
+        model's step; ~0 for prompt lookup)."""
         if 1 not in costs_ms:
             raise ValueError("costs_ms needs the cost of a 1-token forward")
         self.costs_ms = dict(sorted(costs_ms.items()))   # T → ms per forward
         self.max_k = max_k
         self.rate = prior                                # EMA of per-token acceptance
         self.weight = weight
+        self.draft_ms = draft_ms
 
     def expected_tokens(self, k: int) -> float:
         a = min(self.rate, 0.999)
@@ -103,7 +114,7 @@ class DraftLength:
     def choose(self, budget: int) -> int:
         best_k, best = 0, 1.0 / self.cost(1)
         for k in range(1, min(self.max_k, budget) + 1):
-            value = self.expected_tokens(k) / self.cost(k + 1)
+            value = self.expected_tokens(k) / (self.cost(k + 1) + k * self.draft_ms)
             if value > best * 1.02:  # a clear win only
                 best_k, best = k, value
         return best_k
@@ -115,3 +126,57 @@ class DraftLength:
         # use the simple per-token ratio, which is what the expectation above assumes
         observed = accepted / drafted
         self.rate = (1 - self.weight) * self.rate + self.weight * observed
+
+
+class DraftModel:
+    """Drafts from a smaller model with the target's vocabulary: greedy
+    decode steps on its own KV cache, which follows the target's history
+    (prompt + accepted tokens) and reuses its common prefix across requests,
+    so a keystroke costs the draft model only the new tokens too."""
+
+    def __init__(self, backend: Backend, vocab_limit: int) -> None:
+        from .session import KVSession
+
+        self.session = KVSession(backend, cache=backend.new_cache())
+        self.vocab_limit = vocab_limit          # draft ids at or above it are not the target's
+        self.history: list[int] = []
+        self.step_ms = 0.0                      # measured cost of one draft step (warm-up)
+
+    def reset(self, history: Sequence[int]) -> None:
+        self.history = list(history)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        self.history.extend(tokens)
+
+    @torch.inference_mode()
+    def propose(self, k: int) -> list[int]:
+        if k <= 0 or not self.history or len(self.history) + k + 1 >= self.session.n_ctx:
+            return []
+        logits = first = self.session.prefill(self.history).logits
+        out: list[int] = []
+        base = len(self.session.tokens)
+        for i in range(k):
+            token = int(torch.argmax(logits))
+            if token >= self.vocab_limit:
+                break
+            out.append(token)
+            if i + 1 < k:
+                logits = self.session.decode_step(token)
+        self.session.truncate(base, first)   # the cache holds the history again
+        return out
+
+    def measure(self, n: int = 64) -> float:
+        """ms per draft decode step after an ``n``-token context."""
+        import time
+
+        ids = [int(t) for t in torch.randint(0, min(self.vocab_limit, 30000), (n,))]
+        self.session.truncate(0)
+        self.session.prefill(ids)
+        samples = []
+        for t in ids[:5]:
+            t0 = time.perf_counter_ns()
+            self.session.decode_step(t)
+            samples.append((time.perf_counter_ns() - t0) / 1e6)
+        self.session.truncate(0)
+        self.step_ms = sorted(samples)[len(samples) // 2]
+        return self.step_ms

@@ -19,13 +19,13 @@ import torch
 
 from ..api import CancelToken, CompletionRequest, Delta, Done, Event, Timings
 from ..config import Config
-from ..errors import BadRequest, ConfigError
+from ..errors import BadRequest, ConfigError, ModelError
 from ..fim import FimPrompt, FimTemplate, detect_template, make_prompt
 from ..model.loader import LoadedModel, load_model
 from ..postprocess import StopChecker, decide_multiline, postprocess
 from .backend import Backend, LeanBackend, make_backend
 from .cudagraph import GraphDecoder
-from .draft import DraftLength, PromptLookup
+from .draft import DraftLength, DraftModel, DraftProposer, PromptLookup
 from .generate import GenStats, TokenEvent, generate
 from .sampling import make_sampler
 from .residency import BudgetTooSmall, MemoryScheduler
@@ -73,6 +73,9 @@ class LocalEngine:
         self.session: KVSession = self.pool.acquire("untitled:")  # the last used session
         # measured in warmup(); until then speculation uses the fixed draft size
         self.draft_length: DraftLength | None = None
+        # model.draft_model (attach_draft_model), with its own draft sizing
+        self.draft_model: DraftModel | None = None
+        self.draft_model_length: DraftLength | None = None
         self.stats = EngineStats()
         self.started = time.time()
         self._lock = threading.Lock()   # one generation at a time
@@ -108,6 +111,8 @@ class LocalEngine:
             "n_ctx": self.backend.n_ctx,
             "threads": torch.get_num_threads(),
             "load_s": round(self.loaded.load_s, 2),
+            "drafter": ("off" if not self.config.completion.speculative else
+                        "draft model" if self.draft_model is not None else "prompt lookup"),
             "cuda_graphs": self.graphs.info() if self.graphs is not None else None,
             "forward_ms_by_tokens": ({t: round(c, 2) for t, c in self.draft_length.costs_ms.items()}
                                      if self.draft_length else None),
@@ -125,7 +130,8 @@ class LocalEngine:
             "offloaded_layers": store.offloaded_layers if store else 0,
             "kv_hit_ratio": round(self.stats.kv_hit_ratio, 4),
             "fallback_count": store.stats.fallbacks if store else 0,
-            "draft_acceptance": round(self.draft_length.rate, 3) if self.draft_length else None,
+            "draft_acceptance": (round(length.rate, 3) if (length := self.draft_model_length
+                                                               if self.draft_model else self.draft_length) else None),
         }
 
     def debug_snapshots(self) -> dict[str, Any]:
@@ -213,7 +219,12 @@ class LocalEngine:
                 decode = _Detok(self.tokenizer)
                 sampler = make_sampler(req.temperature, req.top_p,
                                        None if req.seed is None else req.seed + candidate)
-                drafter = PromptLookup() if self.config.completion.speculative and sampler.greedy else None
+                drafter: DraftProposer | None = None
+                draft_length = self.draft_length
+                if self.config.completion.speculative and sampler.greedy:
+                    drafter = self.draft_model or PromptLookup()
+                    if self.draft_model is not None:
+                        draft_length = self.draft_model_length
                 # A single greedy generation survives being superseded once it
                 # decodes: parked, the next keystroke may resume it (_resume).
                 run = _Run(req, cancel, deadline, decode, multiline, max_lines, len(prompt.ids),
@@ -223,7 +234,7 @@ class LocalEngine:
                     max_tokens=req.max_tokens, cancelled=run.cancelled,
                     should_stop=_stopper(checker, decode),
                     deadline_ns=run.deadline, drafter=drafter,
-                    draft_k=self.config.completion.draft_tokens, draft_length=self.draft_length,
+                    draft_k=self.config.completion.draft_tokens, draft_length=draft_length,
                 )
                 try:
                     yield from self._drive(run, stream=candidate == 0)
@@ -343,11 +354,27 @@ class LocalEngine:
             self.graphs.warm_up()
             self.complete_all(req)               # one step through the graphs before the first user
         if self.config.completion.speculative:
-            self.draft_length = DraftLength(self.measure_forward_costs(), self.config.completion.draft_tokens)
+            costs = self.measure_forward_costs()
+            self.draft_length = DraftLength(costs, self.config.completion.draft_tokens)
             log.info("forward cost by tokens (ms): %s", {t: round(c, 1) for t, c in self.draft_length.costs_ms.items()})
+            if self.draft_model is not None:
+                step = self.draft_model.measure()
+                self.draft_model_length = DraftLength(costs, self.config.completion.draft_tokens, draft_ms=step)
+                log.info("draft model step: %.1f ms", step)
         self.session.truncate(0)
         self.stats = EngineStats()
         self._shown.clear()
+
+    def attach_draft_model(self, draft: LoadedModel) -> None:
+        """Speculate with ``draft`` (``model.draft_model``) instead of prompt
+        lookup. Its tokenizer must be the target's: a draft token id means
+        the same text to both models."""
+        if draft.tokenizer.get_vocab() != self.tokenizer.get_vocab():
+            raise ModelError(f"model.draft_model {draft.name} does not share the tokenizer of {self.loaded.name}",
+                             hint="use a smaller model of the same family (same vocabulary), or no draft model")
+        backend = make_backend(draft.model, self.backend.n_ctx,
+                               decode_dtype=resolve_decode_dtype(self.config.model.decode_dtype, draft))
+        self.draft_model = DraftModel(backend, vocab_limit=self.backend.vocab_size)
 
     def complete_all(self, req: CompletionRequest) -> Done:
         """Run ``req`` to its end; its Done."""
@@ -571,5 +598,8 @@ def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:
     loaded = load_model(str(mc.path) if mc.path else None, device=config.device.device, dtype=mc.dtype,
                         progress=progress)
     engine = LocalEngine(loaded, config)
+    if mc.draft_model is not None:
+        engine.attach_draft_model(load_model(str(mc.draft_model), device=config.device.device, dtype=mc.dtype,
+                                             progress=progress))
     engine.warmup()
     return engine
