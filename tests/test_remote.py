@@ -441,6 +441,24 @@ def test_without_fallback_the_local_model_is_never_loaded(tiny_tokenizer: Any) -
     assert engine.diagnosis()["fallback_local"] == "off"
 
 
+def test_daemon_falls_back_to_its_local_model(start_daemon: Any, tmp_path: Path) -> None:
+    """A real ``soldaemon serve`` with the engine down and fallback_local:
+    the completion comes from the local (tiny) model; health says so."""
+    from soldaemon.testing.tiny import build_tiny_model
+
+    tiny = build_tiny_model(tmp_path / "tiny")
+    url = f"http://127.0.0.1:{_free_port()}"
+    daemon = start_daemon(args=["--model", str(tiny)], extra_config={
+        "backend": {"kind": "remote", "url": url, "fallback_local": True, "retries": 0}})
+    assert f"remote {url}/v1" in daemon.ready_line
+    _, done = asyncio.run(_complete(daemon, "f1", "def add(a, b):\n    return ", "\n", max_tokens=8))
+    assert done["type"] == "done" and done["finish_reason"] in ("stop", "length"), done
+    assert done["timings"]["generated_tokens"] > 0
+    counters = daemon.health()["counters"]
+    assert counters["remote_reachable"] is False and counters["remote_fallbacks"] == 1
+    assert counters["fallback_local"] == "ready"
+
+
 # --------------------------------------------------------------------------
 # A real engine: llama-cpp-python's OpenAI-compatible server
 # --------------------------------------------------------------------------
