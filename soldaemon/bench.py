@@ -54,6 +54,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--trace: baselines to run (generate, llama.cpp)")
     p.add_argument("--baseline-every", type=int, default=3,
                    help="--trace: run generate() on every Nth keystroke only (it recomputes the whole prompt)")
+    p.add_argument("--interrupt", action="store_true",
+                   help="--trace: the user types on as soon as ghost text appears (each request superseded)")
+    p.add_argument("--compare-spec", action="store_true",
+                   help="--trace: also run this engine with speculation off (decode tokens/s with vs without)")
     p.add_argument("--png", help="--trace/--quality: write the plot here")
     p.add_argument("--quality", action="store_true",
                    help="score completions on holes cut from real code (daemon vs raw model vs llama.cpp) instead")

@@ -9,11 +9,25 @@ with prefix = everything before the cursor, suffix = the file after the line.
 Reported per backend: TTFT and end-to-end p50/p95, prompt tokens computed vs
 cached, speculation acceptance, and how often the completion equals the rest
 of the line the user then typed.
+
+Two typists:
+
+- default: each keystroke waits for its completion to finish (the user reads
+  the ghost text, then types on) — what type-through serves;
+- ``--interrupt``: the user types the next character as soon as ghost text
+  appears, so every request is superseded after its first visible text, as a
+  fast typist does to an editor without debounce — what generation reuse
+  (resuming the superseded generation) serves. TTFT is then arrival → first
+  visible text.
+
+``--compare-spec`` adds a second run of this engine with speculation off, for
+decode tokens per second with and without speculation on the same keystrokes.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import statistics
@@ -69,6 +83,13 @@ class Series:
     matches: int = 0          # completion == the rest of the line typed later
     nonempty: int = 0
     type_through: int = 0
+    resumed: int = 0          # answered by resuming a superseded generation
+    decode_ms: float = 0.0    # summed over keystrokes: first → last token
+    decoded: int = 0          # tokens after the first, summed
+
+    @property
+    def decode_tok_s(self) -> float:
+        return self.decoded / (self.decode_ms / 1000) if self.decode_ms > 0 else float("nan")
 
     def add(self, t: Timings, item: str, rest: str) -> None:
         """Record one keystroke's answer (``rest``: what the user then typed)."""
@@ -80,6 +101,10 @@ class Series:
         self.drafted += t.draft_tokens
         self.accepted += t.accepted_tokens
         self.type_through += t.source == "type-through"
+        self.resumed += t.source == "resumed"
+        if t.source == "model" and t.generated_tokens > 1 and t.decode_ms > 0:
+            self.decode_ms += t.decode_ms
+            self.decoded += t.generated_tokens - 1
         self.nonempty += bool(item.strip())
         self.matches += _is_match(item, rest)
 
@@ -94,21 +119,38 @@ def _is_match(item: str, rest: str) -> bool:
     return bool(item.strip()) and item.rstrip() == rest.rstrip()
 
 
-def run_sol(engine: Any, trace: list[Keystroke], progress: Callable[[str], None]) -> tuple[Series, Series]:
+def run_sol(engine: Any, trace: list[Keystroke], progress: Callable[[str], None], *,
+            interrupt: bool = False, name: str = "sol") -> tuple[Series, Series]:
     """All keystrokes, and the subset the model had to compute (not
-    answered by type-through)."""
+    answered by type-through or a resumed generation). ``interrupt``: each
+    request is superseded as soon as it shows text (see the module doc)."""
     s = Series()
     m = Series()
     for i, ks in enumerate(trace):
+        arrival = time.perf_counter_ns()
         req = CompletionRequest(id=f"k{i}", uri=f"file:///{ks.file}", prefix=ks.prefix, suffix=ks.suffix,
-                                language="python", max_tokens=32, received_ns=time.perf_counter_ns())
-        done = [e for e in engine.complete(req, CancelToken()) if isinstance(e, Done)][0]
+                                language="python", max_tokens=32, received_ns=arrival)
+        cancel = CancelToken()
+        shown = ""
+        visible_ns = 0
+        done: Done | None = None
+        for ev in engine.complete(req, cancel):
+            if isinstance(ev, Done):
+                done = ev
+            elif interrupt and not visible_ns:
+                visible_ns = time.perf_counter_ns()
+                shown = ev.text
+                cancel.cancel("superseded")   # the next keystroke arrives
+        assert done is not None
         t = done.timings
-        s.add(t, done.items[0], ks.rest)
+        if visible_ns:
+            t = dataclasses.replace(t, ttft_ms=(visible_ns - arrival) / 1e6)
+        item = done.items[0] if done.items else shown
+        s.add(t, item, ks.rest)
         if t.source == "model":
-            m.add(t, done.items[0], ks.rest)
+            m.add(t, item, ks.rest)
         if i % 10 == 0:
-            progress(f"sol {i + 1}/{len(trace)} ttft {t.ttft_ms:.0f} ms")
+            progress(f"{name} {i + 1}/{len(trace)} ttft {t.ttft_ms:.0f} ms")
     return s, m
 
 
@@ -163,9 +205,10 @@ def run_generate(engine: Any, trace: list[Keystroke], every: int, progress: Call
 
 
 def run_llama_cpp(engine: Any, gguf: Path, trace: list[Keystroke], threads: int,
-                  progress: Callable[[str], None]) -> Series | None:
+                  progress: Callable[[str], None], *, interrupt: bool = False) -> Series | None:
     """llama.cpp through llama-cpp-python on the same GGUF and the same prompt
-    ids; its Python API reuses the longest common prefix between calls."""
+    ids; its Python API reuses the longest common prefix between calls.
+    ``interrupt``: stop at the first token (the next keystroke arrives)."""
     try:
         from llama_cpp import Llama
     except ImportError:
@@ -186,6 +229,8 @@ def run_llama_cpp(engine: Any, gguf: Path, trace: list[Keystroke], threads: int,
                 first = time.perf_counter_ns()
             if t in engine.template.stop_ids or len(gen) >= 32:
                 break
+            if interrupt and gen:
+                break
             gen.append(int(t))
             if "\n" in tok.decode(gen, skip_special_tokens=True).lstrip("\n"):
                 break
@@ -197,6 +242,9 @@ def run_llama_cpp(engine: Any, gguf: Path, trace: list[Keystroke], threads: int,
         s.prompt_tokens.append(len(ids))
         s.computed_tokens.append(len(ids))  # llama-cpp-python does not report its reuse
         s.generated.append(len(gen))
+        if len(gen) > 1:
+            s.decode_ms += (t1 - first) / 1e6
+            s.decoded += len(gen) - 1
         s.nonempty += bool(item.strip())
         s.matches += _is_match(item, ks.rest)
         if i % 10 == 0:
@@ -220,16 +268,17 @@ def run_remote(config: Config, engine: Any, trace: list[Keystroke],
 
 
 def table(results: dict[str, Series], n_keys: int) -> list[str]:
-    lines = [f"{'backend':<11} {'n':>4} {'TTFT p50':>9} {'TTFT p95':>9} {'e2e p50':>8} {'e2e p95':>8} "
-             f"{'computed/prompt tok':>20} {'accept':>7} {'=rest of line':>14} {'type-through':>12}"]
+    lines = [f"{'backend':<14} {'n':>4} {'TTFT p50':>9} {'TTFT p95':>9} {'e2e p50':>8} {'e2e p95':>8} "
+             f"{'computed/prompt tok':>20} {'accept':>7} {'decode tok/s':>12} {'=rest of line':>14} "
+             f"{'type-through':>12} {'resumed':>7}"]
     base = results.get("llama.cpp") or results.get("generate")
     for name, s in results.items():
         n = len(s.ttft_ms)
         comp = f"{statistics.mean(s.computed_tokens):.0f}/{statistics.mean(s.prompt_tokens):.0f}" if n else "-"
         acc = f"{s.accepted / s.drafted:.2f}" if s.drafted else "-"
-        lines.append(f"{name:<11} {n:>4} {s.pct('ttft_ms', .5):>9.0f} {s.pct('ttft_ms', .95):>9.0f} "
+        lines.append(f"{name:<14} {n:>4} {s.pct('ttft_ms', .5):>9.0f} {s.pct('ttft_ms', .95):>9.0f} "
                      f"{s.pct('e2e_ms', .5):>8.0f} {s.pct('e2e_ms', .95):>8.0f} {comp:>20} {acc:>7} "
-                     f"{s.matches:>6}/{n:<7} {s.type_through:>12}")
+                     f"{s.decode_tok_s:>12.1f} {s.matches:>6}/{n:<7} {s.type_through:>12} {s.resumed:>7}")
     if base is not None and "sol" in results:
         bname = "llama.cpp" if "llama.cpp" in results else "generate"
         lines.append("")
@@ -240,7 +289,13 @@ def table(results: dict[str, Series], n_keys: int) -> list[str]:
             lines.append(f"{name} / {bname}: TTFT p50 {sol.pct('ttft_ms', .5) / base.pct('ttft_ms', .5):.3f}x, "
                          f"TTFT p95 {sol.pct('ttft_ms', .95) / base.pct('ttft_ms', .95):.3f}x, "
                          f"e2e p50 {sol.pct('e2e_ms', .5) / base.pct('e2e_ms', .5):.3f}x")
-        lines.append("(sol: every keystroke; sol:model: the keystrokes the model computed, not type-through)")
+        lines.append("(sol: every keystroke; sol:model: the keystrokes the model computed, not type-through "
+                     "or resumed)")
+    nospec = results.get("sol-nospec")
+    if nospec is not None and "sol" in results and nospec.decoded and results["sol"].decoded:
+        lines.append(f"decode tokens/s with speculation / without: "
+                     f"{results['sol'].decode_tok_s / nospec.decode_tok_s:.2f}x "
+                     f"({results['sol'].decode_tok_s:.1f} vs {nospec.decode_tok_s:.1f})")
     return lines
 
 
@@ -268,7 +323,7 @@ def plot(results: dict[str, Series], path: Path, title: str) -> None:
 def run(args: argparse.Namespace, config: Config) -> int:
     import platform
 
-    from .runtime.engine import load_engine
+    from .runtime.engine import LocalEngine, load_engine
 
     config = config.with_overrides({"model.max_prefix_tokens": args.max_prefix_tokens,
                                     "model.max_suffix_tokens": args.max_suffix_tokens}, source="bench")
@@ -277,12 +332,18 @@ def run(args: argparse.Namespace, config: Config) -> int:
     engine = load_engine(config)
     say = lambda msg: print("  " + msg, file=sys.stderr, flush=True)  # noqa: E731
     results: dict[str, Series] = {}
-    results["sol"], results["sol:model"] = run_sol(engine, trace, say)
+    interrupt = bool(getattr(args, "interrupt", False))
+    results["sol"], results["sol:model"] = run_sol(engine, trace, say, interrupt=interrupt)
+    if getattr(args, "compare_spec", False):
+        plain = LocalEngine(engine.loaded, config.with_overrides({"completion.speculative": False}, source="bench"))
+        plain.warmup()
+        results["sol-nospec"], _ = run_sol(plain, trace, say, interrupt=interrupt, name="sol-nospec")
+        del plain
     if "generate" in args.baselines:
         results["generate"] = run_generate(engine, trace, args.baseline_every, say)
     if "llama.cpp" in args.baselines:
         gguf = engine.loaded.gguf_path
-        lc = run_llama_cpp(engine, gguf, trace, torch.get_num_threads(), say) if gguf else None
+        lc = run_llama_cpp(engine, gguf, trace, torch.get_num_threads(), say, interrupt=interrupt) if gguf else None
         if lc is None:
             say("llama.cpp: llama-cpp-python not installed (pip install '.[bench]' with llama-cpp-python) "
                 "or the model has no GGUF; skipped")
@@ -293,7 +354,9 @@ def run(args: argparse.Namespace, config: Config) -> int:
     info = engine.info()
     head = (f"soldaemon bench --trace — {info['model']} ({info['dtype']}, {info['backend']}) on {info['device']}, "
             f"{info['threads']} threads, {platform.machine()}; {len(trace)} keystrokes typing {args.lines} lines "
-            f"(seed {args.seed}); generate() on every {args.baseline_every}th keystroke")
+            f"(seed {args.seed}); generate() on every {args.baseline_every}th keystroke; "
+            f"typist: {'types on at the first ghost text (--interrupt)' if interrupt else 'waits for each completion'}; "
+            f"FIM {config.model.fim_order}")
     lines = [head, ""] + table(results, len(trace))
     print("\n".join(lines))
     if args.png:

@@ -58,3 +58,19 @@ def test_bench_trace_writes_table_and_png(tiny_dir: Path, tmp_path: Path, capsys
     text = capsys.readouterr().out
     assert "sol:model" in text and "generate" in text and "TTFT p50" in text
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_trace_interrupting_typist_resumes_generations(tiny_dir: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "trace.json"
+    rc = main(["bench", "--trace", "--model", str(tiny_dir), "--threads", "1", "--lines", "1",
+               "--baselines", "--interrupt", "--compare-spec", "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "types on at the first ghost text" in text and "sol-nospec" in text and "resumed" in text
+    data = json.loads(out.read_text())["results"]
+    sol = data["sol"]
+    n = len(sol["ttft_ms"])
+    assert n > 5 and len(data["sol-nospec"]["ttft_ms"]) == n
+    # every keystroke is accounted for once: computed, type-through or resumed
+    assert len(data["sol:model"]["ttft_ms"]) + sol["type_through"] + sol["resumed"] == n
