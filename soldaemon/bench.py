@@ -63,6 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="score completions on holes cut from real code (daemon vs raw model vs llama.cpp) instead")
     p.add_argument("--fim-orders", nargs="*", choices=("psm", "spm"),
                    help="--quality: one daemon column per FIM order (default: the configured order)")
+    p.add_argument("--ablate", nargs="*", choices=("outline",),
+                   help="--quality: also run the daemon without these parts (outline)")
 
 
 @dataclass

@@ -144,20 +144,20 @@ class _Cursor:
     indent: int              # indentation of the cursor line
     opener: bool             # ``before`` ends with a block opener
     next_line: str | None    # first non-blank suffix line after the cursor line, rstripped
+    later_lines: tuple[str, ...] = ()  # the next few non-blank suffix lines after it, rstripped
 
 
 def _cursor(prefix: str, suffix: str) -> _Cursor:
     before = _cursor_line(prefix)
     nl = suffix.find("\n")
     rest = suffix if nl < 0 else suffix[:nl]
-    next_line: str | None = None
+    found: list[str] = []
     pos = nl + 1 if nl >= 0 else len(suffix)
-    while pos < len(suffix):
+    while pos < len(suffix) and len(found) < 1 + _LATER_LINES:
         end = suffix.find("\n", pos)
         line = suffix[pos:] if end < 0 else suffix[pos:end]
         if line.strip():
-            next_line = line.rstrip()
-            break
+            found.append(line.rstrip())
         if end < 0:
             break
         pos = end + 1
@@ -169,8 +169,24 @@ def _cursor(prefix: str, suffix: str) -> _Cursor:
         rest=rest,
         indent=indent,
         opener=_opens_block(before),
-        next_line=next_line,
+        next_line=found[0] if found else None,
+        later_lines=tuple(found[1:]),
     )
+
+
+# Rule c also looks this many non-blank suffix lines further, for lines with
+# at least _LATER_MIN_CHARS non-blank characters (short lines such as
+# ``else:`` or ``return`` recur legitimately).
+_LATER_LINES = 2
+_LATER_MIN_CHARS = 8
+
+
+def _repeats_suffix(cur: _Cursor, text: str) -> bool:
+    """``text`` (a completed line, rstripped) is the suffix's next non-blank
+    line, or one of the few after it and not a short line."""
+    if cur.next_line is not None and text == cur.next_line:
+        return True
+    return len(text.strip()) >= _LATER_MIN_CHARS and text in cur.later_lines
 
 
 _Cut = tuple[Literal["before", "after"], int]
@@ -276,14 +292,14 @@ class _Scanner:
             if c in _CLOSE_TO_OPEN and self.closer_kept(c, ind):
                 if not complete:
                     return None
-                if self.cur.next_line is not None and line.rstrip() == self.cur.next_line:
+                if _repeats_suffix(self.cur, line.rstrip()):
                     return ("before", i)
                 return ("after", i)
             return ("before", i)
         if not complete:
             return None
         text = line.rstrip()
-        if self.cur.next_line is not None and text == self.cur.next_line:
+        if _repeats_suffix(self.cur, text):
             return ("before", i)
         if text == self.prev and self.run + 1 >= 3:
             return ("before", self.run_second)
@@ -394,7 +410,9 @@ def postprocess(
        indentation, and the suffix does not already close that block: then it
        is kept as the last line (brace languages);
     c. a line equal (trailing whitespace aside) to the next non-blank line of
-       the suffix: it and everything after it are dropped;
+       the suffix, or to one of the two non-blank suffix lines after it when
+       it has at least 8 non-blank characters: it and everything after it
+       are dropped (the model went on writing what follows the hole);
     e. a line repeated 3 times in a row (blank lines between ignored): only
        its first occurrence is kept.
 

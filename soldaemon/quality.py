@@ -8,12 +8,17 @@ docstring), seeded. Every hole goes, in the same run, to these columns:
 - ``sol``: the daemon's full pipeline, ``LocalEngine.complete`` -- windows,
   context, FIM template, stop rules, post-processing -- exactly what an
   editor gets (one column per ``--fim-orders`` entry when given);
-- ``raw``: the same model and runtime on a *plain* FIM prompt (the last
+- ``raw`` (with ``--baselines`` naming ``raw`` or ``generate``, as by
+  default): the same model and runtime on a *plain* FIM prompt (the last
   ``max_prefix_tokens`` tokens of the prefix, the first ``max_suffix_tokens``
   of the suffix, no line alignment, no file path, no context), greedy,
   stopped only by a stop token (EOS, FIM tokens) or ``max_tokens``: what the
   model alone gives;
-- ``llama.cpp``: llama.cpp's raw output through ``llama-cpp-python`` on the
+- ``raw+pp``: the ``raw`` text through the daemon's post-processing
+  (no model run of its own, so no latency): what post-processing alone adds;
+- ``sol -outline`` (``--ablate outline``): the daemon without the outline of
+  what the prefix window left out (:func:`soldaemon.fim.scope_outline`);
+- ``llama.cpp`` (``--baselines`` naming it, as by default): llama.cpp's raw output through ``llama-cpp-python`` on the
   model's GGUF with the same plain prompt ids (when installed and the model
   has a GGUF).
 
@@ -146,7 +151,7 @@ class Column:
             "first_line": 100.0 * sum(s.first_line for s in sc) / len(sc),
             "edit_sim": 100.0 * statistics.mean(s.edit_sim for s in sc),
             "parses": 100.0 * sum(parsed) / len(parsed) if parsed else float("nan"),
-            "e2e_p50_ms": statistics.median(self.e2e_ms[i] for i in idx),
+            "e2e_p50_ms": statistics.median(self.e2e_ms[i] for i in idx),  # nan for raw+pp
             "prompt_tokens_p50": statistics.median(self.prompt_tokens[i] for i in idx),
             "generated_p50": statistics.median(self.generated_tokens[i] for i in idx),
         }
@@ -196,6 +201,34 @@ def run_raw(engine: Any, hole: Hole, max_tokens: int) -> tuple[str, float, int, 
     ms = (time.perf_counter_ns() - t0) / 1e6
     session.truncate(0)
     return text, ms, len(ids), len(toks)
+
+
+def postprocessed(engine: Any, hole: Hole, text: str) -> str:
+    """``text`` through the daemon's post-processing, as ``complete`` would
+    cut it (the stop rules end generation exactly where post-processing
+    would cut, so this is what the daemon's pipeline gives on that prompt)."""
+    from .postprocess import decide_multiline, postprocess
+
+    multiline = decide_multiline(hole.prefix, hole.suffix, "auto")
+    max_lines = engine.config.completion.max_lines if multiline else 1
+    return postprocess(text, prefix=hole.prefix, suffix=hole.suffix, multiline=multiline, max_lines=max_lines)
+
+
+class _NoOutline:
+    """While active, the engine builds prompts without the outline of what
+    the window left out (``--ablate outline``)."""
+
+    def __enter__(self) -> None:
+        import functools
+
+        from .runtime import engine as engine_module
+
+        self.module = engine_module
+        self.saved = engine_module.make_prompt
+        engine_module.make_prompt = functools.partial(self.saved, max_outline_tokens=0)  # type: ignore[assignment]
+
+    def __exit__(self, *exc: object) -> None:
+        self.module.make_prompt = self.saved  # type: ignore[assignment]
 
 
 class LlamaCpp:
@@ -292,6 +325,20 @@ def plot(columns: list[Column], kinds: list[str], path: Path, title: str) -> Non
 # The command
 
 
+def _write_json(path: Path, info: dict[str, Any], seed: int, max_tokens: int, files: list[Path],
+                holes: list[Hole], columns: list[Column]) -> None:
+    kinds = [h.kind for h in holes]
+    path.write_text(json.dumps({
+        "info": info, "seed": seed, "max_tokens": max_tokens, "files": [f.name for f in files],
+        "summary": {c.name: {"all": c.summary(kinds), **{k: c.summary(kinds, k) for k in ("line", "block")}}
+                    for c in columns},
+        "holes": [{"path": h.path, "line": h.line, "kind": h.kind, "expected": h.expected,
+                   "out": {c.name: {"text": c.texts[i], **asdict(c.scores[i]), "e2e_ms": c.e2e_ms[i]}
+                           for c in columns}}
+                  for i, h in enumerate(holes)],
+    }, indent=1))
+
+
 def _sol_configs(config: Config, orders: list[str] | None) -> list[tuple[str, Config]]:
     if not orders:
         return [("sol", config)]
@@ -325,10 +372,20 @@ def run(args: argparse.Namespace, config: Config) -> int:
     if not holes:
         raise BadRequest("--corpus: no holes could be cut (no parsable Python with function bodies)")
     sol_configs = _sol_configs(config, getattr(args, "fim_orders", None))
+    ablate = list(getattr(args, "ablate", None) or [])
+    for a in ablate:
+        if a != "outline":
+            raise BadRequest(f"--ablate: unknown part {a!r} (expected: outline)")
     say = lambda msg: print("  " + msg, file=sys.stderr, flush=True)  # noqa: E731
     engine = load_engine(config)
-    llama = llama_cpp_column(engine, engine.info()["threads"], say) if "llama.cpp" in (args.baselines or []) else None
-    columns = [Column(name) for name, _ in sol_configs] + [Column("raw")] + ([Column("llama.cpp")] if llama else [])
+    baselines = args.baselines or []
+    want_raw = "raw" in baselines or "generate" in baselines  # generate: the model alone, as in the speed bench
+    llama = llama_cpp_column(engine, engine.info()["threads"], say) if "llama.cpp" in baselines else None
+    raw = Column("raw") if want_raw else None
+    raw_pp = Column("raw+pp") if want_raw else None
+    no_outline = Column(f"{sol_configs[0][0]} -outline") if "outline" in ablate else None
+    columns = ([Column(name) for name, _ in sol_configs] + ([no_outline] if no_outline else [])
+               + ([raw, raw_pp] if raw and raw_pp else []) + ([Column("llama.cpp")] if llama else []))
     kinds = [h.kind for h in holes]
     t_start = time.time()
     for i, hole in enumerate(holes):
@@ -336,11 +393,20 @@ def run(args: argparse.Namespace, config: Config) -> int:
         for (name, cfg), col in zip(sol_configs, columns):
             engine.config = cfg
             col.add(hole, *run_sol(engine, hole, uri, max_tokens), python=True)
+        if no_outline is not None:
+            engine.config = sol_configs[0][1]
+            with _NoOutline():
+                no_outline.add(hole, *run_sol(engine, hole, uri, max_tokens), python=True)
         engine.config = config
-        raw = columns[len(sol_configs)]
-        raw.add(hole, *run_raw(engine, hole, max_tokens), python=True)
+        if raw is not None and raw_pp is not None:
+            text, ms, n_prompt, n_gen = run_raw(engine, hole, max_tokens)
+            raw.add(hole, text, ms, n_prompt, n_gen, python=True)
+            # no latency of its own: computed from the raw text after the run
+            raw_pp.add(hole, postprocessed(engine, hole, text), float("nan"), n_prompt, n_gen, python=True)
         if llama is not None:
             columns[-1].add(hole, *llama(hole, max_tokens), python=True)
+        if args.json_out:  # after every hole: a long run that is stopped still leaves its results
+            _write_json(Path(args.json_out), engine.info(), args.seed, max_tokens, files, holes[: i + 1], columns)
         say(f"hole {i + 1}/{len(holes)} {hole.kind} {hole.path}:{hole.line} "
             + " ".join(f"{c.name}={'✓' if c.scores[-1].exact else '·'}" for c in columns)
             + f"  ({time.time() - t_start:.0f} s)")
@@ -356,13 +422,5 @@ def run(args: argparse.Namespace, config: Config) -> int:
         plot(columns, kinds, Path(args.png), head)
         print(f"wrote {args.png}")
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({
-            "info": info, "seed": args.seed, "max_tokens": max_tokens, "files": [f.name for f in files],
-            "summary": {c.name: {"all": c.summary(kinds), **{k: c.summary(kinds, k) for k in ("line", "block")}}
-                        for c in columns},
-            "holes": [{"path": h.path, "line": h.line, "kind": h.kind, "expected": h.expected,
-                       "out": {c.name: {"text": c.texts[i], **asdict(c.scores[i]), "e2e_ms": c.e2e_ms[i]}
-                               for c in columns}}
-                      for i, h in enumerate(holes)],
-        }, indent=1))
+        _write_json(Path(args.json_out), info, args.seed, max_tokens, files, holes, columns)
     return 0

@@ -564,3 +564,65 @@ def test_make_prompt_codellama_budgets_hold(codellama: PreTrainedTokenizerFast) 
     toks = codellama.convert_ids_to_tokens(p.ids)
     assert toks[:4] == ["<s>", "▁<PRE>", "▁", "r"]
     assert len(p.ids) == 3 + 1 + p.n_prefix_tokens + p.n_suffix_tokens
+
+
+# ---------------------------------------------------------------------------
+# outline of what the window left out
+
+OUTLINE_SRC = '''\
+import os
+from collections import (deque,
+                         OrderedDict)
+
+
+def helper(a, b):
+    """Docstring text:
+    not a header.
+    """
+    return a + b
+
+
+class Parser:
+    def parse(self, text,
+              strict=True):
+        for line in text:
+            x = 1
+            y = 2
+            z = 3
+            w = 4
+            out = helper('''
+
+
+def test_scope_outline_keeps_enclosing_headers_imports_and_used_definitions() -> None:
+    cut = OUTLINE_SRC.index("            x = 1")       # the window starts at "x = 1"
+    items = fim.scope_outline(OUTLINE_SRC, cut, ")\n")
+    texts = [t for _, t in items]
+    assert texts == [
+        "import os\n",
+        "from collections import (deque,\n                         OrderedDict)\n",
+        "def helper(a, b):\n",                              # used at the cursor: helper(
+        "class Parser:\n",
+        "    def parse(self, text,\n              strict=True):\n",
+        "        for line in text:\n",
+    ]
+    pri = dict((t, p) for p, t in items)
+    assert pri["class Parser:\n"] == 0 and pri["def helper(a, b):\n"] == 1 and pri["import os\n"] == 2
+    assert not any("Docstring" in t or "not a header" in t for t in texts)
+    assert fim.scope_outline(OUTLINE_SRC, 0, "") == []       # nothing cut: no outline
+
+
+def test_make_prompt_puts_the_outline_in_front_of_the_window(qwen: PreTrainedTokenizerFast) -> None:
+    t = fim.detect_template(qwen)
+    budget = len(b("            y = 2\n            z = 3\n            w = 4\n            out = helper("))
+    p = fim.make_prompt(t, qwen, OUTLINE_SRC, ")\n", max_prefix_tokens=budget, max_suffix_tokens=10,
+                        grain_lines=1, max_outline_tokens=95)
+    assert p.prefix_text.startswith("            y = 2")
+    text = qwen.decode(p.ids)
+    # the innermost headers first until the budget is spent (94 of 95 byte tokens), shown in file order
+    assert "<|fim_prefix|>class Parser:\n    def parse(self, text,\n              strict=True):\n" \
+           "        for line in text:\n            y = 2" in text
+    assert p.n_prefix_tokens == budget and p.n_context_tokens == len(p.ids) - 3 - budget - len(b(")\n"))
+    assert p.n_context_tokens == 94
+    off = fim.make_prompt(t, qwen, OUTLINE_SRC, ")\n", max_prefix_tokens=budget, max_suffix_tokens=10,
+                          grain_lines=1, max_outline_tokens=0)
+    assert off.n_context_tokens == 0 and qwen.decode(off.ids).startswith("<|fim_prefix|>            y = 2")

@@ -239,6 +239,23 @@ def test_completion_repeating_several_suffix_lines() -> None:
     assert pp(text, prefix, suffix) == "y = x * 2"
 
 
+def test_completion_skipping_to_a_later_suffix_line() -> None:
+    # the model wrote the hole, skipped the suffix's next line and went on with the one after it
+    prefix = "def f(x):\n    "
+    suffix = "\n    z = y + 1\n    total = z * scale\n    return total\n"
+    text = "y = x * 2\n    total = z * scale\n    return total"
+    assert pp(text, prefix, suffix) == "y = x * 2"
+    checker = StopChecker(prefix, suffix, True, 10)
+    assert not checker.check("y = x * 2\n    total = z")
+    assert checker.check("y = x * 2\n    total = z * scale\n")
+    # a short line recurring further down is not cut: only the next line counts for it
+    suffix = "\n    z = y + 1\n    pass\n"
+    assert pp("y = 0\n    pass\n    w = 1", prefix, suffix) == "y = 0\n    pass\n    w = 1"
+    # three lines further is not looked at
+    suffix = "\n    a = 1\n    b = 2\n    c = 3\n    total = z * scale\n"
+    assert pp(text, prefix, suffix) == text
+
+
 def test_same_text_at_other_indentation_is_not_the_suffix_line() -> None:
     prefix = "def f(x):\n    "
     suffix = "\nreturn y\n"  # at column 0
