@@ -441,6 +441,46 @@ def test_without_fallback_the_local_model_is_never_loaded(tiny_tokenizer: Any) -
     assert engine.diagnosis()["fallback_local"] == "off"
 
 
+def test_daemon_supersede_closes_the_upstream_stream(start_daemon: Any, scripted: ScriptedEngine,
+                                                     tmp_path: Path) -> None:
+    """A newer keystroke for the same document supersedes the request in
+    flight: through a real daemon, its upstream stream is closed (the
+    engine sees the client go) and it ends "superseded"."""
+    from soldaemon.testing.tiny import build_tiny_model
+
+    scripted.mode = "forever"
+    tiny = build_tiny_model(tmp_path / "tiny")
+    daemon = start_daemon(args=[], extra_config={
+        "backend": {"kind": "remote", "url": scripted.url, "tokenizer": str(tiny)},
+        "completion": {"max_lines": 400}})
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+        async with await daemon.connect() as ws:
+            doc = {"uri": "file:///project/p.py", "suffix": "", "multiline": "multi", "max_tokens": 2000}
+            await ws.send(json.dumps({"type": "complete", "id": "a", "prefix": "PRIMES = [\n", **doc}))
+            async with asyncio.timeout(30):
+                while json.loads(await ws.recv()).get("type") != "delta":
+                    pass
+                await ws.send(json.dumps({"type": "complete", "id": "b", "prefix": "PRIMES = [\n    2,\n", **doc}))
+                ends: dict[str, dict[str, Any]] = {}
+                while "a" not in ends:
+                    frame = json.loads(await ws.recv())
+                    if frame["type"] in ("done", "error"):
+                        ends[frame["id"]] = frame
+                await ws.send(json.dumps({"type": "cancel", "id": "b"}))
+                while "b" not in ends:
+                    frame = json.loads(await ws.recv())
+                    if frame["type"] in ("done", "error"):
+                        ends[frame["id"]] = frame
+            return ends["a"], ends["b"]
+
+    a, b = asyncio.run(scenario())
+    assert a["type"] == "done" and a["finish_reason"] == "superseded", a
+    assert b["type"] == "done" and b["finish_reason"] == "cancelled", b
+    assert scripted.client_gone.wait(2.0) and scripted.attempts == 2
+    assert daemon.health()["counters"]["remote_upstream_closed"] == 2
+
+
 def test_daemon_falls_back_to_its_local_model(start_daemon: Any, tmp_path: Path) -> None:
     """A real ``soldaemon serve`` with the engine down and fallback_local:
     the completion comes from the local (tiny) model; health says so."""
