@@ -503,8 +503,9 @@ def test_daemon_falls_back_to_its_local_model(start_daemon: Any, tmp_path: Path)
 # A real engine: llama-cpp-python's OpenAI-compatible server
 # --------------------------------------------------------------------------
 
-HAVE_LLAMA_SERVER = importlib.util.find_spec("llama_cpp") is not None and \
-    importlib.util.find_spec("fastapi") is not None and importlib.util.find_spec("sse_starlette") is not None
+# what `python -m llama_cpp.server` imports (the [server] extra)
+HAVE_LLAMA_SERVER = all(importlib.util.find_spec(m) is not None for m in (
+    "llama_cpp", "fastapi", "uvicorn", "sse_starlette", "starlette_context", "pydantic_settings"))
 
 
 def _need_llama_server() -> None:
