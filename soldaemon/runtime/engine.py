@@ -20,8 +20,10 @@ import torch
 from ..api import CancelToken, CompletionRequest, Delta, Done, Event, Timings
 from ..config import Config
 from ..errors import BadRequest, ConfigError, ModelError
-from ..fim import FimPrompt, FimTemplate, detect_template, make_prompt
+from ..fim import FimPrompt, FimTemplate, detect_template
 from ..model.loader import LoadedModel, load_model
+from ..pipeline import build_fim_prompt, remember, type_through, validate_request
+from ..pipeline import preview as _preview  # the hold-back rule, shared with the remote engine
 from ..postprocess import StopChecker, decide_multiline, postprocess
 from .backend import Backend, LeanBackend, make_backend
 from .cudagraph import GraphDecoder
@@ -32,11 +34,6 @@ from .residency import BudgetTooSmall, MemoryScheduler
 from .session import Cancelled, KVSession, SessionPool
 
 log = logging.getLogger("soldaemon.engine")
-
-# Characters a preview holds back at its end: post-processing may still drop
-# them (trailing blanks, closers the suffix already has).
-_HOLD_BACK = " \t)]}>\"'`;,"
-
 
 @dataclass
 class EngineStats:
@@ -386,24 +383,10 @@ class LocalEngine:
     def type_through(self, req: CompletionRequest) -> str | None:
         """The rest of the last completion for this document when the user
         typed its beginning (same suffix, greedy, one candidate), else None."""
-        last = self._shown.get(req.uri)
-        if last is None or req.n != 1 or req.temperature > 0:
-            return None
-        prefix, suffix, text = last
-        if req.suffix != suffix or not req.prefix.startswith(prefix):
-            return None
-        typed = req.prefix[len(prefix):]
-        if not typed or not text.startswith(typed) or len(typed) >= len(text):
-            return None
-        rest = text[len(typed):]
-        return rest if rest.strip() else None
+        return type_through(self._shown, req)
 
     def _remember(self, req: CompletionRequest, text: str) -> None:
-        self._shown.pop(req.uri, None)
-        if text:
-            self._shown[req.uri] = (req.prefix, req.suffix, text)
-            while len(self._shown) > 64:
-                self._shown.pop(next(iter(self._shown)))
+        remember(self._shown, req, text)
 
     def measure_forward_costs(self, sizes: tuple[int, ...] = (1, 2, 3, 5, 9)) -> dict[int, float]:
         """ms of one forward of T tokens after a 64-token context, per T
@@ -428,32 +411,13 @@ class LocalEngine:
     # -- stages --------------------------------------------------------------
 
     def build_prompt(self, req: CompletionRequest) -> tuple[FimPrompt, float]:
-        """Window, tokenize and template the request. Returns (prompt, ms)."""
-        t0 = time.perf_counter_ns()
-        mc = self.config.model
-        prompt = make_prompt(
-            self.template, self.tokenizer, req.prefix, req.suffix,
-            max_prefix_tokens=mc.max_prefix_tokens, max_suffix_tokens=mc.max_suffix_tokens,
-            context=req.context, language=req.language, current_path=_path_of(req.uri),
-            order=mc.fim_order,
-        )
-        if len(prompt.ids) + req.max_tokens + 1 >= self.backend.n_ctx:
-            raise BadRequest(
-                f"prompt of {len(prompt.ids)} tokens + max_tokens {req.max_tokens} does not fit "
-                f"model.max_context {self.backend.n_ctx}",
-                hint="lower max_tokens or send less context",
-            )
-        return prompt, (time.perf_counter_ns() - t0) / 1e6
+        """Window, tokenize and template the request (the stage shared with
+        the remote engine, :func:`soldaemon.pipeline.build_fim_prompt`).
+        Returns (prompt, ms)."""
+        return build_fim_prompt(self.template, self.tokenizer, self.config.model, req, self.backend.n_ctx)
 
     def _validate(self, req: CompletionRequest) -> None:
-        if req.max_tokens < 1:
-            raise BadRequest(f"max_tokens must be >= 1, got {req.max_tokens}")
-        if req.n < 1 or req.n > 8:
-            raise BadRequest(f"n must be in 1..8, got {req.n}")
-        if req.n > 1 and req.temperature <= 0:
-            raise BadRequest("n > 1 needs temperature > 0 (greedy gives one answer)")
-        if not 0 < req.top_p <= 1:
-            raise BadRequest(f"top_p must be in (0, 1], got {req.top_p}")
+        validate_request(req)
 
     def _account(self, t: Timings) -> None:
         s = self.stats
@@ -570,11 +534,6 @@ def _stopper(checker: StopChecker, decode: _Detok) -> Callable[[list[int]], bool
     return lambda tokens: checker.check(decode.text(tokens))
 
 
-def _preview(raw: str, multiline: bool) -> str:
-    text = raw if multiline else raw.split("\n", 1)[0]
-    return text.rstrip(_HOLD_BACK)
-
-
 def resolve_decode_dtype(name: str, loaded: LoadedModel) -> torch.dtype | None:
     """``model.decode_dtype`` → the dtype of the short-forward weight copy, or
     None for "same"."""
@@ -584,12 +543,6 @@ def resolve_decode_dtype(name: str, loaded: LoadedModel) -> torch.dtype | None:
         on_cpu_fp32 = loaded.device.type == "cpu" and loaded.dtype == torch.float32
         return torch.float16 if on_cpu_fp32 else None
     return {"float16": torch.float16, "bfloat16": torch.bfloat16}[name]
-
-
-def _path_of(uri: str) -> str | None:
-    if uri.startswith("file://"):
-        return uri[len("file://"):]
-    return None if uri.startswith("untitled:") else uri
 
 
 def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:
