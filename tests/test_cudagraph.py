@@ -83,3 +83,23 @@ def test_graph_decode_matches_eager_on_cuda(tiny_hf: object) -> None:
         token = int(session.decode_step(token).argmax())
     assert backend.graphs.replays == 16 and backend.graphs.failure is None
     assert graph_tokens == eager_tokens
+
+
+def test_gpu_latency_script_runs_its_cpu_mode(tmp_path: Path) -> None:
+    """scripts/gpu_latency.py is what a GPU machine runs: keep it working
+    (here on the CPU with the tiny model, where graphs are unavailable)."""
+    import json
+    import subprocess
+    import sys
+
+    model = build_tiny_model(tmp_path / "tiny")
+    out = tmp_path / "lat.json"
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "scripts" / "gpu_latency.py"), "--model", str(model),
+                           "--device", "cpu", "--holes", "2", "--tokens", "4", "--lines", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "CUDA graphs: unavailable" in proc.stdout and "sol-eager" in proc.stdout
+    data = json.loads(out.read_text())
+    assert data["summary"]["sol-eager"]["same_tokens"] == 2      # eager lean path = generate()
+    assert "sol-graphs" not in data["summary"] and data["trace"]["keystrokes"] > 5
