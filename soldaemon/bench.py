@@ -51,7 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="replay keystrokes typing real lines (one request per keystroke) instead")
     p.add_argument("--lines", type=int, default=4, help="--trace: lines typed (default 4)")
     p.add_argument("--baselines", nargs="*", default=["generate", "llama.cpp"],
-                   help="--trace: baselines to run (generate, llama.cpp)")
+                   help="--trace: baselines to run: generate, llama.cpp (PSM prompts, llama.cpp's default layout), "
+                        "llama.cpp-spm (the same with SPM prompts), remote")
     p.add_argument("--baseline-every", type=int, default=3,
                    help="--trace: run generate() on every Nth keystroke only (it recomputes the whole prompt)")
     p.add_argument("--interrupt", action="store_true",

@@ -205,23 +205,29 @@ def run_generate(engine: Any, trace: list[Keystroke], every: int, progress: Call
 
 
 def run_llama_cpp(engine: Any, gguf: Path, trace: list[Keystroke], threads: int,
-                  progress: Callable[[str], None], *, interrupt: bool = False) -> Series | None:
-    """llama.cpp through llama-cpp-python on the same GGUF and the same prompt
-    ids; its Python API reuses the longest common prefix between calls.
+                  progress: Callable[[str], None], *, interrupt: bool = False, order: str = "psm",
+                  name: str = "llama.cpp") -> Series | None:
+    """llama.cpp through llama-cpp-python on the same GGUF and this daemon's
+    prompt windows, in FIM ``order`` — PSM by default, the layout llama.cpp's
+    server (``/infill`` without ``spm_infill``) and llama.vscode send; its
+    Python API reuses the longest common prefix between calls.
     ``interrupt``: stop at the first token (the next keystroke arrives)."""
+    from .pipeline import build_fim_prompt
+
     try:
         from llama_cpp import Llama
     except ImportError:
         return None
     from .postprocess import postprocess
 
+    model_config = dataclasses.replace(engine.config.model, fim_order=order)
     llm = Llama(model_path=str(gguf), n_ctx=engine.backend.n_ctx, n_threads=threads, verbose=False)
     tok = engine.tokenizer
     s = Series()
     for i, ks in enumerate(trace):
         t0 = time.perf_counter_ns()
         req = CompletionRequest(id="l", prefix=ks.prefix, suffix=ks.suffix, max_tokens=32)
-        ids = engine.build_prompt(req)[0].ids
+        ids = build_fim_prompt(engine.template, engine.tokenizer, model_config, req, engine.backend.n_ctx)[0].ids
         first = 0
         gen: list[int] = []
         for t in llm.generate(ids, temp=0.0, top_k=1):  # reset=True: keeps the common prefix, drops the rest
@@ -248,7 +254,7 @@ def run_llama_cpp(engine: Any, gguf: Path, trace: list[Keystroke], threads: int,
         s.nonempty += bool(item.strip())
         s.matches += _is_match(item, ks.rest)
         if i % 10 == 0:
-            progress(f"llama.cpp {i + 1}/{len(trace)} ttft {s.ttft_ms[-1]:.0f} ms")
+            progress(f"{name} {i + 1}/{len(trace)} ttft {s.ttft_ms[-1]:.0f} ms")
     return s
 
 
@@ -341,14 +347,17 @@ def run(args: argparse.Namespace, config: Config) -> int:
         del plain
     if "generate" in args.baselines:
         results["generate"] = run_generate(engine, trace, args.baseline_every, say)
-    if "llama.cpp" in args.baselines:
+    for name, order in (("llama.cpp", "psm"), ("llama.cpp-spm", "spm")):
+        if name not in args.baselines:
+            continue
         gguf = engine.loaded.gguf_path
-        lc = run_llama_cpp(engine, gguf, trace, torch.get_num_threads(), say, interrupt=interrupt) if gguf else None
+        lc = (run_llama_cpp(engine, gguf, trace, torch.get_num_threads(), say, interrupt=interrupt, order=order,
+                            name=name) if gguf else None)
         if lc is None:
-            say("llama.cpp: llama-cpp-python not installed (pip install '.[bench]' with llama-cpp-python) "
+            say(f"{name}: llama-cpp-python not installed (pip install '.[bench]' with llama-cpp-python) "
                 "or the model has no GGUF; skipped")
-        else:
-            results["llama.cpp"] = lc
+            break
+        results[name] = lc
     if "remote" in args.baselines:
         results.update(run_remote(config, engine, trace, say))
     info = engine.info()
