@@ -12,7 +12,7 @@ torch.
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator, MutableMapping
+from typing import Any, Callable, Iterator, MutableMapping
 
 from .api import CompletionRequest, Delta, Done, Event, Timings
 from .config import ModelConfig
@@ -48,12 +48,13 @@ def path_of(uri: str) -> str | None:
 
 
 def build_fim_prompt(template: FimTemplate, tokenizer: Any, model: ModelConfig, req: CompletionRequest,
-                     n_ctx: int) -> tuple[FimPrompt, float]:
+                     n_ctx: int, *, make: Callable[..., FimPrompt] = make_prompt) -> tuple[FimPrompt, float]:
     """Window, tokenize and template ``req`` (``model``'s budgets and FIM
-    order). Returns (prompt, ms). Raises :class:`BadRequest` when the prompt
-    plus ``max_tokens`` does not fit ``n_ctx`` tokens."""
+    order) with ``make`` (:func:`soldaemon.fim.make_prompt`; a caller may
+    pass a variant). Returns (prompt, ms). Raises :class:`BadRequest` when
+    the prompt plus ``max_tokens`` does not fit ``n_ctx`` tokens."""
     t0 = time.perf_counter_ns()
-    prompt = make_prompt(
+    prompt = make(
         template, tokenizer, req.prefix, req.suffix,
         max_prefix_tokens=model.max_prefix_tokens, max_suffix_tokens=model.max_suffix_tokens,
         context=req.context, language=req.language, current_path=path_of(req.uri),

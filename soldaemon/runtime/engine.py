@@ -20,7 +20,7 @@ import torch
 from ..api import CancelToken, CompletionRequest, Delta, Done, Event, Timings
 from ..config import Config
 from ..errors import BadRequest, ConfigError, ModelError
-from ..fim import FimPrompt, FimTemplate, detect_template
+from ..fim import FimPrompt, FimTemplate, detect_template, make_prompt
 from ..model.loader import LoadedModel, load_model
 from ..pipeline import build_fim_prompt, remember, type_through, validate_request
 from ..pipeline import preview as _preview  # the hold-back rule, shared with the remote engine
@@ -413,8 +413,10 @@ class LocalEngine:
     def build_prompt(self, req: CompletionRequest) -> tuple[FimPrompt, float]:
         """Window, tokenize and template the request (the stage shared with
         the remote engine, :func:`soldaemon.pipeline.build_fim_prompt`).
-        Returns (prompt, ms)."""
-        return build_fim_prompt(self.template, self.tokenizer, self.config.model, req, self.backend.n_ctx)
+        Returns (prompt, ms). ``make_prompt`` is looked up here at each call
+        (``bench --quality --ablate outline`` swaps it)."""
+        return build_fim_prompt(self.template, self.tokenizer, self.config.model, req, self.backend.n_ctx,
+                                make=make_prompt)
 
     def _validate(self, req: CompletionRequest) -> None:
         validate_request(req)
