@@ -66,6 +66,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--quality: one daemon column per FIM order (default: the configured order)")
     p.add_argument("--ablate", nargs="*", choices=("outline",),
                    help="--quality: also run the daemon without these parts (outline)")
+    p.add_argument("--baselines-only", action="store_true",
+                   help="--quality: only the --baselines columns (e.g. to add llama.cpp to an earlier run's holes)")
 
 
 @dataclass

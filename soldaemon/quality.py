@@ -371,7 +371,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     holes = cut_holes(files, n_holes, args.seed)
     if not holes:
         raise BadRequest("--corpus: no holes could be cut (no parsable Python with function bodies)")
-    sol_configs = _sol_configs(config, getattr(args, "fim_orders", None))
+    sol_configs = [] if getattr(args, "baselines_only", False) else _sol_configs(config, getattr(args, "fim_orders", None))
     ablate = list(getattr(args, "ablate", None) or [])
     for a in ablate:
         if a != "outline":
@@ -383,7 +383,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     llama = llama_cpp_column(engine, engine.info()["threads"], say) if "llama.cpp" in baselines else None
     raw = Column("raw") if want_raw else None
     raw_pp = Column("raw+pp") if want_raw else None
-    no_outline = Column(f"{sol_configs[0][0]} -outline") if "outline" in ablate else None
+    no_outline = Column(f"{sol_configs[0][0]} -outline") if "outline" in ablate and sol_configs else None
     columns = ([Column(name) for name, _ in sol_configs] + ([no_outline] if no_outline else [])
                + ([raw, raw_pp] if raw and raw_pp else []) + ([Column("llama.cpp")] if llama else []))
     kinds = [h.kind for h in holes]
