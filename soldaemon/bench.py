@@ -65,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fim-orders", nargs="*", choices=("psm", "spm"),
                    help="--quality: one daemon column per FIM order (default: the configured order)")
     p.add_argument("--ablate", nargs="*", choices=("outline",),
-                   help="--quality: also run the daemon without these parts (outline)")
+                   help="--quality: also run the daemon with these parts toggled (outline: on, as it is off by default)")
     p.add_argument("--baselines-only", action="store_true",
                    help="--quality: only the --baselines columns (e.g. to add llama.cpp to an earlier run's holes)")
 

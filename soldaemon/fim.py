@@ -880,7 +880,7 @@ def make_prompt(
     repo_name: str | None = None,
     grain_lines: int = 16,
     order: FimOrder = "psm",
-    max_outline_tokens: int = 128,
+    max_outline_tokens: int = 0,
 ) -> FimPrompt:
     """Window ``prefix``/``suffix`` to their budgets and build the prompt ids.
 
@@ -890,7 +890,8 @@ def make_prompt(
     dropped). With file separators they are laid out as the family documents;
     otherwise each becomes a :func:`comment_header` in ``language`` in front
     of the prefix. ``current_path``/``repo_name`` only matter for families
-    with file separators.
+    with file separators, and only when there is other context (chunks or a
+    ``repo_name``): a lone file gets the plain FIM layout.
 
     When the window leaves out the start of the prefix, an *outline* of what
     it left out (:func:`scope_outline`: the headers of the scopes enclosing
@@ -964,11 +965,16 @@ def make_prompt(
             if len(with_outline) <= len(prefix_ids) + outline_budget:  # (estimates can be off by a token)
                 prefix_ids = with_outline
 
-    if repo:
+    if repo and (chunks or repo_name is not None):
         ids = build_prompt(
             template, prefix_ids, suffix_ids, chunks,
             current_path=current_path, repo_name=repo_name, tokenizer=tokenizer, order=order,
         )
+    elif repo:
+        # The file's own path alone, without other files, is left out: measured
+        # on the embedded model, ``<|file_sep|>path`` in front of a lone file
+        # turned right answers wrong (docs/quality.md).
+        ids = build_prompt(template, prefix_ids, suffix_ids, order=order)
     else:
         ids = build_prompt(template, header_ids + prefix_ids, suffix_ids, order=order)
     fixed = 3 + (1 if template.bos_id is not None else 0)

@@ -16,8 +16,9 @@ docstring), seeded. Every hole goes, in the same run, to these columns:
   model alone gives;
 - ``raw+pp``: the ``raw`` text through the daemon's post-processing
   (no model run of its own, so no latency): what post-processing alone adds;
-- ``sol -outline`` (``--ablate outline``): the daemon without the outline of
-  what the prefix window left out (:func:`soldaemon.fim.scope_outline`);
+- ``sol +outline`` / ``sol -outline`` (``--ablate outline``): the daemon
+  with the outline of what the prefix window left out
+  (:func:`soldaemon.fim.scope_outline`) toggled from its default (off);
 - ``llama.cpp`` (``--baselines`` naming it, as by default): llama.cpp's raw output through ``llama-cpp-python`` on the
   model's GGUF with the same plain prompt ids (when installed and the model
   has a GGUF).
@@ -214,9 +215,21 @@ def postprocessed(engine: Any, hole: Hole, text: str) -> str:
     return postprocess(text, prefix=hole.prefix, suffix=hole.suffix, multiline=multiline, max_lines=max_lines)
 
 
-class _NoOutline:
-    """While active, the engine builds prompts without the outline of what
-    the window left out (``--ablate outline``)."""
+OUTLINE_TOKENS = 128  # the outline budget ``--ablate outline`` tries when make_prompt's default is off
+
+
+def _outline_default() -> int:
+    import inspect
+
+    from .fim import make_prompt
+
+    return int(inspect.signature(make_prompt).parameters["max_outline_tokens"].default)
+
+
+class _ToggleOutline:
+    """While active, the engine builds prompts with the outline of what the
+    window left out toggled from :func:`soldaemon.fim.make_prompt`'s default
+    (``--ablate outline``): off when it is on, ``OUTLINE_TOKENS`` when off."""
 
     def __enter__(self) -> None:
         import functools
@@ -225,7 +238,8 @@ class _NoOutline:
 
         self.module = engine_module
         self.saved = engine_module.make_prompt
-        engine_module.make_prompt = functools.partial(self.saved, max_outline_tokens=0)  # type: ignore[assignment]
+        tokens = 0 if _outline_default() > 0 else OUTLINE_TOKENS
+        engine_module.make_prompt = functools.partial(self.saved, max_outline_tokens=tokens)  # type: ignore[assignment]
 
     def __exit__(self, *exc: object) -> None:
         self.module.make_prompt = self.saved  # type: ignore[assignment]
@@ -383,7 +397,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
     llama = llama_cpp_column(engine, engine.info()["threads"], say) if "llama.cpp" in baselines else None
     raw = Column("raw") if want_raw else None
     raw_pp = Column("raw+pp") if want_raw else None
-    no_outline = Column(f"{sol_configs[0][0]} -outline") if "outline" in ablate and sol_configs else None
+    sign = "-" if _outline_default() > 0 else "+"
+    no_outline = Column(f"{sol_configs[0][0]} {sign}outline") if "outline" in ablate and sol_configs else None
     columns = ([Column(name) for name, _ in sol_configs] + ([no_outline] if no_outline else [])
                + ([raw, raw_pp] if raw and raw_pp else []) + ([Column("llama.cpp")] if llama else []))
     kinds = [h.kind for h in holes]
@@ -395,7 +410,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
             col.add(hole, *run_sol(engine, hole, uri, max_tokens), python=True)
         if no_outline is not None:
             engine.config = sol_configs[0][1]
-            with _NoOutline():
+            with _ToggleOutline():
                 no_outline.add(hole, *run_sol(engine, hole, uri, max_tokens), python=True)
         engine.config = config
         if raw is not None and raw_pp is not None:

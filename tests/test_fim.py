@@ -626,3 +626,13 @@ def test_make_prompt_puts_the_outline_in_front_of_the_window(qwen: PreTrainedTok
     off = fim.make_prompt(t, qwen, OUTLINE_SRC, ")\n", max_prefix_tokens=budget, max_suffix_tokens=10,
                           grain_lines=1, max_outline_tokens=0)
     assert off.n_context_tokens == 0 and qwen.decode(off.ids).startswith("<|fim_prefix|>            y = 2")
+
+
+def test_make_prompt_lone_file_has_no_path_header(qwen: PreTrainedTokenizerFast) -> None:
+    # measured on the embedded model: the path alone in front of a lone file made answers worse
+    t = fim.detect_template(qwen)
+    p = fim.make_prompt(t, qwen, "x = ", "\n", max_prefix_tokens=100, max_suffix_tokens=100, current_path="main.py")
+    assert qwen.decode(p.ids) == "<|fim_prefix|>x = <|fim_suffix|>\n<|fim_middle|>"
+    p = fim.make_prompt(t, qwen, "x = ", "\n", max_prefix_tokens=100, max_suffix_tokens=100, current_path="main.py",
+                        repo_name="proj")
+    assert qwen.decode(p.ids).startswith("<|repo_name|>proj\n<|file_sep|>main.py\n<|fim_prefix|>x = ")
