@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"device: {gpu}   model: {loaded.name} ({loaded.dtype})   layers: {store.n_layers}   "
           f"copy bandwidth: {bw:.2f} GB/s   prefetch_depth: {args.depth}")
 
+    _run(backend, ids, args.tokens)                    # warm-up at full size: allocator, page faults, kernels
     rows = []
     base: dict[str, float] = {}
     ref_tokens: list[int] | None = None

@@ -370,9 +370,11 @@ class SolConfig:
     # How many layers ahead of the one computing are fetched to the device;
     # layers, 0 (no prefetch) .. 16.
     prefetch_depth: int = _setting(2, _int(0, 16))
-    # Normalized attention entropy/mass in [0, 1] under which a KV block is
-    # folded (merged) to save memory; 0.0 turns folding off.
-    kv_folding_entropy_threshold: float = _setting(0.0, _float(0.0, hi=1.0))
+    # KV folding of parked sessions (runtime/kvfold.py): a 64-token block whose
+    # attention mass, relative to the most attended block, is under this is
+    # stored as int8; in [0, 1], 0.0 = off. 0.1: measured, greedy output equal
+    # to unfolded on 19/20 real holes, 32% of the KV folded (docs/memory.md).
+    kv_folding_entropy_threshold: float = _setting(0.1, _float(0.0, hi=1.0))
     # Granularity of weight offload: whole decoder layers or parameter blocks.
     weight_offload_policy: OffloadPolicy = _setting(
         "layer", _choice(get_args(OffloadPolicy))

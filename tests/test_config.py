@@ -63,7 +63,7 @@ def test_defaults() -> None:
     assert c.sol == SolConfig(
         layer_heatmap_window=60.0,
         prefetch_depth=2,
-        kv_folding_entropy_threshold=0.0,
+        kv_folding_entropy_threshold=0.1,
         weight_offload_policy="layer",
         fallback_timeout_ms=50.0,
         memory_budget=None,

@@ -18,7 +18,10 @@ threshold 1 folds every block but the most attended one.
 
 from __future__ import annotations
 
+import sys
+import time
 from dataclasses import dataclass
+from typing import Any, Sequence
 
 import torch
 
@@ -125,3 +128,152 @@ def unfold(f: FoldedKV, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
 def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, element_size: int) -> int:
     """Full-precision K+V bytes of one token over all layers."""
     return 2 * layers * kv_heads * head_dim * element_size
+
+
+# --------------------------------------------------------------------------
+# Quality, measured: greedy output with folding against without
+# --------------------------------------------------------------------------
+
+
+def measure_agreement(engine: Any, holes: Sequence[Any], thresholds: Sequence[float], *,
+                      tokens: int = 12, progress: Any = None) -> dict[float, dict[str, float]]:
+    """For each hole: prefill its FIM prompt, decode ``tokens`` greedy
+    tokens unfolded (the reference), then — as when the document is parked
+    and comes back — fold the session's KV at each threshold (scored by the
+    last decode step's queries, as the pool does), dequantize it, recompute
+    the prompt's last token over it and decode again. Returns per threshold:
+    ``agree`` (share of holes with identical tokens), ``fold_ratio`` (mean
+    share of the KV stored folded) and ``holes``.
+
+    ``engine``: a LocalEngine on a lean backend (its backend records queries
+    here)."""
+    from ..api import CompletionRequest
+    from .session import KVSession
+
+    backend = engine.backend
+    backend.record_queries()
+    session = KVSession(backend, cache=backend.new_cache())
+    stats = {t: {"agree": 0.0, "fold_ratio": 0.0, "holes": 0.0} for t in thresholds}
+    for h in holes:
+        prompt, _ = engine.build_prompt(CompletionRequest(id="q", prefix=h.prefix, suffix=h.suffix,
+                                                          max_tokens=tokens))
+        ids = list(prompt.ids)
+        ref = _greedy(session, ids, tokens)
+        k, v = session.cache
+        n = len(session.tokens)
+        held = list(session.tokens)
+        saved_k, saved_v = k[:, :, :n].clone(), v[:, :, :n].clone()
+        scores = block_scores(k, backend.last_q, n, backend.scale)
+        for t in thresholds:
+            f = fold(k, v, n, scores, t)
+            unfold(f, k, v)
+            session.tokens = list(held)
+            session.truncate(len(held))        # drops the cached logits: the last prompt token is recomputed
+            got = _greedy(session, ids, tokens)
+            s = stats[t]
+            s["agree"] += float(got == ref)
+            s["fold_ratio"] += f.folded_block_bytes() / max(1, f.trimmed_bytes())
+            s["holes"] += 1
+            k[:, :, :n] = saved_k
+            v[:, :, :n] = saved_v
+        session.truncate(0)
+        if progress is not None:
+            progress(f"hole {int(stats[thresholds[0]]['holes'])}/{len(holes)}: {len(ids)} prompt tokens, "
+                     + " ".join(f"{t}:{int(stats[t]['agree'])}" for t in thresholds))
+    for s in stats.values():
+        if s["holes"]:
+            s["agree"] /= s["holes"]
+            s["fold_ratio"] /= s["holes"]
+    backend.record_queries(False)
+    return stats
+
+
+def _greedy(session: Any, ids: list[int], n: int) -> list[int]:
+    logits = session.prefill(ids).logits
+    out: list[int] = []
+    for _ in range(n):
+        tok = int(logits.argmax())
+        out.append(tok)
+        logits = session.decode_step(tok)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m soldaemon.runtime.kvfold [--holes N] [--thresholds ...]:
+    the agreement table on the embedded model (the default threshold's
+    evidence)."""
+    import argparse
+
+    from ..config import config_from_dict
+    from ..holes import cut_line_holes, default_corpus
+    from ..model.loader import load_model
+    from .engine import LocalEngine
+
+    ap = argparse.ArgumentParser(description="KV folding: greedy agreement with unfolded output")
+    ap.add_argument("--holes", type=int, default=20)
+    ap.add_argument("--tokens", type=int, default=12)
+    ap.add_argument("--prefix-tokens", type=int, default=384)
+    ap.add_argument("--thresholds", type=float, nargs="+", default=[0.01, 0.05, 0.1, 0.2, 0.5])
+    ap.add_argument("--context", type=int, nargs="*", default=[],
+                    help="instead: fold one session of this many tokens of real code; print the bytes")
+    ap.add_argument("--max-context", type=int, default=16384, help="the full buffer the trimming saving is against")
+    args = ap.parse_args(argv)
+    if args.context:
+        return _bytes_table(args.context, args.thresholds, args.max_context)
+    config = config_from_dict({"model": {"max_prefix_tokens": args.prefix_tokens, "max_suffix_tokens": 64,
+                                         "max_context": 1024},
+                               "sol": {"kv_folding_entropy_threshold": 0.0}, "device": {"device": "cpu"}})
+    engine = LocalEngine(load_model(None, device="cpu", dtype="auto", progress=False), config)
+    holes = cut_line_holes(default_corpus(), args.holes, seed=5)
+    t0 = time.perf_counter()
+    stats = measure_agreement(engine, holes, args.thresholds, tokens=args.tokens,
+                              progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(f"{len(holes)} holes, {args.tokens} greedy tokens each, {time.perf_counter() - t0:.0f} s")
+    print(f"{'threshold':>9} {'agree':>7} {'fold ratio':>10}")
+    for t, s in stats.items():
+        print(f"{t:>9} {s['agree']:>7.1%} {s['fold_ratio']:>10.1%}")
+    return 0
+
+
+def _bytes_table(contexts: list[int], thresholds: list[float], max_context: int) -> int:
+    """Prefill real code (standard-library sources) to each context length,
+    decode one token, fold at each threshold: bytes stored, measured."""
+    from ..holes import default_corpus
+    from ..model.loader import load_model
+    from .backend import LeanBackend
+    from .session import KVSession
+
+    loaded = load_model(None, device="cpu", dtype="auto", progress=False)
+    text = "".join(p.read_text(encoding="utf-8") for p in default_corpus())
+    all_ids = loaded.tokenizer(text, add_special_tokens=False).input_ids
+    print(f"{'context':>7} {'threshold':>9} {'full buffer MB':>14} {'trimmed MB':>10} {'folded MB':>9} "
+          f"{'saved by trim MB':>16} {'saved by fold MB':>16} {'fold ratio':>10} {'fold+unfold ms':>14}")
+    for c in contexts:
+        backend = LeanBackend(loaded.model, c + 8)
+        backend.record_queries()
+        session = KVSession(backend, chunk=512)
+        t0 = time.perf_counter()
+        logits = session.prefill(all_ids[:c]).logits
+        session.decode_step(int(logits.argmax()))
+        prefill_s = time.perf_counter() - t0
+        k, v = session.cache
+        n = len(session.tokens)
+        per_tok = kv_bytes_per_token(k.shape[0], k.shape[1], k.shape[3], k.element_size())
+        assert backend.last_q is not None
+        scores = block_scores(k, backend.last_q, n, backend.scale)
+        for t in thresholds:
+            t1 = time.perf_counter()
+            f = fold(k, v, n, scores, t)
+            unfold(f, k, v)
+            ms = (time.perf_counter() - t1) * 1e3
+            full = per_tok * max_context
+            mb = 2**20
+            print(f"{c:>7} {t:>9} {full / mb:>14.1f} {f.trimmed_bytes() / mb:>10.1f} {f.nbytes() / mb:>9.1f} "
+                  f"{(full - f.trimmed_bytes()) / mb:>16.1f} {(f.trimmed_bytes() - f.nbytes()) / mb:>16.1f} "
+                  f"{f.folded_block_bytes() / f.trimmed_bytes():>10.1%} {ms:>14.0f}")
+        print(f"  (prefill of {c} tokens: {prefill_s:.0f} s; {per_tok} KV bytes per token, {loaded.dtype})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -424,6 +424,7 @@ class WeightStore:
         if self._pins:
             raise RuntimeError("cannot re-plan while a high-priority request pins the layers")
         self._drain()
+        self._jobs = [None] * len(self._slots)   # slot contents were laid out for the old plan
         self.plan = plan
         for uid in plan.offloaded:
             self._offload(self.units[uid])
@@ -842,14 +843,14 @@ def budget_bytes(budget: Any, device: torch.device) -> int | None:
     if budget is None:
         return None
     if budget.mb is not None:
-        return int(budget.mb) << 20
+        return int(budget.resolve_bytes(0))
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
     else:
         import psutil
 
         total = psutil.virtual_memory().total
-    return int(total * float(budget.fraction))
+    return int(budget.resolve_bytes(total))
 
 
 class MemoryScheduler:
