@@ -218,8 +218,10 @@ def test_idle_release_restore_and_priority_pin(tiny_path: Path) -> None:
     # released, a forward still gives the same logits (through the slots)
     for e, g in zip(expected, _run(b, ids, 2)):
         assert torch.equal(e, g)
+    epoch = b.weights_epoch
     with mem.request("normal"):                                   # the next request restores, layer 0 first
         assert not store.released and b.all_resident
+        assert b.weights_epoch != epoch                           # new addresses: graphs must re-capture
         assert store.device_bytes() == full
     # the timer thread releases by itself after idle_release_s
     deadline = time.monotonic() + 5

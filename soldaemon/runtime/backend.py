@@ -158,6 +158,13 @@ class LeanBackend:
         the store offloads nothing): CUDA-graph capture is only valid then."""
         return self.residency is None or self.residency.all_resident
 
+    @property
+    def weights_epoch(self) -> int:
+        """Changes whenever the store moved layer weights (offload, idle
+        release, restore): restored weights live at new addresses, so CUDA
+        graphs captured before must be captured again."""
+        return 0 if self.residency is None else self.residency.epoch
+
     def fixed_weights(self) -> list[torch.Tensor]:
         """Tensors outside the decoder layers (never offloaded)."""
         out = [self.embed, self.norm, self.lm_head]

@@ -371,6 +371,9 @@ class WeightStore:
         self._fwd: _Forward | None = None
         self._copier: _Copier | None = None
         self.all_resident = True
+        # bumped whenever a unit's device storage changes (offload/restore):
+        # anything that captured weight addresses (CUDA graphs) must re-capture
+        self.epoch = 0
         self._cuda_base = torch.cuda.memory_allocated(device) if self.cuda else 0
 
     # -- sizes ------------------------------------------------------------------
@@ -435,6 +438,7 @@ class WeightStore:
         self._refresh()
 
     def _refresh(self) -> None:
+        self.epoch += 1
         offl = [i for i in range(self.n_layers) if any(not self.units[u].resident for u in self._layer_units[i])]
         self._order = offl
         self._rank = {layer: j for j, layer in enumerate(offl)}
@@ -923,7 +927,22 @@ class MemoryScheduler:
             plan = self.store.make_plan(self.budget, self.kv_reserve_bytes, bandwidth_gbs=self.bandwidth_gbs)
             if plan.resident != (self.store.plan.resident if self.store.plan else None):
                 self.store.apply_plan(plan)
+        self._invalidate_graphs()
         return ms
+
+    def _invalidate_graphs(self) -> None:
+        """Restored weights live at new addresses: CUDA graphs captured over
+        the old ones (runtime/cudagraph.py) must not replay."""
+        graphs = getattr(self.backend, "graphs", None)
+        if graphs is None:
+            return
+        invalidate = getattr(graphs, "invalidate", None)
+        if callable(invalidate):
+            invalidate()
+        else:  # until GraphDecoder keys its graphs on backend.weights_epoch
+            cached = getattr(graphs, "_graphs", None)
+            if isinstance(cached, dict):
+                cached.clear()
 
     def release_if_idle(self, now: float | None = None) -> int:
         """Release when idle for idle_release_s; bytes freed (0: not now).
@@ -936,6 +955,7 @@ class MemoryScheduler:
             return 0
         try:
             freed = self.store.release()
+            self._invalidate_graphs()
         finally:
             self.gen_lock.release()
         if freed and self.store.cuda:
