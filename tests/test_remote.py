@@ -463,10 +463,12 @@ def test_daemon_supersede_closes_the_upstream_stream(start_daemon: Any, scripted
                     pass
                 await ws.send(json.dumps({"type": "complete", "id": "b", "prefix": "PRIMES = [\n    2,\n", **doc}))
                 ends: dict[str, dict[str, Any]] = {}
-                while "a" not in ends:
+                b_streams = False
+                while "a" not in ends or not b_streams:   # b reached the engine: cancelling it closes a stream
                     frame = json.loads(await ws.recv())
                     if frame["type"] in ("done", "error"):
                         ends[frame["id"]] = frame
+                    b_streams = b_streams or (frame["type"] == "delta" and frame.get("id") == "b")
                 await ws.send(json.dumps({"type": "cancel", "id": "b"}))
                 while "b" not in ends:
                     frame = json.loads(await ws.recv())

@@ -273,12 +273,15 @@ class SessionPool:
         apart. ``fold_ratio``: share of the parked KV (trimmed bytes) that
         is stored folded."""
         per_session = getattr(self.backend, "kv_bytes_per_session", 0)
-        stored = sum(f.nbytes() for f in self._folded.values())
-        trimmed = sum(f.trimmed_bytes() for f in self._folded.values())
-        folded = sum(f.folded_block_bytes() for f in self._folded.values())
-        full = per_session * len(self._folded)
+        # health/debug read this from the server thread while the worker
+        # parks and folds: take one snapshot (a single C-level copy)
+        parked = list(self._folded.values())
+        stored = sum(f.nbytes() for f in parked)
+        trimmed = sum(f.trimmed_bytes() for f in parked)
+        folded = sum(f.folded_block_bytes() for f in parked)
+        full = per_session * len(parked)
         return {
-            "folding": self.folding, "threshold": self.fold_threshold, "parked": len(self._folded),
+            "folding": self.folding, "threshold": self.fold_threshold, "parked": len(parked),
             "stored_bytes": stored, "trimmed_bytes": trimmed, "full_bytes": full,
             "saved_by_trim": full - trimmed, "saved_by_fold": trimmed - stored,
             "fold_ratio": round(folded / trimmed, 4) if trimmed else 0.0,
@@ -290,10 +293,10 @@ class SessionPool:
         folded sessions), each storage counted once."""
         seen: dict[int, int] = {}
         tensors: list[torch.Tensor] = []
-        for s in self._by_key.values():
+        for s in list(self._by_key.values()):
             if isinstance(s.cache, tuple):
                 tensors.extend(t for t in s.cache if isinstance(t, torch.Tensor))
-        for f in self._folded.values():
+        for f in list(self._folded.values()):
             tensors.extend((f.fold, f.k_full, f.v_full, f.k_q, f.k_scale, f.v_q, f.v_scale, f.k_tail, f.v_tail))
         for t in tensors:
             st = t.untyped_storage()
