@@ -643,11 +643,7 @@ def test_cancel_stops_the_real_engine(remote_daemon: Any, llama_server: LlamaSer
 
     async def scenario() -> tuple[float, float, float, dict[str, Any]]:
         async with await remote_daemon.connect() as ws:
-            await ws.send(json.dumps({"type": "complete", "id": "long", "prefix": PRIMES[0], "suffix": PRIMES[1],
-                                      "multiline": "multi", "max_tokens": 1500}))
-            async with asyncio.timeout(120):
-                while json.loads(await ws.recv()).get("type") != "delta":
-                    pass
+            await _start_long(ws, "long")
             # generating: one second of the engine's CPU time as the control
             c0 = llama_server.cpu_s()
             await asyncio.sleep(1.0)
@@ -675,15 +671,20 @@ def test_cancel_stops_the_real_engine(remote_daemon: Any, llama_server: LlamaSer
     assert idle < busy / 4, f"the engine kept computing after the cancel: {idle:.2f} vs {busy:.2f} CPU-s/s"
 
 
+async def _start_long(ws: Any, rid: str) -> None:
+    """Send a completion that would run for 1500 tokens; return at its first delta."""
+    await ws.send(json.dumps({"type": "complete", "id": rid, "prefix": PRIMES[0], "suffix": PRIMES[1],
+                              "multiline": "multi", "max_tokens": 1500}))
+    async with asyncio.timeout(120):
+        while json.loads(await ws.recv()).get("type") != "delta":
+            pass
+
+
 @pytest.mark.slow
 def test_engine_killed_mid_request_then_restarted(remote_daemon: Any, llama_server: LlamaServer) -> None:
     async def killed() -> tuple[dict[str, Any], float]:
         async with await remote_daemon.connect() as ws:
-            await ws.send(json.dumps({"type": "complete", "id": "k", "prefix": PRIMES[0], "suffix": PRIMES[1],
-                                      "multiline": "multi", "max_tokens": 1500}))
-            async with asyncio.timeout(120):
-                while json.loads(await ws.recv()).get("type") != "delta":
-                    pass
+            await _start_long(ws, "k")
             llama_server.kill()
             t0 = time.monotonic()
             async with asyncio.timeout(10):
