@@ -74,3 +74,35 @@ def test_bench_trace_interrupting_typist_resumes_generations(tiny_dir: Path, tmp
     assert n > 5 and len(data["sol-nospec"]["ttft_ms"]) == n
     # every keystroke is accounted for once: computed, type-through or resumed
     assert len(data["sol:model"]["ttft_ms"]) + sol["type_through"] + sol["resumed"] == n
+
+
+def test_bench_with_a_budget_that_offloads_layers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Offloading empties the engine's transformers module: generate() runs
+    on a separate full copy and still agrees with the offloaded engine."""
+    from soldaemon.config import config_from_dict
+    from soldaemon.model.loader import load_model
+    from soldaemon.runtime.engine import LocalEngine
+
+    path = build_tiny_model(tmp_path / "tiny6", layers=6, hidden=128)
+    model = {"path": str(path), "max_context": 2048, "kv_sessions": 1}
+    plain = LocalEngine(load_model(str(path), device="cpu", dtype="auto", progress=False),
+                        config_from_dict({"model": model, "device": {"device": "cpu"}}))
+    assert plain.memory is not None
+    store = plain.memory.store
+    per_layer = sum(u.info.nbytes for u in store.units) // store.n_layers
+    # the floor (embedding/norms, one KV buffer, the staging ring) + half of the layers
+    budget = (store.fixed_bytes + plain.backend.kv_bytes_per_session  # type: ignore[attr-defined]
+              + (store.prefetch_depth + 2) * store.slot_bytes + store.n_layers // 2 * per_layer)
+    plain.close()
+    cfg = tmp_path / "sol_config.yaml"
+    cfg.write_text(f"model:\n  max_context: 2048\n  kv_sessions: 1\nsol:\n  memory_budget: {budget / 2**20:.2f}MB\n")
+    out = tmp_path / "bench.json"
+    rc = main(["--config", str(cfg), "bench", "--model", str(path), "--threads", "1", "--holes", "2",
+               "--tokens", "6", "--json", str(out)])
+    assert rc == 0
+    captured = capsys.readouterr()
+    data = json.loads(out.read_text())
+    assert data["offloaded_layers"] > 0
+    assert "separate full copy" in data["baseline"] and "offloads" in captured.out
+    assert len(data["rows"]["generate"]["ms_per_token"]) == 2
+    assert data["identical"] == 2               # the offloaded engine = generate() on the full copy
