@@ -52,6 +52,19 @@ def test_round_trip_exact_when_nothing_folds_and_bounded_when_all_do() -> None:
     assert ((v2[:, :, :cut].reshape(L, KV, 5, BLOCK, HD) - vb).abs() <= v_bound).all()
     assert torch.equal(k2[:, :, cut:n], k[:, :, cut:n])            # the partial block is exact
 
+    # the folded copy owns its data: the pool hands the buffer to the next document
+    half = torch.zeros(L, KV, 5)
+    half[:, :, ::2] = 1.0
+    f = fold(k, v, n, half, 0.5)
+    want_k, want_v = k.clone(), v.clone()
+    k.fill_(3.0)
+    v.fill_(3.0)
+    unfold(f, k, v)
+    kept = ~f.fold                                                  # [L, KV, 5]
+    kb, wb = k[:, :, :cut].reshape(L, KV, 5, BLOCK, HD), want_k[:, :, :cut].reshape(L, KV, 5, BLOCK, HD)
+    assert torch.equal(kb[kept], wb[kept]) and torch.equal(k[:, :, cut:n], want_k[:, :, cut:n])
+    assert torch.equal(v[:, :, cut:n], want_v[:, :, cut:n]) and (kb[f.fold] != 3.0).any()
+
 
 def test_block_scores_follow_attention() -> None:
     n = 4 * BLOCK

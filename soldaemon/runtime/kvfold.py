@@ -83,27 +83,39 @@ def fold(k_cache: torch.Tensor, v_cache: torch.Tensor, n: int, scores: torch.Ten
          threshold: float) -> FoldedKV:
     """Fold positions 0 … n-1 of a [L, KV, n_ctx, hd] cache pair: blocks with
     ``scores < threshold`` to int8, the rest copied. ``scores`` None (no
-    query known): nothing folded, only trimmed."""
+    query known): nothing folded, only trimmed.
+
+    Runs on every document switch, so each byte is touched as few times as
+    possible: the blocks are views of the cache, a boolean gather is the
+    only copy of each block, and the int8 conversion works in place on the
+    gathered copy."""
     L, KV, _, hd = k_cache.shape
     nb = n // BLOCK
     cut = nb * BLOCK
-    kb = k_cache[:, :, :cut].reshape(L, KV, nb, BLOCK, hd)
-    vb = v_cache[:, :, :cut].reshape(L, KV, nb, BLOCK, hd)
+    kb = k_cache[:, :, :cut].view(L, KV, nb, BLOCK, hd)            # views, no copy
+    vb = v_cache[:, :, :cut].view(L, KV, nb, BLOCK, hd)
     if scores is None or threshold <= 0:
         mask = torch.zeros(L, KV, nb, dtype=torch.bool, device=k_cache.device)
     else:
         mask = scores < threshold
-    kf, vf = kb[mask].float(), vb[mask].float()                   # [folded, BLOCK, hd]
-    k_scale = (kf.abs().amax(1, keepdim=True) / 127).clamp_min(1e-12)   # [folded, 1, hd]
-    v_scale = (vf.abs().amax(2, keepdim=True) / 127).clamp_min(1e-12)   # [folded, BLOCK, 1]
     keep = ~mask
+    k_q, k_scale = _quantize(kb[mask], 1)                           # scale per channel: [folded, 1, hd]
+    v_q, v_scale = _quantize(vb[mask], 2)                           # scale per token: [folded, BLOCK, 1]
     return FoldedKV(
         n=n, fold=mask,
-        k_full=kb[keep].clone(), v_full=vb[keep].clone(),
-        k_q=torch.round(kf / k_scale).to(torch.int8), k_scale=k_scale,
-        v_q=torch.round(vf / v_scale).to(torch.int8), v_scale=v_scale,
+        k_full=kb[keep], v_full=vb[keep],                           # a boolean gather is a copy
+        k_q=k_q, k_scale=k_scale, v_q=v_q, v_scale=v_scale,
         k_tail=k_cache[:, :, cut:n].clone(), v_tail=v_cache[:, :, cut:n].clone(),
     )
+
+
+def _quantize(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 of x [folded, BLOCK, hd] (a copy, overwritten here)
+    with one float32 scale per slice along ``dim``: (int8 x, scale)."""
+    x = x.float()                                                   # no copy when x is float32 already
+    lo, hi = torch.aminmax(x, dim=dim, keepdim=True)                # faster here than abs().amax()
+    scale = torch.maximum(hi, lo.neg_()).div_(127).clamp_min_(1e-12)
+    return x.div_(scale).round_().to(torch.int8), scale
 
 
 @torch.inference_mode()
@@ -119,8 +131,8 @@ def unfold(f: FoldedKV, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
     kb[keep] = f.k_full
     vb[keep] = f.v_full
     if f.k_q.shape[0]:
-        kb[f.fold] = (f.k_q.float() * f.k_scale).to(k_cache.dtype)
-        vb[f.fold] = (f.v_q.float() * f.v_scale).to(v_cache.dtype)
+        kb[f.fold] = f.k_q.to(torch.float32).mul_(f.k_scale).to(k_cache.dtype)
+        vb[f.fold] = f.v_q.to(torch.float32).mul_(f.v_scale).to(v_cache.dtype)
     k_cache[:, :, cut:f.n] = f.k_tail
     v_cache[:, :, cut:f.n] = f.v_tail
 
@@ -217,9 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, nargs="*", default=[],
                     help="instead: fold one session of this many tokens of real code; print the bytes")
     ap.add_argument("--max-context", type=int, default=16384, help="the full buffer the trimming saving is against")
+    ap.add_argument("--repeats", type=int, default=3, help="with --context: fold/unfold timings, median of this many")
     args = ap.parse_args(argv)
     if args.context:
-        return _bytes_table(args.context, args.thresholds, args.max_context)
+        return _bytes_table(args.context, args.thresholds, args.max_context, args.repeats)
     config = config_from_dict({"model": {"max_prefix_tokens": args.prefix_tokens, "max_suffix_tokens": 64,
                                          "max_context": 1024},
                                "sol": {"kv_folding_entropy_threshold": 0.0}, "device": {"device": "cpu"}})
@@ -235,24 +248,45 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _bytes_table(contexts: list[int], thresholds: list[float], max_context: int) -> int:
-    """Prefill real code (standard-library sources) to each context length,
-    decode one token, fold at each threshold: bytes stored, measured."""
+def _bytes_table(contexts: list[int], thresholds: list[float], max_context: int, repeats: int = 3) -> int:
+    """Prefill real code (standard-library sources) to each context length
+    (one session, growing: each length's prefill continues the previous
+    one), decode one token, fold at each threshold: bytes stored, measured,
+    and the median over ``repeats`` of the time to score the blocks, fold
+    and unfold (what a document switch pays)."""
     from ..holes import default_corpus
     from ..model.loader import load_model
     from .backend import LeanBackend
     from .session import KVSession
 
+    contexts = sorted(set(contexts))
+    if contexts[0] < BLOCK:
+        raise ValueError(f"--context: each length must be >= {BLOCK} tokens (one block), got {contexts[0]}")
+    if contexts[-1] > max_context:
+        raise ValueError(f"--context {contexts[-1]} is longer than --max-context {max_context}: "
+                         "the full buffer the saving is measured against must hold it")
+    if repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {repeats}")
     loaded = load_model(None, device="cpu", dtype="auto", progress=False)
+    limit = int(getattr(loaded.model.config, "max_position_embeddings", 0) or 0)
+    if limit and contexts[-1] + 1 > limit:
+        raise ValueError(f"--context {contexts[-1]}: the model was trained for {limit} positions")
     text = "".join(p.read_text(encoding="utf-8") for p in default_corpus())
     all_ids = loaded.tokenizer(text, add_special_tokens=False).input_ids
+    if len(all_ids) < contexts[-1]:
+        raise ValueError(f"--context {contexts[-1]}: the standard-library corpus has only {len(all_ids)} tokens")
+    backend = LeanBackend(loaded.model, contexts[-1] + 8)
+    backend.record_queries()
+    session = KVSession(backend, chunk=512)
+    mb = 2**20
     print(f"{'context':>7} {'threshold':>9} {'full buffer MB':>14} {'trimmed MB':>10} {'folded MB':>9} "
-          f"{'saved by trim MB':>16} {'saved by fold MB':>16} {'fold ratio':>10} {'fold+unfold ms':>14}")
+          f"{'saved by trim MB':>16} {'saved by fold MB':>16} {'fold ratio':>10} {'score ms':>8} "
+          f"{'fold ms':>7} {'unfold ms':>9}", flush=True)
+    t_start = time.perf_counter()
     for c in contexts:
-        backend = LeanBackend(loaded.model, c + 8)
-        backend.record_queries()
-        session = KVSession(backend, chunk=512)
         t0 = time.perf_counter()
+        held = session.tokens[:-1] if session.tokens else []    # drop the previous length's decoded token
+        session.truncate(len(held))
         logits = session.prefill(all_ids[:c]).logits
         session.decode_step(int(logits.argmax()))
         prefill_s = time.perf_counter() - t0
@@ -260,18 +294,30 @@ def _bytes_table(contexts: list[int], thresholds: list[float], max_context: int)
         n = len(session.tokens)
         per_tok = kv_bytes_per_token(k.shape[0], k.shape[1], k.shape[3], k.element_size())
         assert backend.last_q is not None
-        scores = block_scores(k, backend.last_q, n, backend.scale)
+        saved_k, saved_v = k[:, :, :n].clone(), v[:, :, :n].clone()   # unfolding is lossy: restore after
         for t in thresholds:
-            t1 = time.perf_counter()
-            f = fold(k, v, n, scores, t)
-            unfold(f, k, v)
-            ms = (time.perf_counter() - t1) * 1e3
+            times: list[tuple[float, float, float]] = []
+            for _ in range(repeats):
+                t1 = time.perf_counter()
+                scores = block_scores(k, backend.last_q, n, backend.scale)
+                t2 = time.perf_counter()
+                f = fold(k, v, n, scores, t)
+                t3 = time.perf_counter()
+                unfold(f, k, v)
+                t4 = time.perf_counter()
+                times.append(((t2 - t1) * 1e3, (t3 - t2) * 1e3, (t4 - t3) * 1e3))
+                k[:, :, :n] = saved_k
+                v[:, :, :n] = saved_v
+            score_ms, fold_ms, unfold_ms = (sorted(x)[len(x) // 2] for x in zip(*times))
             full = per_tok * max_context
-            mb = 2**20
             print(f"{c:>7} {t:>9} {full / mb:>14.1f} {f.trimmed_bytes() / mb:>10.1f} {f.nbytes() / mb:>9.1f} "
                   f"{(full - f.trimmed_bytes()) / mb:>16.1f} {(f.trimmed_bytes() - f.nbytes()) / mb:>16.1f} "
-                  f"{f.folded_block_bytes() / f.trimmed_bytes():>10.1%} {ms:>14.0f}")
-        print(f"  (prefill of {c} tokens: {prefill_s:.0f} s; {per_tok} KV bytes per token, {loaded.dtype})")
+                  f"{f.folded_block_bytes() / f.trimmed_bytes():>10.1%} {score_ms:>8.0f} {fold_ms:>7.0f} "
+                  f"{unfold_ms:>9.0f}", flush=True)
+        del saved_k, saved_v
+        print(f"  (context {c}: {n} tokens held; prefill continued from the previous length + 1 decode step: "
+              f"{prefill_s:.0f} s, {time.perf_counter() - t_start:.0f} s so far; {per_tok} KV bytes per token, "
+              f"{loaded.dtype}; times: median of {repeats})", flush=True)
     return 0
 
 
