@@ -375,6 +375,12 @@ class SolConfig:
     # stored as int8; in [0, 1], 0.0 = off. 0.1: measured, greedy output equal
     # to unfolded on 19/20 real holes, 32% of the KV folded (docs/memory.md).
     kv_folding_entropy_threshold: float = _setting(0.1, _float(0.0, hi=1.0))
+    # Folding quantizes parked sessions only while the device's free memory
+    # (RAM on a CPU) is under this (MB, or a fraction of the device's memory as
+    # for memory_budget); with more free, parked sessions are only trimmed, a
+    # copy (at 1k tokens on a 2-core CPU: 32 ms a switch against ~200 ms
+    # quantized, docs/memory.md). null: always quantize.
+    kv_folding_free_below: MemoryBudget | None = _setting(MemoryBudget(fraction=0.2), _memory_budget())
     # Granularity of weight offload: whole decoder layers or parameter blocks.
     weight_offload_policy: OffloadPolicy = _setting(
         "layer", _choice(get_args(OffloadPolicy))

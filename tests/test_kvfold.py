@@ -128,24 +128,44 @@ def test_pool_parks_folded_sessions(tiny: Path) -> None:
     assert torch.allclose(got.logits, want, atol=0.05 * float(want.abs().max()))  # close, not equal
 
 
-def test_engine_reports_fold_ratio(tiny: Path) -> None:
+def _switching_engine(tiny: Path, free_below: str | None) -> dict:
+    """An engine on the tiny model with folding at threshold 1.0 (the random
+    tiny model attends almost uniformly: fold all but the top block) that
+    completes in a.py, then in b.py (a.py is parked); its KV stats."""
     from soldaemon.api import CancelToken, CompletionRequest
     from soldaemon.config import config_from_dict
     from soldaemon.model.loader import load_model
     from soldaemon.runtime.engine import LocalEngine
 
     config = config_from_dict({"model": {"path": str(tiny), "max_context": 2048},
-                               # the random tiny model attends almost uniformly: fold all but the top block
-                               "sol": {"kv_folding_entropy_threshold": 1.0}, "device": {"device": "cpu"}})
+                               "sol": {"kv_folding_entropy_threshold": 1.0, "kv_folding_free_below": free_below},
+                               "device": {"device": "cpu"}})
     engine = LocalEngine(load_model(str(tiny), device="cpu", dtype="auto", progress=False), config)
     text = "def f(x):\n    return x * 2\n" * 40
     for uri in ("file:///a.py", "file:///b.py"):
         list(engine.complete(CompletionRequest(id=uri, uri=uri, prefix=text, suffix="\n", max_tokens=4),
                              CancelToken()))
-    assert engine.diagnosis()["kv_fold_ratio"] > 0
-    kv = engine.debug_snapshots()["prefetch"]["kv"]
-    assert kv["parked"] == 1 and kv["saved_by_fold"] > 0 and kv["saved_by_trim"] > 0
+    kv = dict(engine.debug_snapshots()["prefetch"]["kv"], fold_ratio_health=engine.diagnosis()["kv_fold_ratio"])
     engine.close()
+    return kv
+
+
+def test_engine_reports_fold_ratio(tiny: Path) -> None:
+    kv = _switching_engine(tiny, None)             # null: quantize whatever the free memory
+    assert kv["fold_ratio_health"] > 0
+    assert kv["parked"] == 1 and kv["saved_by_fold"] > 0 and kv["saved_by_trim"] > 0
+
+
+def test_engine_quantizes_parked_kv_only_when_memory_is_short(tiny: Path) -> None:
+    # "100%": free memory is always under all of it, so memory counts as short
+    short = _switching_engine(tiny, "100%")
+    assert short["fold_ratio_health"] > 0 and short["saved_by_fold"] > 0
+    # "1MB": free memory is never under it: parked sessions are trimmed only
+    plenty = _switching_engine(tiny, "1MB")
+    assert plenty["parked"] == 1 and plenty["fold_ratio_health"] == 0
+    assert plenty["saved_by_trim"] == short["saved_by_trim"] > 0     # the same tokens, trimmed
+    assert plenty["stored_bytes"] >= plenty["trimmed_bytes"] > short["stored_bytes"]   # (+ the block mask)
+    assert plenty["saved_by_fold"] <= 0
 
 
 @pytest.mark.slow

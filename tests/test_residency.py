@@ -304,3 +304,47 @@ def test_gpu_memory_script_cpu_dry_run(tiny_path: Path, tmp_path: Path) -> None:
     assert rows[100]["offloaded_layers"] == 0 and rows[50]["offloaded_layers"] > 0
     assert all(r["same_tokens"] for r in data["rows"])
     assert "resident" in proc.stdout and "predicted" in proc.stdout
+
+
+# -- KV folding only while memory is short -------------------------------------------
+
+
+def test_kv_quantizing_follows_free_memory(tiny_path: Path) -> None:
+    """The scheduler turns the backend's query recording (which the session
+    pool quantizes parked sessions with) on while free memory is under
+    sol.kv_folding_free_below and off when it is not; folding off or null:
+    not managed."""
+    import threading
+
+    from soldaemon.config import MemoryBudget, SolConfig
+    from soldaemon.runtime.residency import kv_memory_short
+
+    gib = 2**30
+    assert kv_memory_short(1 * gib, 16 * gib, MemoryBudget(fraction=0.1))          # 1 GiB free < 1.6 GiB
+    assert not kv_memory_short(2 * gib, 16 * gib, MemoryBudget(fraction=0.1))
+    assert kv_memory_short(511 * 2**20, 16 * gib, MemoryBudget(mb=512))
+    assert not kv_memory_short(512 * 2**20, 16 * gib, MemoryBudget(mb=512))
+
+    b = _backend(tiny_path)
+    free = [8 * gib]
+    sol = SolConfig(kv_folding_entropy_threshold=0.1, kv_folding_free_below=MemoryBudget(mb=1024))
+    sched = MemoryScheduler(b, sol, threading.Lock(), kv_reserve_bytes=0, idle_release=False,
+                            free_bytes=lambda: (free[0], 16 * gib))
+    assert sched.kv_quantizing is False and b.last_q is None       # plenty free: trimmed only
+    free[0] = 512 * 2**20
+    with sched.request():
+        assert sched.kv_quantizing is True and b.last_q is not None
+        b.forward(torch.tensor([1, 2, 3]), 0)                      # the queries are recorded again
+        assert b.last_q_cache is b.k_cache
+    free[0] = 4 * gib
+    with sched.request():
+        assert sched.kv_quantizing is False and b.last_q is None
+    assert sched.kv_switches == 2 and sched.kv_snapshot()["free_below"] == "1024MB"
+    sched.close()
+
+    for off in (SolConfig(kv_folding_entropy_threshold=0.0), SolConfig(kv_folding_free_below=None)):
+        b.record_queries()
+        sched = MemoryScheduler(b, off, threading.Lock(), kv_reserve_bytes=0, idle_release=False,
+                                free_bytes=lambda: (0, 16 * gib))
+        assert sched.kv_quantizing is None and b.last_q is not None   # left as the engine set it
+        sched.close()

@@ -98,12 +98,17 @@ def fold(k_cache: torch.Tensor, v_cache: torch.Tensor, n: int, scores: torch.Ten
         mask = torch.zeros(L, KV, nb, dtype=torch.bool, device=k_cache.device)
     else:
         mask = scores < threshold
-    keep = ~mask
+    if not bool(mask.any()):                                        # trimming only: one plain copy
+        k_full = kb.clone(memory_format=torch.contiguous_format).view(L * KV * nb, BLOCK, hd)
+        v_full = vb.clone(memory_format=torch.contiguous_format).view(L * KV * nb, BLOCK, hd)
+    else:
+        keep = ~mask
+        k_full, v_full = kb[keep], vb[keep]                         # a boolean gather is a copy
     k_q, k_scale = _quantize(kb[mask], 1)                           # scale per channel: [folded, 1, hd]
     v_q, v_scale = _quantize(vb[mask], 2)                           # scale per token: [folded, BLOCK, 1]
     return FoldedKV(
         n=n, fold=mask,
-        k_full=kb[keep], v_full=vb[keep],                           # a boolean gather is a copy
+        k_full=k_full, v_full=v_full,
         k_q=k_q, k_scale=k_scale, v_q=v_q, v_scale=v_scale,
         k_tail=k_cache[:, :, cut:n].clone(), v_tail=v_cache[:, :, cut:n].clone(),
     )
@@ -127,10 +132,13 @@ def unfold(f: FoldedKV, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
     cut = nb * BLOCK
     kb = k_cache[:, :, :cut].view(L, KV, nb, BLOCK, hd)
     vb = v_cache[:, :, :cut].view(L, KV, nb, BLOCK, hd)
-    keep = ~f.fold
-    kb[keep] = f.k_full
-    vb[keep] = f.v_full
-    if f.k_q.shape[0]:
+    if not f.k_q.shape[0]:                                          # trimmed only: one plain copy
+        kb.copy_(f.k_full.view(L, KV, nb, BLOCK, hd))
+        vb.copy_(f.v_full.view(L, KV, nb, BLOCK, hd))
+    else:
+        keep = ~f.fold
+        kb[keep] = f.k_full
+        vb[keep] = f.v_full
         kb[f.fold] = f.k_q.to(torch.float32).mul_(f.k_scale).to(k_cache.dtype)
         vb[f.fold] = f.v_q.to(torch.float32).mul_(f.v_scale).to(v_cache.dtype)
     k_cache[:, :, cut:f.n] = f.k_tail
@@ -232,7 +240,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="with --context: fold/unfold timings, median of this many")
     args = ap.parse_args(argv)
     if args.context:
-        return _bytes_table(args.context, args.thresholds, args.max_context, args.repeats)
+        try:
+            return _bytes_table(args.context, args.thresholds, args.max_context, args.repeats)
+        except ValueError as exc:     # a bad argument, found before or right after loading the model
+            ap.error(str(exc))
+    if args.holes < 1 or args.tokens < 1 or args.prefix_tokens < 1:
+        ap.error(f"--holes, --tokens and --prefix-tokens must be >= 1, got {args.holes}, {args.tokens}, "
+                 f"{args.prefix_tokens}")
+    if not all(0.0 <= t <= 1.0 for t in args.thresholds):
+        ap.error(f"--thresholds must be numbers in [0, 1], got {args.thresholds}")
     config = config_from_dict({"model": {"max_prefix_tokens": args.prefix_tokens, "max_suffix_tokens": 64,
                                          "max_context": 1024},
                                "sol": {"kv_folding_entropy_threshold": 0.0}, "device": {"device": "cpu"}})
@@ -267,6 +283,8 @@ def _bytes_table(contexts: list[int], thresholds: list[float], max_context: int,
                          "the full buffer the saving is measured against must hold it")
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {repeats}")
+    if not thresholds or not all(0.0 <= t <= 1.0 for t in thresholds):
+        raise ValueError(f"--thresholds must be numbers in [0, 1], got {thresholds}")
     loaded = load_model(None, device="cpu", dtype="auto", progress=False)
     limit = int(getattr(loaded.model.config, "max_position_embeddings", 0) or 0)
     if limit and contexts[-1] + 1 > limit:

@@ -35,7 +35,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -857,17 +857,38 @@ def budget_bytes(budget: Any, device: torch.device) -> int | None:
     return int(budget.resolve_bytes(total))
 
 
+def device_free_bytes(device: torch.device) -> tuple[int, int]:
+    """(free, total) bytes of the device's memory: the GPU's, or RAM's
+    (available, total) on a CPU."""
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return int(free), int(total)
+    import psutil
+
+    vm = psutil.virtual_memory()
+    return int(vm.available), int(vm.total)
+
+
+def kv_memory_short(free: int, total: int, below: Any) -> bool:
+    """Whether parked KV should be quantized: ``free`` bytes under
+    ``below`` (a config MemoryBudget: MB or a fraction of ``total``)."""
+    return free < below.resolve_bytes(total)
+
+
 class MemoryScheduler:
     """Sol's memory contract for one engine: plan residency under the
     budget, release device memory after ``idle_release_s`` without requests
     and bring it back (layer 0 first) on the next one, pin a
-    ``priority: high`` request's layers for its duration.
+    ``priority: high`` request's layers for its duration, and let KV
+    folding quantize parked sessions only while memory is short.
 
     ``gen_lock`` is the engine's generation lock: release and restore hold
-    it, so no forward runs while weights move."""
+    it, so no forward runs while weights move. ``free_bytes`` () → (free,
+    total) is how memory is read (default :func:`device_free_bytes`)."""
 
     def __init__(self, backend: Any, sol: Any, gen_lock: threading.Lock, *, kv_reserve_bytes: int,
-                 idle_release: bool | None = None) -> None:
+                 idle_release: bool | None = None,
+                 free_bytes: Callable[[], tuple[int, int]] | None = None) -> None:
         self.backend = backend
         self.sol = sol
         self.gen_lock = gen_lock
@@ -895,6 +916,18 @@ class MemoryScheduler:
         if self.idle_release and self.idle_release_s > 0:
             self._timer = threading.Thread(target=self._idle_loop, name="sol-idle", daemon=True)
             self._timer.start()
+        # KV folding (sol.kv_folding_entropy_threshold > 0) quantizes parked
+        # sessions only while free memory is under sol.kv_folding_free_below.
+        # The lever is the session pool's contract: it scores, and so
+        # quantizes, only when the backend records queries; without them a
+        # parked session is only trimmed.
+        self.kv_free_below = (getattr(sol, "kv_folding_free_below", None)
+                              if float(getattr(sol, "kv_folding_entropy_threshold", 0.0)) > 0
+                              and callable(getattr(backend, "record_queries", None)) else None)
+        self._free_bytes = free_bytes or (lambda: device_free_bytes(backend.device))
+        self.kv_quantizing: bool | None = None    # None: not managed (folding off, or always quantizing)
+        self.kv_switches = 0                       # times kv_quantizing changed after the first decision
+        self.update_kv_folding()
 
     def touch(self) -> None:
         self.last_active = time.monotonic()
@@ -908,6 +941,7 @@ class MemoryScheduler:
         if self.store.released:
             with self.gen_lock:
                 self.restore()
+        self.update_kv_folding()
         try:
             if priority == "high":
                 with self.store.pinned():
@@ -916,6 +950,33 @@ class MemoryScheduler:
                 yield
         finally:
             self.touch()
+
+    def update_kv_folding(self) -> bool | None:
+        """Read free memory; turn the backend's query recording (and so the
+        pool's quantizing of parked sessions, from the next document switch
+        on) on when it is under ``sol.kv_folding_free_below``, off when not.
+        Called at start and before each request; takes the generation lock
+        only when the state changes. Returns the state (None: not managed)."""
+        if self.kv_free_below is None:
+            return None
+        free, total = self._free_bytes()
+        short = kv_memory_short(free, total, self.kv_free_below)
+        if short != self.kv_quantizing:
+            with self.gen_lock:                 # no forward is writing the queries meanwhile
+                self.backend.record_queries(short)
+            if self.kv_quantizing is not None:
+                self.kv_switches += 1
+            log.info("KV folding: parked sessions %s (free %.0f MB, threshold %.0f MB)",
+                     "quantized" if short else "trimmed only", free / 2**20,
+                     self.kv_free_below.resolve_bytes(total) / 2**20)
+            self.kv_quantizing = short
+        return short
+
+    def kv_snapshot(self) -> dict[str, Any]:
+        """For ``debug`` → ``prefetch.kv_policy``."""
+        return {"managed": self.kv_free_below is not None, "quantizing": self.kv_quantizing,
+                "free_below": str(self.kv_free_below) if self.kv_free_below is not None else None,
+                "switches": self.kv_switches}
 
     def restore(self) -> float:
         """Restore after an idle release, re-planning from the heatmap
