@@ -340,6 +340,8 @@ def test_kv_quantizing_follows_free_memory(tiny_path: Path) -> None:
     with sched.request():
         assert sched.kv_quantizing is False and b.last_q is None
     assert sched.kv_switches == 2 and sched.kv_snapshot()["free_below"] == "1024MB"
+    assert sched.store.snapshot_prefetch()["kv_policy"] == {"managed": True, "quantizing": False,
+                                                            "free_below": "1024MB", "switches": 2}
     sched.close()
 
     for off in (SolConfig(kv_folding_entropy_threshold=0.0), SolConfig(kv_folding_free_below=None)):

@@ -8,6 +8,9 @@ precision. A session parked in the :class:`~.session.SessionPool` LRU is
 per channel, values with a scale per token, as KIVI does); blocks that
 carry attention stay in the model's dtype, and so does the partial last
 block. Acquiring the session again dequantizes into the compute buffer.
+Without scores (the backend records no queries: the memory scheduler turns
+that off while memory is not short, ``sol.kv_folding_free_below``) a parked
+session is only trimmed, a plain copy.
 
 A block's score is the attention mass the session's last query (per layer,
 averaged over the query heads of a KV head) puts on it, divided by the

@@ -375,6 +375,8 @@ class WeightStore:
         # anything that captured weight addresses (CUDA graphs) must re-capture
         self.epoch = 0
         self._cuda_base = torch.cuda.memory_allocated(device) if self.cuda else 0
+        # the memory scheduler's KV folding policy, shown in the prefetch snapshot
+        self.kv_policy: Callable[[], dict[str, Any]] | None = None
 
     # -- sizes ------------------------------------------------------------------
 
@@ -720,6 +722,7 @@ class WeightStore:
                                         if self.cuda else None),
             "host_mb": round(self.host_bytes() / 2**20, 2),
             "plan": self.plan.describe(self.unit_infos) if self.plan else None,
+            "kv_policy": self.kv_policy() if self.kv_policy is not None else None,
         }
 
     def close(self) -> None:
@@ -927,6 +930,7 @@ class MemoryScheduler:
         self._free_bytes = free_bytes or (lambda: device_free_bytes(backend.device))
         self.kv_quantizing: bool | None = None    # None: not managed (folding off, or always quantizing)
         self.kv_switches = 0                       # times kv_quantizing changed after the first decision
+        self.store.kv_policy = self.kv_snapshot
         self.update_kv_folding()
 
     def touch(self) -> None:
@@ -973,7 +977,9 @@ class MemoryScheduler:
         return short
 
     def kv_snapshot(self) -> dict[str, Any]:
-        """For ``debug`` → ``prefetch.kv_policy``."""
+        """``debug`` → ``prefetch.kv_policy``: whether the policy is managed
+        here, whether parked sessions are quantized now, the setting, and how
+        often that changed."""
         return {"managed": self.kv_free_below is not None, "quantizing": self.kv_quantizing,
                 "free_below": str(self.kv_free_below) if self.kv_free_below is not None else None,
                 "switches": self.kv_switches}
