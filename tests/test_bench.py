@@ -76,26 +76,32 @@ def test_bench_trace_interrupting_typist_resumes_generations(tiny_dir: Path, tmp
     assert len(data["sol:model"]["ttft_ms"]) + sol["type_through"] + sol["resumed"] == n
 
 
-def test_bench_with_a_budget_that_offloads_layers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Offloading empties the engine's transformers module: generate() runs
-    on a separate full copy and still agrees with the offloaded engine."""
+def _budget_config(tmp_path: Path, path: Path) -> Path:
+    """A sol_config.yaml whose memory budget holds the floor (embedding and
+    norms, one KV buffer, the staging ring) and half of the layers."""
     from soldaemon.config import config_from_dict
     from soldaemon.model.loader import load_model
     from soldaemon.runtime.engine import LocalEngine
 
-    path = build_tiny_model(tmp_path / "tiny6", layers=6, hidden=128)
     model = {"path": str(path), "max_context": 2048, "kv_sessions": 1}
     plain = LocalEngine(load_model(str(path), device="cpu", dtype="auto", progress=False),
                         config_from_dict({"model": model, "device": {"device": "cpu"}}))
     assert plain.memory is not None
     store = plain.memory.store
     per_layer = sum(u.info.nbytes for u in store.units) // store.n_layers
-    # the floor (embedding/norms, one KV buffer, the staging ring) + half of the layers
     budget = (store.fixed_bytes + plain.backend.kv_bytes_per_session  # type: ignore[attr-defined]
               + (store.prefetch_depth + 2) * store.slot_bytes + store.n_layers // 2 * per_layer)
     plain.close()
     cfg = tmp_path / "sol_config.yaml"
     cfg.write_text(f"model:\n  max_context: 2048\n  kv_sessions: 1\nsol:\n  memory_budget: {budget / 2**20:.2f}MB\n")
+    return cfg
+
+
+def test_bench_with_a_budget_that_offloads_layers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Offloading empties the engine's transformers module: generate() runs
+    on a separate full copy and still agrees with the offloaded engine."""
+    path = build_tiny_model(tmp_path / "tiny6", layers=6, hidden=128)
+    cfg = _budget_config(tmp_path, path)
     out = tmp_path / "bench.json"
     rc = main(["--config", str(cfg), "bench", "--model", str(path), "--threads", "1", "--holes", "2",
                "--tokens", "6", "--json", str(out)])
@@ -106,3 +112,35 @@ def test_bench_with_a_budget_that_offloads_layers(tmp_path: Path, capsys: pytest
     assert "separate full copy" in data["baseline"] and "offloads" in captured.out
     assert len(data["rows"]["generate"]["ms_per_token"]) == 2
     assert data["identical"] == 2               # the offloaded engine = generate() on the full copy
+
+
+def test_bench_skips_generate_when_no_full_copy_fits(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same budget; the second copy's load fails as it would without
+    memory for it: the generate row is left out, the reason printed, and
+    agreement is reported against sol-exact instead."""
+    import soldaemon.model.loader as loader
+    from soldaemon.errors import OutOfMemory
+
+    path = build_tiny_model(tmp_path / "tiny6", layers=6, hidden=128)
+    cfg = _budget_config(tmp_path, path)
+    real_load = loader.load_model
+    loads: list[str | None] = []
+
+    def load_once(p: str | None = None, **kw: object) -> object:
+        loads.append(p)
+        if len(loads) > 1:          # the engine's own load goes through; the baseline's copy does not fit
+            raise OutOfMemory("the model needs about 0.1 GiB but only 0.0 GiB of RAM is free")
+        return real_load(p, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loader, "load_model", load_once)
+    monkeypatch.setattr("soldaemon.runtime.engine.load_model", load_once)
+    out = tmp_path / "bench.json"
+    rc = main(["--config", str(cfg), "bench", "--model", str(path), "--threads", "1", "--holes", "1",
+               "--tokens", "4", "--json", str(out)])
+    assert rc == 0 and len(loads) == 2
+    text = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert "generate skipped" in data["baseline"] and "only 0.0 GiB of RAM is free" in text
+    assert "generate" not in data["rows"] and data["identical"] is None
+    assert "vs sol-exact" in text and len(data["rows"]["sol"]["ms_per_token"]) == 1
