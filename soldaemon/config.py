@@ -488,6 +488,10 @@ class CompletionConfig:
     speculative: bool = _setting(True, _bool())
     # Tokens proposed per speculative step; 1..64.
     draft_tokens: int = _setting(8, _int(1, 64))
+    # Token healing for a cursor after text on its line: the prompt's last
+    # token is left out and the first generated token must agree with it
+    # (local backend; docs/quality.md).
+    token_healing: bool = _setting(True, _bool())
 
 
 @dataclass(frozen=True)

@@ -857,6 +857,23 @@ class FimPrompt:
     n_prefix_tokens: int
     n_suffix_tokens: int = 0
     n_context_tokens: int = 0
+    heal: str = ""
+
+
+def heal_token(tokenizer: Any, prefix_ids: Sequence[int], prefix_text: str) -> str:
+    """The text of the prompt's last prefix token when token healing should
+    drop it (:mod:`soldaemon.runtime.healing`): the cursor line has text
+    before the cursor, the token is ASCII (every byte of it is a token of
+    its own, so some token always agrees) without a newline, and it ends
+    ``prefix_text`` with text before it. Else ""."""
+    if not prefix_ids:
+        return ""
+    text = tokenizer.decode([prefix_ids[-1]])
+    line = prefix_text.rsplit("\n", 1)[-1]
+    if (not text or not text.isascii() or "\n" in text or not line.strip()
+            or not prefix_text.endswith(text) or len(text) >= len(prefix_text)):
+        return ""
+    return text
 
 
 def _chunk_fields(chunk: ContextChunk | tuple[str, str]) -> tuple[str, str]:
@@ -881,6 +898,7 @@ def make_prompt(
     grain_lines: int = 16,
     order: FimOrder = "psm",
     max_outline_tokens: int = 0,
+    heal: bool = False,
 ) -> FimPrompt:
     """Window ``prefix``/``suffix`` to their budgets and build the prompt ids.
 
@@ -900,6 +918,12 @@ def make_prompt(
     ``max_outline_tokens`` and what ``max_context_tokens`` has left after
     the chunks: the model then knows which class and function it is in even
     when their first lines are far above (measured in docs/quality.md).
+
+    ``heal``: token healing (:mod:`soldaemon.runtime.healing`) -- when the
+    cursor is after text on its line, the prefix's last token is left out
+    of ``ids`` and its text returned as ``FimPrompt.heal``; the generation
+    must then start with that text (families whose tokens decode alone
+    faithfully only: not SentencePiece's dummy-prefix ones).
 
     The prompt is at most ``max_prefix_tokens + max_suffix_tokens +
     max_context_tokens`` tokens plus the control tokens, the bos and (with
@@ -964,6 +988,10 @@ def make_prompt(
             with_outline = enc_prefix(outline + prefix_text)
             if len(with_outline) <= len(prefix_ids) + outline_budget:  # (estimates can be off by a token)
                 prefix_ids = with_outline
+    healed = heal_token(tokenizer, prefix_ids, prefix_text) if heal and not template.dummy_prefix else ""
+    if healed:
+        prefix_ids = prefix_ids[:-1]
+        n_window -= 1
 
     if repo and (chunks or repo_name is not None):
         ids = build_prompt(
@@ -985,4 +1013,5 @@ def make_prompt(
         n_prefix_tokens=n_window,
         n_suffix_tokens=len(suffix_ids),
         n_context_tokens=len(ids) - fixed - n_window - len(suffix_ids),
+        heal=healed,
     )

@@ -48,17 +48,19 @@ def path_of(uri: str) -> str | None:
 
 
 def build_fim_prompt(template: FimTemplate, tokenizer: Any, model: ModelConfig, req: CompletionRequest,
-                     n_ctx: int, *, make: Callable[..., FimPrompt] = make_prompt) -> tuple[FimPrompt, float]:
+                     n_ctx: int, *, make: Callable[..., FimPrompt] = make_prompt,
+                     heal: bool = False) -> tuple[FimPrompt, float]:
     """Window, tokenize and template ``req`` (``model``'s budgets and FIM
     order) with ``make`` (:func:`soldaemon.fim.make_prompt`; a caller may
-    pass a variant). Returns (prompt, ms). Raises :class:`BadRequest` when
+    pass a variant); ``heal``: token healing (a local engine only: it
+    needs to constrain the first token). Returns (prompt, ms). Raises :class:`BadRequest` when
     the prompt plus ``max_tokens`` does not fit ``n_ctx`` tokens."""
     t0 = time.perf_counter_ns()
     prompt = make(
         template, tokenizer, req.prefix, req.suffix,
         max_prefix_tokens=model.max_prefix_tokens, max_suffix_tokens=model.max_suffix_tokens,
         context=req.context, language=req.language, current_path=path_of(req.uri),
-        order=model.fim_order,
+        order=model.fim_order, heal=heal,
     )
     if len(prompt.ids) + req.max_tokens + 1 >= n_ctx:
         raise BadRequest(

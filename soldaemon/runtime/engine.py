@@ -29,6 +29,7 @@ from .backend import Backend, LeanBackend, make_backend
 from .cudagraph import GraphDecoder
 from .draft import DraftLength, DraftModel, DraftProposer, PromptLookup
 from .generate import GenStats, TokenEvent, generate
+from .healing import HealingSampler, TokenTexts
 from .sampling import make_sampler
 from .residency import BudgetTooSmall, MemoryScheduler
 from .session import Cancelled, KVSession, SessionPool
@@ -87,13 +88,12 @@ class LocalEngine:
                 raise ConfigError(f"sol.memory_budget: {exc}",
                                   hint="raise sol.memory_budget, or lower model.max_context, model.kv_sessions "
                                        "or sol.prefetch_depth") from None
-            # every completion runs inside memory_scope (see _complete_scheduled)
-            self.complete = self._complete_scheduled  # type: ignore[method-assign]
         # uri → (prefix, suffix, completion) of the last completion, for type-through
         self._shown: dict[str, tuple[str, str, str]] = {}
         self.graphs: GraphDecoder | None = None   # CUDA-graph decode steps (warmup() sets it up on CUDA)
         # a superseded generation kept for the next keystroke (see _resume)
         self._parked: _Run | None = None
+        self._token_texts: TokenTexts | None = None   # token healing's vocabulary index
 
     # -- the Engine protocol -------------------------------------------------
 
@@ -151,12 +151,6 @@ class LocalEngine:
             return contextlib.nullcontext()
         return self.memory.request(req.priority)
 
-    def _complete_scheduled(self, req: CompletionRequest, cancel: CancelToken) -> Iterator[Event]:
-        """``complete`` inside :meth:`memory_scope` (installed as
-        ``self.complete`` by ``__init__``)."""
-        with self.memory_scope(req):
-            yield from LocalEngine.complete(self, req, cancel)
-
     def close(self) -> None:
         """Stop the memory scheduler's idle timer and prefetch thread."""
         if self.memory is not None:
@@ -177,6 +171,12 @@ class LocalEngine:
                        prompt_tokens=len(prompt.ids), cached_tokens=pre.cached)
 
     def complete(self, req: CompletionRequest, cancel: CancelToken) -> Iterator[Event]:
+        """Stream one completion (the Engine protocol), inside
+        :meth:`memory_scope`."""
+        with self.memory_scope(req):
+            yield from self._complete(req, cancel)
+
+    def _complete(self, req: CompletionRequest, cancel: CancelToken) -> Iterator[Event]:
         arrival = req.received_ns or time.perf_counter_ns()
         arrival_wall = time.time_ns() - (time.perf_counter_ns() - arrival)
         t_start = time.perf_counter_ns()
@@ -213,9 +213,11 @@ class LocalEngine:
             self.session = self.pool.acquire(req.uri)
             for candidate in range(req.n):
                 checker = StopChecker(req.prefix, req.suffix, multiline, max_lines)
-                decode = _Detok(self.tokenizer)
+                decode = _Detok(self.tokenizer, prompt.heal)
                 sampler = make_sampler(req.temperature, req.top_p,
                                        None if req.seed is None else req.seed + candidate)
+                if prompt.heal:
+                    sampler = HealingSampler(sampler, self.token_texts(), prompt.heal)
                 drafter: DraftProposer | None = None
                 draft_length = self.draft_length
                 if self.config.completion.speculative and sampler.greedy:
@@ -416,7 +418,13 @@ class LocalEngine:
         Returns (prompt, ms). ``make_prompt`` is looked up here at each call
         (``bench --quality --ablate outline`` swaps it)."""
         return build_fim_prompt(self.template, self.tokenizer, self.config.model, req, self.backend.n_ctx,
-                                make=make_prompt)
+                                make=make_prompt, heal=self.config.completion.token_healing)
+
+    def token_texts(self) -> TokenTexts:
+        """Every token's text, for token healing (built once, at warm-up)."""
+        if self._token_texts is None:
+            self._token_texts = TokenTexts(self.tokenizer)
+        return self._token_texts
 
     def _validate(self, req: CompletionRequest) -> None:
         validate_request(req)
@@ -516,13 +524,17 @@ class _Detok:
     """Incremental detokenization that never splits a UTF-8 character: text
     ending in U+FFFD (an incomplete byte sequence) is held back."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, skip: str = "") -> None:
         self.tokenizer = tokenizer
+        self.skip = skip             # token healing: the prompt text the generation starts by re-writing
         self.tokens: list[int] = []
         self.current = ""
 
     def text(self, tokens: list[int]) -> str:
-        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        if self.skip:
+            return text[len(self.skip):] if text.startswith(self.skip) else ""
+        return text
 
     def push(self, tokens: list[int]) -> None:
         self.tokens.extend(tokens)

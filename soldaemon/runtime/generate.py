@@ -94,7 +94,9 @@ def generate(
             assert drafter is not None
             drafter.extend(new)
             k = min(draft_k, budget)
-            if draft_length is not None:
+            if getattr(sampler, "constrained", False):
+                k = 0            # token healing still picks the next token (runtime/healing.py)
+            elif draft_length is not None:
                 k = min(k, draft_length.choose(budget))
             draft = _until_stop(drafter.propose(k), stop_ids) if k > 0 else []
         generated.extend(new)
