@@ -82,6 +82,7 @@ DecodeDtype = Literal["auto", "same", "float16", "bfloat16"]
 BackendKind = Literal["local", "remote"]
 PromptFormat = Literal["text", "tokens"]
 FimOrder = Literal["psm", "spm"]
+ContextChoice = Literal["relevance", "order"]
 
 _T = TypeVar("_T")
 
@@ -425,6 +426,13 @@ class ModelConfig:
     # first: typing only appends, so the whole prompt before the cursor stays
     # in the KV cache; llama.cpp's spm_infill layout).
     fim_order: FimOrder = _setting("psm", _choice(get_args(FimOrder)))
+    # Context from other files (a request's context chunks): "relevance" cuts
+    # them into snippets and keeps those that share the most names with the
+    # code around the cursor (soldaemon/relevance.py); "order" keeps the
+    # chunks as sent, in order, until the budget is spent.
+    context: ContextChoice = _setting("relevance", _choice(get_args(ContextChoice)))
+    # Context from other files in the prompt; tokens, >= 0.
+    max_context_tokens: int = _setting(1024, _int(0))
     # Documents whose KV cache is kept (an LRU, one cache of max_context each).
     kv_sessions: int = _setting(4, _int(1, 64))
 

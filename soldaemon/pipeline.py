@@ -18,6 +18,7 @@ from .api import CompletionRequest, Delta, Done, Event, Timings
 from .config import ModelConfig
 from .errors import BadRequest
 from .fim import FimPrompt, FimTemplate, make_prompt
+from .relevance import ContextSelector
 
 # Characters a preview holds back at its end: post-processing may still drop
 # them (trailing blanks, closers the suffix already has).
@@ -47,19 +48,34 @@ def path_of(uri: str) -> str | None:
     return None if uri.startswith("untitled:") else uri
 
 
+def context_selector(model: ModelConfig) -> ContextSelector | None:
+    """The engine's context chooser for ``model.context`` (None: as sent)."""
+    if model.context != "relevance":
+        return None
+    return ContextSelector(max_chars=4 * model.max_context_tokens)  # ~4 characters a token in code
+
+
 def build_fim_prompt(template: FimTemplate, tokenizer: Any, model: ModelConfig, req: CompletionRequest,
                      n_ctx: int, *, make: Callable[..., FimPrompt] = make_prompt,
-                     heal: bool = False) -> tuple[FimPrompt, float]:
+                     heal: bool = False, selector: ContextSelector | None = None) -> tuple[FimPrompt, float]:
     """Window, tokenize and template ``req`` (``model``'s budgets and FIM
     order) with ``make`` (:func:`soldaemon.fim.make_prompt`; a caller may
     pass a variant); ``heal``: token healing (a local engine only: it
-    needs to constrain the first token). Returns (prompt, ms). Raises :class:`BadRequest` when
+    needs to constrain the first token); ``selector``: context chosen by
+    relevance to the cursor (``model.context: relevance``), else the
+    request's chunks in order. Returns (prompt, ms). Raises :class:`BadRequest` when
     the prompt plus ``max_tokens`` does not fit ``n_ctx`` tokens."""
     t0 = time.perf_counter_ns()
+    context = req.context
+    # context gets what the window budgets and the completion leave of n_ctx
+    ctx_tokens = max(0, min(model.max_context_tokens,
+                            n_ctx - model.max_prefix_tokens - model.max_suffix_tokens - req.max_tokens - 16))
+    if selector is not None and context:
+        context = selector.select(req.uri, req.prefix, req.suffix, context)
     prompt = make(
         template, tokenizer, req.prefix, req.suffix,
         max_prefix_tokens=model.max_prefix_tokens, max_suffix_tokens=model.max_suffix_tokens,
-        context=req.context, language=req.language, current_path=path_of(req.uri),
+        context=context, max_context_tokens=ctx_tokens, language=req.language, current_path=path_of(req.uri),
         order=model.fim_order, heal=heal,
     )
     if len(prompt.ids) + req.max_tokens + 1 >= n_ctx:

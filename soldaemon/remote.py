@@ -53,6 +53,7 @@ from .pipeline import (
     Previewer,
     Shown,
     build_fim_prompt,
+    context_selector,
     remember,
     type_through,
     type_through_events,
@@ -589,6 +590,7 @@ class RemoteEngine:
         self.tokenizer = tokenizer
         self.tokenizer_name = tokenizer_name
         self.template: FimTemplate = detect_template(tokenizer)
+        self.context_selector = context_selector(config.model)   # model.context: relevance
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
                          "User-Agent": "soldaemon"}
         key = read_api_key(bc.api_key_env, str(bc.api_key_file) if bc.api_key_file else None)
@@ -751,7 +753,7 @@ class RemoteEngine:
 
     def build_prompt(self, req: CompletionRequest) -> tuple[FimPrompt, float]:
         return build_fim_prompt(self.template, self.tokenizer, self.config.model, req,
-                                self.config.model.max_context)
+                                self.config.model.max_context, selector=self.context_selector)
 
     def prompt_text(self, prompt: FimPrompt) -> str:
         """The prompt as the engine's tokenizer should read it: the text

@@ -224,6 +224,8 @@ BAD_VALUES: list[tuple[str, str, Any, str]] = [
     ("model", "draft_model", ["a"], "['a']"),
     ("model", "cache_reuse", -1, "-1"),
     ("model", "fim_order", "pms", "\"pms\""),
+    ("model", "context", "recent", "\"recent\""),
+    ("model", "max_context_tokens", -1, "-1"),
     ("device", "cuda_graphs", "yes", "\"yes\""),
     ("model", "kv_sessions", 0, "0"),
     ("model", "decode_dtype", "int4", '"int4"'),

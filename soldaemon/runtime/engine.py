@@ -22,7 +22,7 @@ from ..config import Config
 from ..errors import BadRequest, ConfigError, ModelError
 from ..fim import FimPrompt, FimTemplate, detect_template, make_prompt
 from ..model.loader import LoadedModel, load_model
-from ..pipeline import build_fim_prompt, remember, type_through, validate_request
+from ..pipeline import build_fim_prompt, context_selector, remember, type_through, validate_request
 from ..pipeline import preview as _preview  # the hold-back rule, shared with the remote engine
 from ..postprocess import StopChecker, decide_multiline, postprocess
 from .backend import Backend, LeanBackend, make_backend
@@ -94,6 +94,7 @@ class LocalEngine:
         # a superseded generation kept for the next keystroke (see _resume)
         self._parked: _Run | None = None
         self._token_texts: TokenTexts | None = None   # token healing's vocabulary index
+        self.context_selector = context_selector(config.model)   # model.context: relevance
 
     # -- the Engine protocol -------------------------------------------------
 
@@ -418,7 +419,8 @@ class LocalEngine:
         Returns (prompt, ms). ``make_prompt`` is looked up here at each call
         (``bench --quality --ablate outline`` swaps it)."""
         return build_fim_prompt(self.template, self.tokenizer, self.config.model, req, self.backend.n_ctx,
-                                make=make_prompt, heal=self.config.completion.token_healing)
+                                make=make_prompt, heal=self.config.completion.token_healing,
+                                selector=self.context_selector)
 
     def token_texts(self) -> TokenTexts:
         """Every token's text, for token healing (built once, at warm-up)."""
