@@ -69,6 +69,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--quality: also run the daemon with these parts toggled (outline: on, as it is off by default)")
     p.add_argument("--baselines-only", action="store_true",
                    help="--quality: only the --baselines columns (e.g. to add llama.cpp to an earlier run's holes)")
+    p.add_argument("--context", choices=("none", "siblings"), default="none",
+                   help="--quality: siblings: also run the daemon with the other source files of each hole's "
+                        "directory as context chunks, chosen by relevance and (ablation) as sent")
 
 
 @dataclass
