@@ -24,6 +24,7 @@ class Hole:
     suffix: str
     expected: str      # the text that was removed (rest of the line, or whole lines)
     kind: str = "line"  # "line": the rest of one line; "block": 2-6 whole lines
+    file: str = ""      # the file's full path (not written to results: it names this machine)
 
 
 def default_corpus() -> list[Path]:
@@ -79,7 +80,7 @@ def cut_line_holes(files: list[Path], n: int, seed: int = 0, *, min_rest: int = 
         start = sum(len(s) for s in lines[: ln - 1])
         prefix = text[: start + col]
         suffix = text[start + len(body):]
-        holes.append(Hole(str(path.name), ln, prefix, suffix, body[col:]))
+        holes.append(Hole(str(path.name), ln, prefix, suffix, body[col:], file=str(path)))
         if len(holes) == n:
             break
     return holes
@@ -151,7 +152,7 @@ def _line_hole(rng: random.Random, path: Path, text: str, ln: int, min_rest: int
     rest = body[col:]
     if not rest.strip() or len(rest.strip()) < 2:
         return None
-    return Hole(path.name, ln, text[: start + col], text[start + len(body):], rest, "line")
+    return Hole(path.name, ln, text[: start + col], text[start + len(body):], rest, "line", str(path))
 
 
 def _block_hole(path: Path, text: str, first: int, last: int) -> Hole | None:
@@ -166,7 +167,7 @@ def _block_hole(path: Path, text: str, first: int, last: int) -> Hole | None:
     expected = text[start + indent: end]
     if not expected.strip() or "\n" not in expected:
         return None
-    return Hole(path.name, first, text[: start + indent], text[end:], expected, "block")
+    return Hole(path.name, first, text[: start + indent], text[end:], expected, "block", str(path))
 
 
 @dataclass(frozen=True)

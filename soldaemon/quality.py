@@ -19,6 +19,12 @@ docstring), seeded. Every hole goes, in the same run, to these columns:
 - ``sol +outline`` / ``sol -outline`` (``--ablate outline``): the daemon
   with the outline of what the prefix window left out
   (:func:`soldaemon.fim.scope_outline`) toggled from its default (off);
+- ``sol+ctx`` / ``sol+ctx[order]`` (``--context siblings``): the daemon
+  with the other source files of the hole's directory as context chunks
+  (:func:`sibling_context`), chosen by relevance to the cursor
+  (:mod:`soldaemon.relevance`, ``model.context: relevance``) and, as the
+  ablation, as sent (``model.context: order``: by file name, each from its
+  start, until the budget is spent);
 - ``llama.cpp`` (``--baselines`` naming it, as by default): llama.cpp's raw output through ``llama-cpp-python`` on the
   model's GGUF with the same plain prompt ids (when installed and the model
   has a GGUF).
@@ -42,10 +48,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .api import CancelToken, CompletionRequest, Done
+from .api import CancelToken, CompletionRequest, ContextChunk, Done
 from .config import Config
 from .errors import BadRequest
 from .holes import Hole, cut_holes, default_corpus
+from .relevance import ContextSelector
 
 DEFAULT_HOLES = 40
 DEFAULT_TOKENS = 48
@@ -173,12 +180,23 @@ def plain_prompt(engine: Any, hole: Hole) -> list[int]:
     return build_prompt(engine.template, pre, suf)
 
 
-def run_sol(engine: Any, hole: Hole, uri: str, max_tokens: int) -> tuple[str, float, int, int]:
+def sibling_context(hole: Hole, max_files: int = 32, max_chars: int = 200_000) -> tuple[ContextChunk, ...]:
+    """The other source files of ``hole``'s directory (same extension, by
+    name, at most ``max_files``, each cut at ``max_chars``), as the context
+    chunks an editor with those files open would send."""
+    path = Path(hole.file or hole.path)
+    files = sorted(p for p in path.parent.glob(f"*{path.suffix}") if p.name != path.name and p.is_file())
+    return tuple(ContextChunk(f"file://{p}", p.read_text(encoding="utf-8", errors="replace")[:max_chars])
+                 for p in files[:max_files])
+
+
+def run_sol(engine: Any, hole: Hole, uri: str, max_tokens: int,
+            context: tuple[ContextChunk, ...] = ()) -> tuple[str, float, int, int]:
     """The daemon's full pipeline on a cold cache. Returns (text, e2e ms,
     prompt tokens, generated tokens)."""
     engine.pool.acquire(uri).truncate(0)
     req = CompletionRequest(id="q", uri=uri, prefix=hole.prefix, suffix=hole.suffix, language="python",
-                            max_tokens=max_tokens, received_ns=time.perf_counter_ns())
+                            max_tokens=max_tokens, received_ns=time.perf_counter_ns(), context=context)
     done = [ev for ev in engine.complete(req, CancelToken()) if isinstance(ev, Done)][0]
     engine.pool.acquire(uri).truncate(0)  # no type-through or reuse into the next column/hole
     engine._shown.pop(uri, None)
@@ -347,7 +365,8 @@ def _write_json(path: Path, info: dict[str, Any], seed: int, max_tokens: int, fi
         "summary": {c.name: {"all": c.summary(kinds), **{k: c.summary(kinds, k) for k in ("line", "block")}}
                     for c in columns},
         "holes": [{"path": h.path, "line": h.line, "kind": h.kind, "expected": h.expected,
-                   "out": {c.name: {"text": c.texts[i], **asdict(c.scores[i]), "e2e_ms": c.e2e_ms[i]}
+                   "out": {c.name: {"text": c.texts[i], **asdict(c.scores[i]), "e2e_ms": c.e2e_ms[i],
+                                    "prompt_tokens": c.prompt_tokens[i]}
                            for c in columns}}
                   for i, h in enumerate(holes)],
     }, indent=1))
@@ -399,7 +418,11 @@ def run(args: argparse.Namespace, config: Config) -> int:
     raw_pp = Column("raw+pp") if want_raw else None
     sign = "-" if _outline_default() > 0 else "+"
     no_outline = Column(f"{sol_configs[0][0]} {sign}outline") if "outline" in ablate and sol_configs else None
+    siblings = getattr(args, "context", "none") == "siblings" and bool(sol_configs)
+    ctx_rel = Column(f"{sol_configs[0][0]}+ctx") if siblings else None
+    ctx_order = Column(f"{sol_configs[0][0]}+ctx[order]") if siblings else None
     columns = ([Column(name) for name, _ in sol_configs] + ([no_outline] if no_outline else [])
+               + ([ctx_rel, ctx_order] if ctx_rel and ctx_order else [])
                + ([raw, raw_pp] if raw and raw_pp else []) + ([Column("llama.cpp")] if llama else []))
     kinds = [h.kind for h in holes]
     t_start = time.time()
@@ -412,6 +435,15 @@ def run(args: argparse.Namespace, config: Config) -> int:
             engine.config = sol_configs[0][1]
             with _ToggleOutline():
                 no_outline.add(hole, *run_sol(engine, hole, uri, max_tokens), python=True)
+        if ctx_rel is not None and ctx_order is not None:
+            engine.config = sol_configs[0][1]
+            chunks = sibling_context(hole)
+            selector = engine.context_selector
+            engine.context_selector = ContextSelector(max_chars=4 * sol_configs[0][1].model.max_context_tokens)
+            ctx_rel.add(hole, *run_sol(engine, hole, uri, max_tokens, chunks), python=True)
+            engine.context_selector = None          # model.context: order -- the chunks as sent
+            ctx_order.add(hole, *run_sol(engine, hole, uri, max_tokens, chunks), python=True)
+            engine.context_selector = selector
         engine.config = config
         if raw is not None and raw_pp is not None:
             text, ms, n_prompt, n_gen = run_raw(engine, hole, max_tokens)
