@@ -2,7 +2,10 @@
 edited and recently opened documents.
 
 An entry is an anchor ``(uri, line)``: where the user opened (line 0) or last
-edited a document. The chunk's text is read from the live document when a
+edited a document. An edit's chunk is the lines around it; an opened
+document's is the whole document (up to ``max_chunk_chars``): the daemon cuts
+chunks into snippets and keeps those relevant to the cursor
+(``soldaemon/relevance.py``), so it needs the definitions, not just the head. The chunk's text is read from the live document when a
 completion is built, so typing costs one O(entries) update and no copying; a
 document that is closed keeps a snapshot of its chunks.
 
@@ -36,13 +39,14 @@ class _Anchor:
     line: int
     stamp: float
     snapshot: str | None = None        # set once the document is closed
+    whole: bool = False                # an open, not an edit: the whole document
 
 
 class ContextRing:
     """Recently edited and opened spots, newest last."""
 
     def __init__(self, *, max_entries: int = 16, max_chunks: int = 8, chunk_lines: int = 40,
-                 max_chunk_chars: int = 4000, max_total_chars: int = 16000) -> None:
+                 max_chunk_chars: int = 24000, max_total_chars: int = 64000) -> None:
         self.max_entries = max(0, max_entries)
         self.max_chunks = max(0, min(max_chunks, 32))  # protocol: at most 32 chunks
         self.chunk_lines = max(2, chunk_lines)
@@ -61,7 +65,7 @@ class ContextRing:
         for index, anchor in enumerate(self._anchors):
             if anchor.uri == uri and anchor.snapshot is None and abs(anchor.line - line) <= half:
                 del self._anchors[index]
-                anchor.line, anchor.stamp = line, time.monotonic()
+                anchor.line, anchor.stamp, anchor.whole = line, time.monotonic(), False
                 self._anchors.append(anchor)
                 return
         self._anchors.append(_Anchor(uri, line, time.monotonic()))
@@ -73,6 +77,7 @@ class ContextRing:
         self._anchors = [a for a in self._anchors if not (a.uri == uri and a.snapshot is not None)]
         if store.get(uri) is not None:
             self.touch(uri, 0)
+            self._anchors[-1].whole = True
 
     def closed(self, uri: str, store: DocumentStore) -> None:
         """Snapshot ``uri``'s chunks before the document goes away (call
@@ -87,6 +92,8 @@ class ContextRing:
         doc = store.get(anchor.uri)
         if doc is None:
             return ""
+        if anchor.whole:
+            return doc.text[: self.max_chunk_chars]
         half = self.chunk_lines // 2
         first = max(0, anchor.line - half)
         text = doc.lines(first, first + self.chunk_lines)
@@ -96,10 +103,16 @@ class ContextRing:
         """Context for a completion in ``for_uri`` (see the module contract)."""
         out: list[ContextChunk] = []
         total = 0
+        # a document sent whole (it fits max_chunk_chars) needs no windows besides
+        whole = set()
+        for anchor in self._anchors:
+            doc = store.get(anchor.uri) if anchor.whole and anchor.snapshot is None else None
+            if doc is not None and len(doc.text) <= self.max_chunk_chars:
+                whole.add(anchor.uri)
         for anchor in reversed(self._anchors):
             if len(out) >= self.max_chunks:
                 break
-            if anchor.uri == for_uri:
+            if anchor.uri == for_uri or (anchor.uri in whole and not anchor.whole):
                 continue
             text = self._read(anchor, store)
             if not text.strip():

@@ -32,6 +32,7 @@ document unless a new one scores clearly higher (``stickiness``).
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections import Counter, OrderedDict
@@ -139,6 +140,14 @@ def _defined(snippet: str) -> set[str]:
     return out
 
 
+@functools.lru_cache(maxsize=256)
+def _analysed(text: str) -> tuple[tuple[int, str, frozenset[str], frozenset[str]], ...]:
+    """:func:`split_snippets` with each snippet's identifiers and definitions,
+    cached: the same open files come with every keystroke."""
+    return tuple((line, snippet, frozenset(identifiers(snippet)), frozenset(_defined(snippet)))
+                 for line, snippet in split_snippets(text))
+
+
 def rank(prefix: str, suffix: str, chunks: Sequence[ContextChunk], *,
          exclude_uri: str | None = None) -> list[Snippet]:
     """Every snippet of ``chunks`` with its score, best first (see the module
@@ -149,15 +158,14 @@ def rank(prefix: str, suffix: str, chunks: Sequence[ContextChunk], *,
         suffix.split("\n")[1:QUERY_LINES_AFTER + 1])
     query = Counter(identifiers(near))
     stems, imported = imports_of(prefix)
-    snippets: list[tuple[int, int, str, str, set[str], set[str]]] = []
+    snippets: list[tuple[int, int, str, str, frozenset[str], frozenset[str]]] = []
     df: Counter[str] = Counter()
     for order, chunk in enumerate(chunks):
         if exclude_uri is not None and chunk.uri == exclude_uri:
             continue
-        for line, text in split_snippets(chunk.text):
-            words = set(identifiers(text))
+        for line, text, words, defined in _analysed(chunk.text):
             df.update(words)
-            snippets.append((order, line, chunk.uri, text, words, _defined(text)))
+            snippets.append((order, line, chunk.uri, text, words, defined))
     if not snippets:
         return []
     n = len(snippets)

@@ -131,6 +131,23 @@ def test_context_ring_bounds_order_and_snapshots() -> None:
     assert [c.uri for c in ring.chunks("file:///cur", store)] == ["file:///b", "file:///a"]  # snapshot
 
 
+def test_context_ring_sends_an_opened_document_whole_and_an_edit_as_its_window() -> None:
+    body = "".join(f"line {i}\n" for i in range(200))
+    big = "".join(f"line {i}\n" for i in range(2000))
+    store = _store(a=body, b=big, cur="x\n")
+    ring = ContextRing(chunk_lines=10, max_chunk_chars=4000)
+    ring.opened("file:///a", store)
+    ring.opened("file:///b", store)
+    ring.touch("file:///a", 150)               # an edit in a document sent whole: nothing more to send
+    ring.touch("file:///b", 1500)              # one past what its whole chunk holds: a window of its own
+    chunks = [(c.uri, c.text) for c in ring.chunks("file:///cur", store)]
+    assert chunks[0][0] == "file:///b" and chunks[0][1].startswith("line 1495") and chunks[0][1].count("\n") == 10
+    assert ("file:///a", body) in chunks       # the whole document: the daemon picks what is relevant
+    assert [u for u, _ in chunks].count("file:///a") == 1
+    head = [t for u, t in chunks if u == "file:///b" and t.startswith("line 0\n")]
+    assert head and len(head[0]) == 4000       # a big document's head, cut at max_chunk_chars
+
+
 # --------------------------------------------------------------------------
 # Settings and event params
 # --------------------------------------------------------------------------
