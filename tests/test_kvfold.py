@@ -169,12 +169,14 @@ def test_engine_quantizes_parked_kv_only_when_memory_is_short(tiny: Path) -> Non
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1500)  # ~2 min on a quiet 2-core CPU; 15 min was seen on a loaded one
+@pytest.mark.timeout(1500)  # ~1 min on a quiet 2-core CPU; several times that on a loaded one
 def test_folding_agrees_with_unfolded_on_real_code() -> None:
-    """The default threshold's evidence: 20 real holes from the standard
-    library, 8 greedy tokens each; folded must equal unfolded in >= 95%.
-    The same run as ``python -m soldaemon.runtime.kvfold --holes 20 --tokens 8
-    --prefix-tokens 256`` (docs/memory.md)."""
+    """Real agreement on real code at the default threshold: the first 10
+    holes of the 40-hole run in docs/memory.md (``python -m
+    soldaemon.runtime.kvfold --holes 40 --tokens 8 --prefix-tokens 256
+    --thresholds 0.1``), 8 greedy tokens each; folded must equal unfolded on
+    at least 9 of 10. The 95 % bar itself is shown by that 40-hole run; 10
+    holes keep this test at half the CPU time of the 20 it used to run."""
     from soldaemon.config import config_from_dict
     from soldaemon.holes import cut_line_holes, default_corpus
     from soldaemon.model.loader import load_model
@@ -186,8 +188,10 @@ def test_folding_agrees_with_unfolded_on_real_code() -> None:
     config = config_from_dict({"model": {"max_prefix_tokens": 256, "max_suffix_tokens": 64, "max_context": 1024},
                                "device": {"device": "cpu"}})
     engine = LocalEngine(load_model(None, device="cpu", dtype="auto", progress=False), config)
-    holes = cut_line_holes(default_corpus(), 20, seed=5)
+    holes = cut_line_holes(default_corpus(), 10, seed=5)       # = the first 10 of the 40 (one shuffled order)
+    assert holes == cut_line_holes(default_corpus(), 40, seed=5)[:10]
     stats = measure_agreement(engine, holes, [default], tokens=8)[default]
-    assert stats["holes"] == 20
+    engine.close()
+    assert stats["holes"] == 10
     assert stats["fold_ratio"] > 0.2, stats          # it does fold a real share of the KV
-    assert stats["agree"] >= 0.95, stats
+    assert stats["agree"] >= 0.9, stats

@@ -252,8 +252,9 @@ def main(argv: list[str] | None = None) -> int:
                  f"{args.prefix_tokens}")
     if not all(0.0 <= t <= 1.0 for t in args.thresholds):
         ap.error(f"--thresholds must be numbers in [0, 1], got {args.thresholds}")
+    # room for the prompt (prefix + 64 suffix tokens), the completion and the greedy tokens
     config = config_from_dict({"model": {"max_prefix_tokens": args.prefix_tokens, "max_suffix_tokens": 64,
-                                         "max_context": 1024},
+                                         "max_context": max(1024, args.prefix_tokens + 256 + args.tokens)},
                                "sol": {"kv_folding_entropy_threshold": 0.0}, "device": {"device": "cpu"}})
     engine = LocalEngine(load_model(None, device="cpu", dtype="auto", progress=False), config)
     holes = cut_line_holes(default_corpus(), args.holes, seed=5)
