@@ -6,7 +6,9 @@ Prints (and writes as JSON) the host→device copy bandwidth and, with 100%,
 prefetched ``--depth`` layers ahead on a side stream): TTFT of a
 ``--prompt-tokens`` prefill, time per decoded token, prefetch hit rate,
 fallbacks, and the cost the planner predicts from the bandwidth next to the
-cost measured. Greedy tokens must be identical in every row.
+cost measured. Greedy tokens must be identical in every row. Then what
+parking a document's KV costs on the device (KV folding): the prompt's KV
+trimmed only, and quantized at threshold 0.1 — score, park and restore ms.
 
     python scripts/gpu_memory.py                      # embedded model, CUDA
     python scripts/gpu_memory.py --device cpu --model DIR --prompt-tokens 64 --tokens 4   # dry run
@@ -33,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from soldaemon.model.loader import load_model  # noqa: E402
 from soldaemon.runtime.backend import LeanBackend  # noqa: E402
 from soldaemon.runtime.engine import resolve_decode_dtype  # noqa: E402
+from soldaemon.runtime.kvfold import block_scores, fold, unfold  # noqa: E402
 from soldaemon.runtime.residency import PrefetchStats, WeightStore, measure_copy_bandwidth  # noqa: E402
 
 
@@ -66,6 +69,46 @@ def _run(backend: LeanBackend, ids: torch.Tensor, n: int) -> tuple[float, float,
         toks.append(tok)
     per_token = (time.perf_counter() - t1) * 1e3 / max(1, n - 1)
     return ttft, per_token, toks
+
+
+def _kv_park_costs(backend: LeanBackend, ids: torch.Tensor, repeats: int) -> list[dict]:
+    """KV folding on this device: the prompt's KV (prefilled with queries
+    recorded) parked at threshold 0 (trimmed only) and 0.1 (low-attention
+    blocks int8), then written back; ms, the median of ``repeats``, with a
+    device sync around each step. The KV is restored after each repeat."""
+    dev = backend.device
+    backend.record_queries()
+    backend.forward(ids, 0, precise=True)
+    assert backend.last_q is not None
+    k, v = backend.current_cache()
+    n = len(ids)
+    saved_k, saved_v = k[:, :, :n].clone(), v[:, :, :n].clone()
+    out = []
+    for threshold in (0.0, 0.1):
+        times = []
+        for _ in range(max(1, repeats)):
+            _sync(dev)
+            t0 = time.perf_counter()
+            scores = block_scores(k, backend.last_q, n, backend.scale) if threshold > 0 else None
+            _sync(dev)
+            t1 = time.perf_counter()
+            f = fold(k, v, n, scores, threshold)
+            _sync(dev)
+            t2 = time.perf_counter()
+            unfold(f, k, v)
+            _sync(dev)
+            t3 = time.perf_counter()
+            times.append(((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3))
+            k[:, :, :n] = saved_k
+            v[:, :, :n] = saved_v
+        score_ms, park_ms, restore_ms = (sorted(x)[len(x) // 2] for x in zip(*times))
+        out.append({"threshold": threshold, "tokens": n, "trimmed_mb": round(f.trimmed_bytes() / 2**20, 2),
+                    "stored_mb": round(f.nbytes() / 2**20, 2),
+                    "share_quantized": round(f.folded_block_bytes() / max(1, f.trimmed_bytes()), 4),
+                    "score_ms": round(score_ms, 3), "park_ms": round(park_ms, 3),
+                    "restore_ms": round(restore_ms, 3)})
+    backend.record_queries(False)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,10 +196,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"all-resident reference (before the rows): TTFT {base['ttft']:.1f} ms, {base['tok']:.2f} ms/token")
     print("predicted = max(all-resident time, offloaded bytes / measured bandwidth) with prefetch "
           "(their sum without); resident = share of decoder layers on the device")
+    kv = _kv_park_costs(backend, ids, args.repeats)
+    print(f"KV parking ({kv[0]['tokens']} tokens, {loaded.dtype}): "
+          + "; ".join(f"{'trimmed only' if r['threshold'] == 0 else 'quantized at ' + str(r['threshold'])}: "
+                      f"{r['trimmed_mb']} -> {r['stored_mb']} MB, score {r['score_ms']:.2f} + park "
+                      f"{r['park_ms']:.2f} + restore {r['restore_ms']:.2f} ms" for r in kv))
     result = {"device": "cpu" if dev.type == "cpu" else gpu, "model": loaded.name, "dtype": str(loaded.dtype),
               "layers": store.n_layers, "copy_bandwidth_gbs": round(bw, 3), "prefetch_depth": args.depth,
               "prompt_tokens": len(ids_list), "tokens": args.tokens,
-              "reference": {"ttft_ms": round(base["ttft"], 2), "ms_per_token": round(base["tok"], 3)}, "rows": rows}
+              "reference": {"ttft_ms": round(base["ttft"], 2), "ms_per_token": round(base["tok"], 3)}, "rows": rows,
+              "kv_park": kv}
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     store.close()

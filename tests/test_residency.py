@@ -304,6 +304,10 @@ def test_gpu_memory_script_cpu_dry_run(tiny_path: Path, tmp_path: Path) -> None:
     assert rows[100]["offloaded_layers"] == 0 and rows[50]["offloaded_layers"] > 0
     assert all(r["same_tokens"] for r in data["rows"])
     assert "resident" in proc.stdout and "predicted" in proc.stdout
+    trim, quant = data["kv_park"]
+    assert (trim["threshold"], quant["threshold"]) == (0.0, 0.1) and trim["tokens"] == 64
+    assert trim["stored_mb"] >= trim["trimmed_mb"] > 0 and trim["share_quantized"] == 0
+    assert trim["park_ms"] >= 0 and quant["score_ms"] > 0 and "KV parking" in proc.stdout
 
 
 # -- KV folding only while memory is short -------------------------------------------
