@@ -65,8 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="score completions on holes cut from real code (daemon vs raw model vs llama.cpp) instead")
     p.add_argument("--fim-orders", nargs="*", choices=("psm", "spm"),
                    help="--quality: one daemon column per FIM order (default: the configured order)")
-    p.add_argument("--ablate", nargs="*", choices=("outline",),
-                   help="--quality: also run the daemon with these parts toggled (outline: on, as it is off by default)")
+    p.add_argument("--ablate", nargs="*", choices=("outline", "healing"),
+                   help="--quality: also run the daemon with these parts toggled (outline: on, as it is off by default; "
+                        "healing: off)")
     p.add_argument("--baselines-only", action="store_true",
                    help="--quality: only the --baselines columns (e.g. to add llama.cpp to an earlier run's holes)")
     p.add_argument("--context", choices=("none", "siblings"), default="none",
