@@ -97,10 +97,12 @@ def test_bench_quality_bad_corpus_is_a_clear_error(tmp_path: Path, capsys: pytes
 def test_bench_quality_with_sibling_context(tiny_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pkg = tmp_path / "pkg"
     pkg.mkdir()
-    (pkg / "shapes.py").write_text(SRC)
+    (pkg / "shapes.py").write_text(
+        'from util import scale\n\n\ndef grow(w, h, factor):\n    """Grow a rectangle.\n\n    Not here.\n    """\n'
+        '    if factor <= 0:\n        raise ValueError("bad factor")\n    width = scale(w, factor)\n'
+        '    height = scale(h, factor)\n    return width, height\n')
     (pkg / "util.py").write_text("def scale(value, factor):\n    return value * factor\n\n\n"
-                                 "def clamp(value, lo, hi):\n    return max(lo, min(hi, value))\n\n\n"
-                                 "def perimeter(w, h):\n    result = 2 * (w + h)\n    return result\n")
+                                 "def clamp(value, lo, hi):\n    return max(lo, min(hi, value))\n")
     out = tmp_path / "q.json"
     rc = main(["bench", "--quality", "--model", str(tiny_dir), "--threads", "1", "--holes", "2", "--tokens", "4",
                "--corpus", str(pkg / "shapes.py"), "--context", "siblings", "--baselines", "--ablate", "healing",
@@ -111,10 +113,10 @@ def test_bench_quality_with_sibling_context(tiny_dir: Path, tmp_path: Path, caps
     data = json.loads(out.read_text())
     for h in data["holes"]:
         plain, rel, order = h["out"]["sol"], h["out"]["sol+ctx"], h["out"]["sol+ctx[order]"]
-        # the sibling file is sent; as sent it always goes in, by relevance only when it shares names
+        # the sibling file is sent; as sent it always goes in, by relevance only for what the code uses
         assert order["prompt_tokens"] > plain["prompt_tokens"]
         assert rel["prompt_tokens"] >= plain["prompt_tokens"]
-    # `perimeter` shares `result` with the code around the holes; `scale` and `clamp` share nothing
+    # the holes' code calls `scale` (defined in util.py); nothing uses `clamp`
     assert any(h["out"]["sol+ctx"]["prompt_tokens"] > h["out"]["sol"]["prompt_tokens"] for h in data["holes"])
     assert all(h["out"]["sol+ctx"]["prompt_tokens"] < h["out"]["sol+ctx[order]"]["prompt_tokens"]
                for h in data["holes"])

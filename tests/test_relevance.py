@@ -76,15 +76,21 @@ def test_the_definitions_of_names_near_the_cursor_rank_first() -> None:
     assert ranked[0].uri.endswith("geometry.py")
     top2 = [r.text for r in ranked[:2]]
     assert any("def circle_area" in t for t in top2) and any("class Canvas" in t for t in top2)
-    # nothing of the unrelated file has a name in common with the cursor's code
-    assert all(r.score < 0.05 for r in ranked if r.uri.endswith("http.py"))
-    # the rest of an imported module comes next (the import bonus), the unrelated file never
-    assert "def polygon_perimeter" in ranked[2].text and ranked[2].score > 0.05
+    assert ranked[0].relevant and ranked[1].relevant
+    # only definitions of names the cursor's code uses count: not the unrelated
+    # file, not the rest of the imported module
+    assert [r.relevant for r in ranked[2:]] == [False] * (len(ranked) - 2)
     chosen = pack(choose(ranked, 10_000))
     assert [c.uri for c in chosen] == ["file:///p/geometry.py"]
-    two = pack(choose(ranked, len(ranked[0].text) + len(ranked[1].text)))
-    assert "def circle_area" in two[0].text and "class Canvas" in two[0].text
-    assert "def polygon_perimeter" not in two[0].text
+    assert "def circle_area" in chosen[0].text and "class Canvas" in chosen[0].text
+    assert "def polygon_perimeter" not in chosen[0].text
+
+
+def test_names_the_file_defines_itself_bring_no_context() -> None:
+    own = PREFIX.replace("from geometry import circle_area\n", "def circle_area(r):\n    return 3 * r * r\n\n"
+                         "class Canvas:\n    pass\n")
+    chunks = [ContextChunk("file:///p/geometry.py", GEOMETRY)]
+    assert choose(rank(own, SUFFIX, chunks), 10_000) == []
 
 
 def test_the_budget_keeps_the_best_and_the_layout_keeps_file_order() -> None:
