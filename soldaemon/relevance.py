@@ -141,21 +141,13 @@ def split_snippets(text: str) -> list[tuple[int, str]]:
 _ANY_ASSIGN = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?::[^=]*)?=(?!=)")
 
 
-def _defined_anywhere(text: str) -> set[str]:
-    """Names ``text`` defines at any depth (defs, classes, assignments,
-    parameters are left out): what the current file explains itself."""
+def _defined(text: str, assign: re.Pattern[str] = _ASSIGN) -> set[str]:
+    """Names ``text`` defines: defs and classes at any depth, assignments
+    matching ``assign`` (default: at the top level; :data:`_ANY_ASSIGN`:
+    at any depth, what the current file explains itself)."""
     out: set[str] = set()
     for line in text.splitlines():
-        m = _DEF.match(line) or _ANY_ASSIGN.match(line)
-        if m:
-            out.add(m.group(1))
-    return out
-
-
-def _defined(snippet: str) -> set[str]:
-    out: set[str] = set()
-    for line in snippet.splitlines():
-        m = _DEF.match(line) or _ASSIGN.match(line)
+        m = _DEF.match(line) or assign.match(line)
         if m:
             out.add(m.group(1))
     return out
@@ -179,7 +171,7 @@ def rank(prefix: str, suffix: str, chunks: Sequence[ContextChunk], *,
         suffix.split("\n")[1:QUERY_LINES_AFTER + 1])
     query = Counter(identifiers(near))
     stems, imported = imports_of(prefix)
-    local = _defined_anywhere(prefix + suffix)
+    local = _defined(prefix + suffix, _ANY_ASSIGN)
     # names the code near the cursor uses but this file does not define:
     # what another file's definition can explain
     wanted = {w for w in query if w not in local}
