@@ -52,8 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="replay keystrokes typing real lines (one request per keystroke) instead")
     p.add_argument("--lines", type=int, default=4, help="--trace: lines typed (default 4)")
     p.add_argument("--baselines", nargs="*", default=["generate", "llama.cpp"],
-                   help="--trace: baselines to run: generate, llama.cpp (PSM prompts, llama.cpp's default layout), "
-                        "llama.cpp-spm (the same with SPM prompts), remote")
+                   help="--trace: baselines to run: generate, llama.cpp (PSM prompts, the middle at the cursor: "
+                        "/infill with prefix and suffix), llama.cpp-line (the cursor line after the middle token: "
+                        "/infill's prompt field), llama.cpp-spm (SPM prompts), remote")
     p.add_argument("--baseline-every", type=int, default=3,
                    help="--trace: run generate() on every Nth keystroke only (it recomputes the whole prompt)")
     p.add_argument("--interrupt", action="store_true",
@@ -65,9 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="score completions on holes cut from real code (daemon vs raw model vs llama.cpp) instead")
     p.add_argument("--fim-orders", nargs="*", choices=("psm", "spm"),
                    help="--quality: one daemon column per FIM order (default: the configured order)")
-    p.add_argument("--ablate", nargs="*", choices=("outline", "healing"),
+    p.add_argument("--ablate", nargs="*", choices=("outline", "healing", "anchor"),
                    help="--quality: also run the daemon with these parts toggled (outline: on, as it is off by default; "
-                        "healing: off)")
+                        "healing: off; anchor: the middle starts at the cursor)")
     p.add_argument("--baselines-only", action="store_true",
                    help="--quality: only the --baselines columns (e.g. to add llama.cpp to an earlier run's holes)")
     p.add_argument("--context", choices=("none", "siblings"), default="none",

@@ -83,6 +83,7 @@ BackendKind = Literal["local", "remote"]
 PromptFormat = Literal["text", "tokens"]
 FimOrder = Literal["psm", "spm"]
 ContextChoice = Literal["relevance", "order"]
+FimAnchor = Literal["cursor", "line", "sticky"]
 
 _T = TypeVar("_T")
 
@@ -426,6 +427,12 @@ class ModelConfig:
     # first: typing only appends, so the whole prompt before the cursor stays
     # in the KV cache; llama.cpp's spm_infill layout).
     fim_order: FimOrder = _setting("psm", _choice(get_args(FimOrder)))
+    # Where the middle of a PSM prompt starts: "cursor"; "line" (the cursor
+    # line so far goes after the middle token, so typing on a line only
+    # appends to the prompt); "sticky" (like "line", but the anchor stays
+    # where the user started typing, for up to 8 lines, while the text
+    # around is unchanged: Enter does not recompute the suffix either).
+    fim_anchor: FimAnchor = _setting("sticky", _choice(get_args(FimAnchor)))
     # Context from other files (a request's context chunks): "relevance" cuts
     # them into snippets and keeps those that share the most names with the
     # code around the cursor (soldaemon/relevance.py); "order" keeps the

@@ -339,6 +339,7 @@ def build_prompt(
     repo_name: str | None = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
     order: FimOrder = "psm",
+    lead_ids: Sequence[int] = (),
 ) -> list[int]:
     """The prompt ids in PSM order, or SPM order with ``order="spm"`` (see
     the module docstring for each family).
@@ -353,6 +354,10 @@ def build_prompt(
     should encode text ending in a newline. ``current_path`` and ``repo_name``
     are used by those families only. Their strings are tokenized with
     ``tokenizer``, which is then required (``ValueError`` otherwise).
+
+    ``lead_ids``: the already typed start of the middle (:func:`make_prompt`'s
+    ``lead_from``), after the middle token in PSM, at the end of the prefix
+    in SPM.
 
     Families without file separators (DeepSeek-Coder, CodeLlama) put each
     ``code_ids`` verbatim right after the PRE token, in front of the prefix;
@@ -370,7 +375,7 @@ def build_prompt(
         head: list[int] = []
         for _, code in chunks:
             head.extend(code)
-        ids.extend(_fim_body(template, head, prefix_ids, suffix_ids, order))
+        ids.extend(_fim_body(template, head, prefix_ids, suffix_ids, order, lead_ids))
         return ids
 
     if tokenizer is None:
@@ -389,23 +394,26 @@ def build_prompt(
     ids.append(sep)
     if qwen:
         ids.extend(path_ids)
-        ids.extend(_fim_body(template, [], prefix_ids, suffix_ids, order))
+        ids.extend(_fim_body(template, [], prefix_ids, suffix_ids, order, lead_ids))
     else:  # StarCoder2: the path goes right after <fim_prefix>
-        ids.extend(_fim_body(template, path_ids, prefix_ids, suffix_ids, order))
+        ids.extend(_fim_body(template, path_ids, prefix_ids, suffix_ids, order, lead_ids))
     return ids
 
 
 def _fim_body(template: FimTemplate, head: Sequence[int], prefix_ids: Sequence[int],
-              suffix_ids: Sequence[int], order: FimOrder) -> list[int]:
-    """PSM: ``PRE head prefix SUF suffix MID``. SPM (llama.cpp's
-    ``spm_infill`` layout): ``SUF suffix PRE head prefix MID`` — the text
-    before the cursor comes last, so typing only appends to the prompt and
-    everything before the cursor stays reusable in the KV cache."""
+              suffix_ids: Sequence[int], order: FimOrder, lead_ids: Sequence[int] = ()) -> list[int]:
+    """PSM: ``PRE head prefix SUF suffix MID lead``. SPM (llama.cpp's
+    ``spm_infill`` layout): ``SUF suffix PRE head prefix lead MID`` — the
+    text before the cursor comes last, so typing only appends to the prompt
+    and everything before the cursor stays reusable in the KV cache.
+    ``lead``: the start of the middle, already typed (see :func:`make_prompt`)."""
     if order == "spm":
-        return [template.suffix_id, *suffix_ids, template.prefix_id, *head, *prefix_ids, template.middle_id]
+        return [template.suffix_id, *suffix_ids, template.prefix_id, *head, *prefix_ids, *lead_ids,
+                template.middle_id]
     if order != "psm":
         raise ValueError(f"FIM order must be 'psm' or 'spm', not {order!r}")
-    return [template.prefix_id, *head, *prefix_ids, template.suffix_id, *suffix_ids, template.middle_id]
+    return [template.prefix_id, *head, *prefix_ids, template.suffix_id, *suffix_ids, template.middle_id,
+            *lead_ids]
 
 
 # Line-comment markers by LSP language id; block markers for the rest.
@@ -860,20 +868,65 @@ class FimPrompt:
     heal: str = ""
 
 
-def heal_token(tokenizer: Any, prefix_ids: Sequence[int], prefix_text: str) -> str:
+def heal_token(tokenizer: Any, prefix_ids: Sequence[int], prefix_text: str, *, blank: bool = False) -> str:
     """The text of the prompt's last prefix token when token healing should
-    drop it (:mod:`soldaemon.runtime.healing`): the cursor line has text
-    before the cursor, the token is ASCII (every byte of it is a token of
-    its own, so some token always agrees) without a newline, and it ends
-    ``prefix_text`` with text before it. Else ""."""
+    drop it (:mod:`soldaemon.runtime.healing`): the token is ASCII (every
+    byte of it is a token of its own, so some token always agrees), it ends
+    ``prefix_text`` with text before it, and the cursor line has text
+    before the cursor and the token no newline -- or, with ``blank`` (the
+    token is the lead's, after the middle token), the token is whitespace:
+    indentation ends a middle in a token the model never saw there (``"
+    " * 8`` where the code it was trained on has ``" " * 7`` + ``" self"``).
+    Else ""."""
     if not prefix_ids:
         return ""
     text = tokenizer.decode([prefix_ids[-1]])
     line = prefix_text.rsplit("\n", 1)[-1]
-    if (not text or not text.isascii() or "\n" in text or not line.strip()
-            or not prefix_text.endswith(text) or len(text) >= len(prefix_text)):
+    if not text or not text.isascii() or not prefix_text.endswith(text) or len(text) >= len(prefix_text):
+        return ""
+    if ("\n" in text or not line.strip()) and not (blank and not text.strip()):
         return ""
     return text
+
+
+def lead_reserve(max_prefix_tokens: int) -> int:
+    """The most tokens a lead (:func:`make_prompt`'s ``lead_from``) may
+    take, on top of the prefix window: a quarter of ``max_prefix_tokens``,
+    between 16 and 192."""
+    return max(16, min(192, max_prefix_tokens // 4))
+
+
+def line_anchor(prefix: str) -> int:
+    """Where a lead on the cursor line starts: after the line's indentation
+    (``len(prefix)`` when the line so far is blank). Measured on the
+    embedded model, a middle that starts with indentation derails it
+    (docs/quality.md); the indentation stays in front of the middle token,
+    where the model was trained to see it."""
+    start = prefix.rfind("\n") + 1
+    line = prefix[start:]
+    return start + len(line) - len(line.lstrip(" \t"))
+
+
+def _split_lead(prefix: str, lead_from: int | None, max_prefix_tokens: int,
+                encode: Callable[[str], list[int]]) -> tuple[str, str, list[int]]:
+    """``(head, lead, lead ids)``: ``prefix`` split at ``lead_from``, or at
+    the cursor line's start when the lead does not fit its reserve; not
+    split (lead "") when ``lead_from`` is None, the budget is too small to
+    spare a reserve, or not even the cursor line fits."""
+    reserve = lead_reserve(max_prefix_tokens)
+    if lead_from is None or max_prefix_tokens < 2 * reserve:
+        return prefix, "", []
+    if not 0 <= lead_from <= len(prefix):
+        raise ValueError(f"lead_from {lead_from} is outside the prefix (0..{len(prefix)})")
+    for start in dict.fromkeys((lead_from, max(lead_from, line_anchor(prefix)))):
+        lead = prefix[start:]
+        if not lead:
+            return prefix, "", []
+        if len(lead) <= 16 * reserve:   # a cheap bound first: tokens are rarely longer than 16 characters
+            ids = encode(lead)
+            if len(ids) <= reserve:
+                return prefix[:start], lead, ids
+    return prefix, "", []
 
 
 def _chunk_fields(chunk: ContextChunk | tuple[str, str]) -> tuple[str, str]:
@@ -899,6 +952,7 @@ def make_prompt(
     order: FimOrder = "psm",
     max_outline_tokens: int = 0,
     heal: bool = False,
+    lead_from: int | None = None,
 ) -> FimPrompt:
     """Window ``prefix``/``suffix`` to their budgets and build the prompt ids.
 
@@ -925,8 +979,24 @@ def make_prompt(
     must then start with that text (families whose tokens decode alone
     faithfully only: not SentencePiece's dummy-prefix ones).
 
+    ``lead_from``: where the middle starts, an index into ``prefix`` at or
+    before the cursor (None: at the cursor). The *lead*, ``prefix[lead_from:]``
+    (the cursor line so far after its indentation, :func:`line_anchor`, or
+    the lines typed since the anchor), goes
+    after the middle token as the start of the middle, and the generation
+    continues it -- the layout of llama.cpp's ``/infill`` ``prompt`` field.
+    Typing then only appends to the prompt: the text before the anchor and
+    the whole suffix stay in the KV cache, where with the middle starting at
+    the cursor every keystroke recomputes the suffix. The text before the
+    anchor is windowed to ``max_prefix_tokens``; the lead comes on top, up
+    to :func:`lead_reserve` tokens: a longer lead moves the anchor to the
+    cursor line's (:func:`line_anchor`), and a line longer than that puts
+    the middle at the cursor. SPM keeps the lead at the end of the prefix (typing only
+    appends there anyway).
+
     The prompt is at most ``max_prefix_tokens + max_suffix_tokens +
-    max_context_tokens`` tokens plus the control tokens, the bos and (with
+    max_context_tokens`` tokens (plus the lead's reserve with ``lead_from``)
+    plus the control tokens, the bos and (with
     file separators) the tokens of ``current_path`` and ``repo_name``.
     ``n_prefix_tokens`` counts the window only; the outline counts as
     context.
@@ -975,36 +1045,41 @@ def make_prompt(
                 room -= len(hids) - ctx_budget
 
     enc_prefix = enc_plain if header_ids else enc_first
-    prefix_text, prefix_ids = _window_prefix(
-        prefix, tokenizer, max_prefix_tokens, grain_lines, enc_prefix
-    )
+    head, lead, lead_ids = _split_lead(prefix, lead_from, max_prefix_tokens, enc_plain)
+    head_text, prefix_ids = _window_prefix(head, tokenizer, max_prefix_tokens, grain_lines, enc_prefix)
+    prefix_text = head_text + lead
     suffix_text, suffix_ids = _window_suffix(suffix, tokenizer, max_suffix_tokens, enc_plain)
-    cut = prefix[: len(prefix) - len(prefix_text)]
+    cut = head[: len(head) - len(head_text)]
     n_window = len(prefix_ids)
     outline_budget = min(max_outline_tokens, ctx_budget)
     if outline_budget > 0 and cut.strip():
         outline = _fit_outline(tokenizer, scope_outline(prefix, len(cut), suffix_text), outline_budget)
         if outline:
-            with_outline = enc_prefix(outline + prefix_text)
+            with_outline = enc_prefix(outline + head_text)
             if len(with_outline) <= len(prefix_ids) + outline_budget:  # (estimates can be off by a token)
                 prefix_ids = with_outline
-    healed = heal_token(tokenizer, prefix_ids, prefix_text) if heal and not template.dummy_prefix else ""
-    if healed:
+    healed = ""
+    if heal and not template.dummy_prefix:
+        healed = heal_token(tokenizer, lead_ids or prefix_ids, prefix_text, blank=bool(lead_ids))
+    if healed and lead_ids:
+        lead_ids = lead_ids[:-1]
+    elif healed:
         prefix_ids = prefix_ids[:-1]
         n_window -= 1
+    n_window += len(lead_ids)
 
     if repo and (chunks or repo_name is not None):
         ids = build_prompt(
             template, prefix_ids, suffix_ids, chunks,
-            current_path=current_path, repo_name=repo_name, tokenizer=tokenizer, order=order,
+            current_path=current_path, repo_name=repo_name, tokenizer=tokenizer, order=order, lead_ids=lead_ids,
         )
     elif repo:
         # The file's own path alone, without other files, is left out: measured
         # on the embedded model, ``<|file_sep|>path`` in front of a lone file
         # turned right answers wrong (docs/quality.md).
-        ids = build_prompt(template, prefix_ids, suffix_ids, order=order)
+        ids = build_prompt(template, prefix_ids, suffix_ids, order=order, lead_ids=lead_ids)
     else:
-        ids = build_prompt(template, header_ids + prefix_ids, suffix_ids, order=order)
+        ids = build_prompt(template, header_ids + prefix_ids, suffix_ids, order=order, lead_ids=lead_ids)
     fixed = 3 + (1 if template.bos_id is not None else 0)
     return FimPrompt(
         ids=ids,

@@ -17,8 +17,12 @@ from typing import Any, Callable, Iterator, MutableMapping
 from .api import CompletionRequest, Delta, Done, Event, Timings
 from .config import ModelConfig
 from .errors import BadRequest
-from .fim import FimPrompt, FimTemplate, make_prompt
+from .fim import FimPrompt, FimTemplate, lead_reserve, line_anchor, make_prompt
 from .relevance import ContextSelector
+
+MAX_LEAD_LINES = 8       # lines a sticky anchor spans before it moves to the cursor line
+MAX_LEAD_CHARS = 2048    # characters likewise
+MAX_ANCHORS = 64         # documents whose anchor is remembered
 
 # Characters a preview holds back at its end: post-processing may still drop
 # them (trailing blanks, closers the suffix already has).
@@ -55,28 +59,74 @@ def context_selector(model: ModelConfig) -> ContextSelector | None:
     return ContextSelector(max_chars=4 * model.max_context_tokens)  # ~4 characters a token in code
 
 
+class LeadAnchors:
+    """Where the middle of each document's prompt starts (``model.fim_anchor:
+    sticky``; :func:`soldaemon.fim.make_prompt`'s ``lead_from``).
+
+    The anchor is where the user began typing on a line (after its
+    indentation, :func:`soldaemon.fim.line_anchor`): it stays put while the text before it and the whole suffix are unchanged
+    and the lead spans at most :data:`MAX_LEAD_LINES` lines and
+    :data:`MAX_LEAD_CHARS` characters, so a run of typing -- Enter
+    included -- only ever appends to the prompt. Otherwise it moves to the
+    cursor line's. One entry per document, the newest
+    :data:`MAX_ANCHORS` kept."""
+
+    def __init__(self) -> None:
+        self._anchors: dict[str, tuple[str, str]] = {}   # uri → (text before the anchor, suffix)
+
+    def anchor(self, uri: str, prefix: str, suffix: str) -> int:
+        """The anchor for this request (an index into ``prefix``)."""
+        kept = self._anchors.pop(uri, None)
+        if kept is not None:
+            head, old_suffix = kept
+            a = len(head)
+            if (suffix == old_suffix and prefix.startswith(head) and len(prefix) - a <= MAX_LEAD_CHARS
+                    and prefix.count("\n", a) < MAX_LEAD_LINES):
+                self._anchors[uri] = kept
+                return a
+        a = line_anchor(prefix)
+        self._anchors[uri] = (prefix[:a], suffix)
+        while len(self._anchors) > MAX_ANCHORS:
+            self._anchors.pop(next(iter(self._anchors)))
+        return a
+
+
+def lead_from(model: ModelConfig, req: CompletionRequest, anchors: LeadAnchors | None) -> int | None:
+    """Where ``req``'s middle starts under ``model.fim_anchor`` (None: at
+    the cursor); ``sticky`` without ``anchors`` acts as ``line``."""
+    if model.fim_anchor == "cursor":
+        return None
+    if model.fim_anchor == "sticky" and anchors is not None:
+        return anchors.anchor(req.uri, req.prefix, req.suffix)
+    return line_anchor(req.prefix)
+
+
 def build_fim_prompt(template: FimTemplate, tokenizer: Any, model: ModelConfig, req: CompletionRequest,
                      n_ctx: int, *, make: Callable[..., FimPrompt] = make_prompt,
-                     heal: bool = False, selector: ContextSelector | None = None) -> tuple[FimPrompt, float]:
+                     heal: bool = False, selector: ContextSelector | None = None,
+                     anchors: LeadAnchors | None = None) -> tuple[FimPrompt, float]:
     """Window, tokenize and template ``req`` (``model``'s budgets and FIM
     order) with ``make`` (:func:`soldaemon.fim.make_prompt`; a caller may
     pass a variant); ``heal``: token healing (a local engine only: it
     needs to constrain the first token); ``selector``: context chosen by
     relevance to the cursor (``model.context: relevance``), else the
-    request's chunks in order. Returns (prompt, ms). Raises :class:`BadRequest` when
+    request's chunks in order; ``anchors``: the per-document anchors of
+    ``model.fim_anchor: sticky`` (see :class:`LeadAnchors`). Returns (prompt, ms). Raises :class:`BadRequest` when
     the prompt plus ``max_tokens`` does not fit ``n_ctx`` tokens."""
     t0 = time.perf_counter_ns()
     context = req.context
-    # context gets what the window budgets and the completion leave of n_ctx
+    start = lead_from(model, req, anchors)
+    lead = lead_reserve(model.max_prefix_tokens) if start is not None else 0
+    # context gets what the window budgets, the lead and the completion leave of n_ctx
     ctx_tokens = max(0, min(model.max_context_tokens,
-                            n_ctx - model.max_prefix_tokens - model.max_suffix_tokens - req.max_tokens - 16))
+                            n_ctx - model.max_prefix_tokens - lead - model.max_suffix_tokens - req.max_tokens - 16))
     if selector is not None and context:
         context = selector.select(req.uri, req.prefix, req.suffix, context)
     prompt = make(
         template, tokenizer, req.prefix, req.suffix,
         max_prefix_tokens=model.max_prefix_tokens, max_suffix_tokens=model.max_suffix_tokens,
         context=context, max_context_tokens=ctx_tokens, language=req.language, current_path=path_of(req.uri),
-        order=model.fim_order, heal=heal,
+        order=model.fim_order, heal=heal, lead_from=start,
     )
     if len(prompt.ids) + req.max_tokens + 1 >= n_ctx:
         raise BadRequest(

@@ -21,6 +21,9 @@ docstring), seeded. Every hole goes, in the same run, to these columns:
   (:func:`soldaemon.fim.scope_outline`) toggled from its default (off);
 - ``sol -healing`` (``--ablate healing``): the daemon without token
   healing (``completion.token_healing: false``);
+- ``sol -anchor`` (``--ablate anchor``): the daemon with the middle
+  starting at the cursor (``model.fim_anchor: cursor``) instead of at the
+  cursor line's start;
 - ``sol+ctx`` / ``sol+ctx[order]`` (``--context siblings``): the daemon
   with the other source files of the hole's directory as context chunks
   (:func:`sibling_context`), chosen by relevance to the cursor
@@ -235,6 +238,12 @@ def postprocessed(engine: Any, hole: Hole, text: str) -> str:
     return postprocess(text, prefix=hole.prefix, suffix=hole.suffix, multiline=multiline, max_lines=max_lines)
 
 
+# What ``--ablate`` can leave out; all but ``outline`` are config overrides.
+CONFIG_ABLATIONS: dict[str, dict[str, Any]] = {
+    "healing": {"completion.token_healing": False},
+    "anchor": {"model.fim_anchor": "cursor"},
+}
+ABLATIONS = ("outline", *CONFIG_ABLATIONS)
 OUTLINE_TOKENS = 128  # the outline budget ``--ablate outline`` tries when make_prompt's default is off
 
 
@@ -409,8 +418,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
     sol_configs = [] if getattr(args, "baselines_only", False) else _sol_configs(config, getattr(args, "fim_orders", None))
     ablate = list(getattr(args, "ablate", None) or [])
     for a in ablate:
-        if a not in ("outline", "healing"):
-            raise BadRequest(f"--ablate: unknown part {a!r} (expected: outline, healing)")
+        if a not in ABLATIONS:
+            raise BadRequest(f"--ablate: unknown part {a!r} (expected: {', '.join(ABLATIONS)})")
     say = lambda msg: print("  " + msg, file=sys.stderr, flush=True)  # noqa: E731
     engine = load_engine(config)
     baselines = args.baselines or []
@@ -420,14 +429,15 @@ def run(args: argparse.Namespace, config: Config) -> int:
     raw_pp = Column("raw+pp") if want_raw else None
     sign = "-" if _outline_default() > 0 else "+"
     no_outline = Column(f"{sol_configs[0][0]} {sign}outline") if "outline" in ablate and sol_configs else None
-    no_healing = Column(f"{sol_configs[0][0]} -healing") if "healing" in ablate and sol_configs else None
-    no_healing_config = (sol_configs[0][1].with_overrides({"completion.token_healing": False}, source="bench")
-                         if no_healing else None)
+    # the config ablations: (column, the first sol config with the part off)
+    without = [(Column(f"{sol_configs[0][0]} -{a}"),
+                sol_configs[0][1].with_overrides(CONFIG_ABLATIONS[a], source="bench"))
+               for a in ABLATIONS if a in ablate and a in CONFIG_ABLATIONS and sol_configs]
     siblings = getattr(args, "context", "none") == "siblings" and bool(sol_configs)
     ctx_rel = Column(f"{sol_configs[0][0]}+ctx") if siblings else None
     ctx_order = Column(f"{sol_configs[0][0]}+ctx[order]") if siblings else None
     columns = ([Column(name) for name, _ in sol_configs] + ([no_outline] if no_outline else [])
-               + ([no_healing] if no_healing else [])
+               + [col for col, _ in without]
                + ([ctx_rel, ctx_order] if ctx_rel and ctx_order else [])
                + ([raw, raw_pp] if raw and raw_pp else []) + ([Column("llama.cpp")] if llama else []))
     kinds = [h.kind for h in holes]
@@ -441,9 +451,9 @@ def run(args: argparse.Namespace, config: Config) -> int:
             engine.config = sol_configs[0][1]
             with _ToggleOutline():
                 no_outline.add(hole, *run_sol(engine, hole, uri, max_tokens), python=True)
-        if no_healing is not None and no_healing_config is not None:
-            engine.config = no_healing_config
-            no_healing.add(hole, *run_sol(engine, hole, uri, max_tokens), python=True)
+        for col, cfg in without:
+            engine.config = cfg
+            col.add(hole, *run_sol(engine, hole, uri, max_tokens), python=True)
         if ctx_rel is not None and ctx_order is not None:
             engine.config = sol_configs[0][1]
             chunks = sibling_context(hole)

@@ -44,6 +44,11 @@ from .config import Config
 from .holes import default_corpus, statement_lines
 
 
+# llama.cpp baselines: (name, FIM order, where the middle starts)
+LLAMA_CPP_LAYOUTS = (("llama.cpp", "psm", "cursor"), ("llama.cpp-line", "psm", "line"),
+                     ("llama.cpp-spm", "spm", "cursor"))
+
+
 @dataclass(frozen=True)
 class Keystroke:
     file: str
@@ -206,12 +211,15 @@ def run_generate(engine: Any, trace: list[Keystroke], every: int, progress: Call
 
 def run_llama_cpp(engine: Any, gguf: Path, trace: list[Keystroke], threads: int,
                   progress: Callable[[str], None], *, interrupt: bool = False, order: str = "psm",
-                  name: str = "llama.cpp") -> Series | None:
+                  anchor: str = "cursor", name: str = "llama.cpp") -> Series | None:
     """llama.cpp through llama-cpp-python on the same GGUF and this daemon's
     prompt windows, in FIM ``order`` — PSM by default, the layout llama.cpp's
-    server (``/infill`` without ``spm_infill``) and llama.vscode send; its
-    Python API reuses the longest common prefix between calls.
-    ``interrupt``: stop at the first token (the next keystroke arrives)."""
+    server (``/infill`` without ``spm_infill``) sends; its Python API reuses
+    the longest common prefix between calls. ``anchor``: where the middle
+    starts (``model.fim_anchor``): ``cursor`` (``/infill`` with prefix and
+    suffix only), ``line`` (the cursor line in ``/infill``'s ``prompt``
+    field, after the middle token). ``interrupt``: stop at the first token
+    (the next keystroke arrives)."""
     from .pipeline import build_fim_prompt
 
     try:
@@ -220,7 +228,7 @@ def run_llama_cpp(engine: Any, gguf: Path, trace: list[Keystroke], threads: int,
         return None
     from .postprocess import postprocess
 
-    model_config = dataclasses.replace(engine.config.model, fim_order=order)
+    model_config = dataclasses.replace(engine.config.model, fim_order=order, fim_anchor=anchor)
     llm = Llama(model_path=str(gguf), n_ctx=engine.backend.n_ctx, n_threads=threads, verbose=False)
     tok = engine.tokenizer
     s = Series()
@@ -286,15 +294,17 @@ def table(results: dict[str, Series], n_keys: int) -> list[str]:
                      f"{s.pct('e2e_ms', .5):>8.0f} {s.pct('e2e_ms', .95):>8.0f} {comp:>20} {acc:>7} "
                      f"{s.decode_tok_s:>12.1f} {s.matches:>6}/{n:<7} {s.type_through:>12} {s.resumed:>7}")
     if base is not None and "sol" in results:
-        bname = "llama.cpp" if "llama.cpp" in results else "generate"
         lines.append("")
-        for name in ("sol", "sol:model"):
-            sol = results.get(name)
-            if sol is None or not sol.ttft_ms:
-                continue
-            lines.append(f"{name} / {bname}: TTFT p50 {sol.pct('ttft_ms', .5) / base.pct('ttft_ms', .5):.3f}x, "
-                         f"TTFT p95 {sol.pct('ttft_ms', .95) / base.pct('ttft_ms', .95):.3f}x, "
-                         f"e2e p50 {sol.pct('e2e_ms', .5) / base.pct('e2e_ms', .5):.3f}x")
+        bases = [b for b in ("llama.cpp", "llama.cpp-line") if b in results] or ["generate"]
+        for bname in bases:
+            base = results[bname]
+            for name in ("sol", "sol:model"):
+                sol = results.get(name)
+                if sol is None or not sol.ttft_ms:
+                    continue
+                lines.append(f"{name} / {bname}: TTFT p50 {sol.pct('ttft_ms', .5) / base.pct('ttft_ms', .5):.3f}x, "
+                             f"TTFT p95 {sol.pct('ttft_ms', .95) / base.pct('ttft_ms', .95):.3f}x, "
+                             f"e2e p50 {sol.pct('e2e_ms', .5) / base.pct('e2e_ms', .5):.3f}x")
         lines.append("(sol: every keystroke; sol:model: the keystrokes the model computed, not type-through "
                      "or resumed)")
     nospec = results.get("sol-nospec")
@@ -347,12 +357,12 @@ def run(args: argparse.Namespace, config: Config) -> int:
         del plain
     if "generate" in args.baselines:
         results["generate"] = run_generate(engine, trace, args.baseline_every, say)
-    for name, order in (("llama.cpp", "psm"), ("llama.cpp-spm", "spm")):
+    for name, order, anchor in LLAMA_CPP_LAYOUTS:
         if name not in args.baselines:
             continue
         gguf = engine.loaded.gguf_path
         lc = (run_llama_cpp(engine, gguf, trace, torch.get_num_threads(), say, interrupt=interrupt, order=order,
-                            name=name) if gguf else None)
+                            anchor=anchor, name=name) if gguf else None)
         if lc is None:
             say(f"{name}: llama-cpp-python not installed (pip install '.[bench]' with llama-cpp-python) "
                 "or the model has no GGUF; skipped")
@@ -365,7 +375,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
             f"{info['threads']} threads, {platform.machine()}; {len(trace)} keystrokes typing {args.lines} lines "
             f"(seed {args.seed}); generate() on every {args.baseline_every}th keystroke; "
             f"typist: {'types on at the first ghost text (--interrupt)' if interrupt else 'waits for each completion'}; "
-            f"FIM {config.model.fim_order}")
+            f"FIM {config.model.fim_order}, middle from the {config.model.fim_anchor} anchor")
     lines = [head, ""] + table(results, len(trace))
     print("\n".join(lines))
     if args.png:

@@ -224,6 +224,7 @@ BAD_VALUES: list[tuple[str, str, Any, str]] = [
     ("model", "draft_model", ["a"], "['a']"),
     ("model", "cache_reuse", -1, "-1"),
     ("model", "fim_order", "pms", "\"pms\""),
+    ("model", "fim_anchor", "word", "\"word\""),
     ("model", "context", "recent", "\"recent\""),
     ("model", "max_context_tokens", -1, "-1"),
     ("device", "cuda_graphs", "yes", "\"yes\""),

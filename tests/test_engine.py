@@ -19,7 +19,7 @@ PREFIX = "import os\n\n\ndef join_all(parts):\n    result = []\n    for part in 
 SUFFIX = ")\n    return result\n"
 # a cursor inside a word (token healing applies) where the tiny model writes
 # a long completion: the type-through and generation-reuse tests need one
-TYPED_PREFIX = PREFIX + "part"
+TYPED_PREFIX = PREFIX + "os"
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from ..config import Config
 from ..errors import BadRequest, ConfigError, ModelError
 from ..fim import FimPrompt, FimTemplate, detect_template, make_prompt
 from ..model.loader import LoadedModel, load_model
-from ..pipeline import build_fim_prompt, context_selector, remember, type_through, validate_request
+from ..pipeline import LeadAnchors, build_fim_prompt, context_selector, remember, type_through, validate_request
 from ..pipeline import preview as _preview  # the hold-back rule, shared with the remote engine
 from ..postprocess import StopChecker, decide_multiline, postprocess
 from .backend import Backend, LeanBackend, make_backend
@@ -95,6 +95,7 @@ class LocalEngine:
         self._parked: _Run | None = None
         self._token_texts: TokenTexts | None = None   # token healing's vocabulary index
         self.context_selector = context_selector(config.model)   # model.context: relevance
+        self.lead_anchors = LeadAnchors()                         # model.fim_anchor: sticky
 
     # -- the Engine protocol -------------------------------------------------
 
@@ -420,7 +421,8 @@ class LocalEngine:
         (``bench --quality --ablate outline`` swaps it)."""
         return build_fim_prompt(self.template, self.tokenizer, self.config.model, req, self.backend.n_ctx,
                                 make=make_prompt, heal=self.config.completion.token_healing,
-                                selector=self.context_selector)
+                                selector=self.context_selector,
+                                anchors=self.lead_anchors)
 
     def token_texts(self) -> TokenTexts:
         """Every token's text, for token healing (built once, at warm-up)."""
