@@ -866,6 +866,10 @@ class FimPrompt:
     n_suffix_tokens: int = 0
     n_context_tokens: int = 0
     heal: str = ""
+    # PSM with ``lead_from``: the middle token and the lead's tokens, the end
+    # of ``ids`` (what typing on the line changes; the lead is also counted
+    # in n_prefix_tokens); else 0
+    n_middle: int = 0
 
 
 def heal_token(tokenizer: Any, prefix_ids: Sequence[int], prefix_text: str, *, blank: bool = False) -> str:
@@ -1089,4 +1093,5 @@ def make_prompt(
         n_suffix_tokens=len(suffix_ids),
         n_context_tokens=len(ids) - fixed - n_window - len(suffix_ids),
         heal=healed,
+        n_middle=1 + len(lead_ids) if order == "psm" and lead_from is not None else 0,
     )

@@ -163,13 +163,27 @@ def test_keystrokes_reuse_all_but_the_newest_tokens_and_match_a_full_recompute(e
     uri = "file:///lead.py"
     indent = len(ENGINE_LINE) - len(ENGINE_LINE.lstrip())
     computed = []
+    forward = engine.backend.forward
+    precise_calls: list[bool] = []
+
+    def spy(tokens: object, pos: int, **kw: object) -> object:
+        precise_calls.append(bool(kw.get("precise")))
+        return forward(tokens, pos, **kw)  # type: ignore[arg-type]
+
     for k in range(indent, len(ENGINE_LINE), 3):
         req = CompletionRequest(id=f"k{k}", uri=uri, prefix=ENGINE_HEAD + ENGINE_LINE[:k], suffix=ENGINE_SUFFIX,
                                 max_tokens=8)
         engine._shown.clear()      # the model answers every keystroke (no type-through)
         engine._parked = None
-        done = _done(engine, req)
+        precise_calls.clear()
+        engine.backend.forward = spy   # type: ignore[method-assign]
+        try:
+            done = _done(engine, req)
+        finally:
+            engine.backend.forward = forward   # type: ignore[method-assign]
         assert done.timings.source == "model"
+        if k > indent:   # a warm keystroke: the middle token and the line run on the decode weights
+            assert precise_calls and not any(precise_calls), precise_calls
         computed.append(done.timings.prompt_tokens - done.timings.cached_tokens)
         engine._shown.clear()
         engine.pool.acquire(uri).truncate(0)   # the same request from scratch

@@ -236,6 +236,8 @@ class LocalEngine:
                     should_stop=_stopper(checker, decode),
                     deadline_ns=run.deadline, drafter=drafter,
                     draft_k=self.config.completion.draft_tokens, draft_length=draft_length,
+                    # the middle token and the typed line: at decode cost (session.prefill)
+                    precise_until=len(prompt.ids) - prompt.n_middle if prompt.n_middle else None,
                 )
                 try:
                     yield from self._drive(run, stream=candidate == 0)

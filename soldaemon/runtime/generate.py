@@ -51,6 +51,7 @@ def generate(
     drafter: DraftProposer | None = None,
     draft_k: int = 8,
     draft_length: DraftLength | None = None,
+    precise_until: int | None = None,
 ) -> Iterator[TokenEvent]:
     """Prefill ``prompt`` (reusing the cache) and decode up to ``max_tokens``.
 
@@ -59,7 +60,8 @@ def generate(
     Speculation runs only with a greedy sampler; its output is the greedy
     output. ``draft_length`` (when given) picks the draft size per step from
     measured costs, at most ``draft_k``; 0 skips speculation for that step.
-    Raises session.Cancelled if cancelled during prefill.
+    Raises session.Cancelled if cancelled during prefill. ``precise_until``:
+    see :meth:`KVSession.prefill`.
 
     The generator may be left suspended after any event and resumed later
     (the engine does that to keep a generation the user is typing along):
@@ -68,7 +70,7 @@ def generate(
     deadline = deadline_ns if callable(deadline_ns) else (lambda: deadline_ns)
     stats = GenStats()
     t0 = time.perf_counter_ns()
-    pre = session.prefill(prompt, cancelled=cancelled)
+    pre = session.prefill(prompt, cancelled=cancelled, precise_until=precise_until)
     stats.prefill_ms = (time.perf_counter_ns() - t0) / 1e6
     stats.cached_tokens, stats.computed_tokens = pre.cached, pre.computed
     speculate = drafter is not None and sampler.greedy and draft_k > 0

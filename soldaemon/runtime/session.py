@@ -78,6 +78,8 @@ class KVSession:
         # this session's KV cache; the backend's current one when not given
         self.cache = cache if cache is not None else backend.current_cache()
         self.chunk = chunk
+        # the longest forward the backend runs with its decode weights
+        self.half_chunk = max(1, min(chunk, int(getattr(backend, "decode_max_tokens", chunk))))
         self.min_move = min_move            # 0: exact reuse only (common prefix)
         self.tokens: list[int] = []        # token ids at cache positions 0 … len-1
         self.prompt_len = 0                # of which the last prompt (the rest: generated)
@@ -93,13 +95,23 @@ class KVSession:
         self.backend.use_cache(self.cache)
         return torch.tensor(ids, dtype=torch.long, device=self.backend.device)
 
-    def prefill(self, ids: Sequence[int], *, cancelled: Callable[[], bool] = lambda: False) -> PrefillResult:
+    def prefill(self, ids: Sequence[int], *, cancelled: Callable[[], bool] = lambda: False,
+                precise_until: int | None = None) -> PrefillResult:
         """Make the cache hold exactly ``ids``; return the next-token logits.
 
         Reuses the common prefix with what the cache holds and, when
         ``min_move`` allows, the moved tail of the last prompt (see
         :class:`ReusePlan`). Raises Cancelled between chunks; the cache then
-        holds a valid prefix of ``ids`` (kept for the next request)."""
+        holds a valid prefix of ``ids`` (kept for the next request).
+
+        ``precise_until``: positions from there on are computed like decode
+        steps (the backend's decode weights, e.g. float16 on a CPU), the
+        ones before with the model's own; None: all with the model's. The
+        rule depends on positions only, so the cache holds the same values
+        whichever earlier prompt it was reused from. The engine passes the
+        position of the middle token, which the typed line follows (see
+        :func:`soldaemon.fim.make_prompt`'s ``lead_from``): a keystroke then
+        computes its one or two new tokens at decode cost."""
         if not ids:
             raise ValueError("empty prompt")
         if len(ids) >= self.n_ctx:
@@ -122,10 +134,11 @@ class KVSession:
             self.backend.shift(plan.move_src, plan.move_dst, plan.move_len)
         end_compute = plan.move_dst if plan.move_len else len(ids)
         self.tokens = list(ids[:n])
-        logits = self._compute(ids, n, end_compute, cancelled)
+        split = len(ids) if precise_until is None else precise_until
+        logits = self._compute(ids, n, end_compute, cancelled, split)
         if plan.move_len:
             self.tokens = list(ids[: plan.move_dst + plan.move_len])
-            logits = self._compute(ids, plan.move_dst + plan.move_len, len(ids), cancelled)
+            logits = self._compute(ids, plan.move_dst + plan.move_len, len(ids), cancelled, split)
         assert logits is not None
         self._last_logits = logits
         self.prompt_len = len(ids)
@@ -133,14 +146,20 @@ class KVSession:
         return PrefillResult(logits, reused, len(ids) - reused)
 
     def _compute(self, ids: Sequence[int], start: int, stop: int,
-                 cancelled: Callable[[], bool]) -> torch.Tensor | None:
+                 cancelled: Callable[[], bool], split: int) -> torch.Tensor | None:
+        """Compute ids[start:stop] in chunks: before ``split`` precisely,
+        from it on in chunks a decode step's weights take."""
         logits = None
-        for pos in range(start, stop, self.chunk):
+        pos = start
+        while pos < stop:
             if cancelled():
                 raise Cancelled()
-            piece = ids[pos:min(stop, pos + self.chunk)]
-            logits = self.backend.forward(self._tensor(piece), pos, precise=True)[-1]
+            precise = pos < split
+            end = min(stop, split, pos + self.chunk) if precise else min(stop, pos + self.half_chunk)
+            piece = ids[pos:end]
+            logits = self.backend.forward(self._tensor(piece), pos, precise=precise)[-1]
             self.tokens.extend(piece)
+            pos = end
         return logits
 
     def decode_step(self, token: int) -> torch.Tensor:
