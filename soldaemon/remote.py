@@ -50,7 +50,6 @@ from .config import Config
 from .errors import ConfigError, SolError, Unavailable
 from .fim import FimPrompt, FimTemplate, detect_template
 from .pipeline import (
-    LeadAnchors,
     Previewer,
     Shown,
     build_fim_prompt,
@@ -592,7 +591,6 @@ class RemoteEngine:
         self.tokenizer_name = tokenizer_name
         self.template: FimTemplate = detect_template(tokenizer)
         self.context_selector = context_selector(config.model)   # model.context: relevance
-        self.lead_anchors = LeadAnchors()                         # model.fim_anchor: sticky
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
                          "User-Agent": "soldaemon"}
         key = read_api_key(bc.api_key_env, str(bc.api_key_file) if bc.api_key_file else None)
@@ -755,8 +753,7 @@ class RemoteEngine:
 
     def build_prompt(self, req: CompletionRequest) -> tuple[FimPrompt, float]:
         return build_fim_prompt(self.template, self.tokenizer, self.config.model, req,
-                                self.config.model.max_context, selector=self.context_selector,
-                                anchors=self.lead_anchors)
+                                self.config.model.max_context, selector=self.context_selector)
 
     def prompt_text(self, prompt: FimPrompt) -> str:
         """The prompt as the engine's tokenizer should read it: the text

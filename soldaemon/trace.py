@@ -220,6 +220,7 @@ def run_llama_cpp(engine: Any, gguf: Path, trace: list[Keystroke], threads: int,
     suffix only), ``line`` (the cursor line in ``/infill``'s ``prompt``
     field, after the middle token). ``interrupt``: stop at the first token
     (the next keystroke arrives)."""
+    from .fim import line_anchor, make_prompt
     from .pipeline import build_fim_prompt
 
     try:
@@ -235,7 +236,13 @@ def run_llama_cpp(engine: Any, gguf: Path, trace: list[Keystroke], threads: int,
     for i, ks in enumerate(trace):
         t0 = time.perf_counter_ns()
         req = CompletionRequest(id="l", prefix=ks.prefix, suffix=ks.suffix, max_tokens=32)
-        ids = build_fim_prompt(engine.template, engine.tokenizer, model_config, req, engine.backend.n_ctx)[0].ids
+        if anchor == "cursor":
+            ids = build_fim_prompt(engine.template, engine.tokenizer, model_config, req, engine.backend.n_ctx)[0].ids
+        else:   # the cursor line after the middle token, without healing (llama.cpp has none)
+            ids = make_prompt(engine.template, engine.tokenizer, ks.prefix, ks.suffix,
+                              max_prefix_tokens=model_config.max_prefix_tokens,
+                              max_suffix_tokens=model_config.max_suffix_tokens, order=order,
+                              lead_from=line_anchor(ks.prefix)).ids
         first = 0
         gen: list[int] = []
         for t in llm.generate(ids, temp=0.0, top_k=1):  # reset=True: keeps the common prefix, drops the rest
