@@ -317,6 +317,16 @@ def test_draft_length_weighs_acceptance_against_forward_cost() -> None:
         high.update(8, 0)                                                # nothing accepted lately
     assert high.rate < 0.05 and high.choose(budget=20) == 0
     assert DraftLength(cpu_like, 8).cost(4) == pytest.approx(295.0)     # interpolated
+    # costs seen in real use replace optimistic start-up samples
+    lucky = DraftLength({1: 100.0, 2: 105.0, 3: 110.0}, 2, prior=0.6)
+    assert lucky.choose(budget=20) >= 1
+    for _ in range(30):
+        lucky.observe(2, 190.0)
+        lucky.observe(3, 280.0)
+        lucky.observe(1, 100.0)
+    assert lucky.cost(2) == pytest.approx(190.0, rel=0.01) and lucky.choose(budget=20) == 0
+    lucky.observe(7, 500.0)                                              # a size not measured at start-up
+    assert lucky.cost(7) == 500.0 and list(lucky.costs_ms) == sorted(lucky.costs_ms)
 
 
 def test_adaptive_speculation_is_still_exact(tiny) -> None:
@@ -347,3 +357,28 @@ def test_prompt_logits_do_not_depend_on_the_cache(tiny) -> None:
     assert (again.logits - whole).abs().max().item() < 1e-4
     half_step = session.backend.forward(torch.tensor(ids[-1:]), len(ids) - 1)[0]
     assert (half_step - whole).abs().max().item() > 1e-4   # the half path would differ
+
+
+def test_a_prompt_tail_at_decode_cost_is_the_same_reused_or_whole(tiny) -> None:
+    """``precise_until`` (the engine passes the middle token's position): the
+    tail runs on the decode weights, by position, so the logits and the KV
+    are the same whether the tail was computed at once or a token at a time
+    across requests (each keystroke adding one)."""
+    model, tok = tiny
+    ids = _prompts(tok, 1, seed=13)[0]
+    split = len(ids) - 4
+    fresh = KVSession(LeanBackend(model, 2048, decode_dtype=torch.float16))
+    whole = fresh.prefill(ids, precise_until=split).logits.clone()
+    typed = KVSession(LeanBackend(model, 2048, decode_dtype=torch.float16))
+    for end in range(split + 1, len(ids) + 1):        # one keystroke at a time
+        pre = typed.prefill(ids[:end], precise_until=split)
+        _ours(typed, ids[:end], 3)                    # a generation in between
+    assert pre.computed == 1
+    assert (pre.logits - whole).abs().max().item() < 1e-3
+    assert int(pre.logits.argmax()) == int(whole.argmax())
+    n = len(ids)
+    for a, b in ((fresh.backend.k_cache, typed.backend.k_cache), (fresh.backend.v_cache, typed.backend.v_cache)):
+        assert (a[:, :, :n] - b[:, :, :n]).abs().max().item() < 1e-3
+    # all-precise would differ: the tail really took the decode weights
+    precise = KVSession(LeanBackend(model, 2048, decode_dtype=torch.float16)).prefill(ids).logits
+    assert (precise - whole).abs().max().item() > 1e-4

@@ -104,8 +104,11 @@ def generate(
         generated.extend(new)
         if draft:
             base = len(session.tokens)
+            t_fwd = time.perf_counter_ns()
             logits = session.verify([token, *draft])                       # [1+k, V]
             greedy = torch.argmax(logits, dim=-1).tolist()                 # one host sync
+            if draft_length is not None:
+                draft_length.observe(1 + len(draft), (time.perf_counter_ns() - t_fwd) / 1e6)
             stats.steps += 1
             stats.draft_tokens += len(draft)
             accepted = 0
@@ -127,9 +130,12 @@ def generate(
             yield TokenEvent([], reason, stats)
             return
         if next_token is None:
+            t_fwd = time.perf_counter_ns()
             logits1 = session.decode_step(token)
             stats.steps += 1
             next_token = sampler(logits1)
+            if draft_length is not None and speculate:
+                draft_length.observe(1, (time.perf_counter_ns() - t_fwd) / 1e6)
         token = next_token
 
 
