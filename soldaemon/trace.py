@@ -172,14 +172,18 @@ class _NewlineStop:
         return torch.tensor([text.lstrip("\n").find("\n") >= 0], device=input_ids.device)
 
 
-def run_generate(engine: Any, trace: list[Keystroke], every: int, progress: Callable[[str], None]) -> Series:
-    """Plain transformers generate() on the same prompt ids, no reuse."""
+def run_generate(engine: Any, trace: list[Keystroke], every: int, progress: Callable[[str], None],
+                 model: Any = None) -> Series:
+    """Plain transformers generate() on the same prompt ids, no reuse;
+    ``model``: the module to run (default the engine's; under an offloading
+    ``sol.memory_budget`` :func:`soldaemon.bench.baseline_model` gives one
+    that can)."""
     from transformers import StoppingCriteriaList
 
     from .bench import _FirstToken
     from .postprocess import postprocess
 
-    model, tok = engine.loaded.model, engine.tokenizer
+    model, tok = model if model is not None else engine.loaded.model, engine.tokenizer
     s = Series()
     for i, ks in enumerate(trace):
         if i % every:
@@ -363,7 +367,13 @@ def run(args: argparse.Namespace, config: Config) -> int:
         results["sol-nospec"], _ = run_sol(plain, trace, say, interrupt=interrupt, name="sol-nospec")
         del plain
     if "generate" in args.baselines:
-        results["generate"] = run_generate(engine, trace, args.baseline_every, say)
+        from .bench import baseline_model
+
+        model, why = baseline_model(engine, config)
+        if why:
+            say(why)
+        if model is not None:
+            results["generate"] = run_generate(engine, trace, args.baseline_every, say, model)
     for name, order, anchor in LLAMA_CPP_LAYOUTS:
         if name not in args.baselines:
             continue

@@ -114,6 +114,22 @@ def test_bench_with_a_budget_that_offloads_layers(tmp_path: Path, capsys: pytest
     assert data["identical"] == 2               # the offloaded engine = generate() on the full copy
 
 
+def test_bench_trace_generate_under_a_budget_that_offloads_layers(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The trace's generate() baseline runs on the separate full copy too
+    (the engine's own module has empty offloaded layers)."""
+    path = build_tiny_model(tmp_path / "tiny6", layers=6, hidden=128)
+    cfg = _budget_config(tmp_path, path)
+    out = tmp_path / "trace.json"
+    rc = main(["--config", str(cfg), "bench", "--trace", "--model", str(path), "--threads", "1", "--lines", "1",
+               "--baselines", "generate", "--baseline-every", "8", "--json", str(out)])
+    assert rc == 0
+    captured = capsys.readouterr()
+    assert "separate full copy" in captured.err
+    gen = json.loads(out.read_text())["results"]["generate"]
+    assert gen["ttft_ms"] and all(t > 0 for t in gen["ttft_ms"]) and sum(gen["generated"]) > 0
+
+
 def test_bench_skips_generate_when_no_full_copy_fits(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The same budget; the second copy's load fails as it would without
