@@ -245,7 +245,7 @@ def run_llama_cpp(engine: Any, gguf: Path, trace: list[Keystroke], threads: int,
         else:   # the cursor line after the middle token, without healing (llama.cpp has none)
             ids = make_prompt(engine.template, engine.tokenizer, ks.prefix, ks.suffix,
                               max_prefix_tokens=model_config.max_prefix_tokens,
-                              max_suffix_tokens=model_config.max_suffix_tokens, order=order,
+                              max_suffix_tokens=model_config.max_suffix_tokens, order=model_config.fim_order,
                               lead_from=line_anchor(ks.prefix)).ids
         first = 0
         gen: list[int] = []
@@ -306,7 +306,7 @@ def table(results: dict[str, Series], n_keys: int) -> list[str]:
                      f"{s.decode_tok_s:>12.1f} {s.matches:>6}/{n:<7} {s.type_through:>12} {s.resumed:>7}")
     if base is not None and "sol" in results:
         lines.append("")
-        bases = [b for b in ("llama.cpp", "llama.cpp-line") if b in results] or ["generate"]
+        bases: list[str] = [b for b in ("llama.cpp", "llama.cpp-line") if b in results] or ["generate"]
         for bname in bases:
             base = results[bname]
             for name in ("sol", "sol:model"):
