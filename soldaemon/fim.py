@@ -23,7 +23,7 @@ Contracts that the rest of the daemon relies on:
   coarse grid of lines counted from the start of the file: typing on the last
   line never moves the cut unless the token budget forces it.
 * Nothing is cached at module level; every function is pure given the
-  tokenizer.
+  tokenizer (a caller may lend :func:`make_prompt` a :class:`WindowMemo`).
 
 Per-family prompt layouts (``[X]`` is the control token X, ``{x}`` text tokens):
 
@@ -893,6 +893,44 @@ def heal_token(tokenizer: Any, prefix_ids: Sequence[int], prefix_text: str, *, b
     return text
 
 
+class WindowMemo:
+    """The last few prefix and suffix windows :func:`make_prompt` computed,
+    by their inputs (the text, the budget, the tokenizer): an object the
+    caller owns (an engine keeps one), never module state. At most
+    ``size`` entries, least recently used dropped."""
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        self._entries: dict[tuple[Any, ...], tuple[str, tuple[int, ...]]] = {}
+        self.hits = 0
+
+    def get(self, key: tuple[Any, ...]) -> tuple[str, list[int]] | None:
+        found = self._entries.pop(key, None)
+        if found is None:
+            return None
+        self._entries[key] = found
+        self.hits += 1
+        return found[0], list(found[1])
+
+    def put(self, key: tuple[Any, ...], text: str, ids: Sequence[int]) -> None:
+        self._entries.pop(key, None)
+        self._entries[key] = (text, tuple(ids))
+        while len(self._entries) > self.size:
+            self._entries.pop(next(iter(self._entries)))
+
+
+def _memoized(memo: WindowMemo | None, key: tuple[Any, ...],
+              compute: Callable[[], tuple[str, list[int]]]) -> tuple[str, list[int]]:
+    if memo is None:
+        return compute()
+    found = memo.get(key)
+    if found is not None:
+        return found
+    text, ids = compute()
+    memo.put(key, text, ids)
+    return text, list(ids)
+
+
 def lead_reserve(max_prefix_tokens: int) -> int:
     """The most tokens a lead (:func:`make_prompt`'s ``lead_from``) may
     take, on top of the prefix window: a quarter of ``max_prefix_tokens``,
@@ -957,6 +995,7 @@ def make_prompt(
     max_outline_tokens: int = 0,
     heal: bool = False,
     lead_from: int | None = None,
+    memo: WindowMemo | None = None,
 ) -> FimPrompt:
     """Window ``prefix``/``suffix`` to their budgets and build the prompt ids.
 
@@ -997,6 +1036,11 @@ def make_prompt(
     cursor line's (:func:`line_anchor`), and a line longer than that puts
     the middle at the cursor. SPM keeps the lead at the end of the prefix (typing only
     appends there anyway).
+
+    ``memo``: the caller's :class:`WindowMemo`; the windows of a text
+    before the anchor and of a suffix seen by a recent call are taken from
+    it instead of tokenized again (while typing on a line both are
+    unchanged).
 
     The prompt is at most ``max_prefix_tokens + max_suffix_tokens +
     max_context_tokens`` tokens (plus the lead's reserve with ``lead_from``)
@@ -1050,9 +1094,12 @@ def make_prompt(
 
     enc_prefix = enc_plain if header_ids else enc_first
     head, lead, lead_ids = _split_lead(prefix, lead_from, max_prefix_tokens, enc_plain)
-    head_text, prefix_ids = _window_prefix(head, tokenizer, max_prefix_tokens, grain_lines, enc_prefix)
+    head_key = ("prefix", id(tokenizer), head, max_prefix_tokens, grain_lines, bool(header_ids))
+    head_text, prefix_ids = _memoized(memo, head_key, lambda: _window_prefix(
+        head, tokenizer, max_prefix_tokens, grain_lines, enc_prefix))
     prefix_text = head_text + lead
-    suffix_text, suffix_ids = _window_suffix(suffix, tokenizer, max_suffix_tokens, enc_plain)
+    suffix_text, suffix_ids = _memoized(memo, ("suffix", id(tokenizer), suffix, max_suffix_tokens),
+                                        lambda: _window_suffix(suffix, tokenizer, max_suffix_tokens, enc_plain))
     cut = head[: len(head) - len(head_text)]
     n_window = len(prefix_ids)
     outline_budget = min(max_outline_tokens, ctx_budget)

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, MutableMapping
 from .api import CompletionRequest, Delta, Done, Event, Timings
 from .config import ModelConfig
 from .errors import BadRequest
-from .fim import FimPrompt, FimTemplate, lead_reserve, line_anchor, make_prompt
+from .fim import FimPrompt, FimTemplate, WindowMemo, lead_reserve, line_anchor, make_prompt
 from .relevance import ContextSelector
 
 MAX_LEAD_LINES = 8       # lines a sticky anchor spans before it moves to the cursor line
@@ -104,7 +104,8 @@ def lead_from(model: ModelConfig, req: CompletionRequest, anchors: LeadAnchors |
 def build_fim_prompt(template: FimTemplate, tokenizer: Any, model: ModelConfig, req: CompletionRequest,
                      n_ctx: int, *, make: Callable[..., FimPrompt] = make_prompt,
                      heal: bool = False, selector: ContextSelector | None = None,
-                     anchors: LeadAnchors | None = None) -> tuple[FimPrompt, float]:
+                     anchors: LeadAnchors | None = None,
+                     memo: WindowMemo | None = None) -> tuple[FimPrompt, float]:
     """Window, tokenize and template ``req`` (``model``'s budgets and FIM
     order) with ``make`` (:func:`soldaemon.fim.make_prompt`; a caller may
     pass a variant); ``heal``: token healing (a local engine only: it
@@ -112,7 +113,8 @@ def build_fim_prompt(template: FimTemplate, tokenizer: Any, model: ModelConfig, 
     relevance to the cursor (``model.context: relevance``), else the
     request's chunks in order; ``anchors``: the per-document anchors of
     ``model.fim_anchor: sticky`` (see :class:`LeadAnchors`); the anchor
-    applies only with ``heal`` (else the middle starts at the cursor). Returns (prompt, ms). Raises :class:`BadRequest` when
+    applies only with ``heal`` (else the middle starts at the cursor);
+    ``memo``: recent windows (:class:`soldaemon.fim.WindowMemo`). Returns (prompt, ms). Raises :class:`BadRequest` when
     the prompt plus ``max_tokens`` does not fit ``n_ctx`` tokens."""
     t0 = time.perf_counter_ns()
     context = req.context
@@ -130,7 +132,7 @@ def build_fim_prompt(template: FimTemplate, tokenizer: Any, model: ModelConfig, 
         template, tokenizer, req.prefix, req.suffix,
         max_prefix_tokens=model.max_prefix_tokens, max_suffix_tokens=model.max_suffix_tokens,
         context=context, max_context_tokens=ctx_tokens, language=req.language, current_path=path_of(req.uri),
-        order=model.fim_order, heal=heal, lead_from=start,
+        order=model.fim_order, heal=heal, lead_from=start, memo=memo,
     )
     if len(prompt.ids) + req.max_tokens + 1 >= n_ctx:
         raise BadRequest(

@@ -94,6 +94,23 @@ def test_a_lead_too_long_for_its_reserve_moves_to_the_line_then_to_the_cursor(qw
         _prompt(qwen, HEAD, lead_from=len(HEAD) + 1)
 
 
+def test_window_memo_gives_the_same_prompts(qwen: PreTrainedTokenizerFast) -> None:
+    """While typing on a line the text before the anchor and the suffix do
+    not change: their windows come from the memo, and every prompt equals
+    the one computed from scratch."""
+    memo = fim.WindowMemo(size=4)
+    for k in range(4, len(LINE) + 1):
+        prefix = HEAD + LINE[:k]
+        for budget in (1024, 12):          # 12: a window that cuts the head
+            kw = {"lead_from": AT, "heal": True, "max_prefix_tokens": budget}
+            assert _prompt(qwen, prefix, memo=memo, **kw) == _prompt(qwen, prefix, **kw)
+    assert memo.hits >= 3 * (len(LINE) - 4)    # head and suffix at 1024, the suffix at 12 (its head moves)
+    assert len(memo._entries) <= 4
+    # another suffix (an edit after the cursor) is not served from the memo
+    other = _prompt(qwen, HEAD + LINE, SUFFIX + "x = 1\n", memo=memo, lead_from=AT)
+    assert other == _prompt(qwen, HEAD + LINE, SUFFIX + "x = 1\n", lead_from=AT)
+
+
 def test_spm_keeps_the_lead_at_the_end_of_the_prefix(qwen: PreTrainedTokenizerFast) -> None:
     prefix = HEAD + LINE
     assert _prompt(qwen, prefix, lead_from=AT, order="spm").ids == _prompt(qwen, prefix, order="spm").ids

@@ -20,7 +20,7 @@ import torch
 from ..api import CancelToken, CompletionRequest, Delta, Done, Event, Timings
 from ..config import Config
 from ..errors import BadRequest, ConfigError, ModelError
-from ..fim import FimPrompt, FimTemplate, detect_template, make_prompt
+from ..fim import FimPrompt, FimTemplate, WindowMemo, detect_template, make_prompt
 from ..model.loader import LoadedModel, load_model
 from ..pipeline import LeadAnchors, build_fim_prompt, context_selector, remember, type_through, validate_request
 from ..pipeline import preview as _preview  # the hold-back rule, shared with the remote engine
@@ -96,6 +96,7 @@ class LocalEngine:
         self._token_texts: TokenTexts | None = None   # token healing's vocabulary index
         self.context_selector = context_selector(config.model)   # model.context: relevance
         self.lead_anchors = LeadAnchors()                         # model.fim_anchor: sticky
+        self.window_memo = WindowMemo()                           # windows unchanged while typing
 
     # -- the Engine protocol -------------------------------------------------
 
@@ -424,7 +425,7 @@ class LocalEngine:
         return build_fim_prompt(self.template, self.tokenizer, self.config.model, req, self.backend.n_ctx,
                                 make=make_prompt, heal=self.config.completion.token_healing,
                                 selector=self.context_selector,
-                                anchors=self.lead_anchors)
+                                anchors=self.lead_anchors, memo=self.window_memo)
 
     def token_texts(self) -> TokenTexts:
         """Every token's text, for token healing (built once, at warm-up)."""
