@@ -952,7 +952,8 @@ def line_anchor(prefix: str) -> int:
 def _split_lead(prefix: str, lead_from: int | None, max_prefix_tokens: int,
                 encode: Callable[[str], list[int]]) -> tuple[str, str, list[int]]:
     """``(head, lead, lead ids)``: ``prefix`` split at ``lead_from``, or at
-    the cursor line's start when the lead does not fit its reserve; not
+    the cursor line's anchor (:func:`line_anchor`) when the lead does not
+    fit its reserve; not
     split (lead "") when ``lead_from`` is None, the budget is too small to
     spare a reserve, or not even the cursor line fits."""
     reserve = lead_reserve(max_prefix_tokens)
@@ -1034,8 +1035,8 @@ def make_prompt(
     anchor is windowed to ``max_prefix_tokens``; the lead comes on top, up
     to :func:`lead_reserve` tokens: a longer lead moves the anchor to the
     cursor line's (:func:`line_anchor`), and a line longer than that puts
-    the middle at the cursor. SPM keeps the lead at the end of the prefix (typing only
-    appends there anyway).
+    the middle at the cursor. SPM keeps the lead at the end of the prefix
+    (typing only appends there anyway).
 
     ``memo``: the caller's :class:`WindowMemo`; the windows of a text
     before the anchor and of a suffix seen by a recent call are taken from

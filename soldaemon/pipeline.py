@@ -64,8 +64,9 @@ class LeadAnchors:
     sticky``; :func:`soldaemon.fim.make_prompt`'s ``lead_from``).
 
     The anchor is where the user began typing on a line (after its
-    indentation, :func:`soldaemon.fim.line_anchor`): it stays put while the text before it and the whole suffix are unchanged
-    and the lead spans at most :data:`MAX_LEAD_LINES` lines and
+    indentation, :func:`soldaemon.fim.line_anchor`): it stays put while
+    the text before it and the whole suffix are unchanged and the lead
+    spans at most :data:`MAX_LEAD_LINES` lines and
     :data:`MAX_LEAD_CHARS` characters, so a run of typing -- Enter
     included -- only ever appends to the prompt. Otherwise it moves to the
     cursor line's. One entry per document, the newest
