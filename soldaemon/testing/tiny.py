@@ -87,3 +87,50 @@ if __name__ == "__main__":  # python -m soldaemon.testing.tiny DIR
     import sys
 
     print(build_tiny_model(sys.argv[1] if len(sys.argv) > 1 else "tiny-model"))
+
+
+# Qwen2.5-Coder's shapes (config.json of the released models), for GPU runs
+# with random weights where the real ones cannot be carried.
+SHAPES: dict[str, dict[str, int]] = {
+    "0.5b": {"hidden": 896, "intermediate": 4864, "layers": 24, "heads": 14, "kv_heads": 2},
+    "1.5b": {"hidden": 1536, "intermediate": 8960, "layers": 28, "heads": 12, "kv_heads": 2},
+}
+SHAPE_VOCAB = 151936
+
+
+def build_shaped_model(path: str | Path, shape: str, *, layers: int | None = None, dtype: str = "bfloat16",
+                       seed: int = 0) -> Path:
+    """Write a random-weight Qwen2 model of Qwen2.5-Coder's ``shape`` (a key
+    of :data:`SHAPES`; ``layers`` overrides its depth) with the tiny
+    tokenizer to ``path`` (idempotent) and return it. Weights follow
+    transformers' initialization (normal, std 0.02), tied embeddings as in
+    the released models, stored in ``dtype``: the bytes a decode step reads
+    are the real model's, the text is gibberish."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    s = dict(SHAPES[shape])
+    if layers is not None:
+        s["layers"] = layers
+    out = Path(path)
+    stamp = {"shape": shape, **s, "dtype": dtype, "seed": seed}
+    marker = out / "shaped.json"
+    if marker.exists() and json.loads(marker.read_text()) == stamp:
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer()
+    config = Qwen2Config(
+        vocab_size=SHAPE_VOCAB, hidden_size=s["hidden"], intermediate_size=s["intermediate"],
+        num_hidden_layers=s["layers"], num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
+        max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id,
+    )
+    torch.manual_seed(seed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.device(device):                     # initializing 1.5B weights is seconds on a GPU
+        model = Qwen2ForCausalLM(config).to(getattr(torch, dtype))
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    marker.write_text(json.dumps(stamp))
+    return out

@@ -1,0 +1,167 @@
+"""Graph decode steps against eager ones, in the precision the device uses.
+
+The eager step (``LeanBackend.forward``) runs unmasked attention over exactly
+the ``pos + 1`` cached keys; the graph step (:mod:`.cudagraph`) masked
+attention over a padded window. In float32 they agree to rounding; in
+bfloat16 on a GPU they are different kernels, so their agreement is
+measured, not assumed:
+
+- *teacher-forced*: at every step both paths compute the logits for the same
+  token over the same (eager-written) cache; the largest absolute logit
+  difference, and how often their argmax agrees;
+- *free-running*: greedy generation through each path alone from the same
+  prompt; whether the token sequences are identical and where they first part.
+
+:func:`compare_graphs` measures; :class:`GraphAgreement.failures` judges
+against a stated :class:`Tolerance` (``scripts/gpu_latency.py`` and
+``scripts/gpu_check.sh`` exit non-zero on a failure).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from .session import KVSession
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """What graph steps may differ from eager ones by (teacher-forced)."""
+
+    logit_rtol: float          # max |graph − eager| ≤ logit_rtol × max |eager| + logit_atol, every step
+    logit_atol: float
+    min_agreement: float       # share of steps whose argmax agrees, at least
+    free_must_match: bool = False   # free-running greedy tokens identical on every document
+
+
+# float32: one kernel's rounding apart. Half precisions: attention outputs
+# differ by about one bf16/fp16 step per layer and the difference grows
+# through the layers; a near-tie between the top two logits may then flip.
+TOLERANCES: dict[torch.dtype, Tolerance] = {
+    torch.float32: Tolerance(1e-4, 1e-4, 1.0, free_must_match=True),
+    torch.bfloat16: Tolerance(0.05, 0.05, 0.95),
+    torch.float16: Tolerance(0.02, 0.02, 0.97),
+}
+
+
+def tolerance_for(dtype: torch.dtype) -> Tolerance:
+    """The stated tolerance for a model dtype (float32's for others)."""
+    return TOLERANCES.get(dtype, TOLERANCES[torch.float32])
+
+
+@dataclass
+class GraphAgreement:
+    """Measured agreement of graph and eager decode steps."""
+
+    dtype: str
+    tolerance: Tolerance
+    documents: int = 0
+    steps: int = 0                     # teacher-forced steps compared
+    agree: int = 0                     # of which the argmax agreed
+    max_abs_diff: float = 0.0          # over every logit of every step
+    strain: float = 0.0                # max over steps of diff / (atol + rtol × max|eager|); ≤ 1 passes
+    worst_step: dict[str, Any] = field(default_factory=dict)   # the step of that maximum
+    free_equal: int = 0                # documents whose free-running greedy tokens were identical
+    first_divergence: list[int | None] = field(default_factory=list)   # per document; None: identical
+    replays: int = 0                   # graph replays during the comparison (0: graphs never ran)
+
+    @property
+    def agreement(self) -> float:
+        return self.agree / self.steps if self.steps else 0.0
+
+    def failures(self) -> list[str]:
+        """Why this is outside the tolerance; [] when it passes."""
+        tol = self.tolerance
+        out = []
+        if self.steps == 0 or self.replays == 0:
+            out.append("no graph step ran")
+        if self.strain > 1.0:
+            out.append(f"logits differ by up to {self.max_abs_diff:.4g} (worst step {self.worst_step}), "
+                       f"over {tol.logit_rtol} x max|eager| + {tol.logit_atol}")
+        if self.agreement < tol.min_agreement:
+            out.append(f"argmax agrees on {self.agree}/{self.steps} steps, under {tol.min_agreement:.0%}")
+        if tol.free_must_match and self.free_equal < self.documents:
+            out.append(f"free-running greedy tokens differ on {self.documents - self.free_equal}/"
+                       f"{self.documents} documents (first at {self.first_divergence})")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["agreement"] = round(self.agreement, 4)
+        d["failures"] = self.failures()
+        return d
+
+
+@torch.inference_mode()
+def compare_graphs(backend: Any, graphs: Any, prompts: Sequence[Sequence[int]], steps: int,
+                   tolerance: Tolerance | None = None) -> GraphAgreement:
+    """Compare ``graphs`` (a :class:`~.cudagraph.GraphDecoder` over the lean
+    ``backend``) with the eager forward on each prompt for ``steps`` decode
+    steps, teacher-forced and free-running (see the module doc). Uses the
+    backend's current cache and leaves ``backend.graphs`` as it found it.
+    Raises ValueError when a prompt plus ``steps`` does not fit the cache."""
+    tol = tolerance or tolerance_for(backend.dtype)
+    result = GraphAgreement(str(backend.dtype).removeprefix("torch."), tol)
+    kept = getattr(backend, "graphs", None)
+    replays0 = graphs.replays
+    try:
+        for ids in prompts:
+            if len(ids) + steps + 1 >= backend.n_ctx:
+                raise ValueError(f"prompt of {len(ids)} + {steps} steps does not fit n_ctx {backend.n_ctx}")
+            setattr(backend, "graphs", None)
+            session = KVSession(backend, cache=backend.current_cache())
+            first = session.prefill(list(ids)).logits
+            _teacher_forced(backend, graphs, session, first, steps, result)
+            eager = _free_run(session, len(ids), first, steps)
+            setattr(backend, "graphs", graphs)
+            graph = _free_run(session, len(ids), first, steps)
+            result.documents += 1
+            split = next((i for i, (a, b) in enumerate(zip(eager, graph)) if a != b), None)
+            result.first_divergence.append(split)
+            result.free_equal += split is None
+    finally:
+        setattr(backend, "graphs", kept)
+    result.replays = graphs.replays - replays0
+    return result
+
+
+def _teacher_forced(backend: Any, graphs: Any, session: KVSession, logits: torch.Tensor, steps: int,
+                    result: GraphAgreement) -> None:
+    """Both paths at each position for the eager path's greedy token; the
+    graph step first, so the cache keeps what the eager step wrote."""
+    tol = result.tolerance
+    pos = len(session.tokens)
+    token = int(logits.argmax())
+    for _ in range(steps):
+        backend.use_cache(session.cache)
+        g = graphs.step(token, pos)
+        if g is None:
+            return                                      # graphs off (e.g. capture failed): reported as failure
+        g = g.clone()
+        e = backend.forward(torch.tensor([token], device=backend.device), pos)[0]
+        diff = float((g - e).abs().max())
+        scale = float(e.abs().max())
+        strain = diff / (tol.logit_atol + tol.logit_rtol * scale)
+        if strain > result.strain or not result.worst_step:
+            result.worst_step = {"pos": pos, "diff": float(f"{diff:.4g}"), "max_abs_eager": float(f"{scale:.4g}")}
+            result.strain = strain
+        result.max_abs_diff = max(result.max_abs_diff, diff)
+        result.steps += 1
+        token = int(e.argmax())
+        result.agree += int(g.argmax()) == token
+        pos += 1
+
+
+def _free_run(session: KVSession, prompt_len: int, first: torch.Tensor, steps: int) -> list[int]:
+    """Greedy tokens from the prompt (whichever path the backend's
+    ``graphs`` selects)."""
+    session.truncate(prompt_len, first)
+    token = int(first.argmax())
+    out = [token]
+    for _ in range(steps - 1):
+        token = int(session.decode_step(token).argmax())
+        out.append(token)
+    return out
