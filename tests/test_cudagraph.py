@@ -24,6 +24,18 @@ def tiny_hf(tmp_path_factory: pytest.TempPathFactory) -> object:
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")])])
+def graph_hf(request: pytest.FixtureRequest, tiny_hf: object) -> tuple[object, bool]:
+    """The tiny model and whether graphs are emulated: on the CPU through
+    EmulatedGraph; on a CUDA device (``gpu``) through captured graphs."""
+    if request.param == "cpu":
+        return tiny_hf, True
+    import copy
+
+    return copy.deepcopy(tiny_hf).to("cuda"), False  # type: ignore[attr-defined]
+
+
 def test_buckets_cover_the_context() -> None:
     assert buckets(256) == [256]
     assert buckets(1000) == [256, 512, 1000]
@@ -64,7 +76,9 @@ def test_static_step_is_the_eager_step(tiny_hf: object) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_graph_decode_matches_eager_on_cuda(tiny_hf: object) -> None:
-    model = tiny_hf.to("cuda")  # type: ignore[attr-defined]
+    import copy
+
+    model = copy.deepcopy(tiny_hf).to("cuda")  # type: ignore[attr-defined]  # not the CPU tests' module
     backend = LeanBackend(model, 1024)
     session = KVSession(backend)
     prompt = list(range(5, 300))
@@ -110,15 +124,16 @@ def _ids(n: int, seed: int, vocab: int) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=gen).tolist()
 
 
-def test_kept_logits_survive_another_documents_replays(tiny_hf: object) -> None:
+def test_kept_logits_survive_another_documents_replays(graph_hf: tuple[object, bool]) -> None:
     """Issue 18, item 1: with folding on, documents share one compute buffer
     and so one graph per window, whose static output every replay
     overwrites. The logits a session keeps for the "prompt unchanged"
     shortcut must still be its own after another document decoded."""
     from soldaemon.runtime.session import SessionPool
 
-    backend = LeanBackend(tiny_hf, 600)
-    backend.graphs = GraphDecoder(backend, emulate=True)  # type: ignore[attr-defined]
+    hf, emulate = graph_hf
+    backend = LeanBackend(hf, 600)
+    backend.graphs = GraphDecoder(backend, emulate=emulate)  # type: ignore[attr-defined]
     pool = SessionPool(backend, 2, fold_threshold=0.01)
     a_prompt, b_prompt = _ids(40, 1, backend.vocab_size), _ids(50, 2, backend.vocab_size)
     a = pool.acquire("a")
@@ -138,19 +153,20 @@ def test_kept_logits_survive_another_documents_replays(tiny_hf: object) -> None:
     torch.testing.assert_close(shortcut.logits, expected, rtol=0, atol=0)
 
 
-def test_graph_steps_record_the_query_kv_folding_scores_by(tiny_hf: object) -> None:
+def test_graph_steps_record_the_query_kv_folding_scores_by(graph_hf: tuple[object, bool]) -> None:
     """Issue 18, item 3: parked KV is scored by the last decode step's
     query on a GPU too (graph steps write ``last_q``), not by the last
     eager forward's."""
-    backend = LeanBackend(tiny_hf, 600)
+    hf, emulate = graph_hf
+    backend = LeanBackend(hf, 600)
     backend.record_queries()
-    graphs = GraphDecoder(backend, emulate=True)
+    graphs = GraphDecoder(backend, emulate=emulate)
     session = KVSession(backend)
     token = int(session.prefill(_ids(100, 3, backend.vocab_size)).logits.argmax())
     for _ in range(2):
         pos = len(session.tokens)
         k0, v0 = backend.k_cache.clone(), backend.v_cache.clone()
-        backend.forward(torch.tensor([token]), pos)                 # the eager step's queries
+        backend.forward(torch.tensor([token], device=backend.device), pos)   # the eager step's queries
         assert backend.last_q is not None
         eager_q = backend.last_q.clone()
         backend.k_cache.copy_(k0)

@@ -66,3 +66,20 @@ def test_tolerances_are_stated_per_dtype() -> None:
     assert tolerance_for(torch.bfloat16) is TOLERANCES[torch.bfloat16]
     assert tolerance_for(torch.float64) is TOLERANCES[torch.float32]
     assert TOLERANCES[torch.float32].free_must_match and not TOLERANCES[torch.bfloat16].free_must_match
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_captured_graphs_agree_with_eager_steps_on_cuda(backend: LeanBackend, dtype: torch.dtype,
+                                                        tmp_path: object) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from soldaemon.testing.tiny import build_tiny_model
+
+    hf = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path), dtype=dtype).to("cuda").eval()  # type: ignore[arg-type]
+    cuda = LeanBackend(hf, 1024)
+    graphs = GraphDecoder(cuda)
+    result = compare_graphs(cuda, graphs, _prompts(cuda.vocab_size), 10)
+    assert graphs.failure is None and graphs.captures >= 2          # a 256- and a 512-key window
+    assert result.failures() == [], result.to_dict()
