@@ -83,3 +83,19 @@ def test_captured_graphs_agree_with_eager_steps_on_cuda(backend: LeanBackend, dt
     result = compare_graphs(cuda, graphs, _prompts(cuda.vocab_size), 10)
     assert graphs.failure is None and graphs.captures >= 2          # a 256- and a 512-key window
     assert result.failures() == [], result.to_dict()
+
+
+def test_graphs_use_the_decode_copy_as_eager_decode_steps_do(tmp_path: object) -> None:
+    """With ``decode_dtype`` (a float16 copy of the matrices for short
+    forwards) the eager decode step multiplies by the copy: the static step
+    must too. Marked here by a copy whose output layer is scaled by 1/2:
+    the two paths then agree only if both read the copy."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path), dtype=torch.float32).eval()  # type: ignore[arg-type]
+    half = LeanBackend(hf, 1024, decode_dtype=torch.float16)
+    assert half.half_lm_head is not None
+    half.half_lm_head.mul_(0.5)
+    result = compare_graphs(half, GraphDecoder(half, emulate=True), _prompts(half.vocab_size), 10)
+    assert result.tolerance == TOLERANCES[torch.float16]               # the copy's precision
+    assert result.max_abs_diff < 0.01, result.to_dict()

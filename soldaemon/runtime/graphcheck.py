@@ -103,7 +103,8 @@ def compare_graphs(backend: Any, graphs: Any, prompts: Sequence[Sequence[int]], 
     steps, teacher-forced and free-running (see the module doc). Uses the
     backend's current cache and leaves ``backend.graphs`` as it found it.
     Raises ValueError when a prompt plus ``steps`` does not fit the cache."""
-    tol = tolerance or tolerance_for(backend.dtype)
+    # the precision decode steps multiply in: the decode copy's when there is one
+    tol = tolerance or tolerance_for(getattr(backend, "decode_dtype", None) or backend.dtype)
     result = GraphAgreement(str(backend.dtype).removeprefix("torch."), tol)
     kept = getattr(backend, "graphs", None)
     replays0 = graphs.replays
