@@ -110,7 +110,8 @@ def test_gpu_latency_script_runs_its_cpu_mode(tmp_path: Path) -> None:
     out = tmp_path / "lat.json"
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, str(root / "scripts" / "gpu_latency.py"), "--model", str(model),
-                           "--device", "cpu", "--holes", "2", "--tokens", "4", "--lines", "1", "--json", str(out)],
+                           "--device", "cpu", "--holes", "2", "--tokens", "4", "--lines", "1", "--prefill-tokens", "64",
+                           "--json", str(out)],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "CUDA graphs: unavailable" in proc.stdout and "sol-eager" in proc.stdout
