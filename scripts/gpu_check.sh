@@ -45,15 +45,15 @@ LOG=$OUTDIR/log.txt
 : >"$LOG"
 : >"$WORK/steps.tsv"
 
-# step NAME CMD...: run CMD with its output in the log; record its status and seconds
+# step NAME CMD...: run CMD with its output in the log; record its status and ms
 step() {
     local name=$1; shift
     local t0 rc
-    t0=$(date +%s.%N)
+    t0=$(date +%s%N)
     echo "=== $name: $*" | tee -a "$LOG"
     "$@" >>"$LOG" 2>&1
     rc=$?
-    printf '%s\t%s\t%s\n' "$name" "$rc" "$(echo "$(date +%s.%N) - $t0" | bc)" >>"$WORK/steps.tsv"
+    printf '%s\t%s\t%s\n' "$name" "$rc" "$(( ($(date +%s%N) - t0) / 1000000 ))" >>"$WORK/steps.tsv"
     [ "$rc" = 0 ] || echo "    $name exited $rc (see log.txt)"
 }
 

@@ -2,7 +2,7 @@
 """Merge a ``scripts/gpu_check.sh`` run into one JSON and a short summary.
 
 Reads what the run left in ``--work`` (``steps.tsv``: step, exit status,
-seconds; ``lat-SHAPE.json`` from gpu_latency.py; ``mem-SHAPE.json`` from
+ms; ``lat-SHAPE.json`` from gpu_latency.py; ``mem-SHAPE.json`` from
 gpu_memory.py; ``doctor.json``), writes ``gpu_check.json`` and
 ``summary.md`` to ``--out`` and prints the summary. Exit status 1 when a
 check failed: a step that exited non-zero (the doctor excepted: its 1 is a
@@ -106,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
 
     steps = []
     for line in (args.work / "steps.tsv").read_text().splitlines():
-        name, rc, secs = line.split("\t")
-        steps.append({"step": name, "rc": int(rc), "s": float(secs)})
+        name, rc, ms = line.split("\t")
+        steps.append({"step": name, "rc": int(rc), "s": int(ms) / 1000})
     failures = [f"step {s['step']} exited {s['rc']}" for s in steps
                 if s["rc"] != 0 and not (s["step"] == "doctor" and s["rc"] == 1)]
     shapes: dict[str, Any] = {}

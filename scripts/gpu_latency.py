@@ -209,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     check = None
     if graphs is not None:
         check = compare_graphs(backend, graphs, prompts, args.check_steps)
+        engine.session.truncate(0)                     # the comparison wrote the session's cache
         failures += [f"graphs vs eager: {f}" for f in check.failures()]
         print(f"\ngraphs vs eager ({check.dtype}, {check.documents} holes x {check.steps // max(1, check.documents)} "
               f"steps): max |logit diff| {check.max_abs_diff:.4g} (strain {check.strain:.2f} of the tolerance "

@@ -68,7 +68,7 @@ def test_gpu_check_cpu_mode_runs_end_to_end_without_the_devices_missing_packages
 def test_the_report_fails_on_a_failed_check_and_not_on_the_doctors_verdict(tmp_path: Path) -> None:
     work, out = tmp_path / "work", tmp_path / "out"
     work.mkdir()
-    (work / "steps.tsv").write_text("latency-0.5b\t1\t3.0\ndoctor\t1\t1.0\n")
+    (work / "steps.tsv").write_text("latency-0.5b\t1\t3000\ndoctor\t1\t1000\n")
     (work / "lat-0.5b.json").write_text(json.dumps({
         "failures": ["graphs vs eager: argmax agrees on 50/64 steps, under 95%"],
         "decode": {"graphs_vs_eager": 0.4, "sol-graphs_vs_floor": 2.0},

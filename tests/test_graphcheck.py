@@ -5,6 +5,8 @@ must be caught."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -71,13 +73,10 @@ def test_tolerances_are_stated_per_dtype() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_captured_graphs_agree_with_eager_steps_on_cuda(backend: LeanBackend, dtype: torch.dtype,
-                                                        tmp_path: object) -> None:
+def test_captured_graphs_agree_with_eager_steps_on_cuda(dtype: torch.dtype, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    from soldaemon.testing.tiny import build_tiny_model
-
-    hf = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path), dtype=dtype).to("cuda").eval()  # type: ignore[arg-type]
+    hf = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path), dtype=dtype).to("cuda").eval()
     cuda = LeanBackend(hf, 1024)
     graphs = GraphDecoder(cuda)
     result = compare_graphs(cuda, graphs, _prompts(cuda.vocab_size), 10)
@@ -85,14 +84,14 @@ def test_captured_graphs_agree_with_eager_steps_on_cuda(backend: LeanBackend, dt
     assert result.failures() == [], result.to_dict()
 
 
-def test_graphs_use_the_decode_copy_as_eager_decode_steps_do(tmp_path: object) -> None:
+def test_graphs_use_the_decode_copy_as_eager_decode_steps_do(tmp_path: Path) -> None:
     """With ``decode_dtype`` (a float16 copy of the matrices for short
     forwards) the eager decode step multiplies by the copy: the static step
     must too. Marked here by a copy whose output layer is scaled by 1/2:
     the two paths then agree only if both read the copy."""
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path), dtype=torch.float32).eval()  # type: ignore[arg-type]
+    hf = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path), dtype=torch.float32).eval()
     half = LeanBackend(hf, 1024, decode_dtype=torch.float16)
     assert half.half_lm_head is not None
     half.half_lm_head.mul_(0.5)
