@@ -190,9 +190,9 @@ class GraphDecoder:
 
     def _capture(self, window: int) -> tuple[Any, torch.Tensor]:
         if self.emulated:
-            graph = EmulatedGraph(self, window)
+            emulated = EmulatedGraph(self, window)
             self.captures += 1
-            return graph, graph.out
+            return emulated, emulated.out
         t0 = time.perf_counter()
         # The capture writes K/V at self.pos: point it at the last slot of the
         # window, then restore what was there (it may be a live cache).
