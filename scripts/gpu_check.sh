@@ -32,7 +32,12 @@ while [ $# -gt 0 ]; do
         *) echo "gpu_check.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
-if [ "$MODE" = cpu ]; then SHAPES=tiny; fi
+if [ "$MODE" = cpu ]; then
+    SHAPES=tiny
+    # a dry run of the path, not a CPU benchmark: one thread (two spinning
+    # OpenMP threads on a shared 2-core machine made it 9x slower)
+    export OMP_NUM_THREADS=1
+fi
 
 PY=${PYTHON:-python3}
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
