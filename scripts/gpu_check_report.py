@@ -59,6 +59,8 @@ def shape_figures(lat: dict[str, Any] | None, mem: dict[str, Any] | None, shape:
         "graph_logit_max_abs_diff": check.get("max_abs_diff"),
         "graph_argmax_agreement": check.get("agreement"),
         "graph_free_running_identical": f"{check.get('free_equal')}/{check.get('documents')}" if check else None,
+        "eager_vs_transformers_max_abs_diff": check.get("ref_max_abs_diff"),
+        "eager_vs_transformers_agreement": f"{check.get('ref_agree')}/{check.get('ref_steps')}" if check else None,
         "graph_captures": graphs.get("captures"), "graph_capture_ms": graphs.get("capture_ms"),
         "reuse_ttft_ms": trace.get("reuse_ttft_p50"), "reuse_keystrokes": trace.get("reuse_keystrokes"),
         "prefill_tokens": prefill.get("tokens"), "prefill_ms": prefill.get("ms"),
@@ -154,7 +156,9 @@ def summary_text(result: dict[str, Any]) -> str:
                   f"graphs/floor {_n(f['decode_graphs_vs_floor'])}",
                   f"- graphs vs eager: max |logit diff| {_n(f['graph_logit_max_abs_diff'])}, argmax agreement "
                   f"{_n(f['graph_argmax_agreement'])}, free-running identical {f['graph_free_running_identical']}; "
-                  f"{f['graph_captures']} captures, {_n(f['graph_capture_ms'])} ms",
+                  f"{f['graph_captures']} captures, {_n(f['graph_capture_ms'])} ms; eager vs transformers' "
+                  f"forward: max |logit diff| {_n(f['eager_vs_transformers_max_abs_diff'])}, argmax agreement "
+                  f"{f['eager_vs_transformers_agreement']}",
                   f"- keystroke TTFT p50 on the reuse path {_n(f['reuse_ttft_ms'])} ms "
                   f"({f['reuse_keystrokes']} keystrokes); cold prefill of {f['prefill_tokens']} tokens "
                   f"{_n(f['prefill_ms'])} ms",

@@ -13,7 +13,8 @@ in the JSON's ``failures``):
 - graphs against eager steps directly, in the precision the device decodes
   in (:mod:`soldaemon.runtime.graphcheck`: teacher-forced logits within the
   stated tolerance, argmax agreement; in float32 also identical free-running
-  tokens), over ``--check-steps`` steps on every hole;
+  tokens), over ``--check-steps`` steps on every hole, and the eager steps
+  against transformers' own forward of the same tokens, same tolerance;
 - in float32, the eager tokens equal ``generate()``'s (in half precision
   the two are different kernels: reported, not judged);
 - idle release → restore → graph re-capture gives the same tokens as before.
@@ -51,7 +52,7 @@ from soldaemon.config import load_config  # noqa: E402
 from soldaemon.holes import cut_line_holes, default_corpus  # noqa: E402
 from soldaemon.runtime.cudagraph import GraphDecoder  # noqa: E402
 from soldaemon.runtime.engine import LocalEngine, load_engine  # noqa: E402
-from soldaemon.runtime.graphcheck import compare_graphs  # noqa: E402
+from soldaemon.runtime.graphcheck import compare_graphs, transformers_reference  # noqa: E402
 from soldaemon.runtime.timing import synchronize  # noqa: E402
 from soldaemon.trace import make_trace, run_sol  # noqa: E402
 
@@ -208,13 +209,16 @@ def main(argv: list[str] | None = None) -> int:
 
     check = None
     if graphs is not None:
-        check = compare_graphs(backend, graphs, prompts, args.check_steps)
+        check = compare_graphs(backend, graphs, prompts, args.check_steps,
+                               reference=transformers_reference(engine.loaded.model))
         engine.session.truncate(0)                     # the comparison wrote the session's cache
         failures += [f"graphs vs eager: {f}" for f in check.failures()]
         print(f"\ngraphs vs eager ({check.dtype}, {check.documents} holes x {check.steps // max(1, check.documents)} "
               f"steps): max |logit diff| {check.max_abs_diff:.4g} (strain {check.strain:.2f} of the tolerance "
               f"{check.tolerance}), argmax agreement {check.agreement:.3f}, free-running identical "
-              f"{check.free_equal}/{check.documents} (first divergence {check.first_divergence})")
+              f"{check.free_equal}/{check.documents} (first divergence {check.first_divergence}); eager vs "
+              f"transformers' forward: max |logit diff| {check.ref_max_abs_diff:.4g} (strain {check.ref_strain:.2f}), "
+              f"argmax agreement {check.ref_agree}/{check.ref_steps}")
 
     read_gbs = measure_read_bandwidth(dev, (args.bandwidth_mb or (2048 if dev.type == "cuda" else 128)) << 20)
     step_bytes = decode_bytes(backend, int(statistics.median(len(i) for i in prompts)) + args.tokens // 2)

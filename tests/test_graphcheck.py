@@ -12,7 +12,7 @@ import torch
 
 from soldaemon.runtime.backend import LeanBackend
 from soldaemon.runtime.cudagraph import GraphDecoder
-from soldaemon.runtime.graphcheck import TOLERANCES, compare_graphs, tolerance_for
+from soldaemon.runtime.graphcheck import TOLERANCES, compare_graphs, tolerance_for, transformers_reference
 from soldaemon.testing.tiny import build_tiny_model
 
 
@@ -52,6 +52,22 @@ def test_graphs_agree_with_eager_steps_in_float32(backend: LeanBackend) -> None:
     assert getattr(backend, "graphs", None) is None                   # left as found
 
 
+def test_eager_steps_agree_with_transformers_forward(backend: LeanBackend, tmp_path: Path) -> None:
+    """The reference check: the lean eager steps against transformers' own
+    forward of the same model; a different model's forward is caught."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "same"), dtype=torch.float32).eval()
+    result = compare_graphs(backend, GraphDecoder(backend, emulate=True), _prompts(backend.vocab_size), 10,
+                            reference=transformers_reference(hf))
+    assert result.failures() == [] and result.ref_steps == 20 and result.ref_agree == 20, result.to_dict()
+    other = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "other", seed=1),
+                                                 dtype=torch.float32).eval()
+    wrong = compare_graphs(backend, GraphDecoder(backend, emulate=True), _prompts(backend.vocab_size), 10,
+                           reference=transformers_reference(other))
+    assert any(f.startswith("eager steps vs the reference") for f in wrong.failures()), wrong.to_dict()
+
+
 def test_a_wrong_static_step_is_caught(backend: LeanBackend) -> None:
     result = compare_graphs(backend, OnePositionEarly(backend, emulate=True), _prompts(backend.vocab_size), 10)
     assert result.failures(), result.to_dict()
@@ -79,9 +95,9 @@ def test_captured_graphs_agree_with_eager_steps_on_cuda(dtype: torch.dtype, tmp_
     hf = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path), dtype=dtype).to("cuda").eval()
     cuda = LeanBackend(hf, 1024)
     graphs = GraphDecoder(cuda)
-    result = compare_graphs(cuda, graphs, _prompts(cuda.vocab_size), 10)
+    result = compare_graphs(cuda, graphs, _prompts(cuda.vocab_size), 10, reference=transformers_reference(hf))
     assert graphs.failure is None and graphs.captures >= 2          # a 256- and a 512-key window
-    assert result.failures() == [], result.to_dict()
+    assert result.failures() == [] and result.ref_steps == 20, result.to_dict()
 
 
 def test_graphs_use_the_decode_copy_as_eager_decode_steps_do(tmp_path: Path) -> None:

@@ -10,7 +10,10 @@ measured, not assumed:
   token over the same (eager-written) cache; the largest absolute logit
   difference, and how often their argmax agrees;
 - *free-running*: greedy generation through each path alone from the same
-  prompt; whether the token sequences are identical and where they first part.
+  prompt; whether the token sequences are identical and where they first part;
+- optionally the eager steps against a *reference* (transformers' own
+  forward over the same tokens, as ``generate()`` computes them): the lean
+  runtime's math in the device's precision, judged by the same tolerance.
 
 :func:`compare_graphs` measures; :class:`GraphAgreement.failures` judges
 against a stated :class:`Tolerance` (``scripts/gpu_latency.py`` and
@@ -20,7 +23,7 @@ against a stated :class:`Tolerance` (``scripts/gpu_latency.py`` and
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -67,6 +70,10 @@ class GraphAgreement:
     free_equal: int = 0                # documents whose free-running greedy tokens were identical
     first_divergence: list[int | None] = field(default_factory=list)   # per document; None: identical
     replays: int = 0                   # graph replays during the comparison (0: graphs never ran)
+    ref_steps: int = 0                 # eager steps compared with the reference (0: none given)
+    ref_agree: int = 0                 # of which the argmax agreed
+    ref_max_abs_diff: float = 0.0
+    ref_strain: float = 0.0            # as ``strain``, eager against the reference
 
     @property
     def agreement(self) -> float:
@@ -83,6 +90,9 @@ class GraphAgreement:
                        f"over {tol.logit_rtol} x max|eager| + {tol.logit_atol}")
         if self.agreement < tol.min_agreement:
             out.append(f"argmax agrees on {self.agree}/{self.steps} steps, under {tol.min_agreement:.0%}")
+        if self.ref_steps and (self.ref_strain > 1.0 or self.ref_agree < tol.min_agreement * self.ref_steps):
+            out.append(f"eager steps vs the reference: logits differ by up to {self.ref_max_abs_diff:.4g} "
+                       f"(strain {self.ref_strain:.2f}), argmax agrees on {self.ref_agree}/{self.ref_steps}")
         if tol.free_must_match and self.free_equal < self.documents:
             out.append(f"free-running greedy tokens differ on {self.documents - self.free_equal}/"
                        f"{self.documents} documents (first at {self.first_divergence})")
@@ -95,12 +105,18 @@ class GraphAgreement:
         return d
 
 
+# (token ids, k) → logits [k, V] float32 after each of the last k tokens
+Reference = Callable[[Sequence[int], int], torch.Tensor]
+
+
 @torch.inference_mode()
 def compare_graphs(backend: Any, graphs: Any, prompts: Sequence[Sequence[int]], steps: int,
-                   tolerance: Tolerance | None = None) -> GraphAgreement:
+                   tolerance: Tolerance | None = None, reference: Reference | None = None) -> GraphAgreement:
     """Compare ``graphs`` (a :class:`~.cudagraph.GraphDecoder` over the lean
     ``backend``) with the eager forward on each prompt for ``steps`` decode
-    steps, teacher-forced and free-running (see the module doc). Uses the
+    steps, teacher-forced and free-running (see the module doc), against
+    ``tolerance`` (default: that of the dtype decode steps multiply in);
+    with ``reference``, the eager steps against it too. Uses the
     backend's current cache and leaves ``backend.graphs`` as it found it.
     Raises ValueError when a prompt plus ``steps`` does not fit the cache."""
     # the precision decode steps multiply in: the decode copy's when there is one
@@ -115,7 +131,9 @@ def compare_graphs(backend: Any, graphs: Any, prompts: Sequence[Sequence[int]], 
             setattr(backend, "graphs", None)
             session = KVSession(backend, cache=backend.current_cache())
             first = session.prefill(list(ids)).logits
-            _teacher_forced(backend, graphs, session, first, steps, result)
+            fed, eager_rows = _teacher_forced(backend, graphs, session, first, steps, result)
+            if reference is not None and eager_rows:
+                _against_reference(reference(list(ids) + fed, len(fed)), torch.stack(eager_rows), result)
             eager = _free_run(session, len(ids), first, steps)
             setattr(backend, "graphs", graphs)
             graph = _free_run(session, len(ids), first, steps)
@@ -129,23 +147,43 @@ def compare_graphs(backend: Any, graphs: Any, prompts: Sequence[Sequence[int]], 
     return result
 
 
+def _strain(diff: torch.Tensor, scale: torch.Tensor, tol: Tolerance) -> torch.Tensor:
+    """How much of the tolerance a difference uses (≤ 1 passes)."""
+    return diff / (tol.logit_atol + tol.logit_rtol * scale)
+
+
+def _against_reference(ref: torch.Tensor, eager: torch.Tensor, result: GraphAgreement) -> None:
+    """Eager step logits [k, V] against the reference's for the same tokens."""
+    ref = ref.to(eager.device)
+    diff = (eager - ref).abs().amax(-1)                  # [k]
+    result.ref_steps += eager.shape[0]
+    result.ref_agree += int((eager.argmax(-1) == ref.argmax(-1)).sum())
+    result.ref_max_abs_diff = max(result.ref_max_abs_diff, float(diff.max()))
+    result.ref_strain = max(result.ref_strain, float(_strain(diff, ref.abs().amax(-1), result.tolerance).max()))
+
+
 def _teacher_forced(backend: Any, graphs: Any, session: KVSession, logits: torch.Tensor, steps: int,
-                    result: GraphAgreement) -> None:
+                    result: GraphAgreement) -> tuple[list[int], list[torch.Tensor]]:
     """Both paths at each position for the eager path's greedy token; the
-    graph step first, so the cache keeps what the eager step wrote."""
+    graph step first, so the cache keeps what the eager step wrote. Returns
+    the tokens fed and the eager logits after each."""
     tol = result.tolerance
     pos = len(session.tokens)
     token = int(logits.argmax())
+    fed: list[int] = []
+    rows: list[torch.Tensor] = []
     for _ in range(steps):
         backend.use_cache(session.cache)
         g = graphs.step(token, pos)
         if g is None:
-            return                                      # graphs off (e.g. capture failed): reported as failure
+            break                                       # graphs off (e.g. capture failed): reported as failure
         g = g.clone()
         e = backend.forward(torch.tensor([token], device=backend.device), pos)[0]
-        diff = float((g - e).abs().max())
-        scale = float(e.abs().max())
-        strain = diff / (tol.logit_atol + tol.logit_rtol * scale)
+        fed.append(token)
+        rows.append(e)
+        diff_t, scale_t = (g - e).abs().max(), e.abs().max()
+        diff, scale = float(diff_t), float(scale_t)
+        strain = float(_strain(diff_t, scale_t, tol))
         if strain > result.strain or not result.worst_step:
             result.worst_step = {"pos": pos, "diff": float(f"{diff:.4g}"), "max_abs_eager": float(f"{scale:.4g}")}
             result.strain = strain
@@ -154,6 +192,7 @@ def _teacher_forced(backend: Any, graphs: Any, session: KVSession, logits: torch
         token = int(e.argmax())
         result.agree += int(g.argmax()) == token
         pos += 1
+    return fed, rows
 
 
 def _free_run(session: KVSession, prompt_len: int, first: torch.Tensor, steps: int) -> list[int]:
@@ -166,3 +205,13 @@ def _free_run(session: KVSession, prompt_len: int, first: torch.Tensor, steps: i
         token = int(session.decode_step(token).argmax())
         out.append(token)
     return out
+
+
+def transformers_reference(model: Any) -> Reference:
+    """transformers' own forward of ``model`` (no cache, the whole sequence
+    at once) as the reference for the eager steps."""
+    def run(ids: Sequence[int], k: int) -> torch.Tensor:
+        x = torch.tensor([list(ids)], dtype=torch.long, device=model.device)
+        with torch.inference_mode():
+            return model(input_ids=x, use_cache=False, logits_to_keep=k).logits[0].float()
+    return run
