@@ -103,4 +103,4 @@ step doctor sh -c "\"$PY\" -m soldaemon.doctor --json >\"$WORK/doctor.json\""
 
 read -r -a shape_list <<<"$SHAPES"
 "$PY" scripts/gpu_check_report.py --work "$WORK" --out "$OUTDIR" --mode "$MODE" --shapes "${shape_list[@]}" \
-    "${REPORT_ARGS[@]}"
+    ${REPORT_ARGS[@]+"${REPORT_ARGS[@]}"}

@@ -59,6 +59,7 @@ def test_gpu_check_cpu_mode_runs_end_to_end_without_the_devices_missing_packages
                                                      "doctor"]
     fig = result["shapes"]["tiny"]["figures"]
     assert fig["graph_argmax_agreement"] == 1.0 and fig["graph_free_running_identical"] == "2/2"
+    assert fig["eager_vs_transformers_agreement"] == "24/24"                  # 2 holes x 12 steps
     assert fig["graphs_ms_per_token"] > 0 and fig["floor_ms_per_token"] > 0 and fig["prefill_ms"] > 0
     assert fig["idle_release"]["same_tokens"] and fig["idle_release"]["recaptures"] >= 1
     assert fig["prefetch_hit_rate"] and fig["kv_park"][0]["exact"]
