@@ -7,8 +7,8 @@
 # safetensors, tokenizers, psutil, pyyaml, tqdm, pytest and nvidia-ml-py
 # (no websockets, pygls or gguf needed).
 #
-#   bash scripts/gpu_check.sh --out "$OUT"        # on a CUDA machine (about 3-5 min on an H200)
-#   bash scripts/gpu_check.sh --cpu --out DIR     # the same end to end on the tiny model (CI, < 1 min)
+#   bash scripts/gpu_check.sh --out "$OUT"        # on a CUDA machine (estimated 3-5 min on an H200: never run yet)
+#   bash scripts/gpu_check.sh --cpu --out DIR     # the same end to end on the tiny model (CI; 22-36 s here)
 #
 # Writes to the out folder (default $OUT, else ./gpu-check-out): summary.md
 # (also printed), gpu_check.json (every figure, check and reading) and
