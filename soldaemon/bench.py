@@ -141,6 +141,7 @@ def baseline_model(engine: Any, config: Config) -> tuple[Any | None, str]:
         why = (f"the engine keeps one copy of the weights, packed for its kernel plan ({plan.storage}), and "
                "released the transformers module's parameters")
     else:
+        assert store is not None
         why = (f"sol.memory_budget offloads {store.offloaded_layers} of {store.n_layers} layers, which empties "
                "their parameters in the engine's transformers module")
     try:

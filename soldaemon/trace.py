@@ -350,7 +350,7 @@ def plot(results: dict[str, Series], path: Path, title: str) -> None:
 def run(args: argparse.Namespace, config: Config) -> int:
     import platform
 
-    from .runtime.engine import LocalEngine, load_engine
+    from .runtime.engine import load_engine
 
     config = config.with_overrides({"model.max_prefix_tokens": args.max_prefix_tokens,
                                     "model.max_suffix_tokens": args.max_suffix_tokens}, source="bench")
@@ -362,10 +362,11 @@ def run(args: argparse.Namespace, config: Config) -> int:
     interrupt = bool(getattr(args, "interrupt", False))
     results["sol"], results["sol:model"] = run_sol(engine, trace, say, interrupt=interrupt)
     if getattr(args, "compare_spec", False):
-        plain = LocalEngine(engine.loaded, config.with_overrides({"completion.speculative": False}, source="bench"))
-        plain.warmup()
-        results["sol-nospec"], _ = run_sol(plain, trace, say, interrupt=interrupt, name="sol-nospec")
-        del plain
+        # the same engine and weights (one resident copy), speculation off, every memory dropped
+        engine.config = config.with_overrides({"completion.speculative": False}, source="bench")
+        engine.forget()
+        results["sol-nospec"], _ = run_sol(engine, trace, say, interrupt=interrupt, name="sol-nospec")
+        engine.config = config
     if "generate" in args.baselines:
         from .bench import baseline_model
 

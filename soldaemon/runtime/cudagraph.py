@@ -89,12 +89,14 @@ class GraphDecoder:
         sin = b.sin.index_select(0, pos)
         keep = torch.arange(window, device=self.device) <= pos          # [window]
         mask = torch.zeros(1, window, dtype=b.dtype, device=self.device).masked_fill(~keep, float("-inf"))
-        x = F.embedding(self.token, b.embed)             # [1, D]
+        lin = b.short_linear                             # the plan's decode kernel (static shapes)
+        x = b.embed_tokens(self.token)                   # [1, D]
+        dt = x.dtype
         for i, w in enumerate(b.layers):
-            h = b._rms(x, w.ln1)
-            q = F.linear(h, w.wq, w.bq).view(1, H, hd).transpose(0, 1)   # [H, 1, hd]
-            k = F.linear(h, w.wk, w.bk).view(1, KV, hd).transpose(0, 1)  # [KV, 1, hd]
-            v = F.linear(h, w.wv, w.bv).view(1, KV, hd).transpose(0, 1)
+            h = lin.prepare(b._rms(x, w.ln1))
+            q = lin.multiply(h, w.wq, w.bq, w.sq, dt).view(1, H, hd).transpose(0, 1)   # [H, 1, hd]
+            k = lin.multiply(h, w.wk, w.bk, w.sk, dt).view(1, KV, hd).transpose(0, 1)  # [KV, 1, hd]
+            v = lin.multiply(h, w.wv, w.bv, w.sv, dt).view(1, KV, hd).transpose(0, 1)
             q = q * cos + b._rotate_half(q) * sin
             k = k * cos + b._rotate_half(k) * sin
             b.k_cache[i].index_copy_(1, pos, k)
@@ -105,11 +107,12 @@ class GraphDecoder:
                 q.unsqueeze(0), keys.unsqueeze(0), vals.unsqueeze(0),
                 attn_mask=mask, scale=b.scale, enable_gqa=True,
             )[0]                                         # [H, 1, hd]
-            x = x + F.linear(o.transpose(0, 1).reshape(1, H * hd), w.wo, w.bo)
-            h = b._rms(x, w.ln2)
-            x = x + F.linear(F.silu(F.linear(h, w.wg)) * F.linear(h, w.wu), w.wd)
+            x = x + lin(o.transpose(0, 1).reshape(1, H * hd), w.wo, w.bo, w.so)
+            h = lin.prepare(b._rms(x, w.ln2))
+            x = x + lin(F.silu(lin.multiply(h, w.wg, None, w.sg, dt)) * lin.multiply(h, w.wu, None, w.su, dt),
+                        w.wd, None, w.sd)
         x = b._rms(x, b.norm)
-        return F.linear(x, b.lm_head).float()
+        return b.head_logits(x)
 
     # -- graphs ----------------------------------------------------------------
 

@@ -397,6 +397,21 @@ class LocalEngine:
         self._shown.clear()
         trim_heap()
 
+    def forget(self) -> None:
+        """Drop every per-document memory — KV caches, type-through, the
+        parked generation, anchors, windows, context choices — as if just
+        loaded (benchmarks run a second configuration on the same weights)."""
+        with self._lock:
+            if self._parked is not None:
+                self._parked.close()
+                self._parked = None
+            for session in list(self.pool._by_key.values()):
+                session.truncate(0)
+            self._shown.clear()
+            self.lead_anchors = LeadAnchors()
+            self.window_memo = WindowMemo()
+            self.context_selector = context_selector(self.config.model)
+
     def attach_draft_model(self, draft: LoadedModel) -> None:
         """Speculate with ``draft`` (``model.draft_model``) instead of prompt
         lookup. Its tokenizer must be the target's: a draft token id means

@@ -17,6 +17,7 @@ so later starts skip the measurement.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -228,10 +229,9 @@ def measure_table(cfg: Any, device: torch.device, compute_dtype: torch.dtype, *,
                     fn.multiply(prepared, packed[j][0], None, packed[j][1], xs[k].dtype)
 
         for rows, xs in inputs.items():
-            jobs.append(("blocks", kernel, rows, lambda xs=xs, layer=layer: layer(xs)))
+            jobs.append(("blocks", kernel, rows, functools.partial(layer, xs)))
         for rows in short_rows:
-            x = inputs[rows][d]
-            jobs.append(("head", kernel, rows, lambda x=x, fn=fn, hw=hw, hs=hs: fn(x, hw, None, hs)))
+            jobs.append(("head", kernel, rows, functools.partial(fn, inputs[rows][d], hw, None, hs)))
     best: dict[tuple[str, str, int], float] = {}
     failed: set[str] = set()
     for round_ in range(repeats + 1):              # round 0 warms up (first-touch, packing caches)
