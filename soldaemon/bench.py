@@ -136,14 +136,14 @@ def baseline_model(engine: Any, config: Config) -> tuple[Any | None, str]:
     released = bool(getattr(engine.backend, "released", False))
     if (store is None or not store.offloaded_layers) and not released:
         return engine.loaded.model, ""
+    reasons = []
+    if store is not None and store.offloaded_layers:
+        reasons.append(f"sol.memory_budget offloads {store.offloaded_layers} of {store.n_layers} layers, which "
+                       "empties their parameters in the engine's transformers module")
     if released:
-        plan = engine.backend.plan
-        why = (f"the engine keeps one copy of the weights, packed for its kernel plan ({plan.storage}), and "
-               "released the transformers module's parameters")
-    else:
-        assert store is not None
-        why = (f"sol.memory_budget offloads {store.offloaded_layers} of {store.n_layers} layers, which empties "
-               "their parameters in the engine's transformers module")
+        reasons.append(f"the engine keeps one copy of the weights, packed for its kernel plan "
+                       f"({engine.backend.plan.storage}), and released the transformers module's parameters")
+    why = "; ".join(reasons)
     try:
         copy = load_model(str(engine.loaded.directory), device=config.device.device, dtype="auto",
                           progress=False)

@@ -99,7 +99,7 @@ def _budget_config(tmp_path: Path, path: Path) -> Path:
 def test_bench_with_a_budget_that_offloads_layers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Offloading empties the engine's transformers module: generate() runs
     on a separate full copy and still agrees with the offloaded engine."""
-    path = build_tiny_model(tmp_path / "tiny6", layers=6, hidden=128)
+    path = build_tiny_model(tmp_path / "tiny12", layers=12, hidden=128)  # half the layers outweigh the staging ring
     cfg = _budget_config(tmp_path, path)
     out = tmp_path / "bench.json"
     rc = main(["--config", str(cfg), "bench", "--model", str(path), "--threads", "1", "--holes", "2",
@@ -117,7 +117,7 @@ def test_bench_trace_generate_under_a_budget_that_offloads_layers(tmp_path: Path
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """The trace's generate() baseline runs on the separate full copy too
     (the engine's own module has empty offloaded layers)."""
-    path = build_tiny_model(tmp_path / "tiny6", layers=6, hidden=128)
+    path = build_tiny_model(tmp_path / "tiny12", layers=12, hidden=128)  # half the layers outweigh the staging ring
     cfg = _budget_config(tmp_path, path)
     out = tmp_path / "trace.json"
     rc = main(["--config", str(cfg), "bench", "--trace", "--model", str(path), "--threads", "1", "--lines", "1",
@@ -137,7 +137,7 @@ def test_bench_skips_generate_when_no_full_copy_fits(tmp_path: Path, capsys: pyt
     import soldaemon.model.loader as loader
     from soldaemon.errors import OutOfMemory
 
-    path = build_tiny_model(tmp_path / "tiny6", layers=6, hidden=128)
+    path = build_tiny_model(tmp_path / "tiny12", layers=12, hidden=128)  # half the layers outweigh the staging ring
     cfg = _budget_config(tmp_path, path)
     real_load = loader.load_model
     loads: list[str | None] = []
