@@ -22,6 +22,7 @@ import threading
 from typing import Any
 
 from .api import CancelToken, CompletionRequest, Done
+from .errors import SolError
 
 log = logging.getLogger("soldaemon.ahead")
 
@@ -73,6 +74,8 @@ class Ahead:
         req, item = pending
         try:
             engine.speculate(req, item, cancel)
+        except SolError as exc:     # e.g. the accepted prompt no longer fits the context
+            log.debug("no speculation after request %s: %s", req.id, exc)
         except Exception:
             log.exception("speculation after request %s failed", req.id)
         finally:
