@@ -14,10 +14,9 @@ import pytest
 import torch
 
 from soldaemon.api import CancelToken, CompletionRequest, Done
-from soldaemon.config import config_from_dict
-from soldaemon.runtime.engine import LocalEngine, load_engine
+from soldaemon.runtime.engine import LocalEngine
 from soldaemon.runtime.foresight import accepted_request, detached
-from soldaemon.testing.tiny import build_tiny_model
+from tests.fixtures.engines import run_done, tiny_engine
 
 PREFIX = "import os\n\n\ndef join_all(parts):\n    result = []\n    for part in parts:\n        result.append(os"
 SUFFIX = ")\n    return result\n"
@@ -26,15 +25,7 @@ OTHER = "def other(x):\n    if x:\n        return x\n    return "
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> LocalEngine:
-    path = build_tiny_model(tmp_path_factory.mktemp("tiny"))
-    config = config_from_dict({"model": {"path": str(path), "max_context": 2048}, "device": {"device": "cpu"}})
-    return load_engine(config, progress=False)
-
-
-def _done(engine: LocalEngine, req: CompletionRequest, cancel: CancelToken | None = None) -> Done:
-    events = list(engine.complete(req, cancel or CancelToken()))
-    assert isinstance(events[-1], Done)
-    return events[-1]
+    return tiny_engine(tmp_path_factory)
 
 
 def _req(rid: str, uri: str, prefix: str, suffix: str = SUFFIX, **kw: object) -> CompletionRequest:
@@ -43,14 +34,14 @@ def _req(rid: str, uri: str, prefix: str, suffix: str = SUFFIX, **kw: object) ->
 
 def test_complete_after_warm_computes_only_what_was_typed(engine: LocalEngine) -> None:
     uri = "file:///warm_hit.py"
-    _done(engine, _req("cold", uri, OTHER, "\n"))              # the cache holds something else
+    run_done(engine, _req("cold", uri, OTHER, "\n"))              # the cache holds something else
     warm = engine.warm(_req("w", uri, PREFIX), CancelToken())
     assert warm.prompt_tokens > 30 and warm.cached_tokens < warm.prompt_tokens / 2
-    same = _done(engine, _req("a", uri, PREFIX)).timings
+    same = run_done(engine, _req("a", uri, PREFIX)).timings
     assert same.source == "model" and same.prompt_tokens == warm.prompt_tokens
     assert same.cached_tokens == same.prompt_tokens              # nothing of the prompt computed
     engine.warm(_req("w2", uri, PREFIX + ".pa"), CancelToken())
-    typed = _done(engine, _req("b", uri, PREFIX + ".pat")).timings  # one character typed since the warm
+    typed = run_done(engine, _req("b", uri, PREFIX + ".pat")).timings  # one character typed since the warm
     assert typed.source == "model"
     assert typed.prompt_tokens - typed.cached_tokens <= 3
 
@@ -66,7 +57,7 @@ def test_warm_leaves_the_kv_a_cold_complete_computes(engine: LocalEngine) -> Non
     warmed = list(session.tokens)
     warm_k, warm_v = (t[:, :, :n].clone() for t in session.cache)
     session.truncate(0)
-    _done(engine, req)                                            # computes the same prompt cold
+    run_done(engine, req)                                            # computes the same prompt cold
     assert session.tokens[:n] == warmed
     assert torch.equal(warm_k, session.cache[0][:, :, :n])
     assert torch.equal(warm_v, session.cache[1][:, :, :n])
@@ -74,13 +65,13 @@ def test_warm_leaves_the_kv_a_cold_complete_computes(engine: LocalEngine) -> Non
 
 def test_warm_and_speculation_leave_the_per_document_state_alone(engine: LocalEngine) -> None:
     uri = "file:///state.py"
-    _done(engine, _req("s0", uri, PREFIX))
+    run_done(engine, _req("s0", uri, PREFIX))
     before = (dict(engine.lead_anchors._anchors), dict(engine._shown), engine.stats.requests)
     selector = engine.context_selector
     chosen = dict(selector._last) if selector is not None else None
     engine.warm(_req("w", uri, OTHER, "\n"), CancelToken())      # elsewhere in the same document
     with detached(engine):
-        _done(engine, _req("x", uri, OTHER + "y", "\n"))
+        run_done(engine, _req("x", uri, OTHER + "y", "\n"))
     assert (dict(engine.lead_anchors._anchors), dict(engine._shown), engine.stats.requests) == before
     assert (dict(selector._last) if selector is not None else None) == chosen
 
@@ -92,11 +83,11 @@ def test_the_answer_after_a_warm_is_the_answer_without_it(engine: LocalEngine) -
     typed = PREFIX + ")\n        result.append(par"
 
     def history(uri: str, warm_between: bool) -> Done:
-        _done(engine, _req("h1", uri, PREFIX))
-        _done(engine, _req("h2", uri, typed))                     # the anchor stays on the first line
+        run_done(engine, _req("h1", uri, PREFIX))
+        run_done(engine, _req("h2", uri, typed))                     # the anchor stays on the first line
         if warm_between:
             engine.warm(_req("w", uri, OTHER, "\n"), CancelToken())
-        return _done(engine, _req("h3", uri, typed + "t"))
+        return run_done(engine, _req("h3", uri, typed + "t"))
 
     plain, warmed = history("untitled:plain", False), history("untitled:warmed", True)
     assert plain.timings.source == warmed.timings.source == "model"
@@ -107,22 +98,22 @@ def test_the_answer_after_a_warm_is_the_answer_without_it(engine: LocalEngine) -
 
 def test_accepting_a_completion_is_answered_from_the_speculation(engine: LocalEngine) -> None:
     first = _req("a", "untitled:spec", PREFIX)
-    shown = _done(engine, first)
+    shown = run_done(engine, first)
     item = shown.items[0]
     assert item, "the tiny model should write something here"
     spec = engine.speculate(first, item, CancelToken())
     assert spec is not None and spec.finish_reason in ("stop", "length")
     accepted = dataclasses.replace(first, id="b", prefix=PREFIX + item, version=7)
     t0 = time.perf_counter()
-    got = _done(engine, accepted)
+    got = run_done(engine, accepted)
     ms = (time.perf_counter() - t0) * 1e3
     assert got.timings.source == "speculative" and got.items == spec.items
     assert got.timings.cached_tokens == got.timings.prompt_tokens > 0
     # the same document history with nothing computed ahead, in another document
     # (its anchor state), its KV cache emptied: computed cold
-    _done(engine, dataclasses.replace(first, uri="untitled:cold"))
+    run_done(engine, dataclasses.replace(first, uri="untitled:cold"))
     engine.pool.acquire("untitled:cold").truncate(0)
-    cold = _done(engine, dataclasses.replace(accepted, uri="untitled:cold"))
+    cold = run_done(engine, dataclasses.replace(accepted, uri="untitled:cold"))
     assert cold.timings.source == "model" and cold.timings.cached_tokens == 0
     assert got.items == cold.items
     assert got.timings.generated_tokens == cold.timings.generated_tokens
@@ -133,15 +124,15 @@ def test_speculation_does_not_change_what_typing_gets(engine: LocalEngine) -> No
     """Not accepting: typing the shown completion is still type-through,
     and the next computed answer is the one without speculation."""
     first = _req("a", "untitled:noaccept", PREFIX)
-    item = _done(engine, first).items[0]
+    item = run_done(engine, first).items[0]
     assert len(item) >= 2
     engine.speculate(first, item, CancelToken())
-    through = _done(engine, dataclasses.replace(first, id="b", prefix=PREFIX + item[0]))
+    through = run_done(engine, dataclasses.replace(first, id="b", prefix=PREFIX + item[0]))
     assert through.timings.source == "type-through" and through.items == (item[1:],)
     other = dataclasses.replace(first, id="c", prefix=PREFIX + "Q")
-    with_spec = _done(engine, other)
-    _done(engine, dataclasses.replace(first, uri="untitled:nospec"))
-    without = _done(engine, dataclasses.replace(other, uri="untitled:nospec"))
+    with_spec = run_done(engine, other)
+    run_done(engine, dataclasses.replace(first, uri="untitled:nospec"))
+    without = run_done(engine, dataclasses.replace(other, uri="untitled:nospec"))
     assert with_spec.items == without.items and with_spec.timings.source == "model"
 
 
@@ -159,7 +150,7 @@ def test_a_request_preempts_speculation_within_a_step(engine: LocalEngine) -> No
     about one decode step, parked, so the accepted request resumes it."""
     first = CompletionRequest(id="a", uri="untitled:preempt", prefix=OTHER, suffix="", max_tokens=200,
                               multiline="multi")
-    shown = _done(engine, dataclasses.replace(first, max_tokens=4))
+    shown = run_done(engine, dataclasses.replace(first, max_tokens=4))
     t = shown.timings
     item = shown.items[0]
     assert item
@@ -183,16 +174,13 @@ def test_a_request_preempts_speculation_within_a_step(engine: LocalEngine) -> No
     assert result and result[0] is not None and result[0].finish_reason == "superseded"
     print(f"\nrequest waited {waited_ms:.1f} ms for speculation to stop; a decode step {step_ms:.1f} ms")
     assert waited_ms <= 3 * step_ms + 50
-    resumed = _done(engine, dataclasses.replace(ahead, id="b", max_tokens=200))
+    resumed = run_done(engine, dataclasses.replace(ahead, id="b", max_tokens=200))
     assert resumed.timings.source == "resumed"
 
 
 def test_speculative_fim_off(tmp_path_factory: pytest.TempPathFactory) -> None:
-    path = build_tiny_model(tmp_path_factory.mktemp("tiny-off"))
-    config = config_from_dict({"model": {"path": str(path), "max_context": 2048}, "device": {"device": "cpu"},
-                               "completion": {"speculative_fim": False}})
-    off = load_engine(config, progress=False)
+    off = tiny_engine(tmp_path_factory, completion={"speculative_fim": False})
     first = _req("a", "untitled:off", PREFIX)
-    item = _done(off, first).items[0]
+    item = run_done(off, first).items[0]
     assert off.speculate(first, item, CancelToken()) is None
-    assert _done(off, dataclasses.replace(first, prefix=PREFIX + item)).timings.source != "speculative"
+    assert run_done(off, dataclasses.replace(first, prefix=PREFIX + item)).timings.source != "speculative"
