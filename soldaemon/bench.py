@@ -61,6 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--trace: the user types on as soon as ghost text appears (each request superseded)")
     p.add_argument("--compare-spec", action="store_true",
                    help="--trace: also run this engine with speculation off (decode tokens/s with vs without)")
+    p.add_argument("--jumps", action="store_true",
+                   help="--trace: after each line, jump to other functions and type there (with and without a pause)")
     p.add_argument("--png", help="--trace/--quality: write the plot here")
     p.add_argument("--quality", action="store_true",
                    help="score completions on holes cut from real code (daemon vs raw model vs llama.cpp) instead")

@@ -516,6 +516,10 @@ class CompletionConfig:
     # token is left out and the first generated token must agree with it
     # (local backend; docs/quality.md).
     token_healing: bool = _setting(True, _bool())
+    # Speculative FIM: after a completion is delivered, compute the next one
+    # as if the user accepts it, at the lowest priority, stopped by any
+    # request (local backend; docs/config.md).
+    speculative_fim: bool = _setting(True, _bool())
 
 
 @dataclass(frozen=True)

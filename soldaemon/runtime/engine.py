@@ -30,6 +30,7 @@ from .kernel_plan import KernelPlan, TimingTable
 from .kernels import compute_dtype_for, plan_for, trim_heap
 from .cudagraph import GraphDecoder
 from .draft import DraftLength, DraftModel, DraftProposer, PromptLookup
+from .foresight import Foreseen, answer_foreseen, precise_until, speculate, warm
 from .generate import GenStats, TokenEvent, generate
 from .healing import HealingSampler, TokenTexts
 from .sampling import make_sampler
@@ -112,6 +113,7 @@ class LocalEngine:
         self.context_selector = context_selector(config.model)   # model.context: relevance
         self.lead_anchors = LeadAnchors()                         # model.fim_anchor: sticky
         self.window_memo = WindowMemo()                           # windows unchanged while typing
+        self.foreseen = Foreseen()                                # completion.speculative_fim's answer
 
     # -- the Engine protocol -------------------------------------------------
 
@@ -187,18 +189,19 @@ class LocalEngine:
             self.memory.close()
 
     def warm(self, req: CompletionRequest, cancel: CancelToken) -> Timings:
-        t0 = req.received_ns or time.perf_counter_ns()
-        prompt, prompt_ms = self.build_prompt(req)
-        t1 = time.perf_counter_ns()
-        with self.memory_scope(req), self._lock:
-            self.session = self.pool.acquire(req.uri)
-            try:
-                pre = self.session.prefill(prompt.ids, cancelled=lambda: cancel.cancelled)
-            except Cancelled:
-                return Timings(prompt_ms=prompt_ms, prompt_tokens=len(prompt.ids))
-        t2 = time.perf_counter_ns()
-        return Timings(prompt_ms=prompt_ms, prefill_ms=(t2 - t1) / 1e6, total_ms=(t2 - t0) / 1e6,
-                       prompt_tokens=len(prompt.ids), cached_tokens=pre.cached)
+        """Prefill exactly the prompt the next ``complete`` at ``req``'s
+        cursor computes, leaving its answer unchanged
+        (:func:`soldaemon.runtime.foresight.warm`)."""
+        return warm(self, req, cancel)
+
+    def speculate(self, req: CompletionRequest, item: str, cancel: CancelToken) -> Done | None:
+        """After ``item`` was delivered for ``req``: compute the completion
+        that follows accepting it, for the next request
+        (``completion.speculative_fim``; :func:`soldaemon.runtime.foresight.speculate`).
+        Returns None at once when the setting is off."""
+        if not self.config.completion.speculative_fim:
+            return None
+        return speculate(self, req, item, cancel)
 
     def complete(self, req: CompletionRequest, cancel: CancelToken) -> Iterator[Event]:
         """Stream one completion (the Engine protocol), inside
@@ -223,6 +226,12 @@ class LocalEngine:
             yield Done(req.id, (rest,), "stop", Timings(
                 queue_ms=(t_start - arrival) / 1e6, ttft_ms=ms, total_ms=ms, ttft_start_ns=arrival_wall,
                 ttft_end_ns=time.time_ns(), source="type-through"))
+            return
+        foreseen = answer_foreseen(self, req, arrival, t_start)
+        if foreseen is not None:
+            if parked is not None:
+                parked.close()
+            yield from foreseen
             return
         if parked is not None:
             typed = parked.typed_by(req, self.session)
@@ -265,7 +274,7 @@ class LocalEngine:
                     deadline_ns=run.deadline, drafter=drafter,
                     draft_k=self.config.completion.draft_tokens, draft_length=draft_length,
                     # the middle token and the typed line: at decode cost (session.prefill)
-                    precise_until=len(prompt.ids) - prompt.n_middle if prompt.n_middle else None,
+                    precise_until=precise_until(prompt),
                 )
                 try:
                     yield from self._drive(run, stream=candidate == 0)
@@ -408,6 +417,7 @@ class LocalEngine:
             for session in list(self.pool._by_key.values()):
                 session.truncate(0)
             self._shown.clear()
+            self.foreseen = Foreseen()
             self.lead_anchors = LeadAnchors()
             self.window_memo = WindowMemo()
             self.context_selector = context_selector(self.config.model)
