@@ -14,7 +14,9 @@ Contracts of :meth:`Completer.suggest`:
   an *invoked* one (the user asked) is sent at once, with high priority;
 - no trigger on cursor moves alone: an automatic request at a new position
   in a document that has not changed since the previous request returns
-  ``None`` without asking the daemon;
+  ``None`` without asking the daemon; the new position is warmed instead
+  when the cursor stays there ``warm_delay_ms`` (the same request a
+  completion there would send, so the first one after the move reuses it);
 - a newer request cancels every older completion still running on the daemon
   (``cancel`` frames; the daemon also supersedes by URI);
 - typing through a suggestion (the new text is the old prefix plus a start of
@@ -157,6 +159,7 @@ class Completer:
         self._seen[uri] = _Seen(version, offset)
         if automatic and seen is not None and seen.version == version and seen.offset != offset:
             log.debug("lsp %s: cursor moved without an edit; not completing", tag)
+            self._schedule_warm(doc, offset, moved=True)
             return None
         generation = self._generation[uri] = self._generation.get(uri, 0) + 1
         for older in self.client.in_flight("complete"):  # a newer request: older work is stale
@@ -251,23 +254,31 @@ class Completer:
 
     # -- background warm -------------------------------------------------------------
 
-    def _schedule_warm(self, doc: Document, offset: int) -> None:
+    def _schedule_warm(self, doc: Document, offset: int, *, moved: bool = False) -> None:
         if not self.settings.warm:
             return
         old = self._warm_tasks.pop(doc.uri, None)
         if old is not None:
             old.cancel()
         self._warm_tasks[doc.uri] = asyncio.get_running_loop().create_task(
-            self._warm_later(doc.uri, doc.version, offset), name=f"sol-warm {doc.uri}")
+            self._warm_later(doc.uri, doc.version, offset, moved=moved), name=f"sol-warm {doc.uri}")
 
-    async def _warm_later(self, uri: str, version: int, offset: int) -> None:
+    async def _warm_later(self, uri: str, version: int, offset: int, *, moved: bool = False) -> None:
         """After ``warm_delay_ms`` without edits (and without a completion for
-        this text), prefill the daemon's cache for the spot just edited."""
+        this text), prefill the daemon's cache for the spot just edited;
+        ``moved``: the spot the cursor moved to, while no edit, completion
+        or other move came since."""
         try:
+            generation = self._generation.get(uri)
             await asyncio.sleep(self.settings.warm_delay_ms / 1000)
             doc = self.documents.get(uri)
             seen = self._seen.get(uri)
-            if doc is None or doc.version != version or (seen is not None and seen.version == version):
+            if doc is None or doc.version != version:
+                return
+            if moved:
+                if seen is None or seen.offset != offset or self._generation.get(uri) != generation:
+                    return
+            elif seen is not None and seen.version == version:
                 return
             if not self.client.ready:
                 return

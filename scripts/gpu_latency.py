@@ -47,7 +47,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from soldaemon.bench import bench_generate, bench_sol  # noqa: E402
+from soldaemon.bench import baseline_model, bench_generate, bench_sol  # noqa: E402
 from soldaemon.config import load_config  # noqa: E402
 from soldaemon.holes import cut_line_holes, default_corpus  # noqa: E402
 from soldaemon.runtime.cudagraph import GraphDecoder  # noqa: E402
@@ -72,16 +72,14 @@ def measure_read_bandwidth(device: torch.device, nbytes: int, reps: int = 5) -> 
 
 
 def decode_bytes(backend: Any, context: int) -> int:
-    """Bytes one decode step reads: the matrices it multiplies by (the decode
-    copy when there is one; a tied output layer once), the norms, and the KV
-    of ``context`` positions."""
-    layers = backend.half_layers or backend.layers
-    head = backend.half_lm_head if backend.half_lm_head is not None else backend.lm_head
-    seen: dict[int, int] = {}
-    for t in [head, backend.norm] + [t for w in layers for t in vars(w).values() if t is not None]:
-        seen[t.data_ptr()] = t.numel() * t.element_size()
+    """Bytes one decode step reads: every weight the backend holds (its one
+    packed copy) but an untied embedding table, of which a step reads one
+    row, and the KV of ``context`` positions."""
+    n = backend.weight_bytes()
+    if backend.embed_w is not backend.head_w:
+        n -= sum(t.untyped_storage().nbytes() for t in (backend.embed_w, backend.embed_s) if t is not None)
     n_layers, kv, _, hd = backend._kv_shape
-    return sum(seen.values()) + 2 * n_layers * kv * hd * context * backend.k_cache.element_size()
+    return n + 2 * n_layers * kv * hd * context * backend.k_cache.element_size()
 
 
 def cold_prefill_ms(engine: LocalEngine, n: int, repeats: int = 3) -> float:
@@ -165,8 +163,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model {info['model']} on {info['device']} ({info['dtype']}), {gpu or platform.processor() or 'CPU'}; "
           f"load + warm-up {load_s:.1f} s; CUDA graphs: {info['cuda_graphs'] or 'unavailable (not CUDA)'}"
           + (" (emulated)" if graphs is not None and graphs.emulated else ""))
+    print(f"kernel plan: {backend.plan.describe()}")
     failures: list[str] = []
 
+    # generate()'s model: the engine's module, or a separate full copy when the engine released it
+    baseline, baseline_note = baseline_model(engine, config)
+    if baseline_note:
+        print(baseline_note)
     holes = cut_line_holes(default_corpus(), args.holes, seed=0)
     prompts = [engine.build_prompt(engine_request(hole))[0].ids for hole in holes]
     rows: dict[str, dict[str, list[float]]] = {k: {"ttft_ms": [], "ms_per_token": []}
@@ -174,9 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     same = {"sol-eager": 0, "sol-graphs": 0}
     first_tokens: list[int] = []
     for ids in prompts:
-        ttft, mpt, ref = bench_generate(engine.loaded.model, ids, args.tokens)
-        rows["generate"]["ttft_ms"].append(ttft)
-        rows["generate"]["ms_per_token"].append(mpt)
+        ref: list[int] | None = None
+        if baseline is not None:
+            ttft, mpt, ref = bench_generate(baseline, ids, args.tokens)
+            rows["generate"]["ttft_ms"].append(ttft)
+            rows["generate"]["ms_per_token"].append(mpt)
         for name in ("sol-eager", "sol-graphs"):
             if name == "sol-graphs" and graphs is None:
                 continue
@@ -188,8 +193,10 @@ def main(argv: list[str] | None = None) -> int:
             if name == "sol-graphs" and not first_tokens:
                 first_tokens = toks
         setattr(backend, "graphs", graphs)
-    exact = backend.dtype == torch.float32 and getattr(backend, "decode_dtype", None) is None
-    if exact and same["sol-eager"] < len(prompts):
+    plan = backend.plan
+    dense = not plan.storage.startswith("int8") and not plan.head_storage.startswith("int8")
+    exact = all(k == "float32" for k in (plan.storage, plan.prefill, plan.short, plan.head_storage, plan.head))
+    if exact and baseline is not None and same["sol-eager"] < len(prompts):
         failures.append(f"float32 eager tokens differ from generate() on {len(prompts) - same['sol-eager']} holes")
 
     base = rows["generate"]
@@ -201,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<11} {'-':>9} {'-':>11} {'-':>12} {'(unavailable)':>12}")
             continue
         t, m = statistics.median(r["ttft_ms"]), statistics.median(r["ms_per_token"])
-        ratio = m / statistics.median(base["ms_per_token"])
+        ratio = m / statistics.median(base["ms_per_token"]) if base["ms_per_token"] else float("nan")
         eq = f"{same[name]}/{len(holes)}" if name in same else "ref"
         print(f"{name:<11} {t:>9.1f} {m:>11.2f} {ratio:>11.2f}x {eq:>12}")
         summary[name] = {"ttft_p50_ms": t, "ms_per_token_p50": m, "vs_generate": ratio,
@@ -209,8 +216,9 @@ def main(argv: list[str] | None = None) -> int:
 
     check = None
     if graphs is not None:
-        check = compare_graphs(backend, graphs, prompts, args.check_steps,
-                               reference=transformers_reference(engine.loaded.model))
+        # a quantized plan differs from the dense module by its rounding: compared only when dense
+        reference = transformers_reference(baseline) if baseline is not None and dense else None
+        check = compare_graphs(backend, graphs, prompts, args.check_steps, reference=reference)
         engine.session.truncate(0)                     # the comparison wrote the session's cache
         failures += [f"graphs vs eager: {f}" for f in check.failures()]
         print(f"\ngraphs vs eager ({check.dtype}, {check.documents} holes x {check.steps // max(1, check.documents)} "
@@ -260,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     print("gpu_latency: " + ("FAILED" if failures else "all checks passed"))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({
-            "info": info, "gpu": gpu, "load_s": load_s, "rows": rows, "summary": summary,
+            "info": info, "gpu": gpu, "load_s": load_s, "plan": plan.to_dict(), "baseline": baseline_note,
+            "rows": rows, "summary": summary,
             "graphs": graphs.info() if graphs is not None else None,
             "graph_check": check.to_dict() if check is not None else None,
             "decode": decode, "prefill": {"tokens": args.prefill_tokens, "ms": prefill_ms},

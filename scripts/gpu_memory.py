@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from soldaemon.model.loader import load_model  # noqa: E402
 from soldaemon.runtime.backend import LeanBackend  # noqa: E402
-from soldaemon.runtime.engine import resolve_decode_dtype  # noqa: E402
+from soldaemon.runtime.engine import choose_kernels  # noqa: E402
 from soldaemon.runtime.kvfold import block_scores, fold, unfold  # noqa: E402
 from soldaemon.runtime.residency import PrefetchStats, WeightStore, measure_copy_bandwidth  # noqa: E402
 
@@ -129,18 +129,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="shares of layers resident, one row each (the first row is the reference)")
     args = ap.parse_args(argv)
 
-    loaded = load_model(args.model, device=args.device, dtype="auto", progress=False)
+    loaded = load_model(args.model, device=args.device, dtype="stored", progress=False)
     dev = loaded.device
     source = inspect.getsource(textwrap) * 4
     ids_list = loaded.tokenizer(source, add_special_tokens=False).input_ids[:args.prompt_tokens]
     ids = torch.tensor(ids_list, dtype=torch.long, device=dev)
-    backend = LeanBackend(loaded.model, len(ids_list) + args.tokens + 8,
-                          decode_dtype=resolve_decode_dtype("auto", loaded))
+    plan, _table = choose_kernels(loaded, "auto", progress=False)    # the daemon's own plan for this device
+    backend = LeanBackend(loaded.model, len(ids_list) + args.tokens + 8, plan=plan, release=True)
     store = WeightStore(backend.weight_sets(), backend.fixed_weights(), dev, prefetch_depth=args.depth,
                         fallback_timeout_ms=args.fallback_timeout_ms)
     backend.residency = store
     bw = measure_copy_bandwidth(dev)
-    decode_variant = 1 if backend.decode_dtype is not None else 0
+    decode_variant = 0                                 # one weight copy: every forward reads variant 0
     gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     print(f"device: {gpu}   model: {loaded.name} ({loaded.dtype})   layers: {store.n_layers}   "
           f"copy bandwidth: {bw:.2f} GB/s   prefetch_depth: {args.depth}")

@@ -8,10 +8,10 @@ ids go to:
   dynamic KV cache (on a separate full copy of the model when
   ``sol.memory_budget`` offloads layers: see :func:`baseline_model`);
 - ``sol-exact``: this runtime's prefill + decode steps (static KV cache, lean
-  step) in the model's dtype, greedy, speculation off — must give
-  ``generate``'s tokens;
-- ``sol``: the same with the configured decode weights (``model.decode_dtype``:
-  float16 decode steps on a CPU running float32);
+  step) dense in the baseline's dtype, on the baseline's weights, greedy,
+  speculation off — must give ``generate``'s tokens;
+- ``sol``: the engine with its kernel plan (``model.precision``: the kernels
+  measured fastest on this machine, e.g. int8 products);
 - ``sol+spec``: ``sol`` with prompt-lookup speculation.
 
 All three produce exactly ``--tokens`` tokens (stop tokens ignored) from a cold
@@ -61,11 +61,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--trace: the user types on as soon as ghost text appears (each request superseded)")
     p.add_argument("--compare-spec", action="store_true",
                    help="--trace: also run this engine with speculation off (decode tokens/s with vs without)")
+    p.add_argument("--jumps", action="store_true",
+                   help="--trace: after each line, jump to other functions and type there (with and without a pause)")
     p.add_argument("--png", help="--trace/--quality: write the plot here")
     p.add_argument("--quality", action="store_true",
                    help="score completions on holes cut from real code (daemon vs raw model vs llama.cpp) instead")
     p.add_argument("--fim-orders", nargs="*", choices=("psm", "spm"),
                    help="--quality: one daemon column per FIM order (default: the configured order)")
+    p.add_argument("--precisions", nargs="*",
+                   help="--quality: a column sol[P] per model.precision P (auto float32 bfloat16 float16 int8), "
+                        "each with the plan that precision gets on this machine")
     p.add_argument("--ablate", nargs="*", choices=("outline", "healing", "anchor"),
                    help="--quality: also run the daemon with these parts toggled (outline: on, as it is off by default; "
                         "healing: off; anchor: the middle starts at the cursor)")
@@ -130,46 +135,55 @@ def baseline_model(engine: Any, config: Config) -> tuple[Any | None, str]:
     from .model.loader import load_model
 
     store = engine.memory.store if getattr(engine, "memory", None) is not None else None
-    if store is None or not store.offloaded_layers:
+    released = bool(getattr(engine.backend, "released", False))
+    if (store is None or not store.offloaded_layers) and not released:
         return engine.loaded.model, ""
-    offloaded = store.offloaded_layers
-    why = (f"sol.memory_budget offloads {offloaded} of {store.n_layers} layers, which empties their parameters "
-           "in the engine's transformers module")
+    reasons = []
+    if store is not None and store.offloaded_layers:
+        reasons.append(f"sol.memory_budget offloads {store.offloaded_layers} of {store.n_layers} layers, which "
+                       "empties their parameters in the engine's transformers module")
+    if released:
+        reasons.append(f"the engine keeps one copy of the weights, packed for its kernel plan "
+                       f"({engine.backend.plan.storage}), and released the transformers module's parameters")
+    why = "; ".join(reasons)
     try:
-        copy = load_model(str(engine.loaded.directory), device=config.device.device, dtype=config.model.dtype,
+        copy = load_model(str(engine.loaded.directory), device=config.device.device, dtype="auto",
                           progress=False)
     except (SolError, MemoryError, RuntimeError) as exc:   # torch's out-of-memory is a RuntimeError
         return None, f"generate skipped: {why}, and a separate full copy could not be loaded ({exc})"
     return copy.model, f"generate runs on a separate full copy of the model (outside the budget): {why}"
 
 
-def bench_sol(engine: Any, ids: list[int], n: int, speculative: bool,
-              exact: bool = False) -> tuple[float, float, list[int], float]:
-    from .runtime.draft import PromptLookup
-    from .runtime.generate import generate
-    from .runtime.sampling import Greedy
+def exact_session(engine: Any, model: Any | None) -> Any:
+    """A session on the reference math: the lean runtime dense in ``model``'s
+    dtype over ``model``'s own tensors (the generate() baseline's copy when
+    the engine released its module), or the engine's session when the engine
+    already runs the reference plan (or its backend is the HF fallback)."""
+    from .runtime.backend import LeanBackend
+    from .runtime.session import KVSession
 
     backend = engine.backend
-    configured = getattr(backend, "decode_dtype", None)
-    if exact and configured is not None:
-        backend.decode_dtype = None
-    try:
-        return _bench_sol(engine, ids, n, speculative)
-    finally:
-        if exact and configured is not None:
-            backend.decode_dtype = configured
+    if not isinstance(backend, LeanBackend) or (not backend.released and backend.reference):
+        return engine.session
+    if model is None:
+        return None
+    return KVSession(LeanBackend(model, backend.n_ctx))
 
 
-def _bench_sol(engine: Any, ids: list[int], n: int, speculative: bool) -> tuple[float, float, list[int], float]:
+def bench_sol(engine: Any, ids: list[int], n: int, speculative: bool,
+              session: Any = None) -> tuple[float, float, list[int], float]:
+    """One cold generation of ``n`` tokens on ``session`` (default: the
+    engine's own): TTFT ms, ms per token, tokens, acceptance."""
     from .runtime.draft import PromptLookup
     from .runtime.generate import generate
     from .runtime.sampling import Greedy
 
-    engine.session.truncate(0)  # cold: no reuse from the previous hole
+    session = session or engine.session
+    session.truncate(0)  # cold: no reuse from the previous hole
     t0 = time.perf_counter_ns()
     toks: list[int] = []
     stats = None
-    for ev in generate(engine.session, ids, sampler=Greedy(), stop_ids=frozenset(), max_tokens=n,
+    for ev in generate(session, ids, sampler=Greedy(), stop_ids=frozenset(), max_tokens=n,
                        drafter=PromptLookup() if speculative else None,
                        draft_k=engine.config.completion.draft_tokens,
                        draft_length=engine.draft_length if speculative else None):
@@ -204,11 +218,13 @@ def run(args: argparse.Namespace, config: Config) -> int:
     model, baseline_note = baseline_model(engine, config)
     if baseline_note:
         print(baseline_note, file=sys.stderr, flush=True)
-    names = (["generate"] if model is not None else []) + ["sol-exact", "sol", "sol+spec"]
+    exact = exact_session(engine, model)
+    names = (["generate"] if model is not None else []) + (["sol-exact"] if exact is not None else []) \
+        + ["sol", "sol+spec"]
     rows = {name: Row() for name in names}
     e2e_ms: list[float] = []
     e2e_ttft: list[float] = []
-    exact = 0
+    matched = 0
     prompts = [engine.build_prompt(CompletionRequest(id="b", prefix=h.prefix, suffix=h.suffix))[0].ids
                for h in holes]
     # warm every path once (allocator, kernels) before timing
@@ -222,7 +238,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
                 acc = 0.0
             else:
                 ttft, mpt, toks, acc = bench_sol(engine, ids, args.tokens, name == "sol+spec",
-                                                 exact=name == "sol-exact")
+                                                 session=exact if name == "sol-exact" else None)
             r = rows[name]
             r.ttft_ms.append(ttft)
             r.ms_per_token.append(mpt)
@@ -234,14 +250,14 @@ def run(args: argparse.Namespace, config: Config) -> int:
         done = [ev for ev in engine.complete(req, CancelToken()) if isinstance(ev, Done)][0]
         e2e_ms.append(done.timings.total_ms)
         e2e_ttft.append(done.timings.ttft_ms)
-        exact += int(done.items[0].strip() == hole.expected.strip())
+        matched += int(done.items[0].strip() == hole.expected.strip())
         print(f"  hole {i + 1}/{len(holes)} {hole.path}:{hole.line} prompt {len(ids)} tok  "
               f"→ {done.items[0]!r}", file=sys.stderr, flush=True)
     # the reference for token agreement: generate(), or sol-exact when generate() was skipped
-    ref = rows.get("generate", rows["sol-exact"])
-    ref_name = "generate" if "generate" in rows else "sol-exact"
+    ref_name = next(n for n in ("generate", "sol-exact", "sol") if n in rows)
+    ref = rows[ref_name]
     same: int | None = (sum(a == b for a, b in zip(ref.tokens, rows["sol-exact"].tokens))
-                        if "generate" in rows else None)
+                        if "generate" in rows and "sol-exact" in rows else None)
     same_half = sum(a == b == c for a, b, c in zip(ref.tokens, rows["sol"].tokens, rows["sol+spec"].tokens))
     lines = [
         f"soldaemon bench — {engine.loaded.name} ({engine.info()['dtype']}, {engine.info()['backend']}) "
@@ -267,17 +283,17 @@ def run(args: argparse.Namespace, config: Config) -> int:
         "",
         (f"greedy tokens: sol-exact = generate on {same}/{len(holes)} holes; " if same is not None else
          "greedy tokens: no generate() baseline (above); ")
-        + f"sol = sol+spec = {ref_name} on {same_half}/{len(holes)} (sol decodes with "
-          f"{engine.info()['decode_dtype']} weights)",
+        + f"sol = sol+spec = {ref_name} on {same_half}/{len(holes)} (sol runs its kernel plan: "
+          f"{engine.info()['precision'].get('summary', 'transformers fallback')})",
         f"full pipeline (complete): end-to-end p50 {statistics.median(e2e_ms):.0f} ms, TTFT p50 "
-        f"{statistics.median(e2e_ttft):.0f} ms, rest-of-line exact match {exact}/{len(holes)}",
+        f"{statistics.median(e2e_ttft):.0f} ms, rest-of-line exact match {matched}/{len(holes)}",
     ]
     print("\n".join(lines))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({
             "info": engine.info(), "holes": len(holes), "tokens": args.tokens,
             "rows": {k: asdict(v) for k, v in rows.items()}, "e2e_ms": e2e_ms, "e2e_ttft_ms": e2e_ttft,
-            "exact": exact, "identical": same, "baseline": baseline_note or "generate on the engine's model",
+            "exact": matched, "identical": same, "baseline": baseline_note or "generate on the engine's model",
             "offloaded_layers": engine.diagnosis()["offloaded_layers"],
         }, indent=1))
     return 0

@@ -61,6 +61,8 @@ __all__ = [
     "Config",
     "DeviceConfig",
     "Dtype",
+    "Precision",
+    "effective_precision",
     "MemoryBudget",
     "ModelConfig",
     "OffloadPolicy",
@@ -79,6 +81,7 @@ _HINT = "see docs/config.md or sol_config.example.yaml for every key and its all
 OffloadPolicy = Literal["layer", "block"]
 Dtype = Literal["auto", "float32", "float16", "bfloat16"]
 DecodeDtype = Literal["auto", "same", "float16", "bfloat16"]
+Precision = Literal["auto", "float32", "bfloat16", "float16", "int8"]
 BackendKind = Literal["local", "remote"]
 PromptFormat = Literal["text", "tokens"]
 FimOrder = Literal["psm", "spm"]
@@ -404,10 +407,16 @@ class ModelConfig:
     # None: the embedded default (Qwen2.5-Coder-0.5B); else a local Hugging Face
     # model directory or a .gguf file.
     path: Path | None = _setting(None, _optional(_path()))
+    # The one format the weights are kept in, and so the kernels that read
+    # them: "auto" measures the kernels on this machine at start-up (cached
+    # per machine, model and torch version) and picks per phase (prefill,
+    # decode/verify, output layer); or "float32", "bfloat16", "float16",
+    # "int8" (int8 weights; the kernels still chosen by measurement).
+    precision: Precision = _setting("auto", _choice(get_args(Precision)))
+    # Replaced by precision (accepted with a notice): dtype "float32",
+    # "float16" or "bfloat16" reads as that precision when precision is
+    # "auto"; decode_dtype no longer applies (one weight copy).
     dtype: Dtype = _setting("auto", _choice(get_args(Dtype)))
-    # Weights for short forwards (decode steps, draft verification): "same" as
-    # dtype, or a half-precision copy (memory-bound steps read half the bytes;
-    # prefill keeps dtype). "auto": float16 on a CPU running float32, else same.
     decode_dtype: DecodeDtype = _setting("auto", _choice(get_args(DecodeDtype)))
     # Longest prompt + completion the engine allocates for; tokens, 256..131072.
     max_context: int = _setting(4096, _int(256, 131072))
@@ -507,6 +516,10 @@ class CompletionConfig:
     # token is left out and the first generated token must agree with it
     # (local backend; docs/quality.md).
     token_healing: bool = _setting(True, _bool())
+    # Speculative FIM: after a completion is delivered, compute the next one
+    # as if the user accepts it, at the lowest priority, stopped by any
+    # request (local backend; docs/config.md).
+    speculative_fim: bool = _setting(True, _bool())
 
 
 @dataclass(frozen=True)
@@ -728,6 +741,23 @@ def _build_section(
         except _Bad as bad:
             problems.invalid(dotted, value, bad.expected)
     return cls(**values)
+
+
+def effective_precision(model: ModelConfig) -> tuple[str, list[str]]:
+    """``model.precision`` after the keys it replaced (``model.dtype``,
+    ``model.decode_dtype``), and the notices to show for those keys."""
+    notices: list[str] = []
+    precision: str = model.precision
+    if model.dtype != "auto":
+        if precision == "auto":
+            precision = model.dtype
+            notices.append(f"model.dtype is replaced by model.precision: read as model.precision: {model.dtype}")
+        else:
+            notices.append(f"model.dtype ({model.dtype}) is ignored: model.precision ({precision}) is set")
+    if model.decode_dtype != "auto":
+        notices.append(f"model.decode_dtype ({model.decode_dtype}) no longer applies: the weights are kept once, "
+                       "and the kernel for decode steps is chosen by measurement (model.precision)")
+    return precision, notices
 
 
 def is_loopback_host(host: str) -> bool:

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Literal, Sequence
 
 from soldaemon import gpuprobe
+from soldaemon.plan_check import plan_report
 from soldaemon.gpuprobe import (
     DEFAULT_PORT,
     CacheReading,
@@ -478,6 +479,7 @@ def judge_machine(m: MachineReading, *, own_pid: int | None = None,
     checks.append(judge_torch(m.torch, has_gpu))
     checks += judge_cpu(m.cpu, has_gpu)
     checks.append(judge_cache(m.cache))
+    checks.append(Check("kernel_plan", **plan_report(m.cpu.vector_flags)))
     if m.daemon is not None:
         checks.append(judge_daemon(m.daemon))
     return checks

@@ -142,13 +142,16 @@ class Column:
     e2e_ms: list[float] = field(default_factory=list)
     prompt_tokens: list[int] = field(default_factory=list)
     generated_tokens: list[int] = field(default_factory=list)
+    ttft_ms: list[float] = field(default_factory=list)      # request → first token (nan: no model run)
 
-    def add(self, hole: Hole, text: str, ms: float, prompt_tokens: int, generated: int, python: bool) -> None:
+    def add(self, hole: Hole, text: str, ms: float, prompt_tokens: int, generated: int,
+            ttft: float = float("nan"), *, python: bool) -> None:
         self.texts.append(text)
         self.scores.append(score(hole, text, python=python))
         self.e2e_ms.append(ms)
         self.prompt_tokens.append(prompt_tokens)
         self.generated_tokens.append(generated)
+        self.ttft_ms.append(ttft)
 
     def summary(self, kinds: list[str], only: str | None = None) -> dict[str, float]:
         """Rates in percent (edit similarity too) over the holes of kind
@@ -165,6 +168,7 @@ class Column:
             "edit_sim": 100.0 * statistics.mean(s.edit_sim for s in sc),
             "parses": 100.0 * sum(parsed) / len(parsed) if parsed else float("nan"),
             "e2e_p50_ms": statistics.median(self.e2e_ms[i] for i in idx),  # nan for raw+pp
+            "ttft_p50_ms": statistics.median(self.ttft_ms[i] for i in idx),
             "prompt_tokens_p50": statistics.median(self.prompt_tokens[i] for i in idx),
             "generated_p50": statistics.median(self.generated_tokens[i] for i in idx),
         }
@@ -196,9 +200,9 @@ def sibling_context(hole: Hole, max_files: int = 32, max_chars: int = 200_000) -
 
 
 def run_sol(engine: Any, hole: Hole, uri: str, max_tokens: int,
-            context: tuple[ContextChunk, ...] = ()) -> tuple[str, float, int, int]:
+            context: tuple[ContextChunk, ...] = ()) -> tuple[str, float, int, int, float]:
     """The daemon's full pipeline on a cold cache. Returns (text, e2e ms,
-    prompt tokens, generated tokens)."""
+    prompt tokens, generated tokens, TTFT ms)."""
     engine.pool.acquire(uri).truncate(0)
     req = CompletionRequest(id="q", uri=uri, prefix=hole.prefix, suffix=hole.suffix, language="python",
                             max_tokens=max_tokens, received_ns=time.perf_counter_ns(), context=context)
@@ -206,10 +210,10 @@ def run_sol(engine: Any, hole: Hole, uri: str, max_tokens: int,
     engine.pool.acquire(uri).truncate(0)  # no type-through or reuse into the next column/hole
     engine._shown.pop(uri, None)
     t = done.timings
-    return done.items[0] if done.items else "", t.total_ms, t.prompt_tokens, t.generated_tokens
+    return done.items[0] if done.items else "", t.total_ms, t.prompt_tokens, t.generated_tokens, t.ttft_ms
 
 
-def run_raw(engine: Any, hole: Hole, max_tokens: int) -> tuple[str, float, int, int]:
+def run_raw(engine: Any, hole: Hole, max_tokens: int) -> tuple[str, float, int, int, float]:
     """The model alone: plain prompt, greedy, this runtime, stop tokens only."""
     from .runtime.generate import generate
     from .runtime.sampling import Greedy
@@ -219,12 +223,14 @@ def run_raw(engine: Any, hole: Hole, max_tokens: int) -> tuple[str, float, int, 
     session = engine.pool.acquire("quality:raw")
     session.truncate(0)
     toks: list[int] = []
+    first = 0
     for ev in generate(session, ids, sampler=Greedy(), stop_ids=engine.template.stop_ids, max_tokens=max_tokens):
         toks.extend(ev.tokens)
+        first = first or time.perf_counter_ns()
     text = engine.tokenizer.decode(toks, skip_special_tokens=True)
-    ms = (time.perf_counter_ns() - t0) / 1e6
+    end = time.perf_counter_ns()
     session.truncate(0)
-    return text, ms, len(ids), len(toks)
+    return text, (end - t0) / 1e6, len(ids), len(toks), ((first or end) - t0) / 1e6
 
 
 def postprocessed(engine: Any, hole: Hole, text: str) -> str:
@@ -285,17 +291,20 @@ class LlamaCpp:
         self.llm = Llama(model_path=str(engine.loaded.gguf_path), n_ctx=engine.backend.n_ctx,
                          n_threads=threads, verbose=False)
 
-    def __call__(self, hole: Hole, max_tokens: int) -> tuple[str, float, int, int]:
+    def __call__(self, hole: Hole, max_tokens: int) -> tuple[str, float, int, int, float]:
         t0 = time.perf_counter_ns()
         ids = plain_prompt(self.engine, hole)
         self.llm.reset()  # cold, like the other columns
         toks: list[int] = []
+        first = 0
         for t in self.llm.generate(ids, temp=0.0, top_k=1):
+            first = first or time.perf_counter_ns()      # the first token sampled (even a stop token)
             if t in self.engine.template.stop_ids or len(toks) >= max_tokens:
                 break
             toks.append(int(t))
+        end = time.perf_counter_ns()
         text = self.engine.tokenizer.decode(toks, skip_special_tokens=True)
-        return text, (time.perf_counter_ns() - t0) / 1e6, len(ids), len(toks)
+        return text, (end - t0) / 1e6, len(ids), len(toks), ((first or end) - t0) / 1e6
 
 
 def llama_cpp_column(engine: Any, threads: int, say: Callable[[str], None]) -> LlamaCpp | None:
@@ -323,13 +332,14 @@ def table(columns: list[Column], kinds: list[str]) -> list[str]:
     present = [k for k in ("line", "block") if k in kinds]
     head = ["column", "exact match %", "first-line EM %", "edit sim %", "parses %"]
     head += [f"EM {k} ({kinds.count(k)}) %" for k in present]
-    head += ["e2e p50 ms", "prompt tok p50", "gen tok p50"]
+    head += ["e2e p50 ms", "TTFT p50 ms", "prompt tok p50", "gen tok p50"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in columns:
         s = c.summary(kinds)
         cells = [c.name] + [f"{s[m]:.1f}" for m, _ in _METRICS]
         cells += [f"{c.summary(kinds, k)['exact']:.1f}" for k in present]
-        cells += [f"{s['e2e_p50_ms']:.0f}", f"{s['prompt_tokens_p50']:.0f}", f"{s['generated_p50']:.0f}"]
+        cells += [f"{s['e2e_p50_ms']:.0f}", f"{s['ttft_p50_ms']:.0f}", f"{s['prompt_tokens_p50']:.0f}",
+                  f"{s['generated_p50']:.0f}"]
         out.append("| " + " | ".join(cells) + " |")
     return out
 
@@ -377,10 +387,54 @@ def _write_json(path: Path, info: dict[str, Any], seed: int, max_tokens: int, fi
                     for c in columns},
         "holes": [{"path": h.path, "line": h.line, "kind": h.kind, "expected": h.expected,
                    "out": {c.name: {"text": c.texts[i], **asdict(c.scores[i]), "e2e_ms": c.e2e_ms[i],
-                                    "prompt_tokens": c.prompt_tokens[i]}
+                                    "ttft_ms": c.ttft_ms[i], "prompt_tokens": c.prompt_tokens[i]}
                            for c in columns}}
                   for i, h in enumerate(holes)],
     }, indent=1))
+
+
+def _precision_engines(engine: Any, config: Config, precisions: list[str],
+                       say: Callable[[str], None]) -> list[tuple[str, Any]]:
+    """One engine per ``--precisions`` entry, each with the plan that
+    ``model.precision`` would give it on this machine (from the main
+    engine's timing table), all over one more loaded copy of the module
+    (not released: they share it)."""
+    if not precisions:
+        return []
+    from .model.loader import load_model
+    from .runtime.engine import LocalEngine
+    from .runtime.kernel_plan import PRECISIONS, choose_plan
+
+    table = getattr(engine, "kernel_timings", None)
+    if table is None:
+        raise BadRequest("--precisions needs the lean backend and its kernel plan (this model runs the "
+                         "transformers fallback)")
+    for p in precisions:
+        if p not in PRECISIONS:
+            raise BadRequest(f"--precisions: {p!r} is not a precision (expected: {', '.join(PRECISIONS)})")
+    loaded = load_model(str(engine.loaded.directory), device=config.device.device, dtype="stored", progress=False)
+    out = []
+    for p in precisions:
+        plan = choose_plan(table, p)
+        say(f"sol[{p}]: {plan.describe()}")
+        eng = LocalEngine(loaded, config, plan=plan, timings=table, release=False)
+        eng.warmup()
+        out.append((p, eng))
+    return out
+
+
+def agreement(columns: list[Column]) -> list[str]:
+    """Lines: how many completions of each ``sol[...]`` column are identical
+    to ``sol[float32]``'s (when both ran)."""
+    ref = next((c for c in columns if c.name == "sol[float32]"), None)
+    if ref is None:
+        return []
+    out = [""]
+    for c in columns:
+        if c is not ref and c.name.startswith("sol"):
+            same = sum(a == b for a, b in zip(c.texts, ref.texts))
+            out.append(f"{c.name}: {same}/{len(ref.texts)} completions identical to sol[float32]")
+    return out
 
 
 def _sol_configs(config: Config, orders: list[str] | None) -> list[tuple[str, Config]]:
@@ -422,6 +476,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
             raise BadRequest(f"--ablate: unknown part {a!r} (expected: {', '.join(ABLATIONS)})")
     say = lambda msg: print("  " + msg, file=sys.stderr, flush=True)  # noqa: E731
     engine = load_engine(config)
+    precision_engines = _precision_engines(engine, config, getattr(args, "precisions", None) or [], say)
     baselines = args.baselines or []
     want_raw = "raw" in baselines or "generate" in baselines  # generate: the model alone, as in the speed bench
     llama = llama_cpp_column(engine, engine.info()["threads"], say) if "llama.cpp" in baselines else None
@@ -436,7 +491,9 @@ def run(args: argparse.Namespace, config: Config) -> int:
     siblings = getattr(args, "context", "none") == "siblings" and bool(sol_configs)
     ctx_rel = Column(f"{sol_configs[0][0]}+ctx") if siblings else None
     ctx_order = Column(f"{sol_configs[0][0]}+ctx[order]") if siblings else None
-    columns = ([Column(name) for name, _ in sol_configs] + ([no_outline] if no_outline else [])
+    by_precision = [(Column(f"sol[{p}]"), eng) for p, eng in precision_engines]
+    columns = ([Column(name) for name, _ in sol_configs] + [col for col, _ in by_precision]
+               + ([no_outline] if no_outline else [])
                + [col for col, _ in without]
                + ([ctx_rel, ctx_order] if ctx_rel and ctx_order else [])
                + ([raw, raw_pp] if raw and raw_pp else []) + ([Column("llama.cpp")] if llama else []))
@@ -447,6 +504,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
         for (name, cfg), col in zip(sol_configs, columns):
             engine.config = cfg
             col.add(hole, *run_sol(engine, hole, uri, max_tokens), python=True)
+        for col, eng in by_precision:
+            col.add(hole, *run_sol(eng, hole, uri, max_tokens), python=True)
         if no_outline is not None:
             engine.config = sol_configs[0][1]
             with _ToggleOutline():
@@ -465,8 +524,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
             engine.context_selector = selector
         engine.config = config
         if raw is not None and raw_pp is not None:
-            text, ms, n_prompt, n_gen = run_raw(engine, hole, max_tokens)
-            raw.add(hole, text, ms, n_prompt, n_gen, python=True)
+            text, ms, n_prompt, n_gen, ttft = run_raw(engine, hole, max_tokens)
+            raw.add(hole, text, ms, n_prompt, n_gen, ttft, python=True)
             # no latency of its own: computed from the raw text after the run
             raw_pp.add(hole, postprocessed(engine, hole, text), float("nan"), n_prompt, n_gen, python=True)
         if llama is not None:
@@ -482,7 +541,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
             f"{info['threads']} threads, {platform.processor() or platform.machine()}; {len(holes)} holes "
             f"({kinds.count('line')} line, {kinds.count('block')} block) from {len(files)} files, seed {args.seed}; "
             f"max_tokens {max_tokens}; prefix/suffix budget {mc.max_prefix_tokens}/{mc.max_suffix_tokens} tokens")
-    lines = [head, ""] + table(columns, kinds)
+    lines = [head, ""] + table(columns, kinds) + agreement(columns)
     print("\n".join(lines))
     if args.png:
         plot(columns, kinds, Path(args.png), head)

@@ -53,6 +53,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.http11 import Request, Response
 
 from soldaemon import __version__
+from soldaemon.ahead import Ahead
 from soldaemon.api import CancelToken, CompletionRequest, Delta, Done, Engine, FinishReason, Timings
 from soldaemon.auth import (
     authorization_header,
@@ -201,6 +202,7 @@ class Worker:
         self._queued = 0
         self._thread: threading.Thread | None = None
         self.engine: Engine | None = None
+        self.ahead = Ahead()        # speculative FIM: runs only while the queue is empty
 
     @property
     def queue_depth(self) -> int:
@@ -226,6 +228,7 @@ class Worker:
     def submit(self, job: Job) -> None:
         with self._lock:
             self._queued += 1
+        self.ahead.preempt()        # any request outranks speculation
         self._queue.put((_PRIORITY[(job.kind, job.request.priority)], next(self._seq), job))
 
     def withdraw(self, job: Job, reason: FinishReason) -> None:
@@ -244,6 +247,7 @@ class Worker:
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the thread after the job it is running (call after every job
         was withdrawn)."""
+        self.ahead.preempt()
         self._queue.put((-1, -1, None))
         if self._thread is not None:
             self._thread.join(timeout)
@@ -254,7 +258,12 @@ class Worker:
 
     def _serve(self, engine: Engine) -> None:
         while True:
-            _, _, job = self._queue.get()
+            try:
+                _, _, job = self._queue.get(block=not self.ahead.pending)
+            except queue.Empty:     # idle with a speculation pending
+                self.ahead.run(engine)
+                continue
+            self.ahead.preempt()
             if job is None:
                 return
             with self._lock:
@@ -285,6 +294,8 @@ class Worker:
                 for event in events:
                     if isinstance(event, Done):
                         self._post(job.deliver, job, self._final(job, event, queue_ms))
+                        if not job.cancel.cancelled:
+                            self.ahead.offer(engine, req, event)
                         return
                     self._post(job.deliver, job, event)
             finally:

@@ -22,6 +22,12 @@ Two typists:
 
 ``--compare-spec`` adds a second run of this engine with speculation off, for
 decode tokens per second with and without speculation on the same keystrokes.
+
+``--jumps``: after each line, the cursor jumps to another function of the
+file and types a few characters there, once at once and once after a pause
+in which the new spot is warmed (:mod:`soldaemon.jumps`); the first
+keystroke of each jump is also reported on its own (rows ``NAME:jump`` and
+``NAME:jump+pause``).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import torch
 from .api import CancelToken, CompletionRequest, Done, Timings
 from .config import Config
 from .holes import default_corpus, statement_lines
+from .jumps import JUMP_KEYS, JUMP_KINDS, JUMP_PAUSE, jump_targets
 
 
 # llama.cpp baselines: (name, FIM order, where the middle starts)
@@ -56,24 +63,41 @@ class Keystroke:
     prefix: str
     suffix: str
     rest: str             # what the user goes on to type on this line
+    jump: str = ""        # the first keystroke at a jump's place: jumps.JUMP or jumps.JUMP_PAUSE
 
 
-def make_trace(files: list[Path], lines: int, seed: int = 0, *, min_len: int = 12, max_len: int = 60) -> list[Keystroke]:
-    """Keystrokes that type ``lines`` real lines, one after another."""
+def make_trace(files: list[Path], lines: int, seed: int = 0, *, min_len: int = 12, max_len: int = 60,
+               jumps: bool = False) -> list[Keystroke]:
+    """Keystrokes that type ``lines`` real lines, one after another;
+    ``jumps``: after each line, :data:`JUMP_KEYS` keystrokes at each of two
+    lines in other functions of its file (see :mod:`soldaemon.jumps`). The
+    lines typed are the same with or without jumps."""
     rng = random.Random(seed)
     picks = [(path, text, ln) for path, text, ln in statement_lines(files)
              if min_len <= len(text.splitlines()[ln - 1].strip()) <= max_len]
     rng.shuffle(picks)
+    jump_rng = random.Random(seed + 1)
     out: list[Keystroke] = []
     for path, text, ln in picks[:lines]:
-        all_lines = text.splitlines(keepends=True)
-        line = all_lines[ln - 1].rstrip("\n")
-        indent = len(line) - len(line.lstrip())
-        before = "".join(all_lines[: ln - 1])
-        after = "".join(all_lines[ln:])
-        for k in range(indent, len(line)):
-            out.append(Keystroke(path.name, ln, before + line[:k], "\n" + after, line[k:]))
+        out.extend(_type_line(path, text, ln))
+        if jumps:
+            same_file = sorted(c for p, _, c in picks if p == path)
+            for kind, target in zip(JUMP_KINDS, jump_targets(text, ln, same_file, jump_rng)):
+                out.extend(_type_line(path, text, target, keys=JUMP_KEYS, jump=kind))
     return out
+
+
+def _type_line(path: Path, text: str, ln: int, *, keys: int | None = None, jump: str = "") -> list[Keystroke]:
+    """The keystrokes typing line ``ln`` from its first non-blank character
+    (the first ``keys`` of them), the line's rest removed from the file."""
+    all_lines = text.splitlines(keepends=True)
+    line = all_lines[ln - 1].rstrip("\n")
+    indent = len(line) - len(line.lstrip())
+    before = "".join(all_lines[: ln - 1])
+    after = "".join(all_lines[ln:])
+    end = len(line) if keys is None else min(len(line), indent + keys)
+    return [Keystroke(path.name, ln, before + line[:k], "\n" + after, line[k:], jump if k == indent else "")
+            for k in range(indent, end)]
 
 
 @dataclass
@@ -91,13 +115,17 @@ class Series:
     resumed: int = 0          # answered by resuming a superseded generation
     decode_ms: float = 0.0    # summed over keystrokes: first → last token
     decoded: int = 0          # tokens after the first, summed
+    parts: dict[str, Series] = field(default_factory=dict)   # jump kind → its first keystrokes
 
     @property
     def decode_tok_s(self) -> float:
         return self.decoded / (self.decode_ms / 1000) if self.decode_ms > 0 else float("nan")
 
-    def add(self, t: Timings, item: str, rest: str) -> None:
-        """Record one keystroke's answer (``rest``: what the user then typed)."""
+    def add(self, t: Timings, item: str, rest: str, part: str = "") -> None:
+        """Record one keystroke's answer (``rest``: what the user then typed);
+        ``part``: also in ``parts[part]`` (a jump's first keystroke)."""
+        if part:
+            self.parts.setdefault(part, Series()).add(t, item, rest)
         self.ttft_ms.append(t.ttft_ms)
         self.e2e_ms.append(t.total_ms)
         self.prompt_tokens.append(t.prompt_tokens)
@@ -110,6 +138,24 @@ class Series:
         if t.source == "model" and t.generated_tokens > 1 and t.decode_ms > 0:
             self.decode_ms += t.decode_ms
             self.decoded += t.generated_tokens - 1
+        self.nonempty += bool(item.strip())
+        self.matches += _is_match(item, rest)
+
+    def add_baseline(self, ttft_ms: float, e2e_ms: float, prompt_tokens: int, generated: int, item: str,
+                     rest: str, *, decode_ms: float = 0.0, part: str = "") -> None:
+        """Record a baseline's keystroke: it reports no reuse, so every
+        prompt token counts as computed; ``decode_ms``: first → last token."""
+        if part:
+            self.parts.setdefault(part, Series()).add_baseline(ttft_ms, e2e_ms, prompt_tokens, generated, item,
+                                                               rest, decode_ms=decode_ms)
+        self.ttft_ms.append(ttft_ms)
+        self.e2e_ms.append(e2e_ms)
+        self.prompt_tokens.append(prompt_tokens)
+        self.computed_tokens.append(prompt_tokens)
+        self.generated.append(generated)
+        if generated > 1 and decode_ms > 0:
+            self.decode_ms += decode_ms
+            self.decoded += generated - 1
         self.nonempty += bool(item.strip())
         self.matches += _is_match(item, rest)
 
@@ -132,6 +178,9 @@ def run_sol(engine: Any, trace: list[Keystroke], progress: Callable[[str], None]
     s = Series()
     m = Series()
     for i, ks in enumerate(trace):
+        if ks.jump == JUMP_PAUSE:      # the cursor rests at the new place: the editor warms it (as sol-lsp does)
+            engine.warm(CompletionRequest(id=f"w{i}", uri=f"file:///{ks.file}", prefix=ks.prefix, suffix=ks.suffix,
+                                          language="python", max_tokens=32), CancelToken())
         arrival = time.perf_counter_ns()
         req = CompletionRequest(id=f"k{i}", uri=f"file:///{ks.file}", prefix=ks.prefix, suffix=ks.suffix,
                                 language="python", max_tokens=32, received_ns=arrival)
@@ -151,7 +200,7 @@ def run_sol(engine: Any, trace: list[Keystroke], progress: Callable[[str], None]
         if visible_ns:
             t = dataclasses.replace(t, ttft_ms=(visible_ns - arrival) / 1e6)
         item = done.items[0] if done.items else shown
-        s.add(t, item, ks.rest)
+        s.add(t, item, ks.rest, ks.jump)
         if t.source == "model":
             m.add(t, item, ks.rest)
         if i % 10 == 0:
@@ -201,13 +250,7 @@ def run_generate(engine: Any, trace: list[Keystroke], every: int, progress: Call
         item = postprocess(tok.decode(gen, skip_special_tokens=True), prefix=ks.prefix, suffix=ks.suffix,
                            multiline=False, max_lines=1)
         t1 = time.perf_counter_ns()
-        s.ttft_ms.append((streamer.first_ns - t0) / 1e6)
-        s.e2e_ms.append((t1 - t0) / 1e6)
-        s.prompt_tokens.append(len(ids))
-        s.computed_tokens.append(len(ids))
-        s.generated.append(len(gen))
-        s.nonempty += bool(item.strip())
-        s.matches += _is_match(item, ks.rest)
+        s.add_baseline((streamer.first_ns - t0) / 1e6, (t1 - t0) / 1e6, len(ids), len(gen), item, ks.rest)
         if (i // every) % 5 == 0:
             progress(f"generate {i + 1}/{len(trace)} ttft {s.ttft_ms[-1]:.0f} ms")
     return s
@@ -247,6 +290,11 @@ def run_llama_cpp(engine: Any, gguf: Path, trace: list[Keystroke], threads: int,
                               max_prefix_tokens=model_config.max_prefix_tokens,
                               max_suffix_tokens=model_config.max_suffix_tokens, order=model_config.fim_order,
                               lead_from=line_anchor(ks.prefix)).ids
+        if ks.jump == JUMP_PAUSE:      # the same warm as the daemon gets: the prompt evaluated during the pause
+            built = time.perf_counter_ns() - t0
+            for _ in llm.generate(ids, temp=0.0, top_k=1):
+                break
+            t0 = time.perf_counter_ns() - built
         first = 0
         gen: list[int] = []
         for t in llm.generate(ids, temp=0.0, top_k=1):  # reset=True: keeps the common prefix, drops the rest
@@ -262,16 +310,9 @@ def run_llama_cpp(engine: Any, gguf: Path, trace: list[Keystroke], threads: int,
         item = postprocess(tok.decode(gen, skip_special_tokens=True), prefix=ks.prefix, suffix=ks.suffix,
                            multiline=False, max_lines=1)
         t1 = time.perf_counter_ns()
-        s.ttft_ms.append((first - t0) / 1e6)
-        s.e2e_ms.append((t1 - t0) / 1e6)
-        s.prompt_tokens.append(len(ids))
-        s.computed_tokens.append(len(ids))  # llama-cpp-python does not report its reuse
-        s.generated.append(len(gen))
-        if len(gen) > 1:
-            s.decode_ms += (t1 - first) / 1e6
-            s.decoded += len(gen) - 1
-        s.nonempty += bool(item.strip())
-        s.matches += _is_match(item, ks.rest)
+        # llama-cpp-python does not report its reuse
+        s.add_baseline((first - t0) / 1e6, (t1 - t0) / 1e6, len(ids), len(gen), item, ks.rest,
+                       decode_ms=(t1 - first) / 1e6, part=ks.jump)
         if i % 10 == 0:
             progress(f"{name} {i + 1}/{len(trace)} ttft {s.ttft_ms[-1]:.0f} ms")
     return s
@@ -293,7 +334,7 @@ def run_remote(config: Config, engine: Any, trace: list[Keystroke],
 
 
 def table(results: dict[str, Series], n_keys: int) -> list[str]:
-    lines = [f"{'backend':<14} {'n':>4} {'TTFT p50':>9} {'TTFT p95':>9} {'e2e p50':>8} {'e2e p95':>8} "
+    lines = [f"{'backend':<25} {'n':>4} {'TTFT p50':>9} {'TTFT p95':>9} {'e2e p50':>8} {'e2e p95':>8} "
              f"{'computed/prompt tok':>20} {'accept':>7} {'decode tok/s':>12} {'=rest of line':>14} "
              f"{'type-through':>12} {'resumed':>7}"]
     base = results.get("llama.cpp") or results.get("generate")
@@ -301,29 +342,45 @@ def table(results: dict[str, Series], n_keys: int) -> list[str]:
         n = len(s.ttft_ms)
         comp = f"{statistics.mean(s.computed_tokens):.0f}/{statistics.mean(s.prompt_tokens):.0f}" if n else "-"
         acc = f"{s.accepted / s.drafted:.2f}" if s.drafted else "-"
-        lines.append(f"{name:<14} {n:>4} {s.pct('ttft_ms', .5):>9.0f} {s.pct('ttft_ms', .95):>9.0f} "
+        lines.append(f"{name:<25} {n:>4} {s.pct('ttft_ms', .5):>9.0f} {s.pct('ttft_ms', .95):>9.0f} "
                      f"{s.pct('e2e_ms', .5):>8.0f} {s.pct('e2e_ms', .95):>8.0f} {comp:>20} {acc:>7} "
                      f"{s.decode_tok_s:>12.1f} {s.matches:>6}/{n:<7} {s.type_through:>12} {s.resumed:>7}")
     if base is not None and "sol" in results:
         lines.append("")
         bases: list[str] = [b for b in ("llama.cpp", "llama.cpp-line") if b in results] or ["generate"]
         for bname in bases:
-            base = results[bname]
-            for name in ("sol", "sol:model"):
-                sol = results.get(name)
-                if sol is None or not sol.ttft_ms:
+            pairs = [("sol", bname), ("sol:model", bname)] + [(f"sol:{k}", f"{bname}:{k}") for k in JUMP_KINDS]
+            for name, against in pairs:
+                sol, base = results.get(name), results.get(against)
+                if sol is None or base is None or not sol.ttft_ms or not base.ttft_ms:
                     continue
-                lines.append(f"{name} / {bname}: TTFT p50 {sol.pct('ttft_ms', .5) / base.pct('ttft_ms', .5):.3f}x, "
+                lines.append(f"{name} / {against}: TTFT p50 {sol.pct('ttft_ms', .5) / base.pct('ttft_ms', .5):.3f}x, "
                              f"TTFT p95 {sol.pct('ttft_ms', .95) / base.pct('ttft_ms', .95):.3f}x, "
                              f"e2e p50 {sol.pct('e2e_ms', .5) / base.pct('e2e_ms', .5):.3f}x")
         lines.append("(sol: every keystroke; sol:model: the keystrokes the model computed, not type-through "
                      "or resumed)")
+        if any(f"sol:{k}" in results for k in JUMP_KINDS):
+            lines.append("(NAME:jump: the first keystroke after the cursor jumped to another function, typed at "
+                         "once; NAME:jump+pause: the same after a pause in which the spot was warmed)")
     nospec = results.get("sol-nospec")
     if nospec is not None and "sol" in results and nospec.decoded and results["sol"].decoded:
         lines.append(f"decode tokens/s with speculation / without: "
                      f"{results['sol'].decode_tok_s / nospec.decode_tok_s:.2f}x "
                      f"({results['sol'].decode_tok_s:.1f} vs {nospec.decode_tok_s:.1f})")
     return lines
+
+
+def with_parts(results: dict[str, Series]) -> dict[str, Series]:
+    """``results`` with each series' jump keystrokes (``Series.parts``) as
+    rows of their own, ``NAME:jump`` and ``NAME:jump+pause``, after it."""
+    out: dict[str, Series] = {}
+    for name, s in results.items():
+        out[name] = s
+        parts, s.parts = s.parts, {}
+        for kind in JUMP_KINDS:
+            if kind in parts:
+                out[f"{name}:{kind}"] = parts[kind]
+    return out
 
 
 def plot(results: dict[str, Series], path: Path, title: str) -> None:
@@ -350,22 +407,24 @@ def plot(results: dict[str, Series], path: Path, title: str) -> None:
 def run(args: argparse.Namespace, config: Config) -> int:
     import platform
 
-    from .runtime.engine import LocalEngine, load_engine
+    from .runtime.engine import load_engine
 
     config = config.with_overrides({"model.max_prefix_tokens": args.max_prefix_tokens,
                                     "model.max_suffix_tokens": args.max_suffix_tokens}, source="bench")
     files = [Path(p) for p in args.corpus] if args.corpus else default_corpus()
-    trace = make_trace(files, args.lines, args.seed)
+    jumps = bool(getattr(args, "jumps", False))
+    trace = make_trace(files, args.lines, args.seed, jumps=jumps)
     engine = load_engine(config)
     say = lambda msg: print("  " + msg, file=sys.stderr, flush=True)  # noqa: E731
     results: dict[str, Series] = {}
     interrupt = bool(getattr(args, "interrupt", False))
     results["sol"], results["sol:model"] = run_sol(engine, trace, say, interrupt=interrupt)
     if getattr(args, "compare_spec", False):
-        plain = LocalEngine(engine.loaded, config.with_overrides({"completion.speculative": False}, source="bench"))
-        plain.warmup()
-        results["sol-nospec"], _ = run_sol(plain, trace, say, interrupt=interrupt, name="sol-nospec")
-        del plain
+        # the same engine and weights (one resident copy), speculation off, every memory dropped
+        engine.config = config.with_overrides({"completion.speculative": False}, source="bench")
+        engine.forget()
+        results["sol-nospec"], _ = run_sol(engine, trace, say, interrupt=interrupt, name="sol-nospec")
+        engine.config = config
     if "generate" in args.baselines:
         from .bench import baseline_model
 
@@ -387,12 +446,15 @@ def run(args: argparse.Namespace, config: Config) -> int:
         results[name] = lc
     if "remote" in args.baselines:
         results.update(run_remote(config, engine, trace, say))
+    results = with_parts(results)
     info = engine.info()
     head = (f"soldaemon bench --trace — {info['model']} ({info['dtype']}, {info['backend']}) on {info['device']}, "
             f"{info['threads']} threads, {platform.machine()}; {len(trace)} keystrokes typing {args.lines} lines "
             f"(seed {args.seed}); generate() on every {args.baseline_every}th keystroke; "
             f"typist: {'types on at the first ghost text (--interrupt)' if interrupt else 'waits for each completion'}; "
-            f"FIM {config.model.fim_order}, middle from the {config.model.fim_anchor} anchor")
+            f"FIM {config.model.fim_order}, middle from the {config.model.fim_anchor} anchor"
+            + (f"; after each line two jumps to other functions, {JUMP_KEYS} keystrokes each (one after a pause "
+               "that warms the spot)" if jumps else ""))
     lines = [head, ""] + table(results, len(trace))
     print("\n".join(lines))
     if args.png:

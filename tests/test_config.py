@@ -81,7 +81,7 @@ def test_defaults() -> None:
     assert c.server.rate_limit_per_s == 200 and c.server.drain_timeout_s == 5
     assert c.completion == CompletionConfig(
         max_tokens=64, max_lines=8, multiline="auto", temperature=0.0, top_p=1.0,
-        budget_ms=None, speculative=True, draft_tokens=8, token_healing=True,
+        budget_ms=None, speculative=True, draft_tokens=8, token_healing=True, speculative_fim=True,
     )
     assert c.backend == BackendConfig(
         kind="local", url=None, model_name=None, api_key_env=None, timeout_s=30.0
@@ -230,6 +230,7 @@ BAD_VALUES: list[tuple[str, str, Any, str]] = [
     ("device", "cuda_graphs", "yes", "\"yes\""),
     ("model", "kv_sessions", 0, "0"),
     ("model", "decode_dtype", "int4", '"int4"'),
+    ("model", "precision", "int4", '"int4"'),
     ("device", "device", "gpu", '"gpu"'),
     ("device", "device", "cuda:x", '"cuda:x"'),
     ("device", "threads", 0, "0"),
@@ -259,6 +260,7 @@ BAD_VALUES: list[tuple[str, str, Any, str]] = [
     ("completion", "draft_tokens", 0, "0"),
     ("completion", "draft_tokens", 8.5, "8.5"),
     ("completion", "token_healing", "yes", '"yes"'),
+    ("completion", "speculative_fim", "on", '"on"'),
     ("backend", "kind", "cloud", '"cloud"'),
     ("backend", "url", "ftp://x", '"ftp://x"'),
     ("backend", "model_name", 3, "3"),

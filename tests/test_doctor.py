@@ -624,7 +624,8 @@ def test_no_gpu_says_so_plainly_and_checks_what_applies() -> None:
     m = MachineReading(gpu=probe, cpu=cpu(), torch=TorchReading("2.13.0+cpu", None), cache=EMPTY_CACHE,
                        daemon=None)
     checks = judge_machine(m)
-    assert [c.name for c in checks] == ["gpu", "torch", "cpu.cores", "cpu.ram", "cpu.vector", "model_cache"]
+    assert [c.name for c in checks] == ["gpu", "torch", "cpu.cores", "cpu.ram", "cpu.vector", "model_cache",
+                                        "kernel_plan"]
     assert checks[0] == Check("gpu", "info", "no NVIDIA GPU found (NVML: NVML Shared Library Not Found; "
                                               "nvidia-smi: not found) — running on CPU")
     text = doctor.format_human(checks)

@@ -100,17 +100,20 @@ def test_captured_graphs_agree_with_eager_steps_on_cuda(dtype: torch.dtype, tmp_
     assert result.failures() == [] and result.ref_steps == 20, result.to_dict()
 
 
-def test_graphs_use_the_decode_copy_as_eager_decode_steps_do(tmp_path: Path) -> None:
-    """With ``decode_dtype`` (a float16 copy of the matrices for short
-    forwards) the eager decode step multiplies by the copy: the static step
-    must too. Marked here by a copy whose output layer is scaled by 1/2:
-    the two paths then agree only if both read the copy."""
-    from transformers import AutoModelForCausalLM
+def test_the_tolerance_follows_the_decode_kernel(backend: LeanBackend) -> None:
+    """A plan whose decode kernel rounds coarser than the compute dtype (a
+    float32 CPU running bfloat16 or int8 products) is judged by the
+    coarser precision."""
+    from soldaemon.runtime.graphcheck import decode_precision
+    from soldaemon.runtime.kernel_plan import KernelPlan
 
-    hf = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path), dtype=torch.float32).eval()
-    half = LeanBackend(hf, 1024, decode_dtype=torch.float16)
-    assert half.half_lm_head is not None
-    half.half_lm_head.mul_(0.5)
-    result = compare_graphs(half, GraphDecoder(half, emulate=True), _prompts(half.vocab_size), 10)
-    assert result.tolerance == TOLERANCES[torch.float16]               # the copy's precision
-    assert result.max_abs_diff < 0.01, result.to_dict()
+    assert decode_precision(backend) == torch.float32                  # the reference plan
+    kept = backend.plan
+    try:
+        for storage, precision in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
+            backend.plan = KernelPlan.uniform(storage)
+            assert decode_precision(backend) == precision
+        backend.plan = KernelPlan("int8", "int8", "int8", "float32", "float32")
+        assert decode_precision(backend) == torch.bfloat16              # int8 weights, bfloat16 activations
+    finally:
+        backend.plan = kept

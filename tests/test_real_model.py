@@ -42,18 +42,28 @@ def engine():
     from soldaemon.config import config_from_dict
     from soldaemon.runtime.engine import load_engine
 
-    config = config_from_dict({"device": {"device": "cpu"}, "model": {"max_context": 2048, "decode_dtype": "same"}})
+    config = config_from_dict({"device": {"device": "cpu"}, "model": {"max_context": 2048, "precision": "float32"}})
     return load_engine(config, progress=False)
 
 
-def test_runtime_greedy_equals_generate_on_the_real_model(engine) -> None:
-    """Token for token, this runtime's greedy decode equals transformers
-    generate() on the same weights."""
+@pytest.fixture(scope="module")
+def reference():
+    """The transformers module in float32, parameters intact (the engine
+    released its own module's: one resident copy)."""
+    from soldaemon.model.loader import load_model
+
+    return load_model(None, device="cpu", dtype="auto", progress=False).model
+
+
+def test_runtime_greedy_equals_generate_on_the_real_model(engine, reference) -> None:
+    """Token for token, this runtime's greedy decode (model.precision:
+    float32) equals transformers generate() on the same weights."""
     from soldaemon.api import CompletionRequest
     from soldaemon.runtime.generate import generate
     from soldaemon.runtime.sampling import Greedy
 
-    model = engine.loaded.model
+    assert engine.backend.released and engine.backend.plan.kernels == ("float32",)
+    model = reference
     cut = SAMPLE.index("return 4 / 3")
     cases = [(SAMPLE[:cut], SAMPLE[cut + 30:]), (SAMPLE[: SAMPLE.index("area={")], "\n")]
     for prefix, suffix in cases:
@@ -67,17 +77,21 @@ def test_runtime_greedy_equals_generate_on_the_real_model(engine) -> None:
         assert ours == ref, (engine.tokenizer.decode(ours), engine.tokenizer.decode(ref))
 
 
-def test_half_precision_decode_agrees_with_float32(engine) -> None:
-    """The default CPU decode path (float16 weights for decode steps) gives
-    the float32 greedy tokens on real code (measured, not assumed)."""
+def test_the_machines_plan_agrees_with_float32(engine, reference) -> None:
+    """The plan ``model.precision: auto`` picks on this machine (int8 or
+    bfloat16 kernels where they are fast) gives the float32 greedy tokens on
+    real code, nearly always (measured, not assumed; the 60-hole quality
+    run is in docs/quality.md)."""
     from soldaemon.api import CompletionRequest
     from soldaemon.holes import cut_line_holes, default_corpus
     from soldaemon.runtime.backend import LeanBackend
     from soldaemon.runtime.generate import generate
+    from soldaemon.runtime.kernels import plan_for
     from soldaemon.runtime.sampling import Greedy
     from soldaemon.runtime.session import KVSession
 
-    half = KVSession(LeanBackend(engine.loaded.model, 2048, decode_dtype=torch.float16))
+    plan, _table, _cached = plan_for(reference.config, torch.device("cpu"), torch.float32)
+    half = KVSession(LeanBackend(reference, 2048, plan=plan))
     same = agree = 0
     holes = cut_line_holes(default_corpus(), 6, seed=3)
     for h in holes:

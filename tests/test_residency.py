@@ -21,6 +21,7 @@ from soldaemon.api import CancelToken, CompletionRequest, Done
 from soldaemon.config import config_from_dict
 from soldaemon.errors import ConfigError
 from soldaemon.runtime.backend import LeanBackend
+from soldaemon.runtime.kernel_plan import KernelPlan
 from soldaemon.runtime.engine import LocalEngine
 from soldaemon.runtime.residency import (BudgetTooSmall, MemoryScheduler, UnitInfo, WeightStore,
                                          plan_residency)
@@ -40,7 +41,9 @@ def _backend(path: Path, half: bool = True) -> LeanBackend:
 
     model = AutoModelForCausalLM.from_pretrained(str(path))
     model.eval()
-    return LeanBackend(model, 512, decode_dtype=torch.float16 if half else None)
+    # half: int8 weights with a short-forward kernel unlike the prefill one
+    plan = KernelPlan("int8", "int8-dynamic", "int8", "float32", "float32") if half else None
+    return LeanBackend(model, 512, plan=plan)
 
 
 def _store(b: LeanBackend, **kw) -> WeightStore:
@@ -270,9 +273,12 @@ def test_engine_under_a_budget_reports_and_answers_the_same(tiny_path: Path) -> 
     assert plain.debug_snapshots()["heatmap"]["layers"][0]["calls"] > 0
     plain.close()
 
-    store_bytes = plain.memory.store.device_bytes() if plain.memory else 0
+    assert plain.memory is not None
+    store = plain.memory.store
     kv = 2 * plain.backend.kv_bytes_per_session  # type: ignore[attr-defined]
-    mb = (store_bytes + kv) * 0.7 / 2**20
+    layers = store.device_bytes() - store.fixed_bytes
+    # room for the fixed tensors, the KV caches, the staging slots and a fifth of the layers
+    mb = (store.fixed_bytes + kv + 3 * store.slot_bytes + layers // 5) / 2**20
     eng = _engine(tiny_path, {"memory_budget": f"{mb:.2f}MB", "prefetch_depth": 1})
     got = [e for e in eng.complete(req, CancelToken()) if isinstance(e, Done)][0].items
     assert got == want
@@ -291,10 +297,12 @@ def test_engine_under_a_budget_reports_and_answers_the_same(tiny_path: Path) -> 
 # -- the GPU script's CPU dry run --------------------------------------------------------
 
 
-def test_gpu_memory_script_cpu_dry_run(tiny_path: Path, tmp_path: Path) -> None:
+def test_gpu_memory_script_cpu_dry_run(tmp_path: Path) -> None:
     out = tmp_path / "gpu_memory.json"
+    # 12 layers: with one weight copy, half of them must outweigh the 4 staging slots
+    deep = build_tiny_model(tmp_path / "deep", layers=12, hidden=128)
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_memory.py"), "--device", "cpu",
-                           "--model", str(tiny_path), "--prompt-tokens", "64", "--tokens", "4", "--json", str(out)],
+                           "--model", str(deep), "--prompt-tokens", "64", "--tokens", "4", "--json", str(out)],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(out.read_text())

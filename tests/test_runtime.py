@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from soldaemon.runtime.backend import HFBackend, LeanBackend
+from soldaemon.runtime.kernel_plan import KernelPlan
 from soldaemon.runtime.draft import PromptLookup
 from soldaemon.runtime.generate import generate
 from soldaemon.runtime.sampling import Greedy, TopP, make_sampler
@@ -287,19 +288,32 @@ def test_session_pool_keeps_one_cache_per_document(tiny) -> None:
     assert _ours(sc, c_ids, 6) == _ours(fresh, c_ids, 6)
 
 
-def test_half_precision_decode_path_is_close(tiny) -> None:
+# int8 weights, two kernels over them: prefill and short forwards then differ
+MIXED = KernelPlan("int8", "int8-dynamic", "int8", "float32", "float32")
+
+
+def test_each_phase_runs_its_planned_kernel(tiny) -> None:
+    """Long forwards run plan.prefill, short ones plan.short, over one int8
+    copy of the weights; both close to the float32 model, neither identical."""
     model, tok = tiny
     ids = torch.tensor(_prompts(tok, 1, seed=4)[0])
+    assert len(ids) > 16
     full = LeanBackend(model, 1024)
-    half = LeanBackend(model, 1024, decode_dtype=torch.float16, decode_max_tokens=16)
-    assert half.half_layers[0].wq.dtype == torch.float16 and half.layers[0].wq.dtype == torch.float32
-    # prefill (long) keeps float32: identical
-    assert torch.equal(full.forward(ids, 0), half.forward(ids, 0))
-    # a decode step uses the float16 copy: close, not identical
-    a, b = full.forward(ids[:1], len(ids)), half.forward(ids[:1], len(ids))
-    assert not torch.equal(a, b)
-    assert torch.allclose(a, b, atol=0.05 * a.abs().max().item())
-    assert int(a.argmax()) == int(b.argmax())
+    mixed = LeanBackend(model, 1024, plan=MIXED)
+    dyn = LeanBackend(model, 1024, plan=KernelPlan("int8", "int8-dynamic", "int8-dynamic", "float32", "float32"))
+    wo = LeanBackend(model, 1024, plan=KernelPlan("int8", "int8", "int8", "float32", "float32"))
+    assert mixed.layers[0].wq.dtype == torch.int8 and mixed.layers[0].sq is not None
+    assert full.layers[0].wq is model.model.layers[0].self_attn.q_proj.weight   # the reference shares the module's
+    short = mixed.forward(ids[:5], 0)                         # 5 tokens: a short forward
+    assert torch.equal(short, wo.forward(ids[:5], 0))         # the short-forward kernel
+    assert not torch.equal(dyn.forward(ids[:5], 0), short)
+    long = mixed.forward(ids, 0)
+    assert torch.equal(long, dyn.forward(ids, 0))             # the prefill kernel
+    ref_short, ref_long = full.forward(ids[:5], 0), full.forward(ids, 0)
+    for a, b in ((ref_long, long), (ref_short, short)):
+        assert not torch.equal(a, b)
+        assert torch.allclose(a, b, atol=0.05 * a.abs().max().item())
+        assert int(a.argmax()) == int(b.argmax())
 
 
 def test_draft_length_weighs_acceptance_against_forward_cost() -> None:
@@ -343,17 +357,17 @@ def test_adaptive_speculation_is_still_exact(tiny) -> None:
 
 
 def test_prompt_logits_do_not_depend_on_the_cache(tiny) -> None:
-    """With half-precision decode weights, a prompt's next-token logits are
-    the same whether it was prefilled whole or mostly reused from the cache
-    (prompt tokens always take the precise path)."""
+    """With a short-forward kernel unlike the prefill one, a prompt's
+    next-token logits are the same whether it was prefilled whole or mostly
+    reused from the cache (prompt tokens always take the precise path)."""
     model, tok = tiny
     ids = _prompts(tok, 1, seed=12)[0]
-    session = KVSession(LeanBackend(model, 2048, decode_dtype=torch.float16))
+    session = KVSession(LeanBackend(model, 2048, plan=MIXED))
     whole = session.prefill(ids).logits.clone()
     _ours(session, ids, 5)                   # generation leaves decode-step KV behind
     again = session.prefill(ids)             # reuses all but the last token
     assert again.computed == 1
-    # float32 either way (row-vs-matrix rounding only), not the float16 path
+    # the prefill kernel either way (row-vs-matrix rounding only), not the short one
     assert (again.logits - whole).abs().max().item() < 1e-4
     half_step = session.backend.forward(torch.tensor(ids[-1:]), len(ids) - 1)[0]
     assert (half_step - whole).abs().max().item() > 1e-4   # the half path would differ
@@ -367,9 +381,9 @@ def test_a_prompt_tail_at_decode_cost_is_the_same_reused_or_whole(tiny) -> None:
     model, tok = tiny
     ids = _prompts(tok, 1, seed=13)[0]
     split = len(ids) - 4
-    fresh = KVSession(LeanBackend(model, 2048, decode_dtype=torch.float16))
+    fresh = KVSession(LeanBackend(model, 2048, plan=MIXED))
     whole = fresh.prefill(ids, precise_until=split).logits.clone()
-    typed = KVSession(LeanBackend(model, 2048, decode_dtype=torch.float16))
+    typed = KVSession(LeanBackend(model, 2048, plan=MIXED))
     for end in range(split + 1, len(ids) + 1):        # one keystroke at a time
         pre = typed.prefill(ids[:end], precise_until=split)
         _ours(typed, ids[:end], 3)                    # a generation in between
@@ -380,5 +394,5 @@ def test_a_prompt_tail_at_decode_cost_is_the_same_reused_or_whole(tiny) -> None:
     for a, b in ((fresh.backend.k_cache, typed.backend.k_cache), (fresh.backend.v_cache, typed.backend.v_cache)):
         assert (a[:, :, :n] - b[:, :, :n]).abs().max().item() < 1e-3
     # all-precise would differ: the tail really took the decode weights
-    precise = KVSession(LeanBackend(model, 2048, decode_dtype=torch.float16)).prefill(ids).logits
+    precise = KVSession(LeanBackend(model, 2048, plan=MIXED)).prefill(ids).logits
     assert (precise - whole).abs().max().item() > 1e-4

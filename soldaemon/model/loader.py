@@ -64,7 +64,16 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+def resolve_dtype(name: str, device: torch.device, directory: Path | None = None) -> torch.dtype:
+    """``auto``: the device's natural dtype; ``stored``: on a CPU, the dtype
+    the weights are stored in (no conversion while loading: the lean
+    backend packs them into its kernel plan's format afterwards, so a
+    float32 copy of the whole model never exists), on a GPU as ``auto``."""
+    if name == "stored":
+        if device.type == "cpu" and directory is not None:
+            stored = _stored_dtype_name(directory).removeprefix("torch.")
+            return {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(stored, torch.float32)
+        name = "auto"
     if name == "auto":
         if device.type == "cuda":
             # bf16 only where it is native (Ampere+); older cards run fp16
@@ -247,13 +256,16 @@ def check_memory(directory: Path, device: torch.device, dtype: torch.dtype) -> N
         )
 
 
-def _stored_itemsize(directory: Path) -> int:
+def _stored_dtype_name(directory: Path) -> str:
     try:
         cfg = json.loads((directory / "config.json").read_text())
     except (OSError, ValueError):
-        return 4
-    name = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
-    return 4 if "32" in name else 2
+        return "float32"
+    return str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
+
+
+def _stored_itemsize(directory: Path) -> int:
+    return 4 if "32" in _stored_dtype_name(directory) else 2
 
 
 def load_model(path: str | None = None, *, device: str = "auto", dtype: str = "auto",
@@ -263,8 +275,8 @@ def load_model(path: str | None = None, *, device: str = "auto", dtype: str = "a
 
     t0 = time.perf_counter()
     dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
     directory, gguf, name = prepare_model_dir(path, progress=progress)
+    dt = resolve_dtype(dtype, dev, directory)
     check_memory(directory, dev, dt)
     if not progress:
         transformers.utils.logging.disable_progress_bar()

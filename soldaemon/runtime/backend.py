@@ -19,6 +19,7 @@ Two implementations:
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -26,10 +27,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 import torch.nn.functional as F
 
+from .kernel_plan import KernelPlan
+from .kernels import KERNEL_FNS, Kernel, compute_dtype_for, embed_rows, pack
+
 if TYPE_CHECKING:
     from .residency import WeightStore
 
 LEAN_ARCHITECTURES = {"qwen2", "llama", "mistral"}
+log = logging.getLogger("soldaemon.backend")
 
 
 class Backend(Protocol):
@@ -40,7 +45,7 @@ class Backend(Protocol):
     def forward(self, tokens: torch.Tensor, pos: int, *, last_only: bool = True,
                 precise: bool = False) -> torch.Tensor:
         """tokens: [T] int64 on device. Returns logits [1, V] (last_only) or
-        [T, V], float32. ``precise`` forbids the half-precision decode weights
+        [T, V], float32. ``precise`` forbids the short-forward kernel
         (prompt tokens: a prompt's logits must not depend on how much of it
         was cached)."""
         ...
@@ -65,7 +70,9 @@ class Backend(Protocol):
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """One decoder layer's tensors (views of the HF module's parameters)."""
+    """One decoder layer's tensors in the plan's weight storage
+    (:mod:`.kernels`): ``w*`` the packed weights, ``s*`` their per-row scales
+    (int8 storage; None for dense), ``b*`` biases in the compute dtype."""
 
     ln1: torch.Tensor                  # [D] input RMSNorm
     ln2: torch.Tensor                  # [D] post-attention RMSNorm
@@ -80,25 +87,36 @@ class LayerWeights:
     wg: torch.Tensor                   # [F, D] gate
     wu: torch.Tensor                   # [F, D] up
     wd: torch.Tensor                   # [D, F] down
+    sq: torch.Tensor | None = None     # [H*hd] scales of wq (int8 storage)
+    sk: torch.Tensor | None = None
+    sv: torch.Tensor | None = None
+    so: torch.Tensor | None = None
+    sg: torch.Tensor | None = None
+    su: torch.Tensor | None = None
+    sd: torch.Tensor | None = None
 
 
 class LeanBackend:
     """A Qwen2/Llama/Mistral decoder over a static KV cache.
 
     The math is the model's: RMSNorm in float32, rotary embeddings in the
-    rotate-half form, grouped-query attention, SwiGLU MLP. It reads the HF
-    module's parameters in place.
+    rotate-half form, grouped-query attention, SwiGLU MLP. The linear
+    layers run the kernels of a :class:`~.kernel_plan.KernelPlan`.
     """
 
-    def __init__(self, hf_model: Any, n_ctx: int, *, decode_dtype: torch.dtype | None = None,
-                 decode_max_tokens: int = 16) -> None:
-        """``decode_dtype``: when set (e.g. float16 on a CPU), a second copy of
-        the linear weights in that dtype serves forwards of at most
-        ``decode_max_tokens`` tokens (decode steps, draft verification), where
-        a batch-1 step is bound by memory bandwidth and half the bytes is about
-        half the time; longer forwards (prefill) keep the model's dtype. The
-        residual stream, norms, attention and KV cache stay in the model's
-        dtype; only the matrix products' inputs are cast."""
+    def __init__(self, hf_model: Any, n_ctx: int, *, plan: KernelPlan | None = None,
+                 short_max_tokens: int = 16, release: bool = False) -> None:
+        """``plan``: the kernels and the one weight storage (None: dense in
+        the model's own dtype, the reference math). Forwards of at most
+        ``short_max_tokens`` tokens that are not ``precise`` (decode steps,
+        draft verification, the typed line) run ``plan.short``, others
+        ``plan.prefill``; both read the same packed weights. The residual
+        stream, norms, attention and KV cache are in the compute dtype
+        (float32 on a CPU, the model's dtype on a GPU).
+
+        ``release``: afterwards, empty the HF module's parameters that the
+        packed weights do not share (one resident copy); the module can then
+        no longer run (``released`` is True)."""
         cfg = hf_model.config
         if cfg.model_type not in LEAN_ARCHITECTURES:
             raise ValueError(f"lean backend does not support model_type {cfg.model_type!r}")
@@ -109,28 +127,34 @@ class LeanBackend:
         theta = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)) if isinstance(rope, dict) else getattr(cfg, "rope_theta", 10000.0))
         inner = hf_model.model
         self.device = inner.embed_tokens.weight.device
-        self.dtype = inner.embed_tokens.weight.dtype
+        model_dtype = inner.embed_tokens.weight.dtype
+        self.dtype = compute_dtype_for(self.device, model_dtype)
+        self.reference = plan is None                    # dense in the model's dtype: the model's own math
+        self.plan = plan or KernelPlan.uniform(str(self.dtype).removeprefix("torch."), reason="reference")
         self.n_ctx = n_ctx
         self.vocab_size = int(cfg.vocab_size)
         self.n_heads = int(cfg.num_attention_heads)
         self.n_kv = int(cfg.num_key_value_heads)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads)
         self.eps = float(cfg.rms_norm_eps)
-        self.embed = inner.embed_tokens.weight           # [V, D]
-        self.norm = inner.norm.weight                    # [D]
-        self.lm_head = hf_model.lm_head.weight           # [V, D]
+        self.short_max_tokens = short_max_tokens
+        self.decode_max_tokens = short_max_tokens        # KVSession reads this name
+        self.prefill_linear = KERNEL_FNS[self.plan.prefill]
+        self.short_linear = KERNEL_FNS[self.plan.short]
+        self.head_linear = KERNEL_FNS[self.plan.head]
+        self.norm = inner.norm.weight.to(self.dtype)     # [D]
+        tied = hf_model.lm_head.weight is inner.embed_tokens.weight
+        # the output layer and the embedding: [V, D] in the head storage
+        self.head_w, self.head_s = pack(self.plan.head_storage, hf_model.lm_head.weight)
+        if tied:
+            self.embed_w, self.embed_s = self.head_w, self.head_s
+        else:
+            self.embed_w, self.embed_s = pack(self.plan.head_storage, inner.embed_tokens.weight)
         self.layers = [self._layer_weights(layer) for layer in inner.layers]
         n_layers = len(self.layers)
-        self.decode_dtype = decode_dtype if decode_dtype not in (None, self.dtype) else None
-        self.decode_max_tokens = decode_max_tokens
-        self.half_layers: list[LayerWeights] = []
-        self.half_lm_head: torch.Tensor | None = None
-        if self.decode_dtype is not None:
-            dt = self.decode_dtype
-            self.half_layers = [LayerWeights(**{
-                name: (t.to(dt) if t is not None and name not in ("ln1", "ln2") else t)
-                for name, t in vars(w).items()}) for w in self.layers]
-            self.half_lm_head = self.lm_head.to(dt)
+        self.released = False
+        if release:
+            self._release(hf_model)
         # KV cache: [layers, kv_heads, n_ctx, head_dim], preallocated once.
         self._kv_shape = (n_layers, self.n_kv, n_ctx, self.head_dim)
         self.k_cache, self.v_cache = self.new_cache()
@@ -152,6 +176,29 @@ class LeanBackend:
         self.last_q: torch.Tensor | None = None
         self.last_q_cache: torch.Tensor | None = None   # the k_cache those queries attended over
 
+    def _release(self, hf_model: Any) -> None:
+        """Empty every parameter of the HF module whose storage no packed
+        tensor shares: only what the plan's kernels read stays resident."""
+        kept = {t.untyped_storage().data_ptr() for t in self._packed_tensors()}
+        for p in hf_model.parameters():
+            if p.numel() and p.untyped_storage().data_ptr() not in kept:
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        self.released = True
+
+    def _packed_tensors(self) -> list[torch.Tensor]:
+        out = [t for t in (self.head_w, self.head_s, self.embed_w, self.embed_s, self.norm) if t is not None]
+        for w in self.layers:
+            out.extend(t for t in vars(w).values() if t is not None)
+        return out
+
+    def weight_bytes(self) -> int:
+        """Bytes of every weight tensor the backend holds, each storage once."""
+        seen: dict[int, int] = {}
+        for t in self._packed_tensors():
+            st = t.untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+        return sum(seen.values())
+
     @property
     def all_resident(self) -> bool:
         """True when every layer's weights are on the device (no store, or
@@ -167,15 +214,12 @@ class LeanBackend:
 
     def fixed_weights(self) -> list[torch.Tensor]:
         """Tensors outside the decoder layers (never offloaded)."""
-        out = [self.embed, self.norm, self.lm_head]
-        if self.half_lm_head is not None:
-            out.append(self.half_lm_head)
-        return out
+        return [t for t in (self.embed_w, self.embed_s, self.norm, self.head_w, self.head_s) if t is not None]
 
     def weight_sets(self) -> list[list[LayerWeights]]:
         """The layer lists a WeightStore manages (the store updates them in
-        place): the model-dtype layers, then the half decode copy if any."""
-        return [self.layers] + ([self.half_layers] if self.half_layers else [])
+        place): one, the plan's single storage."""
+        return [self.layers]
 
     def record_queries(self, on: bool = True) -> None:
         """Keep each layer's last-token query (after RoPE) of the latest
@@ -202,15 +246,28 @@ class LeanBackend:
             n *= d
         return 2 * n * self.k_cache.element_size()
 
-    @staticmethod
-    def _layer_weights(layer: Any) -> LayerWeights:
+    def _layer_weights(self, layer: Any) -> LayerWeights:
+        """Layer tensors packed into the plan's storage (a dense weight
+        already in that dtype is shared with the module, not copied)."""
         a, m = layer.self_attn, layer.mlp
-        return LayerWeights(
-            ln1=layer.input_layernorm.weight, ln2=layer.post_attention_layernorm.weight,
-            wq=a.q_proj.weight, bq=a.q_proj.bias, wk=a.k_proj.weight, bk=a.k_proj.bias,
-            wv=a.v_proj.weight, bv=a.v_proj.bias, wo=a.o_proj.weight, bo=a.o_proj.bias,
-            wg=m.gate_proj.weight, wu=m.up_proj.weight, wd=m.down_proj.weight,
-        )
+        st, dt = self.plan.storage, self.dtype
+        fields: dict[str, torch.Tensor | None] = {
+            "ln1": layer.input_layernorm.weight.to(dt), "ln2": layer.post_attention_layernorm.weight.to(dt)}
+        for name, lin in (("q", a.q_proj), ("k", a.k_proj), ("v", a.v_proj), ("o", a.o_proj),
+                          ("g", m.gate_proj), ("u", m.up_proj), ("d", m.down_proj)):
+            fields["w" + name], fields["s" + name] = pack(st, lin.weight)
+            if name in "qkvo":
+                bias = getattr(lin, "bias", None)
+                fields["b" + name] = None if bias is None else bias.to(dt)
+        return LayerWeights(**fields)  # type: ignore[arg-type]
+
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [T] → embeddings [T, D] in the compute dtype."""
+        return embed_rows(tokens, self.embed_w, self.embed_s, self.dtype)
+
+    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, D] after the final norm → logits [T, V] float32."""
+        return self.head_linear(x, self.head_w, None, self.head_s).float()
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         h = x.to(torch.float32)
@@ -236,10 +293,10 @@ class LeanBackend:
         if T > 1 and pos > 0:
             # new token i (at pos+i) sees cache positions 0 … pos+i
             mask = torch.ones(T, end, dtype=torch.bool, device=self.device).tril(diagonal=pos)
-        x = F.embedding(tokens, self.embed)              # [T, D]
-        half = self.decode_dtype is not None and T <= self.decode_max_tokens and not precise
-        layers = self.half_layers if half else self.layers
-        lin = self._linear_half if half else F.linear
+        x = self.embed_tokens(tokens)                    # [T, D]
+        short = T <= self.short_max_tokens and not precise
+        layers = self.layers
+        lin = self.short_linear if short else self.prefill_linear
         store = self.residency
         if store is None:
             for i, w in enumerate(layers):
@@ -252,26 +309,24 @@ class LeanBackend:
                 marks.append(time.perf_counter())
             store.note_resident_forward([(b - a) * 1e3 for a, b in zip(marks, marks[1:])] if timed else None)
         else:
-            x = self._offloaded_layers(store, x, int(half), pos, end, cos, sin, mask, causal, lin)
+            x = self._offloaded_layers(store, x, 0, pos, end, cos, sin, mask, causal, lin)
         if self.last_q is not None:
             self.last_q_cache = self.k_cache
         if last_only:
             x = x[-1:]
         x = self._rms(x, self.norm)
-        if half:
-            assert self.half_lm_head is not None
-            return self._linear_half(x, self.half_lm_head).float()
-        return F.linear(x, self.lm_head).float()         # [T or 1, V]
+        return self.head_logits(x)                       # [T or 1, V]
 
     def _block(self, x: torch.Tensor, w: LayerWeights, i: int, pos: int, end: int, cos: torch.Tensor,
-               sin: torch.Tensor, mask: torch.Tensor | None, causal: bool, lin: Any) -> torch.Tensor:
+               sin: torch.Tensor, mask: torch.Tensor | None, causal: bool, lin: Kernel) -> torch.Tensor:
         """Decoder layer i on x [T, D]; writes its K/V at pos … end-1."""
         T = x.shape[0]
         H, KV, hd = self.n_heads, self.n_kv, self.head_dim
-        h = self._rms(x, w.ln1)
-        q = lin(h, w.wq, w.bq).view(T, H, hd).transpose(0, 1)     # [H, T, hd]
-        k = lin(h, w.wk, w.bk).view(T, KV, hd).transpose(0, 1)    # [KV, T, hd]
-        v = lin(h, w.wv, w.bv).view(T, KV, hd).transpose(0, 1)
+        dt = x.dtype
+        h = lin.prepare(self._rms(x, w.ln1))             # cast/quantized once for q, k, v
+        q = lin.multiply(h, w.wq, w.bq, w.sq, dt).view(T, H, hd).transpose(0, 1)     # [H, T, hd]
+        k = lin.multiply(h, w.wk, w.bk, w.sk, dt).view(T, KV, hd).transpose(0, 1)    # [KV, T, hd]
+        v = lin.multiply(h, w.wv, w.bv, w.sv, dt).view(T, KV, hd).transpose(0, 1)
         q = q * cos + self._rotate_half(q) * sin
         k = k * cos + self._rotate_half(k) * sin
         if self.last_q is not None:
@@ -285,9 +340,10 @@ class LeanBackend:
             attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=True,
         )[0]                                             # [H, T, hd]
         o = o.transpose(0, 1).reshape(T, H * hd)
-        x = x + lin(o, w.wo, w.bo)
-        h = self._rms(x, w.ln2)
-        return x + lin(F.silu(lin(h, w.wg)) * lin(h, w.wu), w.wd)
+        x = x + lin(o, w.wo, w.bo, w.so)
+        h = lin.prepare(self._rms(x, w.ln2))             # once for gate and up
+        gu = F.silu(lin.multiply(h, w.wg, None, w.sg, dt)) * lin.multiply(h, w.wu, None, w.su, dt)
+        return x + lin(gu, w.wd, None, w.sd)
 
     def _offloaded_layers(self, store: WeightStore, x: torch.Tensor, variant: int, pos: int, end: int,
                           cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None, causal: bool,
@@ -304,12 +360,6 @@ class LeanBackend:
             store.end_layer(i, ms, stall_ms, outcome, copied)
         store.end_forward()
         return x
-
-    @staticmethod
-    def _linear_half(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        """x in the model's dtype, w (and b) in the decode dtype; the result
-        in x's dtype."""
-        return F.linear(x.to(w.dtype), w, b).to(x.dtype)
 
     @torch.inference_mode()
     def shift(self, src: int, dst: int, length: int) -> None:
@@ -376,9 +426,12 @@ class HFBackend:
         raise NotImplementedError("moved-chunk KV reuse needs the lean backend")
 
 
-def make_backend(hf_model: Any, n_ctx: int, *, decode_dtype: torch.dtype | None = None) -> Backend:
-    """The lean backend where the architecture allows, else the HF one."""
-    try:
-        return LeanBackend(hf_model, n_ctx, decode_dtype=decode_dtype)
-    except ValueError:
-        return HFBackend(hf_model, n_ctx)
+def make_backend(hf_model: Any, n_ctx: int, *, plan: KernelPlan | None = None, release: bool = False) -> Backend:
+    """The lean backend where the architecture allows (with ``plan``'s
+    kernels; ``release``: one resident weight copy), else the HF one."""
+    if getattr(hf_model.config, "model_type", None) in LEAN_ARCHITECTURES:
+        try:
+            return LeanBackend(hf_model, n_ctx, plan=plan, release=release)
+        except ValueError as exc:
+            log.info("lean backend unavailable (%s): transformers' module stack runs instead", exc)
+    return HFBackend(hf_model, n_ctx)

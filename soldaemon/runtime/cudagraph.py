@@ -99,8 +99,8 @@ class GraphDecoder:
         """One decode step of ``self.token`` at ``self.pos`` attending over the
         first ``window`` cache positions; logits [1, V] (float32). Only
         tensor operations whose shapes do not depend on the position. The
-        matrices are those an eager decode step multiplies by: the
-        backend's decode copy (``decode_dtype``) when it has one."""
+        matrices are multiplied by the kernel an eager decode step uses
+        (the plan's short-forward kernel)."""
         b = self.b
         H, KV, hd = b.n_heads, b.n_kv, b.head_dim
         pos = self.pos
@@ -108,16 +108,14 @@ class GraphDecoder:
         sin = b.sin.index_select(0, pos)
         keep = torch.arange(window, device=self.device) <= pos          # [window]
         mask = torch.zeros(1, window, dtype=b.dtype, device=self.device).masked_fill(~keep, float("-inf"))
-        # the weights the eager decode step reads: the decode copy when there is one
-        half = getattr(b, "decode_dtype", None) is not None
-        layers = b.half_layers if half else b.layers
-        lin = b._linear_half if half else F.linear
-        x = F.embedding(self.token, b.embed)             # [1, D]
-        for i, w in enumerate(layers):
-            h = b._rms(x, w.ln1)
-            q = lin(h, w.wq, w.bq).view(1, H, hd).transpose(0, 1)        # [H, 1, hd]
-            k = lin(h, w.wk, w.bk).view(1, KV, hd).transpose(0, 1)       # [KV, 1, hd]
-            v = lin(h, w.wv, w.bv).view(1, KV, hd).transpose(0, 1)
+        lin = b.short_linear                             # the plan's decode kernel (static shapes)
+        x = b.embed_tokens(self.token)                   # [1, D]
+        dt = x.dtype
+        for i, w in enumerate(b.layers):
+            h = lin.prepare(b._rms(x, w.ln1))
+            q = lin.multiply(h, w.wq, w.bq, w.sq, dt).view(1, H, hd).transpose(0, 1)   # [H, 1, hd]
+            k = lin.multiply(h, w.wk, w.bk, w.sk, dt).view(1, KV, hd).transpose(0, 1)  # [KV, 1, hd]
+            v = lin.multiply(h, w.wv, w.bv, w.sv, dt).view(1, KV, hd).transpose(0, 1)
             q = q * cos + b._rotate_half(q) * sin
             k = k * cos + b._rotate_half(k) * sin
             if b.last_q is not None:                     # KV folding's query (see the module doc)
@@ -130,11 +128,12 @@ class GraphDecoder:
                 q.unsqueeze(0), keys.unsqueeze(0), vals.unsqueeze(0),
                 attn_mask=mask, scale=b.scale, enable_gqa=True,
             )[0]                                         # [H, 1, hd]
-            x = x + lin(o.transpose(0, 1).reshape(1, H * hd), w.wo, w.bo)
-            h = b._rms(x, w.ln2)
-            x = x + lin(F.silu(lin(h, w.wg)) * lin(h, w.wu), w.wd)
+            x = x + lin(o.transpose(0, 1).reshape(1, H * hd), w.wo, w.bo, w.so)
+            h = lin.prepare(b._rms(x, w.ln2))
+            x = x + lin(F.silu(lin.multiply(h, w.wg, None, w.sg, dt)) * lin.multiply(h, w.wu, None, w.su, dt),
+                        w.wd, None, w.sd)
         x = b._rms(x, b.norm)
-        return lin(x, b.half_lm_head if half else b.lm_head).float()
+        return b.head_logits(x)
 
     # -- graphs ----------------------------------------------------------------
 

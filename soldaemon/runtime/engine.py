@@ -18,16 +18,19 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ..api import CancelToken, CompletionRequest, Delta, Done, Event, Timings
-from ..config import Config
+from ..config import Config, effective_precision
 from ..errors import BadRequest, ConfigError, ModelError
 from ..fim import FimPrompt, FimTemplate, WindowMemo, detect_template, make_prompt
 from ..model.loader import LoadedModel, load_model
 from ..pipeline import LeadAnchors, build_fim_prompt, context_selector, remember, type_through, validate_request
 from ..pipeline import preview as _preview  # the hold-back rule, shared with the remote engine
 from ..postprocess import StopChecker, decide_multiline, postprocess
-from .backend import Backend, LeanBackend, make_backend
+from .backend import LEAN_ARCHITECTURES, Backend, LeanBackend, make_backend
+from .kernel_plan import KernelPlan, TimingTable
+from .kernels import compute_dtype_for, plan_for, trim_heap
 from .cudagraph import GraphDecoder
 from .draft import DraftLength, DraftModel, DraftProposer, PromptLookup
+from .foresight import Foreseen, answer_foreseen, precise_until, speculate, warm
 from .generate import GenStats, TokenEvent, generate
 from .healing import HealingSampler, TokenTexts
 from .sampling import make_sampler
@@ -54,15 +57,28 @@ class EngineStats:
 class LocalEngine:
     """The Sol runtime on a local model (see module doc)."""
 
-    def __init__(self, loaded: LoadedModel, config: Config) -> None:
+    def __init__(self, loaded: LoadedModel, config: Config, *, plan: KernelPlan | None = None,
+                 timings: TimingTable | None = None, notices: tuple[str, ...] = (),
+                 release: bool | None = None) -> None:
+        """``plan``: the lean backend's kernels and weight storage (from
+        :func:`load_engine`'s measurement); None: dense in the model's
+        dtype, the HF module's own tensors (the reference math). With a
+        plan, the module's parameters are released after packing: one
+        resident copy of the weights. ``timings``: the table the plan was
+        chosen from (shown by info()); ``notices``: config notices;
+        ``release`` (default: when a plan is given) empties the module's
+        parameters the packed weights do not share (False: several engines
+        over one loaded module, as ``bench --quality --precisions`` builds)."""
         self.loaded = loaded
         self.config = config
         self.tokenizer = loaded.tokenizer
         self.template: FimTemplate = detect_template(loaded.tokenizer)
         if config.device.threads:
             torch.set_num_threads(config.device.threads)
-        self.backend: Backend = make_backend(loaded.model, config.model.max_context,
-                                             decode_dtype=resolve_decode_dtype(config.model.decode_dtype, loaded))
+        self.backend: Backend = make_backend(loaded.model, config.model.max_context, plan=plan,
+                                             release=plan is not None if release is None else release)
+        self.kernel_timings = timings
+        self.notices = notices
         min_move = config.model.cache_reuse if isinstance(self.backend, LeanBackend) else 0
         # KV folding of parked sessions (runtime/kvfold.py) needs the lean backend's queries
         fold = config.sol.kv_folding_entropy_threshold if isinstance(self.backend, LeanBackend) else 0.0
@@ -98,6 +114,7 @@ class LocalEngine:
         self.context_selector = context_selector(config.model)   # model.context: relevance
         self.lead_anchors = LeadAnchors()                         # model.fim_anchor: sticky
         self.window_memo = WindowMemo()                           # windows unchanged while typing
+        self.foreseen = Foreseen()                                # completion.speculative_fim's answer
 
     # -- the Engine protocol -------------------------------------------------
 
@@ -107,7 +124,7 @@ class LocalEngine:
             "device": str(self.loaded.device),
             "dtype": str(self.loaded.dtype).removeprefix("torch."),
             "backend": "lean" if isinstance(self.backend, LeanBackend) else "transformers",
-            "decode_dtype": str(getattr(self.backend, "decode_dtype", None) or self.loaded.dtype).removeprefix("torch."),
+            "precision": self._precision_info(),
             "fim": self.template.family,
             "n_ctx": self.backend.n_ctx,
             "threads": torch.get_num_threads(),
@@ -118,6 +135,18 @@ class LocalEngine:
             "forward_ms_by_tokens": ({t: round(c, 2) for t, c in self.draft_length.costs_ms.items()}
                                      if self.draft_length else None),
         }
+
+    def _precision_info(self) -> dict[str, Any]:
+        """The kernel plan (what runs each phase, why) and its timing table."""
+        plan = getattr(self.backend, "plan", None)
+        if plan is None:
+            return {"plan": None, "why": "transformers fallback: the module in "
+                    + str(self.loaded.dtype).removeprefix("torch.")}
+        t = self.kernel_timings
+        return {"plan": plan.to_dict(), "summary": plan.describe(),
+                "weight_bytes": self.backend.weight_bytes() if isinstance(self.backend, LeanBackend) else None,
+                "timings_ms": None if t is None else {"blocks": t.blocks, "head": t.head},
+                "machine": None if t is None else t.machine, "notices": list(self.notices)}
 
     def diagnosis(self) -> dict[str, Any]:
         store = self.memory.store if self.memory else None
@@ -161,18 +190,19 @@ class LocalEngine:
             self.memory.close()
 
     def warm(self, req: CompletionRequest, cancel: CancelToken) -> Timings:
-        t0 = req.received_ns or time.perf_counter_ns()
-        prompt, prompt_ms = self.build_prompt(req)
-        t1 = time.perf_counter_ns()
-        with self.memory_scope(req), self._lock:
-            self.session = self.pool.acquire(req.uri)
-            try:
-                pre = self.session.prefill(prompt.ids, cancelled=lambda: cancel.cancelled)
-            except Cancelled:
-                return Timings(prompt_ms=prompt_ms, prompt_tokens=len(prompt.ids))
-        t2 = time.perf_counter_ns()
-        return Timings(prompt_ms=prompt_ms, prefill_ms=(t2 - t1) / 1e6, total_ms=(t2 - t0) / 1e6,
-                       prompt_tokens=len(prompt.ids), cached_tokens=pre.cached)
+        """Prefill exactly the prompt the next ``complete`` at ``req``'s
+        cursor computes, leaving its answer unchanged
+        (:func:`soldaemon.runtime.foresight.warm`)."""
+        return warm(self, req, cancel)
+
+    def speculate(self, req: CompletionRequest, item: str, cancel: CancelToken) -> Done | None:
+        """After ``item`` was delivered for ``req``: compute the completion
+        that follows accepting it, for the next request
+        (``completion.speculative_fim``; :func:`soldaemon.runtime.foresight.speculate`).
+        Returns None at once when the setting is off."""
+        if not self.config.completion.speculative_fim:
+            return None
+        return speculate(self, req, item, cancel)
 
     def complete(self, req: CompletionRequest, cancel: CancelToken) -> Iterator[Event]:
         """Stream one completion (the Engine protocol), inside
@@ -197,6 +227,12 @@ class LocalEngine:
             yield Done(req.id, (rest,), "stop", Timings(
                 queue_ms=(t_start - arrival) / 1e6, ttft_ms=ms, total_ms=ms, ttft_start_ns=arrival_wall,
                 ttft_end_ns=time.time_ns(), source="type-through"))
+            return
+        foreseen = answer_foreseen(self, req, arrival, t_start)
+        if foreseen is not None:
+            if parked is not None:
+                parked.close()
+            yield from foreseen
             return
         if parked is not None:
             typed = parked.typed_by(req, self.session)
@@ -239,7 +275,7 @@ class LocalEngine:
                     deadline_ns=run.deadline, drafter=drafter,
                     draft_k=self.config.completion.draft_tokens, draft_length=draft_length,
                     # the middle token and the typed line: at decode cost (session.prefill)
-                    precise_until=len(prompt.ids) - prompt.n_middle if prompt.n_middle else None,
+                    precise_until=precise_until(prompt),
                 )
                 try:
                     yield from self._drive(run, stream=candidate == 0)
@@ -369,6 +405,23 @@ class LocalEngine:
         self.session.truncate(0)
         self.stats = EngineStats()
         self._shown.clear()
+        trim_heap()
+
+    def forget(self) -> None:
+        """Drop every per-document memory — KV caches, type-through, the
+        parked generation, anchors, windows, context choices — as if just
+        loaded (benchmarks run a second configuration on the same weights)."""
+        with self._lock:
+            if self._parked is not None:
+                self._parked.close()
+                self._parked = None
+            for session in list(self.pool._by_key.values()):
+                session.truncate(0)
+            self._shown.clear()
+            self.foreseen = Foreseen()
+            self.lead_anchors = LeadAnchors()
+            self.window_memo = WindowMemo()
+            self.context_selector = context_selector(self.config.model)
 
     def attach_draft_model(self, draft: LoadedModel) -> None:
         """Speculate with ``draft`` (``model.draft_model``) instead of prompt
@@ -377,8 +430,9 @@ class LocalEngine:
         if draft.tokenizer.get_vocab() != self.tokenizer.get_vocab():
             raise ModelError(f"model.draft_model {draft.name} does not share the tokenizer of {self.loaded.name}",
                              hint="use a smaller model of the same family (same vocabulary), or no draft model")
-        backend = make_backend(draft.model, self.backend.n_ctx,
-                               decode_dtype=resolve_decode_dtype(self.config.model.decode_dtype, draft))
+        # the draft runs the target's kernels (its shapes are alike and smaller)
+        plan = self.backend.plan if isinstance(self.backend, LeanBackend) and self.backend.released else None
+        backend = make_backend(draft.model, self.backend.n_ctx, plan=plan, release=plan is not None)
         self.draft_model = DraftModel(backend, vocab_limit=self.backend.vocab_size)
 
     def complete_all(self, req: CompletionRequest) -> Done:
@@ -558,25 +612,54 @@ def _stopper(checker: StopChecker, decode: _Detok) -> Callable[[list[int]], bool
     return lambda tokens: checker.check(decode.text(tokens))
 
 
-def resolve_decode_dtype(name: str, loaded: LoadedModel) -> torch.dtype | None:
-    """``model.decode_dtype`` → the dtype of the short-forward weight copy, or
-    None for "same"."""
-    if name == "same":
-        return None
-    if name == "auto":
-        on_cpu_fp32 = loaded.device.type == "cpu" and loaded.dtype == torch.float32
-        return torch.float16 if on_cpu_fp32 else None
-    return {"float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+def choose_kernels(loaded: LoadedModel, precision: str, *,
+                   progress: bool = True) -> tuple[KernelPlan | None, TimingTable | None]:
+    """The kernel plan for ``loaded`` on its device (measured once per
+    machine/model/torch, then cached), or (None, None) when the lean
+    backend cannot run it (the transformers module then runs, in float32
+    on a CPU). Raises ConfigError for a precision the device cannot run."""
+    cfg = loaded.model.config
+    if not _lean_or_float32(loaded):
+        return None, None
+    compute = compute_dtype_for(loaded.device, loaded.dtype)
+    say = (lambda m: print(f"soldaemon: {m}", flush=True)) if progress else (lambda m: log.info("%s", m))
+    try:
+        plan, table, cached = plan_for(cfg, loaded.device, compute, precision, say=say)
+    except ValueError as exc:
+        raise ConfigError(f"model.precision: {exc}",
+                          hint="model.precision: auto chooses among the kernels this device runs") from None
+    log.info("kernel plan (%s): %s — %s", "cached timings" if cached else "measured now", plan.describe(),
+             plan.reason)
+    return plan, table
+
+
+def _lean_or_float32(loaded: LoadedModel) -> bool:
+    """True when the lean backend can run ``loaded``; else its module is made
+    float32 on a CPU (transformers' path; half-precision CPU products are slow
+    or missing) and False."""
+    if getattr(loaded.model.config, "model_type", None) in LEAN_ARCHITECTURES:
+        return True
+    if loaded.device.type == "cpu" and loaded.dtype != torch.float32:
+        loaded.model.to(torch.float32)
+        loaded.dtype = torch.float32
+    return False
 
 
 def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:
-    """Prepare, load and warm the configured model."""
+    """Prepare, load and warm the configured model: weights read in their
+    stored dtype, packed once into the kernel plan's format."""
     mc = config.model
-    loaded = load_model(str(mc.path) if mc.path else None, device=config.device.device, dtype=mc.dtype,
+    precision, notices = effective_precision(mc)
+    for notice in notices:
+        log.warning("config: %s", notice)
+    loaded = load_model(str(mc.path) if mc.path else None, device=config.device.device, dtype="stored",
                         progress=progress)
-    engine = LocalEngine(loaded, config)
+    plan, table = choose_kernels(loaded, precision, progress=progress)
+    engine = LocalEngine(loaded, config, plan=plan, timings=table, notices=tuple(notices))
+    trim_heap()       # the module's released parameters and the timing runs' tensors
     if mc.draft_model is not None:
-        engine.attach_draft_model(load_model(str(mc.draft_model), device=config.device.device, dtype=mc.dtype,
-                                             progress=progress))
+        draft = load_model(str(mc.draft_model), device=config.device.device, dtype="stored", progress=progress)
+        _lean_or_float32(draft)
+        engine.attach_draft_model(draft)
     engine.warmup()
     return engine

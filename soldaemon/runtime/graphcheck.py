@@ -55,6 +55,20 @@ def tolerance_for(dtype: torch.dtype) -> Tolerance:
     return TOLERANCES.get(dtype, TOLERANCES[torch.float32])
 
 
+# the precision a kernel plan's product rounds to (int8 kernels: bfloat16 activations)
+KERNEL_PRECISION = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                    "int8": torch.bfloat16, "int8-dynamic": torch.bfloat16}
+_LOOSENESS = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def decode_precision(backend: Any) -> torch.dtype:
+    """The coarser of the backend's compute dtype and its decode kernel's
+    (``plan.short``) precision: what decode steps round to."""
+    kernel = KERNEL_PRECISION.get(str(getattr(getattr(backend, "plan", None), "short", "")), backend.dtype)
+    ranked = [d for d in (backend.dtype, kernel) if d in _LOOSENESS]
+    return max(ranked, key=_LOOSENESS.index) if ranked else backend.dtype
+
+
 @dataclass
 class GraphAgreement:
     """Measured agreement of graph and eager decode steps."""
@@ -115,12 +129,13 @@ def compare_graphs(backend: Any, graphs: Any, prompts: Sequence[Sequence[int]], 
     """Compare ``graphs`` (a :class:`~.cudagraph.GraphDecoder` over the lean
     ``backend``) with the eager forward on each prompt for ``steps`` decode
     steps, teacher-forced and free-running (see the module doc), against
-    ``tolerance`` (default: that of the dtype decode steps multiply in);
-    with ``reference``, the eager steps against it too. Uses the
+    ``tolerance`` (default: that of :func:`decode_precision`); with
+    ``reference``, the eager steps against it too (a quantized plan's
+    steps differ from a dense reference by its rounding: pass the
+    reference only for a dense plan). Uses the
     backend's current cache and leaves ``backend.graphs`` as it found it.
     Raises ValueError when a prompt plus ``steps`` does not fit the cache."""
-    # the precision decode steps multiply in: the decode copy's when there is one
-    tol = tolerance or tolerance_for(getattr(backend, "decode_dtype", None) or backend.dtype)
+    tol = tolerance or tolerance_for(decode_precision(backend))
     result = GraphAgreement(str(backend.dtype).removeprefix("torch."), tol)
     kept = getattr(backend, "graphs", None)
     replays0 = graphs.replays

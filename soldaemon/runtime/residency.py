@@ -43,8 +43,8 @@ log = logging.getLogger("soldaemon.residency")
 
 # LayerWeights fields that are never offloaded (a few KB: the norms).
 ALWAYS_RESIDENT = ("ln1", "ln2")
-ATTN = ("wq", "bq", "wk", "bk", "wv", "bv", "wo", "bo")
-MLP = ("wg", "wu", "wd")
+ATTN = ("wq", "bq", "wk", "bk", "wv", "bv", "wo", "bo", "sq", "sk", "sv", "so")   # s*: int8 storage's scales
+MLP = ("wg", "wu", "wd", "sg", "su", "sd")
 _ALIGN = 64  # bytes: slot views start on this boundary
 
 

@@ -1,0 +1,67 @@
+"""Record the kernel timing table of this machine for a model's shapes, as
+the daemon measures it at first start (soldaemon.runtime.kernels), into a
+JSON file: the recorded tables the plan chooser is tested over
+(tests/data/kernel_tables/).
+
+    python scripts/record_kernel_table.py --model-config DIR_OR_SHAPES --out FILE [--note TEXT]
+
+``--qwen05b`` uses Qwen2.5-Coder-0.5B's shapes without loading any weights.
+To record what an AVX2-only machine does on a newer CPU, cap the libraries'
+instruction sets in the environment (oneDNN, MKL, ATen) and say so:
+
+    ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 \\
+        python scripts/record_kernel_table.py --qwen05b --isa-cap AVX2 --out avx2_only.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from soldaemon.runtime.kernel_plan import PLAN_NOTE, choose_plan  # noqa: E402
+from soldaemon.runtime.kernels import PLAN_FORMAT, measure_table  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--qwen05b", action="store_true", help="Qwen2.5-Coder-0.5B's shapes")
+    ap.add_argument("--model-config", help="a Hugging Face model directory (its config.json)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--isa-cap", help="the instruction set the libraries were capped at, if any (recorded)")
+    ap.add_argument("--note", default="", help="free text recorded beside the table")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    from transformers import AutoConfig, Qwen2Config
+
+    if args.qwen05b:
+        cfg = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                          num_attention_heads=14, num_key_value_heads=2)
+    elif args.model_config:
+        cfg = AutoConfig.from_pretrained(args.model_config)
+    else:
+        ap.error("give --qwen05b or --model-config")
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    table = measure_table(cfg, torch.device("cpu"), torch.float32, repeats=args.repeats,
+                          say=lambda m: print(m, file=sys.stderr))
+    if args.isa_cap:
+        table.machine["isa_cap"] = args.isa_cap
+    if args.note:
+        table.machine["note"] = args.note
+    plan = choose_plan(table)
+    args.out.write_text(json.dumps({"format": PLAN_FORMAT, "table": table.to_dict(),
+                                    "chosen": plan.to_dict(), "about": PLAN_NOTE}, indent=1))
+    print(f"{time.perf_counter() - t0:.0f} s; plan: {plan.describe()}\n{plan.reason}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,91 @@
+"""Resident memory of the daemon's engine: after load, and after N
+completions on holes cut from real code (psutil; anonymous vs file-backed
+from /proc/self/smaps_rollup where Linux has it).
+
+    python scripts/rss.py [--completions 500] [--precision auto] [--json FILE]
+
+Loads the engine exactly as ``soldaemon serve`` does (load_engine, warm-up),
+then completes holes from the standard library: each hole twice in a row
+(cold, then the same place again: reuse) and, every few holes, a keystroke
+typed along the completion (type-through or a short extension), through
+``LocalEngine.complete`` like the websocket worker. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _mem() -> dict[str, float]:
+    import psutil
+
+    out = {"rss_mb": round(psutil.Process().memory_info().rss / 2**20, 1)}
+    try:
+        for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            if key in ("Anonymous", "Rss"):
+                out[f"smaps_{key.lower()}_mb"] = round(int(rest.split()[0]) / 1024, 1)
+    except OSError:
+        pass
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--completions", type=int, default=500)
+    ap.add_argument("--precision", default="auto")
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    from soldaemon.api import CancelToken, CompletionRequest, Done
+    from soldaemon.config import config_from_dict
+    from soldaemon.holes import cut_line_holes, default_corpus
+    from soldaemon.runtime.engine import load_engine
+
+    before = _mem()
+    t0 = time.perf_counter()
+    engine = load_engine(config_from_dict({"model": {"precision": args.precision}}), progress=False)
+    gc.collect()
+    loaded = _mem()
+    holes = cut_line_holes(default_corpus(), max(1, args.completions // 3 + 1), seed=7)
+    done_n = 0
+    t1 = time.perf_counter()
+    i = 0
+    while done_n < args.completions:
+        h = holes[i % len(holes)]
+        uri = f"file:///{h.path}"
+        reqs = [h.prefix, h.prefix]                       # cold, then the same place again
+        for j, prefix in enumerate(reqs):
+            req = CompletionRequest(id=f"r{done_n}", uri=uri, prefix=prefix, suffix=h.suffix, language="python",
+                                    max_tokens=args.max_tokens)
+            done = [e for e in engine.complete(req, CancelToken()) if isinstance(e, Done)][0]
+            done_n += 1
+            if j == 1 and done.items and done.items[0][:1] and done_n < args.completions:
+                typed = CompletionRequest(id=f"t{done_n}", uri=uri, prefix=prefix + done.items[0][:1],
+                                          suffix=h.suffix, language="python", max_tokens=args.max_tokens)
+                list(engine.complete(typed, CancelToken()))
+                done_n += 1
+        i += 1
+    gc.collect()
+    after = _mem()
+    plan = engine.info()["precision"]
+    result = {"precision": args.precision, "plan": plan.get("summary"), "weight_mb":
+              round((plan.get("weight_bytes") or 0) / 2**20, 1), "before_load": before, "after_load": loaded,
+              "after_completions": after, "completions": done_n, "load_s": round(t1 - t0, 1),
+              "completions_s": round(time.perf_counter() - t1, 1), "sessions": len(engine.pool),
+              "kv_mb": round(engine.pool.kv_bytes() / 2**20, 1)}
+    print(json.dumps(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,50 @@
+"""``soldaemon doctor``'s kernel-plan check: the plan the daemon chose (or
+will choose) on this machine, from the timing tables it cached at start-up
+(``cache_dir()/kernel-plans``). Reads files only: no torch, no model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from . import paths
+from .runtime.kernel_plan import TimingTable, choose_plan
+
+
+def read_tables(root: Path | None = None) -> list[tuple[Path, TimingTable]]:
+    """Every cached timing table that parses, newest first."""
+    folder = (root or paths.cache_dir()) / "kernel-plans"
+    out: list[tuple[float, Path, TimingTable]] = []
+    for f in folder.glob("*.json") if folder.is_dir() else ():
+        try:
+            table = TimingTable.from_dict(json.loads(f.read_text())["table"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        out.append((f.stat().st_mtime, f, table))
+    return [(f, t) for _, f, t in sorted(out, key=lambda x: x[0], reverse=True)]
+
+
+def plan_report(cpu_flags: tuple[str, ...] | None, root: Path | None = None) -> dict[str, Any]:
+    """(verdict, detail, fix) for the newest table measured on a CPU with
+    these flags; an ``info`` line when none was measured yet."""
+    relevant = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "asimd")
+    mine = sorted(f for f in (cpu_flags or ()) if f in relevant)
+    for path, table in read_tables(root):
+        theirs = sorted(f for f in table.machine.get("cpu_flags", []) if f in relevant)
+        if table.machine.get("device") == "cpu" and cpu_flags is not None and theirs != mine:
+            continue
+        plan = choose_plan(table)
+        load = table.machine.get("load_avg_1m")
+        busy = load is not None and load > 1.5 * max(1, int(table.machine.get("threads") or 1))
+        detail = (f"{plan.describe()} — measured with torch {table.machine.get('torch')}, "
+                  f"{table.machine.get('threads')} threads on {table.machine.get('cpu') or table.machine.get('gpu')}"
+                  f" (flags: {', '.join(theirs) or 'none'})")
+        if busy:
+            return {"verdict": "warn", "detail": detail + f"; the machine was busy (load {load}) while measuring",
+                    "cost": "timings taken under load may pick a slower plan",
+                    "fix": f"rm {path}   (the next start measures again)"}
+        return {"verdict": "ok", "detail": detail, "cost": None, "fix": None}
+    return {"verdict": "info", "detail": "no kernel plan measured yet on this machine: the daemon's first start "
+            "times the linear kernels on the model's shapes (about half a minute) and caches the result",
+            "cost": None, "fix": None}

@@ -1,0 +1,300 @@
+"""The kernel plan: the chooser over recorded timing tables of both machine
+kinds (pure, no torch), the kernels' numerics, the plan cache's key, the
+config key, and reuse = recompute under every plan (tiny model)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from soldaemon.runtime.kernel_plan import (
+    KERNELS, KernelPlan, TimingTable, auto_kernels, choose_plan, speculation_pays,
+)
+
+DATA = Path(__file__).parent / "data" / "kernel_tables"
+
+
+@pytest.fixture(scope="module")
+def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from soldaemon.testing.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-plan"))
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_model_path: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_path)).eval()
+    return model, AutoTokenizer.from_pretrained(str(tiny_model_path))
+
+
+def _table(name: str) -> TimingTable:
+    return TimingTable.from_dict(json.loads((DATA / name).read_text())["table"])
+
+
+AVX512 = "zen4_avx512_bf16.json"       # measured on the project's 2-core EPYC with AVX-512 BF16/VNNI
+AVX2 = "avx2_only.json"                # the same machine with oneDNN/MKL/ATen capped at AVX2 (see its note)
+
+
+def test_the_policy_module_imports_no_torch() -> None:
+    code = "import sys, soldaemon.runtime.kernel_plan; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_recorded_tables_are_what_they_say() -> None:
+    """The two recorded tables really are of the two kinds (their flags) and
+    show the gap the chooser must see."""
+    zen, avx2 = _table(AVX512), _table(AVX2)
+    assert "avx512_bf16" in zen.machine["cpu_flags"]
+    assert avx2.machine.get("isa_cap") == "AVX2"
+    # AVX-512 BF16: bfloat16 prefill far faster than float32; capped at AVX2 it is not
+    assert zen.blocks["bfloat16"][512] < 0.5 * zen.blocks["float32"][512]
+    assert avx2.blocks["bfloat16"][512] > avx2.blocks["float32"][512]
+
+
+def test_avx512_bf16_machine_gets_bfloat16_or_int8() -> None:
+    plan = choose_plan(_table(AVX512))
+    assert plan.storage in ("bfloat16", "int8")
+    assert plan.prefill in ("bfloat16", "int8-dynamic") and plan.short in ("bfloat16", "int8", "int8-dynamic")
+    assert plan.head_storage in ("bfloat16", "int8")
+    # and it is the fastest storage: every fixed precision predicts more
+    for p in ("float32", "bfloat16", "float16", "int8"):
+        other = choose_plan(_table(AVX512), p)
+        assert plan.cold_ms is not None and other.cold_ms is not None and plan.step_ms is not None
+        assert plan.cold_ms + 24 * plan.step_ms <= other.cold_ms + 24 * (other.step_ms or 0) + 1e-6
+
+
+def test_avx2_machine_gets_float32_or_int8() -> None:
+    plan = choose_plan(_table(AVX2))
+    assert plan.storage in ("float32", "int8")
+    assert "bfloat16" not in plan.kernels and "float16" not in plan.kernels
+
+
+def test_the_two_kinds_get_different_plans() -> None:
+    """Among the float formats (int8 left out, as a quality gate would),
+    the AVX-512 BF16 machine gets bfloat16 and the AVX2 one float32; with
+    int8 allowed both get int8 storage, with the roles of its two kernels
+    set by their own timings."""
+    floats = frozenset({"float32", "bfloat16", "float16"})
+    assert choose_plan(_table(AVX512), allowed=floats).storage == "bfloat16"
+    assert choose_plan(_table(AVX2), allowed=floats).storage == "float32"
+    zen, avx2 = choose_plan(_table(AVX512)), choose_plan(_table(AVX2))
+    assert zen.storage == avx2.storage == "int8"
+    for plan, table in ((zen, _table(AVX512)), (avx2, _table(AVX2))):
+        cost = lambda k: table.blocks[k][1] + table.blocks[k][9]   # noqa: E731
+        assert plan.short == min(("int8", "int8-dynamic"), key=cost)
+
+
+def test_a_fixed_precision_keeps_its_storage_and_picks_its_fastest_kernels() -> None:
+    t = _table(AVX512)
+    for p in ("float32", "bfloat16", "float16"):
+        plan = choose_plan(t, p)
+        assert plan.storage == plan.head_storage == p and plan.kernels == (p,)
+    plan = choose_plan(t, "int8")
+    assert plan.storage == "int8" and set(plan.kernels) <= {"int8", "int8-dynamic"}
+    with pytest.raises(ValueError, match="unknown precision 'int4'"):
+        choose_plan(t, "int4")
+
+
+def test_auto_never_picks_a_kernel_that_lost_quality_or_was_never_measured() -> None:
+    t = _table(AVX512)
+    assert auto_kernels({"float32": 0.0, "int8-dynamic": 3.0, "bfloat16": 0.5}) == {"float32", "bfloat16"}
+    plan = choose_plan(t, allowed=frozenset({"float32", "bfloat16"}))
+    assert set(plan.kernels) <= {"float32", "bfloat16"}
+    plan = choose_plan(t, allowed=frozenset({"float32"}))
+    assert plan.kernels == ("float32",)
+
+
+def test_a_device_without_int8_kernels_and_a_flat_bf16_gpu() -> None:
+    """What a GPU table looks like (bf16 flat in rows, no int8 product for
+    small batches): dense bf16 everywhere, and speculation pays."""
+    flat = {r: 0.02 + 0.0001 * r for r in (1, 2, 5, 9, 17, 64, 512)}
+    gpu = TimingTable(blocks={"bfloat16": flat, "float16": {r: v * 1.05 for r, v in flat.items()},
+                              "float32": {r: v * 4 for r, v in flat.items()}},
+                      head={"bfloat16": {r: 0.1 for r in (1, 2, 5, 9, 17)},
+                            "float32": {r: 0.4 for r in (1, 2, 5, 9, 17)}}, n_layers=24)
+    plan = choose_plan(gpu)
+    assert plan.kernels == ("bfloat16",) and speculation_pays(plan)
+    with pytest.raises(ValueError, match="no measured"):
+        choose_plan(gpu, "int8")
+
+
+def test_speculation_is_judged_from_the_plan() -> None:
+    """With int8/bf16 products a 9-row verify costs little more than a step
+    (AVX-512 table); with float16 products on the AVX2 table it costs
+    several steps (the reason speculation could not pay there before)."""
+    zen = choose_plan(_table(AVX512))
+    old = choose_plan(_table(AVX2), "float16")
+    assert zen.verify_ms is not None and zen.step_ms is not None and old.verify_ms and old.step_ms
+    assert zen.verify_ms / zen.step_ms < 4 < old.verify_ms / old.step_ms
+    assert not speculation_pays(old)
+
+
+def test_plans_and_tables_round_trip_and_refuse_garbage() -> None:
+    t = _table(AVX512)
+    assert TimingTable.from_dict(json.loads(json.dumps(t.to_dict()))) == t
+    plan = choose_plan(t)
+    assert KernelPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+    with pytest.raises(ValueError):
+        TimingTable.from_dict({"blocks": 3})
+    with pytest.raises(ValueError, match="does not read"):
+        KernelPlan("float32", "int8", "float32", "float32", "float32")
+    assert set(KERNELS.values()) == {"float32", "bfloat16", "float16", "int8"}
+
+
+# -- mechanism: kernels, cache key ---------------------------------------------------
+
+
+def test_kernels_match_the_dense_product_and_treat_rows_alone() -> None:
+    import torch
+
+    from soldaemon.runtime.kernels import KERNEL_FNS, pack, unpack
+
+    torch.manual_seed(0)
+    w = torch.randn(96, 64) * 0.05
+    b = torch.randn(96) * 0.1
+    x = torch.randn(7, 64)
+    ref = torch.nn.functional.linear(x, w, b)
+    for kernel, storage in KERNELS.items():
+        pw, ps = pack(storage, w)
+        assert unpack(pw, ps, torch.float32).shape == w.shape
+        y = KERNEL_FNS[kernel](x, pw, b, ps)
+        assert y.dtype == x.dtype and y.shape == ref.shape
+        assert (y - ref).abs().max().item() < 0.05 * ref.abs().max().item(), kernel
+    # int8-dynamic: integer products, per-row scales: a row's result is the
+    # same alone or in a batch, to the bit
+    pw, ps = pack("int8", w)
+    full = KERNEL_FNS["int8-dynamic"](x, pw, b, ps)
+    for i in range(len(x)):
+        assert torch.equal(full[i:i + 1], KERNEL_FNS["int8-dynamic"](x[i:i + 1], pw, b, ps))
+
+
+def test_the_plan_cache_key_changes_with_machine_torch_and_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    from transformers import Qwen2Config
+
+    from soldaemon.runtime import kernels
+
+    cfg = Qwen2Config(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2)
+    cpu = torch.device("cpu")
+    base = kernels.plan_key(cfg, cpu, torch.float32)
+    assert kernels.plan_key(cfg, cpu, torch.float32) == base
+    bigger = Qwen2Config(vocab_size=1000, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)
+    assert kernels.plan_key(bigger, cpu, torch.float32) != base
+    monkeypatch.setattr(torch, "__version__", "9.9.9")
+    assert kernels.plan_key(cfg, cpu, torch.float32) != base
+    monkeypatch.undo()
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: ["avx2"])
+    assert kernels.plan_key(cfg, cpu, torch.float32) != base
+
+
+def test_plan_for_measures_once_then_reads_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    from transformers import Qwen2Config
+
+    from soldaemon.runtime import kernels
+
+    monkeypatch.setenv("SOLDAEMON_CACHE_DIR", str(tmp_path))
+    cfg = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2)
+    plan, table, cached = kernels.plan_for(cfg, torch.device("cpu"), torch.float32)
+    assert not cached and set(table.blocks) >= {"float32"} and table.blocks["float32"][1] > 0
+    files = list((tmp_path / "kernel-plans").glob("*.json"))
+    assert len(files) == 1
+    again, table2, cached2 = kernels.plan_for(cfg, torch.device("cpu"), torch.float32)
+    assert cached2 and table2 == table and again == plan
+    files[0].write_text("{not json")                     # a damaged cache is measured again, not trusted
+    _, _, cached3 = kernels.plan_for(cfg, torch.device("cpu"), torch.float32)
+    assert not cached3
+
+
+# -- config ----------------------------------------------------------------------------
+
+
+def test_model_precision_is_validated_and_replaces_the_old_keys() -> None:
+    from soldaemon.config import config_from_dict, effective_precision
+    from soldaemon.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"model\.precision.*int4"):
+        config_from_dict({"model": {"precision": "int4"}})
+    assert effective_precision(config_from_dict({}).model) == ("auto", [])
+    p, notes = effective_precision(config_from_dict({"model": {"dtype": "bfloat16"}}).model)
+    assert p == "bfloat16" and "model.precision" in notes[0]
+    p, notes = effective_precision(config_from_dict({"model": {"precision": "int8", "dtype": "float32",
+                                                               "decode_dtype": "float16"}}).model)
+    assert p == "int8" and len(notes) == 2 and "decode_dtype" in notes[1]
+
+
+# -- reuse = recompute under every plan (tiny model) -----------------------------------------
+
+
+PLANS = [
+    None,                                                             # the reference
+    KernelPlan.uniform("bfloat16"),
+    KernelPlan("int8", "int8-dynamic", "int8-dynamic", "int8", "int8-dynamic"),
+    KernelPlan("int8", "int8-dynamic", "int8", "bfloat16", "bfloat16"),
+    KernelPlan("bfloat16", "bfloat16", "bfloat16", "int8", "int8"),
+]
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: "reference" if p is None else "/".join(p.kernels))
+def test_reuse_equals_recompute_under_each_plan(tiny_model, plan: KernelPlan | None) -> None:
+    """A keystroke's tail computed a token at a time across requests holds
+    the same KV and logits as the whole prompt computed at once."""
+    import torch
+
+    from soldaemon.runtime.backend import LeanBackend
+    from soldaemon.runtime.session import KVSession
+
+    model, tok = tiny_model
+    ids = tok("def parse(self, text):\n    return self.rules.match(text, pos=0)\n" * 6).input_ids
+    split = len(ids) - 5
+    fresh = KVSession(LeanBackend(model, 1024, plan=plan))
+    whole = fresh.prefill(ids, precise_until=split).logits.clone()
+    typed = KVSession(LeanBackend(model, 1024, plan=plan))
+    pre = None
+    for end in range(split + 1, len(ids) + 1):
+        pre = typed.prefill(ids[:end], precise_until=split)
+        typed.decode_step(int(pre.logits.argmax()))      # a generation in between
+    assert pre is not None and pre.computed == 1
+    # float32 and integer products: rounding of the accumulation order only;
+    # a kernel whose products come out in bfloat16 may round one way alone
+    # and the other in a batch: a few units of bfloat16's last place
+    half_out = plan is not None and any(k in ("bfloat16", "float16", "int8") for k in plan.kernels)
+    tol = 4 * 2.0 ** -8 if half_out else 1e-3
+    scale = whole.abs().max().item()
+    assert (pre.logits - whole).abs().max().item() < tol * scale
+    assert int(pre.logits.argmax()) == int(whole.argmax())
+    n = len(ids)
+    for a, b in ((fresh.backend.k_cache, typed.backend.k_cache), (fresh.backend.v_cache, typed.backend.v_cache)):
+        assert (a[:, :, :n] - b[:, :, :n]).abs().max().item() < tol * max(1.0, a[:, :, :n].abs().max().item())
+
+
+def test_one_resident_copy_after_release(tiny_model_path: Path) -> None:
+    """With a plan and release, the module's parameters are emptied except
+    those the packed weights share; the backend still answers like the
+    same plan without release."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from soldaemon.runtime.backend import LeanBackend
+
+    plan = KernelPlan("int8", "int8-dynamic", "int8", "int8", "int8")
+    kept = AutoModelForCausalLM.from_pretrained(str(tiny_model_path)).eval()
+    dropped = AutoModelForCausalLM.from_pretrained(str(tiny_model_path)).eval()
+    a = LeanBackend(kept, 512, plan=plan)
+    b = LeanBackend(dropped, 512, plan=plan, release=True)
+    assert b.released and not a.released
+    left = sum(p.numel() for p in dropped.parameters())
+    small = sum(p.numel() for n, p in kept.named_parameters() if "norm" in n or n.endswith("bias"))
+    assert 0 < left <= small            # only what the packed weights share: norms and biases (float32)
+    ids = torch.arange(3, 40)
+    assert torch.equal(a.forward(ids, 0), b.forward(ids, 0))
+    assert b.weight_bytes() < sum(p.numel() * 4 for p in kept.parameters()) / 3
