@@ -52,7 +52,7 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.http11 import Request, Response
 
-from soldaemon import __version__
+from soldaemon import __version__, statefiles
 from soldaemon.api import CancelToken, CompletionRequest, Delta, Done, Engine, FinishReason, Timings
 from soldaemon.auth import (
     authorization_header,
@@ -703,27 +703,6 @@ def ws_url(host: str, port: int) -> str:
     return f"ws://[{host}]:{port}" if ":" in host else f"ws://{host}:{port}"
 
 
-def _daemon_file() -> Path:
-    return state_dir() / "daemon.json"
-
-
-def _write_daemon_file(url: str, token_path: Path) -> Path:
-    path = _daemon_file()
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"pid": os.getpid(), "url": url, "token_file": str(token_path)}, f)
-    os.replace(tmp, path)
-    return path
-
-
-def _remove_daemon_file(path: Path) -> None:
-    with contextlib.suppress(OSError, ValueError):
-        if json.loads(path.read_text()).get("pid") == os.getpid():
-            path.unlink()
-
-
 async def serve(settings: ServerSettings, load: Callable[[], Engine], model_label: str,
                 *, ready_out: Any = None) -> int:
     """Run the daemon until SIGTERM/SIGINT; return the exit status.
@@ -733,6 +712,7 @@ async def serve(settings: ServerSettings, load: Callable[[], Engine], model_labe
     on the worker thread, print the ready line, serve, drain. Raises
     :class:`SolError` for start-up problems."""
     check_bind(settings.host, settings.allow_remote)
+    statefiles.ensure_state_dir()
     token = load_or_create_token(settings.token_path)
     loop = asyncio.get_running_loop()
     daemon = Daemon(settings, token, model_label, loop)
@@ -781,7 +761,7 @@ async def serve(settings: ServerSettings, load: Callable[[], Engine], model_labe
             log.error("model preparation failed", exc_info=exc)
             raise ModelError(f"could not prepare the model ({model_label}): {type(exc).__name__}: {exc}",
                              hint="see the log above; run with --log-level debug for more") from None
-        daemon_file = _write_daemon_file(url, settings.token_path)
+        daemon_file = statefiles.write_daemon_record(url, settings.token_path)
         info = daemon.engine_info
         print(f"soldaemon ready on {url} model={info.get('model', model_label)} "
               f"device={info.get('device', '?')} token file: {settings.token_path}",
@@ -796,7 +776,7 @@ async def serve(settings: ServerSettings, load: Callable[[], Engine], model_labe
             await asyncio.wait_for(server.wait_closed(), 2.0)
         daemon.worker.stop(timeout=2.0)
         if daemon_file is not None:
-            _remove_daemon_file(daemon_file)
+            statefiles.remove_daemon_record(daemon_file)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
 
@@ -878,10 +858,9 @@ def _find_daemon(args: argparse.Namespace, config: Config) -> tuple[str, Path]:
     url = getattr(args, "url", None)
     token_path = config.server.token_path()
     if url is None:
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            record = json.loads(_daemon_file().read_text())
-            if psutil.pid_exists(int(record["pid"])):
-                url, token_path = str(record["url"]), Path(record["token_file"])
+        record = statefiles.read_daemon_record(allow_remote=config.server.allow_remote)
+        if record is not None:
+            url, token_path = record.url, record.token_path
     if url is None:
         url = ws_url(config.server.host, config.server.port)
     return url, token_path
