@@ -26,6 +26,7 @@ from typing import Sequence
 
 from soldaemon.config import is_loopback_host
 from soldaemon.errors import ConfigError, Unavailable
+from soldaemon.handshake import host_is_loopback
 from soldaemon.statefiles import check_private_dir
 
 TOKEN_BYTES = 32  # random bytes; the file holds their URL-safe base64 (43 chars)
@@ -158,14 +159,7 @@ def host_header_ok(host_header: str | None, listening_on_loopback: bool) -> bool
     it. Anything goes when remote access is on (the token still applies)."""
     if not listening_on_loopback:
         return True
-    if not host_header:
-        return False
-    host = host_header.strip()
-    if host.startswith("["):
-        host = host[: host.find("]") + 1] if "]" in host else host
-    elif host.count(":") == 1:
-        host = host.split(":", 1)[0]
-    return is_loopback_host(host)
+    return host_is_loopback(host_header)
 
 
 def authorization_header(token: str) -> tuple[str, str]:
