@@ -63,6 +63,11 @@ class ContextRing:
     def __len__(self) -> int:
         return len(self._anchors)
 
+    def set_policy(self, policy: ContextPolicy) -> None:
+        """A new rule (the workspace folders changed): forget what it refuses."""
+        self.policy = policy
+        self._anchors = [a for a in self._anchors if policy.allows(a.uri)]
+
     def touch(self, uri: str, line: int) -> None:
         """Record activity at ``line`` of ``uri`` (an edit, or an open at 0)."""
         if self.max_entries == 0 or not self.policy.allows(uri):

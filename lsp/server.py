@@ -179,7 +179,7 @@ class SolLanguageServer(LanguageServer):
         self.settings = settings
         folders = [f.uri for f in params.workspace_folders or ()] or \
             ([params.root_uri] if params.root_uri else [])
-        self.policy = ContextPolicy(folder_paths(folders), settings.context_include, settings.context_exclude)
+        self.set_policy(folders if folders or params.workspace_folders is not None else None)
         self.documents.encoding = normalize_encoding(self.workspace.position_encoding)
         text_caps = params.capabilities.text_document
         self.client_has_inline = bool(text_caps and text_caps.inline_completion is not None)
@@ -189,6 +189,16 @@ class SolLanguageServer(LanguageServer):
         log.info("initialize: %s, position encoding %s, inline completion %s", client,
                  self.documents.encoding, "yes" if self.client_has_inline else "no")
         self.start_daemon_client()
+
+    def set_policy(self, folder_uris: Sequence[str] | None) -> None:
+        """What may be sent: files inside ``folder_uris`` (``None``: the
+        editor named no folder, no containment rule) that match no secret
+        pattern (soldaemon.sensitive), with the include/exclude globs."""
+        s = self.settings
+        folders = folder_paths(folder_uris) if folder_uris is not None else None
+        self.policy = ContextPolicy(folders, s.context_include, s.context_exclude)
+        if self.completer is not None:
+            self.completer.ring.set_policy(self.policy)
 
     def start_daemon_client(self) -> None:
         """Create the daemon client and the completer, and start connecting
@@ -335,6 +345,10 @@ def build_server(settings: Settings) -> SolLanguageServer:
     @server.feature(types.SHUTDOWN)
     async def shutdown(ls: SolLanguageServer, params: Any) -> None:
         await ls.stop_daemon_client()
+
+    @server.feature(types.WORKSPACE_DID_CHANGE_WORKSPACE_FOLDERS)
+    def folders_changed(ls: SolLanguageServer, params: types.DidChangeWorkspaceFoldersParams) -> None:
+        ls.set_policy([f.uri for f in ls.workspace.folders.values()])
 
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     def did_open(ls: SolLanguageServer, params: types.DidOpenTextDocumentParams) -> None:

@@ -74,10 +74,11 @@ def is_secret_path(path: str, extra: Sequence[str] = ()) -> bool:
 @dataclass(frozen=True)
 class ContextPolicy:
     """What may be sent. ``folders`` are the workspace folders' paths
-    (empty: unknown, no containment check); ``include`` globs override the
+    (``None``: the editor named none, no containment check; empty: every
+    folder was closed, nothing is inside); ``include`` globs override the
     secret patterns, ``exclude`` globs add to them."""
 
-    folders: tuple[str, ...] = ()
+    folders: tuple[str, ...] | None = None
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
 
@@ -86,7 +87,7 @@ class ContextPolicy:
         path = uri_path(uri)
         if path is None:
             return "not a file on disk"
-        if self.folders and not any(path == f or path.startswith(f.rstrip("/") + "/") for f in self.folders):
+        if self.folders is not None and not any(path == f or path.startswith(f.rstrip("/") + "/") for f in self.folders):
             return "outside the workspace folders"
         if self.include and _matches(path, self.include):
             return None

@@ -220,6 +220,11 @@ async def test_secret_and_foreign_files_are_never_sent(start_daemon: Any, tmp_pa
         # completing inside a secret file asks nothing of the daemon
         empty = await client.text_document_inline_completion_async(inline_params("file:///w/proj/.env", 1, 0))
         assert empty is not None and not empty.items
+        # the folder is closed: its files are outside the workspace now
+        client.workspace_did_change_workspace_folders(types.DidChangeWorkspaceFoldersParams(
+            types.WorkspaceFoldersChangeEvent(added=[], removed=[types.WorkspaceFolder("file:///w/proj", "proj")])))
+        gone = await client.text_document_inline_completion_async(inline_params("file:///w/proj/main.py", 1, 0))
+        assert gone is not None and not gone.items
     finally:
         await client.shutdown_session()
         await client.stop()
@@ -227,3 +232,29 @@ async def test_secret_and_foreign_files_are_never_sent(start_daemon: Any, tmp_pa
     assert [r["uri"] for r in seen] == ["file:///w/proj/main.py"]
     assert [uri for uri, _ in seen[0]["context"]] == ["file:///w/proj/util.py"]
     assert SECRET not in recorded.read_text()
+
+
+@pytest.mark.parametrize("uri, refused", [
+    ("file:///w/proj/.env", True), ("file:///w/proj/.env.local", True), ("file:///w/proj/prod.env", True),
+    ("file:///w/proj/certs/tls.KEY", True), ("file:///home/me/.ssh/config", True),
+    ("file:///home/me/.ssh/id_ed25519.pub", True), ("file:///w/proj/.git/config", True),
+    ("file:///home/me/.aws/credentials", True), ("file:///home/me/.netrc", True),
+    ("file:///w/proj/infra/terraform.tfvars", True), ("untitled:Untitled-1", True),
+    ("file:///w/proj/id_utils.py", False), ("file:///w/proj/src/environment.py", False),
+    ("file:///w/proj/tokenizer.py", False), ("file:///w/proj/keys.py", False),
+])
+def test_secret_patterns(uri: str, refused: bool) -> None:
+    from soldaemon.sensitive import ContextPolicy
+
+    assert (ContextPolicy().refusal(uri) is not None) == refused
+
+
+def test_policy_folders_and_globs() -> None:
+    from soldaemon.sensitive import ContextPolicy
+
+    inside = ContextPolicy(("/w/proj",))
+    assert inside.allows("file:///w/proj/a.py") and not inside.allows("file:///w/project2/a.py")
+    assert not ContextPolicy(()).allows("file:///w/proj/a.py")        # every folder closed
+    assert ContextPolicy(include=(".env.example",)).allows("file:///w/.env.example")
+    assert not ContextPolicy(exclude=("*.generated.py",)).allows("file:///w/x.generated.py")
+    assert ContextPolicy().may_complete("untitled:Untitled-1") and not ContextPolicy().allows("untitled:Untitled-1")
