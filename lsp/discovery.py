@@ -36,7 +36,8 @@ from typing import Sequence
 from soldaemon.auth import read_token
 from soldaemon.config import load_config
 from soldaemon.paths import state_dir
-from soldaemon.statefiles import read_daemon_record
+from soldaemon.errors import ConfigError
+from soldaemon.statefiles import check_private_dir, read_daemon_record
 
 from lsp.settings import Settings
 
@@ -143,13 +144,19 @@ class DaemonLauncher:
         t0 = time.perf_counter()
         try:
             log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            check_private_dir(log_path.parent)   # a planted daemon.log link must not be followed
+            fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o600)
             try:
                 self.proc = subprocess.Popen(
                     self.argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT,
                     start_new_session=True, close_fds=True)
             finally:
                 os.close(fd)
+        except ConfigError as exc:
+            self.error = f"cannot start the daemon: {exc.message} ({exc.hint})"
+            log.error("%s", self.error)
+            self.started_at = time.monotonic()
+            return False
         except OSError as exc:
             self.error = f"cannot start the daemon ({self.argv[0]}): {exc.strerror or exc}"
             log.error("%s", self.error)

@@ -140,3 +140,23 @@ def test_a_private_key_is_never_read_as_a_token(tmp_path: Path) -> None:
     os.chmod(key, 0o600)
     with pytest.raises(ConfigError, match="no valid token"):
         read_token(key)
+
+
+@pytest.mark.parametrize("dir_mode", [0o777, 0o700])
+def test_sol_lsp_never_follows_a_planted_daemon_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    dir_mode: int) -> None:
+    """sol-lsp's launcher appends the daemon's output to ``daemon.log`` in
+    the state dir: a planted link there must not make it write elsewhere."""
+    from lsp.discovery import DaemonLauncher
+
+    state = tmp_path / "state"
+    state.mkdir()
+    os.chmod(state, dir_mode)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    (state / "daemon.log").symlink_to(victim)
+    monkeypatch.setenv("SOLDAEMON_STATE_DIR", str(state))
+    marker = tmp_path / "ran"
+    launcher = DaemonLauncher(["sh", "-c", f"echo ran > {marker}; echo output"])
+    assert launcher.start() is False
+    assert launcher.error is not None and victim.read_text() == "keep me\n" and not marker.exists()
