@@ -117,7 +117,7 @@ def tokenizer_dir(path: str | None, *, progress: bool = True) -> tuple[Path, str
     if path is None:
         gguf = assemble_gguf(root / "gguf" / f"{QWEN25_CODER_05B.name}.gguf", progress=progress)
         name = f"{QWEN25_CODER_05B.name}-{QWEN25_CODER_05B.sha256[:12]}"
-        if is_complete(root / name):
+        if _usable(root / name):
             return root / name, QWEN25_CODER_05B.name
         return _gguf_tokenizer(gguf, root / "tokenizers" / name), QWEN25_CODER_05B.name
     p = Path(path).expanduser()
@@ -129,15 +129,15 @@ def tokenizer_dir(path: str | None, *, progress: bool = True) -> tuple[Path, str
     if p.suffix.lower() != ".gguf":
         raise ModelError(f"tokenizer path '{p}' is neither a directory nor a .gguf file")
     name = _gguf_cache_name(p)
-    if is_complete(root / name):
+    if _usable(root / name):
         return root / name, p.stem
     return _gguf_tokenizer(p, root / "tokenizers" / name), p.stem
 
 
 def _gguf_tokenizer(gguf: Path, dest: Path) -> Path:
     """Read the tokenizer of ``gguf`` and save it to ``dest`` atomically
-    (a complete ``dest`` is returned as is)."""
-    if is_complete(dest):
+    (a complete ``dest`` whose files match its marker is returned as is)."""
+    if _usable(dest):
         return dest
     import transformers
 
@@ -180,6 +180,11 @@ def is_complete(directory: Path) -> bool:
         return json.loads(marker.read_text()).get("format") == CACHE_FORMAT
     except (OSError, ValueError):
         return False
+
+
+def _usable(directory: Path) -> bool:
+    """Complete, and its files match the marker's sizes and sampled hashes."""
+    return is_complete(directory) and integrity.quick_check(directory) is None
 
 
 def convert_gguf(gguf: Path, dest: Path, *, progress: bool = True) -> Path:
