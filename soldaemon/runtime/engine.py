@@ -22,7 +22,15 @@ from ..config import Config, effective_precision
 from ..errors import BadRequest, ConfigError, ModelError
 from ..fim import FimPrompt, FimTemplate, WindowMemo, detect_template, make_prompt
 from ..model.loader import LoadedModel, load_model
-from ..pipeline import LeadAnchors, build_fim_prompt, context_selector, remember, type_through, validate_request
+from ..pipeline import (
+    LeadAnchors,
+    Shown,
+    build_fim_prompt,
+    context_selector,
+    remember,
+    type_through,
+    validate_request,
+)
 from ..pipeline import preview as _preview  # the hold-back rule, shared with the remote engine
 from ..postprocess import StopChecker, decide_multiline, postprocess
 from .backend import LEAN_ARCHITECTURES, Backend, LeanBackend, make_backend
@@ -105,8 +113,8 @@ class LocalEngine:
                 raise ConfigError(f"sol.memory_budget: {exc}",
                                   hint="raise sol.memory_budget, or lower model.max_context, model.kv_sessions "
                                        "or sol.prefetch_depth") from None
-        # uri → (prefix, suffix, completion) of the last completion, for type-through
-        self._shown: dict[str, tuple[str, str, str]] = {}
+        # uri → the last completion and its prompt inputs, for type-through (pipeline.Shown)
+        self._shown: Shown = {}
         self.graphs: GraphDecoder | None = None   # CUDA-graph decode steps (warmup() sets it up on CUDA)
         # a superseded generation kept for the next keystroke (see _resume)
         self._parked: _Run | None = None
@@ -538,7 +546,7 @@ class _Run:
         produced, other sampling, or a KV cache used since."""
         old = self.req
         if (req.uri != old.uri or req.suffix != old.suffix or req.n != 1 or req.temperature > 0
-                or req.context != old.context or req.multiline != old.multiline
+                or req.context != old.context or req.multiline != old.multiline or req.language != old.language
                 or session is None or session is not self.session or session.version != self.session_version):
             return None
         if not req.prefix.startswith(old.prefix):
