@@ -22,6 +22,9 @@ Contracts of :meth:`Completer.suggest`:
 - typing through a suggestion (the new text is the old prefix plus a start of
   an item, the suffix unchanged) is answered from the previous answer,
   without a daemon round trip — the item stays on screen, no flicker;
+- nothing is asked for a document the context policy refuses (a secret
+  file, a file outside the workspace folders) unless
+  ``complete_in_secret_files``: its text never leaves the editor;
 - cancellation of the calling task propagates (the daemon-side cancel is sent
   by :meth:`DaemonClient.complete`'s ``finally``).
 """
@@ -144,6 +147,10 @@ class Completer:
 
     # -- completions ---------------------------------------------------------------
 
+    def may_send(self, uri: str) -> bool:
+        """May text of ``uri`` go to the daemon for a completion or a warm?"""
+        return self.settings.complete_in_secret_files or self.ring.policy.may_complete(uri)
+
     async def suggest(self, uri: str, position: types.Position, *, automatic: bool,
                       tag: str | None = None) -> Suggestion | None:
         """See the module contract. ``tag`` is the editor's request id (for
@@ -152,6 +159,9 @@ class Completer:
         doc = self.documents.get(uri)
         if doc is None:
             log.info("lsp %s: %s is not open; nothing to complete", tag, uri)
+            return None
+        if not self.may_send(uri):
+            log.info("lsp %s: not completing in %s (%s)", tag, uri, self.ring.policy.refusal(uri))
             return None
         offset = self.documents.offset_at(doc, position)
         version = doc.version
@@ -273,7 +283,7 @@ class Completer:
             await asyncio.sleep(self.settings.warm_delay_ms / 1000)
             doc = self.documents.get(uri)
             seen = self._seen.get(uri)
-            if doc is None or doc.version != version:
+            if doc is None or doc.version != version or not self.may_send(uri):
                 return
             if moved:
                 if seen is None or seen.offset != offset or self._generation.get(uri) != generation:

@@ -20,7 +20,10 @@ Contracts:
   ``max_chunks`` chunks, each at most ``max_chunk_chars`` and together at
   most ``max_total_chars`` characters, and skips whitespace-only chunks;
 - the order is stable while only the current document is edited, so the
-  daemon's prompt (context before the prefix) keeps its KV-cache prefix.
+  daemon's prompt (context before the prefix) keeps its KV-cache prefix;
+- a document the :class:`~soldaemon.sensitive.ContextPolicy` refuses (a
+  secret file, a file outside the workspace folders, an untitled buffer) is
+  never anchored, so its text is never sent.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import time
 from dataclasses import dataclass
 
 from soldaemon.api import ContextChunk
+from soldaemon.sensitive import ContextPolicy
 
 from lsp.documents import DocumentStore
 
@@ -46,20 +50,27 @@ class ContextRing:
     """Recently edited and opened spots, newest last."""
 
     def __init__(self, *, max_entries: int = 16, max_chunks: int = 8, chunk_lines: int = 40,
-                 max_chunk_chars: int = 24000, max_total_chars: int = 64000) -> None:
+                 max_chunk_chars: int = 24000, max_total_chars: int = 64000,
+                 policy: ContextPolicy | None = None) -> None:
         self.max_entries = max(0, max_entries)
         self.max_chunks = max(0, min(max_chunks, 32))  # protocol: at most 32 chunks
         self.chunk_lines = max(2, chunk_lines)
         self.max_chunk_chars = max(1, max_chunk_chars)
         self.max_total_chars = max(0, max_total_chars)
         self._anchors: list[_Anchor] = []
+        self.policy = policy or ContextPolicy()
 
     def __len__(self) -> int:
         return len(self._anchors)
 
+    def set_policy(self, policy: ContextPolicy) -> None:
+        """A new rule (the workspace folders changed): forget what it refuses."""
+        self.policy = policy
+        self._anchors = [a for a in self._anchors if policy.allows(a.uri)]
+
     def touch(self, uri: str, line: int) -> None:
         """Record activity at ``line`` of ``uri`` (an edit, or an open at 0)."""
-        if self.max_entries == 0:
+        if self.max_entries == 0 or not self.policy.allows(uri):
             return
         half = self.chunk_lines // 2
         for index, anchor in enumerate(self._anchors):
@@ -75,7 +86,7 @@ class ContextRing:
     def opened(self, uri: str, store: DocumentStore) -> None:
         """A document was (re)opened: drop stale snapshots, anchor its head."""
         self._anchors = [a for a in self._anchors if not (a.uri == uri and a.snapshot is not None)]
-        if store.get(uri) is not None:
+        if store.get(uri) is not None and self.policy.allows(uri):
             self.touch(uri, 0)
             self._anchors[-1].whole = True
 

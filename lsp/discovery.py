@@ -5,7 +5,10 @@ that a daemon restarted on another port is found again:
 
 1. ``url`` from the settings, when given;
 2. else the running daemon's record, ``daemon.json`` in the state directory
-   (written by ``soldaemon serve`` once ready; ignored when its pid is gone);
+   (written by ``soldaemon serve`` once ready; ignored when its pid is gone;
+   refused when another user could have written it, or it names a
+   non-loopback URL without ``server.allow_remote`` — see
+   :mod:`soldaemon.statefiles`);
 3. else ``server.host``/``server.port`` of sol_config.yaml.
 
 The token comes from the settings' ``token_file``, else the record's, else
@@ -20,8 +23,6 @@ daemon prepares its model, for at most ``timeout_s``.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
 import shutil
@@ -32,11 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-import psutil
-
 from soldaemon.auth import read_token
 from soldaemon.config import load_config
 from soldaemon.paths import state_dir
+from soldaemon.errors import ConfigError
+from soldaemon.statefiles import check_private_dir, read_daemon_record
 
 from lsp.settings import Settings
 
@@ -55,30 +56,6 @@ class Target:
     pid: int | None = None
 
 
-@dataclass(frozen=True)
-class DaemonRecord:
-    url: str
-    token_path: Path
-    pid: int
-
-
-def daemon_record_path() -> Path:
-    """The running daemon's record (kept in step with soldaemon.server)."""
-    from soldaemon.server import _daemon_file
-
-    return _daemon_file()
-
-
-def read_daemon_record() -> DaemonRecord | None:
-    """The record of a daemon whose process still exists, else ``None``."""
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        record = json.loads(daemon_record_path().read_text())
-        pid = int(record["pid"])
-        if psutil.pid_exists(pid):
-            return DaemonRecord(str(record["url"]), Path(record["token_file"]), pid)
-    return None
-
-
 def _ws_url(host: str, port: int) -> str:
     return f"ws://[{host}]:{port}" if ":" in host else f"ws://{host}:{port}"
 
@@ -87,7 +64,7 @@ def resolve_target(settings: Settings) -> Target:
     """See the module docstring. Raises :class:`soldaemon.errors.Unavailable`
     when there is no token file (no daemon ever started) and
     :class:`soldaemon.errors.ConfigError` for a bad config or token file."""
-    record = None if settings.url else read_daemon_record()
+    record = None if settings.url else read_daemon_record(allow_remote=load_config(settings.config).server.allow_remote)
     token_path = settings.token_file
     if settings.url:
         url, source, pid = settings.url, "settings", None
@@ -167,13 +144,19 @@ class DaemonLauncher:
         t0 = time.perf_counter()
         try:
             log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            check_private_dir(log_path.parent)   # a planted daemon.log link must not be followed
+            fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o600)
             try:
                 self.proc = subprocess.Popen(
                     self.argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT,
                     start_new_session=True, close_fds=True)
             finally:
                 os.close(fd)
+        except ConfigError as exc:
+            self.error = f"cannot start the daemon: {exc.message} ({exc.hint})"
+            log.error("%s", self.error)
+            self.started_at = time.monotonic()
+            return False
         except OSError as exc:
             self.error = f"cannot start the daemon ({self.argv[0]}): {exc.strerror or exc}"
             log.error("%s", self.error)

@@ -35,15 +35,19 @@ LSP surface (docs/editors.md has the editor set-ups):
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
+import threading
 import time
-from typing import Any, Sequence
+from typing import Any, BinaryIO, Generator, Sequence
 
 import attrs
 from lsprotocol import types
-from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
+from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams, JsonRpcInvalidRequest
+from pygls.io_ import StdinAsyncReader, StdoutWriter
 from pygls.lsp.server import LanguageServer
+from pygls.protocol import LanguageServerProtocol, lsp_method
 
 from soldaemon import __version__
 from soldaemon.protocol import CompletionEvent
@@ -53,7 +57,9 @@ from lsp.context import ContextRing
 from lsp.daemon_client import DaemonClient, StatusUpdate
 from lsp.discovery import DaemonLauncher, default_daemon_command, resolve_target
 from lsp.documents import DocumentStore, normalize_encoding, units
+from lsp.framing import run_strict
 from lsp.settings import Launch, Settings, SettingsError, parse_args
+from soldaemon.sensitive import ContextPolicy, folder_paths
 
 log = logging.getLogger("sol.lsp")
 
@@ -107,12 +113,28 @@ class StatusReporter:
                         "sol-lsp keeps retrying in the background."))
 
 
+class SolProtocol(LanguageServerProtocol):
+    """pygls' protocol with one change: ``initialize`` is answered once per
+    process. A second one is refused (InvalidRequest) before it can replace
+    the client's capabilities, workspace folders or settings."""
+
+    _initialized_once = False
+
+    @lsp_method(types.INITIALIZE)
+    def lsp_initialize(self, params: types.InitializeParams) -> Generator[Any, Any, types.InitializeResult]:
+        if self._initialized_once:
+            log.warning("refused a second initialize request")
+            raise JsonRpcInvalidRequest("initialize was already received; a server is initialized once")
+        self._initialized_once = True
+        return (yield from super().lsp_initialize(params))
+
+
 class SolLanguageServer(LanguageServer):
     """The server object; the feature handlers are registered by
     :func:`build_server`."""
 
     def __init__(self, settings: Settings) -> None:
-        super().__init__("sol-lsp", __version__,
+        super().__init__("sol-lsp", __version__, protocol_cls=SolProtocol,
                          text_document_sync_kind=types.TextDocumentSyncKind.Incremental)
         self.settings = settings
         self.documents = DocumentStore()
@@ -121,10 +143,26 @@ class SolLanguageServer(LanguageServer):
         self.daemon: DaemonClient | None = None
         self.completer: Completer | None = None
         self.reporter = StatusReporter(self)
+        self.policy = ContextPolicy()  # what may be sent; set from the workspace folders in initialize
 
     def report_server_error(self, error: Exception, source: Any) -> None:
         """Log only: errors must never become a stream of pop-ups."""
         log.error("server error (%s): %s", getattr(source, "__name__", source), error)
+
+    def start_io(self, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> None:
+        """Serve LSP on stdin/stdout with the strict reader
+        (:mod:`lsp.framing`) instead of pygls' lenient one."""
+        self._stop_event = stop = threading.Event()
+        self.protocol.set_writer(StdoutWriter(stdout or sys.stdout.buffer))
+        reader = StdinAsyncReader(stdin or sys.stdin.buffer, self.thread_pool)
+        try:
+            asyncio.run(run_strict(stop, reader, self.protocol, log, self.report_server_error))
+        except BrokenPipeError:
+            log.error("the client went away")
+        except (KeyboardInterrupt, SystemExit):
+            pass
+        finally:
+            self.shutdown()
 
     # -- set-up --------------------------------------------------------------------
 
@@ -137,8 +175,11 @@ class SolLanguageServer(LanguageServer):
         except SettingsError as exc:
             raise JsonRpcInvalidParams(f"initializationOptions: {exc}") from None
         if unknown:
-            log.warning("ignoring unknown initializationOptions: %s", ", ".join(sorted(unknown)))
+            log.warning("ignoring initializationOptions: %s", ", ".join(sorted(unknown)))
         self.settings = settings
+        folders = [f.uri for f in params.workspace_folders or ()] or \
+            ([params.root_uri] if params.root_uri else [])
+        self.set_policy(folders if folders or params.workspace_folders is not None else None)
         self.documents.encoding = normalize_encoding(self.workspace.position_encoding)
         text_caps = params.capabilities.text_document
         self.client_has_inline = bool(text_caps and text_caps.inline_completion is not None)
@@ -148,6 +189,16 @@ class SolLanguageServer(LanguageServer):
         log.info("initialize: %s, position encoding %s, inline completion %s", client,
                  self.documents.encoding, "yes" if self.client_has_inline else "no")
         self.start_daemon_client()
+
+    def set_policy(self, folder_uris: Sequence[str] | None) -> None:
+        """What may be sent: files inside ``folder_uris`` (``None``: the
+        editor named no folder, no containment rule) that match no secret
+        pattern (soldaemon.sensitive), with the include/exclude globs."""
+        s = self.settings
+        folders = folder_paths(folder_uris) if folder_uris is not None else None
+        self.policy = ContextPolicy(folders, s.context_include, s.context_exclude)
+        if self.completer is not None:
+            self.completer.ring.set_policy(self.policy)
 
     def start_daemon_client(self) -> None:
         """Create the daemon client and the completer, and start connecting
@@ -166,7 +217,7 @@ class SolLanguageServer(LanguageServer):
             connect_timeout_s=s.connect_timeout_ms / 1000, failure_message_after_s=s.failure_message_after_s,
             slow_ms=s.slow_ms)
         ring = ContextRing(max_entries=max(16, 2 * s.context_chunks), max_chunks=s.context_chunks,
-                           chunk_lines=s.context_lines)
+                           chunk_lines=s.context_lines, policy=self.policy)
         self.completer = Completer(s, self.documents, ring, self.daemon)
         self.daemon.start()
 
@@ -295,6 +346,10 @@ def build_server(settings: Settings) -> SolLanguageServer:
     async def shutdown(ls: SolLanguageServer, params: Any) -> None:
         await ls.stop_daemon_client()
 
+    @server.feature(types.WORKSPACE_DID_CHANGE_WORKSPACE_FOLDERS)
+    def folders_changed(ls: SolLanguageServer, params: types.DidChangeWorkspaceFoldersParams) -> None:
+        ls.set_policy([f.uri for f in ls.workspace.folders.values()])
+
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     def did_open(ls: SolLanguageServer, params: types.DidOpenTextDocumentParams) -> None:
         doc = ls.documents.open(params.text_document)
@@ -363,16 +418,12 @@ def _setup_logging(launch: Launch) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``sol-lsp [--stdio | --tcp HOST:PORT] [options]``; see ``--help``."""
+    """``sol-lsp [--stdio] [options]``; see ``--help``."""
     launch = parse_args(argv)
     _setup_logging(launch)
     server = build_server(launch.settings)
-    log.info("sol-lsp %s starting (%s)", __version__,
-             f"tcp {launch.tcp[0]}:{launch.tcp[1]}" if launch.tcp else "stdio")
-    if launch.tcp:
-        server.start_tcp(*launch.tcp)
-    else:
-        server.start_io()
+    log.info("sol-lsp %s starting (stdio)", __version__)
+    server.start_io()
     return 0
 
 

@@ -9,6 +9,13 @@ Contract: :func:`parse_args` and :func:`Settings.with_options` validate every
 value and raise :class:`SettingsError` (a ``ValueError``) naming the option and
 the expected value; unknown ``initializationOptions`` keys are returned as
 warnings, not errors (a newer editor plugin may send more).
+
+Launch-only options (``Option.launch_only``: where the daemon is, its token,
+the config file, whether and how to start a daemon, what context may widen
+the secret-file rule) are taken from the command line only — the user's own
+editor configuration — never from ``initializationOptions``, which a
+project's settings can set: a client naming them gets them ignored, with a
+warning (docs/security.md).
 """
 
 from __future__ import annotations
@@ -54,6 +61,9 @@ class Settings:
     # Context and warm-up
     context_chunks: int = 8                 # 0: send no extra context
     context_lines: int = 40
+    context_include: tuple[str, ...] = ()   # globs sent even if they match a secret pattern
+    context_exclude: tuple[str, ...] = ()   # globs never sent, on top of the secret patterns
+    complete_in_secret_files: bool = False  # complete inside files the context rule refuses
     warm: bool = True
     warm_delay_ms: float = 250.0            # idle time after an edit before a warm
     # Status and reconnection
@@ -65,21 +75,24 @@ class Settings:
 
     def with_options(self, options: Mapping[str, Any] | None) -> tuple[Settings, list[str]]:
         """These settings with ``initializationOptions`` applied; also the
-        list of ignored (unknown) keys."""
+        list of ignored keys: unknown ones, and launch-only ones (named
+        ``"<key> (command line only)"``)."""
         if not options:
             return self, []
         if not isinstance(options, Mapping):
             raise SettingsError("initializationOptions must be an object")
         changes: dict[str, Any] = {}
-        unknown: list[str] = []
+        ignored: list[str] = []
         by_key = {opt.key: opt for opt in OPTIONS}
         for key, value in options.items():
             opt = by_key.get(key)
             if opt is None:
-                unknown.append(key)
-                continue
-            changes[opt.field] = opt.parse(value, key)
-        return dataclasses.replace(self, **changes), unknown
+                ignored.append(key)
+            elif opt.launch_only:
+                ignored.append(f"{key} (command line only)")
+            else:
+                changes[opt.field] = opt.parse(value, key)
+        return dataclasses.replace(self, **changes), ignored
 
 
 # --------------------------------------------------------------------------
@@ -151,6 +164,17 @@ def _argv(value: Any, name: str) -> tuple[str, ...]:
     return tuple(parts)
 
 
+def _globs(value: Any, name: str) -> tuple[str, ...]:
+    """A list of globs, or one comma-separated string of them."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return tuple(p.strip() for p in value.split(",") if p.strip())
+    if isinstance(value, (list, tuple)) and all(isinstance(p, str) and p for p in value):
+        return tuple(value)
+    raise SettingsError(f"{name}: expected a list of glob patterns")
+
+
 def _choice(*choices: str) -> Callable[[Any, str], str]:
     def parse(value: Any, name: str) -> str:
         if value not in choices:
@@ -166,15 +190,20 @@ class Option:
     flag: str                      # command-line flag
     parse: Callable[[Any, str], Any]
     help: str
+    launch_only: bool = False      # command line only, never from initializationOptions
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("url", "url", "--url", _url, "the daemon's ws:// URL (default: the running daemon's, else sol_config.yaml)"),
-    Option("token_file", "tokenFile", "--token-file", _path, "the daemon's token file (default: the running daemon's)"),
-    Option("config", "config", "--config", _text, "sol_config.yaml to read server.host/port/token_file from"),
-    Option("start_daemon", "startDaemon", "--start-daemon", _bool, "start `soldaemon serve` when no daemon answers"),
+    Option("url", "url", "--url", _url, "the daemon's ws:// URL (default: the running daemon's, else sol_config.yaml)",
+           launch_only=True),
+    Option("token_file", "tokenFile", "--token-file", _path, "the daemon's token file (default: the running daemon's)",
+           launch_only=True),
+    Option("config", "config", "--config", _text, "sol_config.yaml to read server.host/port/token_file from",
+           launch_only=True),
+    Option("start_daemon", "startDaemon", "--start-daemon", _bool, "start `soldaemon serve` when no daemon answers",
+           launch_only=True),
     Option("daemon_command", "daemonCommand", "--daemon-command", _argv,
-           "the command that starts the daemon (default: soldaemon serve)"),
+           "the command that starts the daemon (default: soldaemon serve)", launch_only=True),
     Option("start_timeout_s", "startTimeoutS", "--start-timeout-s", _number(1, 3600),
            "seconds a started daemon may take to become ready"),
     Option("debounce_ms", "debounceMs", "--debounce-ms", _number(0, 2000),
@@ -195,6 +224,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("context_chunks", "contextChunks", "--context-chunks", _number(0, 32, integer=True),
            "chunks of other recently edited/open documents sent as context"),
     Option("context_lines", "contextLines", "--context-lines", _number(2, 400, integer=True), "lines per chunk"),
+    Option("context_include", "contextInclude", "--context-include", _globs,
+           "globs sent as context although they match a secret-file pattern", launch_only=True),
+    Option("context_exclude", "contextExclude", "--context-exclude", _globs,
+           "globs never sent as context (on top of the secret-file patterns)"),
+    Option("complete_in_secret_files", "completeInSecretFiles", "--complete-in-secret-files", _bool,
+           "complete inside files that may not be sent as context (.env, keys, outside the workspace)",
+           launch_only=True),
     Option("warm", "warm", "--warm", _bool, "prefill the daemon's cache in the background after edits"),
     Option("warm_delay_ms", "warmDelayMs", "--warm-delay-ms", _number(0, 60_000),
            "idle time after an edit before the background warm"),
@@ -214,7 +250,6 @@ class Launch:
     """How sol-lsp itself runs (command line only)."""
 
     settings: Settings
-    tcp: tuple[str, int] | None = None      # None: stdio
     log_level: str = "info"
     log_file: Path | None = None
 
@@ -225,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Language server for soldaemon: inline completions (LSP 3.18) and plain completions "
                     "from the local daemon. Speaks LSP on stdio unless --tcp is given.")
     parser.add_argument("--stdio", action="store_true", help="speak LSP on stdin/stdout (the default)")
-    parser.add_argument("--tcp", metavar="HOST:PORT", help="listen for one LSP client on a TCP port instead")
+    parser.add_argument("--tcp", metavar="HOST:PORT", help=argparse.SUPPRESS)  # removed: see parse_args
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.add_argument("--log-file", help="append logs here instead of stderr")
     for opt in OPTIONS:
@@ -247,13 +282,13 @@ def parse_args(argv: Sequence[str] | None = None) -> Launch:
             value = getattr(args, opt.field)
             if value is not None:
                 changes[opt.field] = opt.parse(value, opt.flag)
-        tcp: tuple[str, int] | None = None
         if args.tcp:
-            host, sep, port = args.tcp.rpartition(":")
-            if not sep or not port.isdigit():
-                raise SettingsError(f"--tcp: expected HOST:PORT, got {args.tcp!r}")
-            tcp = (host or "127.0.0.1", int(port))
+            # An unauthenticated TCP listener let anyone who could reach the
+            # port drive the server; no editor set-up needs it (all start
+            # sol-lsp over stdio), so it is gone rather than guarded.
+            raise SettingsError("--tcp was removed: a TCP listener has no way to authenticate its client; "
+                                "start sol-lsp over stdio (the default), as every editor set-up does")
     except SettingsError as exc:
         parser.error(str(exc))
-    return Launch(Settings(**changes), tcp, args.log_level,
+    return Launch(Settings(**changes), args.log_level,
                   Path(args.log_file).expanduser() if args.log_file else None)

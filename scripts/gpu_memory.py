@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from soldaemon.model.loader import load_model  # noqa: E402
 from soldaemon.runtime.backend import LeanBackend  # noqa: E402
-from soldaemon.runtime.engine import choose_kernels  # noqa: E402
+from soldaemon.runtime.precision import choose_kernels  # noqa: E402
 from soldaemon.runtime.kvfold import block_scores, fold, unfold  # noqa: E402
 from soldaemon.runtime.residency import PrefetchStats, WeightStore, measure_copy_bandwidth  # noqa: E402
 

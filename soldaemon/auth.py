@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hmac
 import os
+import re
 import secrets
 import stat
 from pathlib import Path
@@ -25,9 +26,11 @@ from typing import Sequence
 
 from soldaemon.config import is_loopback_host
 from soldaemon.errors import ConfigError, Unavailable
+from soldaemon.handshake import host_is_loopback
+from soldaemon.statefiles import check_private_dir
 
 TOKEN_BYTES = 32  # random bytes; the file holds their URL-safe base64 (43 chars)
-_MIN_TOKEN_CHARS = 32
+_TOKEN_CHARS = re.compile(r"[A-Za-z0-9_\-]{32,512}")
 
 
 def check_bind(host: str, allow_remote: bool) -> None:
@@ -66,7 +69,9 @@ def _check_token_file(path: Path) -> str:
             hint=f"delete {path} (a new token is made at the next start) or run: chmod 600 {path}",
         )
     token = path.read_text(encoding="ascii", errors="replace").strip()
-    if len(token) < _MIN_TOKEN_CHARS:
+    # a token is one line of URL-safe base64: a private key or any other
+    # private file named as the token file is never sent as one
+    if not _TOKEN_CHARS.fullmatch(token):
         raise ConfigError(f"token file {path} holds no valid token",
                           hint=f"delete {path}; a new token is made at the next start")
     return token
@@ -87,6 +92,11 @@ def load_or_create_token(path: Path) -> str:
         pass
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create the token file's directory {path.parent}: {exc.strerror or exc}",
+                          hint="check that the state directory is writable, or set server.token_file") from None
+    check_private_dir(path.parent)
+    try:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
         try:
@@ -149,14 +159,7 @@ def host_header_ok(host_header: str | None, listening_on_loopback: bool) -> bool
     it. Anything goes when remote access is on (the token still applies)."""
     if not listening_on_loopback:
         return True
-    if not host_header:
-        return False
-    host = host_header.strip()
-    if host.startswith("["):
-        host = host[: host.find("]") + 1] if "]" in host else host
-    elif host.count(":") == 1:
-        host = host.split(":", 1)[0]
-    return is_loopback_host(host)
+    return host_is_loopback(host_header)
 
 
 def authorization_header(token: str) -> tuple[str, str]:

@@ -28,8 +28,11 @@ MAX_ANCHORS = 64         # documents whose anchor is remembered
 # them (trailing blanks, closers the suffix already has).
 HOLD_BACK = " \t)]}>\"'`;,"
 
-# uri → (prefix, suffix, completion) of the last completion shown there
-Shown = MutableMapping[str, tuple[str, str, str]]
+# uri → (prefix, suffix, completion, the other prompt inputs) of the last
+# completion shown there. The inputs (context, multiline, language) are part
+# of the key: a request from another client with other context for the same
+# uri must not be answered with text made from this one's context.
+Shown = MutableMapping[str, tuple[str, str, str, tuple[Any, ...]]]
 MAX_SHOWN = 64  # documents remembered for type-through
 
 
@@ -169,14 +172,20 @@ class Previewer:
         return ""
 
 
+def prompt_inputs(req: CompletionRequest) -> tuple[Any, ...]:
+    """What besides the prefix and suffix shapes a completion's prompt."""
+    return (req.context, req.multiline, req.language)
+
+
 def type_through(shown: Shown, req: CompletionRequest) -> str | None:
     """The rest of the last completion for this document when the user
-    typed its beginning (same suffix, greedy, one candidate), else None."""
+    typed its beginning (same suffix and other prompt inputs, greedy, one
+    candidate), else None."""
     last = shown.get(req.uri)
     if last is None or req.n != 1 or req.temperature > 0:
         return None
-    prefix, suffix, text = last
-    if req.suffix != suffix or not req.prefix.startswith(prefix):
+    prefix, suffix, text, inputs = last
+    if req.suffix != suffix or inputs != prompt_inputs(req) or not req.prefix.startswith(prefix):
         return None
     typed = req.prefix[len(prefix):]
     if not typed or not text.startswith(typed) or len(typed) >= len(text):
@@ -190,7 +199,7 @@ def remember(shown: Shown, req: CompletionRequest, text: str) -> None:
     most :data:`MAX_SHOWN` documents)."""
     shown.pop(req.uri, None)
     if text:
-        shown[req.uri] = (req.prefix, req.suffix, text)
+        shown[req.uri] = (req.prefix, req.suffix, text, prompt_inputs(req))
         while len(shown) > MAX_SHOWN:
             shown.pop(next(iter(shown)))
 

@@ -60,6 +60,7 @@ from .pipeline import (
     validate_request,
 )
 from .postprocess import StopChecker, decide_multiline, postprocess
+from .sensitive import outbound
 
 log = logging.getLogger("soldaemon.remote")
 
@@ -752,6 +753,8 @@ class RemoteEngine:
     # -- stages --------------------------------------------------------------
 
     def build_prompt(self, req: CompletionRequest) -> tuple[FimPrompt, float]:
+        """The prompt sent upstream; secret files never are (soldaemon.sensitive)."""
+        req = outbound(req)
         return build_fim_prompt(self.template, self.tokenizer, self.config.model, req,
                                 self.config.model.max_context, selector=self.context_selector)
 

@@ -52,7 +52,7 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.http11 import Request, Response
 
-from soldaemon import __version__
+from soldaemon import __version__, statefiles
 from soldaemon.ahead import Ahead
 from soldaemon.api import CancelToken, CompletionRequest, Delta, Done, Engine, FinishReason, Timings
 from soldaemon.auth import (
@@ -66,6 +66,9 @@ from soldaemon.auth import (
 )
 from soldaemon.config import is_loopback_host
 from soldaemon.errors import Busy, ModelError, SolError, Unavailable
+from soldaemon.fairness import allowed_priority, over_share, release_memory
+from soldaemon.fairqueue import FairQueue
+from soldaemon.handshake import RefusalLog, duplicated
 from soldaemon.metrics import Metrics
 from soldaemon.paths import state_dir
 from soldaemon.protocol import (
@@ -128,6 +131,8 @@ class ServerSettings:
     max_in_flight_per_connection: int = 32
     max_in_flight: int = 256
     max_outbox_frames: int = 20_000                # unread frames before a connection is closed
+    max_outbox_bytes: int = 8 * 1024 * 1024        # unread bytes before a connection is closed
+    max_connections: int = 64                      # more are refused (503) at the handshake
 
     @classmethod
     def from_config(cls, server: ServerConfig) -> ServerSettings:
@@ -163,14 +168,15 @@ class Job:
     request: CompletionRequest
     deliver: Callable[[Job, Delta | Done | ErrorFrame], None]
     arrival_ns: int = 0                                            # time.time_ns() at arrival
+    owner: int = 0                                                 # the connection's id (fair queueing)
     cancel: CancelToken = field(default_factory=CancelToken)
     state: Literal["queued", "running", "finished"] = "queued"
 
     @classmethod
     def arrive(cls, kind: JobKind, request: CompletionRequest,
-               deliver: Callable[[Job, Delta | Done | ErrorFrame], None]) -> Job:
+               deliver: Callable[[Job, Delta | Done | ErrorFrame], None], owner: int = 0) -> Job:
         stamped = dataclasses.replace(request, received_ns=time.perf_counter_ns())
-        return cls(kind, stamped, deliver, arrival_ns=time.time_ns())
+        return cls(kind, stamped, deliver, arrival_ns=time.time_ns(), owner=owner)
 
     @property
     def id(self) -> str:
@@ -196,9 +202,9 @@ class Worker:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._queue: queue.PriorityQueue[tuple[int, int, Job | None]] = queue.PriorityQueue()
+        # priority classes; round-robin between connections inside one (soldaemon.fairqueue)
+        self._queue: FairQueue[Job] = FairQueue()
         self._lock = threading.Lock()
-        self._seq = itertools.count()
         self._queued = 0
         self._thread: threading.Thread | None = None
         self.engine: Engine | None = None
@@ -229,7 +235,7 @@ class Worker:
         with self._lock:
             self._queued += 1
         self.ahead.preempt()        # any request outranks speculation
-        self._queue.put((_PRIORITY[(job.kind, job.request.priority)], next(self._seq), job))
+        self._queue.put(_PRIORITY[(job.kind, job.request.priority)], job.owner, job)
 
     def withdraw(self, job: Job, reason: FinishReason) -> None:
         """Cancel ``job`` for ``reason`` (cancelled or superseded). A queued
@@ -248,7 +254,7 @@ class Worker:
         """Stop the thread after the job it is running (call after every job
         was withdrawn)."""
         self.ahead.preempt()
-        self._queue.put((-1, -1, None))
+        self._queue.close()
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -259,7 +265,7 @@ class Worker:
     def _serve(self, engine: Engine) -> None:
         while True:
             try:
-                _, _, job = self._queue.get(block=not self.ahead.pending)
+                job = self._queue.get(block=not self.ahead.pending)
             except queue.Empty:     # idle with a speculation pending
                 self.ahead.run(engine)
                 continue
@@ -376,6 +382,7 @@ class Connection:
         self.jobs: dict[str, Job] = {}
         self.open = True
         self._outbox: asyncio.Queue[str] = asyncio.Queue()
+        self._outbox_bytes = 0                      # encoded size of the frames in _outbox
         self._closer: asyncio.Future[None] | None = None
         rate = daemon.settings.rate_limit_per_s
         self._bucket = TokenBucket(rate, max(1.0, 2.0 * rate))
@@ -398,6 +405,12 @@ class Connection:
             writer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await writer
+            piled_up = self._outbox_bytes
+            while not self._outbox.empty():      # drop what the client never read
+                self._outbox.get_nowait()
+            self._outbox_bytes = 0
+            if piled_up > 1024 * 1024:
+                release_memory()
 
     def send(self, msg: Delta | Done | ErrorFrame | Status) -> None:
         """Queue a frame for the writer. A client that lets more than
@@ -405,12 +418,17 @@ class Connection:
         (its work is then cancelled like any disconnect)."""
         if not self.open:
             return
-        if self._outbox.qsize() >= self.daemon.settings.max_outbox_frames:
-            log.warning("connection %d: the client is not reading its frames; closing it", self.cid)
+        frame = encode_server(msg)
+        settings = self.daemon.settings
+        if self._outbox.qsize() >= settings.max_outbox_frames or \
+                self._outbox_bytes + len(frame) > settings.max_outbox_bytes:
+            log.warning("connection %d: the client is not reading its frames (%d frames, %d bytes unread); "
+                        "closing it", self.cid, self._outbox.qsize(), self._outbox_bytes)
             self.open = False
             self._closer = asyncio.ensure_future(self.ws.close(1008, "client is not reading its messages"))
             return
-        self._outbox.put_nowait(encode_server(msg))
+        self._outbox_bytes += len(frame)
+        self._outbox.put_nowait(frame)
 
     async def flush(self, timeout: float) -> None:
         """Wait (bounded) until every queued frame was written."""
@@ -420,6 +438,7 @@ class Connection:
     async def _write(self) -> None:
         while True:
             frame = await self._outbox.get()
+            self._outbox_bytes -= len(frame)
             try:
                 await self.ws.send(frame)
             except ConnectionClosed:
@@ -470,13 +489,18 @@ class Connection:
         self.daemon.check_accepting()
         if req.id in self.jobs:
             raise DuplicateId("a request with this id is still in flight", request_id=req.id)
-        if len(self.jobs) >= self.daemon.settings.max_in_flight_per_connection or \
-                len(self.daemon.jobs) >= self.daemon.settings.max_in_flight:
+        limits = self.daemon.settings
+        if len(self.jobs) >= limits.max_in_flight_per_connection or len(self.daemon.jobs) >= limits.max_in_flight \
+                or over_share(len(self.jobs), len(self.daemon.jobs), self.daemon.active_connections(self.cid),
+                              limits.max_in_flight):
             raise Busy("too many requests in flight", hint="cancel or wait for earlier requests")
         for old in list(self.jobs.values()):
             if old.request.uri == req.uri and (kind == "complete" or old.kind == "warm"):
                 self.daemon.worker.withdraw(old, "superseded")
-        job = Job.arrive(kind, req, self.deliver)
+        high = sum(1 for j in self.jobs.values() if j.state == "queued" and j.request.priority == "high")
+        if req.priority == "high" and allowed_priority("high", high) != "high":
+            req = dataclasses.replace(req, priority="normal")
+        job = Job.arrive(kind, req, self.deliver, owner=self.cid)
         self.jobs[req.id] = job
         self.daemon.track(job)
         self.daemon.worker.submit(job)
@@ -524,6 +548,7 @@ class Daemon:
         self._started = time.monotonic()
         self.engine_info: dict[str, Any] = {}
         self._loopback = is_loopback_host(settings.host)
+        self.refusals = RefusalLog(log.warning)   # failed handshakes, logged in aggregate
         self.metrics = Metrics(self._live, self._engine_stats)
 
     # -- state --------------------------------------------------------------
@@ -572,6 +597,11 @@ class Daemon:
             self.metrics.record_error(job.kind, event.code)
             log.info("req conn=%d id=%s kind=%s outcome=error:%s total=%.1fms", conn.cid, job.id, job.kind,
                      event.code, job.age_ms())
+
+    def active_connections(self, asking: int) -> int:
+        """Connections with work in flight, and ``asking`` (the fair share
+        divides among them)."""
+        return len({job.owner for job in self.jobs} | {asking})
 
     def track(self, job: Job) -> None:
         self.jobs.add(job)
@@ -640,17 +670,24 @@ class Daemon:
         headers = request.headers
         if path not in WS_PATHS + ("/healthz", "/metrics"):
             return conn.respond(HTTPStatus.NOT_FOUND, "not found\n")
+        if path in WS_PATHS and len(self.connections) >= self.settings.max_connections:
+            self.refusals.refused("too many connections")
+            return conn.respond(HTTPStatus.SERVICE_UNAVAILABLE, "too many connections; retry later\n")
+        twice = duplicated(headers.get_all)
+        if twice is not None:
+            self.refusals.refused(f"duplicate {twice} header")
+            return conn.respond(HTTPStatus.BAD_REQUEST, f"bad request: more than one {twice} header\n")
         if not host_header_ok(headers.get("Host"), self._loopback):
-            log.warning("refused a request with Host %r (not loopback)", headers.get("Host"))
+            self.refusals.refused("Host not loopback", repr(headers.get("Host"))[:80])
             return conn.respond(HTTPStatus.FORBIDDEN, "forbidden: Host is not a loopback name\n")
         if not origin_ok(headers.get("Origin"), self.settings.allowed_origins):
-            log.warning("refused a request from Origin %r", headers.get("Origin"))
+            self.refusals.refused("Origin not allowed", repr(headers.get("Origin"))[:80])
             return conn.respond(HTTPStatus.FORBIDDEN, "forbidden: Origin not allowed\n")
         if not bearer_ok(headers.get("Authorization"), self.token):
-            log.warning("refused a request without a valid token")
+            self.refusals.refused("no valid token")
             response = conn.respond(HTTPStatus.UNAUTHORIZED,
-                                    f"unauthorized: send 'Authorization: Bearer <token>' "
-                                    f"(the token is in {self.settings.token_path})\n")
+                                    "unauthorized: send 'Authorization: Bearer <token>' "
+                                    "(the token is in the daemon's token file)\n")
             response.headers["WWW-Authenticate"] = 'Bearer realm="soldaemon"'
             return response
         if path == "/healthz":
@@ -714,27 +751,6 @@ def ws_url(host: str, port: int) -> str:
     return f"ws://[{host}]:{port}" if ":" in host else f"ws://{host}:{port}"
 
 
-def _daemon_file() -> Path:
-    return state_dir() / "daemon.json"
-
-
-def _write_daemon_file(url: str, token_path: Path) -> Path:
-    path = _daemon_file()
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"pid": os.getpid(), "url": url, "token_file": str(token_path)}, f)
-    os.replace(tmp, path)
-    return path
-
-
-def _remove_daemon_file(path: Path) -> None:
-    with contextlib.suppress(OSError, ValueError):
-        if json.loads(path.read_text()).get("pid") == os.getpid():
-            path.unlink()
-
-
 async def serve(settings: ServerSettings, load: Callable[[], Engine], model_label: str,
                 *, ready_out: Any = None) -> int:
     """Run the daemon until SIGTERM/SIGINT; return the exit status.
@@ -744,6 +760,7 @@ async def serve(settings: ServerSettings, load: Callable[[], Engine], model_labe
     on the worker thread, print the ready line, serve, drain. Raises
     :class:`SolError` for start-up problems."""
     check_bind(settings.host, settings.allow_remote)
+    statefiles.ensure_state_dir()
     token = load_or_create_token(settings.token_path)
     loop = asyncio.get_running_loop()
     daemon = Daemon(settings, token, model_label, loop)
@@ -792,7 +809,7 @@ async def serve(settings: ServerSettings, load: Callable[[], Engine], model_labe
             log.error("model preparation failed", exc_info=exc)
             raise ModelError(f"could not prepare the model ({model_label}): {type(exc).__name__}: {exc}",
                              hint="see the log above; run with --log-level debug for more") from None
-        daemon_file = _write_daemon_file(url, settings.token_path)
+        daemon_file = statefiles.write_daemon_record(url, settings.token_path)
         info = daemon.engine_info
         print(f"soldaemon ready on {url} model={info.get('model', model_label)} "
               f"device={info.get('device', '?')} token file: {settings.token_path}",
@@ -806,8 +823,9 @@ async def serve(settings: ServerSettings, load: Callable[[], Engine], model_labe
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(server.wait_closed(), 2.0)
         daemon.worker.stop(timeout=2.0)
+        daemon.refusals.flush()
         if daemon_file is not None:
-            _remove_daemon_file(daemon_file)
+            statefiles.remove_daemon_record(daemon_file)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
 
@@ -889,10 +907,9 @@ def _find_daemon(args: argparse.Namespace, config: Config) -> tuple[str, Path]:
     url = getattr(args, "url", None)
     token_path = config.server.token_path()
     if url is None:
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            record = json.loads(_daemon_file().read_text())
-            if psutil.pid_exists(int(record["pid"])):
-                url, token_path = str(record["url"]), Path(record["token_file"])
+        record = statefiles.read_daemon_record(allow_remote=config.server.allow_remote)
+        if record is not None:
+            url, token_path = record.url, record.token_path
     if url is None:
         url = ws_url(config.server.host, config.server.port)
     return url, token_path

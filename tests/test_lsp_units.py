@@ -155,20 +155,26 @@ def test_context_ring_sends_an_opened_document_whole_and_an_edit_as_its_window()
 
 def test_settings_from_flags_and_initialization_options() -> None:
     launch = parse_args(["--stdio", "--debounce-ms", "10", "--no-warm", "--start-daemon",
-                         "--daemon-command", "soldaemon --config 'my file.yaml' serve", "--tcp", "127.0.0.1:9000"])
+                         "--daemon-command", "soldaemon --config 'my file.yaml' serve", "--url", "ws://127.0.0.1:2"])
     s = launch.settings
-    assert s.debounce_ms == 10.0 and s.warm is False and s.start_daemon is True
-    assert s.daemon_command == ("soldaemon", "--config", "my file.yaml", "serve") and launch.tcp == ("127.0.0.1", 9000)
-    s2, unknown = s.with_options({"maxTokens": 32, "url": "ws://127.0.0.1:1", "daemonCommand": ["a", "b"],
-                                  "budgetMs": None, "shiny": 1})
-    assert (s2.max_tokens, s2.url, s2.daemon_command, s2.budget_ms, unknown) == (32, "ws://127.0.0.1:1", ("a", "b"),
-                                                                               None, ["shiny"])
-    for bad in ({"maxTokens": 0}, {"maxTokens": 1.5}, {"url": "http://x"}, {"warm": "maybe"},
+    assert s.debounce_ms == 10.0 and s.warm is False and s.start_daemon is True and s.url == "ws://127.0.0.1:2"
+    assert s.daemon_command == ("soldaemon", "--config", "my file.yaml", "serve")
+    # What to run, where the daemon is and which token to send are launch-only:
+    # initializationOptions (a project's settings) cannot set them.
+    s2, ignored = s.with_options({"maxTokens": 32, "url": "ws://127.0.0.1:1", "daemonCommand": ["a", "b"],
+                                  "startDaemon": True, "tokenFile": "/etc/shadow", "budgetMs": None, "shiny": 1})
+    assert (s2.max_tokens, s2.url, s2.daemon_command, s2.budget_ms, s2.token_file) == \
+        (32, "ws://127.0.0.1:2", ("soldaemon", "--config", "my file.yaml", "serve"), None, None)
+    assert sorted(ignored) == ["daemonCommand (command line only)", "shiny", "startDaemon (command line only)",
+                               "tokenFile (command line only)", "url (command line only)"]
+    for bad in ({"maxTokens": 0}, {"maxTokens": 1.5}, {"warm": "maybe"},
                 {"multiline": "all"}, {"debounceMs": True}):
         with pytest.raises(SettingsError):
             Settings().with_options(bad)
     with pytest.raises(SystemExit):
         parse_args(["--max-tokens", "lots"])
+    with pytest.raises(SystemExit):
+        parse_args(["--url", "http://x"])
 
 
 def test_event_params_forms() -> None:

@@ -36,6 +36,7 @@ import pytest
 from soldaemon.api import CancelToken, CompletionRequest, Delta, Done
 from soldaemon.config import config_from_dict
 from soldaemon.errors import ConfigError, SolError
+from tests.fixtures.daemon import complete
 from soldaemon.remote import (
     Backoff,
     Endpoint,
@@ -736,3 +737,31 @@ def test_trace_bench_replays_keystrokes_through_the_remote_backend(tiny_tokenize
     every, computed = results["remote"], results["remote:model"]
     assert len(every.ttft_ms) == len(trace) and scripted.attempts == len(computed.ttft_ms) > 0
     assert all(p > 0 for p in every.prompt_tokens[:1])
+
+
+def test_secret_files_never_reach_the_remote_engine(start_daemon: Any, scripted: ScriptedEngine,
+                                                    tmp_path: Path) -> None:
+    """Through a real daemon on the remote backend: a secret file's context
+    chunk is dropped before the prompt is built, and completing inside a
+    secret file is refused without a request upstream."""
+    from soldaemon.testing.tiny import build_tiny_model
+
+    tiny = build_tiny_model(tmp_path / "tiny")
+    daemon = start_daemon(args=[], extra_config={
+        "backend": {"kind": "remote", "url": scripted.url, "tokenizer": str(tiny)}})
+    context = [{"uri": "file:///p/.env", "text": "helper_function_name=hunter2\n"},
+               {"uri": "file:///home/me/.ssh/id_rsa", "text": "helper_function_name hunter2\n"},
+               {"uri": "file:///p/util.py", "text": "def helper_function_name():\n    return 42\n"}]
+
+    async def scenario() -> tuple[Any, Any]:
+        async with await daemon.connect() as ws:
+            _, ok = await complete(ws, "a", "x = helper_function_name(", uri="file:///p/main.py", context=context, max_tokens=8)
+            _, refused = await complete(ws, "b", "KEY=", uri="file:///p/.env.local", max_tokens=8)
+            return ok, refused
+
+    ok, refused = asyncio.run(scenario())
+    assert type(ok).__name__ == "Done", ok
+    assert scripted.attempts == 1
+    prompt = json.dumps(scripted.bodies[0])
+    assert "helper_function_name" in prompt and "hunter2" not in prompt
+    assert type(refused).__name__ == "ErrorFrame" and refused.code == "secret_document", refused

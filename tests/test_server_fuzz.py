@@ -249,3 +249,28 @@ async def test_fuzz_every_frame_answered_per_spec_and_the_daemon_lives(daemon: D
     assert health["state"] == "ready"
     assert health["load"]["in_flight"] == 0 and health["load"]["queue_depth"] == 0
     assert "Traceback" not in daemon.stderr()
+
+
+@pytest.mark.asyncio
+async def test_many_connections_are_capped_and_the_daemon_lives(daemon: Daemon) -> None:
+    """64 connections are served; the 65th is refused with 503 at the
+    handshake (no websocket, no state); once one closes, a new one gets in."""
+    from websockets.exceptions import InvalidStatus
+
+    conns = []
+    try:
+        for _ in range(64):
+            conns.append(await daemon.connect())
+        with pytest.raises(InvalidStatus) as refused:
+            await daemon.connect()
+        assert refused.value.response.status_code == 503
+        await conns.pop().close()
+        deadline = time.monotonic() + 10
+        while daemon.health()["load"]["connections"] >= 64 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        conns.append(await daemon.connect())
+        _, done = await complete(conns[-1], "after-cap", max_tokens=2)
+        assert type(done).__name__ == "Done"
+    finally:
+        for ws in conns:
+            await ws.close()

@@ -144,3 +144,43 @@ async def test_soak_2000_requests_8_connections(daemon: Daemon) -> None:
     assert threads1 == threads0 and fds1 <= fds0 + 2
     assert growth_mb < 50
     assert daemon.metric("sol_requests_total") >= len(ledger.sent)
+
+
+@pytest.mark.asyncio
+async def test_slow_reader_is_closed_by_bytes_and_its_memory_returns(daemon: Daemon) -> None:
+    """Three clients ask for 15,000 health documents each (~1.5 KB apiece)
+    and never read. Under the old frame cap (20,000) they stayed open,
+    pinning tens of MB each; the byte cap (8 MiB unread) closes them, and
+    the daemon's RSS comes back once they are gone."""
+    from websockets.asyncio.client import connect
+
+    proc = psutil.Process(daemon.pid)
+    rss0 = proc.memory_info().rss
+    frame = json.dumps({"type": "health", "id": "h"})
+    clients = [await connect(daemon.url, additional_headers=daemon.auth(), proxy=None, compression=None,
+                             max_queue=1, max_size=None) for _ in range(3)]
+    peak = rss0
+    try:
+        for ws in clients:
+            for _ in range(15_000):
+                await ws.send(frame)
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 60:
+            peak = max(peak, proc.memory_info().rss)
+            if daemon.stderr().count("is not reading its frames") >= 3:
+                break
+            await asyncio.sleep(0.1)
+        closed_after = time.perf_counter() - t0
+    finally:
+        for ws in clients:
+            ws.transport.abort()                       # the slow clients vanish
+    t_wait = time.perf_counter()
+    while daemon.health()["load"]["connections"] and time.perf_counter() - t_wait < 15:
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(0.5)
+    rss1 = proc.memory_info().rss
+    print(f"\n[figure] slow readers: 3 × 15,000 unread health frames; closed after {closed_after:.1f} s; "
+          f"RSS {rss0 / 2**20:.1f} MB before → {peak / 2**20:.1f} MB peak → {rss1 / 2**20:.1f} MB after close")
+    assert daemon.stderr().count("is not reading its frames") >= 3
+    assert daemon.health()["load"]["connections"] == 0
+    assert (rss1 - rss0) / 2**20 < 20

@@ -10,8 +10,10 @@ Sources, in the order the daemon tries them:
 
 The converted copy lives in ``cache_dir()/models/<key>/``. Conversion writes
 to a temporary sibling directory and renames it into place only once every file
-and the ``soldaemon-complete.json`` marker are written, so an interrupted
-conversion never leaves a cache that a later start would load.
+and the ``soldaemon-complete.json`` marker are written and fsynced, so an
+interrupted conversion never leaves a cache that a later start would load.
+The marker records each file's size and hashes (:mod:`.integrity`): a cache
+whose files differ is reported and rebuilt from the GGUF it came from.
 """
 
 from __future__ import annotations
@@ -30,13 +32,14 @@ import psutil
 import torch
 
 from .. import paths
-from ..errors import ModelError, OutOfMemory
+from ..errors import ModelError, ModelHashMismatch, OutOfMemory
+from . import integrity
 from .embedded import QWEN25_CODER_05B, assemble_gguf
 
 log = logging.getLogger(__name__)
 
-MARKER = "soldaemon-complete.json"
-CACHE_FORMAT = 1           # bump when the converted layout changes
+MARKER = integrity.MARKER
+CACHE_FORMAT = 2           # bump when the converted layout changes (2: the marker records file hashes)
 STORE_DTYPE = torch.float16  # dtype of the cached copy (halves disk and load time)
 
 
@@ -123,7 +126,7 @@ def tokenizer_dir(path: str | None, *, progress: bool = True) -> tuple[Path, str
     if path is None:
         gguf = assemble_gguf(root / "gguf" / f"{QWEN25_CODER_05B.name}.gguf", progress=progress)
         name = f"{QWEN25_CODER_05B.name}-{QWEN25_CODER_05B.sha256[:12]}"
-        if is_complete(root / name):
+        if _usable(root / name):
             return root / name, QWEN25_CODER_05B.name
         return _gguf_tokenizer(gguf, root / "tokenizers" / name), QWEN25_CODER_05B.name
     p = Path(path).expanduser()
@@ -135,15 +138,15 @@ def tokenizer_dir(path: str | None, *, progress: bool = True) -> tuple[Path, str
     if p.suffix.lower() != ".gguf":
         raise ModelError(f"tokenizer path '{p}' is neither a directory nor a .gguf file")
     name = _gguf_cache_name(p)
-    if is_complete(root / name):
+    if _usable(root / name):
         return root / name, p.stem
     return _gguf_tokenizer(p, root / "tokenizers" / name), p.stem
 
 
 def _gguf_tokenizer(gguf: Path, dest: Path) -> Path:
     """Read the tokenizer of ``gguf`` and save it to ``dest`` atomically
-    (a complete ``dest`` is returned as is)."""
-    if is_complete(dest):
+    (a complete ``dest`` whose files match its marker is returned as is)."""
+    if _usable(dest):
         return dest
     import transformers
 
@@ -157,9 +160,10 @@ def _gguf_tokenizer(gguf: Path, dest: Path) -> Path:
             raise ModelError(f"cannot read the tokenizer of GGUF '{gguf}': {exc}") from None
         tmp.mkdir(parents=True)
         tok.save_pretrained(str(tmp))
-        (tmp / MARKER).write_text(json.dumps({"format": CACHE_FORMAT, "source": gguf.name, "tokenizer_only": True}))
+        integrity.write_marker(tmp, {"format": CACHE_FORMAT, "source": gguf.name, "tokenizer_only": True})
         shutil.rmtree(dest, ignore_errors=True)
         os.replace(tmp, dest)
+        integrity.fsync_dir(dest.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
@@ -187,12 +191,23 @@ def is_complete(directory: Path) -> bool:
         return False
 
 
+def _usable(directory: Path) -> bool:
+    """Complete, and its files match the marker's sizes and sampled hashes."""
+    return is_complete(directory) and integrity.quick_check(directory) is None
+
+
 def convert_gguf(gguf: Path, dest: Path, *, progress: bool = True) -> Path:
     """De-quantize ``gguf`` with transformers and write a safetensors copy to
-    ``dest`` atomically. A complete ``dest`` is returned as is."""
+    ``dest`` atomically. A complete ``dest`` whose files match the marker's
+    sizes and sampled hashes is returned as is; one that does not is
+    reported and converted again."""
     if is_complete(dest):
-        return dest
-    if dest.exists():
+        problem = integrity.quick_check(dest)
+        if problem is None:
+            return dest
+        log.error("the model cache %s is corrupt (%s); rebuilding it from %s", dest, problem, gguf.name)
+        shutil.rmtree(dest, ignore_errors=True)
+    elif dest.exists():
         log.warning("removing incomplete model cache %s", dest)
         shutil.rmtree(dest, ignore_errors=True)
     import transformers
@@ -225,8 +240,10 @@ def convert_gguf(gguf: Path, dest: Path, *, progress: bool = True) -> Path:
         tmp.mkdir(parents=True)
         model.save_pretrained(str(tmp))
         tok.save_pretrained(str(tmp))
-        (tmp / MARKER).write_text(json.dumps({"format": CACHE_FORMAT, "source": gguf.name, "seconds": round(time.perf_counter() - t0, 1)}))
+        integrity.write_marker(tmp, {"format": CACHE_FORMAT, "source": gguf.name,
+                                     "seconds": round(time.perf_counter() - t0, 1)})
         os.replace(tmp, dest)
+        integrity.fsync_dir(dest.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("converted in %.1f s", time.perf_counter() - t0)
@@ -270,22 +287,61 @@ def _stored_itemsize(directory: Path) -> int:
 
 def load_model(path: str | None = None, *, device: str = "auto", dtype: str = "auto",
                progress: bool = True) -> LoadedModel:
-    """Prepare (verify/convert) and load a model with its tokenizer."""
-    import transformers
+    """Prepare (verify/convert) and load a model with its tokenizer.
 
+    A directory whose marker records file hashes (a converted cache) is
+    checked: sizes and sampled hashes before loading, the full sha256 on a
+    background thread while loading; this returns only after both passed.
+    A corrupt cache made from a GGUF is rebuilt from it once; one without a
+    GGUF raises :class:`~soldaemon.errors.ModelHashMismatch`."""
     t0 = time.perf_counter()
     dev = resolve_device(device)
     directory, gguf, name = prepare_model_dir(path, progress=progress)
     dt = resolve_dtype(dtype, dev, directory)
+    try:
+        model, tok = _load_verified(directory, dev, dt, progress)
+    except ModelHashMismatch as exc:
+        if gguf is None:
+            raise
+        log.error("%s; rebuilding it from %s", exc.message, gguf.name)
+        shutil.rmtree(directory, ignore_errors=True)
+        directory, gguf, name = prepare_model_dir(path, progress=progress)
+        model, tok = _load_verified(directory, dev, dt, progress)
+    return LoadedModel(model, tok, name, directory, gguf, dev, dt, time.perf_counter() - t0)
+
+
+def _load_verified(directory: Path, dev: torch.device, dt: torch.dtype, progress: bool) -> tuple[Any, Any]:
+    """Load weights and tokenizer from ``directory`` (checked as
+    :func:`load_model` says); raises ModelError."""
+    import transformers
+    from safetensors import SafetensorError
+
+    full = None
+    if integrity.recorded_files(directory) is not None:
+        t_check = time.perf_counter()
+        problem = integrity.quick_check(directory)
+        if problem is not None:
+            raise integrity.corrupt(directory, problem)
+        log.info("model cache sizes and sampled hashes match (%.1f ms)", (time.perf_counter() - t_check) * 1000)
+        full = integrity.start_full_check(directory)
     check_memory(directory, dev, dt)
     if not progress:
         transformers.utils.logging.disable_progress_bar()
     try:
         tok = transformers.AutoTokenizer.from_pretrained(str(directory))
         model = transformers.AutoModelForCausalLM.from_pretrained(str(directory), dtype=dt)
-    except (ValueError, OSError, KeyError) as exc:
-        raise ModelError(f"cannot load model from '{directory}': {exc}") from None
+    except (ValueError, OSError, KeyError, SafetensorError) as exc:
+        raise ModelError(f"cannot load model from '{directory}': {exc}",
+                         hint="if it is a converted cache, delete it; the next start converts the model again"
+                         ) from None
+    if full is not None:
+        t_wait = time.perf_counter()
+        problem = full.result()
+        if problem is not None:
+            raise integrity.corrupt(directory, problem)
+        log.info("model cache full sha256 matches (waited %.1f ms after loading)",
+                 (time.perf_counter() - t_wait) * 1000)
     model.to(dev)  # type: ignore[arg-type]
     model.eval()
     model.requires_grad_(False)
-    return LoadedModel(model, tok, name, directory, gguf, dev, dt, time.perf_counter() - t0)
+    return model, tok

@@ -22,12 +22,21 @@ from ..config import Config, effective_precision
 from ..errors import BadRequest, ConfigError, ModelError
 from ..fim import FimPrompt, FimTemplate, WindowMemo, detect_template, make_prompt
 from ..model.loader import LoadedModel, load_model
-from ..pipeline import LeadAnchors, build_fim_prompt, context_selector, remember, type_through, validate_request
+from ..pipeline import (
+    LeadAnchors,
+    Shown,
+    build_fim_prompt,
+    context_selector,
+    remember,
+    type_through,
+    validate_request,
+)
 from ..pipeline import preview as _preview  # the hold-back rule, shared with the remote engine
 from ..postprocess import StopChecker, decide_multiline, postprocess
 from .backend import LEAN_ARCHITECTURES, Backend, LeanBackend, make_backend
 from .kernel_plan import KernelPlan, TimingTable
-from .kernels import compute_dtype_for, plan_for, trim_heap
+from .kernels import trim_heap
+from .precision import choose_kernels, lean_or_float32, precision_info
 from .cudagraph import GraphDecoder
 from .draft import DraftLength, DraftModel, DraftProposer, PromptLookup
 from .foresight import Foreseen, answer_foreseen, precise_until, speculate, warm
@@ -105,8 +114,8 @@ class LocalEngine:
                 raise ConfigError(f"sol.memory_budget: {exc}",
                                   hint="raise sol.memory_budget, or lower model.max_context, model.kv_sessions "
                                        "or sol.prefetch_depth") from None
-        # uri → (prefix, suffix, completion) of the last completion, for type-through
-        self._shown: dict[str, tuple[str, str, str]] = {}
+        # uri → the last completion and its prompt inputs, for type-through (pipeline.Shown)
+        self._shown: Shown = {}
         self.graphs: GraphDecoder | None = None   # CUDA-graph decode steps (warmup() sets it up on CUDA)
         # a superseded generation kept for the next keystroke (see _resume)
         self._parked: _Run | None = None
@@ -122,9 +131,10 @@ class LocalEngine:
         return {
             "model": self.loaded.name,
             "device": str(self.loaded.device),
-            "dtype": str(self.loaded.dtype).removeprefix("torch."),
+            # the compute dtype (residual stream, attention, KV); the weights' format is precision.plan
+            "dtype": str(getattr(self.backend, "dtype", self.loaded.dtype)).removeprefix("torch."),
             "backend": "lean" if isinstance(self.backend, LeanBackend) else "transformers",
-            "precision": self._precision_info(),
+            "precision": precision_info(self.backend, self.loaded.dtype, self.kernel_timings, self.notices),
             "fim": self.template.family,
             "n_ctx": self.backend.n_ctx,
             "threads": torch.get_num_threads(),
@@ -135,18 +145,6 @@ class LocalEngine:
             "forward_ms_by_tokens": ({t: round(c, 2) for t, c in self.draft_length.costs_ms.items()}
                                      if self.draft_length else None),
         }
-
-    def _precision_info(self) -> dict[str, Any]:
-        """The kernel plan (what runs each phase, why) and its timing table."""
-        plan = getattr(self.backend, "plan", None)
-        if plan is None:
-            return {"plan": None, "why": "transformers fallback: the module in "
-                    + str(self.loaded.dtype).removeprefix("torch.")}
-        t = self.kernel_timings
-        return {"plan": plan.to_dict(), "summary": plan.describe(),
-                "weight_bytes": self.backend.weight_bytes() if isinstance(self.backend, LeanBackend) else None,
-                "timings_ms": None if t is None else {"blocks": t.blocks, "head": t.head},
-                "machine": None if t is None else t.machine, "notices": list(self.notices)}
 
     def diagnosis(self) -> dict[str, Any]:
         store = self.memory.store if self.memory else None
@@ -551,7 +549,7 @@ class _Run:
         produced, other sampling, or a KV cache used since."""
         old = self.req
         if (req.uri != old.uri or req.suffix != old.suffix or req.n != 1 or req.temperature > 0
-                or req.context != old.context or req.multiline != old.multiline
+                or req.context != old.context or req.multiline != old.multiline or req.language != old.language
                 or session is None or session is not self.session or session.version != self.session_version):
             return None
         if not req.prefix.startswith(old.prefix):
@@ -612,39 +610,6 @@ def _stopper(checker: StopChecker, decode: _Detok) -> Callable[[list[int]], bool
     return lambda tokens: checker.check(decode.text(tokens))
 
 
-def choose_kernels(loaded: LoadedModel, precision: str, *,
-                   progress: bool = True) -> tuple[KernelPlan | None, TimingTable | None]:
-    """The kernel plan for ``loaded`` on its device (measured once per
-    machine/model/torch, then cached), or (None, None) when the lean
-    backend cannot run it (the transformers module then runs, in float32
-    on a CPU). Raises ConfigError for a precision the device cannot run."""
-    cfg = loaded.model.config
-    if not _lean_or_float32(loaded):
-        return None, None
-    compute = compute_dtype_for(loaded.device, loaded.dtype)
-    say = (lambda m: print(f"soldaemon: {m}", flush=True)) if progress else (lambda m: log.info("%s", m))
-    try:
-        plan, table, cached = plan_for(cfg, loaded.device, compute, precision, say=say)
-    except ValueError as exc:
-        raise ConfigError(f"model.precision: {exc}",
-                          hint="model.precision: auto chooses among the kernels this device runs") from None
-    log.info("kernel plan (%s): %s — %s", "cached timings" if cached else "measured now", plan.describe(),
-             plan.reason)
-    return plan, table
-
-
-def _lean_or_float32(loaded: LoadedModel) -> bool:
-    """True when the lean backend can run ``loaded``; else its module is made
-    float32 on a CPU (transformers' path; half-precision CPU products are slow
-    or missing) and False."""
-    if getattr(loaded.model.config, "model_type", None) in LEAN_ARCHITECTURES:
-        return True
-    if loaded.device.type == "cpu" and loaded.dtype != torch.float32:
-        loaded.model.to(torch.float32)
-        loaded.dtype = torch.float32
-    return False
-
-
 def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:
     """Prepare, load and warm the configured model: weights read in their
     stored dtype, packed once into the kernel plan's format."""
@@ -659,7 +624,7 @@ def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:
     trim_heap()       # the module's released parameters and the timing runs' tensors
     if mc.draft_model is not None:
         draft = load_model(str(mc.draft_model), device=config.device.device, dtype="stored", progress=progress)
-        _lean_or_float32(draft)
+        lean_or_float32(draft)
         engine.attach_draft_model(draft)
     engine.warmup()
     return engine

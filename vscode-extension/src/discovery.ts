@@ -10,6 +10,13 @@
 // else `<state dir>/token`. The state dir follows the daemon's rules
 // (soldaemon/paths.py): $SOLDAEMON_STATE_DIR, else
 // $XDG_STATE_HOME/soldaemon, else ~/.local/state/soldaemon.
+//
+// Trust follows the daemon's rules (soldaemon/statefiles.py, auth.py): a
+// state dir or daemon.json that another user owns or could write is refused
+// (someone could have planted a record naming their port and one of our
+// private files as the "token"); a record's URL must be loopback; the token
+// file must be a regular file (no symlink) of ours, mode 0600, holding one
+// URL-safe token line.
 
 import * as fs from "fs";
 import * as os from "os";
@@ -73,23 +80,74 @@ export function pidAlive(pid: number): boolean {
     }
 }
 
+const TOKEN = /^[A-Za-z0-9_-]{32,512}$/;
+
+function myUid(): number | undefined {
+    return typeof process.getuid === "function" ? process.getuid() : undefined;
+}
+
+/** Why `st` (of `file`) could have been written by someone else, or undefined. */
+function notOurs(file: string, st: fs.Stats, what: string): DaemonError | undefined {
+    const uid = myUid();
+    if (uid !== undefined && st.uid !== uid) {
+        return new DaemonError("unsafe_state", `${what} ${file} belongs to another user (uid ${st.uid})`, false,
+            "remove it (as its owner or root), or set SOLDAEMON_STATE_DIR to a private directory");
+    }
+    if (st.mode & 0o022) {
+        return new DaemonError("unsafe_state",
+            `${what} ${file} is writable by other users (mode ${(st.mode & 0o777).toString(8)})`, false,
+            `run: chmod go-w ${file}`);
+    }
+    return undefined;
+}
+
+/** True for ws://127.x.x.x, ws://localhost, ws://[::1] (any port). */
+export function isLoopbackUrl(url: string): boolean {
+    let host: string;
+    try {
+        host = new URL(url).hostname.toLowerCase();
+    } catch {
+        return false;
+    }
+    return host === "localhost" || host.endsWith(".localhost") || host === "[::1]"
+        || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host);
+}
+
 /** The running daemon's record, or undefined when there is none, it is
- * unreadable, or its process is gone. */
+ * unreadable, or its process is gone. Throws a DaemonError (code
+ * `unsafe_state`, with the command that fixes it) when the state dir or the
+ * record could have been written by another user, or its URL is not
+ * loopback. */
 export function readDaemonRecord(e: Environment = currentEnvironment(),
     alive: (pid: number) => boolean = pidAlive): DaemonRecord | undefined {
+    const file = daemonRecordFile(e);
     let raw: string;
     try {
-        raw = fs.readFileSync(daemonRecordFile(e), "utf8");
-    } catch {
+        const dirProblem = notOurs(path.dirname(file), fs.statSync(path.dirname(file)), "the state directory");
+        const st = fs.lstatSync(file);
+        if (dirProblem) throw dirProblem;
+        if (!st.isFile()) {
+            throw new DaemonError("unsafe_state", `${file} is not a regular file`, false, `run: rm ${file}`);
+        }
+        const fileProblem = notOurs(file, st, "the daemon record");
+        if (fileProblem) throw fileProblem;
+        raw = fs.readFileSync(file, "utf8");
+    } catch (err) {
+        if (err instanceof DaemonError) throw err;
         return undefined;
     }
     try {
         const rec = JSON.parse(raw) as Partial<DaemonRecord>;
         if (typeof rec.pid === "number" && typeof rec.url === "string" && typeof rec.token_file === "string"
             && alive(rec.pid)) {
+            if (!isLoopbackUrl(rec.url)) {
+                throw new DaemonError("unsafe_state", `${file} names a daemon at ${rec.url}, not a loopback address`,
+                    false, `run: rm ${file}  (set soldaemon.endpoint to reach a remote daemon on purpose)`);
+            }
             return { pid: rec.pid, url: rec.url, token_file: rec.token_file };
         }
-    } catch {
+    } catch (err) {
+        if (err instanceof DaemonError) throw err;
         // a half-written or foreign file: ignore it
     }
     return undefined;
@@ -140,8 +198,24 @@ export function normalizeUrl(url: string): string {
 export async function readToken(file: string): Promise<string> {
     let text: string;
     try {
+        const st = await fs.promises.lstat(file);
+        if (!st.isFile()) {
+            throw new DaemonError("unsafe_token", `the token file ${file} is not a regular file (a link?)`, false,
+                "point soldaemon.tokenFile at the file itself, or delete it; the daemon writes a new one");
+        }
+        const uid = myUid();
+        if (uid !== undefined && st.uid !== uid) {
+            throw new DaemonError("unsafe_token", `the token file ${file} belongs to another user`, false,
+                "delete it; the daemon writes a new one at its next start");
+        }
+        if (st.mode & 0o077) {
+            throw new DaemonError("unsafe_token",
+                `the token file ${file} is readable by other users (mode ${(st.mode & 0o777).toString(8)})`, false,
+                `delete it (a new token is made at the next start) or run: chmod 600 ${file}`);
+        }
         text = await fs.promises.readFile(file, "utf8");
     } catch (e) {
+        if (e instanceof DaemonError) throw e;
         const code = (e as NodeJS.ErrnoException).code;
         if (code === "ENOENT") {
             throw new DaemonError("no_token", `no token file at ${file}`, true,
@@ -151,7 +225,7 @@ export async function readToken(file: string): Promise<string> {
             "check its permissions (it must be readable by you: chmod 600)");
     }
     const token = text.trim();
-    if (token.length < 32) {
+    if (!TOKEN.test(token)) {
         throw new DaemonError("no_token", `the token file ${file} holds no valid token`, false,
             "delete it; the daemon writes a new one at its next start");
     }

@@ -21,6 +21,7 @@
 
 import type { CompletionResult } from "./daemonClient";
 import type { CompletionRequest } from "./protocol";
+import { isSecretUri } from "./sensitive";
 
 /** Where completions come from: the DaemonClient, or a fake in tests.
  * Aborting the signal must cancel the request on the daemon. */
@@ -403,8 +404,8 @@ export class InlineProvider<I> {
         doc: TextDocumentLike, position: PositionLike, context: InlineContextLike, token: CancellationTokenLike,
     ): Promise<I[] | undefined> {
         const cfg = this.config();
-        if (!cfg.enabled || !languageEnabled(cfg.languages, doc.languageId)) {
-            return undefined;
+        if (!cfg.enabled || !languageEnabled(cfg.languages, doc.languageId) || isSecretUri(doc.uri.toString())) {
+            return undefined; // off, or a secret file (.env, keys, ~/.ssh): its text is never sent
         }
         if (context.selectedCompletionInfo) {
             return undefined; // the suggest widget is open; do not compete with it

@@ -59,10 +59,54 @@ describe("discovery", () => {
         const file = path.join(tmp, "token");
         await assert.rejects(readToken(file), (e: unknown) =>
             e instanceof DaemonError && e.code === "no_token" && /soldaemon serve/.test(e.hint ?? ""));
-        fs.writeFileSync(file, "short\n");
+        fs.writeFileSync(file, "short\n", { mode: 0o600 });
         await assert.rejects(readToken(file), /no valid token/);
         fs.writeFileSync(file, `${"k".repeat(43)}\n`);
         assert.equal(await readToken(file), "k".repeat(43));
+    });
+
+    it("reads the token only from a private regular file holding one token", async () => {
+        const dir = fs.mkdtempSync(path.join(tmp, "tok-"));
+        const file = path.join(dir, "token");
+        fs.writeFileSync(file, `${"k".repeat(43)}\n`, { mode: 0o644 });
+        await assert.rejects(readToken(file), (e: unknown) =>
+            e instanceof DaemonError && e.code === "unsafe_token" && /chmod 600/.test(e.hint ?? ""));
+        fs.chmodSync(file, 0o600);
+        const link = path.join(dir, "link");
+        fs.symlinkSync(file, link);
+        await assert.rejects(readToken(link), (e: unknown) => e instanceof DaemonError && e.code === "unsafe_token");
+        const key = path.join(dir, "id_ed25519");   // a private file named as the token file is not sent
+        fs.writeFileSync(key, "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n", { mode: 0o600 });
+        await assert.rejects(readToken(key), /no valid token/);
+    });
+
+    it("refuses a daemon.json another user could have planted, or one naming a remote URL", () => {
+        const dir = fs.mkdtempSync(path.join(tmp, "state-"));
+        const e = env({ SOLDAEMON_STATE_DIR: dir });
+        const record = path.join(dir, "daemon.json");
+        const alive = () => true;
+        fs.writeFileSync(record, JSON.stringify({ pid: 1, url: "ws://127.0.0.1:9", token_file: "/home/me/.ssh/id_rsa" }));
+        fs.chmodSync(dir, 0o777);
+        assert.throws(() => readDaemonRecord(e, alive), (err: unknown) =>
+            err instanceof DaemonError && err.code === "unsafe_state" && err.hint === `run: chmod go-w ${dir}`);
+        fs.chmodSync(dir, 0o700);
+        fs.chmodSync(record, 0o666);
+        assert.throws(() => readDaemonRecord(e, alive), /writable by other users/);
+        fs.chmodSync(record, 0o600);
+        assert.equal(readDaemonRecord(e, alive)?.url, "ws://127.0.0.1:9");
+        fs.writeFileSync(record, JSON.stringify({ pid: 1, url: "ws://203.0.113.7:8765", token_file: "/t" }));
+        assert.throws(() => readDaemonRecord(e, alive), /not a loopback address/);
+    });
+
+    it("declares the settings that choose a host, a token or a command machine-scoped", () => {
+        // A workspace's .vscode/settings.json must not point the extension at
+        // another host and token file, or make it run another command.
+        const pkg = JSON.parse(fs.readFileSync(path.join(__dirname, "..", "..", "package.json"), "utf8"));
+        const props = pkg.contributes.configuration.properties;
+        for (const key of ["soldaemon.endpoint", "soldaemon.tokenFile", "soldaemon.command", "soldaemon.serveArgs",
+            "soldaemon.autoStart"]) {
+            assert.ok(["machine", "application"].includes(props[key].scope), `${key}: scope ${props[key].scope}`);
+        }
     });
 
     it("reads settings with defaults and clamps", () => {

@@ -65,7 +65,7 @@ describe("extension", () => {
         const d = await new FakeDaemon({ token: TOKEN, reply: () => ({ deltas: ["a + b"], items: ["a + b"] }) }).start();
         daemons.push(d);
         const tokenFile = path.join(tmp, "token1");
-        fs.writeFileSync(tokenFile, TOKEN);
+        fs.writeFileSync(tokenFile, TOKEN, { mode: 0o600 });
         activate({ "soldaemon.endpoint": d.url, "soldaemon.tokenFile": tokenFile, "soldaemon.debounceMs": 0 });
         for (const id of ["soldaemon.toggle", "soldaemon.showDiagnosis", "soldaemon.restartDaemon", "soldaemon.openLogs", "soldaemon.accepted"]) {
             assert.ok(vscode.recorded.commands.has(id), id);
@@ -96,7 +96,7 @@ describe("extension", () => {
         const d = await new FakeDaemon({ token: TOKEN, reply: () => ({ deltas: ["slow"], items: ["slow"], delayMs: 2000 }) }).start();
         daemons.push(d);
         const tokenFile = path.join(tmp, "token-cancel");
-        fs.writeFileSync(tokenFile, TOKEN);
+        fs.writeFileSync(tokenFile, TOKEN, { mode: 0o600 });
         activate({ "soldaemon.endpoint": d.url, "soldaemon.tokenFile": tokenFile, "soldaemon.debounceMs": 0 });
         await until(() => statusText().startsWith("$(check)"), 5000, "ready");
         const { doc, pos } = vscode.docAt("x = |");
@@ -113,7 +113,7 @@ describe("extension", () => {
         const d = await new FakeDaemon({ token: TOKEN }).start();
         daemons.push(d);
         const tokenFile = path.join(tmp, "token2");
-        fs.writeFileSync(tokenFile, TOKEN);
+        fs.writeFileSync(tokenFile, TOKEN, { mode: 0o600 });
         activate({ "soldaemon.endpoint": d.url, "soldaemon.tokenFile": tokenFile, "soldaemon.debounceMs": 0 });
         await vscode.commands.executeCommand("soldaemon.toggle");
         assert.equal(vscode.recorded.settings["soldaemon.enable"], false);
@@ -148,7 +148,7 @@ describe("extension", () => {
         fs.writeFileSync(exe, `#!${process.execPath}
 const fs = require("fs");
 const dir = process.env.SOLDAEMON_STATE_DIR;
-fs.writeFileSync(dir + "/token", ${JSON.stringify(TOKEN)});
+fs.writeFileSync(dir + "/token", ${JSON.stringify(TOKEN)}, { mode: 0o600 });
 fs.writeFileSync(dir + "/daemon.json", JSON.stringify({ pid: ${process.pid}, url: ${JSON.stringify(d.url)}, token_file: dir + "/token" }));
 console.error("soldaemon: error [address_in_use]: port 8765 on 127.0.0.1 is already in use");
 process.exit(4);
@@ -188,7 +188,7 @@ const fs = require("fs");
 const { FakeDaemon } = require(${JSON.stringify(fakeDaemonJs)});
 if (process.argv[2] !== "serve") { console.error("soldaemon: error [usage]: expected serve"); process.exit(2); }
 const tokenFile = process.env.SOLDAEMON_STATE_DIR + "/token";
-fs.writeFileSync(tokenFile, ${JSON.stringify(TOKEN)});
+fs.writeFileSync(tokenFile, ${JSON.stringify(TOKEN)}, { mode: 0o600 });
 fs.writeFileSync(${JSON.stringify(pidFile)}, String(process.pid));
 new FakeDaemon({ token: ${JSON.stringify(TOKEN)}, reply: () => ({ deltas: ["42"], items: ["42"] }) }).start().then((d) => {
   console.error("INFO loading the model");

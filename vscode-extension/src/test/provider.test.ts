@@ -1,7 +1,10 @@
 // Provider logic against a fake `vscode` and a fake backend.
 
 import { strict as assert } from "node:assert";
+import * as fs from "node:fs";
+import * as path from "node:path";
 import { describe, it } from "node:test";
+import { SECRET_PATTERNS } from "../sensitive";
 import * as vscode from "../testing/fakeVscode";
 import {
     CompletionBackend, CompletionCache, DEFAULT_CONFIG, InlineProvider, ProviderConfig, ProviderEvents,
@@ -219,6 +222,28 @@ describe("provider", () => {
         const widget = setup();
         assert.equal(await ask(widget.provider, "x = |", vscode.newToken().token, { triggerKind: 1, selectedCompletionInfo: {} }), undefined);
         assert.equal(widget.backend.calls.length, 0);
+    });
+
+    it("never sends the text of a secret file (.env, keys, ~/.ssh)", async () => {
+        for (const uri of ["file:///project/.env", "file:///project/.env.local", "file:///home/me/.ssh/config",
+            "file:///project/deploy/tls.key", "file:///project/.git/COMMIT_EDITMSG"]) {
+            const s = setup();
+            const { doc, pos } = vscode.docAt("API_KEY=|", "dotenv", uri);
+            assert.equal(await s.provider.provideInlineCompletionItems(doc, pos, INVOKE, vscode.newToken().token), undefined);
+            assert.equal(s.backend.calls.length, 0, uri);
+        }
+        const ok = setup();
+        const { doc, pos } = vscode.docAt("x = |", "python", "file:///project/id_utils.py");
+        await ok.provider.provideInlineCompletionItems(doc, pos, INVOKE, vscode.newToken().token);
+        assert.equal(ok.backend.calls.length, 1);
+    });
+
+    it("uses the daemon's secret patterns", () => {
+        const src = fs.readFileSync(path.join(__dirname, "..", "..", "..", "soldaemon", "sensitive.py"), "utf8");
+        const block = /SECRET_PATTERNS: tuple\[str, \.\.\.\] = \(([\s\S]*?)\n\)/.exec(src);
+        assert.ok(block, "SECRET_PATTERNS not found in soldaemon/sensitive.py");
+        const python = [...block[1].matchAll(/"([^"]*)"/g)].map((m) => m[1]);
+        assert.deepEqual([...SECRET_PATTERNS], python);
     });
 
     it("does not duplicate a closing bracket after the cursor", async () => {

@@ -1,0 +1,113 @@
+"""The LSP base protocol, read strictly.
+
+pygls' own reader skips every header line it does not understand until it
+finds a ``Content-Length``, so an HTTP request (``POST / HTTP/1.1`` with
+browser headers and an LSP frame as its body) or any other byte stream that
+happens to contain such a line is served as if it were an editor. This
+reader accepts only what the LSP base protocol defines:
+
+- header lines ``Name: value\\r\\n`` with ``Name`` one of ``Content-Length``
+  and ``Content-Type`` (case-insensitive), each at most once;
+- ``Content-Length`` decimal, 1 .. :data:`MAX_FRAME_BYTES`;
+- then ``\\r\\n`` and exactly that many bytes of JSON.
+
+Anything else raises :class:`FramingError`: after a malformed header the
+stream cannot be resynchronised, so the server logs one line and exits
+(its client is gone or was never an editor).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+from typing import Any, Awaitable, Callable, Protocol
+
+MAX_FRAME_BYTES = 64 * 1024 * 1024      # one message; a 1 MB document is ~1 MB of JSON
+MAX_HEADER_LINE = 256                   # bytes
+_HEADER = re.compile(rb"([A-Za-z][A-Za-z0-9-]*): ([\x20-\x7e]*)\r\n")
+_ALLOWED = {b"content-length", b"content-type"}
+
+
+class FramingError(ValueError):
+    """The byte stream is not LSP base-protocol frames."""
+
+
+class AsyncReader(Protocol):
+    def readline(self) -> Awaitable[bytes]: ...
+
+    def readexactly(self, n: int) -> Awaitable[bytes]: ...
+
+
+def parse_header_line(line: bytes, seen: dict[bytes, bytes]) -> None:
+    """Add one header line to ``seen``; raise :class:`FramingError` for
+    anything that is not a known LSP header."""
+    if len(line) > MAX_HEADER_LINE:
+        raise FramingError(f"header line longer than {MAX_HEADER_LINE} bytes")
+    match = _HEADER.fullmatch(line)
+    if match is None:
+        raise FramingError(f"not an LSP header line: {line[:60]!r}")
+    name, value = match.group(1).lower(), match.group(2)
+    if name not in _ALLOWED:
+        raise FramingError(f"unexpected header {match.group(1)[:40]!r}")
+    if name in seen:
+        raise FramingError(f"duplicate header {match.group(1)[:40]!r}")
+    seen[name] = value
+
+
+def content_length(headers: dict[bytes, bytes]) -> int:
+    """The body length a header block announces (validated)."""
+    raw = headers.get(b"content-length")
+    if raw is None:
+        raise FramingError("a frame without Content-Length")
+    if not raw.isdigit() or len(raw) > 10:
+        raise FramingError(f"bad Content-Length {raw[:20]!r}")
+    length = int(raw)
+    if not 1 <= length <= MAX_FRAME_BYTES:
+        raise FramingError(f"Content-Length {length} outside 1..{MAX_FRAME_BYTES}")
+    return length
+
+
+async def read_frame(reader: AsyncReader) -> bytes | None:
+    """One frame's body; ``None`` at a clean end of the stream (between
+    frames). Raises :class:`FramingError`."""
+    headers: dict[bytes, bytes] = {}
+    while True:
+        line = await reader.readline()
+        if not line:
+            if headers:
+                raise FramingError("the stream ended inside a header block")
+            return None
+        if line == b"\r\n":
+            break
+        parse_header_line(line, headers)
+    length = content_length(headers)
+    body = await reader.readexactly(length)
+    if len(body) != length:
+        raise FramingError("the stream ended inside a frame")
+    return body
+
+
+async def run_strict(stop_event: threading.Event, reader: AsyncReader, protocol: Any,
+                     log: logging.Logger, error_handler: Callable[[Exception, type], Any]) -> None:
+    """pygls' ``run_async`` loop with :func:`read_frame`: hand each frame to
+    ``protocol.handle_message`` until the stream ends or is not LSP (then
+    log one line and return, which ends the server)."""
+    while not stop_event.is_set():
+        try:
+            body = await read_frame(reader)
+        except FramingError as exc:
+            log.error("refusing the client's input: %s; closing", exc)
+            return
+        if body is None:
+            return
+        try:
+            message = json.loads(body, object_hook=protocol.structure_message)
+        except ValueError as exc:
+            log.error("refusing the client's input: a frame that is not JSON (%s); closing", exc)
+            return
+        try:
+            protocol.handle_message(message)
+        except Exception as exc:  # a handler bug: reported, the server lives on
+            error_handler(exc, type(exc))

@@ -1,0 +1,64 @@
+"""The worker's queue: strict priority classes, round-robin between owners
+(connections) inside a class, FIFO per owner.
+
+A client that queues 30 requests and one that queues 1 at the same priority
+alternate: the second waits for at most one of the first's, not thirty.
+Thread-safe: the event loop puts, the inference thread gets.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class FairQueue(Generic[T]):
+    """``put(priority, owner, item)``, lower priority first; ``get()``
+    blocks until an item or :meth:`close` (then returns ``None``)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        # priority → owner → that owner's items (dict order is the round-robin order)
+        self._classes: dict[int, dict[int, collections.deque[T]]] = {}
+        self._closed = False
+
+    def put(self, priority: int, owner: int, item: T) -> None:
+        with self._cond:
+            owners = self._classes.setdefault(priority, {})
+            owners.setdefault(owner, collections.deque()).append(item)
+            self._cond.notify()
+
+    def close(self) -> None:
+        """Wake the getter; every later :meth:`get` returns ``None``."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def get(self, block: bool = True) -> T | None:
+        """The next item; ``block=False``: raises ``queue.Empty`` instead of
+        waiting when there is none (the worker then runs speculation)."""
+        with self._cond:
+            while True:
+                if self._closed:
+                    return None
+                for priority in sorted(self._classes):
+                    owners = self._classes[priority]
+                    owner, items = next(iter(owners.items()))
+                    item = items.popleft()
+                    del owners[owner]              # to the back of the round
+                    if items:
+                        owners[owner] = items
+                    if not owners:
+                        del self._classes[priority]
+                    return item
+                if not block:
+                    raise queue.Empty
+                self._cond.wait()
+
+    def __len__(self) -> int:
+        with self._cond:
+            return sum(len(q) for owners in self._classes.values() for q in owners.values())
