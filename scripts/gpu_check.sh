@@ -8,7 +8,7 @@
 # (no websockets, pygls or gguf needed).
 #
 #   bash scripts/gpu_check.sh --out "$OUT"        # on a CUDA machine (estimated 3-5 min on an H200: never run yet)
-#   bash scripts/gpu_check.sh --cpu --out DIR     # the same end to end on the tiny model (CI; 22-36 s here)
+#   bash scripts/gpu_check.sh --cpu --out DIR     # the same end to end on the tiny model (CI; 15-36 s here)
 #
 # Writes to the out folder (default $OUT, else ./gpu-check-out): summary.md
 # (also printed), gpu_check.json (every figure, check and reading) and
