@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Check and time the GPU latency path (issue 4) on a CUDA machine.
+"""Check and time the GPU latency path (issues 4 and 18) on a CUDA machine.
 
 For the same holes cut from real source and the same prompt ids:
 
@@ -7,15 +7,29 @@ For the same holes cut from real source and the same prompt ids:
 - ``sol-eager``: this runtime's decode steps, eager (CUDA graphs off);
 - ``sol-graphs``: the same replayed from CUDA graphs (captured at warm-up).
 
-It checks that the greedy tokens are identical across the three, reports TTFT
-and ms/token p50 per path and the ratios to ``generate``, the graph capture
-count/time and any fallback, then replays a short keystroke trace through the
-engine (graphs on). Prints a table; ``--json`` writes everything.
+Checks (the exit status is 1 when one fails, with the reasons printed and
+in the JSON's ``failures``):
 
-    python scripts/gpu_latency.py --json "$OUT/gpu_latency.json"
+- graphs against eager steps directly, in the precision the device decodes
+  in (:mod:`soldaemon.runtime.graphcheck`: teacher-forced logits within the
+  stated tolerance, argmax agreement; in float32 also identical free-running
+  tokens), over ``--check-steps`` steps on every hole, and the eager steps
+  against transformers' own forward of the same tokens, same tolerance;
+- in float32, the eager tokens equal ``generate()``'s (in half precision
+  the two are different kernels: reported, not judged);
+- idle release → restore → graph re-capture gives the same tokens as before.
 
-On a CPU (``--device cpu``, used by the test suite with a tiny model) graphs
-are unavailable: the script says so and times the eager path only.
+Reports TTFT and ms/token p50 per path, decode ms/token against the
+memory-bandwidth floor (bytes a decode step reads ÷ the measured read
+bandwidth), a cold prefill of ``--prefill-tokens``, graph capture count and
+time, idle release/restore ms, and a keystroke trace's TTFT on the reuse
+path. ``--json`` writes everything.
+
+    python scripts/gpu_latency.py --model DIR --json "$OUT/gpu_latency.json"
+
+On a CPU (``--device cpu``, the test suite's tiny model) ``--emulate-graphs``
+runs the graph path through :class:`~soldaemon.runtime.cudagraph.EmulatedGraph`
+(the same static step and output-buffer contract, no capture).
 """
 
 from __future__ import annotations
@@ -33,11 +47,85 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from soldaemon.bench import bench_generate, bench_sol  # noqa: E402
+from soldaemon.bench import baseline_model, bench_generate, bench_sol  # noqa: E402
 from soldaemon.config import load_config  # noqa: E402
 from soldaemon.holes import cut_line_holes, default_corpus  # noqa: E402
-from soldaemon.runtime.engine import load_engine  # noqa: E402
+from soldaemon.runtime.cudagraph import GraphDecoder  # noqa: E402
+from soldaemon.runtime.engine import LocalEngine, load_engine  # noqa: E402
+from soldaemon.runtime.graphcheck import compare_graphs, transformers_reference  # noqa: E402
+from soldaemon.runtime.timing import synchronize  # noqa: E402
 from soldaemon.trace import make_trace, run_sol  # noqa: E402
+
+
+def measure_read_bandwidth(device: torch.device, nbytes: int, reps: int = 5) -> float:
+    """GB/s a reduction reads the device's memory at (best of ``reps``):
+    the bandwidth a memory-bound decode step can reach at most."""
+    x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    best = float("inf")
+    for _ in range(reps + 1):                          # the first run warms the kernel
+        synchronize(device)
+        t0 = time.perf_counter()
+        float(x.sum())
+        best = min(best, time.perf_counter() - t0)
+    del x
+    return nbytes / best / 1e9
+
+
+def decode_bytes(backend: Any, context: int) -> int:
+    """Bytes one decode step reads: every weight the backend holds (its one
+    packed copy) but an untied embedding table, of which a step reads one
+    row, and the KV of ``context`` positions."""
+    n = backend.weight_bytes()
+    if backend.embed_w is not backend.head_w:
+        n -= sum(t.untyped_storage().nbytes() for t in (backend.embed_w, backend.embed_s) if t is not None)
+    n_layers, kv, _, hd = backend._kv_shape
+    return n + 2 * n_layers * kv * hd * context * backend.k_cache.element_size()
+
+
+def cold_prefill_ms(engine: LocalEngine, n: int, repeats: int = 3) -> float:
+    """ms of one ``n``-token prompt from an empty cache to its first sampled
+    token (model-dtype weights, as a prompt is computed); the median."""
+    text = "".join(p.read_text(errors="replace") for p in default_corpus()[:4])
+    ids = engine.tokenizer(text, add_special_tokens=False).input_ids[:n]
+    if len(ids) < n:
+        raise ValueError(f"the corpus gives only {len(ids)} tokens")
+    dev = engine.backend.device
+    x = torch.tensor(ids, dtype=torch.long, device=dev)
+    samples = []
+    for _ in range(repeats + 1):                       # the first run warms the kernels
+        synchronize(dev)
+        t0 = time.perf_counter()
+        int(engine.backend.forward(x, 0, precise=True)[0].argmax())
+        samples.append((time.perf_counter() - t0) * 1e3)
+    engine.session.truncate(0)                         # the cache no longer holds what the session thinks
+    return statistics.median(samples[1:])
+
+
+def idle_release_check(engine: LocalEngine, ids: list[int], n: int, before: list[int]) -> dict[str, Any]:
+    """Release every layer as after ``sol.idle_release_s`` idle, restore
+    (layer 0 first), decode again: ms of each, bytes freed, graph captures
+    after the restore, and whether the tokens are those of ``before``."""
+    memory = engine.memory
+    if memory is None:
+        return {"skipped": "no memory scheduler (not the lean backend)"}
+    dev = engine.backend.device
+    graphs = engine.graphs
+    captures0 = graphs.captures if graphs is not None else 0
+    synchronize(dev)
+    t0 = time.perf_counter()
+    freed = memory.release_if_idle(now=time.monotonic() + memory.idle_release_s + 1)
+    synchronize(dev)
+    release_ms = (time.perf_counter() - t0) * 1e3
+    t1 = time.perf_counter()
+    with engine._lock:
+        memory.restore()
+    synchronize(dev)
+    restore_ms = (time.perf_counter() - t1) * 1e3
+    _, _, after, _ = bench_sol(engine, ids, n, speculative=False)
+    return {"freed_mb": round(freed / 2**20, 1), "release_ms": round(release_ms, 2),
+            "restore_ms": round(restore_ms, 2),
+            "recaptures": (graphs.captures - captures0) if graphs is not None else None,
+            "same_tokens": after == before}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,42 +134,71 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--holes", type=int, default=8)
     p.add_argument("--tokens", type=int, default=48)
+    p.add_argument("--check-steps", type=int, default=64, help="graph-vs-eager steps per hole")
+    p.add_argument("--prefill-tokens", type=int, default=1024, help="cold prefill length (0: skip)")
     p.add_argument("--lines", type=int, default=2, help="keystroke trace: lines typed")
+    p.add_argument("--emulate-graphs", action="store_true", help="off CUDA: run the graph path emulated")
+    p.add_argument("--bandwidth-mb", type=int, default=None,
+                   help="buffer for the read-bandwidth measure (default 2048 on CUDA, 128 on a CPU)")
     p.add_argument("--json", dest="json_out")
     args = p.parse_args(argv)
 
     overrides: dict[str, Any] = {"device.device": args.device, "model.max_prefix_tokens": 384,
-                                 "model.max_suffix_tokens": 128}
+                                 "model.max_suffix_tokens": 128,
+                                 "model.max_context": max(2048, args.prefill_tokens + 64)}
     if args.model:
         overrides["model.path"] = args.model
     config = load_config(None).with_overrides(overrides, source="gpu_latency")
     t0 = time.perf_counter()
     engine = load_engine(config, progress=False)
     load_s = time.perf_counter() - t0
-    info = engine.info()
+    backend = engine.backend
+    if engine.graphs is None and args.emulate_graphs:
+        engine.graphs = GraphDecoder(backend, emulate=True)
+        setattr(backend, "graphs", engine.graphs)
     graphs = engine.graphs
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    info = engine.info()
+    dev = backend.device
+    gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
     print(f"model {info['model']} on {info['device']} ({info['dtype']}), {gpu or platform.processor() or 'CPU'}; "
-          f"load + warm-up {load_s:.1f} s; CUDA graphs: {info['cuda_graphs'] or 'unavailable (not CUDA)'}")
+          f"load + warm-up {load_s:.1f} s; CUDA graphs: {info['cuda_graphs'] or 'unavailable (not CUDA)'}"
+          + (" (emulated)" if graphs is not None and graphs.emulated else ""))
+    print(f"kernel plan: {backend.plan.describe()}")
+    failures: list[str] = []
 
+    # generate()'s model: the engine's module, or a separate full copy when the engine released it
+    baseline, baseline_note = baseline_model(engine, config)
+    if baseline_note:
+        print(baseline_note)
     holes = cut_line_holes(default_corpus(), args.holes, seed=0)
+    prompts = [engine.build_prompt(engine_request(hole))[0].ids for hole in holes]
     rows: dict[str, dict[str, list[float]]] = {k: {"ttft_ms": [], "ms_per_token": []}
                                                for k in ("generate", "sol-eager", "sol-graphs")}
     same = {"sol-eager": 0, "sol-graphs": 0}
-    for hole in holes:
-        ids = engine.build_prompt(engine_request(hole))[0].ids
-        ttft, mpt, ref = bench_generate(engine.loaded.model, ids, args.tokens)
-        rows["generate"]["ttft_ms"].append(ttft)
-        rows["generate"]["ms_per_token"].append(mpt)
+    first_tokens: list[int] = []
+    for ids in prompts:
+        ref: list[int] | None = None
+        if baseline is not None:
+            ttft, mpt, ref = bench_generate(baseline, ids, args.tokens)
+            rows["generate"]["ttft_ms"].append(ttft)
+            rows["generate"]["ms_per_token"].append(mpt)
         for name in ("sol-eager", "sol-graphs"):
             if name == "sol-graphs" and graphs is None:
                 continue
-            setattr(engine.backend, "graphs", graphs if name == "sol-graphs" else None)
+            setattr(backend, "graphs", graphs if name == "sol-graphs" else None)
             ttft, mpt, toks, _ = bench_sol(engine, ids, args.tokens, speculative=False)
             rows[name]["ttft_ms"].append(ttft)
             rows[name]["ms_per_token"].append(mpt)
             same[name] += toks == ref
-        setattr(engine.backend, "graphs", graphs)
+            if name == "sol-graphs" and not first_tokens:
+                first_tokens = toks
+        setattr(backend, "graphs", graphs)
+    plan = backend.plan
+    dense = not plan.storage.startswith("int8") and not plan.head_storage.startswith("int8")
+    exact = all(k == "float32" for k in (plan.storage, plan.prefill, plan.short, plan.head_storage, plan.head))
+    if exact and baseline is not None and same["sol-eager"] < len(prompts):
+        failures.append(f"float32 eager tokens differ from generate() on {len(prompts) - same['sol-eager']} holes")
+
     base = rows["generate"]
     print(f"\n{len(holes)} holes, {args.tokens} tokens each, greedy, cold cache")
     print(f"{'path':<11} {'TTFT p50':>9} {'ms/tok p50':>11} {'vs generate':>12} {'same tokens':>12}")
@@ -91,11 +208,48 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<11} {'-':>9} {'-':>11} {'-':>12} {'(unavailable)':>12}")
             continue
         t, m = statistics.median(r["ttft_ms"]), statistics.median(r["ms_per_token"])
-        ratio = m / statistics.median(base["ms_per_token"])
+        ratio = m / statistics.median(base["ms_per_token"]) if base["ms_per_token"] else float("nan")
         eq = f"{same[name]}/{len(holes)}" if name in same else "ref"
         print(f"{name:<11} {t:>9.1f} {m:>11.2f} {ratio:>11.2f}x {eq:>12}")
         summary[name] = {"ttft_p50_ms": t, "ms_per_token_p50": m, "vs_generate": ratio,
                          "same_tokens": same.get(name)}
+
+    check = None
+    if graphs is not None:
+        # a quantized plan differs from the dense module by its rounding: compared only when dense
+        reference = transformers_reference(baseline) if baseline is not None and dense else None
+        check = compare_graphs(backend, graphs, prompts, args.check_steps, reference=reference)
+        engine.session.truncate(0)                     # the comparison wrote the session's cache
+        failures += [f"graphs vs eager: {f}" for f in check.failures()]
+        print(f"\ngraphs vs eager ({check.dtype}, {check.documents} holes x {check.steps // max(1, check.documents)} "
+              f"steps): max |logit diff| {check.max_abs_diff:.4g} (strain {check.strain:.2f} of the tolerance "
+              f"{check.tolerance}), argmax agreement {check.agreement:.3f}, free-running identical "
+              f"{check.free_equal}/{check.documents} (first divergence {check.first_divergence}); eager vs "
+              f"transformers' forward: max |logit diff| {check.ref_max_abs_diff:.4g} (strain {check.ref_strain:.2f}), "
+              f"argmax agreement {check.ref_agree}/{check.ref_steps}")
+
+    read_gbs = measure_read_bandwidth(dev, (args.bandwidth_mb or (2048 if dev.type == "cuda" else 128)) << 20)
+    step_bytes = decode_bytes(backend, int(statistics.median(len(i) for i in prompts)) + args.tokens // 2)
+    floor_ms = step_bytes / (read_gbs * 1e9) * 1e3
+    decode = {"read_bandwidth_gbs": round(read_gbs, 1), "bytes_per_token": step_bytes,
+              "floor_ms": round(floor_ms, 4)}
+    for name in ("sol-eager", "sol-graphs"):
+        if name in summary:
+            decode[f"{name}_vs_floor"] = round(summary[name]["ms_per_token_p50"] / floor_ms, 2)
+    if "sol-eager" in summary and "sol-graphs" in summary:
+        decode["graphs_vs_eager"] = round(summary["sol-graphs"]["ms_per_token_p50"]
+                                          / summary["sol-eager"]["ms_per_token_p50"], 3)
+    print(f"decode floor: {step_bytes / 1e6:.1f} MB per token at {read_gbs:.0f} GB/s = {floor_ms:.3f} ms; {decode}")
+
+    prefill_ms = cold_prefill_ms(engine, args.prefill_tokens) if args.prefill_tokens else None
+    if prefill_ms is not None:
+        print(f"cold prefill of {args.prefill_tokens} tokens: {prefill_ms:.1f} ms")
+    idle = idle_release_check(engine, prompts[0], args.tokens, first_tokens) if first_tokens else {}
+    if idle and idle.get("same_tokens") is False:
+        failures.append("tokens after idle release + restore differ from before")
+    if idle and graphs is not None and not idle.get("recaptures"):
+        failures.append("no graph was captured again after the restore")
+    print(f"idle release / restore: {idle}")
 
     trace = make_trace(default_corpus(), args.lines, 0)
     say = lambda msg: print("  " + msg, file=sys.stderr, flush=True)  # noqa: E731
@@ -103,17 +257,33 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nkeystroke trace: {len(trace)} keystrokes, TTFT p50 {every.pct('ttft_ms', .5):.1f} ms, "
           f"p95 {every.pct('ttft_ms', .95):.1f} ms; model-computed p50 {computed.pct('ttft_ms', .5):.1f} ms, "
           f"p95 {computed.pct('ttft_ms', .95):.1f} ms; type-through {every.type_through}")
+    # the reuse path: keystrokes the model computed on top of a reused cache
+    reuse = sorted(t for t, c, n in zip(computed.ttft_ms, computed.computed_tokens, computed.prompt_tokens)
+                   if c < n // 2)
+    reuse_p50 = statistics.median(reuse) if reuse else None
+    print(f"keystroke TTFT on the reuse path: p50 {reuse_p50} ms over {len(reuse)} keystrokes")
     print(f"graphs: {graphs.info() if graphs is not None else 'unavailable'}")
+    for f in failures:
+        print(f"FAIL: {f}")
+    print("gpu_latency: " + ("FAILED" if failures else "all checks passed"))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({
-            "info": info, "gpu": gpu, "load_s": load_s, "rows": rows, "summary": summary,
+            "info": info, "gpu": gpu, "load_s": load_s, "plan": plan.to_dict(), "baseline": baseline_note,
+            "rows": rows, "summary": summary,
             "graphs": graphs.info() if graphs is not None else None,
+            "graph_check": check.to_dict() if check is not None else None,
+            "decode": decode, "prefill": {"tokens": args.prefill_tokens, "ms": prefill_ms},
+            "idle_release": idle,
             "trace": {"keystrokes": len(trace), "ttft_p50": every.pct("ttft_ms", .5),
                       "ttft_p95": every.pct("ttft_ms", .95), "model_ttft_p50": computed.pct("ttft_ms", .5),
-                      "model_ttft_p95": computed.pct("ttft_ms", .95), "type_through": every.type_through},
-        }, indent=1))
+                      "model_ttft_p95": computed.pct("ttft_ms", .95), "model_keystrokes": len(computed.ttft_ms),
+                      "reuse_ttft_p50": reuse_p50, "reuse_keystrokes": len(reuse),
+                      "type_through": every.type_through},
+            "failures": failures,
+        }, indent=1, default=str))
         print(f"wrote {args.json_out}")
-    return 0
+    engine.close()
+    return 1 if failures else 0
 
 
 def engine_request(hole: Any) -> Any:

@@ -6,7 +6,8 @@ Prints (and writes as JSON) the host→device copy bandwidth and, with 100%,
 prefetched ``--depth`` layers ahead on a side stream): TTFT of a
 ``--prompt-tokens`` prefill, time per decoded token, prefetch hit rate,
 fallbacks, and the cost the planner predicts from the bandwidth next to the
-cost measured. Greedy tokens must be identical in every row. Then what
+cost measured. Greedy tokens must be identical in every row, and KV parked
+trimmed-only must come back bit for bit (exit status 1 otherwise). Then what
 parking a document's KV costs on the device (KV folding): the prompt's KV
 trimmed only, and quantized at threshold 0.1 — score, park and restore ms.
 
@@ -84,6 +85,7 @@ def _kv_park_costs(backend: LeanBackend, ids: torch.Tensor, repeats: int) -> lis
     n = len(ids)
     saved_k, saved_v = k[:, :, :n].clone(), v[:, :, :n].clone()
     out = []
+    exact = True
     for threshold in (0.0, 0.1):
         times = []
         for _ in range(max(1, repeats)):
@@ -99,6 +101,8 @@ def _kv_park_costs(backend: LeanBackend, ids: torch.Tensor, repeats: int) -> lis
             _sync(dev)
             t3 = time.perf_counter()
             times.append(((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3))
+            if threshold == 0:     # trimming only is exact: the KV comes back bit for bit
+                exact = exact and torch.equal(k[:, :, :n], saved_k) and torch.equal(v[:, :, :n], saved_v)
             k[:, :, :n] = saved_k
             v[:, :, :n] = saved_v
         score_ms, park_ms, restore_ms = (sorted(x)[len(x) // 2] for x in zip(*times))
@@ -106,7 +110,7 @@ def _kv_park_costs(backend: LeanBackend, ids: torch.Tensor, repeats: int) -> lis
                     "stored_mb": round(f.nbytes() / 2**20, 2),
                     "share_quantized": round(f.folded_block_bytes() / max(1, f.trimmed_bytes()), 4),
                     "score_ms": round(score_ms, 3), "park_ms": round(park_ms, 3),
-                    "restore_ms": round(restore_ms, 3)})
+                    "restore_ms": round(restore_ms, 3), "exact": exact if threshold == 0 else None})
     backend.record_queries(False)
     return out
 
@@ -206,10 +210,18 @@ def main(argv: list[str] | None = None) -> int:
               "prompt_tokens": len(ids_list), "tokens": args.tokens,
               "reference": {"ttft_ms": round(base["ttft"], 2), "ms_per_token": round(base["tok"], 3)}, "rows": rows,
               "kv_park": kv}
+    failures = [f"tokens with {row['resident_pct']}% of the layers resident differ from all-resident"
+                for row in rows if not row["same_tokens"]]
+    if kv[0]["exact"] is False:
+        failures.append("KV parked trimmed-only did not come back bit for bit")
+    result["failures"] = failures
+    for f in failures:
+        print(f"FAIL: {f}")
+    print("gpu_memory: " + ("FAILED" if failures else "all checks passed"))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     store.close()
-    return 0 if all(row["same_tokens"] for row in rows) else 1
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

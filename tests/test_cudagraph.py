@@ -24,6 +24,18 @@ def tiny_hf(tmp_path_factory: pytest.TempPathFactory) -> object:
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")])])
+def graph_hf(request: pytest.FixtureRequest, tiny_hf: object) -> tuple[object, bool]:
+    """The tiny model and whether graphs are emulated: on the CPU through
+    EmulatedGraph; on a CUDA device (``gpu``) through captured graphs."""
+    if request.param == "cpu":
+        return tiny_hf, True
+    import copy
+
+    return copy.deepcopy(tiny_hf).to("cuda"), False  # type: ignore[attr-defined]
+
+
 def test_buckets_cover_the_context() -> None:
     assert buckets(256) == [256]
     assert buckets(1000) == [256, 512, 1000]
@@ -64,7 +76,9 @@ def test_static_step_is_the_eager_step(tiny_hf: object) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_graph_decode_matches_eager_on_cuda(tiny_hf: object) -> None:
-    model = tiny_hf.to("cuda")  # type: ignore[attr-defined]
+    import copy
+
+    model = copy.deepcopy(tiny_hf).to("cuda")  # type: ignore[attr-defined]  # not the CPU tests' module
     backend = LeanBackend(model, 1024)
     session = KVSession(backend)
     prompt = list(range(5, 300))
@@ -96,10 +110,88 @@ def test_gpu_latency_script_runs_its_cpu_mode(tmp_path: Path) -> None:
     out = tmp_path / "lat.json"
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, str(root / "scripts" / "gpu_latency.py"), "--model", str(model),
-                           "--device", "cpu", "--holes", "2", "--tokens", "4", "--lines", "1", "--json", str(out)],
+                           "--device", "cpu", "--holes", "2", "--tokens", "4", "--lines", "1", "--prefill-tokens", "64",
+                           "--json", str(out)],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "CUDA graphs: unavailable" in proc.stdout and "sol-eager" in proc.stdout
     data = json.loads(out.read_text())
     assert data["summary"]["sol-eager"]["same_tokens"] == 2      # eager lean path = generate()
     assert "sol-graphs" not in data["summary"] and data["trace"]["keystrokes"] > 5
+
+
+def _ids(n: int, seed: int, vocab: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n,), generator=gen).tolist()
+
+
+def test_kept_logits_survive_another_documents_replays(graph_hf: tuple[object, bool]) -> None:
+    """Issue 18, item 1: with folding on, documents share one compute buffer
+    and so one graph per window, whose static output every replay
+    overwrites. The logits a session keeps for the "prompt unchanged"
+    shortcut must still be its own after another document decoded."""
+    from soldaemon.runtime.session import SessionPool
+
+    hf, emulate = graph_hf
+    backend = LeanBackend(hf, 600)
+    backend.graphs = GraphDecoder(backend, emulate=emulate)  # type: ignore[attr-defined]
+    pool = SessionPool(backend, 2, fold_threshold=0.01)
+    a_prompt, b_prompt = _ids(40, 1, backend.vocab_size), _ids(50, 2, backend.vocab_size)
+    a = pool.acquire("a")
+    token = int(a.prefill(a_prompt).logits.argmax())
+    kept = a.decode_step(token)
+    expected = kept.clone()
+    a_tokens = list(a.tokens)
+    b = pool.acquire("b")
+    token = int(b.prefill(b_prompt).logits.argmax())
+    b_last = b.decode_step(token)
+    assert backend.graphs.replays == 2 and backend.graphs.captures == 1  # one graph served both
+    assert not torch.equal(b_last, expected)
+    torch.testing.assert_close(kept, expected, rtol=0, atol=0)   # what a decode step returned stays
+    a = pool.acquire("a")
+    shortcut = a.prefill(a_tokens)
+    assert shortcut.computed == 0                                # the "prompt unchanged" path
+    torch.testing.assert_close(shortcut.logits, expected, rtol=0, atol=0)
+
+
+def test_graph_steps_record_the_query_kv_folding_scores_by(graph_hf: tuple[object, bool]) -> None:
+    """Issue 18, item 3: parked KV is scored by the last decode step's
+    query on a GPU too (graph steps write ``last_q``), not by the last
+    eager forward's."""
+    hf, emulate = graph_hf
+    backend = LeanBackend(hf, 600)
+    backend.record_queries()
+    graphs = GraphDecoder(backend, emulate=emulate)
+    session = KVSession(backend)
+    token = int(session.prefill(_ids(100, 3, backend.vocab_size)).logits.argmax())
+    for _ in range(2):
+        pos = len(session.tokens)
+        k0, v0 = backend.k_cache.clone(), backend.v_cache.clone()
+        backend.forward(torch.tensor([token], device=backend.device), pos)   # the eager step's queries
+        assert backend.last_q is not None
+        eager_q = backend.last_q.clone()
+        backend.k_cache.copy_(k0)
+        backend.v_cache.copy_(v0)
+        backend.last_q.zero_()
+        backend.last_q_cache = None
+        logits = graphs.step(token, pos)
+        assert logits is not None
+        torch.testing.assert_close(backend.last_q, eager_q, rtol=1e-4, atol=1e-5)
+        assert backend.last_q_cache is backend.k_cache
+        session.tokens.append(token)
+        token = int(logits.argmax())
+    # recording switched on later: the graph captured without it is not reused
+    captures = graphs.captures
+    backend.record_queries()
+    graphs.step(token, len(session.tokens))
+    assert graphs.captures == captures + 1
+
+
+def test_invalidate_drops_captured_graphs(tiny_hf: object) -> None:
+    backend = LeanBackend(tiny_hf, 600)
+    graphs = GraphDecoder(backend, emulate=True)
+    assert graphs.step(5, 0) is not None and graphs.info()["graphs"] == 1
+    graphs.invalidate()
+    assert graphs.info()["graphs"] == 0
+    graphs.step(6, 1)
+    assert graphs.captures == 2

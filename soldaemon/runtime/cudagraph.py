@@ -24,6 +24,19 @@ runs without capture).
 
 Graphs are only used while every layer is resident (``backend.all_resident``):
 weight offload moves weights between steps, which a graph cannot follow.
+
+A replay writes its logits into the graph's one static output tensor, which
+every later replay of that graph overwrites (and documents that share a
+compute buffer share the graph): :meth:`GraphDecoder.step` returns a view of
+it, valid until the next replay; whoever keeps logits copies them (see
+``KVSession.decode_step``). When the backend records queries for KV folding
+(``record_queries``), the static step writes each layer's query too, so
+folding weighs parked KV by the last decode step on a GPU as on a CPU.
+
+``emulate=True`` runs the same machinery off CUDA: "capture" builds an
+:class:`EmulatedGraph` whose ``replay`` runs the static step and copies its
+result into one static output tensor, as a CUDA graph does. The tests and
+``scripts/gpu_check.sh --cpu`` use it to run the graph path on a CPU.
 """
 
 from __future__ import annotations
@@ -55,16 +68,20 @@ class GraphDecoder:
     """Static-form decode steps over a :class:`~.backend.LeanBackend`, replayed
     from CUDA graphs on a CUDA device (see the module doc)."""
 
-    def __init__(self, backend: Any, *, max_graphs: int = 32) -> None:
+    def __init__(self, backend: Any, *, max_graphs: int = 32, emulate: bool = False) -> None:
+        """``emulate``: off CUDA, replay :class:`EmulatedGraph` stand-ins
+        (tests, dry runs) instead of reporting graphs unavailable."""
         self.b = backend
         self.device = backend.device
         self.buckets = buckets(backend.n_ctx)
         self.max_graphs = max_graphs
-        self.enabled = self.device.type == "cuda"
+        self.emulated = emulate and self.device.type != "cuda"
+        self.enabled = self.device.type == "cuda" or self.emulated
         self.failure: str | None = None if self.enabled else "not a CUDA device"
         self.token = torch.zeros(1, dtype=torch.long, device=self.device)
         self.pos = torch.zeros(1, dtype=torch.long, device=self.device)
-        self._graphs: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}
+        # (k_cache address, window, last_q address or 0) → (graph, its static logits [1, V])
+        self._graphs: dict[tuple[int, int, int], tuple[Any, torch.Tensor]] = {}
         self.replays = 0
         self.captures = 0
         self.capture_ms = 0.0
@@ -81,7 +98,9 @@ class GraphDecoder:
     def static_step(self, window: int) -> torch.Tensor:
         """One decode step of ``self.token`` at ``self.pos`` attending over the
         first ``window`` cache positions; logits [1, V] (float32). Only
-        tensor operations whose shapes do not depend on the position."""
+        tensor operations whose shapes do not depend on the position. The
+        matrices are multiplied by the kernel an eager decode step uses
+        (the plan's short-forward kernel)."""
         b = self.b
         H, KV, hd = b.n_heads, b.n_kv, b.head_dim
         pos = self.pos
@@ -99,6 +118,8 @@ class GraphDecoder:
             v = lin.multiply(h, w.wv, w.bv, w.sv, dt).view(1, KV, hd).transpose(0, 1)
             q = q * cos + b._rotate_half(q) * sin
             k = k * cos + b._rotate_half(k) * sin
+            if b.last_q is not None:                     # KV folding's query (see the module doc)
+                b.last_q[i].copy_(q[:, -1])              # [H, hd]
             b.k_cache[i].index_copy_(1, pos, k)
             b.v_cache[i].index_copy_(1, pos, v)
             keys = b.k_cache[i, :, :window]              # [KV, window, hd]
@@ -121,7 +142,11 @@ class GraphDecoder:
 
     def step(self, token: int, pos: int) -> torch.Tensor | None:
         """Logits [V] for ``token`` at ``pos`` through a graph, or None when
-        graphs are off (the caller then runs the eager forward)."""
+        graphs are off (the caller then runs the eager forward). The logits
+        are a view of the graph's static output: the next replay of this
+        graph (this or another document's) overwrites them, so a caller
+        that keeps them copies them. With queries recorded, ``last_q`` then
+        holds this step's queries and ``last_q_cache`` is the cache."""
         if not self.usable():
             return None
         window = self._bucket(pos)
@@ -133,10 +158,19 @@ class GraphDecoder:
         g, out = graph
         g.replay()
         self.replays += 1
+        if self.b.last_q is not None:
+            self.b.last_q_cache = self.b.k_cache
         return out[0]
 
+    def invalidate(self) -> None:
+        """Drop every captured graph (the weights moved: idle release and
+        restore); the next step captures again."""
+        self._graphs.clear()
+
     def _graph(self, window: int) -> tuple[Any, torch.Tensor] | None:
-        key = (self.b.k_cache.data_ptr(), window)
+        last_q = self.b.last_q
+        # a graph writes the tensors it was captured with: key on their addresses
+        key = (self.b.k_cache.data_ptr(), window, 0 if last_q is None else last_q.data_ptr())
         found = self._graphs.get(key)
         if found is not None:
             return found
@@ -154,6 +188,10 @@ class GraphDecoder:
         return found
 
     def _capture(self, window: int) -> tuple[Any, torch.Tensor]:
+        if self.emulated:
+            emulated = EmulatedGraph(self, window)
+            self.captures += 1
+            return emulated, emulated.out
         t0 = time.perf_counter()
         # The capture writes K/V at self.pos: point it at the last slot of the
         # window, then restore what was there (it may be a live cache).
@@ -200,3 +238,18 @@ class GraphDecoder:
             "capture_ms": round(self.capture_ms, 1),
             "replays": self.replays,
         }
+
+
+class EmulatedGraph:
+    """A CUDA graph's contract without CUDA: ``replay`` runs the decoder's
+    static step for ``window`` and writes the logits into ``out``, the one
+    static output tensor every replay reuses (as a captured graph's output
+    is). Only for ``GraphDecoder(..., emulate=True)``."""
+
+    def __init__(self, decoder: GraphDecoder, window: int) -> None:
+        self.decoder = decoder
+        self.window = window
+        self.out = torch.zeros(1, decoder.b.vocab_size, dtype=torch.float32, device=decoder.device)  # [1, V]
+
+    def replay(self) -> None:
+        self.out.copy_(self.decoder.static_step(self.window))

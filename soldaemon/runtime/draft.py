@@ -179,17 +179,22 @@ class DraftModel:
         return out
 
     def measure(self, n: int = 64) -> float:
-        """ms per draft decode step after an ``n``-token context."""
+        """ms per draft decode step after an ``n``-token context, each timed
+        to the end of its device work."""
         import time
 
+        from .timing import elapsed_ms, synchronize
+
+        device = self.session.backend.device
         ids = [int(t) for t in torch.randint(0, min(self.vocab_limit, 30000), (n,))]
         self.session.truncate(0)
         self.session.prefill(ids)
         samples = []
         for t in ids[:5]:
+            synchronize(device)
             t0 = time.perf_counter_ns()
             self.session.decode_step(t)
-            samples.append((time.perf_counter_ns() - t0) / 1e6)
+            samples.append(elapsed_ms(t0, device))
         self.session.truncate(0)
         self.step_ms = sorted(samples)[len(samples) // 2]
         return self.step_ms

@@ -45,6 +45,7 @@ from .healing import HealingSampler, TokenTexts
 from .sampling import make_sampler
 from .residency import BudgetTooSmall, MemoryScheduler
 from .session import Cancelled, KVSession, SessionPool
+from .timing import elapsed_ms, synchronize
 
 log = logging.getLogger("soldaemon.engine")
 
@@ -449,7 +450,8 @@ class LocalEngine:
 
     def measure_forward_costs(self, sizes: tuple[int, ...] = (1, 2, 3, 5, 9)) -> dict[int, float]:
         """ms of one forward of T tokens after a 64-token context, per T
-        (the median of three): what speculation weighs its drafts against."""
+        (the median of three, each timed to the end of its device work):
+        what speculation weighs its drafts against."""
         n = 64
         ids = [int(t) for t in torch.randint(0, min(self.backend.vocab_size, 30000), (n + max(sizes),))]
         session = self.session
@@ -459,9 +461,10 @@ class LocalEngine:
         for t in sizes:
             samples = []
             for _ in range(3):
+                synchronize(self.backend.device)
                 t0 = time.perf_counter_ns()
                 session.verify(ids[n:n + t])
-                samples.append((time.perf_counter_ns() - t0) / 1e6)
+                samples.append(elapsed_ms(t0, self.backend.device))   # after the kernels, not their launch
                 session.truncate(n)
             costs[t] = sorted(samples)[1]
         session.truncate(0)

@@ -163,7 +163,8 @@ class KVSession:
         return logits
 
     def decode_step(self, token: int) -> torch.Tensor:
-        """Append ``token``; return the logits [V] for the next one."""
+        """Append ``token``; return the logits [V] for the next one (this
+        session's own tensor: no later step of any session changes it)."""
         if len(self.tokens) + 1 >= self.n_ctx:
             raise ValueError("KV cache full")
         self.version += 1
@@ -172,6 +173,10 @@ class KVSession:
         if graphs is not None:                 # a CUDA graph replay (None: graphs off)
             self.backend.use_cache(self.cache)
             logits = graphs.step(token, len(self.tokens))
+            if logits is not None:
+                # a view of the graph's static output, which the next replay
+                # overwrites (documents sharing a compute buffer share the graph)
+                logits = logits.clone()
         if logits is None:
             logits = self.backend.forward(self._tensor([token]), len(self.tokens))[0]
         self.tokens.append(token)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import json
 from pathlib import Path
+from typing import Any, Callable
 
 QWEN_SPECIALS = [
     "<|endoftext|>", "<|im_start|>", "<|im_end|>",
@@ -49,6 +50,22 @@ def build_tokenizer(vocab_size: int = 2048):
     )
 
 
+def _build(path: str | Path, marker_name: str, stamp: dict[str, Any], make: Callable[[Any], Any]) -> Path:
+    """Write ``make(tokenizer)``'s model and the tokenizer to ``path``
+    unless a marker file there already records ``stamp``; return ``path``."""
+    out = Path(path)
+    marker = out / marker_name
+    if marker.exists() and json.loads(marker.read_text()) == stamp:
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer()
+    model = make(tok)
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    marker.write_text(json.dumps(stamp))
+    return out
+
+
 def build_tiny_model(path: str | Path, *, layers: int = 4, hidden: int = 64, heads: int = 4,
                      kv_heads: int = 2, seed: int = 0) -> Path:
     """Write a tiny Qwen2 model + tokenizer to ``path`` (idempotent) and
@@ -56,31 +73,66 @@ def build_tiny_model(path: str | Path, *, layers: int = 4, hidden: int = 64, hea
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    out = Path(path)
+    def make(tok: Any) -> Any:
+        config = Qwen2Config(
+            vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 3,
+            num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+            max_position_embeddings=8192, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            tie_word_embeddings=False,
+            bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id,
+        )
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+        # A random init gives near-uniform logits; scale up so greedy decoding is
+        # decisive (no float ties) and outputs vary with the prompt.
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() == 2:
+                    p.mul_(4.0)
+        return model
+
     stamp = {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads, "seed": seed}
-    marker = out / "tiny.json"
-    if marker.exists() and json.loads(marker.read_text()) == stamp:
-        return out
-    out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer()
-    config = Qwen2Config(
-        vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 3,
-        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-        max_position_embeddings=8192, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
-        bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id,
-    )
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
-    # A random init gives near-uniform logits; scale up so greedy decoding is
-    # decisive (no float ties) and outputs vary with the prompt.
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(4.0)
-    model.save_pretrained(str(out))
-    tok.save_pretrained(str(out))
-    marker.write_text(json.dumps(stamp))
-    return out
+    return _build(path, "tiny.json", stamp, make)
+
+
+# Qwen2.5-Coder's shapes (config.json of the released models), for GPU runs
+# with random weights where the real ones cannot be carried.
+SHAPES: dict[str, dict[str, int]] = {
+    "0.5b": {"hidden": 896, "intermediate": 4864, "layers": 24, "heads": 14, "kv_heads": 2},
+    "1.5b": {"hidden": 1536, "intermediate": 8960, "layers": 28, "heads": 12, "kv_heads": 2},
+}
+SHAPE_VOCAB = 151936
+
+
+def build_shaped_model(path: str | Path, shape: str, *, layers: int | None = None, dtype: str = "bfloat16",
+                       seed: int = 0) -> Path:
+    """Write a random-weight Qwen2 model of Qwen2.5-Coder's ``shape`` (a key
+    of :data:`SHAPES`; ``layers`` overrides its depth) with the tiny
+    tokenizer to ``path`` (idempotent) and return it. Weights follow
+    transformers' initialization (normal, std 0.02), tied embeddings as in
+    the released models, stored in ``dtype``: the bytes a decode step reads
+    are the real model's, the text is gibberish."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    s = dict(SHAPES[shape])
+    if layers is not None:
+        s["layers"] = layers
+
+    def make(tok: Any) -> Any:
+        config = Qwen2Config(
+            vocab_size=SHAPE_VOCAB, hidden_size=s["hidden"], intermediate_size=s["intermediate"],
+            num_hidden_layers=s["layers"], num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
+            max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id,
+        )
+        torch.manual_seed(seed)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        with torch.device(device):                 # initializing 1.5B weights is seconds on a GPU
+            return Qwen2ForCausalLM(config).to(getattr(torch, dtype))
+
+    return _build(path, "shaped.json", {"shape": shape, **s, "dtype": dtype, "seed": seed}, make)
 
 
 if __name__ == "__main__":  # python -m soldaemon.testing.tiny DIR

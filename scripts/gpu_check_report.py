@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Merge a ``scripts/gpu_check.sh`` run into one JSON and a short summary.
+
+Reads what the run left in ``--work`` (``steps.tsv``: step, exit status,
+ms; ``lat-SHAPE.json`` from gpu_latency.py; ``mem-SHAPE.json`` from
+gpu_memory.py; ``doctor.json``), writes ``gpu_check.json`` and
+``summary.md`` to ``--out`` and prints the summary. Exit status 1 when a
+check failed: a step that exited non-zero (the doctor excepted: its 1 is a
+verdict on the machine, recorded, and only a crash counts), or a failure
+listed by a script. Performance targets (issue 18, for an H200 in
+bfloat16) are reported met or missed; ``--require-targets`` makes a miss a
+failure too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+# (name, what is compared, the limit; a value ≤ the limit meets it)
+TARGETS = (
+    ("decode_graphs_vs_eager", "decode ms/token with graphs ÷ eager", 0.5),
+    ("decode_graphs_vs_floor", "decode ms/token with graphs ÷ the memory-bandwidth floor", 1.5),
+    ("reuse_ttft_ms", "keystroke TTFT p50 on the reuse path, ms", 10.0),
+    ("prefill_1k_ms", "cold prefill of a 1k-token prompt, ms (0.5B shape)", 30.0),
+)
+
+
+def _load(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def shape_figures(lat: dict[str, Any] | None, mem: dict[str, Any] | None, shape: str) -> dict[str, Any]:
+    """The per-shape figures the issue asks for, from the two scripts' JSON."""
+    lat = lat or {}
+    mem = mem or {}
+    summary = lat.get("summary", {})
+    decode = lat.get("decode", {})
+    graphs = lat.get("graphs") or {}
+    check = lat.get("graph_check") or {}
+    trace = lat.get("trace", {})
+    prefill = lat.get("prefill", {})
+    rows = mem.get("rows", [])
+    offloaded = [r for r in rows if r.get("offloaded_layers")]
+    fig = {
+        "eager_ms_per_token": summary.get("sol-eager", {}).get("ms_per_token_p50"),
+        "graphs_ms_per_token": summary.get("sol-graphs", {}).get("ms_per_token_p50"),
+        "generate_ms_per_token": summary.get("generate", {}).get("ms_per_token_p50"),
+        "floor_ms_per_token": decode.get("floor_ms"),
+        "read_bandwidth_gbs": decode.get("read_bandwidth_gbs"),
+        "decode_graphs_vs_eager": decode.get("graphs_vs_eager"),
+        "decode_graphs_vs_floor": decode.get("sol-graphs_vs_floor"),
+        "graph_logit_max_abs_diff": check.get("max_abs_diff"),
+        "graph_argmax_agreement": check.get("agreement"),
+        "graph_free_running_identical": f"{check.get('free_equal')}/{check.get('documents')}" if check else None,
+        "eager_vs_transformers_max_abs_diff": check.get("ref_max_abs_diff"),
+        "eager_vs_transformers_agreement": f"{check.get('ref_agree')}/{check.get('ref_steps')}" if check else None,
+        "graph_captures": graphs.get("captures"), "graph_capture_ms": graphs.get("capture_ms"),
+        "reuse_ttft_ms": trace.get("reuse_ttft_p50"), "reuse_keystrokes": trace.get("reuse_keystrokes"),
+        "prefill_tokens": prefill.get("tokens"), "prefill_ms": prefill.get("ms"),
+        "copy_bandwidth_gbs": mem.get("copy_bandwidth_gbs"),
+        "prefetch_hit_rate": [(r["resident_pct"], r.get("prefetch_hit_rate")) for r in offloaded],
+        "offloaded_ms_per_token": [(r["resident_pct"], r.get("ms_per_token")) for r in offloaded],
+        "idle_release": lat.get("idle_release"),
+        "kv_park": mem.get("kv_park"),
+    }
+    fig["prefill_1k_ms"] = fig["prefill_ms"] if shape == "0.5b" and fig["prefill_tokens"] == 1024 else None
+    return fig
+
+
+def judge_targets(figures: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for key, what, limit in TARGETS:
+        value = figures.get(key)
+        if value is None:
+            continue
+        out.append({"target": key, "what": what, "limit": limit, "value": value, "met": value <= limit})
+    return out
+
+
+def doctor_readings(doctor: dict[str, Any] | None) -> dict[str, Any]:
+    """Persistence mode, ECC, driver and CUDA versions from the doctor's JSON."""
+    if not doctor:
+        return {}
+    gpus = (doctor.get("reading", {}).get("gpu") or {}).get("gpus") or []
+    keep = ("name", "source", "driver_version", "cuda_driver_version", "compute_capability", "persistence_mode",
+            "ecc_enabled", "ecc_pending", "pcie_gen_current", "pcie_gen_max", "pcie_width_current",
+            "pcie_width_max", "sm_clock_max_mhz", "memory_total_bytes", "notes")
+    return {"status": doctor.get("status"),
+            "checks": {c.get("name"): f"{c.get('verdict')}: {c.get('detail')}" for c in doctor.get("checks", [])},
+            "gpus": [{k: g.get(k) for k in keep if k in g} for g in gpus]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--mode", default="cuda")
+    ap.add_argument("--shapes", nargs="+", required=True)
+    ap.add_argument("--require-targets", action="store_true")
+    args = ap.parse_args(argv)
+
+    steps = []
+    for line in (args.work / "steps.tsv").read_text().splitlines():
+        name, rc, ms = line.split("\t")
+        steps.append({"step": name, "rc": int(rc), "s": int(ms) / 1000})
+    failures = [f"step {s['step']} exited {s['rc']}" for s in steps
+                if s["rc"] != 0 and not (s["step"] == "doctor" and s["rc"] == 1)]
+    shapes: dict[str, Any] = {}
+    targets: dict[str, list[dict[str, Any]]] = {}
+    for shape in args.shapes:
+        lat, mem = _load(args.work / f"lat-{shape}.json"), _load(args.work / f"mem-{shape}.json")
+        if lat is None or mem is None:
+            failures.append(f"{shape}: a script wrote no JSON")
+        failures += [f"{shape}: {f}" for f in ((lat or {}).get("failures", []) + (mem or {}).get("failures", []))]
+        shapes[shape] = {"figures": shape_figures(lat, mem, shape), "latency": lat, "memory": mem}
+        # the targets are an H200's in bfloat16: a CPU dry run's figures are not judged
+        targets[shape] = judge_targets(shapes[shape]["figures"]) if args.mode == "cuda" else []
+    doctor = _load(args.work / "doctor.json")
+    if doctor is None:
+        failures.append("doctor --json wrote no JSON")
+    missed = [f"{shape}: {t['what']} = {t['value']} > {t['limit']}"
+              for shape, ts in targets.items() for t in ts if not t["met"]]
+    if args.require_targets:
+        failures += [f"target missed: {m}" for m in missed]
+    result = {"mode": args.mode, "ok": not failures, "failures": failures, "targets_missed": missed,
+              "steps": steps, "doctor": doctor_readings(doctor), "targets": targets, "shapes": shapes}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu_check.json").write_text(json.dumps(result, indent=1, default=str))
+    text = summary_text(result)
+    (args.out / "summary.md").write_text(text)
+    print(text)
+    return 0 if not failures else 1
+
+
+def summary_text(result: dict[str, Any]) -> str:
+    lines = [f"# gpu_check ({result['mode']}): {'PASS' if result['ok'] else 'FAIL'}", ""]
+    lines += [f"- FAIL: {f}" for f in result["failures"]]
+    lines.append("steps: " + ", ".join(f"{s['step']} rc={s['rc']} {s['s']:.0f}s" for s in result["steps"]))
+    doc = result["doctor"]
+    if doc:
+        lines.append(f"doctor: {doc.get('status')}; gpus {doc.get('gpus')}")
+        lines += [f"- {name}: {text}" for name, text in doc.get("checks", {}).items()]
+    for shape, data in result["shapes"].items():
+        f = data["figures"]
+        lines += ["", f"## {shape}",
+                  f"- decode ms/token: eager {_n(f['eager_ms_per_token'])}, graphs {_n(f['graphs_ms_per_token'])}"
+                  f" (generate() {_n(f['generate_ms_per_token'])}); floor {_n(f['floor_ms_per_token'])} at "
+                  f"{_n(f['read_bandwidth_gbs'])} GB/s; graphs/eager {_n(f['decode_graphs_vs_eager'])}, "
+                  f"graphs/floor {_n(f['decode_graphs_vs_floor'])}",
+                  f"- graphs vs eager: max |logit diff| {_n(f['graph_logit_max_abs_diff'])}, argmax agreement "
+                  f"{_n(f['graph_argmax_agreement'])}, free-running identical {f['graph_free_running_identical']}; "
+                  f"{f['graph_captures']} captures, {_n(f['graph_capture_ms'])} ms; eager vs transformers' "
+                  f"forward: max |logit diff| {_n(f['eager_vs_transformers_max_abs_diff'])}, argmax agreement "
+                  f"{f['eager_vs_transformers_agreement']}",
+                  f"- keystroke TTFT p50 on the reuse path {_n(f['reuse_ttft_ms'])} ms "
+                  f"({f['reuse_keystrokes']} keystrokes); cold prefill of {f['prefill_tokens']} tokens "
+                  f"{_n(f['prefill_ms'])} ms",
+                  f"- copy {_n(f['copy_bandwidth_gbs'])} GB/s; offloaded (resident %, ms/token) "
+                  f"{f['offloaded_ms_per_token']}, prefetch hit rate {f['prefetch_hit_rate']}",
+                  f"- idle release/restore: {f['idle_release']}",
+                  "- KV parking: " + "; ".join(f"threshold {r['threshold']}: score {r['score_ms']} + park "
+                                               f"{r['park_ms']} + restore {r['restore_ms']} ms"
+                                               for r in (f["kv_park"] or []))]
+        for t in result["targets"].get(shape, []):
+            lines.append(f"- target {t['what']} <= {t['limit']}: {_n(t['value'])} "
+                         f"{'met' if t['met'] else 'MISSED'}")
+    return "\n".join(lines) + "\n"
+
+
+def _n(x: Any) -> str:
+    return f"{x:.4g}" if isinstance(x, (int, float)) and not isinstance(x, bool) else str(x)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""Host clocks around device work.
+
+CUDA kernels run asynchronously: a host clock read right after a forward
+measures the kernel launches, not the work. Every cost the runtime measures
+to decide with (``DraftLength``'s forward costs, a draft model's step) reads
+the clock after :func:`synchronize`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+# device type → how to wait for its queued work (a CPU runs eagerly: nothing)
+SYNCHRONIZERS: dict[str, Callable[[torch.device], None]] = {
+    "cuda": lambda device: torch.cuda.synchronize(device),
+    "cpu": lambda device: None,
+}
+
+
+def synchronize(device: torch.device) -> None:
+    """Return once every kernel queued on ``device`` has finished."""
+    SYNCHRONIZERS.get(device.type, lambda d: None)(device)
+
+
+def elapsed_ms(t0_ns: int, device: torch.device) -> float:
+    """ms from ``t0_ns`` (``time.perf_counter_ns()``, read after a
+    :func:`synchronize`) until the device's queued work is done."""
+    synchronize(device)
+    return (time.perf_counter_ns() - t0_ns) / 1e6
