@@ -51,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
 
     before = _mem()
     t0 = time.perf_counter()
-    engine = load_engine(config_from_dict({"model": {"precision": args.precision}}), progress=False)
+    # (no precision key when auto: the same script measures a checkout from before model.precision)
+    model = {} if args.precision == "auto" else {"precision": args.precision}
+    engine = load_engine(config_from_dict({"model": model}), progress=False)
     gc.collect()
     loaded = _mem()
     holes = cut_line_holes(default_corpus(), max(1, args.completions // 3 + 1), seed=7)
@@ -75,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         i += 1
     gc.collect()
     after = _mem()
-    plan = engine.info()["precision"]
+    plan = engine.info().get("precision") or {}
     result = {"precision": args.precision, "plan": plan.get("summary"), "weight_mb":
               round((plan.get("weight_bytes") or 0) / 2**20, 1), "before_load": before, "after_load": loaded,
               "after_completions": after, "completions": done_n, "load_s": round(t1 - t0, 1),

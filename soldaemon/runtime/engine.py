@@ -38,6 +38,7 @@ from .kernel_plan import KernelPlan, TimingTable
 from .kernels import trim_heap
 from .precision import choose_kernels, lean_or_float32, precision_info
 from .cudagraph import GraphDecoder
+from .detok import Detok, stopper
 from .draft import DraftLength, DraftModel, DraftProposer, PromptLookup
 from .foresight import Foreseen, answer_foreseen, precise_until, speculate, warm
 from .generate import GenStats, TokenEvent, generate
@@ -212,7 +213,7 @@ class LocalEngine:
         arrival = req.received_ns or time.perf_counter_ns()
         arrival_wall = time.time_ns() - (time.perf_counter_ns() - arrival)
         t_start = time.perf_counter_ns()
-        self._validate(req)
+        validate_request(req)
         parked, self._parked = self._parked, None
         rest = self.type_through(req)
         if rest is not None:
@@ -251,7 +252,7 @@ class LocalEngine:
             self.session = self.pool.acquire(req.uri)
             for candidate in range(req.n):
                 checker = StopChecker(req.prefix, req.suffix, multiline, max_lines)
-                decode = _Detok(self.tokenizer, prompt.heal)
+                decode = Detok(self.tokenizer, prompt.heal)
                 sampler = make_sampler(req.temperature, req.top_p,
                                        None if req.seed is None else req.seed + candidate)
                 if prompt.heal:
@@ -269,7 +270,7 @@ class LocalEngine:
                 run.gen = generate(
                     self.session, prompt.ids, sampler=sampler, stop_ids=self.template.stop_ids,
                     max_tokens=req.max_tokens, cancelled=run.cancelled,
-                    should_stop=_stopper(checker, decode),
+                    should_stop=stopper(checker, decode),
                     deadline_ns=run.deadline, drafter=drafter,
                     draft_k=self.config.completion.draft_tokens, draft_length=draft_length,
                     # the middle token and the typed line: at decode cost (session.prefill)
@@ -488,9 +489,6 @@ class LocalEngine:
             self._token_texts = TokenTexts(self.tokenizer)
         return self._token_texts
 
-    def _validate(self, req: CompletionRequest) -> None:
-        validate_request(req)
-
     def _account(self, t: Timings) -> None:
         s = self.stats
         s.requests += 1
@@ -504,7 +502,7 @@ class _Run:
     """One generation in flight: the suspended token generator and what the
     engine needs to stream, finish — or park and later resume — it."""
 
-    def __init__(self, req: CompletionRequest, cancel: CancelToken, deadline_ns: int | None, decode: _Detok,
+    def __init__(self, req: CompletionRequest, cancel: CancelToken, deadline_ns: int | None, decode: Detok,
                  multiline: bool, max_lines: int, prompt_tokens: int, *, resumable: bool) -> None:
         self.req = req
         self.cancel = cancel
@@ -580,34 +578,6 @@ class _Run:
         close = getattr(self.gen, "close", None)
         if close is not None:
             close()
-
-
-class _Detok:
-    """Incremental detokenization that never splits a UTF-8 character: text
-    ending in U+FFFD (an incomplete byte sequence) is held back."""
-
-    def __init__(self, tokenizer: Any, skip: str = "") -> None:
-        self.tokenizer = tokenizer
-        self.skip = skip             # token healing: the prompt text the generation starts by re-writing
-        self.tokens: list[int] = []
-        self.current = ""
-
-    def text(self, tokens: list[int]) -> str:
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        if self.skip:
-            return text[len(self.skip):] if text.startswith(self.skip) else ""
-        return text
-
-    def push(self, tokens: list[int]) -> None:
-        self.tokens.extend(tokens)
-        text = self.text(self.tokens)
-        if text.endswith("\ufffd"):
-            text = text.rstrip("\ufffd")
-        self.current = text
-
-
-def _stopper(checker: StopChecker, decode: _Detok) -> Callable[[list[int]], bool]:
-    return lambda tokens: checker.check(decode.text(tokens))
 
 
 def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:
