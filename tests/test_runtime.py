@@ -341,6 +341,12 @@ def test_draft_length_weighs_acceptance_against_forward_cost() -> None:
     assert lucky.cost(2) == pytest.approx(190.0, rel=0.01) and lucky.choose(budget=20) == 0
     lucky.observe(7, 500.0)                                              # a size not measured at start-up
     assert lucky.cost(7) == 500.0 and list(lucky.costs_ms) == sorted(lucky.costs_ms)
+    # one pre-empted forward (60x the usual) does not price drafts out for good
+    flat = DraftLength({1: 18.0, 2: 23.0, 5: 42.0, 9: 52.0}, 8, prior=0.8)
+    assert flat.choose(budget=20) > 0
+    flat.observe(2, 1600.0)
+    flat.observe(4, 1600.0)
+    assert flat.cost(2) <= 1.2 * 23.0 * 1.01 and flat.choose(budget=20) > 0
 
 
 def test_adaptive_speculation_is_still_exact(tiny) -> None:

@@ -128,6 +128,12 @@ class DraftLength:
         if t < 1 or ms <= 0:
             return
         old = self.costs_ms.get(t)
+        # one sample counts for at most twice the estimate: a forward that
+        # another process pre-empted (seen: 1.6 s for a 27 ms verify while a
+        # test suite ran) must not price drafts out for good, since a size
+        # that is never drafted is never observed again
+        ref = old if old is not None else self.cost(t)
+        ms = min(ms, 2.0 * ref)
         self.costs_ms[t] = ms if old is None else (1 - self.weight) * old + self.weight * ms
         if old is None:
             self.costs_ms = dict(sorted(self.costs_ms.items()))
