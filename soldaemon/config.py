@@ -81,7 +81,7 @@ _HINT = "see docs/config.md or sol_config.example.yaml for every key and its all
 OffloadPolicy = Literal["layer", "block"]
 Dtype = Literal["auto", "float32", "float16", "bfloat16"]
 DecodeDtype = Literal["auto", "same", "float16", "bfloat16"]
-Precision = Literal["auto", "float32", "bfloat16", "float16", "int8"]
+Precision = Literal["auto", "float32", "bfloat16", "float16", "int8", "int4"]
 BackendKind = Literal["local", "remote"]
 PromptFormat = Literal["text", "tokens"]
 FimOrder = Literal["psm", "spm"]
@@ -411,7 +411,8 @@ class ModelConfig:
     # them: "auto" measures the kernels on this machine at start-up (cached
     # per machine, model and torch version) and picks per phase (prefill,
     # decode/verify, output layer); or "float32", "bfloat16", "float16",
-    # "int8" (int8 weights; the kernels still chosen by measurement).
+    # "int8" (int8 weights; the kernels still chosen by measurement), "int4"
+    # (4-bit decoder layers, the output layer int8).
     precision: Precision = _setting("auto", _choice(get_args(Precision)))
     # Replaced by precision (accepted with a notice): dtype "float32",
     # "float16" or "bfloat16" reads as that precision when precision is

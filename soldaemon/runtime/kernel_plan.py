@@ -27,7 +27,10 @@ Kernels (``KERNELS``: kernel → storage it reads):
 - ``int8``: int8 weights (one float scale per output row), activations cast
   to bfloat16, the weight-only int8 product;
 - ``int8-dynamic``: the same int8 weights; activations quantized per row to
-  int8 at run time, integer products, one rescale.
+  int8 at run time, integer products, one rescale;
+- ``int4``: 4-bit weights in groups of 32 along K (a bfloat16 scale and zero
+  per group), bfloat16 activations, torch's int4 weight-only product (CPU).
+  Decoder layers only; measured for quality? see QUALITY_LOSS.
 """
 
 from __future__ import annotations
@@ -41,8 +44,12 @@ KERNELS: dict[str, str] = {
     "float16": "float16",
     "int8": "int8",
     "int8-dynamic": "int8",
+    "int4": "int4",
 }
-STORAGES = ("float32", "bfloat16", "float16", "int8")
+STORAGES = ("float32", "bfloat16", "float16", "int8", "int4")
+# formats the output layer (and so the embedding lookup) can be kept in; an
+# int4 plan keeps its output layer in int8
+HEAD_STORAGES = ("float32", "bfloat16", "float16", "int8")
 PRECISIONS = ("auto",) + STORAGES          # model.precision
 PLAN_NOTE = ("ms: the fastest of N runs after a warm-up; blocks: one decoder layer's seven products; "
              "head: the output layer; rows: tokens in the forward")
@@ -234,9 +241,9 @@ def choose_plan(table: TimingTable, precision: str = "auto", *, allowed: frozens
     def kernels_of(storage: str, measured: Mapping[str, Any]) -> list[str]:
         return [k for k, s in KERNELS.items() if s == storage and k in usable and measured.get(k)]
 
-    # the head: its own storage (auto) or the asked one
+    # the head: its own storage (auto) or the asked one (int8 for an int4 plan)
     head_choices = []
-    for hs in storages:
+    for hs in dict.fromkeys(h if h in HEAD_STORAGES else "int8" for h in storages):
         hk = best(kernels_of(hs, table.head), lambda k: head_ms(table, k, 1) + head_ms(table, k, v))
         if hk is not None:
             head_choices.append((head_ms(table, hk, 1) + head_ms(table, hk, v), hs, hk))

@@ -31,11 +31,11 @@ import torch
 import torch.nn.functional as F
 
 from .. import paths
-from .kernel_plan import KERNELS, PREFILL_ROWS, SHORT_ROWS, KernelPlan, TimingTable, choose_plan
+from .kernel_plan import HEAD_STORAGES, KERNELS, PREFILL_ROWS, SHORT_ROWS, KernelPlan, TimingTable, choose_plan
 
 log = logging.getLogger("soldaemon.kernels")
 
-PLAN_FORMAT = 2            # bump when the table's meaning (or the kernels) change
+PLAN_FORMAT = 3            # bump when the table's meaning (or the kernels) change
 _DENSE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -55,11 +55,36 @@ def pack(storage: str, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | No
         s = wf.abs().amax(dim=1).clamp(min=1e-12) / 127.0            # [N]
         q = torch.round(wf / s[:, None]).clamp_(-127, 127).to(torch.int8)
         return q.contiguous(), s
+    if storage == "int4":
+        return _pack_int4(w)
     raise ValueError(f"unknown weight storage {storage!r}")
 
 
+INT4_GROUP = 32
+
+
+def _pack_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Asymmetric 4-bit groups of INT4_GROUP along K, in torch's CPU int4
+    layout: (packed uint8 [N, K/2], scales and zeros [K/G, N, 2] bfloat16),
+    w ≈ (q - 8) * scale + zero. Raises ValueError when K is not a multiple
+    of the group, RuntimeError off the CPU."""
+    n, k = w.shape
+    if k % INT4_GROUP:
+        raise ValueError(f"int4 needs K divisible by {INT4_GROUP}, got {k}")
+    wg = w.to(torch.float32).reshape(n, k // INT4_GROUP, INT4_GROUP)
+    lo, hi = wg.amin(-1), wg.amax(-1)                                 # [N, K/G]
+    scale = ((hi - lo) / 15.0).clamp(min=1e-12)
+    q = torch.round((wg - lo[..., None]) / scale[..., None]).clamp_(0, 15).to(torch.int32).reshape(n, k)
+    zero = lo + 8.0 * scale
+    sz = torch.stack((scale, zero), dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)   # [K/G, N, 2]
+    return torch._convert_weight_to_int4pack_for_cpu(q, 2), sz
+
+
 def unpack(w: torch.Tensor, s: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-    """The dense weight a packed one stands for, in ``dtype``."""
+    """The dense weight a packed one stands for, in ``dtype`` (dense and int8
+    storage; the int4 layout is the product kernel's own)."""
+    if s is not None and s.dim() != 1:
+        raise ValueError("int4 weights cannot be unpacked here")
     if s is None:
         return w.to(dtype)
     return (w.to(torch.float32) * s[:, None]).to(dtype)
@@ -132,12 +157,26 @@ class Int8Dynamic(Kernel):
         return y if b is None else y + b
 
 
+class Int4WeightOnly(Kernel):
+    """4-bit weights in groups (see :func:`_pack_int4`), bfloat16 activations."""
+
+    def prepare(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(torch.bfloat16)
+
+    def multiply(self, p: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, s: torch.Tensor | None,
+                 out_dtype: torch.dtype) -> torch.Tensor:
+        assert s is not None
+        y = torch._weight_int4pack_mm_for_cpu(p, w, INT4_GROUP, s).to(out_dtype)
+        return y if b is None else y + b
+
+
 KERNEL_FNS: dict[str, Kernel] = {
     "float32": Dense(torch.float32),
     "bfloat16": Dense(torch.bfloat16),
     "float16": Dense(torch.float16),
     "int8": Int8WeightOnly(),
     "int8-dynamic": Int8Dynamic(),
+    "int4": Int4WeightOnly(),
 }
 
 
@@ -207,16 +246,18 @@ def measure_table(cfg: Any, device: torch.device, compute_dtype: torch.dtype, *,
     inputs = {rows: {k: torch.randn(rows, k, generator=gen).to(device, compute_dtype) for _, k in shapes}
               for rows in tuple(short_rows) + tuple(prefill_rows)}
     jobs: list[tuple[str, str, int, Callable[[], Any]]] = []     # (part, kernel, rows, run)
-    packs: dict[str, tuple[list[tuple[torch.Tensor, torch.Tensor | None]], tuple[torch.Tensor, Any]]] = {}
+    packs: dict[str, tuple[list[tuple[torch.Tensor, torch.Tensor | None]], tuple[Any, Any]]] = {}
     for kernel in kernels:
         fn, storage = KERNEL_FNS[kernel], KERNELS[kernel]
         try:
             if storage not in packs:      # kernels reading one storage share its packed weights
-                packs[storage] = ([pack(storage, w) for w in dense_layer], pack(storage, w_head))
+                head_pack = pack(storage, w_head) if storage in HEAD_STORAGES else (None, None)
+                packs[storage] = ([pack(storage, w) for w in dense_layer], head_pack)
             packed, (hw, hs) = packs[storage]
             fn(inputs[short_rows[0]][shapes[0][1]], packed[0][0], None, packed[0][1])   # can it run here?
-            fn(inputs[short_rows[0]][d], hw, None, hs)
-        except (RuntimeError, NotImplementedError, TypeError) as exc:
+            if hw is not None:
+                fn(inputs[short_rows[0]][d], hw, None, hs)
+        except (RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError) as exc:
             say(f"kernel {kernel}: not available here ({str(exc).splitlines()[0][:120]})")
             continue
 
@@ -230,7 +271,7 @@ def measure_table(cfg: Any, device: torch.device, compute_dtype: torch.dtype, *,
 
         for rows, xs in inputs.items():
             jobs.append(("blocks", kernel, rows, functools.partial(layer, xs)))
-        for rows in short_rows:
+        for rows in short_rows if hw is not None else ():
             jobs.append(("head", kernel, rows, functools.partial(fn, inputs[rows][d], hw, None, hs)))
     best: dict[tuple[str, str, int], float] = {}
     failed: set[str] = set()
@@ -255,7 +296,7 @@ def measure_table(cfg: Any, device: torch.device, compute_dtype: torch.dtype, *,
         if kernel not in failed:
             (blocks if part == "blocks" else head).setdefault(kernel, {})[rows] = round(ms, 4)
     blocks = {k: monotone(v) for k, v in blocks.items()}
-    head = {k: monotone(v) for k, v in head.items() if k in blocks}
+    head = {k: monotone(v) for k, v in head.items() if k in blocks}     # none for int4 (decoder layers only)
     machine = machine_info(device)
     try:
         machine["load_avg_1m"] = round(os.getloadavg()[0], 2)     # how busy the machine was while measuring
