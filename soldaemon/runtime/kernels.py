@@ -108,6 +108,12 @@ class Kernel:
         return self.multiply(self.prepare(x), w, b, s, x.dtype)
 
 
+def _finish(y: torch.Tensor, out_dtype: torch.dtype, b: torch.Tensor | None) -> torch.Tensor:
+    """A product's result in the activations' dtype, plus the bias."""
+    y = y if y.dtype == out_dtype else y.to(out_dtype)
+    return y if b is None else y + b
+
+
 class Dense(Kernel):
     """A dense product in ``dt``; the result back in the activations' dtype."""
 
@@ -119,13 +125,15 @@ class Dense(Kernel):
 
     def multiply(self, p: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, s: torch.Tensor | None,
                  out_dtype: torch.dtype) -> torch.Tensor:
-        y = F.linear(p, w)
-        y = y if y.dtype == out_dtype else y.to(out_dtype)
-        return y if b is None else y + b
+        return _finish(F.linear(p, w), out_dtype, b)
 
 
-class Int8WeightOnly(Kernel):
-    """int8 weights, bfloat16 activations (torch's weight-only int8 product)."""
+class WeightOnly(Kernel):
+    """Quantized weights, bfloat16 activations: ``product(x_bf16, w, s)`` is
+    torch's weight-only product for the storage (int8 rows, int4 groups)."""
+
+    def __init__(self, product: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        self.product = product
 
     def prepare(self, x: torch.Tensor) -> torch.Tensor:
         return x.to(torch.bfloat16)
@@ -133,8 +141,7 @@ class Int8WeightOnly(Kernel):
     def multiply(self, p: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, s: torch.Tensor | None,
                  out_dtype: torch.dtype) -> torch.Tensor:
         assert s is not None
-        y = torch._weight_int8pack_mm(p, w, s.to(torch.bfloat16)).to(out_dtype)
-        return y if b is None else y + b
+        return _finish(self.product(p, w, s), out_dtype, b)
 
 
 class Int8Dynamic(Kernel):
@@ -152,31 +159,16 @@ class Int8Dynamic(Kernel):
                  s: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
         assert s is not None
         xq, sx = p
-        y = torch.mul(torch._int_mm(xq, w.t()), s).mul_(sx)                 # [T, N] float32
-        y = y if y.dtype == out_dtype else y.to(out_dtype)
-        return y if b is None else y + b
-
-
-class Int4WeightOnly(Kernel):
-    """4-bit weights in groups (see :func:`_pack_int4`), bfloat16 activations."""
-
-    def prepare(self, x: torch.Tensor) -> torch.Tensor:
-        return x.to(torch.bfloat16)
-
-    def multiply(self, p: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, s: torch.Tensor | None,
-                 out_dtype: torch.dtype) -> torch.Tensor:
-        assert s is not None
-        y = torch._weight_int4pack_mm_for_cpu(p, w, INT4_GROUP, s).to(out_dtype)
-        return y if b is None else y + b
+        return _finish(torch.mul(torch._int_mm(xq, w.t()), s).mul_(sx), out_dtype, b)   # [T, N]
 
 
 KERNEL_FNS: dict[str, Kernel] = {
     "float32": Dense(torch.float32),
     "bfloat16": Dense(torch.bfloat16),
     "float16": Dense(torch.float16),
-    "int8": Int8WeightOnly(),
+    "int8": WeightOnly(lambda x, w, s: torch._weight_int8pack_mm(x, w, s.to(torch.bfloat16))),
     "int8-dynamic": Int8Dynamic(),
-    "int4": Int4WeightOnly(),
+    "int4": WeightOnly(lambda x, w, s: torch._weight_int4pack_mm_for_cpu(x, w, INT4_GROUP, s)),
 }
 
 
