@@ -42,18 +42,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from soldaemon.api import CompletionRequest, Delta, Done
-from soldaemon.errors import SolError, Unavailable
-from soldaemon.protocol import (
-    Cancel,
-    Complete,
-    CompletionEvent,
-    ErrorFrame,
-    ProtocolError,
-    Status,
-    Warm,
-    decode_server,
-    encode_client,
-)
+from soldaemon.errors import ProtocolError, SolError, Unavailable
+from soldaemon.protocol import Cancel, Complete, CompletionEvent, ErrorFrame, Status, Warm, decode_server, encode_client
 
 from lsp.discovery import DaemonLauncher, Target
 

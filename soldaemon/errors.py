@@ -77,3 +77,156 @@ class Unavailable(SolError):
     code = "unavailable"
     exit_code = 4
     retryable = True
+
+
+# --------------------------------------------------------------------------
+# Protocol: one class per stable code. All are BadRequest (the client sent
+# something wrong; the connection lives on) except RateLimited (retryable).
+# --------------------------------------------------------------------------
+
+
+class ProtocolError(BadRequest):
+    """A frame the daemon cannot accept. ``request_id`` is the offending
+    message's ``id`` when it could be read, else ``None``."""
+
+    code = "bad_request"
+
+    def __init__(self, message: str, *, request_id: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.request_id = request_id
+
+
+class BadUtf8(ProtocolError):
+    code = "bad_utf8"
+
+
+class BadJson(ProtocolError):
+    code = "bad_json"
+
+
+class BadField(ProtocolError):
+    """A field is missing, has the wrong type, or is out of range."""
+
+    code = "bad_field"
+
+
+class TooLarge(ProtocolError):
+    """A frame or a field is over its size limit."""
+
+    code = "too_large"
+
+
+class UnknownType(ProtocolError):
+    code = "unknown_type"
+
+
+class UnsupportedVersion(ProtocolError):
+    code = "unsupported_version"
+
+
+class UnknownId(ProtocolError):
+    """A ``cancel`` names no request in flight on this connection."""
+
+    code = "unknown_id"
+
+
+class DuplicateId(ProtocolError):
+    """A ``complete``/``warm`` reuses the id of a request still in flight."""
+
+    code = "duplicate_id"
+
+
+class RateLimited(Busy):
+    """The connection sent frames faster than its rate limit; the frame was
+    dropped. Retryable after a short wait."""
+
+    code = "rate_limited"
+
+
+# --------------------------------------------------------------------------
+# Remote engine (an OpenAI-compatible completions server)
+# --------------------------------------------------------------------------
+
+
+class RemoteUnavailable(Unavailable):
+    """The engine cannot be reached (refused, reset, closed mid-stream), or
+    the daemon is backing off after such failures."""
+
+    code = "remote_unavailable"
+
+
+class RemoteTimeout(Unavailable):
+    """The engine did not answer (or stream the next chunk) in time."""
+
+    code = "remote_timeout"
+
+
+class RemoteHttpError(SolError):
+    """The engine answered with an HTTP error status. Retryable for 5xx and
+    429 (overloaded, restarting), not for other 4xx (wrong URL, model, key)."""
+
+    code = "remote_http"
+    exit_code = 4
+
+    def __init__(self, status: int, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.status = status
+        self.retryable = status >= 500 or status == 429
+
+
+class RemoteBadResponse(SolError):
+    """The engine answered something that is not the OpenAI completions
+    stream (not JSON, wrong schema): usually ``backend.url`` points at
+    another service. Not retryable."""
+
+    code = "remote_bad_response"
+    exit_code = 4
+
+
+# --------------------------------------------------------------------------
+# Daemon start
+# --------------------------------------------------------------------------
+
+
+class AddressInUse(Unavailable):
+    """The port is taken (often: another soldaemon is already running)."""
+
+    code = "address_in_use"
+
+
+# --------------------------------------------------------------------------
+# Machine probes (internal: doctor turns them into findings)
+# --------------------------------------------------------------------------
+
+
+class ProbeUnavailable(Exception):
+    """A whole source (NVML, ``nvidia-smi``) cannot be used. ``str(exc)`` is a
+    short reason for the user ("NVML Shared Library Not Found", "not found")."""
+
+
+class CommandFailed(Exception):
+    """``nvidia-smi`` ran and exited non-zero (or timed out). ``output`` is
+    what it printed; ``returncode`` is ``None`` for a timeout."""
+
+    def __init__(self, returncode: int | None, output: str) -> None:
+        super().__init__(output.strip() or f"exit status {returncode}")
+        self.returncode = returncode
+        self.output = output
+
+
+# --------------------------------------------------------------------------
+# Control flow inside the engine
+# --------------------------------------------------------------------------
+
+
+class Cancelled(Exception):
+    """Raised inside prefill when the cancel check fires between chunks."""
+
+
+# --------------------------------------------------------------------------
+# Memory planning
+# --------------------------------------------------------------------------
+
+
+class BudgetTooSmall(ValueError):
+    """The memory budget cannot hold even the never-offloaded part."""

@@ -33,24 +33,14 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 from soldaemon import paths
+from soldaemon.errors import CommandFailed, ProbeUnavailable
 
 GpuSource = Literal["nvml", "nvidia-smi"]
 Runner = Callable[[list[str]], str]
 
 
-class ProbeUnavailable(Exception):
-    """A whole source (NVML, ``nvidia-smi``) cannot be used. ``str(exc)`` is a
-    short reason for the user ("NVML Shared Library Not Found", "not found")."""
 
 
-class CommandFailed(Exception):
-    """``nvidia-smi`` ran and exited non-zero (or timed out). ``output`` is
-    what it printed; ``returncode`` is ``None`` for a timeout."""
-
-    def __init__(self, returncode: int | None, output: str) -> None:
-        super().__init__(output.strip() or f"exit status {returncode}")
-        self.returncode = returncode
-        self.output = output
 
 
 # --------------------------------------------------------------------------- data

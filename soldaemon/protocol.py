@@ -35,72 +35,29 @@ from soldaemon.api import (
     FinishReason,
     Timings,
 )
-from soldaemon.errors import BadRequest, Busy, SolError
+from soldaemon.errors import (BadField, BadJson, BadRequest, BadUtf8, Busy, DuplicateId, ProtocolError, RateLimited,
+                              SolError, TooLarge, UnknownId, UnknownType, UnsupportedVersion)
 
 PROTOCOL_VERSION = 1
 
-# --------------------------------------------------------------------------
-# Errors: one class per stable code. All are BadRequest (the client sent
-# something wrong; the connection lives on) except RateLimited (retryable).
-# --------------------------------------------------------------------------
 
 
-class ProtocolError(BadRequest):
-    """A frame the daemon cannot accept. ``request_id`` is the offending
-    message's ``id`` when it could be read, else ``None``."""
-
-    code = "bad_request"
-
-    def __init__(self, message: str, *, request_id: str | None = None, hint: str | None = None) -> None:
-        super().__init__(message, hint=hint)
-        self.request_id = request_id
 
 
-class BadUtf8(ProtocolError):
-    code = "bad_utf8"
 
 
-class BadJson(ProtocolError):
-    code = "bad_json"
 
 
-class BadField(ProtocolError):
-    """A field is missing, has the wrong type, or is out of range."""
-
-    code = "bad_field"
 
 
-class TooLarge(ProtocolError):
-    """A frame or a field is over its size limit."""
-
-    code = "too_large"
 
 
-class UnknownType(ProtocolError):
-    code = "unknown_type"
 
 
-class UnsupportedVersion(ProtocolError):
-    code = "unsupported_version"
 
 
-class UnknownId(ProtocolError):
-    """A ``cancel`` names no request in flight on this connection."""
-
-    code = "unknown_id"
 
 
-class DuplicateId(ProtocolError):
-    """A ``complete``/``warm`` reuses the id of a request still in flight."""
-
-    code = "duplicate_id"
-
-
-class RateLimited(Busy):
-    """The connection sent frames faster than its rate limit; the frame was
-    dropped. Retryable after a short wait."""
-
-    code = "rate_limited"
 
 
 # --------------------------------------------------------------------------

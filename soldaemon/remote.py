@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterator
 
 from .api import CancelToken, CompletionRequest, Delta, Done, Engine, Event, FinishReason, Timings
 from .config import Config
-from .errors import ConfigError, SolError, Unavailable
+from .errors import ConfigError, RemoteBadResponse, RemoteHttpError, RemoteTimeout, RemoteUnavailable, SolError, Unavailable
 from .fim import FimPrompt, FimTemplate, detect_template
 from .pipeline import (
     Previewer,
@@ -69,44 +69,10 @@ MAX_ERROR_BODY = 64 * 1024     # bytes of an error answer read for its message
 MAX_LINE = 1 << 20             # bytes of one SSE line / non-streamed answer
 
 
-# --------------------------------------------------------------------------
-# Errors
-# --------------------------------------------------------------------------
 
 
-class RemoteUnavailable(Unavailable):
-    """The engine cannot be reached (refused, reset, closed mid-stream), or
-    the daemon is backing off after such failures."""
-
-    code = "remote_unavailable"
 
 
-class RemoteTimeout(Unavailable):
-    """The engine did not answer (or stream the next chunk) in time."""
-
-    code = "remote_timeout"
-
-
-class RemoteHttpError(SolError):
-    """The engine answered with an HTTP error status. Retryable for 5xx and
-    429 (overloaded, restarting), not for other 4xx (wrong URL, model, key)."""
-
-    code = "remote_http"
-    exit_code = 4
-
-    def __init__(self, status: int, message: str, *, hint: str | None = None) -> None:
-        super().__init__(message, hint=hint)
-        self.status = status
-        self.retryable = status >= 500 or status == 429
-
-
-class RemoteBadResponse(SolError):
-    """The engine answered something that is not the OpenAI completions
-    stream (not JSON, wrong schema): usually ``backend.url`` points at
-    another service. Not retryable."""
-
-    code = "remote_bad_response"
-    exit_code = 4
 
 
 # --------------------------------------------------------------------------

@@ -65,34 +65,16 @@ from soldaemon.auth import (
     read_token,
 )
 from soldaemon.config import is_loopback_host
-from soldaemon.errors import Busy, ModelError, SolError, Unavailable
+from soldaemon.errors import (AddressInUse, Busy, DuplicateId, ModelError, ProtocolError, RateLimited, SolError,
+                              Unavailable, UnknownId)
 from soldaemon.fairness import allowed_priority, over_share, release_memory
 from soldaemon.fairqueue import FairQueue
 from soldaemon.handshake import RefusalLog, duplicated
 from soldaemon.metrics import Metrics
 from soldaemon.paths import state_dir
-from soldaemon.protocol import (
-    PROTOCOL_VERSION,
-    Cancel,
-    ClientMessage,
-    Complete,
-    CompletionEvent,
-    Debug,
-    DuplicateId,
-    ErrorFrame,
-    Health,
-    Limits,
-    ProtocolError,
-    RateLimited,
-    Status,
-    UnknownId,
-    Warm,
-    decode_client,
-    decode_server,
-    encode_client,
-    encode_server,
-    error_frame,
-)
+from soldaemon.protocol import (PROTOCOL_VERSION, Cancel, ClientMessage, Complete, CompletionEvent, Debug, ErrorFrame,
+                                Health, Limits, Status, Warm, decode_client, decode_server, encode_client,
+                                encode_server, error_frame)
 
 if TYPE_CHECKING:
     from soldaemon.config import Config, ServerConfig
@@ -105,10 +87,6 @@ SOL_DIAGNOSIS_KEYS = ("active", "ttft_optimized", "prefetch_hit_rate", "kv_fold_
 WS_PATHS = ("/", "/v1")
 
 
-class AddressInUse(Unavailable):
-    """The port is taken (often: another soldaemon is already running)."""
-
-    code = "address_in_use"
 
 
 # --------------------------------------------------------------------------

@@ -24,21 +24,9 @@ import pytest
 
 from soldaemon import doctor, gpuprobe
 from soldaemon.doctor import Check, judge, judge_machine
-from soldaemon.gpuprobe import (
-    READ_ONLY_ARGVS,
-    SMI_APPS_ARGV,
-    SMI_BANNER_ARGV,
-    SMI_CORE_ARGV,
-    SMI_QUERY_ARGV,
-    CacheReading,
-    CommandFailed,
-    CpuReading,
-    GpuProbe,
-    GpuReading,
-    MachineReading,
-    ProbeUnavailable,
-    TorchReading,
-)
+from soldaemon.errors import CommandFailed, ProbeUnavailable
+from soldaemon.gpuprobe import (READ_ONLY_ARGVS, SMI_APPS_ARGV, SMI_BANNER_ARGV, SMI_CORE_ARGV, SMI_QUERY_ARGV,
+                                CacheReading, CpuReading, GpuProbe, GpuReading, MachineReading, TorchReading)
 
 DATA = Path(__file__).parent / "data" / "doctor"
 GiB = 1024 ** 3

@@ -12,26 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from soldaemon.api import CompletionRequest, ContextChunk, Delta, Done, Timings
-from soldaemon.errors import BadRequest, Busy, SolError
-from soldaemon.protocol import (
-    PROTOCOL_VERSION,
-    Cancel,
-    Complete,
-    CompletionEvent,
-    Debug,
-    ErrorFrame,
-    Health,
-    Limits,
-    ProtocolError,
-    RateLimited,
-    Status,
-    Warm,
-    decode_client,
-    decode_server,
-    encode_client,
-    encode_server,
-    error_frame,
-)
+from soldaemon.errors import BadRequest, Busy, ProtocolError, RateLimited, SolError
+from soldaemon.protocol import (PROTOCOL_VERSION, Cancel, Complete, CompletionEvent, Debug, ErrorFrame, Health, Limits,
+                                Status, Warm, decode_client, decode_server, encode_client, encode_server, error_frame)
 
 
 def frame(**fields: Any) -> str:

@@ -37,17 +37,8 @@ from soldaemon.api import CancelToken, CompletionRequest, Delta, Done
 from soldaemon.config import config_from_dict
 from soldaemon.errors import ConfigError, SolError
 from tests.fixtures.daemon import complete
-from soldaemon.remote import (
-    Backoff,
-    Endpoint,
-    RemoteBadResponse,
-    RemoteEngine,
-    RemoteHttpError,
-    RemoteTimeout,
-    RemoteUnavailable,
-    _parse_chunk,
-    read_api_key,
-)
+from soldaemon.errors import RemoteBadResponse, RemoteHttpError, RemoteTimeout, RemoteUnavailable
+from soldaemon.remote import Backoff, Endpoint, RemoteEngine, _parse_chunk, read_api_key
 
 # --------------------------------------------------------------------------
 # Pure pieces

@@ -23,8 +23,8 @@ from soldaemon.errors import ConfigError
 from soldaemon.runtime.backend import LeanBackend
 from soldaemon.runtime.kernel_plan import KernelPlan
 from soldaemon.runtime.engine import LocalEngine
-from soldaemon.runtime.residency import (BudgetTooSmall, MemoryScheduler, UnitInfo, WeightStore,
-                                         plan_residency)
+from soldaemon.errors import BudgetTooSmall
+from soldaemon.runtime.residency import MemoryScheduler, UnitInfo, WeightStore, plan_residency
 from soldaemon.testing.tiny import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]

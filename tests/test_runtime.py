@@ -18,7 +18,8 @@ from soldaemon.runtime.kernel_plan import KernelPlan
 from soldaemon.runtime.draft import PromptLookup
 from soldaemon.runtime.generate import generate
 from soldaemon.runtime.sampling import Greedy, TopP, make_sampler
-from soldaemon.runtime.session import Cancelled, KVSession, common_prefix
+from soldaemon.errors import Cancelled
+from soldaemon.runtime.session import KVSession, common_prefix
 from soldaemon.testing.tiny import build_tiny_model
 
 

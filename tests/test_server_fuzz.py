@@ -16,18 +16,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from soldaemon.protocol import (
-    Cancel,
-    Complete,
-    CompletionEvent,
-    Debug,
-    Health,
-    Limits,
-    ProtocolError,
-    Warm,
-    decode_client,
-    encode_client,
-)
+from soldaemon.errors import ProtocolError
+from soldaemon.protocol import (Cancel, Complete, CompletionEvent, Debug, Health, Limits, Warm, decode_client,
+                                encode_client)
 from tests.fixtures.daemon import Daemon, complete, spawn
 
 MESSAGES_PER_CONNECTION = 2_600

@@ -44,8 +44,9 @@ from .foresight import Foreseen, answer_foreseen, precise_until, speculate, warm
 from .generate import GenStats, TokenEvent, generate
 from .healing import HealingSampler, TokenTexts
 from .sampling import make_sampler
-from .residency import BudgetTooSmall, MemoryScheduler
-from .session import Cancelled, KVSession, SessionPool
+from ..errors import BudgetTooSmall, Cancelled
+from .residency import MemoryScheduler
+from .session import KVSession, SessionPool
 from .timing import elapsed_ms, synchronize
 
 log = logging.getLogger("soldaemon.engine")

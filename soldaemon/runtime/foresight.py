@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from ..api import CancelToken, CompletionRequest, Delta, Done, Event, Timings
 from ..fim import FimPrompt
-from .session import Cancelled
+from ..errors import Cancelled
 
 if TYPE_CHECKING:
     from .engine import LocalEngine

@@ -39,6 +39,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from ..errors import BudgetTooSmall
+
 log = logging.getLogger("soldaemon.residency")
 
 # LayerWeights fields that are never offloaded (a few KB: the norms).
@@ -104,8 +106,6 @@ def _r(x: float | None, nd: int = 2) -> float | None:
     return None if x is None else round(x, nd)
 
 
-class BudgetTooSmall(ValueError):
-    """The memory budget cannot hold even the never-offloaded part."""
 
 
 def plan_residency(units: Sequence[UnitInfo], *, budget_bytes: int | None, fixed_bytes: int,

@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence, cast
 
 import torch
 
+from ..errors import Cancelled
 from .backend import Backend
 from .kvfold import BLOCK, FoldedKV, block_scores, fold, unfold
 
@@ -26,8 +27,6 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-class Cancelled(Exception):
-    """Raised inside prefill when the cancel check fires between chunks."""
 
 
 @dataclass
