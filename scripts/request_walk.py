@@ -1,0 +1,135 @@
+"""The walk of one completion request through the daemon's modules.
+
+Loads the local engine on the tiny model (built in code, no download), sends
+two completions (a cold one, then one typed through), and records which of
+the project's modules each request enters, in order: a module is "entered"
+when a call crosses from another project module into it. Prints, per request,
+the modules in order, how often each was entered, and how many entries went
+back to a module already left.
+
+    python scripts/request_walk.py [--json FILE]
+
+Used as evidence for the architecture (docs/architecture.md): the number of
+re-entries is a measure of how tangled one request's path is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+PACKAGES = ("soldaemon", "lsp")
+
+
+def _module_of(frame: FrameType) -> str | None:
+    name = frame.f_globals.get("__name__", "")
+    if not isinstance(name, str) or name.split(".")[0] not in PACKAGES:
+        return None
+    if name.startswith("soldaemon.testing"):
+        return None
+    return name
+
+
+class Walk:
+    """Records module entries while active (``sys.setprofile``)."""
+
+    def __init__(self) -> None:
+        self.entered: list[str] = []
+
+    def _profile(self, frame: FrameType, event: str, _arg: Any) -> None:
+        if event != "call":
+            return
+        here = _module_of(frame)
+        if here is None:
+            return
+        caller = frame.f_back
+        while caller is not None and _module_of(caller) is None and caller.f_back is not None:
+            # Calls through the standard library or torch (e.g. a generator
+            # driven by a for loop in a project module) count from the project
+            # module below them.
+            caller = caller.f_back
+        came_from = _module_of(caller) if caller is not None else None
+        if came_from != here:
+            self.entered.append(here)
+
+    def __enter__(self) -> Walk:
+        sys.setprofile(self._profile)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sys.setprofile(None)
+
+
+def summarize(entered: list[str]) -> dict[str, Any]:
+    order: list[str] = []
+    for m in entered:
+        if m not in order:
+            order.append(m)
+    left: set[str] = set()
+    returns = 0
+    previous: str | None = None
+    for m in entered:
+        if previous is not None and previous != m:
+            left.add(previous)
+        if m in left:
+            returns += 1
+        previous = m
+    return {"entries": len(entered), "modules": order, "per_module": dict(Counter(entered).most_common()),
+            "returns_to_a_module_left": returns}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", type=Path, help="also write the walk as JSON here")
+    args = ap.parse_args(argv)
+
+    from soldaemon.api import CancelToken, CompletionRequest, Done
+    from soldaemon.config import config_from_dict
+    from soldaemon.runtime.engine import load_engine
+    from soldaemon.testing.tiny import build_tiny_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = build_tiny_model(Path(tmp) / "tiny")
+        config = config_from_dict({"model": {"path": str(model), "precision": "float32"},
+                                   "device": {"device": "cpu"}})
+        engine = load_engine(config, progress=False)
+        prefix = "def add(a, b):\n    return "
+        cold = CompletionRequest(id="walk-1", prefix=prefix, suffix="\n", max_tokens=8, uri="file:///w.py")
+        report: dict[str, Any] = {}
+        shown = ""
+        with Walk() as walk:
+            for event in engine.complete(cold, CancelToken()):
+                if isinstance(event, Done) and event.items:
+                    shown = event.items[0]
+        report["cold"] = summarize(walk.entered)
+        # The user types the first character of what was shown: answered from
+        # what the engine remembers (type-through), no model call.
+        typed = CompletionRequest(id="walk-2", prefix=prefix + shown[:1], suffix="\n", max_tokens=8,
+                                  uri="file:///w.py")
+        with Walk() as walk:
+            for _event in engine.complete(typed, CancelToken()):
+                pass
+        report["typed-through" if shown else "second"] = summarize(walk.entered)
+        engine.close()
+
+    for label, s in report.items():
+        print(f"== {label}: {s['entries']} module entries, {s['returns_to_a_module_left']} back to a module left")
+        print("   order: " + " -> ".join(m.removeprefix("soldaemon.") for m in s["modules"]))
+        print("   entries: " + ", ".join(f"{m.removeprefix('soldaemon.')} {n}" for m, n in s["per_module"].items()))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
