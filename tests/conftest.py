@@ -30,13 +30,12 @@ def start_daemon(tmp_path: Path) -> Iterator[Callable[..., Any]]:
 
 @pytest.fixture(scope="session")
 def engine_args(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    """``serve`` arguments selecting the engine for end-to-end tests: the real
-    engine on the tiny model; the scripted engine only while the real one
-    does not exist yet."""
-    try:
-        import soldaemon.runtime.engine  # noqa: F401
-    except ImportError:
-        return ["--engine", "tests.fixtures.fake_engine:make_engine"]
+    """``serve`` arguments selecting the engine for end-to-end tests: always
+    the real engine on the tiny model. The import is here, not in the daemon,
+    so that a broken engine fails the tests that use it at once, with its
+    traceback; there is no fallback to the scripted engine (a test that
+    wants that one names ``tests.fixtures.daemon.FAKE_ENGINE``)."""
+    import soldaemon.runtime.engine  # noqa: F401
     from soldaemon.testing.tiny import build_tiny_model
 
     return ["--model", str(build_tiny_model(tmp_path_factory.mktemp("tiny-model")))]

@@ -29,6 +29,7 @@ from lsprotocol import types
 from pytest_lsp import LanguageClient
 
 from tests.fixtures.daemon import Daemon, complete, spawn, write_config
+from tests.fixtures.require import require
 from tests.fixtures.lsp_harness import (
     LSP_COMMAND,
     REPO,
@@ -308,8 +309,8 @@ def test_neovim_builtin_client_gets_a_completion(daemon: DaemonBox, tmp_path: Pa
     """Debian's Neovim, headless: its built-in LSP client starts sol-lsp, which
     asks the real daemon; the completion comes back through Neovim."""
     nvim = shutil.which("nvim")
-    if nvim is None:
-        pytest.skip("Neovim is not installed (apt-get install -y neovim)")
+    require(nvim, "Neovim", "apt-get install -y neovim")
+    assert nvim is not None
     source = tmp_path / "edit.py"
     source.write_text(PREFIX + "\n")
     out = tmp_path / "nvim-result.json"

@@ -503,10 +503,9 @@ HAVE_LLAMA_SERVER = all(importlib.util.find_spec(m) is not None for m in (
 
 
 def _need_llama_server() -> None:
-    if not HAVE_LLAMA_SERVER:
-        if os.environ.get("SOLDAEMON_REQUIRE_INTEGRATION"):
-            pytest.fail("llama_cpp.server is not importable: pip install -e '.[bench]'")
-        pytest.skip("llama_cpp.server is not importable (pip install -e '.[bench]' installs it)")
+    from tests.fixtures.require import require
+
+    require(HAVE_LLAMA_SERVER, "llama-cpp-python's server (llama_cpp.server)", "pip install -e '.[bench]'")
 
 
 class LlamaServer:

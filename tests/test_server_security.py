@@ -23,6 +23,7 @@ from websockets.asyncio.server import serve as ws_serve
 from websockets.exceptions import InvalidStatus
 
 from tests.fixtures.daemon import FAKE_ENGINE, Daemon, spawn
+from tests.fixtures.require import require
 
 PAGE = Path(__file__).parent / "fixtures" / "ws_page.html"
 
@@ -90,11 +91,11 @@ def _chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-@pytest.mark.skipif(_chromium() is None, reason="needs Debian's chromium (apt-get install chromium)")
 def test_a_web_page_in_chromium_cannot_connect(daemon: Daemon, tmp_path: Path) -> None:
     """A page served from another local origin runs ``new WebSocket(...)`` to
     the daemon in real headless Chromium: refused. The same page reaches a
     plain websocket server (control), so the refusal is the daemon's."""
+    require(_chromium(), "Debian's chromium", "apt-get install -y chromium")
     reports: list[dict[str, str]] = []
     got = threading.Event()
 

@@ -1,0 +1,292 @@
+"""The whole Config, built from parsed data: every problem collected with
+its line, then the checks across sections."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import ipaddress
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, TypeVar
+
+from soldaemon.errors import ConfigError
+
+from .budget import MemoryBudget
+from .checks import _Bad
+from .sections import (BackendConfig, CompletionConfig, DeviceConfig, ModelConfig, ServerConfig, SolConfig,
+                       _SECTIONS)
+
+_HINT = "see docs/config.md or sol_config.example.yaml for every key and its allowed values"
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration. ``source`` is the file it was loaded from
+    (absolute), or None for defaults / a dict."""
+
+    sol: SolConfig = field(default_factory=SolConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    completion: CompletionConfig = field(default_factory=CompletionConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    source: Path | None = None
+
+    @classmethod
+    def default(cls) -> Config:
+        """Every key at its default; ``source`` is None."""
+        return cls()
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """Plain YAML-able data (paths as strings, tuples as lists, the
+        memory budget as an int MB or a float fraction) such that
+        ``config_from_dict(c.to_dict())`` equals ``c`` apart from ``source``."""
+        out: dict[str, dict[str, Any]] = {}
+        for name in _SECTIONS:
+            section = getattr(self, name)
+            out[name] = {f.name: _plain(getattr(section, f.name)) for f in dataclasses.fields(section)}
+        return out
+
+    def with_overrides(
+        self, overrides: Mapping[str, object], source: str = "<overrides>"
+    ) -> Config:
+        """A copy with dotted keys set (``{"sol.prefetch_depth": 4}``), validated
+        as if they were in the file; errors name ``source``. Relative paths
+        are kept as given (relative to the process's current directory).
+        ``source`` of the result is this config's ``source``."""
+        data = self.to_dict()
+        problems: list[str] = []
+        for dotted, value in overrides.items():
+            section, sep, key = dotted.partition(".")
+            if not sep or not key or "." in key:
+                problems.append(
+                    f"{source}: {dotted}: expected a key of the form section.key "
+                    f"(sections: {', '.join(_SECTIONS)})"
+                )
+                continue
+            target = data.setdefault(section, {})
+            if isinstance(target, dict):
+                target[key] = value
+        if problems:
+            raise ConfigError("\n".join(problems), hint=_HINT)
+        return _build(data, source, {}, None, self.source)
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, MemoryBudget):
+        return value.to_yaml()
+    return value
+
+
+# --------------------------------------------------------------------------
+# Building and checking.
+# --------------------------------------------------------------------------
+
+
+def _show(value: object) -> str:
+    """A value as the user wrote it (YAML-ish), truncated."""
+    if value is None:
+        text = "null"
+    elif isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, str):
+        text = json.dumps(value)
+    else:
+        text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a bool"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a float"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return f"a {type(value).__name__}"
+
+
+class _Problems:
+    """Collects problems; each line names the source, line, key and value."""
+
+    def __init__(self, source: str, lines: Mapping[str, int]) -> None:
+        self.source = source
+        self.lines = lines
+        self.items: list[str] = []
+
+    def where(self, dotted: str) -> str:
+        line = self.lines.get(dotted)
+        return f"{self.source}:{line}" if line is not None else self.source
+
+    def invalid(self, dotted: str, value: object, expected: str) -> None:
+        self.items.append(
+            f"{self.where(dotted)}: {dotted} = {_show(value)} ({_kind(value)}): expected {expected}"
+        )
+
+    def unknown(self, dotted: str, key: object, known: list[str], elsewhere: list[str]) -> None:
+        name = str(key)
+        close = difflib.get_close_matches(name, known, n=1)
+        if close:
+            tip = f"; did you mean '{close[0]}'?"
+        elif elsewhere:
+            tip = f"; did you mean '{elsewhere[0]}'?"
+        else:
+            tip = f"; known keys here: {', '.join(known)}"
+        self.items.append(f"{self.where(dotted)}: {dotted}: unknown key {_show(key)}{tip}")
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            raise ConfigError("\n".join(self.items), hint=_HINT)
+
+
+def _elsewhere(key: str, exclude: str | None) -> list[str]:
+    """Dotted names of sections or keys elsewhere that are exactly ``key``."""
+    found: list[str] = []
+    for name, cls in _SECTIONS.items():
+        if name == exclude:
+            continue
+        if key in {f.name for f in dataclasses.fields(cls)}:
+            found.append(f"{name}.{key}")
+    return found
+
+
+def _build_section(
+    name: str, cls: type[_T], raw: object, problems: _Problems, base: Path | None
+) -> _T:
+    if raw is None:
+        return cls()
+    if not isinstance(raw, dict):
+        problems.invalid(name, raw, f"a mapping of {name} keys")
+        return cls()
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        dotted = f"{name}.{key}"
+        if not isinstance(key, str) or key not in fields:
+            problems.unknown(dotted, key, list(fields), _elsewhere(str(key), name))
+            continue
+        try:
+            values[key] = fields[key].metadata["check"](value, base)
+        except _Bad as bad:
+            problems.invalid(dotted, value, bad.expected)
+    return cls(**values)
+
+
+def effective_precision(model: ModelConfig) -> tuple[str, list[str]]:
+    """``model.precision`` after the keys it replaced (``model.dtype``,
+    ``model.decode_dtype``), and the notices to show for those keys."""
+    notices: list[str] = []
+    precision: str = model.precision
+    if model.dtype != "auto":
+        if precision == "auto":
+            precision = model.dtype
+            notices.append(f"model.dtype is replaced by model.precision: read as model.precision: {model.dtype}")
+        else:
+            notices.append(f"model.dtype ({model.dtype}) is ignored: model.precision ({precision}) is set")
+    if model.decode_dtype != "auto":
+        notices.append(f"model.decode_dtype ({model.decode_dtype}) no longer applies: the weights are kept once, "
+                       "and the kernel for decode steps is chosen by measurement (model.precision)")
+    return precision, notices
+
+
+def is_loopback_host(host: str) -> bool:
+    """True when ``host`` only listens locally: ``localhost`` or a loopback
+    IPv4/IPv6 address (``127.0.0.0/8``, ``::1``). Any other name or address
+    (``0.0.0.0``, ``::``, a hostname) is not loopback."""
+    name = host.strip().lower().rstrip(".")
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    if name.startswith("[") and name.endswith("]"):
+        name = name[1:-1]
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def _cross_checks(config: Config, problems: _Problems) -> None:
+    server = config.server
+    if not server.allow_remote and not is_loopback_host(server.host):
+        problems.items.append(
+            f"{problems.where('server.host')}: server.host = {_show(server.host)}: "
+            "not a loopback address; anyone who can reach it could use the daemon. "
+            "Set server.allow_remote: true to allow it, or use 127.0.0.1"
+        )
+    backend = config.backend
+    if backend.kind == "remote" and backend.url is None:
+        problems.items.append(
+            f"{problems.where('backend.kind')}: backend.kind = \"remote\": "
+            "backend.url is required (an http:// or https:// URL)"
+        )
+    if backend.max_backoff_s < backend.backoff_s:
+        problems.items.append(
+            f"{problems.where('backend.max_backoff_s')}: backend.max_backoff_s = {backend.max_backoff_s:g}: "
+            f"smaller than backend.backoff_s ({backend.backoff_s:g}); expected max_backoff_s >= backoff_s"
+        )
+    model, completion = config.model, config.completion
+    needed = model.max_prefix_tokens + model.max_suffix_tokens + completion.max_tokens
+    if needed > model.max_context:
+        problems.items.append(
+            f"{problems.where('model.max_context')}: model.max_context = {model.max_context}: "
+            f"too small for model.max_prefix_tokens ({model.max_prefix_tokens}) + "
+            f"model.max_suffix_tokens ({model.max_suffix_tokens}) + "
+            f"completion.max_tokens ({completion.max_tokens}) = {needed}; "
+            "expected max_context >= their sum"
+        )
+
+
+def _build(
+    data: object,
+    source: str,
+    lines: Mapping[str, int],
+    base: Path | None,
+    source_path: Path | None,
+) -> Config:
+    problems = _Problems(source, lines)
+    if data is None:
+        return Config(source=source_path)
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{source}: the top level must be a mapping of sections "
+            f"({', '.join(_SECTIONS)}), got {_kind(data)} {_show(data)}",
+            hint=_HINT,
+        )
+    sections: dict[str, Any] = {}
+    for key, raw in data.items():
+        if not isinstance(key, str) or key not in _SECTIONS:
+            problems.unknown(str(key), key, list(_SECTIONS), _elsewhere(str(key), None))
+            continue
+        sections[key] = _build_section(key, _SECTIONS[key], raw, problems, base)
+    problems.raise_if_any()
+    config = Config(**sections, source=source_path)
+    _cross_checks(config, problems)
+    problems.raise_if_any()
+    return config
+
+
+def config_from_dict(
+    data: Mapping[str, Any] | None, source: str = "<dict>", *, base_dir: Path | None = None
+) -> Config:
+    """Validate ``data`` (what the YAML file would parse to) into a Config.
+
+    ``source`` names the origin in error messages. Relative paths are joined
+    to ``base_dir`` when given, else kept as given. ``None`` or ``{}`` gives
+    the defaults. The result's ``source`` is None. Raises ConfigError.
+    """
+    plain = dict(data) if isinstance(data, Mapping) else data
+    return _build(plain, source, {}, base_dir, None)

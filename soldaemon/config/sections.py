@@ -1,0 +1,241 @@
+"""One frozen dataclass per section of the file; each field carries its
+default and its check."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from soldaemon.api import Multiline
+from soldaemon.paths import state_dir
+
+from .budget import MemoryBudget
+from .checks import (_bool, _choice, _device, _env_name, _float, _int, _memory_budget, _optional, _path,
+                     _setting, _str_list, _text, _url)
+
+OffloadPolicy = Literal["layer", "block"]
+Dtype = Literal["auto", "float32", "float16", "bfloat16"]
+DecodeDtype = Literal["auto", "same", "float16", "bfloat16"]
+Precision = Literal["auto", "float32", "bfloat16", "float16", "int8", "int4"]
+BackendKind = Literal["local", "remote"]
+PromptFormat = Literal["text", "tokens"]
+FimOrder = Literal["psm", "spm"]
+ContextChoice = Literal["relevance", "order"]
+FimAnchor = Literal["cursor", "line", "sticky"]
+
+
+@dataclass(frozen=True)
+class SolConfig:
+    """``sol:`` — the Sol scheduler (layer prefetch, KV folding, weight
+    offload) and the memory it may use."""
+
+    # Sliding window over which per-layer activity is counted to decide which
+    # layers stay resident and which are prefetched; seconds, > 0.
+    layer_heatmap_window: float = _setting(60.0, _float(0.0, lo_open=True))
+    # How many layers ahead of the one computing are fetched to the device;
+    # layers, 0 (no prefetch) .. 16.
+    prefetch_depth: int = _setting(2, _int(0, 16))
+    # KV folding of parked sessions (runtime/kvfold.py): a 64-token block whose
+    # attention mass, relative to the most attended block, is under this is
+    # stored as int8; in [0, 1], 0.0 = off. 0.1: measured, greedy output equal
+    # to unfolded on 19/20 real holes, 32% of the KV folded (docs/memory.md).
+    kv_folding_entropy_threshold: float = _setting(0.1, _float(0.0, hi=1.0))
+    # Folding quantizes parked sessions only while the device's free memory
+    # (RAM on a CPU) is under this (MB, or a fraction of the device's memory as
+    # for memory_budget); with more free, parked sessions are only trimmed, a
+    # copy (at 1k tokens on a 2-core CPU: 32 ms a switch against ~200 ms
+    # quantized, docs/memory.md). null: always quantize.
+    kv_folding_free_below: MemoryBudget | None = _setting(MemoryBudget(fraction=0.2), _memory_budget())
+    # Granularity of weight offload: whole decoder layers or parameter blocks.
+    weight_offload_policy: OffloadPolicy = _setting(
+        "layer", _choice(get_args(OffloadPolicy))
+    )
+    # When Sol's schedule misses (a prefetch not landed in time), wait this
+    # long before falling back to the plain synchronous path; milliseconds, > 0.
+    fallback_timeout_ms: float = _setting(50.0, _float(0.0, lo_open=True))
+    # Device memory cap for weights + KV; None: no cap (all resident when it fits).
+    memory_budget: MemoryBudget | None = _setting(None, _memory_budget())
+    # Release the model's device memory after this long without a request;
+    # seconds, >= 0, 0 = never.
+    idle_release_s: float = _setting(300.0, _float(0.0))
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """``model:`` — which model, in which precision, with how much context."""
+
+    # None: the embedded default (Qwen2.5-Coder-0.5B); else a local Hugging Face
+    # model directory or a .gguf file.
+    path: Path | None = _setting(None, _optional(_path()))
+    # The one format the weights are kept in, and so the kernels that read
+    # them: "auto" measures the kernels on this machine at start-up (cached
+    # per machine, model and torch version) and picks per phase (prefill,
+    # decode/verify, output layer); or "float32", "bfloat16", "float16",
+    # "int8" (int8 weights; the kernels still chosen by measurement), "int4"
+    # (4-bit decoder layers, the output layer int8).
+    precision: Precision = _setting("auto", _choice(get_args(Precision)))
+    # Replaced by precision (accepted with a notice): dtype "float32",
+    # "float16" or "bfloat16" reads as that precision when precision is
+    # "auto"; decode_dtype no longer applies (one weight copy).
+    dtype: Dtype = _setting("auto", _choice(get_args(Dtype)))
+    decode_dtype: DecodeDtype = _setting("auto", _choice(get_args(DecodeDtype)))
+    # Longest prompt + completion the engine allocates for; tokens, 256..131072.
+    max_context: int = _setting(4096, _int(256, 131072))
+    # Document text before the cursor kept in the prompt; tokens, >= 1.
+    max_prefix_tokens: int = _setting(1024, _int(1))
+    # Document text after the cursor kept in the prompt; tokens, >= 0.
+    max_suffix_tokens: int = _setting(256, _int(0))
+    # A smaller model for speculative decoding; None: no draft model.
+    draft_model: Path | None = _setting(None, _optional(_path()))
+    # Moved-chunk KV reuse (like llama.cpp's --cache-reuse): the text after the
+    # cursor is re-rotated instead of recomputed when at least this many of its
+    # tokens merely moved; tokens, 0 = off (exact prefix reuse only). Off by
+    # default: measured on the embedded model, FIM completions then ignore
+    # what was just typed (docs/config.md).
+    cache_reuse: int = _setting(0, _int(0))
+    # FIM prompt layout: "psm" (prefix, suffix, middle) or "spm" (suffix
+    # first: typing only appends, so the whole prompt before the cursor stays
+    # in the KV cache; llama.cpp's spm_infill layout).
+    fim_order: FimOrder = _setting("psm", _choice(get_args(FimOrder)))
+    # Where the middle of a PSM prompt starts: "cursor"; "line" (the cursor
+    # line so far goes after the middle token, so typing on a line only
+    # appends to the prompt); "sticky" (like "line", but the anchor stays
+    # where the user started typing, for up to 8 lines, while the text
+    # around is unchanged: Enter does not recompute the suffix either).
+    fim_anchor: FimAnchor = _setting("sticky", _choice(get_args(FimAnchor)))
+    # Context from other files (a request's context chunks): "relevance" cuts
+    # them into snippets and keeps those that share the most names with the
+    # code around the cursor (soldaemon/relevance.py); "order" keeps the
+    # chunks as sent, in order, until the budget is spent.
+    context: ContextChoice = _setting("relevance", _choice(get_args(ContextChoice)))
+    # Context from other files in the prompt; tokens, >= 0.
+    max_context_tokens: int = _setting(1024, _int(0))
+    # Documents whose KV cache is kept (an LRU, one cache of max_context each).
+    kv_sessions: int = _setting(4, _int(1, 64))
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    """``device:`` — where the model runs."""
+
+    # "auto" (CUDA when available, else CPU), "cpu", "cuda" or "cuda:N".
+    device: str = _setting("auto", _device())
+    # CPU threads for torch; None: torch's default; else >= 1.
+    threads: int | None = _setting(None, _optional(_int(1)))
+    # Decode steps replayed from CUDA graphs on a CUDA device (captured at
+    # warm-up; eager fallback when capture fails). Ignored on a CPU.
+    cuda_graphs: bool = _setting(True, _bool())
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """``server:`` — the websocket server."""
+
+    host: str = _setting("127.0.0.1", _text())
+    # TCP port; 0 = pick a free port.
+    port: int = _setting(8765, _int(0, 65535))
+    # Must be true to listen on a host that is not loopback.
+    allow_remote: bool = _setting(False, _bool())
+    # Browser Origin headers accepted besides none; empty: no browser origins.
+    allowed_origins: tuple[str, ...] = _setting((), _str_list())
+    # None: state_dir()/token (see token_path()).
+    token_file: Path | None = _setting(None, _optional(_path()))
+    # Largest incoming websocket message; bytes, >= 1.
+    max_message_bytes: int = _setting(1_048_576, _int(1))
+    # Messages accepted per second on one connection; > 0.
+    rate_limit_per_s: float = _setting(200.0, _float(0.0, lo_open=True))
+    # On shutdown, wait this long for in-flight requests; seconds, >= 0.
+    drain_timeout_s: float = _setting(5.0, _float(0.0))
+
+    def token_path(self) -> Path:
+        """The token file: ``token_file`` or ``state_dir()/token`` (resolved
+        now, so it follows ``SOLDAEMON_STATE_DIR``)."""
+        return self.token_file if self.token_file is not None else state_dir() / "token"
+
+
+@dataclass(frozen=True)
+class CompletionConfig:
+    """``completion:`` — defaults for a completion request (a request's own
+    fields override them)."""
+
+    # Generated tokens, hard cap; 1..2048.
+    max_tokens: int = _setting(64, _int(1, 2048))
+    # Lines in a completion, cap; >= 1.
+    max_lines: int = _setting(8, _int(1))
+    multiline: Multiline = _setting("auto", _choice(get_args(Multiline)))
+    # 0 = greedy; >= 0.
+    temperature: float = _setting(0.0, _float(0.0))
+    # Nucleus sampling mass; in (0, 1].
+    top_p: float = _setting(1.0, _float(0.0, lo_open=True, hi=1.0))
+    # Wall-clock budget from arrival; milliseconds, > 0; None: no budget.
+    budget_ms: float | None = _setting(None, _optional(_float(0.0, lo_open=True)))
+    # Use speculative decoding when a draft is available.
+    speculative: bool = _setting(True, _bool())
+    # Tokens proposed per speculative step; 1..64.
+    draft_tokens: int = _setting(8, _int(1, 64))
+    # Token healing for a cursor after text on its line: the prompt's last
+    # token is left out and the first generated token must agree with it
+    # (local backend; docs/quality.md).
+    token_healing: bool = _setting(True, _bool())
+    # Speculative FIM: after a completion is delivered, compute the next one
+    # as if the user accepts it, at the lowest priority, stopped by any
+    # request (local backend; docs/config.md).
+    speculative_fim: bool = _setting(True, _bool())
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """``backend:`` — where completions are computed: ``local`` (the Sol
+    runtime in this process) or ``remote`` (an inference engine speaking the
+    OpenAI-compatible ``/v1/completions`` streaming API: vLLM, TGI, a
+    llama.cpp server; see docs/remote.md)."""
+
+    kind: BackendKind = _setting("local", _choice(get_args(BackendKind)))
+    # The engine's base URL (``http://host:8000`` or ``http://host:8000/v1``);
+    # required when kind is "remote".
+    url: str | None = _setting(None, _optional(_url()))
+    # The model name sent in each request; None: the engine's only model.
+    model_name: str | None = _setting(None, _optional(_text()))
+    # Name of the environment variable holding the API key (never the key).
+    api_key_env: str | None = _setting(None, _optional(_env_name()))
+    # A file whose first line is the API key (used when api_key_env is unset
+    # or names an empty variable).
+    api_key_file: Path | None = _setting(None, _optional(_path()))
+    # Tokenizer of the remote model's family, for FIM prompts: a Hugging Face
+    # model/tokenizer directory or a .gguf file; None: model.path's, else the
+    # embedded model's (Qwen2.5-Coder: every size shares it).
+    tokenizer: Path | None = _setting(None, _optional(_path()))
+    # How the prompt is sent: "text" (special tokens as text; every engine)
+    # or "tokens" (token ids; vLLM and the native llama.cpp server).
+    prompt_format: PromptFormat = _setting("text", _choice(get_args(PromptFormat)))
+    # Connecting to the engine; seconds, > 0.
+    connect_timeout_s: float = _setting(2.0, _float(0.0, lo_open=True))
+    # Waiting for the engine's answer: its first byte, then each streamed
+    # chunk; seconds, > 0.
+    timeout_s: float = _setting(30.0, _float(0.0, lo_open=True))
+    # Extra connection attempts within one request when the engine cannot be
+    # reached (never after text was streamed); 0..5.
+    retries: int = _setting(1, _int(0, 5))
+    # Wait after the first failed attempt; doubles per consecutive failure up
+    # to max_backoff_s. While it runs, requests fail at once (retryable) or
+    # go to the local model; seconds, > 0.
+    backoff_s: float = _setting(0.5, _float(0.0, lo_open=True))
+    max_backoff_s: float = _setting(30.0, _float(0.0, lo_open=True))
+    # Reachability probe (GET /v1/models) for health, cached this long;
+    # seconds, > 0.
+    health_interval_s: float = _setting(5.0, _float(0.0, lo_open=True))
+    # When the engine is unreachable, answer from the local model (model.path
+    # or the embedded one), loaded on first need.
+    fallback_local: bool = _setting(False, _bool())
+
+
+_SECTIONS: dict[str, type[Any]] = {
+    "sol": SolConfig,
+    "model": ModelConfig,
+    "device": DeviceConfig,
+    "server": ServerConfig,
+    "completion": CompletionConfig,
+    "backend": BackendConfig,
+}
+

@@ -1,0 +1,66 @@
+"""Another file's text as a comment block, for families without a file
+separator token."""
+
+from __future__ import annotations
+
+# Line-comment markers by LSP language id; block markers for the rest.
+_LINE_COMMENT: dict[str, str] = {}
+for _lang in (
+    "python", "ruby", "shellscript", "sh", "bash", "zsh", "perl", "r", "yaml", "toml",
+    "dockerfile", "makefile", "powershell", "coffeescript", "elixir", "julia", "nim",
+    "cmake", "nix", "graphql", "tcl",
+):
+    _LINE_COMMENT[_lang] = "#"
+for _lang in (
+    "c", "cpp", "csharp", "java", "javascript", "javascriptreact", "typescript",
+    "typescriptreact", "go", "rust", "swift", "kotlin", "scala", "dart", "php",
+    "objective-c", "objective-cpp", "groovy", "zig", "jsonc", "fsharp", "proto",
+    "solidity", "scss", "less", "d", "vala", "verilog", "systemverilog", "glsl", "hlsl",
+    "cuda", "cuda-cpp",
+):
+    _LINE_COMMENT[_lang] = "//"
+for _lang in ("sql", "lua", "haskell", "elm", "ada", "plsql", "purescript", "vhdl"):
+    _LINE_COMMENT[_lang] = "--"
+for _lang in ("clojure", "lisp", "scheme", "racket", "commonlisp", "ini", "asm"):
+    _LINE_COMMENT[_lang] = ";"
+for _lang in ("latex", "tex", "erlang", "matlab", "prolog"):
+    _LINE_COMMENT[_lang] = "%"
+_LINE_COMMENT["vb"] = "'"
+_LINE_COMMENT["fortran"] = "!"
+_BLOCK_COMMENT: dict[str, tuple[str, str]] = {
+    "html": ("<!--", "-->"),
+    "xml": ("<!--", "-->"),
+    "markdown": ("<!--", "-->"),
+    "vue": ("<!--", "-->"),
+    "svelte": ("<!--", "-->"),
+    "css": ("/*", "*/"),
+    "ocaml": ("(*", "*)"),
+}
+DEFAULT_LINE_COMMENT = "#"
+
+
+def comment_header(language: str | None, path: str, text: str) -> str:
+    """``text`` from file ``path`` as a comment block in ``language`` (an LSP
+    language id), for families that have no file separator token.
+
+    Line-comment languages get ``{c} Path: {path}`` followed by every line of
+    ``text`` prefixed with ``{c} `` (``{c}`` alone for an empty line);
+    languages with only block comments get one block whose closing marker is
+    defused inside ``text``. Unknown languages use ``#``. The result ends with
+    a newline; empty ``text`` gives just the path line.
+    """
+    lang = (language or "").lower()
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    block = _BLOCK_COMMENT.get(lang)
+    if block is not None:
+        start, end = block
+        broken = end[0] + " " + end[1:]
+        body = "".join(line.replace(end, broken) + "\n" for line in lines)
+        return f"{start} Path: {path}\n{body}{end}\n"
+    c = _LINE_COMMENT.get(lang, DEFAULT_LINE_COMMENT)
+    out = [f"{c} Path: {path}\n"]
+    for line in lines:
+        out.append(f"{c} {line}\n" if line.strip() else f"{c}\n")
+    return "".join(out)

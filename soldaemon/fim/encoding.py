@@ -1,0 +1,76 @@
+"""User text to token ids, with no control token recognised inside it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+def _control_tokens(tokenizer: Any) -> list[tuple[str, int]]:
+    """(content, id) of the added tokens that act as control tokens: those
+    flagged special, and those spelled like one (``<...>``, ``▁<...>``) even
+    when a converted tokenizer lost the flag. Plain added tokens (runs of
+    spaces, single characters) are not control tokens."""
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    out: list[tuple[str, int]] = []
+    for tid, tok in decoder.items():
+        content = str(getattr(tok, "content", tok))
+        bare = content.lstrip("▁")
+        looks = len(bare) > 2 and bare.startswith("<") and bare.endswith(">")
+        if content and (bool(getattr(tok, "special", False)) or looks):
+            out.append((content, int(tid)))
+    return out
+
+
+def encode_text(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """Token ids of ``text`` as plain text: no bos/eos added and no control
+    token recognised inside it.
+
+    Uses ``split_special_tokens=True``. Because that flag is shared mutable
+    state inside the Rust tokenizer (another thread could flip it) and does not
+    cover added tokens that lost their ``special`` flag, the result is checked:
+    when ``text`` contains the spelling of a control token and that token's id
+    came out, the text is re-encoded in pieces split inside each occurrence, so
+    no piece contains a whole control token (the tokenization around those
+    spots then differs slightly -- with a SentencePiece tokenizer each piece
+    also gets its word-boundary marker -- which is harmless). The check costs
+    a few substring searches.
+    """
+    if not text:
+        return []
+    enc = tokenizer(text, add_special_tokens=False, split_special_tokens=True)
+    ids = [int(i) for i in enc["input_ids"]]
+    present = [(c, tid) for c, tid in _control_tokens(tokenizer) if c in text]
+    if not present:
+        return ids
+    bad = {tid for _, tid in present}
+    if not bad.intersection(ids):
+        return ids
+    # Split inside every occurrence of an added token's content.
+    cuts: set[int] = set()
+    for content, _ in present:
+        start = text.find(content)
+        while start >= 0:
+            cuts.add(start + 1)
+            start = text.find(content, start + 1)
+    out: list[int] = []
+    last = 0
+    for cut in sorted(cuts) + [len(text)]:
+        piece = text[last:cut]
+        last = cut
+        if piece:
+            penc = tokenizer(piece, add_special_tokens=False, split_special_tokens=True)
+            out.extend(int(i) for i in penc["input_ids"])
+    return out
+
+
+def _adds_dummy_prefix(tokenizer: Any) -> bool:
+    """True when encoding "a" yields a first token starting with "▁"."""
+    try:
+        ids = encode_text(tokenizer, "a")
+        toks = tokenizer.convert_ids_to_tokens(ids[:1])
+    except Exception:  # a tokenizer we cannot probe: assume plain BPE
+        return False
+    return bool(toks) and isinstance(toks[0], str) and toks[0].startswith("▁")

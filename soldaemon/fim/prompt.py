@@ -1,0 +1,275 @@
+"""The whole prompt: windows, context, outline, lead and healing put
+together (:func:`make_prompt`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from .comments import comment_header
+from .encoding import encode_text
+from .layout import _plain_encoder, _prefix_encoder, build_prompt
+from .outline import _fit_outline, scope_outline
+from .templates import FimOrder, FimTemplate
+from .windows import WindowMemo, _memoized, _window_prefix, _window_suffix
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from soldaemon.api import ContextChunk
+
+
+@dataclass(frozen=True)
+class FimPrompt:
+    """A ready prompt. ``ids`` is the model input. ``prefix_text`` and
+    ``suffix_text`` are the windowed document parts the model sees (context
+    excluded); ``n_prefix_tokens``/``n_suffix_tokens`` their token counts in
+    ``ids``; ``n_context_tokens`` counts everything else in ``ids`` except the
+    bos and the three FIM tokens: context chunks, comment headers, file
+    separators, path and repository-name tokens."""
+
+    ids: list[int]
+    prefix_text: str
+    suffix_text: str
+    n_prefix_tokens: int
+    n_suffix_tokens: int = 0
+    n_context_tokens: int = 0
+    heal: str = ""
+    # PSM with ``lead_from``: the middle token and the lead's tokens, the end
+    # of ``ids`` (what typing on the line changes; the lead is also counted
+    # in n_prefix_tokens); else 0
+    n_middle: int = 0
+
+
+def heal_token(tokenizer: Any, prefix_ids: Sequence[int], prefix_text: str, *, blank: bool = False) -> str:
+    """The text of the prompt's last prefix token when token healing should
+    drop it (:mod:`soldaemon.runtime.healing`): the token is ASCII (every
+    byte of it is a token of its own, so some token always agrees), it ends
+    ``prefix_text`` with text before it, and the cursor line has text
+    before the cursor and the token no newline -- or, with ``blank`` (the
+    token is the lead's, after the middle token), the token is whitespace:
+    indentation ends a middle in a token the model never saw there (``"
+    " * 8`` where the code it was trained on has ``" " * 7`` + ``" self"``).
+    Else ""."""
+    if not prefix_ids:
+        return ""
+    text = tokenizer.decode([prefix_ids[-1]])
+    line = prefix_text.rsplit("\n", 1)[-1]
+    if not text or not text.isascii() or not prefix_text.endswith(text) or len(text) >= len(prefix_text):
+        return ""
+    if ("\n" in text or not line.strip()) and not (blank and not text.strip()):
+        return ""
+    return text
+
+def lead_reserve(max_prefix_tokens: int) -> int:
+    """The most tokens a lead (:func:`make_prompt`'s ``lead_from``) may
+    take, on top of the prefix window: a quarter of ``max_prefix_tokens``,
+    between 16 and 192."""
+    return max(16, min(192, max_prefix_tokens // 4))
+
+
+def line_anchor(prefix: str) -> int:
+    """Where a lead on the cursor line starts: after the line's indentation
+    (``len(prefix)`` when the line so far is blank). Measured on the
+    embedded model, a middle that starts with indentation derails it
+    (docs/quality.md); the indentation stays in front of the middle token,
+    where the model was trained to see it."""
+    start = prefix.rfind("\n") + 1
+    line = prefix[start:]
+    return start + len(line) - len(line.lstrip(" \t"))
+
+
+def _split_lead(prefix: str, lead_from: int | None, max_prefix_tokens: int,
+                encode: Callable[[str], list[int]]) -> tuple[str, str, list[int]]:
+    """``(head, lead, lead ids)``: ``prefix`` split at ``lead_from``, or at
+    the cursor line's anchor (:func:`line_anchor`) when the lead does not
+    fit its reserve; not
+    split (lead "") when ``lead_from`` is None, the budget is too small to
+    spare a reserve, or not even the cursor line fits."""
+    reserve = lead_reserve(max_prefix_tokens)
+    if lead_from is None or max_prefix_tokens < 2 * reserve:
+        return prefix, "", []
+    if not 0 <= lead_from <= len(prefix):
+        raise ValueError(f"lead_from {lead_from} is outside the prefix (0..{len(prefix)})")
+    for start in dict.fromkeys((lead_from, max(lead_from, line_anchor(prefix)))):
+        lead = prefix[start:]
+        if not lead:
+            return prefix, "", []
+        if len(lead) <= 16 * reserve:   # a cheap bound first: tokens are rarely longer than 16 characters
+            ids = encode(lead)
+            if len(ids) <= reserve:
+                return prefix[:start], lead, ids
+    return prefix, "", []
+
+
+def _chunk_fields(chunk: ContextChunk | tuple[str, str]) -> tuple[str, str]:
+    if isinstance(chunk, tuple):
+        return chunk[0], chunk[1]
+    return chunk.uri, chunk.text
+
+
+def make_prompt(
+    template: FimTemplate,
+    tokenizer: PreTrainedTokenizerBase,
+    prefix: str,
+    suffix: str,
+    *,
+    max_prefix_tokens: int,
+    max_suffix_tokens: int,
+    context: Sequence[ContextChunk | tuple[str, str]] = (),
+    max_context_tokens: int = 1024,
+    language: str | None = None,
+    current_path: str | None = None,
+    repo_name: str | None = None,
+    grain_lines: int = 16,
+    order: FimOrder = "psm",
+    max_outline_tokens: int = 0,
+    heal: bool = False,
+    lead_from: int | None = None,
+    memo: WindowMemo | None = None,
+) -> FimPrompt:
+    """Window ``prefix``/``suffix`` to their budgets and build the prompt ids.
+
+    ``context`` items are ``ContextChunk`` or ``(path, text)``; they are used in
+    order, each kept from its start (cut at a line end) until
+    ``max_context_tokens`` is spent (a chunk that would get no room is
+    dropped). With file separators they are laid out as the family documents;
+    otherwise each becomes a :func:`comment_header` in ``language`` in front
+    of the prefix. ``current_path``/``repo_name`` only matter for families
+    with file separators, and only when there is other context (chunks or a
+    ``repo_name``): a lone file gets the plain FIM layout.
+
+    When the window leaves out the start of the prefix, an *outline* of what
+    it left out (:func:`scope_outline`: the headers of the scopes enclosing
+    the cursor, the definitions of names used near the cursor, the imports)
+    goes right in front of the window, in file order, within
+    ``max_outline_tokens`` and what ``max_context_tokens`` has left after
+    the chunks: the model then knows which class and function it is in even
+    when their first lines are far above (measured in docs/quality.md).
+
+    ``heal``: token healing (:mod:`soldaemon.runtime.healing`) -- when the
+    cursor is after text on its line, the prefix's last token is left out
+    of ``ids`` and its text returned as ``FimPrompt.heal``; the generation
+    must then start with that text (families whose tokens decode alone
+    faithfully only: not SentencePiece's dummy-prefix ones).
+
+    ``lead_from``: where the middle starts, an index into ``prefix`` at or
+    before the cursor (None: at the cursor). The *lead*, ``prefix[lead_from:]``
+    (the cursor line so far after its indentation, :func:`line_anchor`, or
+    the lines typed since the anchor), goes
+    after the middle token as the start of the middle, and the generation
+    continues it -- the layout of llama.cpp's ``/infill`` ``prompt`` field.
+    Typing then only appends to the prompt: the text before the anchor and
+    the whole suffix stay in the KV cache, where with the middle starting at
+    the cursor every keystroke recomputes the suffix. The text before the
+    anchor is windowed to ``max_prefix_tokens``; the lead comes on top, up
+    to :func:`lead_reserve` tokens: a longer lead moves the anchor to the
+    cursor line's (:func:`line_anchor`), and a line longer than that puts
+    the middle at the cursor. SPM keeps the lead at the end of the prefix
+    (typing only appends there anyway).
+
+    ``memo``: the caller's :class:`WindowMemo`; the windows of a text
+    before the anchor and of a suffix seen by a recent call are taken from
+    it instead of tokenized again (while typing on a line both are
+    unchanged).
+
+    The prompt is at most ``max_prefix_tokens + max_suffix_tokens +
+    max_context_tokens`` tokens (plus the lead's reserve with ``lead_from``)
+    plus the control tokens, the bos and (with
+    file separators) the tokens of ``current_path`` and ``repo_name``.
+    ``n_prefix_tokens`` counts the window only; the outline counts as
+    context.
+    """
+    enc_first = _prefix_encoder(template, tokenizer)
+    enc_plain = _plain_encoder(template, tokenizer)
+
+    ctx_budget = max(0, max_context_tokens)
+    repo = template.has_repo_tokens
+    chunks: list[tuple[str, list[int]]] = []
+    header_ids: list[int] = []
+    for item in context:
+        if ctx_budget <= 0:
+            break
+        path, text = _chunk_fields(item)
+        if repo:
+            overhead = 1 + len(encode_text(tokenizer, path + "\n"))
+            room = ctx_budget - overhead
+            if room <= 0:
+                break
+            # One token of room is kept for the newline a cut chunk may need.
+            kept, _ = _window_suffix(text, tokenizer, room - 1, lambda t: encode_text(tokenizer, t))
+            if not kept.strip():
+                continue
+            if not kept.endswith("\n"):
+                kept += "\n"
+            code = encode_text(tokenizer, kept)
+            if len(code) > room:
+                continue
+            chunks.append((path, code))
+            ctx_budget -= overhead + len(code)
+        else:
+            enc = enc_first if not header_ids else enc_plain
+            room = ctx_budget
+            for _ in range(8):  # comment markers cost tokens: shrink and retry
+                if room <= 0:
+                    break
+                kept, _ = _window_suffix(text, tokenizer, room, enc_plain)
+                if not kept.strip():
+                    break
+                hids = enc(comment_header(language, path, kept))
+                if len(hids) <= ctx_budget:
+                    header_ids.extend(hids)
+                    ctx_budget -= len(hids)
+                    break
+                room -= len(hids) - ctx_budget
+
+    enc_prefix = enc_plain if header_ids else enc_first
+    head, lead, lead_ids = _split_lead(prefix, lead_from, max_prefix_tokens, enc_plain)
+    head_key = ("prefix", id(tokenizer), head, max_prefix_tokens, grain_lines, bool(header_ids))
+    head_text, prefix_ids = _memoized(memo, head_key, lambda: _window_prefix(
+        head, tokenizer, max_prefix_tokens, grain_lines, enc_prefix))
+    prefix_text = head_text + lead
+    suffix_text, suffix_ids = _memoized(memo, ("suffix", id(tokenizer), suffix, max_suffix_tokens),
+                                        lambda: _window_suffix(suffix, tokenizer, max_suffix_tokens, enc_plain))
+    cut = head[: len(head) - len(head_text)]
+    n_window = len(prefix_ids)
+    outline_budget = min(max_outline_tokens, ctx_budget)
+    if outline_budget > 0 and cut.strip():
+        outline = _fit_outline(tokenizer, scope_outline(prefix, len(cut), suffix_text), outline_budget)
+        if outline:
+            with_outline = enc_prefix(outline + head_text)
+            if len(with_outline) <= len(prefix_ids) + outline_budget:  # (estimates can be off by a token)
+                prefix_ids = with_outline
+    healed = ""
+    if heal and not template.dummy_prefix:
+        healed = heal_token(tokenizer, lead_ids or prefix_ids, prefix_text, blank=bool(lead_ids))
+    if healed and lead_ids:
+        lead_ids = lead_ids[:-1]
+    elif healed:
+        prefix_ids = prefix_ids[:-1]
+        n_window -= 1
+    n_window += len(lead_ids)
+
+    if repo and (chunks or repo_name is not None):
+        ids = build_prompt(
+            template, prefix_ids, suffix_ids, chunks,
+            current_path=current_path, repo_name=repo_name, tokenizer=tokenizer, order=order, lead_ids=lead_ids,
+        )
+    elif repo:
+        # The file's own path alone, without other files, is left out: measured
+        # on the embedded model, ``<|file_sep|>path`` in front of a lone file
+        # turned right answers wrong (docs/quality.md).
+        ids = build_prompt(template, prefix_ids, suffix_ids, order=order, lead_ids=lead_ids)
+    else:
+        ids = build_prompt(template, header_ids + prefix_ids, suffix_ids, order=order, lead_ids=lead_ids)
+    fixed = 3 + (1 if template.bos_id is not None else 0)
+    return FimPrompt(
+        ids=ids,
+        prefix_text=prefix_text,
+        suffix_text=suffix_text,
+        n_prefix_tokens=n_window,
+        n_suffix_tokens=len(suffix_ids),
+        n_context_tokens=len(ids) - fixed - n_window - len(suffix_ids),
+        heal=healed,
+        n_middle=1 + len(lead_ids) if order == "psm" and lead_from is not None else 0,
+    )

@@ -1,0 +1,177 @@
+"""FIM control tokens per model family, found from a tokenizer's vocabulary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Sequence
+
+from soldaemon.errors import NoFimTokens
+
+from .encoding import _adds_dummy_prefix
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+Family = Literal["qwen2.5-coder", "starcoder2", "deepseek-coder", "codellama"]
+FimOrder = Literal["psm", "spm"]
+
+SUPPORTED_FAMILIES: tuple[Family, ...] = (
+    "qwen2.5-coder",
+    "starcoder2",
+    "deepseek-coder",
+    "codellama",
+)
+
+
+@dataclass(frozen=True)
+class FimTemplate:
+    """The FIM control tokens of one tokenizer.
+
+    ``stop_ids`` are all the family's end tokens that exist in this vocabulary
+    plus the tokenizer's eos: generation stops when one is sampled (it is never
+    shown). ``bos_id`` is set only for families that expect a bos in front of a
+    FIM prompt (DeepSeek-Coder, CodeLlama) and only when the tokenizer has one.
+    ``repo_name_id``/``file_sep_id`` are set for families with repository-level
+    tokens (Qwen2.5-Coder, StarCoder2). ``dummy_prefix`` is True when the
+    tokenizer puts a word-boundary marker (SentencePiece ``▁``) in front of
+    every text it encodes; :func:`make_prompt` compensates for it.
+    """
+
+    family: Family
+    prefix_id: int
+    suffix_id: int
+    middle_id: int
+    stop_ids: frozenset[int]
+    repo_name_id: int | None = None
+    file_sep_id: int | None = None
+    bos_id: int | None = None
+    dummy_prefix: bool = False
+
+    @property
+    def has_repo_tokens(self) -> bool:
+        """True when repository context can be given with file separators."""
+        return self.file_sep_id is not None
+
+
+@dataclass(frozen=True)
+class _FamilySpec:
+    family: Family
+    # Each token may have several spellings (the first one found is used).
+    prefix: tuple[str, ...]
+    suffix: tuple[str, ...]
+    middle: tuple[str, ...]
+    repo_name: tuple[str, ...]
+    file_sep: tuple[str, ...]
+    stops: tuple[str, ...]
+    wants_bos: bool
+
+
+_FAMILIES: tuple[_FamilySpec, ...] = (
+    _FamilySpec(
+        family="qwen2.5-coder",
+        prefix=("<|fim_prefix|>",),
+        suffix=("<|fim_suffix|>",),
+        middle=("<|fim_middle|>",),
+        repo_name=("<|repo_name|>",),
+        file_sep=("<|file_sep|>",),
+        stops=(
+            "<|endoftext|>", "<|im_end|>", "<|fim_pad|>", "<|file_sep|>",
+            "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|repo_name|>",
+        ),
+        wants_bos=False,
+    ),
+    _FamilySpec(
+        family="starcoder2",
+        prefix=("<fim_prefix>",),
+        suffix=("<fim_suffix>",),
+        middle=("<fim_middle>",),
+        repo_name=("<repo_name>",),
+        file_sep=("<file_sep>",),
+        stops=(
+            "<|endoftext|>", "<file_sep>", "<fim_prefix>", "<fim_suffix>",
+            "<fim_middle>", "<fim_pad>",
+        ),
+        wants_bos=False,
+    ),
+    _FamilySpec(
+        family="deepseek-coder",
+        prefix=("<｜fim▁begin｜>",),
+        suffix=("<｜fim▁hole｜>",),
+        middle=("<｜fim▁end｜>",),
+        repo_name=(),
+        file_sep=(),
+        stops=(
+            "<｜end▁of▁sentence｜>", "<|EOT|>", "<｜fim▁begin｜>", "<｜fim▁hole｜>",
+            "<｜fim▁end｜>",
+        ),
+        wants_bos=True,
+    ),
+    _FamilySpec(
+        family="codellama",
+        # The released tokenizers spell them with a leading "▁".
+        prefix=("▁<PRE>", "<PRE>"),
+        suffix=("▁<SUF>", "<SUF>"),
+        middle=("▁<MID>", "<MID>"),
+        repo_name=(),
+        file_sep=(),
+        stops=("▁<EOT>", "<EOT>", "</s>", "▁<PRE>", "<PRE>", "▁<SUF>", "<SUF>", "▁<MID>", "<MID>"),
+        wants_bos=True,
+    ),
+)
+
+
+def _lookup(vocab: dict[str, int], spellings: Sequence[str]) -> int | None:
+    for s in spellings:
+        tid = vocab.get(s)
+        if tid is not None:
+            return int(tid)
+    return None
+
+
+def _tokenizer_name(tokenizer: Any) -> str:
+    name = getattr(tokenizer, "name_or_path", "") or ""
+    return str(name) if name else type(tokenizer).__name__
+
+
+def detect_template(tokenizer: PreTrainedTokenizerBase) -> FimTemplate:
+    """Find the FIM family of ``tokenizer`` from its vocabulary.
+
+    A family matches when its prefix, suffix and middle tokens all exist in the
+    vocabulary (added tokens included). Families are tried in the order of
+    :data:`SUPPORTED_FAMILIES`. Raises :class:`~soldaemon.errors.NoFimTokens`
+    when none matches.
+    """
+    vocab: dict[str, int] = dict(tokenizer.get_vocab())
+    for spec in _FAMILIES:
+        pre = _lookup(vocab, spec.prefix)
+        suf = _lookup(vocab, spec.suffix)
+        mid = _lookup(vocab, spec.middle)
+        if pre is None or suf is None or mid is None:
+            continue
+        stops = {tid for s in spec.stops if (tid := vocab.get(s)) is not None}
+        eos = tokenizer.eos_token_id
+        if isinstance(eos, int):
+            stops.add(eos)
+        bos = tokenizer.bos_token_id if spec.wants_bos else None
+        template = FimTemplate(
+            family=spec.family,
+            prefix_id=pre,
+            suffix_id=suf,
+            middle_id=mid,
+            stop_ids=frozenset(int(s) for s in stops),
+            repo_name_id=_lookup(vocab, spec.repo_name),
+            file_sep_id=_lookup(vocab, spec.file_sep),
+            bos_id=int(bos) if isinstance(bos, int) else None,
+            dummy_prefix=_adds_dummy_prefix(tokenizer),
+        )
+        return template
+    name = _tokenizer_name(tokenizer)
+    raise NoFimTokens(
+        f"{name}: the tokenizer has no fill-in-the-middle tokens, so this model "
+        "cannot complete code between a prefix and a suffix. Supported families: "
+        "Qwen2.5-Coder (<|fim_prefix|>), StarCoder2 (<fim_prefix>), "
+        "DeepSeek-Coder (<｜fim▁begin｜>), CodeLlama (<PRE>). An instruct- or "
+        "chat-only model without these tokens cannot fill in the middle.",
+        hint="use a base or FIM-trained code model of a supported family "
+        "(the default embedded Qwen2.5-Coder model works)",
+    )

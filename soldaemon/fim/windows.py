@@ -1,0 +1,262 @@
+"""Windows of the prefix and suffix that fit a token budget, cut on a stable
+grid of lines, and the memo of recent windows."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from .encoding import encode_text
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+def _split_lines(text: str) -> list[str]:
+    """Lines of ``text`` split on "\\n" only, each keeping its "\\n"; the last
+    element is the text after the last newline (possibly empty)."""
+    parts = text.split("\n")
+    return [p + "\n" for p in parts[:-1]] + [parts[-1]]
+
+
+def _count_tokens(tokenizer: Any, texts: Sequence[str]) -> list[int]:
+    """Estimated token counts of ``texts`` (special tokens may or may not be
+    parsed; it does not matter for a budget estimate). Uses the Rust backend
+    directly when there is one, one text at a time: ``encode_batch``'s thread
+    pool costs more than it saves on the few cores a laptop spares."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and hasattr(backend, "encode"):
+        return [len(backend.encode(t, add_special_tokens=False).ids) if t else 0 for t in texts]
+    return [len(tokenizer(t, add_special_tokens=False)["input_ids"]) if t else 0 for t in texts]
+
+
+def _offsets(tokenizer: Any, text: str) -> list[tuple[int, int]]:
+    enc = tokenizer(
+        text, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True
+    )
+    return [(int(a), int(b)) for a, b in enc["offset_mapping"]]
+
+
+_BATCH = 8  # chunks counted per tokenizer call
+
+
+def _tail_fit(tokenizer: Any, lines: list[str], max_tokens: int, grain: int) -> int | None:
+    """Where to cut so that lines[cut:] is estimated to fit in ``max_tokens``:
+    the smallest multiple of ``grain`` that fits if one does (at most the
+    index of the last line), else the smallest fitting line index after the
+    last grid line, else None (not even the last line fits).
+
+    Counts whole grid chunks (walking back from the end until the budget is
+    spent, 1, 2, 4, then ``_BATCH`` chunks per tokenizer call), then single lines
+    of the last chunk only when no grid line fits.
+    """
+    last = len(lines) - 1
+    starts = list(range(0, last + 1, grain))
+    total = 0
+    best: int | None = None
+    k = len(starts)
+    batch = 1
+    while k > 0:
+        lo = max(0, k - batch)
+        batch = min(2 * batch, _BATCH)
+        texts = [
+            "".join(lines[starts[j]: starts[j + 1] if j + 1 < len(starts) else len(lines)])
+            for j in range(lo, k)
+        ]
+        counts = _count_tokens(tokenizer, texts)
+        for j in range(k - 1, lo - 1, -1):
+            total += counts[j - lo]
+            if total > max_tokens:
+                k = 0
+                break
+            best = starts[j]
+        else:
+            k = lo
+    if best is not None:
+        return best
+    first = starts[-1]
+    counts = _count_tokens(tokenizer, lines[first:])
+    total = 0
+    fine: int | None = None
+    for j in range(last, first - 1, -1):
+        total += counts[j - first]
+        if total > max_tokens:
+            break
+        fine = j
+    return fine
+
+
+def _head_fit(tokenizer: Any, lines: list[str], max_tokens: int, grain: int) -> int:
+    """The largest k such that lines[:k] is estimated to fit: whole chunks of
+    ``grain`` lines first, then single lines of the chunk that overflows."""
+    total = 0
+    pos = 0
+    batch = 1
+    while pos < len(lines):
+        bounds = [
+            (a, min(len(lines), a + grain))
+            for a in range(pos, min(len(lines), pos + grain * batch), grain)
+        ]
+        batch = min(2 * batch, _BATCH)
+        counts = _count_tokens(tokenizer, ["".join(lines[a:b]) for a, b in bounds])
+        for (a, b), n in zip(bounds, counts):
+            if total + n > max_tokens:
+                line_counts = _count_tokens(tokenizer, lines[a:b])
+                for j, m in zip(range(a, b), line_counts):
+                    if total + m > max_tokens:
+                        return j
+                    total += m
+                return b
+            total += n
+        pos = bounds[-1][1]
+    return len(lines)
+
+
+def _effective_grain(grain_lines: int, max_tokens: int) -> int:
+    """``grain_lines``, lowered for small budgets to ``max_tokens // 64`` (at
+    least 1): with about 8 tokens a line, stability then costs at most about
+    an eighth of the budget. Depends on the budget only, so it is as stable
+    as the grid itself."""
+    return max(1, min(grain_lines, max_tokens // 64))
+
+
+def _window_prefix(
+    prefix: str,
+    tokenizer: Any,
+    max_tokens: int,
+    grain_lines: int,
+    encode: Callable[[str], list[int]],
+) -> tuple[str, list[int]]:
+    """``window_prefix`` that also returns ``encode(text)`` (verified to fit)."""
+    if max_tokens <= 0 or not prefix:
+        return "", encode("")
+    grain = _effective_grain(grain_lines, max_tokens)
+    lines = _split_lines(prefix)
+    last = len(lines) - 1
+    cut = _tail_fit(tokenizer, lines, max_tokens, grain)
+    if cut is not None:
+        while cut <= last:
+            text = "".join(lines[cut:])
+            ids = encode(text)
+            if len(ids) <= max_tokens:
+                return text, ids
+            nxt = -(-(cut + 1) // grain) * grain
+            cut = nxt if nxt <= last else cut + 1
+    # Not even the cursor line fits: keep the tail of it, cut inside the line.
+    line = lines[last]
+    offs = _offsets(tokenizer, line)
+    k = max(0, len(offs) - max_tokens)
+    while k <= len(offs):
+        start = offs[k][0] if k < len(offs) else len(line)
+        text = line[start:]
+        ids = encode(text)
+        if len(ids) <= max_tokens:
+            return text, ids
+        k += 1
+    return "", encode("")
+
+
+def window_prefix(
+    prefix: str,
+    tokenizer: PreTrainedTokenizerBase,
+    max_tokens: int,
+    *,
+    grain_lines: int = 16,
+) -> str:
+    """The end of ``prefix`` that fits in ``max_tokens`` tokens.
+
+    The cut is at a line start whose index (counted from the start of
+    ``prefix``, which is the start of the file) is a multiple of
+    ``grain_lines``: the earliest such line whose tail fits. Typing on the last
+    line therefore keeps the cut where it is until the budget forces it one
+    grain further (and the KV cache of the window stays valid). For small
+    budgets the grain is lowered to ``max_tokens // 64`` lines (at least 1) so
+    that stability costs at most about an eighth of the budget. If no grid
+    line lies between the fitting line and the cursor line, the earliest
+    fitting line is used (then a new line may move the cut); if not even the
+    cursor line fits, the cut falls inside it, at a token boundary. The result
+    is checked by tokenizing it whole: ``len(encode_text(result)) <=
+    max_tokens``. Returns the whole prefix when it fits, "" when
+    ``max_tokens <= 0``.
+    """
+    text, _ = _window_prefix(
+        prefix, tokenizer, max_tokens, grain_lines, lambda t: encode_text(tokenizer, t)
+    )
+    return text
+
+
+def _window_suffix(
+    suffix: str,
+    tokenizer: Any,
+    max_tokens: int,
+    encode: Callable[[str], list[int]],
+) -> tuple[str, list[int]]:
+    if max_tokens <= 0 or not suffix:
+        return "", encode("")
+    lines = _split_lines(suffix)
+    if lines[-1] == "":
+        lines.pop()
+    k = _head_fit(tokenizer, lines, max_tokens, 16)
+    while k > 0:
+        text = "".join(lines[:k])
+        ids = encode(text)
+        if len(ids) <= max_tokens:
+            return text, ids
+        k -= 1
+    # Not even the first line fits: cut inside it at a token boundary.
+    line = lines[0]
+    offs = _offsets(tokenizer, line)
+    n = min(len(offs), max_tokens)
+    while n > 0:
+        text = line[: offs[n - 1][1]]
+        ids = encode(text)
+        if len(ids) <= max_tokens:
+            return text, ids
+        n -= 1
+    return "", encode("")
+
+
+def window_suffix(suffix: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> str:
+    """The start of ``suffix`` that fits in ``max_tokens`` tokens, cut at a line
+    end (the kept lines keep their newlines). If the first line alone does not
+    fit, it is cut at a token boundary. ``len(encode_text(result)) <=
+    max_tokens`` always holds."""
+    text, _ = _window_suffix(suffix, tokenizer, max_tokens, lambda t: encode_text(tokenizer, t))
+    return text
+
+
+class WindowMemo:
+    """The last few prefix and suffix windows :func:`make_prompt` computed,
+    by their inputs (the text, the budget, the tokenizer): an object the
+    caller owns (an engine keeps one), never module state. At most
+    ``size`` entries, least recently used dropped."""
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        self._entries: dict[tuple[Any, ...], tuple[str, tuple[int, ...]]] = {}
+        self.hits = 0
+
+    def get(self, key: tuple[Any, ...]) -> tuple[str, list[int]] | None:
+        found = self._entries.pop(key, None)
+        if found is None:
+            return None
+        self._entries[key] = found
+        self.hits += 1
+        return found[0], list(found[1])
+
+    def put(self, key: tuple[Any, ...], text: str, ids: Sequence[int]) -> None:
+        self._entries.pop(key, None)
+        self._entries[key] = (text, tuple(ids))
+        while len(self._entries) > self.size:
+            self._entries.pop(next(iter(self._entries)))
+
+
+def _memoized(memo: WindowMemo | None, key: tuple[Any, ...],
+              compute: Callable[[], tuple[str, list[int]]]) -> tuple[str, list[int]]:
+    if memo is None:
+        return compute()
+    found = memo.get(key)
+    if found is not None:
+        return found
+    text, ids = compute()
+    memo.put(key, text, ids)
+    return text, list(ids)
