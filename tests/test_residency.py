@@ -21,7 +21,7 @@ from soldaemon.api import CancelToken, CompletionRequest, Done
 from soldaemon.config import config_from_dict
 from soldaemon.errors import ConfigError
 from soldaemon.runtime.backend import LeanBackend
-from soldaemon.runtime.kernel_plan import KernelPlan
+from soldaemon.policy.kernel_plan import KernelPlan
 from soldaemon.runtime.engine import LocalEngine
 from soldaemon.errors import BudgetTooSmall
 from soldaemon.runtime.residency import MemoryScheduler, UnitInfo, WeightStore, plan_residency

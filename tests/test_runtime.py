@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from soldaemon.runtime.backend import HFBackend, LeanBackend
-from soldaemon.runtime.kernel_plan import KernelPlan
+from soldaemon.policy.kernel_plan import KernelPlan
 from soldaemon.runtime.draft import PromptLookup
 from soldaemon.runtime.generate import generate
 from soldaemon.runtime.sampling import Greedy, TopP, make_sampler
