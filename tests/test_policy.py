@@ -71,9 +71,9 @@ _DECISIONS = textwrap.dedent("""
     assert not kv_memory_short(8 * gib, 16 * gib, MemoryBudget(mb=1024))
     assert kv_memory_short(gib, 16 * gib, MemoryBudget(fraction=0.2))
     sol = SolConfig(kv_folding_entropy_threshold=0.1, kv_folding_free_below=MemoryBudget(mb=1024))
-    assert kv_folding_free_below(sol, True) == MemoryBudget(mb=1024)
-    assert kv_folding_free_below(sol, False) is None
-    assert kv_folding_free_below(SolConfig(kv_folding_entropy_threshold=0.0), True) is None
+    assert kv_folding_free_below(sol, records_queries=True) == MemoryBudget(mb=1024)
+    assert kv_folding_free_below(sol, records_queries=False) is None
+    assert kv_folding_free_below(SolConfig(kv_folding_entropy_threshold=0.0), records_queries=True) is None
     assert idle_release_on("cuda", None) and not idle_release_on("cpu", None) and idle_release_on("cpu", True)
     assert idle_release_due(100.0, 0.0, 30.0, released=False, pins=0)
     assert not idle_release_due(10.0, 0.0, 30.0, released=False, pins=0)       # active recently

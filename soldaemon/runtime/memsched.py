@@ -99,7 +99,7 @@ class MemoryScheduler:
         # The lever is the session pool's contract: it scores, and so
         # quantizes, only when the backend records queries; without them a
         # parked session is only trimmed.
-        self.kv_free_below = kv_folding_free_below(sol, callable(getattr(backend, "record_queries", None)))
+        self.kv_free_below = kv_folding_free_below(sol, records_queries=True)   # Offloadable names record_queries
         self._free_bytes = free_bytes or (lambda: device_free_bytes(backend.device))
         self.kv_quantizing: bool | None = None    # None: not managed (folding off, or always quantizing)
         self.kv_switches = 0                       # times kv_quantizing changed after the first decision
