@@ -62,8 +62,15 @@ class PrefetchStats:
 # --------------------------------------------------------------------------
 
 
+# (LayerWeights field name, host tensor to copy from) per offloaded tensor
+Sources = list[tuple[str, torch.Tensor]]
+
+
 class Copier:
-    def submit(self, job: CopyJob, srcs: list[tuple[str, torch.Tensor]], delay_s: float, previous: CopyJob | None) -> None:
+    """Moves one job's bytes into its slot views; ``previous``: the job that
+    held the slot before (its last reader must finish first)."""
+
+    def submit(self, job: CopyJob, srcs: Sources, delay_s: float, previous: CopyJob | None) -> None:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -79,7 +86,7 @@ class ThreadCopier(Copier):
         self._thread = threading.Thread(target=self._run, name="sol-prefetch", daemon=True)
         self._thread.start()
 
-    def submit(self, job: CopyJob, srcs: list[tuple[str, torch.Tensor]], delay_s: float, previous: CopyJob | None) -> None:
+    def submit(self, job: CopyJob, srcs: Sources, delay_s: float, previous: CopyJob | None) -> None:
         self._q.put((job, srcs, delay_s))
 
     def _run(self) -> None:
@@ -112,7 +119,7 @@ class StreamCopier(Copier):
         self.device = device
         self.stream = torch.cuda.Stream(device)
 
-    def submit(self, job: CopyJob, srcs: list[tuple[str, torch.Tensor]], delay_s: float, previous: CopyJob | None) -> None:
+    def submit(self, job: CopyJob, srcs: Sources, delay_s: float, previous: CopyJob | None) -> None:
         consumed = getattr(previous, "consumed", None) if previous is not None else None
         with torch.cuda.stream(self.stream):
             if consumed is not None:
