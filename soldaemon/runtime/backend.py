@@ -20,6 +20,7 @@ Two implementations:
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -63,6 +64,12 @@ class Backend(Protocol):
     last_q: torch.Tensor | None
     last_q_cache: torch.Tensor | None
     scale: float               # attention's score scale, head_dim ** -0.5 (folding's scores use it)
+    decode_max_tokens: int     # tokens per forward past the precise split (KVSession's half chunk)
+
+    @property
+    def kv_bytes_per_session(self) -> int:
+        """Bytes of one session's full KV buffer (0: not preallocated)."""
+        ...
 
     def forward(self, tokens: torch.Tensor, pos: int, *, last_only: bool = True,
                 precise: bool = False) -> torch.Tensor:
@@ -423,6 +430,12 @@ class HFBackend:
         self.last_q: torch.Tensor | None = None
         self.last_q_cache: torch.Tensor | None = None
         self.scale = 1.0
+        # one kernel for every forward: no cap of its own, the session's chunk decides
+        self.decode_max_tokens = sys.maxsize
+
+    @property
+    def kv_bytes_per_session(self) -> int:
+        return 0                              # DynamicCache grows with use: nothing preallocated
 
     def new_cache(self) -> Any:
         from transformers import DynamicCache

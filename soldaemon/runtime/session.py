@@ -79,7 +79,7 @@ class KVSession:
         self.cache = cache if cache is not None else backend.current_cache()
         self.chunk = chunk
         # the longest forward the backend runs with its decode weights
-        self.half_chunk = max(1, min(chunk, int(getattr(backend, "decode_max_tokens", chunk))))
+        self.half_chunk = max(1, min(chunk, backend.decode_max_tokens))
         self.min_move = min_move            # 0: exact reuse only (common prefix)
         self.tokens: list[int] = []        # token ids at cache positions 0 … len-1
         self.prompt_len = 0                # of which the last prompt (the rest: generated)
@@ -295,7 +295,7 @@ class SessionPool:
         and full-buffer, so that the trimming and folding savings show
         apart. ``fold_ratio``: share of the parked KV (trimmed bytes) that
         is stored folded."""
-        per_session = getattr(self.backend, "kv_bytes_per_session", 0)
+        per_session = self.backend.kv_bytes_per_session
         # health/debug read this from the server thread while the worker
         # parks and folds: take one snapshot (a single C-level copy)
         parked = list(self._folded.values())
