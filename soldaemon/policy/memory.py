@@ -23,7 +23,7 @@ def kv_memory_short(free: int, total: int, below: Threshold) -> bool:
     return free < below.resolve_bytes(total)
 
 
-def kv_folding_free_below(sol: Any, *, records_queries: bool) -> Any:
+def kv_folding_free_below(sol: Any, *, records_queries: bool) -> Threshold | None:
     """The free-memory threshold under which parked sessions are quantized,
     or None when the scheduler does not manage folding: folding is off
     (``kv_folding_entropy_threshold`` 0) or the backend cannot record the
