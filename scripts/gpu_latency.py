@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     backend = engine.backend
     if engine.graphs is None and args.emulate_graphs:
         engine.graphs = GraphDecoder(backend, emulate=True)
-        setattr(backend, "graphs", engine.graphs)
+        backend.graphs = engine.graphs
     graphs = engine.graphs
     info = engine.info()
     dev = backend.device
@@ -185,14 +185,14 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("sol-eager", "sol-graphs"):
             if name == "sol-graphs" and graphs is None:
                 continue
-            setattr(backend, "graphs", graphs if name == "sol-graphs" else None)
+            backend.graphs = graphs if name == "sol-graphs" else None
             ttft, mpt, toks, _ = bench_sol(engine, ids, args.tokens, speculative=False)
             rows[name]["ttft_ms"].append(ttft)
             rows[name]["ms_per_token"].append(mpt)
             same[name] += toks == ref
             if name == "sol-graphs" and not first_tokens:
                 first_tokens = toks
-        setattr(backend, "graphs", graphs)
+        backend.graphs = graphs
     plan = backend.plan
     dense = not plan.storage.startswith("int8") and not plan.head_storage.startswith("int8")
     exact = all(k == "float32" for k in (plan.storage, plan.prefill, plan.short, plan.head_storage, plan.head))

@@ -37,7 +37,8 @@ from soldaemon.model.loader import load_model  # noqa: E402
 from soldaemon.runtime.backend import LeanBackend  # noqa: E402
 from soldaemon.runtime.precision import choose_kernels  # noqa: E402
 from soldaemon.runtime.kvfold import block_scores, fold, unfold  # noqa: E402
-from soldaemon.runtime.residency import PrefetchStats, WeightStore, measure_copy_bandwidth  # noqa: E402
+from soldaemon.runtime.prefetch import PrefetchStats  # noqa: E402
+from soldaemon.runtime.weightstore import WeightStore, measure_copy_bandwidth  # noqa: E402
 
 
 def _sync(device: torch.device) -> None:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from soldaemon.runtime.kernel_plan import PLAN_NOTE, choose_plan  # noqa: E402
+from soldaemon.policy.kernel_plan import PLAN_NOTE, choose_plan  # noqa: E402
 from soldaemon.runtime.kernels import PLAN_FORMAT, measure_table  # noqa: E402
 
 

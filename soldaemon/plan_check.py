@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from . import paths
-from .runtime.kernel_plan import TimingTable, choose_plan
+from .policy.kernel_plan import TimingTable, choose_plan
 
 
 def read_tables(root: Path | None = None) -> list[tuple[Path, TimingTable]]:

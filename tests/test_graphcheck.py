@@ -105,7 +105,7 @@ def test_the_tolerance_follows_the_decode_kernel(backend: LeanBackend) -> None:
     float32 CPU running bfloat16 or int8 products) is judged by the
     coarser precision."""
     from soldaemon.runtime.graphcheck import decode_precision
-    from soldaemon.runtime.kernel_plan import KernelPlan
+    from soldaemon.policy.kernel_plan import KernelPlan
 
     assert decode_precision(backend) == torch.float32                  # the reference plan
     kept = backend.plan

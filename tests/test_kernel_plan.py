@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from soldaemon.runtime.kernel_plan import (
+from soldaemon.policy.kernel_plan import (
     KERNELS, KernelPlan, TimingTable, auto_kernels, choose_plan, speculation_pays,
 )
 
@@ -42,7 +42,7 @@ AVX2 = "avx2_only.json"                # the same machine with oneDNN/MKL/ATen c
 
 
 def test_the_policy_module_imports_no_torch() -> None:
-    code = "import sys, soldaemon.runtime.kernel_plan; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, soldaemon.policy.kernel_plan, soldaemon.runtime.kernel_plan; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 

@@ -21,10 +21,12 @@ from soldaemon.api import CancelToken, CompletionRequest, Done
 from soldaemon.config import config_from_dict
 from soldaemon.errors import ConfigError
 from soldaemon.runtime.backend import LeanBackend
-from soldaemon.runtime.kernel_plan import KernelPlan
+from soldaemon.policy.kernel_plan import KernelPlan
 from soldaemon.runtime.engine import LocalEngine
 from soldaemon.errors import BudgetTooSmall
-from soldaemon.runtime.residency import MemoryScheduler, UnitInfo, WeightStore, plan_residency
+from soldaemon.policy.residency import UnitInfo, plan_residency
+from soldaemon.runtime.memsched import MemoryScheduler
+from soldaemon.runtime.weightstore import WeightStore
 from soldaemon.testing.tiny import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -329,7 +331,7 @@ def test_kv_quantizing_follows_free_memory(tiny_path: Path) -> None:
     import threading
 
     from soldaemon.config import MemoryBudget, SolConfig
-    from soldaemon.runtime.residency import kv_memory_short
+    from soldaemon.policy.memory import kv_memory_short
 
     gib = 2**30
     assert kv_memory_short(1 * gib, 16 * gib, MemoryBudget(fraction=0.1))          # 1 GiB free < 1.6 GiB

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from soldaemon.runtime.backend import HFBackend, LeanBackend
-from soldaemon.runtime.kernel_plan import KernelPlan
-from soldaemon.runtime.draft import PromptLookup
+from soldaemon.policy.kernel_plan import KernelPlan
+from soldaemon.policy.draft import PromptLookup
 from soldaemon.runtime.generate import generate
 from soldaemon.runtime.sampling import Greedy, TopP, make_sampler
 from soldaemon.errors import Cancelled
@@ -318,7 +318,7 @@ def test_each_phase_runs_its_planned_kernel(tiny) -> None:
 
 
 def test_draft_length_weighs_acceptance_against_forward_cost() -> None:
-    from soldaemon.runtime.draft import DraftLength
+    from soldaemon.policy.draft import DraftLength
 
     gpu_like = {1: 10.0, 2: 10.2, 3: 10.4, 5: 10.8, 9: 11.6}     # memory-bound: T barely matters
     cpu_like = {1: 100.0, 2: 190.0, 3: 260.0, 5: 330.0, 9: 420.0}
@@ -351,7 +351,7 @@ def test_draft_length_weighs_acceptance_against_forward_cost() -> None:
 
 
 def test_adaptive_speculation_is_still_exact(tiny) -> None:
-    from soldaemon.runtime.draft import DraftLength
+    from soldaemon.policy.draft import DraftLength
 
     model, tok = tiny
     session = KVSession(LeanBackend(model, 2048))

@@ -20,6 +20,7 @@ Two implementations:
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -27,20 +28,48 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from .kernel_plan import KernelPlan
+from ..policy.kernel_plan import KernelPlan
 from .kernels import KERNEL_FNS, Kernel, compute_dtype_for, embed_rows, pack
 
 if TYPE_CHECKING:
-    from .residency import WeightStore
+    from .weightstore import WeightStore
 
 LEAN_ARCHITECTURES = {"qwen2", "llama", "mistral"}
 log = logging.getLogger("soldaemon.backend")
+
+
+class GraphSteps(Protocol):
+    """Decode steps replayed from captured graphs (runtime/cudagraph.py's
+    GraphDecoder), which a backend may carry in ``graphs``."""
+
+    def step(self, token: int, pos: int) -> torch.Tensor | None:
+        """Logits [V] for ``token`` at ``pos``, or None: run the eager forward."""
+        ...
+
+    def invalidate(self) -> None:
+        """Forget every captured graph (the weights moved)."""
+        ...
 
 
 class Backend(Protocol):
     n_ctx: int                 # positions in the KV cache
     vocab_size: int
     device: torch.device
+    # CUDA-graph decode steps: KVSession.decode_step replays through them
+    # when set (None: eager steps). Set by the engine's warm-up.
+    graphs: GraphSteps | None
+    # KV folding's input (runtime/kvfold.py): each layer's last-token query
+    # [L, H, hd] of the latest forward, while queries are recorded (else
+    # None), and the k cache those queries attended over.
+    last_q: torch.Tensor | None
+    last_q_cache: torch.Tensor | None
+    scale: float               # attention's score scale, head_dim ** -0.5 (folding's scores use it)
+    decode_max_tokens: int     # tokens per forward past the precise split (KVSession's half chunk)
+
+    @property
+    def kv_bytes_per_session(self) -> int:
+        """Bytes of one session's full KV buffer (0: not preallocated)."""
+        ...
 
     def forward(self, tokens: torch.Tensor, pos: int, *, last_only: bool = True,
                 precise: bool = False) -> torch.Tensor:
@@ -175,6 +204,7 @@ class LeanBackend:
         # [layers, H, hd] when record_queries() was called, else None.
         self.last_q: torch.Tensor | None = None
         self.last_q_cache: torch.Tensor | None = None   # the k_cache those queries attended over
+        self.graphs: GraphSteps | None = None            # set by the engine on CUDA (runtime/cudagraph.py)
 
     def _release(self, hf_model: Any) -> None:
         """Empty every parameter of the HF module whose storage no packed
@@ -394,6 +424,18 @@ class HFBackend:
         self.device = next(hf_model.parameters()).device
         self._config = hf_model.config
         self.cache = self.new_cache()
+        # the Backend interface's Sol hooks, unused here: no graphs, no
+        # recorded queries (so no KV folding), no weight store
+        self.graphs: GraphSteps | None = None
+        self.last_q: torch.Tensor | None = None
+        self.last_q_cache: torch.Tensor | None = None
+        self.scale = 1.0
+        # one kernel for every forward: no cap of its own, the session's chunk decides
+        self.decode_max_tokens = sys.maxsize
+
+    @property
+    def kv_bytes_per_session(self) -> int:
+        return 0                              # DynamicCache grows with use: nothing preallocated
 
     def new_cache(self) -> Any:
         from transformers import DynamicCache
@@ -424,6 +466,19 @@ class HFBackend:
 
     def shift(self, src: int, dst: int, length: int) -> None:
         raise NotImplementedError("moved-chunk KV reuse needs the lean backend")
+
+
+class Offloadable(Backend, Protocol):
+    """A backend whose decoder weights Sol's weight store can move
+    (LeanBackend): what the memory scheduler (runtime/memsched.py) needs."""
+
+    residency: WeightStore | None   # the store the forward reads through (None: plain tensors)
+
+    def weight_sets(self) -> list[list[LayerWeights]]: ...
+
+    def fixed_weights(self) -> list[torch.Tensor]: ...
+
+    def record_queries(self, on: bool = True) -> None: ...
 
 
 def make_backend(hf_model: Any, n_ctx: int, *, plan: KernelPlan | None = None, release: bool = False) -> Backend:

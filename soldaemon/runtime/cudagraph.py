@@ -43,10 +43,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from .backend import LeanBackend
 
 log = logging.getLogger("soldaemon.cudagraph")
 
@@ -68,7 +71,7 @@ class GraphDecoder:
     """Static-form decode steps over a :class:`~.backend.LeanBackend`, replayed
     from CUDA graphs on a CUDA device (see the module doc)."""
 
-    def __init__(self, backend: Any, *, max_graphs: int = 32, emulate: bool = False) -> None:
+    def __init__(self, backend: LeanBackend, *, max_graphs: int = 32, emulate: bool = False) -> None:
         """``emulate``: off CUDA, replay :class:`EmulatedGraph` stand-ins
         (tests, dry runs) instead of reporting graphs unavailable."""
         self.b = backend
@@ -138,7 +141,7 @@ class GraphDecoder:
     # -- graphs ----------------------------------------------------------------
 
     def usable(self) -> bool:
-        return self.enabled and bool(getattr(self.b, "all_resident", True))
+        return self.enabled and self.b.all_resident
 
     def step(self, token: int, pos: int) -> torch.Tensor | None:
         """Logits [V] for ``token`` at ``pos`` through a graph, or None when

@@ -1,150 +1,24 @@
-"""Draft proposers for speculative decoding.
+"""Draft proposers for speculative decoding: the draft model.
 
-Prompt lookup: code repeats itself (names, call patterns, whole lines), so the
-tokens that followed the last occurrence of the current n-gram are a cheap,
-often right guess. A draft model (``model.draft_model``: a smaller model with
-the same tokenizer) guesses where nothing repeats, at the cost of its own
-decode steps. Verification (see :mod:`.generate`) keeps only what greedy
+Prompt lookup and the draft length are policy (plain Python, no torch) in
+:mod:`soldaemon.policy.draft`, re-exported here. A draft model
+(``model.draft_model``: a smaller model with the same tokenizer) guesses
+where nothing repeats, at the cost of its own decode steps. Verification (see :mod:`.generate`) keeps only what greedy
 decoding would have produced, so a wrong guess costs time, never output.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
+from ..policy.draft import DraftLength, DraftProposer, PromptLookup
+
+__all__ = ["DraftLength", "DraftModel", "DraftProposer", "PromptLookup"]
+
 if TYPE_CHECKING:
     from .backend import Backend
-
-
-class DraftProposer(Protocol):
-    def reset(self, history: Sequence[int]) -> None:
-        """Start a new generation; ``history`` is the context + prompt tokens."""
-        ...
-
-    def extend(self, tokens: Sequence[int]) -> None:
-        """Append accepted/generated tokens to the history."""
-        ...
-
-    def propose(self, k: int) -> list[int]:
-        """Up to ``k`` draft tokens to follow the history; [] when none."""
-        ...
-
-
-class PromptLookup:
-    """n-gram lookup over the history, longest n first (``max_n`` … ``min_n``).
-
-    An index maps each n-gram to the position after its most recent
-    occurrence, updated incrementally, so a proposal costs O(max_n)."""
-
-    def __init__(self, max_n: int = 3, min_n: int = 1) -> None:
-        self.max_n = max_n
-        self.min_n = min_n
-        self.tokens: list[int] = []
-        self.index: dict[tuple[int, ...], int] = {}
-
-    def reset(self, history: Sequence[int]) -> None:
-        self.tokens = []
-        self.index = {}
-        self.extend(history)
-
-    def extend(self, tokens: Sequence[int]) -> None:
-        toks = self.tokens
-        for t in tokens:
-            toks.append(t)
-            end = len(toks)
-            # index the n-grams ending just before the new token: they now
-            # have a continuation (the new token at position end-1)
-            for n in range(self.min_n, self.max_n + 1):
-                if end - 1 - n < 0:
-                    break
-                self.index[tuple(toks[end - 1 - n:end - 1])] = end - 1
-
-    def propose(self, k: int) -> list[int]:
-        toks = self.tokens
-        for n in range(self.max_n, self.min_n - 1, -1):
-            if len(toks) < n:
-                continue
-            start = self.index.get(tuple(toks[len(toks) - n:]))
-            if start is not None:
-                return toks[start:start + k]
-        return []
-
-
-class DraftLength:
-    """How many draft tokens to verify per step, chosen from what a forward of
-    T tokens costs on this machine and how often drafts are accepted.
-
-    Verifying k drafts runs T = k+1 tokens in one forward and yields, with a
-    per-token acceptance rate a, 1 + a + … + a^k tokens on average. On a GPU
-    (or any memory-bound step) cost(T) barely grows with T, so long drafts
-    pay; on a CPU a forward of 9 tokens can cost 2–4× one token, where only
-    short drafts, or none, pay. ``choose`` maximizes tokens per millisecond;
-    0 means do not speculate."""
-
-    def __init__(self, costs_ms: dict[int, float], max_k: int, *, prior: float = 0.5, weight: float = 0.2,
-                 draft_ms: float = 0.0) -> None:
-        """``draft_ms``: what proposing one draft token costs (a draft
-        model's step; ~0 for prompt lookup)."""
-        if 1 not in costs_ms:
-            raise ValueError("costs_ms needs the cost of a 1-token forward")
-        self.costs_ms = dict(sorted(costs_ms.items()))   # T → ms per forward
-        self.max_k = max_k
-        self.rate = prior                                # EMA of per-token acceptance
-        self.weight = weight
-        self.draft_ms = draft_ms
-
-    def expected_tokens(self, k: int) -> float:
-        a = min(self.rate, 0.999)
-        return (1 - a ** (k + 1)) / (1 - a)
-
-    def cost(self, t: int) -> float:
-        """ms of a forward of t tokens, interpolated from the measured ones."""
-        known = self.costs_ms
-        if t in known:
-            return known[t]
-        lower = max((x for x in known if x < t), default=1)
-        upper = min((x for x in known if x > t), default=None)
-        if upper is None:
-            return known[lower] * t / lower
-        frac = (t - lower) / (upper - lower)
-        return known[lower] + frac * (known[upper] - known[lower])
-
-    def choose(self, budget: int) -> int:
-        best_k, best = 0, 1.0 / self.cost(1)
-        for k in range(1, min(self.max_k, budget) + 1):
-            value = self.expected_tokens(k) / (self.cost(k + 1) + k * self.draft_ms)
-            if value > best * 1.02:  # a clear win only
-                best_k, best = k, value
-        return best_k
-
-    def observe(self, t: int, ms: float) -> None:
-        """A forward of ``t`` tokens just took ``ms`` in real use: fold it
-        into the cost table (EMA, weight ``weight``). The start-up samples
-        are few and taken on a cold context; on a loaded 2-core machine
-        they were seen to make drafts look cheaper than they were (drafting
-        lost 9 % on the keystroke trace, docs/bench.md)."""
-        if t < 1 or ms <= 0:
-            return
-        old = self.costs_ms.get(t)
-        # one sample counts for at most twice the estimate: a forward that
-        # another process pre-empted (seen: 1.6 s for a 27 ms verify while a
-        # test suite ran) must not price drafts out for good, since a size
-        # that is never drafted is never observed again
-        ref = old if old is not None else self.cost(t)
-        ms = min(ms, 2.0 * ref)
-        self.costs_ms[t] = ms if old is None else (1 - self.weight) * old + self.weight * ms
-        if old is None:
-            self.costs_ms = dict(sorted(self.costs_ms.items()))
-
-    def update(self, drafted: int, accepted: int) -> None:
-        if drafted <= 0:
-            return
-        # accepted tokens are a prefix: a rate r gives E[accepted] ≈ r/(1-r) for long drafts;
-        # use the simple per-token ratio, which is what the expectation above assumes
-        observed = accepted / drafted
-        self.rate = (1 - self.weight) * self.rate + self.weight * observed
 
 
 class DraftModel:

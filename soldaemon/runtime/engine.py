@@ -391,7 +391,7 @@ class LocalEngine:
                 and self.backend.device.type == "cuda"):
             self.graphs = GraphDecoder(self.backend)
             # KVSession.decode_step replays through the backend's `graphs` when set
-            setattr(self.backend, "graphs", self.graphs)
+            self.backend.graphs = self.graphs
             self.graphs.warm_up()
             self.complete_all(req)               # one step through the graphs before the first user
         if self.config.completion.speculative:

@@ -14,7 +14,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from .draft import DraftLength, DraftProposer
+from ..policy.draft import DraftLength, DraftProposer
 from .sampling import Sampler
 from .session import KVSession
 

@@ -137,27 +137,27 @@ def compare_graphs(backend: Any, graphs: Any, prompts: Sequence[Sequence[int]], 
     Raises ValueError when a prompt plus ``steps`` does not fit the cache."""
     tol = tolerance or tolerance_for(decode_precision(backend))
     result = GraphAgreement(str(backend.dtype).removeprefix("torch."), tol)
-    kept = getattr(backend, "graphs", None)
+    kept = backend.graphs
     replays0 = graphs.replays
     try:
         for ids in prompts:
             if len(ids) + steps + 1 >= backend.n_ctx:
                 raise ValueError(f"prompt of {len(ids)} + {steps} steps does not fit n_ctx {backend.n_ctx}")
-            setattr(backend, "graphs", None)
+            backend.graphs = None
             session = KVSession(backend, cache=backend.current_cache())
             first = session.prefill(list(ids)).logits
             fed, eager_rows = _teacher_forced(backend, graphs, session, first, steps, result)
             if reference is not None and eager_rows:
                 _against_reference(reference(list(ids) + fed, len(fed)), torch.stack(eager_rows), result)
             eager = _free_run(session, len(ids), first, steps)
-            setattr(backend, "graphs", graphs)
+            backend.graphs = graphs
             graph = _free_run(session, len(ids), first, steps)
             result.documents += 1
             split = next((i for i, (a, b) in enumerate(zip(eager, graph)) if a != b), None)
             result.first_divergence.append(split)
             result.free_equal += split is None
     finally:
-        setattr(backend, "graphs", kept)
+        backend.graphs = kept
     result.replays = graphs.replays - replays0
     return result
 

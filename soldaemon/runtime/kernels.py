@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import paths
-from .kernel_plan import HEAD_STORAGES, KERNELS, PREFILL_ROWS, SHORT_ROWS, KernelPlan, TimingTable, choose_plan
+from ..policy.kernel_plan import HEAD_STORAGES, KERNELS, PREFILL_ROWS, SHORT_ROWS, KernelPlan, TimingTable, choose_plan
 
 log = logging.getLogger("soldaemon.kernels")
 

@@ -12,7 +12,7 @@ import torch
 from ..errors import ConfigError
 from ..model.loader import LoadedModel
 from .backend import LEAN_ARCHITECTURES, LeanBackend
-from .kernel_plan import KernelPlan, TimingTable
+from ..policy.kernel_plan import KernelPlan, TimingTable
 from .kernels import compute_dtype_for, plan_for
 
 log = logging.getLogger("soldaemon.engine")

@@ -16,7 +16,8 @@ import torch
 
 from ..errors import Cancelled
 from .backend import Backend
-from .kvfold import BLOCK, FoldedKV, block_scores, fold, unfold
+from ..policy.fold import blocks_to_fold, check_threshold, folding_on, should_score
+from .kvfold import FoldedKV, block_scores, fold_blocks, unfold
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -78,7 +79,7 @@ class KVSession:
         self.cache = cache if cache is not None else backend.current_cache()
         self.chunk = chunk
         # the longest forward the backend runs with its decode weights
-        self.half_chunk = max(1, min(chunk, int(getattr(backend, "decode_max_tokens", chunk))))
+        self.half_chunk = max(1, min(chunk, backend.decode_max_tokens))
         self.min_move = min_move            # 0: exact reuse only (common prefix)
         self.tokens: list[int] = []        # token ids at cache positions 0 … len-1
         self.prompt_len = 0                # of which the last prompt (the rest: generated)
@@ -168,7 +169,7 @@ class KVSession:
             raise ValueError("KV cache full")
         self.version += 1
         logits = None
-        graphs = getattr(self.backend, "graphs", None)
+        graphs = self.backend.graphs
         if graphs is not None:                 # a CUDA graph replay (None: graphs off)
             self.backend.use_cache(self.cache)
             logits = graphs.step(token, len(self.tokens))
@@ -218,8 +219,7 @@ class SessionPool:
                  **session_kwargs: Any) -> None:
         if slots < 1:
             raise ValueError("slots must be >= 1")
-        if not 0.0 <= fold_threshold <= 1.0:
-            raise ValueError(f"fold_threshold must be in [0, 1], got {fold_threshold}")
+        check_threshold(fold_threshold)
         self.backend = backend
         self.slots = slots
         self.fold_threshold = fold_threshold
@@ -232,7 +232,7 @@ class SessionPool:
 
     @property
     def folding(self) -> bool:
-        return self.fold_threshold > 0
+        return folding_on(self.fold_threshold)
 
     def acquire(self, key: str) -> KVSession:
         if self.folding:
@@ -284,18 +284,18 @@ class SessionPool:
         n = len(session.tokens)
         if n == 0:
             return                      # nothing to keep
-        last_q = getattr(self.backend, "last_q", None)
+        last_q = self.backend.last_q
         scores = None
-        if last_q is not None and getattr(self.backend, "last_q_cache", None) is k and n >= BLOCK:
-            scores = block_scores(k, last_q, n, float(getattr(self.backend, "scale", 1.0)))
-        self._folded[key] = fold(k, v, n, scores, self.fold_threshold)
+        if last_q is not None and should_score(n, self.backend.last_q_cache is k):
+            scores = block_scores(k, last_q, n, self.backend.scale)
+        self._folded[key] = fold_blocks(k, v, n, blocks_to_fold(scores, self.fold_threshold))
 
     def kv_stats(self) -> dict[str, Any]:
         """Parked sessions' KV bytes: stored (measured), trimmed-unfolded,
         and full-buffer, so that the trimming and folding savings show
         apart. ``fold_ratio``: share of the parked KV (trimmed bytes) that
         is stored folded."""
-        per_session = getattr(self.backend, "kv_bytes_per_session", 0)
+        per_session = self.backend.kv_bytes_per_session
         # health/debug read this from the server thread while the worker
         # parks and folds: take one snapshot (a single C-level copy)
         parked = list(self._folded.values())

@@ -1,0 +1,281 @@
+"""The kernel plan: which linear kernel serves each phase, chosen from timings
+measured on this machine. Pure policy: no torch here (the measuring and the
+kernels themselves are :mod:`soldaemon.runtime.kernels`), so it is tested over recorded tables.
+
+Why measure: the same "2-core EPYC" has been AVX2-only (bfloat16 and float16
+products slower than float32) and Zen 4 with AVX-512 BF16/VNNI (bfloat16 4x,
+int8 with integer products 7x faster than float32). A fixed choice is wrong on
+one of them, and one precision for every phase is wrong on both: a prefill
+forward multiplies hundreds of rows (compute-bound), a decode step one row
+(memory-bound), a speculative verification a handful.
+
+What is chosen (one :class:`KernelPlan`):
+
+- ``storage``: the one format the decoder layers' weights are kept in (no
+  second copy beside it);
+- ``prefill``: the kernel over that storage for prompt tokens (long forwards);
+- ``short``: the kernel over that storage for decode steps, draft
+  verification and the typed line after the middle token. One kernel for all
+  short forwards, because the session computes a position with the same
+  weights whether it ran alone or in a batch (reuse = recompute);
+- ``head_storage`` / ``head``: the output layer (151,936 rows for Qwen2.5,
+  unlike the blocks), whose storage also serves the embedding lookup.
+
+Kernels (``KERNELS``: kernel → storage it reads):
+
+- ``float32``, ``bfloat16``, ``float16``: dense products in that dtype;
+- ``int8``: int8 weights (one float scale per output row), activations cast
+  to bfloat16, the weight-only int8 product;
+- ``int8-dynamic``: the same int8 weights; activations quantized per row to
+  int8 at run time, integer products, one rescale;
+- ``int4``: 4-bit weights in groups of 32 along K (a bfloat16 scale and zero
+  per group), bfloat16 activations, torch's int4 weight-only product (CPU).
+  Decoder layers only; measured for quality? see QUALITY_LOSS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+KERNELS: dict[str, str] = {
+    "float32": "float32",
+    "bfloat16": "bfloat16",
+    "float16": "float16",
+    "int8": "int8",
+    "int8-dynamic": "int8",
+    "int4": "int4",
+}
+STORAGES = ("float32", "bfloat16", "float16", "int8", "int4")
+# formats the output layer (and so the embedding lookup) can be kept in; an
+# int4 plan keeps its output layer in int8
+HEAD_STORAGES = ("float32", "bfloat16", "float16", "int8")
+PRECISIONS = ("auto",) + STORAGES          # model.precision
+PLAN_NOTE = ("ms: the fastest of N runs after a warm-up; blocks: one decoder layer's seven products; "
+             "head: the output layer; rows: tokens in the forward")
+SHORT_ROWS = (1, 2, 5, 9, 17)             # decode and verify sizes measured
+PREFILL_ROWS = (64, 512)                  # prefill sizes measured (512: the session's chunk)
+
+# Quality of each kernel against float32, measured on the same holes
+# (``soldaemon bench --quality --precisions ...``, docs/quality.md): points
+# of exact match lost (positive = worse). ``auto`` never chooses a kernel
+# that lost more than MAX_QUALITY_LOSS, nor one never measured (absent).
+# Measured 2026-12-01, 60 holes at the default windows (docs/quality.md,
+# "Precision"): float32 23.3 % exact, bfloat16 23.3 %, the int8 plan (int8
+# weights, int8-dynamic prefill and head, int8 weight-only decode) 25.0 %.
+# float16 was not measured (its CPU products are the slowest), so auto never
+# picks it; model.precision: float16 still can.
+QUALITY_LOSS: dict[str, float] = {
+    "float32": 0.0,
+    "bfloat16": 0.0,
+    "int8": -1.7,
+    "int8-dynamic": -1.7,
+}
+MAX_QUALITY_LOSS = 1.0
+
+
+def auto_kernels(loss: Mapping[str, float] = QUALITY_LOSS, limit: float = MAX_QUALITY_LOSS) -> frozenset[str]:
+    """The kernels ``auto`` may choose: measured, and within ``limit``
+    points of exact match of float32."""
+    return frozenset(k for k, v in loss.items() if k in KERNELS and v <= limit)
+
+
+@dataclass(frozen=True)
+class TimingTable:
+    """Milliseconds measured on one machine for one model's shapes.
+
+    ``blocks[kernel][rows]``: the seven products of one decoder layer (q, k,
+    v, o, gate, up, down) on ``rows`` rows; ``head[kernel][rows]``: the
+    output layer. A kernel this device cannot run is absent."""
+
+    blocks: dict[str, dict[int, float]]
+    head: dict[str, dict[int, float]]
+    n_layers: int
+    machine: dict[str, Any] = field(default_factory=dict)   # flags, torch, device: shown beside the plan
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"blocks": {k: {str(r): ms for r, ms in v.items()} for k, v in self.blocks.items()},
+                "head": {k: {str(r): ms for r, ms in v.items()} for k, v in self.head.items()},
+                "n_layers": self.n_layers, "machine": self.machine}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TimingTable:
+        """Raises ValueError on a malformed table (a damaged cache file)."""
+        try:
+            return cls(
+                blocks={str(k): {int(r): float(ms) for r, ms in v.items()} for k, v in d["blocks"].items()},
+                head={str(k): {int(r): float(ms) for r, ms in v.items()} for k, v in d["head"].items()},
+                n_layers=int(d["n_layers"]), machine=dict(d.get("machine") or {}))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"malformed timing table: {exc!r}") from None
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a plan is scored on: one cold completion at the daemon's default
+    windows (a ~1k-token FIM prompt, two dozen tokens) plus the steps of
+    typing along (short forwards)."""
+
+    prompt_tokens: int = 1024
+    decode_steps: int = 24
+    verify_rows: int = 9         # a speculative verification: the token + an 8-token draft
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    storage: str                 # format of the decoder layers' weights (the one copy)
+    prefill: str                 # kernel for prompt tokens
+    short: str                   # kernel for decode steps, verification, the typed line
+    head_storage: str            # format of the output layer (and the embedding)
+    head: str                    # kernel for the output layer
+    precision: str = "auto"      # what model.precision asked for
+    cold_ms: float | None = None     # predicted: the workload's prompt, all layers + head (ms)
+    step_ms: float | None = None     # predicted: one decode step (ms)
+    verify_ms: float | None = None   # predicted: one verify forward of Workload.verify_rows (ms)
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        for kernel, storage in ((self.prefill, self.storage), (self.short, self.storage),
+                                (self.head, self.head_storage)):
+            if KERNELS.get(kernel) != storage:
+                raise ValueError(f"kernel {kernel!r} does not read {storage!r} weights")
+
+    @classmethod
+    def uniform(cls, storage: str, reason: str = "") -> KernelPlan:
+        """Every phase dense in ``storage`` (a float dtype's name): the
+        reference math of the model in that dtype."""
+        if storage not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"uniform plans are dense float formats, not {storage!r}")
+        return cls(storage, storage, storage, storage, storage, precision=storage, reason=reason or "fixed")
+
+    @property
+    def kernels(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((self.prefill, self.short, self.head)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> KernelPlan:
+        """Raises ValueError on a malformed plan."""
+        try:
+            return cls(**{k: d[k] for k in ("storage", "prefill", "short", "head_storage", "head")},
+                       precision=str(d.get("precision", "auto")), cold_ms=d.get("cold_ms"),
+                       step_ms=d.get("step_ms"), verify_ms=d.get("verify_ms"), reason=str(d.get("reason", "")))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"malformed kernel plan: {exc!r}") from None
+
+    def describe(self) -> str:
+        """One line for the log and ``doctor``."""
+        pred = ""
+        if self.cold_ms is not None and self.step_ms is not None:
+            pred = f"; predicted 1k-token prefill {self.cold_ms:.0f} ms, step {self.step_ms:.1f} ms"
+            if self.verify_ms is not None:
+                pred += f", 9-row verify {self.verify_ms:.1f} ms"
+        return (f"weights {self.storage} (head {self.head_storage}); prefill {self.prefill}, decode/verify "
+                f"{self.short}, head {self.head}{pred}")
+
+
+def _at(row_ms: Mapping[int, float], rows: int) -> float:
+    """ms at ``rows``, linear between measured sizes (the first/last measured
+    rate outside them); inf when nothing was measured."""
+    if not row_ms:
+        return float("inf")
+    sizes = sorted(row_ms)
+    if rows in row_ms:
+        return row_ms[rows]
+    if rows <= sizes[0]:
+        return row_ms[sizes[0]]
+    if rows >= sizes[-1]:
+        return row_ms[sizes[-1]] * rows / sizes[-1]
+    lo = max(s for s in sizes if s < rows)
+    hi = min(s for s in sizes if s > rows)
+    f = (rows - lo) / (hi - lo)
+    return row_ms[lo] + f * (row_ms[hi] - row_ms[lo])
+
+
+def prefill_ms(table: TimingTable, kernel: str, tokens: int) -> float:
+    """Predicted ms of all decoder layers over ``tokens`` prompt tokens in
+    chunks of the largest prefill size measured."""
+    rows = table.blocks.get(kernel, {})
+    if not rows:
+        return float("inf")
+    chunk = max(r for r in rows)
+    full, rest = divmod(tokens, chunk)
+    return table.n_layers * (full * rows[chunk] + (_at(rows, rest) if rest else 0.0))
+
+
+def short_ms(table: TimingTable, kernel: str, rows: int) -> float:
+    """Predicted ms of all decoder layers over a short forward of ``rows``."""
+    return table.n_layers * _at(table.blocks.get(kernel, {}), rows)
+
+
+def head_ms(table: TimingTable, kernel: str, rows: int) -> float:
+    return _at(table.head.get(kernel, {}), rows)
+
+
+def choose_plan(table: TimingTable, precision: str = "auto", *, allowed: frozenset[str] | None = None,
+                workload: Workload = Workload()) -> KernelPlan:
+    """The fastest plan for ``workload`` on the machine ``table`` was measured on.
+
+    ``precision`` ``auto``: any storage, kernels from ``allowed`` (default:
+    :func:`auto_kernels`, those measured within a point of float32's exact
+    match); a storage name: that storage for the layers and the head, its
+    fastest kernels. Per storage, ``prefill`` is the fastest kernel at the
+    prefill size, ``short`` the fastest over a decode step plus a
+    verification (equal weight: speculation makes both common), ``head``
+    likewise; the storage with the least predicted time of one cold
+    completion (prompt + decode steps) wins. Raises ValueError for an
+    unknown precision or when no measured kernel is left."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r} (expected one of {', '.join(PRECISIONS)})")
+    usable = (set(KERNELS) if precision != "auto" else set(allowed if allowed is not None else auto_kernels()))
+    storages = [precision] if precision != "auto" else list(STORAGES)
+    v = workload.verify_rows
+
+    def best(kernels: list[str], cost: Any) -> str | None:
+        scored = [(cost(k), k) for k in kernels]
+        scored = [(c, k) for c, k in scored if c != float("inf")]
+        return min(scored)[1] if scored else None
+
+    def kernels_of(storage: str, measured: Mapping[str, Any]) -> list[str]:
+        return [k for k, s in KERNELS.items() if s == storage and k in usable and measured.get(k)]
+
+    # the head: its own storage (auto) or the asked one (int8 for an int4 plan)
+    head_choices = []
+    for hs in dict.fromkeys(h if h in HEAD_STORAGES else "int8" for h in storages):
+        hk = best(kernels_of(hs, table.head), lambda k: head_ms(table, k, 1) + head_ms(table, k, v))
+        if hk is not None:
+            head_choices.append((head_ms(table, hk, 1) + head_ms(table, hk, v), hs, hk))
+    if not head_choices:
+        raise ValueError(f"no measured output-layer kernel for precision {precision!r}")
+    _, head_storage, head = min(head_choices)
+
+    candidates = []
+    for s in storages:
+        ks = kernels_of(s, table.blocks)
+        pre = best(ks, lambda k: prefill_ms(table, k, workload.prompt_tokens))
+        sh = best(ks, lambda k: short_ms(table, k, 1) + short_ms(table, k, v))
+        if pre is None or sh is None:
+            continue
+        cold = prefill_ms(table, pre, workload.prompt_tokens) + head_ms(table, head, 1)
+        step = short_ms(table, sh, 1) + head_ms(table, head, 1)
+        verify = short_ms(table, sh, v) + head_ms(table, head, v)
+        candidates.append((cold + workload.decode_steps * step, s, pre, sh, cold, step, verify))
+    if not candidates:
+        raise ValueError(f"no measured decoder-layer kernel for precision {precision!r}")
+    total, storage, pre, sh, cold, step, verify = min(candidates)
+    others = ", ".join(f"{c[1]} {c[0]:.0f} ms" for c in sorted(candidates) if c[1] != storage)
+    reason = (f"{'fastest measured' if precision == 'auto' else 'model.precision: ' + precision}: "
+              f"a cold completion ({workload.prompt_tokens} prompt tokens + {workload.decode_steps} steps) "
+              f"predicted {total:.0f} ms" + (f" (vs {others})" if others else ""))
+    return KernelPlan(storage, pre, sh, head_storage, head, precision=precision, cold_ms=round(cold, 2),
+                      step_ms=round(step, 3), verify_ms=round(verify, 3), reason=reason)
+
+
+def speculation_pays(plan: KernelPlan, limit: float = 2.0) -> bool:
+    """Whether a verification forward costs at most ``limit`` times a decode
+    step under ``plan`` (the condition under which drafting can pay)."""
+    if plan.step_ms is None or plan.verify_ms is None:
+        return False
+    return plan.verify_ms <= limit * plan.step_ms

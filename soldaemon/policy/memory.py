@@ -1,0 +1,53 @@
+"""When memory is short: the memory scheduler's rules, as plain functions.
+
+The scheduler (:mod:`soldaemon.runtime.memsched`) reads free memory and the
+clock; these decide what it does with the numbers. ``below`` values are
+config MemoryBudgets (anything with ``resolve_bytes(total)``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class Threshold(Protocol):
+    """A byte threshold given as MB or a fraction of a total (config's
+    MemoryBudget)."""
+
+    def resolve_bytes(self, total: int) -> float: ...
+
+
+def kv_memory_short(free: int, total: int, below: Threshold) -> bool:
+    """Whether parked KV should be quantized: ``free`` bytes under
+    ``below`` (a config MemoryBudget: MB or a fraction of ``total``)."""
+    return free < below.resolve_bytes(total)
+
+
+def kv_folding_free_below(sol: Any, *, records_queries: bool) -> Threshold | None:
+    """The free-memory threshold under which parked sessions are quantized,
+    or None when the scheduler does not manage folding: folding is off
+    (``kv_folding_entropy_threshold`` 0) or the backend cannot record the
+    queries blocks are scored by (a parked session is then only trimmed)."""
+    if float(getattr(sol, "kv_folding_entropy_threshold", 0.0)) > 0 and records_queries:
+        return getattr(sol, "kv_folding_free_below", None)
+    return None
+
+
+def idle_release_on(device_type: str, asked: bool | None) -> bool:
+    """Whether idle release runs. On a CPU the host and device tiers are the
+    same RAM, so releasing frees nothing: a CUDA feature unless asked."""
+    return (device_type == "cuda") if asked is None else asked
+
+
+def idle_release_due(now: float, last_active: float, idle_release_s: float, *, released: bool,
+                     pins: int) -> bool:
+    """Whether to release device memory now (times in s, one clock): not
+    when disabled (``idle_release_s`` <= 0), already released, pinned by a
+    ``priority: high`` request, or active within ``idle_release_s``."""
+    return not (idle_release_s <= 0 or released or pins or now - last_active < idle_release_s)
+
+
+def should_replan(budget_bytes: int | None, pins: int) -> bool:
+    """After a restore, re-plan residency from the heatmap only under a
+    budget and while no high-priority request pins the layers."""
+    return budget_bytes is not None and not pins

@@ -1,0 +1,150 @@
+"""Prefetch: the copies that bring an offloaded layer's weights into a
+staging slot of the weight store's ring.
+
+A :class:`CopyJob` is one layer's copy (one weight variant) into one slot.
+Copiers move the bytes: on CUDA a side stream ordered by events (no host
+synchronisation), on a CPU a background thread. :class:`PrefetchStats`
+counts how each offloaded layer's weights arrived.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class CopyJob:
+    """A copy of one layer's offloaded tensors (one variant) into a slot."""
+
+    layer: int
+    variant: int
+    slot: int
+    issued: float                                 # time.perf_counter()
+    done: threading.Event = field(default_factory=threading.Event)
+    cuda_event: Any = None                        # torch.cuda.Event on CUDA
+    cancelled: bool = False
+    used: bool = False                            # a forward has read it (its bytes were counted)
+    consumed: Any = None                          # CUDA: event after the last compute that read the slot
+    views: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def ready(self) -> bool:
+        if self.cuda_event is not None:
+            return bool(self.cuda_event.query())
+        return self.done.is_set()
+
+
+@dataclass
+class PrefetchStats:
+    hits: int = 0          # weights were in the slot when the layer needed them
+    late: int = 0          # prefetch issued, arrived within fallback_timeout_ms (the forward waited)
+    misses: int = 0        # not prefetched: copied synchronously (first use, other variant)
+    fallbacks: int = 0     # prefetch not ready within fallback_timeout_ms: synchronous copy
+    stall_ms: float = 0.0  # time forwards waited for weights
+    bytes_copied: int = 0
+
+    @property
+    def uses(self) -> int:
+        return self.hits + self.late + self.misses + self.fallbacks
+
+    @property
+    def hit_rate(self) -> float | None:
+        return self.hits / self.uses if self.uses else None
+
+
+# --------------------------------------------------------------------------
+# Copiers: who moves the bytes
+# --------------------------------------------------------------------------
+
+
+# (LayerWeights field name, host tensor to copy from) per offloaded tensor
+Sources = list[tuple[str, torch.Tensor]]
+
+
+class Copier:
+    """Moves one job's bytes into its slot views; ``previous``: the job that
+    held the slot before (its last reader must finish first)."""
+
+    def submit(self, job: CopyJob, srcs: Sources, delay_s: float, previous: CopyJob | None) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class ThreadCopier(Copier):
+    """CPU: one background thread, jobs in FIFO order (so a job never
+    overwrites a slot the previous job for that slot is still filling)."""
+
+    def __init__(self) -> None:
+        self._q: queue.Queue[tuple[CopyJob, list[tuple[str, torch.Tensor]], float] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="sol-prefetch", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: CopyJob, srcs: Sources, delay_s: float, previous: CopyJob | None) -> None:
+        self._q.put((job, srcs, delay_s))
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            job, srcs, delay_s = item
+            try:
+                if not job.cancelled:
+                    if delay_s:
+                        time.sleep(delay_s)
+                    with torch.inference_mode():
+                        for name, src in srcs:
+                            job.views[name].copy_(src)
+            finally:
+                job.done.set()
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._thread.join(timeout=5)
+
+
+class StreamCopier(Copier):
+    """CUDA: copies from pinned memory on a side stream; the copy waits on
+    the event of the compute that last read the slot, and records an event
+    the compute stream waits on. No host synchronisation."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+
+    def submit(self, job: CopyJob, srcs: Sources, delay_s: float, previous: CopyJob | None) -> None:
+        consumed = getattr(previous, "consumed", None) if previous is not None else None
+        with torch.cuda.stream(self.stream):
+            if consumed is not None:
+                self.stream.wait_event(consumed)
+            else:  # the slot's last reader may still be queued on the compute stream
+                self.stream.wait_stream(torch.cuda.current_stream(self.device))
+            if delay_s:
+                torch.cuda._sleep(int(delay_s * 1e9))  # ≈ cycles at ~1 GHz: a test hook only
+            for name, src in srcs:
+                job.views[name].copy_(src, non_blocking=True)
+            job.cuda_event = torch.cuda.Event()
+            job.cuda_event.record(self.stream)
+        job.done.set()
+
+
+def wait_copy(job: CopyJob, timeout_s: float | None) -> bool:
+    """Wait until ``job``'s copy has landed; False on timeout."""
+    if job.cuda_event is None:
+        return job.done.wait(timeout_s)
+    if timeout_s is None:
+        job.cuda_event.synchronize()
+        return True
+    end = time.perf_counter() + timeout_s
+    while not job.cuda_event.query():
+        if time.perf_counter() > end:
+            return False
+        time.sleep(20e-6)
+    return True
