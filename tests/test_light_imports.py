@@ -81,3 +81,15 @@ main(["doctor", "--port", "{port}"])
 """
     loaded = loaded_after(code, {"SOLDAEMON_STATE_DIR": str(state), "SOLDAEMON_CACHE_DIR": str(tmp_path / "cache")})
     assert not loaded["torch"] and not loaded["transformers"]
+
+
+def test_server_names_stay_importable_from_the_old_path() -> None:
+    import soldaemon.server as server
+
+    for name in server.__all__:
+        assert getattr(server, name) is not None, name
+
+
+def test_status_client_loads_no_websocket_server() -> None:
+    loaded = loaded_after("import soldaemon.server.status, soldaemon.discovery")
+    assert [m for m, yes in loaded.items() if yes] == []
