@@ -1,6 +1,11 @@
 """Reading the machine: GPUs (NVML, ``nvidia-smi``), CPU, torch, the model
 cache, a running daemon. Pure reading, no judging (see :mod:`soldaemon.doctor`).
 
+One module per source: :mod:`.nvml`, :mod:`.smi` (``nvidia-smi``),
+:mod:`.host` (CPU, torch, model cache, daemon); the data they return is
+:mod:`.readings`. Here: :func:`read_gpus` and :func:`read_machine`, which
+put them together.
+
 Contracts:
 
 - Every reader returns frozen, JSON-able data (:class:`GpuReading`,
@@ -25,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from soldaemon.errors import ProbeUnavailable
+
 # Re-exported: callers and tests use ``gpuprobe.<name>``. read_gpus and
 # read_machine below look the readers up here, so patching
 # ``gpuprobe.read_torch`` (or load_nvml, run_nvidia_smi, read_cpu,

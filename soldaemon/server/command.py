@@ -112,11 +112,6 @@ async def serve(settings: ServerSettings, load: Callable[[], Engine], model_labe
             loop.remove_signal_handler(sig)
 
 
-# --------------------------------------------------------------------------
-# CLI entry points (wired by soldaemon.cli)
-# --------------------------------------------------------------------------
-
-
 def _setup_logging(level: str) -> None:
     root = logging.getLogger()
     if not root.handlers:

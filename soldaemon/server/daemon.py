@@ -42,7 +42,6 @@ DaemonState = Literal["loading", "ready", "draining"]
 WS_PATHS = ("/", "/v1")
 
 
-
 class Daemon:
     """State shared by all connections. Lives on the event loop thread."""
 
