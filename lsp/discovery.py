@@ -1,19 +1,9 @@
 """Finding the daemon, and starting one when configured to.
 
-Discovery (:func:`resolve_target`), re-run before every connection attempt so
-that a daemon restarted on another port is found again:
-
-1. ``url`` from the settings, when given;
-2. else the running daemon's record, ``daemon.json`` in the state directory
-   (written by ``soldaemon serve`` once ready; ignored when its pid is gone;
-   refused when another user could have written it, or it names a
-   non-loopback URL without ``server.allow_remote`` — see
-   :mod:`soldaemon.statefiles`);
-3. else ``server.host``/``server.port`` of sol_config.yaml.
-
-The token comes from the settings' ``token_file``, else the record's, else
-``server.token_file``/the state directory — read with
-:func:`soldaemon.auth.read_token`, so an unsafe token file is refused.
+Finding it is :func:`soldaemon.discovery.find_daemon` (shared with
+``soldaemon status``); :func:`resolve_target` applies sol-lsp's settings to
+it and is re-run before every connection attempt, so that a daemon restarted
+on another port is found again.
 
 :class:`DaemonLauncher` starts ``soldaemon serve`` (an argv list, never a
 shell) in its own session, detached, logging to ``daemon.log`` in the state
@@ -29,54 +19,27 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from soldaemon.auth import read_token
-from soldaemon.config import load_config
-from soldaemon.paths import state_dir
+from soldaemon.discovery import Target, check_private_dir, find_daemon, state_dir
 from soldaemon.errors import ConfigError
-from soldaemon.statefiles import check_private_dir, read_daemon_record
 
 from lsp.settings import Settings
+
+__all__ = ["DaemonLauncher", "Target", "default_daemon_command", "resolve_target"]
 
 log = logging.getLogger("sol.lsp.discovery")
 
 
-@dataclass(frozen=True)
-class Target:
-    """Where to connect and with what token. ``source`` says where the URL
-    came from (for messages); ``pid`` is the daemon's when known."""
-
-    url: str
-    token: str
-    token_path: Path
-    source: str
-    pid: int | None = None
-
-
-def _ws_url(host: str, port: int) -> str:
-    return f"ws://[{host}]:{port}" if ":" in host else f"ws://{host}:{port}"
-
-
 def resolve_target(settings: Settings) -> Target:
-    """See the module docstring. Raises :class:`soldaemon.errors.Unavailable`
-    when there is no token file (no daemon ever started) and
-    :class:`soldaemon.errors.ConfigError` for a bad config or token file."""
-    record = None if settings.url else read_daemon_record(allow_remote=load_config(settings.config).server.allow_remote)
-    token_path = settings.token_file
-    if settings.url:
-        url, source, pid = settings.url, "settings", None
-    elif record is not None:
-        url, source, pid = record.url, f"daemon.json (pid {record.pid})", record.pid
-        token_path = token_path or record.token_path
-    else:
-        config = load_config(settings.config)
-        url, source, pid = _ws_url(config.server.host, config.server.port), "sol_config.yaml", None
-    if token_path is None:
-        token_path = load_config(settings.config).server.token_path()
-    return Target(url, read_token(token_path), token_path, source, pid)
+    """The daemon to connect to: ``url`` and ``token_file`` from the
+    settings when given, else as :func:`soldaemon.discovery.find_daemon`
+    finds them. Raises :class:`soldaemon.errors.Unavailable` when there is
+    no token file (no daemon ever started) and
+    :class:`soldaemon.errors.ConfigError` for a bad config, record or token
+    file."""
+    return find_daemon(settings.config, url=settings.url or None, token_path=settings.token_file)
 
 
 def default_daemon_command(settings: Settings) -> list[str]:

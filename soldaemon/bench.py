@@ -33,9 +33,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from .api import CancelToken, CompletionRequest, Done
+from .baselines import baseline_model, bench_generate
 from .config import Config
 from .holes import cut_line_holes, default_corpus
 
@@ -93,67 +92,6 @@ class Row:
         return statistics.median(values) if values else float("nan")
 
 
-class _FirstToken:
-    """A transformers streamer that notes when the first new token arrives."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.first_ns = 0
-
-    def put(self, value: Any) -> None:
-        self.calls += 1
-        if self.calls == 2 and not self.first_ns:  # call 1 is the prompt
-            self.first_ns = time.perf_counter_ns()
-
-    def end(self) -> None:
-        pass
-
-
-def bench_generate(model: Any, ids: list[int], n: int) -> tuple[float, float, list[int]]:
-    x = torch.tensor([ids], device=model.device)
-    streamer = _FirstToken()
-    t0 = time.perf_counter_ns()
-    with torch.inference_mode():
-        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
-                             do_sample=False, streamer=streamer, pad_token_id=0)
-    t1 = time.perf_counter_ns()
-    ttft = (streamer.first_ns - t0) / 1e6
-    return ttft, (t1 - streamer.first_ns) / 1e6 / (n - 1), out[0, len(ids):].tolist()
-
-
-def baseline_model(engine: Any, config: Config) -> tuple[Any | None, str]:
-    """The transformers model ``generate()`` runs on, and a note for the table.
-
-    The engine's own module while every layer is resident. When
-    ``sol.memory_budget`` offloads layers, the weight store has swapped
-    those layers' parameters for empty tensors (the lean backend reads them
-    from the store; the module cannot run), so the baseline gets a fresh
-    full copy loaded from the same directory — outside the budget, as a
-    plain transformers user would run it. When that copy cannot be loaded
-    (memory), returns None and the reason: the ``generate`` row is skipped."""
-    from .errors import SolError
-    from .model.loader import load_model
-
-    store = engine.memory.store if getattr(engine, "memory", None) is not None else None
-    released = bool(getattr(engine.backend, "released", False))
-    if (store is None or not store.offloaded_layers) and not released:
-        return engine.loaded.model, ""
-    reasons = []
-    if store is not None and store.offloaded_layers:
-        reasons.append(f"sol.memory_budget offloads {store.offloaded_layers} of {store.n_layers} layers, which "
-                       "empties their parameters in the engine's transformers module")
-    if released:
-        reasons.append(f"the engine keeps one copy of the weights, packed for its kernel plan "
-                       f"({engine.backend.plan.storage}), and released the transformers module's parameters")
-    why = "; ".join(reasons)
-    try:
-        copy = load_model(str(engine.loaded.directory), device=config.device.device, dtype="auto",
-                          progress=False)
-    except (SolError, MemoryError, RuntimeError) as exc:   # torch's out-of-memory is a RuntimeError
-        return None, f"generate skipped: {why}, and a separate full copy could not be loaded ({exc})"
-    return copy.model, f"generate runs on a separate full copy of the model (outside the budget): {why}"
-
-
 def exact_session(engine: Any, model: Any | None) -> Any:
     """A session on the reference math: the lean runtime dense in ``model``'s
     dtype over ``model``'s own tensors (the generate() baseline's copy when
@@ -197,6 +135,8 @@ def bench_sol(engine: Any, ids: list[int], n: int, speculative: bool,
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
+    import torch
+
     from .runtime.engine import load_engine
 
     if args.trace:

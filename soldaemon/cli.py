@@ -101,16 +101,16 @@ def _language_of(path: Path) -> str | None:
 
 
 def cmd_serve(args: argparse.Namespace, config: Config) -> int:
-    from . import server
+    from .server.command import run
 
     config = apply_model_options(config, args)
-    return server.run(args, config)
+    return run(args, config)
 
 
 def cmd_status(args: argparse.Namespace, config: Config) -> int:
-    from . import server
+    from .server.status import run_status
 
-    return server.run_status(args, config)
+    return run_status(args, config)
 
 
 def cmd_doctor(args: argparse.Namespace, config: Config) -> int:
@@ -129,7 +129,11 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import bench, doctor, server
+    # Only the options here: each command's code (the server, torch, the
+    # benchmarks) is imported by its cmd_* when it runs, so `status` and
+    # `doctor` start without torch.
+    from . import bench, doctor
+    from .server import arguments as server
 
     parser = argparse.ArgumentParser(prog="soldaemon", description="a local, resident code-completion daemon")
     parser.add_argument("--version", action="version", version=f"soldaemon {__version__}")

@@ -3,7 +3,7 @@ must appear at most once, a strict ``Host`` parse, and refusals logged in
 aggregate so a flood of bad handshakes cannot flood the log.
 
 Pure over strings and a clock; the server's ``process_request`` hook uses
-them (soldaemon/server.py).
+them (soldaemon/server/daemon.py).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ command that fixes it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import secrets
@@ -28,8 +29,6 @@ import stat
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
-
-import psutil
 
 from soldaemon.config import is_loopback_host
 from soldaemon.errors import ConfigError
@@ -106,6 +105,18 @@ def remove_daemon_record(path: Path) -> None:
             path.unlink()
 
 
+def pid_exists(pid: int) -> bool:
+    """Whether a process ``pid`` exists (signal 0 checks without sending).
+    Not psutil: sol-lsp reads the record, and stays light."""
+    if pid <= 0:
+        return pid == 0
+    try:
+        os.kill(pid, 0)
+    except OSError as exc:
+        return exc.errno == errno.EPERM     # exists, but another user's
+    return True
+
+
 def url_is_loopback(url: str) -> bool:
     try:
         host = urllib.parse.urlsplit(url).hostname
@@ -136,7 +147,7 @@ def read_daemon_record(*, allow_remote: bool = False) -> DaemonRecord | None:
         record = DaemonRecord(str(data["url"]), Path(data["token_file"]), int(data["pid"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if not psutil.pid_exists(record.pid):
+    if not pid_exists(record.pid):
         return None
     if not allow_remote and not url_is_loopback(record.url):
         raise ConfigError(f"{path} names a daemon at {record.url}, which is not a loopback address",

@@ -225,11 +225,11 @@ def run_generate(engine: Any, trace: list[Keystroke], every: int, progress: Call
                  model: Any = None) -> Series:
     """Plain transformers generate() on the same prompt ids, no reuse;
     ``model``: the module to run (default the engine's; under an offloading
-    ``sol.memory_budget`` :func:`soldaemon.bench.baseline_model` gives one
+    ``sol.memory_budget`` :func:`soldaemon.baselines.baseline_model` gives one
     that can)."""
     from transformers import StoppingCriteriaList
 
-    from .bench import _FirstToken
+    from .baselines import FirstToken
     from .postprocess import postprocess
 
     model, tok = model if model is not None else engine.loaded.model, engine.tokenizer
@@ -241,7 +241,7 @@ def run_generate(engine: Any, trace: list[Keystroke], every: int, progress: Call
         req = CompletionRequest(id="g", prefix=ks.prefix, suffix=ks.suffix, max_tokens=32)
         ids = engine.build_prompt(req)[0].ids
         x = torch.tensor([ids], device=model.device)
-        streamer = _FirstToken()
+        streamer = FirstToken()
         with torch.inference_mode():
             out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=32, do_sample=False,
                                  streamer=streamer, pad_token_id=0, eos_token_id=sorted(engine.template.stop_ids),
@@ -426,7 +426,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
         results["sol-nospec"], _ = run_sol(engine, trace, say, interrupt=interrupt, name="sol-nospec")
         engine.config = config
     if "generate" in args.baselines:
-        from .bench import baseline_model
+        from .baselines import baseline_model
 
         model, why = baseline_model(engine, config)
         if why:

@@ -1,0 +1,26 @@
+"""The options of ``soldaemon serve`` and ``soldaemon status``, apart from
+the code that runs them, so that building the CLI's parser imports neither
+the server nor the engine."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``soldaemon serve`` (``--config`` is the CLI's)."""
+    parser.add_argument("--host", help="listen address (default from config: 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="TCP port; 0 picks a free one (default from config: 8765)")
+    parser.add_argument("--model", help="a local HF model directory or .gguf file (default: the embedded model)")
+    parser.add_argument("--allow-remote", action="store_true", default=None,
+                        help="allow listening on a non-loopback address")
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    # For tests and development: MODULE:FACTORY, called with the Config, returning an Engine.
+    parser.add_argument("--engine", help=argparse.SUPPRESS)
+
+
+def add_status_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``soldaemon status``."""
+    parser.add_argument("--url", help="the daemon's ws:// URL (default: the running daemon's, else from config)")
+    parser.add_argument("--json", action="store_true", help="print the health document as JSON")
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")

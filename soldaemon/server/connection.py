@@ -1,0 +1,224 @@
+"""One websocket connection.
+
+A :class:`Connection` decodes frames with :mod:`soldaemon.protocol`, applies
+the rate limit, supersedes and cancels its own jobs, and writes frames in
+order through one writer task. What it needs from the daemon is the
+:class:`Hub` protocol below (the daemon module imports this one, not the
+other way round).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import logging
+import time
+from typing import Any, Protocol
+
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
+
+from soldaemon.api import Delta, Done
+from soldaemon.errors import Busy, DuplicateId, RateLimited, SolError, UnknownId
+from soldaemon.fairness import allowed_priority, over_share, release_memory
+from soldaemon.metrics import Metrics
+from soldaemon.protocol import (Cancel, ClientMessage, Complete, CompletionEvent, Debug, ErrorFrame, Health, Limits,
+                                Status, Warm, decode_client, encode_server, error_frame)
+from soldaemon.server.settings import ServerSettings
+from soldaemon.server.worker import Job, JobKind, Worker
+
+log = logging.getLogger("soldaemon.server")
+
+
+class Hub(Protocol):
+    """What a connection uses of the daemon that all connections share
+    (:class:`soldaemon.server.daemon.Daemon`)."""
+
+    settings: ServerSettings
+    limits: Limits
+    worker: Worker
+    metrics: Metrics
+    jobs: set[Job]
+
+    def check_accepting(self) -> None: ...
+    def active_connections(self, asking: int) -> int: ...
+    def track(self, job: Job) -> None: ...
+    def job_ended(self, conn: Connection, job: Job, event: Done | ErrorFrame) -> None: ...
+    def hello_body(self) -> dict[str, Any]: ...
+    def health_body(self) -> dict[str, Any]: ...
+    def debug_body(self, parts: tuple[str, ...]) -> dict[str, Any]: ...
+
+
+class TokenBucket:
+    """``rate`` events per second on average, bursts up to ``burst``."""
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self.rate, self.capacity = rate, burst
+        self.tokens = burst
+        self.stamp = time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
+
+
+class Connection:
+    """One client. Requests ids are scoped to the connection; so is
+    supersession (same ``uri``, same connection)."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, daemon: Hub, ws: ServerConnection) -> None:
+        self.daemon = daemon
+        self.ws = ws
+        self.cid = next(self._ids)
+        self.jobs: dict[str, Job] = {}
+        self.open = True
+        self._outbox: asyncio.Queue[str] = asyncio.Queue()
+        self._outbox_bytes = 0                      # encoded size of the frames in _outbox
+        self._closer: asyncio.Future[None] | None = None
+        rate = daemon.settings.rate_limit_per_s
+        self._bucket = TokenBucket(rate, max(1.0, 2.0 * rate))
+
+    async def serve(self) -> None:
+        """Run until the client goes away; then cancel everything it left."""
+        writer = asyncio.create_task(self._write(), name=f"sol-writer-{self.cid}")
+        try:
+            self.send(Status("hello", self.daemon.hello_body()))
+            while True:
+                try:
+                    data = await self.ws.recv(decode=False)
+                except ConnectionClosed:
+                    return
+                self.handle(data)
+        finally:
+            self.open = False
+            for job in list(self.jobs.values()):
+                self.daemon.worker.withdraw(job, "cancelled")
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
+            piled_up = self._outbox_bytes
+            while not self._outbox.empty():      # drop what the client never read
+                self._outbox.get_nowait()
+            self._outbox_bytes = 0
+            if piled_up > 1024 * 1024:
+                release_memory()
+
+    def send(self, msg: Delta | Done | ErrorFrame | Status) -> None:
+        """Queue a frame for the writer. A client that lets more than
+        ``max_outbox_frames`` pile up is not reading: it is closed with 1008
+        (its work is then cancelled like any disconnect)."""
+        if not self.open:
+            return
+        frame = encode_server(msg)
+        settings = self.daemon.settings
+        if self._outbox.qsize() >= settings.max_outbox_frames or \
+                self._outbox_bytes + len(frame) > settings.max_outbox_bytes:
+            log.warning("connection %d: the client is not reading its frames (%d frames, %d bytes unread); "
+                        "closing it", self.cid, self._outbox.qsize(), self._outbox_bytes)
+            self.open = False
+            self._closer = asyncio.ensure_future(self.ws.close(1008, "client is not reading its messages"))
+            return
+        self._outbox_bytes += len(frame)
+        self._outbox.put_nowait(frame)
+
+    async def flush(self, timeout: float) -> None:
+        """Wait (bounded) until every queued frame was written."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._outbox.join(), timeout)
+
+    async def _write(self) -> None:
+        while True:
+            frame = await self._outbox.get()
+            self._outbox_bytes -= len(frame)
+            try:
+                await self.ws.send(frame)
+            except ConnectionClosed:
+                self.open = False
+            finally:
+                self._outbox.task_done()
+
+    # -- inbound -----------------------------------------------------------
+
+    def handle(self, data: bytes | str) -> None:
+        """Answer one frame. Never raises: a bad frame gets an error frame
+        (naming the frame's id when one could be read)."""
+        allowed = self._bucket.take()  # every frame counts, valid or not
+        request_id: str | None = None
+        try:
+            msg = decode_client(data, self.daemon.limits)
+            request_id = _message_id(msg)
+            if not allowed:
+                raise RateLimited("too many messages on this connection; this one was dropped",
+                                  hint=f"send at most {self.daemon.settings.rate_limit_per_s:g} per second")
+            self.dispatch(msg)
+        except SolError as exc:
+            self.daemon.metrics.record_client_error(exc.code)
+            self.send(error_frame(exc, request_id))
+        except Exception as exc:  # a bug: log it, answer cleanly, keep serving
+            log.exception("connection %d: failed to handle a frame", self.cid)
+            self.send(error_frame(exc, request_id))
+
+    def dispatch(self, msg: ClientMessage) -> None:
+        if isinstance(msg, (Complete, Warm)):
+            self.start(msg)
+        elif isinstance(msg, Cancel):
+            job = self.jobs.get(msg.id)
+            if job is None:
+                raise UnknownId("no request with this id is in flight on this connection",
+                                request_id=msg.id)
+            self.daemon.worker.withdraw(job, "cancelled")
+        elif isinstance(msg, CompletionEvent):
+            self.daemon.metrics.record_event(msg.kind)
+        elif isinstance(msg, Health):
+            self.send(Status("health", self.daemon.health_body(), msg.id))
+        elif isinstance(msg, Debug):
+            self.send(Status("debug", self.daemon.debug_body(msg.parts), msg.id))
+
+    def start(self, msg: Complete | Warm) -> None:
+        req = msg.request
+        kind: JobKind = "complete" if isinstance(msg, Complete) else "warm"
+        self.daemon.check_accepting()
+        if req.id in self.jobs:
+            raise DuplicateId("a request with this id is still in flight", request_id=req.id)
+        limits = self.daemon.settings
+        if len(self.jobs) >= limits.max_in_flight_per_connection or len(self.daemon.jobs) >= limits.max_in_flight \
+                or over_share(len(self.jobs), len(self.daemon.jobs), self.daemon.active_connections(self.cid),
+                              limits.max_in_flight):
+            raise Busy("too many requests in flight", hint="cancel or wait for earlier requests")
+        for old in list(self.jobs.values()):
+            if old.request.uri == req.uri and (kind == "complete" or old.kind == "warm"):
+                self.daemon.worker.withdraw(old, "superseded")
+        high = sum(1 for j in self.jobs.values() if j.state == "queued" and j.request.priority == "high")
+        if req.priority == "high" and allowed_priority("high", high) != "high":
+            req = dataclasses.replace(req, priority="normal")
+        job = Job.arrive(kind, req, self.deliver, owner=self.cid)
+        self.jobs[req.id] = job
+        self.daemon.track(job)
+        self.daemon.worker.submit(job)
+
+    # -- outbound (event loop thread, from the worker) ---------------------
+
+    def deliver(self, job: Job, event: Delta | Done | ErrorFrame) -> None:
+        if isinstance(event, Delta):
+            if not job.cancel.cancelled:  # the client no longer wants it
+                self.send(event)
+            return
+        if self.jobs.get(job.id) is job:
+            del self.jobs[job.id]
+        self.daemon.job_ended(self, job, event)
+        self.send(event)
+
+
+def _message_id(msg: ClientMessage) -> str | None:
+    if isinstance(msg, (Complete, Warm)):
+        return msg.request.id
+    return msg.id

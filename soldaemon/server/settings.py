@@ -1,0 +1,47 @@
+"""The server's settings, built once from ``config.server``, and the keys of
+the Sol diagnosis that both the daemon and ``soldaemon status`` show."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from soldaemon.paths import state_dir
+from soldaemon.protocol import Limits
+
+if TYPE_CHECKING:
+    from soldaemon.config import ServerConfig
+
+SOL_DIAGNOSIS_KEYS = ("active", "ttft_optimized", "prefetch_hit_rate", "kv_fold_ratio", "offloaded_layers")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """Everything the server needs, built once from ``config.server``."""
+
+    host: str = "127.0.0.1"
+    port: int = 8765                               # 0: any free port
+    allow_remote: bool = False
+    allowed_origins: tuple[str, ...] = ()
+    token_path: Path = field(default_factory=lambda: state_dir() / "token")
+    max_message_bytes: int = 1_048_576             # one frame, bytes
+    rate_limit_per_s: float = 200.0                # frames/s per connection; burst = 2×
+    drain_timeout_s: float = 5.0                   # s
+    max_in_flight_per_connection: int = 32
+    max_in_flight: int = 256
+    max_outbox_frames: int = 20_000                # unread frames before a connection is closed
+    max_outbox_bytes: int = 8 * 1024 * 1024        # unread bytes before a connection is closed
+    max_connections: int = 64                      # more are refused (503) at the handshake
+
+    @classmethod
+    def from_config(cls, server: ServerConfig) -> ServerSettings:
+        return cls(host=server.host, port=server.port, allow_remote=server.allow_remote,
+                   allowed_origins=tuple(server.allowed_origins), token_path=server.token_path(),
+                   max_message_bytes=server.max_message_bytes, rate_limit_per_s=server.rate_limit_per_s,
+                   drain_timeout_s=server.drain_timeout_s)
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(max_message_bytes=self.max_message_bytes)
+

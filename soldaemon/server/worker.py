@@ -1,0 +1,224 @@
+"""Jobs and the one inference thread.
+
+The :class:`Worker` loads the engine, then runs jobs from a priority queue
+(``complete`` high, ``complete`` normal, then ``warm``) and hands every event
+back to the event loop with ``call_soon_threadsafe``. It never touches a
+socket. The engine runs on this thread only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+from soldaemon.ahead import Ahead
+from soldaemon.api import CancelToken, CompletionRequest, Delta, Done, Engine, FinishReason, Timings
+from soldaemon.errors import SolError
+from soldaemon.fairqueue import FairQueue
+from soldaemon.protocol import ErrorFrame, error_frame
+
+log = logging.getLogger("soldaemon.server")
+
+JobKind = Literal["complete", "warm"]
+
+_PRIORITY = {("complete", "high"): 0, ("complete", "normal"): 1, ("warm", "high"): 2, ("warm", "normal"): 2}
+
+
+@dataclass(eq=False)
+class Job:
+    """One ``complete`` or ``warm`` from arrival to its last frame.
+
+    ``request.received_ns`` is the arrival (``perf_counter_ns``), stamped by
+    :meth:`arrive`; the engine measures queue, TTFT, total and the budget
+    from it. ``state`` moves queued → running → finished, guarded by the
+    worker's lock (a queued job withdrawn by the loop goes straight to
+    finished and the worker skips it). ``deliver`` is called on the event loop
+    thread with each event, the last being a ``Done`` or an ``ErrorFrame``."""
+
+    kind: JobKind
+    request: CompletionRequest
+    deliver: Callable[[Job, Delta | Done | ErrorFrame], None]
+    arrival_ns: int = 0                                            # time.time_ns() at arrival
+    owner: int = 0                                                 # the connection's id (fair queueing)
+    cancel: CancelToken = field(default_factory=CancelToken)
+    state: Literal["queued", "running", "finished"] = "queued"
+
+    @classmethod
+    def arrive(cls, kind: JobKind, request: CompletionRequest,
+               deliver: Callable[[Job, Delta | Done | ErrorFrame], None], owner: int = 0) -> Job:
+        stamped = dataclasses.replace(request, received_ns=time.perf_counter_ns())
+        return cls(kind, stamped, deliver, arrival_ns=time.time_ns(), owner=owner)
+
+    @property
+    def id(self) -> str:
+        return self.request.id
+
+    def age_ms(self) -> float:
+        """Milliseconds since arrival."""
+        return (time.perf_counter_ns() - self.request.received_ns) / 1e6
+
+    def timings_without_engine(self) -> Timings:
+        """Timings for a job that ended before the engine saw it."""
+        ms = self.age_ms()
+        return Timings(queue_ms=ms, total_ms=ms, ttft_start_ns=self.arrival_ns)
+
+
+class Worker:
+    """The single inference thread.
+
+    :meth:`start` runs ``load`` on the thread and resolves the returned future
+    with the engine; the thread then serves jobs until :meth:`stop`. All
+    methods except the thread's own loop are called from the event loop
+    thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        # priority classes; round-robin between connections inside one (soldaemon.fairqueue)
+        self._queue: FairQueue[Job] = FairQueue()
+        self._lock = threading.Lock()
+        self._queued = 0
+        self._thread: threading.Thread | None = None
+        self.engine: Engine | None = None
+        self.ahead = Ahead()        # speculative FIM: runs only while the queue is empty
+
+    @property
+    def queue_depth(self) -> int:
+        return self._queued
+
+    def start(self, load: Callable[[], Engine]) -> asyncio.Future[Engine]:
+        loaded: asyncio.Future[Engine] = self._loop.create_future()
+
+        def main() -> None:
+            try:
+                engine = load()
+            except BaseException as exc:  # reported through the future
+                self._post(_resolve, loaded, None, exc)
+                return
+            self.engine = engine
+            self._post(_resolve, loaded, engine, None)
+            self._serve(engine)
+
+        self._thread = threading.Thread(target=main, name="sol-inference", daemon=True)
+        self._thread.start()
+        return loaded
+
+    def submit(self, job: Job) -> None:
+        with self._lock:
+            self._queued += 1
+        self.ahead.preempt()        # any request outranks speculation
+        self._queue.put(_PRIORITY[(job.kind, job.request.priority)], job.owner, job)
+
+    def withdraw(self, job: Job, reason: FinishReason) -> None:
+        """Cancel ``job`` for ``reason`` (cancelled or superseded). A queued
+        job ends now, here, without reaching the engine; a running one is
+        stopped by the engine within one decode step."""
+        with self._lock:
+            was_queued = job.state == "queued"
+            if was_queued:
+                job.state = "finished"
+                self._queued -= 1
+        job.cancel.cancel(reason)
+        if was_queued:
+            job.deliver(job, Done(job.id, (), reason, job.timings_without_engine()))
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the thread after the job it is running (call after every job
+        was withdrawn)."""
+        self.ahead.preempt()
+        self._queue.close()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _post(self, callback: Callable[..., None], *args: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
+            self._loop.call_soon_threadsafe(callback, *args)
+
+    def _serve(self, engine: Engine) -> None:
+        while True:
+            try:
+                job = self._queue.get(block=not self.ahead.pending)
+            except queue.Empty:     # idle with a speculation pending
+                self.ahead.run(engine)
+                continue
+            self.ahead.preempt()
+            if job is None:
+                return
+            with self._lock:
+                if job.state != "queued":
+                    continue
+                job.state = "running"
+                self._queued -= 1
+            try:
+                self._run(engine, job)
+            finally:
+                with self._lock:
+                    job.state = "finished"
+
+    def _run(self, engine: Engine, job: Job) -> None:
+        queue_ms = job.age_ms()
+        req = job.request
+        if req.budget_ms is not None and queue_ms >= req.budget_ms:  # spent waiting: skip the prefill
+            self._post(job.deliver, job, Done(job.id, (), "budget", job.timings_without_engine()))
+            return
+        try:
+            if job.kind == "warm":
+                timings = engine.warm(req, job.cancel)
+                reason: FinishReason = job.cancel.reason if job.cancel.cancelled else "stop"
+                self._post(job.deliver, job, Done(job.id, (), reason, _with_arrival(timings, job, queue_ms)))
+                return
+            events = engine.complete(req, job.cancel)
+            try:
+                for event in events:
+                    if isinstance(event, Done):
+                        self._post(job.deliver, job, self._final(job, event, queue_ms))
+                        if not job.cancel.cancelled:
+                            self.ahead.offer(engine, req, event)
+                        return
+                    self._post(job.deliver, job, event)
+            finally:
+                close = getattr(events, "close", None)
+                if close is not None:
+                    close()
+            log.error("engine ended request %s without a done event", job.id)
+            self._post(job.deliver, job, error_frame(RuntimeError("no done"), job.id))
+        except Exception as exc:
+            if job.cancel.cancelled:
+                log.debug("request %s raised after cancel: %r", job.id, exc)
+                done = Done(job.id, (), job.cancel.reason, job.timings_without_engine())
+                self._post(job.deliver, job, done)
+            else:
+                if not isinstance(exc, SolError):
+                    log.exception("engine failed on request %s", job.id)
+                self._post(job.deliver, job, error_frame(exc, job.id))
+
+    @staticmethod
+    def _final(job: Job, done: Done, queue_ms: float) -> Done:
+        reason = done.finish_reason
+        if job.cancel.cancelled and reason in ("cancelled", "superseded"):
+            reason = job.cancel.reason
+        return Done(job.id, done.items, reason, _with_arrival(done.timings, job, queue_ms))
+
+
+def _with_arrival(t: Timings, job: Job, queue_ms: float) -> Timings:
+    """The engine measures from ``request.received_ns`` (the arrival); fill
+    in what it left at zero (a ``warm`` reports no queue time or stamps)."""
+    return dataclasses.replace(
+        t, queue_ms=t.queue_ms or queue_ms, total_ms=t.total_ms or job.age_ms(),
+        ttft_start_ns=t.ttft_start_ns or job.arrival_ns)
+
+
+def _resolve(fut: asyncio.Future[Engine], engine: Engine | None, exc: BaseException | None) -> None:
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        assert engine is not None
+        fut.set_result(engine)
