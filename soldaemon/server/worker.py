@@ -22,13 +22,12 @@ from soldaemon.ahead import Ahead
 from soldaemon.api import CancelToken, CompletionRequest, Delta, Done, Engine, FinishReason, Timings
 from soldaemon.errors import SolError
 from soldaemon.fairqueue import FairQueue
+from soldaemon.policy.priority import job_rank
 from soldaemon.protocol import ErrorFrame, error_frame
 
 log = logging.getLogger("soldaemon.server")
 
 JobKind = Literal["complete", "warm"]
-
-_PRIORITY = {("complete", "high"): 0, ("complete", "normal"): 1, ("warm", "high"): 2, ("warm", "normal"): 2}
 
 
 @dataclass(eq=False)
@@ -113,7 +112,7 @@ class Worker:
         with self._lock:
             self._queued += 1
         self.ahead.preempt()        # any request outranks speculation
-        self._queue.put(_PRIORITY[(job.kind, job.request.priority)], job.owner, job)
+        self._queue.put(job_rank(job.kind, job.request.priority), job.owner, job)
 
     def withdraw(self, job: Job, reason: FinishReason) -> None:
         """Cancel ``job`` for ``reason`` (cancelled or superseded). A queued
