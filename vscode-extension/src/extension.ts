@@ -101,6 +101,8 @@ export class Controller implements vscode.Disposable {
                 provideCompletionItem: () => null,
                 provideInlineCompletionItems: async (document, position, context, token, next) => {
                     if (!this.settings.enabled || !languageEnabled(this.settings.languages, document.languageId)) return null;
+                    // As before: no ghost text over the suggest widget's selection.
+                    if (context.selectedCompletionInfo) return null;
                     const result = await next(document, position, context, token);
                     if (result && !token.isCancellationRequested) {
                         this.events.answered(Array.isArray(result) ? result : result.items);

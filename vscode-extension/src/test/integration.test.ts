@@ -177,6 +177,26 @@ describe("the extension through sol-lsp against a real soldaemon (tiny model)", 
         assert.deepEqual(shown.at(-1)!.params.item.command.arguments, item.command?.arguments);
     });
 
+    it("an invoked request says so to the server (it may answer alternatives); all items are shown", async () => {
+        const { doc, pos } = vscode.docAt("def alt(a, b):\n    return |", "python", "file:///project/alt.py");
+        const params = c.client.code2ProtocolConverter.asInlineCompletionParams(doc as any, pos as any, { triggerKind: 0, selectedCompletionInfo: undefined } as any);
+        assert.equal(params.context.triggerKind, 1, "LSP InlineCompletionTriggerKind.Invoked");
+        vscode.openEditor(doc, pos);
+        const items = itemsOf(await provide(doc, pos, true));
+        const keys = new Set(items.map((i) => JSON.stringify(i.command?.arguments)));
+        assert.equal(keys.size, items.length, "every item the server returned, each its own");
+    });
+
+    it("toggling completions off answers nothing without asking the server", async () => {
+        await vscode.commands.executeCommand("soldaemon.toggle");
+        assert.equal(vscode.recorded.settings["soldaemon.enable"], false);
+        assert.equal(status(), "$(circle-slash) sol");
+        const { doc, pos } = vscode.docAt("def off():\n    |", "python", "file:///project/off.py");
+        assert.equal(await provide(doc, pos, true), null);
+        await vscode.commands.executeCommand("soldaemon.toggle");
+        assert.ok(status().startsWith("$(check)"));
+    });
+
     it("typing through the suggestion is answered by the server from the same request", async () => {
         const { doc, editor, item } = await openWithSuggestion("through");
         const offset = doc.getText().length;
@@ -244,9 +264,11 @@ describe("the extension through sol-lsp against a real soldaemon (tiny model)", 
 
     it("a setting change reaches the running server (didChangeConfiguration); a launch setting restarts it", async () => {
         const pid = c.process?.pid;
+        const mark = sent.length;
         vscode.setSetting("soldaemon.maxLines", 3);
-        await until(() => sent.some((s) => s.method === "workspace/didChangeConfiguration"), 5000, "didChangeConfiguration");
-        const change = sent.find((s) => s.method === "workspace/didChangeConfiguration")!;
+        const changed = () => sent.slice(mark).find((s) => s.method === "workspace/didChangeConfiguration");
+        await until(() => changed() !== undefined, 5000, "didChangeConfiguration");
+        const change = changed()!;
         assert.equal(change.params.settings.soldaemon.maxLines, 3);
         assert.equal(c.process?.pid, pid, "not restarted for an option");
         await openWithSuggestion("after-setting");
