@@ -1,24 +1,19 @@
-"""Stages of the completion pipeline that do not depend on where the model
-runs: request checks, FIM prompt building, type-through, the streamed
-preview's hold-back rule.
-
-The local engine (:mod:`soldaemon.runtime.engine`) and the remote one
-(:mod:`soldaemon.remote`) give the user the same behaviour because they call
-the same stages; the model-specific part (prefill/decode, or an HTTP stream)
-sits between ``build_fim_prompt`` and ``postprocess``. Nothing here imports
-torch.
+"""The pieces of the completion pipeline that do not depend on where the
+model runs: FIM prompt building, type-through, the streamed preview's
+hold-back rule. :class:`soldaemon.pipeline.completion.Pipeline` runs them in
+order for every engine. Nothing here imports torch.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterator, MutableMapping
+from typing import Any, Iterator, MutableMapping
 
-from .api import CompletionRequest, Delta, Done, Event, Timings
-from .config import ModelConfig
-from .errors import BadRequest
-from .fim import FimPrompt, FimTemplate, WindowMemo, lead_reserve, line_anchor, make_prompt
-from .relevance import ContextSelector
+from ..api import CompletionRequest, Delta, Done, Event, Timings
+from ..config import ModelConfig
+from ..errors import BadRequest
+from ..fim import FimPrompt, FimTemplate, WindowMemo, lead_reserve, line_anchor, make_prompt
+from ..relevance import ContextSelector
 
 MAX_LEAD_LINES = 8       # lines a sticky anchor spans before it moves to the cursor line
 MAX_LEAD_CHARS = 2048    # characters likewise
@@ -34,18 +29,6 @@ HOLD_BACK = " \t)]}>\"'`;,"
 # uri must not be answered with text made from this one's context.
 Shown = MutableMapping[str, tuple[str, str, str, tuple[Any, ...]]]
 MAX_SHOWN = 64  # documents remembered for type-through
-
-
-def validate_request(req: CompletionRequest) -> None:
-    """Raise :class:`BadRequest` for field combinations no engine can serve."""
-    if req.max_tokens < 1:
-        raise BadRequest(f"max_tokens must be >= 1, got {req.max_tokens}")
-    if req.n < 1 or req.n > 8:
-        raise BadRequest(f"n must be in 1..8, got {req.n}")
-    if req.n > 1 and req.temperature <= 0:
-        raise BadRequest("n > 1 needs temperature > 0 (greedy gives one answer)")
-    if not 0 < req.top_p <= 1:
-        raise BadRequest(f"top_p must be in (0, 1], got {req.top_p}")
 
 
 def path_of(uri: str) -> str | None:
@@ -106,13 +89,11 @@ def lead_from(model: ModelConfig, req: CompletionRequest, anchors: LeadAnchors |
 
 
 def build_fim_prompt(template: FimTemplate, tokenizer: Any, model: ModelConfig, req: CompletionRequest,
-                     n_ctx: int, *, make: Callable[..., FimPrompt] = make_prompt,
-                     heal: bool = False, selector: ContextSelector | None = None,
+                     n_ctx: int, *, heal: bool = False, selector: ContextSelector | None = None,
                      anchors: LeadAnchors | None = None,
                      memo: WindowMemo | None = None) -> tuple[FimPrompt, float]:
     """Window, tokenize and template ``req`` (``model``'s budgets and FIM
-    order) with ``make`` (:func:`soldaemon.fim.make_prompt`; a caller may
-    pass a variant); ``heal``: token healing (a local engine only: it
+    order, outline budget) with :func:`soldaemon.fim.make_prompt`; ``heal``: token healing (a local engine only: it
     needs to constrain the first token); ``selector``: context chosen by
     relevance to the cursor (``model.context: relevance``), else the
     request's chunks in order; ``anchors``: the per-document anchors of
@@ -132,11 +113,12 @@ def build_fim_prompt(template: FimTemplate, tokenizer: Any, model: ModelConfig, 
                             n_ctx - model.max_prefix_tokens - lead - model.max_suffix_tokens - req.max_tokens - 16))
     if selector is not None and context:
         context = selector.select(req.uri, req.prefix, req.suffix, context)
-    prompt = make(
+    prompt = make_prompt(
         template, tokenizer, req.prefix, req.suffix,
         max_prefix_tokens=model.max_prefix_tokens, max_suffix_tokens=model.max_suffix_tokens,
         context=context, max_context_tokens=ctx_tokens, language=req.language, current_path=path_of(req.uri),
         order=model.fim_order, heal=heal, lead_from=start, memo=memo,
+        max_outline_tokens=model.max_outline_tokens,
     )
     if len(prompt.ids) + req.max_tokens + 1 >= n_ctx:
         raise BadRequest(
