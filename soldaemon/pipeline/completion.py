@@ -100,7 +100,8 @@ class ModelPart(Protocol):
                 streamed: bool, candidate: int) -> Iterator[Event] | None:
         """Another answer after ``generate`` raised ``exc`` (None: re-raise)."""
 
-    def timings(self, gens: list[Generation], prompt: FimPrompt, prompt_ms: float, clock: Clock) -> Timings:
+    def timings(self, req: CompletionRequest, gens: list[Generation], prompt: FimPrompt, prompt_ms: float,
+                clock: Clock) -> Timings:
         """The request's timings from its candidates' generations."""
 
     def account(self, timings: Timings) -> None:
@@ -201,7 +202,7 @@ class Pipeline:
                     break
         if finish == "cancelled":
             finish = cancel.reason
-        yield self.finish(req, items, finish, model.timings(gens, prompt, prompt_ms, clock), model)
+        yield self.finish(req, items, finish, model.timings(req, gens, prompt, prompt_ms, clock), model)
 
     def finish(self, req: CompletionRequest, items: list[str], finish: str, timings: Timings,
                model: ModelPart | None) -> Done:

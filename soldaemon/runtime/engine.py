@@ -278,7 +278,8 @@ class LocalEngine:
         """No other engine to hand a failure to."""
         return None
 
-    def timings(self, gens: list[Generation], prompt: FimPrompt, prompt_ms: float, clock: Clock) -> Timings:
+    def timings(self, req: CompletionRequest, gens: list[Generation], prompt: FimPrompt, prompt_ms: float,
+                clock: Clock) -> Timings:
         """From the last candidate's generation stats; tokens summed over all."""
         stats = gens[-1].info[0] if gens else GenStats()
         generated = sum(g.info[1] for g in gens)
