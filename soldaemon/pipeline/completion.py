@@ -110,16 +110,18 @@ class ModelPart(Protocol):
 
 class Pipeline:
     """The stages of a completion and their per-document memory (see the
-    module doc). ``heal``: token healing (the local engine only: it
-    constrains the first token); ``n_ctx``: the context the prompt and
-    ``max_tokens`` must fit."""
+    module doc). ``heal``: the engine can heal tokens (the local one: it
+    constrains the first token), then ``completion.token_healing`` decides;
+    ``n_ctx``: the context the prompt and ``max_tokens`` must fit. An
+    engine may replace ``config`` between requests (the quality benchmark
+    does): every stage reads it at each request."""
 
     def __init__(self, config: Config, template: FimTemplate, tokenizer: Any, n_ctx: int, *, heal: bool) -> None:
         self.config = config
         self.template = template
         self.tokenizer = tokenizer
         self.n_ctx = n_ctx
-        self.heal = heal
+        self.can_heal = heal
         # uri → the last completion shown and its prompt inputs, for type-through
         self.shown: Shown = {}
         self.anchors = LeadAnchors()                                   # model.fim_anchor: sticky
@@ -152,7 +154,7 @@ class Pipeline:
         """Window, tokenize and template ``req`` (:func:`build_fim_prompt`
         with this pipeline's memory). Returns (prompt, ms)."""
         return build_fim_prompt(self.template, self.tokenizer, self.config.model, req, self.n_ctx,
-                                heal=self.heal, selector=self.selector, anchors=self.anchors, memo=self.memo)
+                                heal=self.can_heal and self.config.completion.token_healing, selector=self.selector, anchors=self.anchors, memo=self.memo)
 
     def run(self, req: CompletionRequest, cancel: CancelToken, model: ModelPart) -> Iterator[Event]:
         """Stream one completion: zero or more Delta, then one Done. Raises

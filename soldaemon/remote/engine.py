@@ -135,7 +135,7 @@ class RemoteEngine:
         self.tokenizer = tokenizer
         self.tokenizer_name = tokenizer_name
         self.template: FimTemplate = detect_template(tokenizer)
-        # the stages shared with every engine; no healing (the engine samples the first token)
+        # the stages shared with every engine; no healing (the engine elsewhere samples the first token)
         self.pipeline = Pipeline(config, self.template, tokenizer, config.model.max_context, heal=False)
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
                          "User-Agent": "soldaemon"}

@@ -111,8 +111,7 @@ class LocalEngine:
                                   hint="raise sol.memory_budget, or lower model.max_context, model.kv_sessions "
                                        "or sol.prefetch_depth") from None
         # the stages shared with every engine, and their per-document memory
-        self.pipeline = Pipeline(config, self.template, self.tokenizer, self.backend.n_ctx,
-                                 heal=config.completion.token_healing)
+        self.pipeline = Pipeline(config, self.template, self.tokenizer, self.backend.n_ctx, heal=True)
         self.graphs: GraphDecoder | None = None   # CUDA-graph decode steps (warmup() sets it up on CUDA)
         # a superseded generation kept for the next keystroke (see _resume)
         self._parked: Run | None = None
@@ -448,6 +447,18 @@ class LocalEngine:
 
     # The pipeline's per-document memory, under the names foresight, the
     # quality benchmark and the tests use.
+
+    @property
+    def config(self) -> Config:
+        return self._config
+
+    @config.setter
+    def config(self, config: Config) -> None:
+        """A new config applies from the next request on (the pipeline reads it too)."""
+        self._config = config
+        pipeline: Pipeline | None = getattr(self, "pipeline", None)
+        if pipeline is not None:
+            pipeline.config = config
 
     @property
     def _shown(self) -> Shown:
