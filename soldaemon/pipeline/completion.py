@@ -16,7 +16,7 @@ import copy
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, ContextManager, Iterator, NamedTuple, Protocol
+from typing import Any, Callable, ContextManager, Iterator, MutableMapping, NamedTuple, Protocol
 
 from ..api import CancelToken, CompletionRequest, Delta, Done, Event, FinishReason, Timings
 from ..config import Config
@@ -24,18 +24,20 @@ from ..fim import FimPrompt, FimTemplate, WindowMemo
 from ..postprocess import StopChecker, decide_multiline, postprocess
 from ..protocol import validate_request
 from ..relevance import ContextSelector
-from .stages import (
-    LeadAnchors,
-    Previewer,
-    Shown,
-    build_fim_prompt,
-    context_selector,
-    remember,
-    type_through,
-    type_through_events,
-)
+from .prompt import LeadAnchors, build_fim_prompt, context_selector
 
 log = logging.getLogger("soldaemon.pipeline")
+
+# Characters a preview holds back at its end: post-processing may still drop
+# them (trailing blanks, closers the suffix already has).
+HOLD_BACK = " \t)]}>\"'`;,"
+
+# uri → (prefix, suffix, completion, the other prompt inputs) of the last
+# completion shown there. The inputs (context, multiline, language) are part
+# of the key: a request from another client with other context for the same
+# uri must not be answered with text made from this one's context.
+Shown = MutableMapping[str, tuple[str, str, str, tuple[Any, ...]]]
+MAX_SHOWN = 64  # documents remembered for type-through
 
 
 @dataclass(frozen=True)
@@ -83,9 +85,6 @@ class ModelPart(Protocol):
         (``typed_through``: it did; the return is then ignored). An answer
         without a prompt, or None."""
 
-    def build_prompt(self, req: CompletionRequest) -> tuple[FimPrompt, float]:
-        """The prompt for ``req`` and its ms (usually :meth:`Pipeline.build_prompt`)."""
-
     def generating(self, req: CompletionRequest) -> ContextManager[None]:
         """Around all of ``req``'s candidates (e.g. the local model's lock)."""
 
@@ -112,16 +111,20 @@ class Pipeline:
     """The stages of a completion and their per-document memory (see the
     module doc). ``heal``: the engine can heal tokens (the local one: it
     constrains the first token), then ``completion.token_healing`` decides;
-    ``n_ctx``: the context the prompt and ``max_tokens`` must fit. An
+    ``n_ctx``: the context the prompt and ``max_tokens`` must fit;
+    ``outbound``: what of a request may leave the machine (a remote engine:
+    :func:`soldaemon.sensitive.outbound`), applied before its prompt. An
     engine may replace ``config`` between requests (the quality benchmark
     does): every stage reads it at each request."""
 
-    def __init__(self, config: Config, template: FimTemplate, tokenizer: Any, n_ctx: int, *, heal: bool) -> None:
+    def __init__(self, config: Config, template: FimTemplate, tokenizer: Any, n_ctx: int, *, heal: bool,
+                 outbound: Callable[[CompletionRequest], CompletionRequest] | None = None) -> None:
         self.config = config
         self.template = template
         self.tokenizer = tokenizer
         self.n_ctx = n_ctx
         self.can_heal = heal
+        self.outbound = outbound
         # uri → the last completion shown and its prompt inputs, for type-through
         self.shown: Shown = {}
         self.anchors = LeadAnchors()                                   # model.fim_anchor: sticky
@@ -153,6 +156,8 @@ class Pipeline:
     def build_prompt(self, req: CompletionRequest) -> tuple[FimPrompt, float]:
         """Window, tokenize and template ``req`` (:func:`build_fim_prompt`
         with this pipeline's memory). Returns (prompt, ms)."""
+        if self.outbound is not None:
+            req = self.outbound(req)
         return build_fim_prompt(self.template, self.tokenizer, self.config.model, req, self.n_ctx,
                                 heal=self.can_heal and self.config.completion.token_healing, selector=self.selector, anchors=self.anchors, memo=self.memo)
 
@@ -171,7 +176,7 @@ class Pipeline:
         if early is not None:
             yield from self._relay(req, early, model)
             return
-        prompt, prompt_ms = model.build_prompt(req)
+        prompt, prompt_ms = self.build_prompt(req)
         multiline = decide_multiline(prompt.prefix_text, req.suffix, req.multiline)
         max_lines = self.config.completion.max_lines if multiline else 1
         deadline = clock.deadline(req)
@@ -230,3 +235,76 @@ class Pipeline:
                 elif event.finish_reason in ("stop", "length") and event.items:
                     remember(self.shown, req, event.items[0])
             yield event
+
+
+# -- the streamed preview and type-through --------------------------------
+
+
+def preview(raw: str, multiline: bool) -> str:
+    """What may be streamed of the raw generated text so far: its first line
+    when single-line, minus the :data:`HOLD_BACK` characters at its end."""
+    text = raw if multiline else raw.split("\n", 1)[0]
+    return text.rstrip(HOLD_BACK)
+
+
+class Previewer:
+    """Turns the growing raw text into ``Delta`` texts that only ever append:
+    ``push(raw)`` returns the new preview characters, or "" when the preview
+    did not grow (or would rewrite what was sent)."""
+
+    def __init__(self, multiline: bool) -> None:
+        self.multiline = multiline
+        self.emitted = ""
+
+    def push(self, raw: str) -> str:
+        shown = preview(raw, self.multiline)
+        if shown.startswith(self.emitted) and len(shown) > len(self.emitted):
+            new = shown[len(self.emitted):]
+            self.emitted = shown
+            return new
+        return ""
+
+
+def prompt_inputs(req: CompletionRequest) -> tuple[Any, ...]:
+    """What besides the prefix and suffix shapes a completion's prompt."""
+    return (req.context, req.multiline, req.language)
+
+
+def type_through(shown: Shown, req: CompletionRequest) -> str | None:
+    """The rest of the last completion for this document when the user
+    typed its beginning (same suffix and other prompt inputs, greedy, one
+    candidate), else None."""
+    last = shown.get(req.uri)
+    if last is None or req.n != 1 or req.temperature > 0:
+        return None
+    prefix, suffix, text, inputs = last
+    if req.suffix != suffix or inputs != prompt_inputs(req) or not req.prefix.startswith(prefix):
+        return None
+    typed = req.prefix[len(prefix):]
+    if not typed or not text.startswith(typed) or len(typed) >= len(text):
+        return None
+    rest = text[len(typed):]
+    return rest if rest.strip() else None
+
+
+def remember(shown: Shown, req: CompletionRequest, text: str) -> None:
+    """Record ``text`` as the completion shown for ``req`` (the newest of at
+    most :data:`MAX_SHOWN` documents)."""
+    shown.pop(req.uri, None)
+    if text:
+        shown[req.uri] = (req.prefix, req.suffix, text, prompt_inputs(req))
+        while len(shown) > MAX_SHOWN:
+            shown.pop(next(iter(shown)))
+
+
+def type_through_events(req: CompletionRequest, rest: str, t_start: int) -> Iterator[Event]:
+    """The answer from type-through: the rest as one delta, then done.
+    ``t_start`` is when the engine took the request (perf_counter_ns)."""
+    arrival = req.received_ns or t_start
+    now = time.perf_counter_ns()
+    ms = (now - arrival) / 1e6
+    arrival_wall = time.time_ns() - (now - arrival)
+    yield Delta(req.id, rest)
+    yield Done(req.id, (rest,), "stop", Timings(
+        queue_ms=(t_start - arrival) / 1e6, ttft_ms=ms, total_ms=ms, ttft_start_ns=arrival_wall,
+        ttft_end_ns=time.time_ns(), source="type-through"))

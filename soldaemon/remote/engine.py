@@ -136,7 +136,8 @@ class RemoteEngine:
         self.tokenizer_name = tokenizer_name
         self.template: FimTemplate = detect_template(tokenizer)
         # the stages shared with every engine; no healing (the engine elsewhere samples the first token)
-        self.pipeline = Pipeline(config, self.template, tokenizer, config.model.max_context, heal=False)
+        self.pipeline = Pipeline(config, self.template, tokenizer, config.model.max_context, heal=False,
+                                 outbound=outbound)
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
                          "User-Agent": "soldaemon"}
         key = read_api_key(bc.api_key_env, str(bc.api_key_file) if bc.api_key_file else None)
@@ -235,7 +236,7 @@ class RemoteEngine:
 
     def build_prompt(self, req: CompletionRequest) -> tuple[FimPrompt, float]:
         """The prompt sent upstream; secret files never are (soldaemon.sensitive)."""
-        return self.pipeline.build_prompt(outbound(req))
+        return self.pipeline.build_prompt(req)
 
     def generating(self, req: CompletionRequest) -> contextlib.AbstractContextManager[None]:
         """Nothing to hold: the engine serves requests on its own."""

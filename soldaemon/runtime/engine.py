@@ -1,8 +1,10 @@
 """The local engine: a completion request in, a stream of events out.
 
-A named pipeline, each stage timed: ``build_prompt`` (window, tokenize, FIM
-template) → ``generate`` (prefill with KV reuse, decode, speculation, stop
-checks) → ``postprocess`` (suffix overlap, brackets, line caps). Implements
+The stages (checks, type-through, prompt, preview, post-processing) are the
+shared pipeline's (:mod:`soldaemon.pipeline`); this engine loads and warms
+the model, holds its KV sessions, drafts and memory scheduler, and gives the
+pipeline its model part (:mod:`soldaemon.runtime.local_part`: prefill with
+KV reuse, decode, speculation, stop checks). Implements
 :class:`soldaemon.api.Engine`; driven from one worker thread.
 """
 
@@ -17,28 +19,24 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ..api import CancelToken, CompletionRequest, Delta, Done, Event, Timings
+from ..api import CancelToken, CompletionRequest, Done, Event, Timings
 from ..config import Config, effective_precision
 from ..errors import BadRequest, ConfigError, ModelError
 from ..fim import FimPrompt, FimTemplate, detect_template
 from ..model.loader import LoadedModel, load_model
-from ..pipeline.completion import Clock, Early, Generation, Pipeline
-from ..pipeline.stages import LeadAnchors, Shown
-from ..postprocess import StopChecker, postprocess
+from ..pipeline.completion import Pipeline, Shown
+from ..pipeline.prompt import LeadAnchors
 from ..relevance import ContextSelector
 from .backend import LEAN_ARCHITECTURES, Backend, LeanBackend, make_backend
 from .kernel_plan import KernelPlan, TimingTable
 from .kernels import trim_heap
 from .precision import choose_kernels, lean_or_float32, precision_info
 from .cudagraph import GraphDecoder
-from .detok import Detok, stopper
-from .draft import DraftLength, DraftModel, DraftProposer, PromptLookup
-from .foresight import Foreseen, answer_foreseen, precise_until, speculate, warm
-from .generate import GenStats, generate
-from .parked import Run
-from .healing import HealingSampler, TokenTexts
-from .sampling import make_sampler
-from ..errors import BudgetTooSmall, Cancelled
+from .draft import DraftLength, DraftModel
+from .foresight import Foreseen, speculate, warm
+from .local_part import LocalModelPart, Run
+from .healing import TokenTexts
+from ..errors import BudgetTooSmall
 from .residency import MemoryScheduler
 from .session import KVSession, SessionPool
 from .timing import elapsed_ms, synchronize
@@ -112,6 +110,7 @@ class LocalEngine:
                                        "or sol.prefetch_depth") from None
         # the stages shared with every engine, and their per-document memory
         self.pipeline = Pipeline(config, self.template, self.tokenizer, self.backend.n_ctx, heal=True)
+        self.part = LocalModelPart(self)       # what the pipeline asks of the model
         self.graphs: GraphDecoder | None = None   # CUDA-graph decode steps (warmup() sets it up on CUDA)
         # a superseded generation kept for the next keystroke (see _resume)
         self._parked: Run | None = None
@@ -198,165 +197,9 @@ class LocalEngine:
     def complete(self, req: CompletionRequest, cancel: CancelToken) -> Iterator[Event]:
         """Stream one completion (the Engine protocol): the shared pipeline
         (:class:`soldaemon.pipeline.Pipeline`) over this engine's model
-        part, inside :meth:`memory_scope`."""
+        part (:class:`soldaemon.runtime.local_part.LocalModelPart`), inside :meth:`memory_scope`."""
         with self.memory_scope(req):
-            yield from self.pipeline.run(req, cancel, self)
-
-    # -- the model part (soldaemon.pipeline.ModelPart) -----------------------
-
-    def early(self, req: CompletionRequest, cancel: CancelToken, clock: Clock, typed_through: bool) -> Early | None:
-        """A speculative answer kept for ``req``, or the parked generation
-        resumed when ``req`` typed what it had produced; a parked generation
-        that cannot be resumed is closed."""
-        parked, self._parked = self._parked, None
-        if typed_through:
-            if parked is not None:
-                parked.close()
-            return None
-        foreseen = answer_foreseen(self, req, clock.arrival, clock.start)
-        if foreseen is not None:
-            if parked is not None:
-                parked.close()
-            return Early(foreseen, counted=True)
-        if parked is not None:
-            typed = parked.typed_by(req, self.session)
-            if typed is not None:
-                return Early(self._resume(parked, req, typed, cancel, clock), counted=True)
-            parked.close()
-        return None
-
-    def generating(self, req: CompletionRequest) -> contextlib.AbstractContextManager[None]:
-        """One generation at a time, on ``req``'s document's KV session."""
-        return _acquired(self, req.uri)
-
-    def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, checker: StopChecker,
-                 multiline: bool, max_lines: int, cancel: CancelToken, deadline: int | None,
-                 out: Generation) -> Iterator[str]:
-        """Prefill and decode one candidate on the KV session (drafts,
-        healing, stop checks); yields the decoded text after each step.
-        A greedy single candidate superseded mid-decode is parked."""
-        decode = Detok(self.tokenizer, prompt.heal)
-        sampler = make_sampler(req.temperature, req.top_p, None if req.seed is None else req.seed + candidate)
-        if prompt.heal:
-            sampler = HealingSampler(sampler, self.token_texts(), prompt.heal)
-        drafter: DraftProposer | None = None
-        draft_length = self.draft_length
-        if self.config.completion.speculative and sampler.greedy:
-            drafter = self.draft_model or PromptLookup()
-            if self.draft_model is not None:
-                draft_length = self.draft_model_length
-        # A single greedy generation survives being superseded once it
-        # decodes: parked, the next keystroke may resume it (_resume).
-        run = Run(req, cancel, deadline, decode, multiline, max_lines, len(prompt.ids),
-                  resumable=req.n == 1 and sampler.greedy)
-        run.gen = generate(
-            self.session, prompt.ids, sampler=sampler, stop_ids=self.template.stop_ids,
-            max_tokens=req.max_tokens, cancelled=run.cancelled,
-            should_stop=stopper(checker, decode),
-            deadline_ns=run.deadline, drafter=drafter,
-            draft_k=self.config.completion.draft_tokens, draft_length=draft_length,
-            # the middle token and the typed line: at decode cost (session.prefill)
-            precise_until=precise_until(prompt),
-        )
-        try:
-            for _ in self._drive(run):
-                out.raw = decode.current
-                yield out.raw
-        except Cancelled:
-            run.finish = "cancelled"
-        finally:
-            out.raw, out.finish, out.info = decode.current, run.finish, (run.stats, len(decode.tokens))  # type: ignore[assignment]
-            if run.parked:
-                run.park(self.session)
-                self._parked = run
-            else:
-                run.close()
-
-    def recover(self, req: CompletionRequest, cancel: CancelToken, exc: Exception,
-                streamed: bool, candidate: int) -> Iterator[Event] | None:
-        """No other engine to hand a failure to."""
-        return None
-
-    def timings(self, req: CompletionRequest, gens: list[Generation], prompt: FimPrompt, prompt_ms: float,
-                clock: Clock) -> Timings:
-        """From the last candidate's generation stats; tokens summed over all."""
-        stats = gens[-1].info[0] if gens else GenStats()
-        generated = sum(g.info[1] for g in gens)
-        end = time.perf_counter_ns()
-        first = stats.first_token_ns or end
-        return Timings(
-            queue_ms=(clock.start - clock.arrival) / 1e6, prompt_ms=prompt_ms, prefill_ms=stats.prefill_ms,
-            ttft_ms=(first - clock.arrival) / 1e6, decode_ms=(end - first) / 1e6 if stats.first_token_ns else 0.0,
-            total_ms=(end - clock.arrival) / 1e6, prompt_tokens=len(prompt.ids), cached_tokens=stats.cached_tokens,
-            generated_tokens=generated, draft_tokens=stats.draft_tokens,
-            accepted_tokens=stats.accepted_tokens, ttft_start_ns=clock.arrival_wall,
-            ttft_end_ns=stats.first_token_wall_ns or time.time_ns(),
-        )
-
-    def account(self, t: Timings) -> None:
-        s = self.stats
-        s.requests += 1
-        s.prompt_tokens += t.prompt_tokens
-        s.cached_tokens += t.cached_tokens
-        s.draft_tokens += t.draft_tokens
-        s.accepted_tokens += t.accepted_tokens
-
-    def _drive(self, run: Run) -> Iterator[None]:
-        """Pull ``run``'s token events, one yield per step that added text;
-        park the run when it is superseded mid-decode."""
-        for ev in run.gen:
-            run.stats = ev.stats
-            if ev.tokens:
-                run.decode.push(ev.tokens)
-                yield
-            if ev.finish_reason:
-                run.finish = ev.finish_reason
-                return
-            if run.should_park():
-                run.parked = True
-                run.finish = "superseded"
-                return
-
-    def _resume(self, run: Run, req: CompletionRequest, typed: str, cancel: CancelToken,
-                clock: Clock) -> Iterator[Event]:
-        """Continue a parked generation for ``req``, whose prefix is the
-        parked one plus ``typed``, text the generation had already produced."""
-        run.adopt(req, typed, cancel, clock.deadline(req))
-        first_ns = 0
-        with _acquired(self, req.uri):
-            delta = run.preview_delta()
-            if delta:
-                first_ns = time.perf_counter_ns()
-                yield Delta(req.id, delta)
-            if run.finish == "superseded":   # still decoding when it was parked
-                run.finish = "stop"
-                try:
-                    for _ in self._drive(run):
-                        delta = run.preview_delta()
-                        if delta:
-                            first_ns = first_ns or time.perf_counter_ns()
-                            yield Delta(req.id, delta)
-                except Cancelled:
-                    run.finish = "cancelled"
-            if run.parked:
-                run.park(self.session)
-                self._parked = run
-            else:
-                run.close()
-        finish = cancel.reason if run.finish == "cancelled" else run.finish
-        text = run.decode.current[len(run.typed):]
-        items = (postprocess(text, prefix=req.prefix, suffix=req.suffix, multiline=run.multiline,
-                             max_lines=run.max_lines),)
-        end = time.perf_counter_ns()
-        first_ns = first_ns or end
-        timings = Timings(
-            queue_ms=(clock.start - clock.arrival) / 1e6, ttft_ms=(first_ns - clock.arrival) / 1e6,
-            decode_ms=(end - first_ns) / 1e6, total_ms=(end - clock.arrival) / 1e6,
-            prompt_tokens=run.prompt_tokens, cached_tokens=run.prompt_tokens,
-            generated_tokens=len(run.decode.tokens) - run.tokens_before, ttft_start_ns=clock.arrival_wall,
-            ttft_end_ns=time.time_ns(), source="resumed")
-        self.stats.resumed += 1
-        yield Done(req.id, items, finish, timings)  # type: ignore[arg-type]
+            yield from self.pipeline.run(req, cancel, self.part)
 
     def warmup(self) -> None:
         """Run one short completion so that kernels, allocator pools and
@@ -481,14 +324,6 @@ class LocalEngine:
         if self._token_texts is None:
             self._token_texts = TokenTexts(self.tokenizer)
         return self._token_texts
-
-
-@contextlib.contextmanager
-def _acquired(engine: LocalEngine, uri: str) -> Iterator[None]:
-    """Inside: the engine's lock held, ``engine.session`` the KV session of ``uri``."""
-    with engine._lock:
-        engine.session = engine.pool.acquire(uri)
-        yield
 
 
 def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:
