@@ -80,6 +80,10 @@ class ModelPart(Protocol):
     """What an engine supplies to the pipeline: the model's part of a
     completion. Called on the engine's worker thread."""
 
+    def scope(self, req: CompletionRequest) -> ContextManager[None]:
+        """Around the whole request, type-through included (e.g. the local
+        model's memory scheduler: weights restored, pinned for priority)."""
+
     def early(self, req: CompletionRequest, cancel: CancelToken, clock: Clock, typed_through: bool) -> Early | None:
         """Called after the checks, before and whatever type-through answers
         (``typed_through``: it did; the return is then ignored). An answer
@@ -165,6 +169,10 @@ class Pipeline:
         """Stream one completion: zero or more Delta, then one Done. Raises
         :class:`soldaemon.errors.BadRequest` for a request the protocol
         refuses or whose prompt does not fit."""
+        with model.scope(req):
+            yield from self._run(req, cancel, model)
+
+    def _run(self, req: CompletionRequest, cancel: CancelToken, model: ModelPart) -> Iterator[Event]:
         clock = Clock.now(req)
         validate_request(req)
         rest = type_through(self.shown, req)

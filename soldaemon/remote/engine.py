@@ -224,9 +224,13 @@ class RemoteEngine:
 
     def complete(self, req: CompletionRequest, cancel: CancelToken) -> Iterator[Event]:
         """Stream one completion: the shared pipeline over the HTTP stream."""
-        yield from self.pipeline.run(req, cancel, self)
+        return self.pipeline.run(req, cancel, self)
 
     # -- the model part (soldaemon.pipeline.ModelPart) -----------------------
+
+    def scope(self, req: CompletionRequest) -> contextlib.AbstractContextManager[None]:
+        """Nothing to hold around a request."""
+        return contextlib.nullcontext()
 
     def early(self, req: CompletionRequest, cancel: CancelToken, clock: Clock, typed_through: bool) -> Early | None:
         """While backing off, the local model answers (``backend.fallback_local``)."""

@@ -197,9 +197,9 @@ class LocalEngine:
     def complete(self, req: CompletionRequest, cancel: CancelToken) -> Iterator[Event]:
         """Stream one completion (the Engine protocol): the shared pipeline
         (:class:`soldaemon.pipeline.Pipeline`) over this engine's model
-        part (:class:`soldaemon.runtime.local_part.LocalModelPart`), inside :meth:`memory_scope`."""
-        with self.memory_scope(req):
-            yield from self.pipeline.run(req, cancel, self.part)
+        part (:class:`soldaemon.runtime.local_part.LocalModelPart`), inside
+        :meth:`memory_scope`."""
+        return self.pipeline.run(req, cancel, self.part)
 
     def warmup(self) -> None:
         """Run one short completion so that kernels, allocator pools and

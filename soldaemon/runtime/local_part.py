@@ -123,6 +123,10 @@ class LocalModelPart:
     def __init__(self, engine: LocalEngine) -> None:
         self.engine = engine
 
+    def scope(self, req: CompletionRequest) -> contextlib.AbstractContextManager[None]:
+        """The engine's :meth:`~soldaemon.runtime.engine.LocalEngine.memory_scope`."""
+        return self.engine.memory_scope(req)
+
     def early(self, req: CompletionRequest, cancel: CancelToken, clock: Clock, typed_through: bool) -> Early | None:
         """A speculative answer kept for ``req``, or the parked generation
         resumed when ``req`` typed what it had produced; a parked generation
