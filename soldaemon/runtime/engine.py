@@ -168,11 +168,9 @@ class LocalEngine:
         return {"heatmap": self.memory.store.snapshot_heatmap(), "prefetch": prefetch}
 
     def memory_scope(self, req: CompletionRequest) -> contextlib.AbstractContextManager[None]:
-        """Around one request: notes activity for idle release, restores
-        released weights first, pins them for ``priority: high``."""
-        if self.memory is None:
-            return contextlib.nullcontext()
-        return self.memory.request(req.priority)
+        """Around one request: the memory scheduler's scope
+        (:meth:`soldaemon.runtime.local_part.LocalModelPart.scope`)."""
+        return self.part.scope(req)
 
     def close(self) -> None:
         """Stop the memory scheduler's idle timer and prefetch thread."""

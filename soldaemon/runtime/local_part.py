@@ -124,8 +124,10 @@ class LocalModelPart:
         self.engine = engine
 
     def scope(self, req: CompletionRequest) -> contextlib.AbstractContextManager[None]:
-        """The engine's :meth:`~soldaemon.runtime.engine.LocalEngine.memory_scope`."""
-        return self.engine.memory_scope(req)
+        """Around one request: notes activity for idle release, restores
+        released weights first, pins them for ``priority: high``."""
+        memory = self.engine.memory
+        return contextlib.nullcontext() if memory is None else memory.request(req.priority)
 
     def early(self, req: CompletionRequest, cancel: CancelToken, clock: Clock, typed_through: bool) -> Early | None:
         """A speculative answer kept for ``req``, or the parked generation
