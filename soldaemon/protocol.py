@@ -332,17 +332,35 @@ def _read_request(r: _Reader) -> CompletionRequest:
     seed = r.integer("seed", None, 0, 2**63 - 1, nullable=True)
     assert prefix is not None and suffix is not None and uri is not None
     assert max_tokens is not None and temperature is not None and top_p is not None and n is not None
-    if top_p <= 0.0:
-        r.fail(BadField, "field 'top_p' must be greater than 0")
-    if n > 1 and temperature <= 0.0:
-        r.fail(BadField, "field 'n' greater than 1 needs 'temperature' greater than 0")
-    return CompletionRequest(
+    req = CompletionRequest(
         id=request_id, prefix=prefix, suffix=suffix, uri=uri, version=version,
         language=language, context=_read_context(r), max_tokens=max_tokens,
         budget_ms=budget_ms, multiline=multiline,  # type: ignore[arg-type]
         priority=priority,  # type: ignore[arg-type]
         temperature=temperature, top_p=top_p, n=n, seed=seed,
     )
+    validate_request(req, lim)
+    return req
+
+
+def validate_request(req: CompletionRequest, limits: Limits = DEFAULT_LIMITS) -> None:
+    """Raise :class:`BadField` when ``req``'s sampling fields break the
+    protocol's rules. The one place they are checked: the decoder calls it
+    for every ``complete`` frame, the completion pipeline for requests made
+    in-process (bench, quality, warm-up)."""
+    def fail(message: str) -> NoReturn:
+        raise BadField(message, request_id=req.id)
+
+    if not 1 <= req.max_tokens <= limits.max_tokens:
+        fail(f"field 'max_tokens' must be in 1..{limits.max_tokens}, got {req.max_tokens}")
+    if not 1 <= req.n <= limits.max_n:
+        fail(f"field 'n' must be in 1..{limits.max_n}, got {req.n}")
+    if req.top_p <= 0.0:
+        fail("field 'top_p' must be greater than 0")
+    if req.top_p > 1.0:
+        fail(f"field 'top_p' must be at most 1, got {req.top_p}")
+    if req.n > 1 and req.temperature <= 0.0:
+        fail("field 'n' greater than 1 needs 'temperature' greater than 0")
 
 
 def _read_event(r: _Reader) -> CompletionEvent:

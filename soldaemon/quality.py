@@ -18,7 +18,7 @@ docstring), seeded. Every hole goes, in the same run, to these columns:
   (no model run of its own, so no latency): what post-processing alone adds;
 - ``sol +outline`` / ``sol -outline`` (``--ablate outline``): the daemon
   with the outline of what the prefix window left out
-  (:func:`soldaemon.fim.scope_outline`) toggled from its default (off);
+  (:func:`soldaemon.fim.scope_outline`) toggled from ``model.max_outline_tokens`` (default off);
 - ``sol -healing`` (``--ablate healing``): the daemon without token
   healing (``completion.token_healing: false``);
 - ``sol -anchor`` (``--ablate anchor``): the daemon with the middle
@@ -250,34 +250,15 @@ CONFIG_ABLATIONS: dict[str, dict[str, Any]] = {
     "anchor": {"model.fim_anchor": "cursor"},
 }
 ABLATIONS = ("outline", *CONFIG_ABLATIONS)
-OUTLINE_TOKENS = 128  # the outline budget ``--ablate outline`` tries when make_prompt's default is off
+OUTLINE_TOKENS = 128  # the outline budget ``--ablate outline`` tries when model.max_outline_tokens is off
 
 
-def _outline_default() -> int:
-    import inspect
-
-    from .fim import make_prompt
-
-    return int(inspect.signature(make_prompt).parameters["max_outline_tokens"].default)
-
-
-class _ToggleOutline:
-    """While active, the engine builds prompts with the outline of what the
-    window left out toggled from :func:`soldaemon.fim.make_prompt`'s default
-    (``--ablate outline``): off when it is on, ``OUTLINE_TOKENS`` when off."""
-
-    def __enter__(self) -> None:
-        import functools
-
-        from .runtime import engine as engine_module
-
-        self.module = engine_module
-        self.saved = engine_module.make_prompt
-        tokens = 0 if _outline_default() > 0 else OUTLINE_TOKENS
-        engine_module.make_prompt = functools.partial(self.saved, max_outline_tokens=tokens)  # type: ignore[assignment]
-
-    def __exit__(self, *exc: object) -> None:
-        self.module.make_prompt = self.saved  # type: ignore[assignment]
+def toggled_outline(config: Config) -> Config:
+    """``config`` with the outline of what the prefix window left out
+    toggled (``--ablate outline``): off when ``model.max_outline_tokens`` is
+    on, :data:`OUTLINE_TOKENS` when off."""
+    tokens = 0 if config.model.max_outline_tokens > 0 else OUTLINE_TOKENS
+    return config.with_overrides({"model.max_outline_tokens": tokens}, source="bench")
 
 
 class LlamaCpp:
@@ -482,8 +463,9 @@ def run(args: argparse.Namespace, config: Config) -> int:
     llama = llama_cpp_column(engine, engine.info()["threads"], say) if "llama.cpp" in baselines else None
     raw = Column("raw") if want_raw else None
     raw_pp = Column("raw+pp") if want_raw else None
-    sign = "-" if _outline_default() > 0 else "+"
-    no_outline = Column(f"{sol_configs[0][0]} {sign}outline") if "outline" in ablate and sol_configs else None
+    outline_config = toggled_outline(sol_configs[0][1]) if "outline" in ablate and sol_configs else None
+    sign = "-" if sol_configs and sol_configs[0][1].model.max_outline_tokens > 0 else "+"
+    no_outline = Column(f"{sol_configs[0][0]} {sign}outline") if outline_config is not None else None
     # the config ablations: (column, the first sol config with the part off)
     without = [(Column(f"{sol_configs[0][0]} -{a}"),
                 sol_configs[0][1].with_overrides(CONFIG_ABLATIONS[a], source="bench"))
@@ -506,10 +488,9 @@ def run(args: argparse.Namespace, config: Config) -> int:
             col.add(hole, *run_sol(engine, hole, uri, max_tokens), python=True)
         for col, eng in by_precision:
             col.add(hole, *run_sol(eng, hole, uri, max_tokens), python=True)
-        if no_outline is not None:
-            engine.config = sol_configs[0][1]
-            with _ToggleOutline():
-                no_outline.add(hole, *run_sol(engine, hole, uri, max_tokens), python=True)
+        if no_outline is not None and outline_config is not None:
+            engine.config = outline_config
+            no_outline.add(hole, *run_sol(engine, hole, uri, max_tokens), python=True)
         for col, cfg in without:
             engine.config = cfg
             col.add(hole, *run_sol(engine, hole, uri, max_tokens), python=True)

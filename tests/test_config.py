@@ -227,6 +227,7 @@ BAD_VALUES: list[tuple[str, str, Any, str]] = [
     ("model", "fim_anchor", "word", "\"word\""),
     ("model", "context", "recent", "\"recent\""),
     ("model", "max_context_tokens", -1, "-1"),
+    ("model", "max_outline_tokens", -1, "-1"),
     ("device", "cuda_graphs", "yes", "\"yes\""),
     ("model", "kv_sessions", 0, "0"),
     ("model", "decode_dtype", "int4", '"int4"'),

@@ -1,8 +1,10 @@
 """The local engine: a completion request in, a stream of events out.
 
-A named pipeline, each stage timed: ``build_prompt`` (window, tokenize, FIM
-template) → ``generate`` (prefill with KV reuse, decode, speculation, stop
-checks) → ``postprocess`` (suffix overlap, brackets, line caps). Implements
+The stages (checks, type-through, prompt, preview, post-processing) are the
+shared pipeline's (:mod:`soldaemon.pipeline`); this engine loads and warms
+the model, holds its KV sessions, drafts and memory scheduler, and gives the
+pipeline its model part (:mod:`soldaemon.runtime.local_part`: prefill with
+KV reuse, decode, speculation, stop checks). Implements
 :class:`soldaemon.api.Engine`; driven from one worker thread.
 """
 
@@ -17,34 +19,24 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ..api import CancelToken, CompletionRequest, Delta, Done, Event, Timings
+from ..api import CancelToken, CompletionRequest, Done, Event, Timings
 from ..config import Config, effective_precision
 from ..errors import BadRequest, ConfigError, ModelError
-from ..fim import FimPrompt, FimTemplate, WindowMemo, detect_template, make_prompt
+from ..fim import FimPrompt, FimTemplate, detect_template
 from ..model.loader import LoadedModel, load_model
-from ..pipeline import (
-    LeadAnchors,
-    Shown,
-    build_fim_prompt,
-    context_selector,
-    remember,
-    type_through,
-    validate_request,
-)
-from ..pipeline import preview as _preview  # the hold-back rule, shared with the remote engine
-from ..postprocess import StopChecker, decide_multiline, postprocess
+from ..pipeline.completion import Pipeline, Shown
+from ..pipeline.prompt import LeadAnchors
+from ..relevance import ContextSelector
 from .backend import LEAN_ARCHITECTURES, Backend, LeanBackend, make_backend
 from .kernel_plan import KernelPlan, TimingTable
 from .kernels import trim_heap
 from .precision import choose_kernels, lean_or_float32, precision_info
 from .cudagraph import GraphDecoder
-from .detok import Detok, stopper
-from .draft import DraftLength, DraftModel, DraftProposer, PromptLookup
-from .foresight import Foreseen, answer_foreseen, precise_until, speculate, warm
-from .generate import GenStats, TokenEvent, generate
-from .healing import HealingSampler, TokenTexts
-from .sampling import make_sampler
-from ..errors import BudgetTooSmall, Cancelled
+from .draft import DraftLength, DraftModel
+from .foresight import Foreseen, speculate, warm
+from .local_part import LocalModelPart, Run
+from .healing import TokenTexts
+from ..errors import BudgetTooSmall
 from .residency import MemoryScheduler
 from .session import KVSession, SessionPool
 from .timing import elapsed_ms, synchronize
@@ -116,15 +108,13 @@ class LocalEngine:
                 raise ConfigError(f"sol.memory_budget: {exc}",
                                   hint="raise sol.memory_budget, or lower model.max_context, model.kv_sessions "
                                        "or sol.prefetch_depth") from None
-        # uri → the last completion and its prompt inputs, for type-through (pipeline.Shown)
-        self._shown: Shown = {}
+        # the stages shared with every engine, and their per-document memory
+        self.pipeline = Pipeline(config, self.template, self.tokenizer, self.backend.n_ctx, heal=True)
+        self.part = LocalModelPart(self)       # what the pipeline asks of the model
         self.graphs: GraphDecoder | None = None   # CUDA-graph decode steps (warmup() sets it up on CUDA)
         # a superseded generation kept for the next keystroke (see _resume)
-        self._parked: _Run | None = None
+        self._parked: Run | None = None
         self._token_texts: TokenTexts | None = None   # token healing's vocabulary index
-        self.context_selector = context_selector(config.model)   # model.context: relevance
-        self.lead_anchors = LeadAnchors()                         # model.fim_anchor: sticky
-        self.window_memo = WindowMemo()                           # windows unchanged while typing
         self.foreseen = Foreseen()                                # completion.speculative_fim's answer
 
     # -- the Engine protocol -------------------------------------------------
@@ -178,11 +168,9 @@ class LocalEngine:
         return {"heatmap": self.memory.store.snapshot_heatmap(), "prefetch": prefetch}
 
     def memory_scope(self, req: CompletionRequest) -> contextlib.AbstractContextManager[None]:
-        """Around one request: notes activity for idle release, restores
-        released weights first, pins them for ``priority: high``."""
-        if self.memory is None:
-            return contextlib.nullcontext()
-        return self.memory.request(req.priority)
+        """Around one request: the memory scheduler's scope
+        (:meth:`soldaemon.runtime.local_part.LocalModelPart.scope`)."""
+        return self.part.scope(req)
 
     def close(self) -> None:
         """Stop the memory scheduler's idle timer and prefetch thread."""
@@ -205,182 +193,11 @@ class LocalEngine:
         return speculate(self, req, item, cancel)
 
     def complete(self, req: CompletionRequest, cancel: CancelToken) -> Iterator[Event]:
-        """Stream one completion (the Engine protocol), inside
+        """Stream one completion (the Engine protocol): the shared pipeline
+        (:class:`soldaemon.pipeline.Pipeline`) over this engine's model
+        part (:class:`soldaemon.runtime.local_part.LocalModelPart`), inside
         :meth:`memory_scope`."""
-        with self.memory_scope(req):
-            yield from self._complete(req, cancel)
-
-    def _complete(self, req: CompletionRequest, cancel: CancelToken) -> Iterator[Event]:
-        arrival = req.received_ns or time.perf_counter_ns()
-        arrival_wall = time.time_ns() - (time.perf_counter_ns() - arrival)
-        t_start = time.perf_counter_ns()
-        validate_request(req)
-        parked, self._parked = self._parked, None
-        rest = self.type_through(req)
-        if rest is not None:
-            if parked is not None:
-                parked.close()
-            now = time.perf_counter_ns()
-            ms = (now - arrival) / 1e6
-            self._remember(req, rest)
-            yield Delta(req.id, rest)
-            yield Done(req.id, (rest,), "stop", Timings(
-                queue_ms=(t_start - arrival) / 1e6, ttft_ms=ms, total_ms=ms, ttft_start_ns=arrival_wall,
-                ttft_end_ns=time.time_ns(), source="type-through"))
-            return
-        foreseen = answer_foreseen(self, req, arrival, t_start)
-        if foreseen is not None:
-            if parked is not None:
-                parked.close()
-            yield from foreseen
-            return
-        if parked is not None:
-            typed = parked.typed_by(req, self.session)
-            if typed is None:
-                parked.close()
-            else:
-                yield from self._resume(parked, req, typed, cancel, arrival, arrival_wall, t_start)
-                return
-        prompt, prompt_ms = self.build_prompt(req)
-        multiline = decide_multiline(prompt.prefix_text, req.suffix, req.multiline)
-        max_lines = self.config.completion.max_lines if multiline else 1
-        deadline = arrival + int(req.budget_ms * 1e6) if req.budget_ms else None
-        items: list[str] = []
-        stats = GenStats()
-        finish = "stop"
-        generated_total = 0
-        with self._lock:
-            self.session = self.pool.acquire(req.uri)
-            for candidate in range(req.n):
-                checker = StopChecker(req.prefix, req.suffix, multiline, max_lines)
-                decode = Detok(self.tokenizer, prompt.heal)
-                sampler = make_sampler(req.temperature, req.top_p,
-                                       None if req.seed is None else req.seed + candidate)
-                if prompt.heal:
-                    sampler = HealingSampler(sampler, self.token_texts(), prompt.heal)
-                drafter: DraftProposer | None = None
-                draft_length = self.draft_length
-                if self.config.completion.speculative and sampler.greedy:
-                    drafter = self.draft_model or PromptLookup()
-                    if self.draft_model is not None:
-                        draft_length = self.draft_model_length
-                # A single greedy generation survives being superseded once it
-                # decodes: parked, the next keystroke may resume it (_resume).
-                run = _Run(req, cancel, deadline, decode, multiline, max_lines, len(prompt.ids),
-                           resumable=req.n == 1 and sampler.greedy)
-                run.gen = generate(
-                    self.session, prompt.ids, sampler=sampler, stop_ids=self.template.stop_ids,
-                    max_tokens=req.max_tokens, cancelled=run.cancelled,
-                    should_stop=stopper(checker, decode),
-                    deadline_ns=run.deadline, drafter=drafter,
-                    draft_k=self.config.completion.draft_tokens, draft_length=draft_length,
-                    # the middle token and the typed line: at decode cost (session.prefill)
-                    precise_until=precise_until(prompt),
-                )
-                try:
-                    yield from self._drive(run, stream=candidate == 0)
-                except Cancelled:
-                    run.finish = "cancelled"
-                finish, stats = run.finish, run.stats
-                generated_total += len(decode.tokens)
-                if run.parked:
-                    run.park(self.session)
-                    self._parked = run
-                else:
-                    run.close()
-                items.append(postprocess(decode.current, prefix=req.prefix, suffix=req.suffix,
-                                         multiline=multiline, max_lines=max_lines))
-                if finish in ("cancelled", "budget", "superseded"):
-                    break
-        if finish == "cancelled":
-            finish = cancel.reason
-        timings = self._timings(stats, arrival, arrival_wall, t_start, prompt_ms=prompt_ms,
-                                prompt_tokens=len(prompt.ids), generated=generated_total)
-        yield self._finish(req, items, finish, timings)
-
-    def _drive(self, run: _Run, *, stream: bool) -> Iterator[Event]:
-        """Pull ``run``'s token events, streaming previews of the text after
-        what the user typed; park the run when it is superseded mid-decode."""
-        for ev in run.gen:
-            run.stats = ev.stats
-            if ev.tokens:
-                run.decode.push(ev.tokens)
-                if stream:
-                    delta = run.preview_delta()
-                    if delta:
-                        yield Delta(run.req.id, delta)
-            if ev.finish_reason:
-                run.finish = ev.finish_reason
-                return
-            if run.should_park():
-                run.parked = True
-                run.finish = "superseded"
-                return
-
-    def _resume(self, run: _Run, req: CompletionRequest, typed: str, cancel: CancelToken,
-                arrival: int, arrival_wall: int, t_start: int) -> Iterator[Event]:
-        """Continue a parked generation for ``req``, whose prefix is the
-        parked one plus ``typed``, text the generation had already produced."""
-        run.adopt(req, typed, cancel, arrival + int(req.budget_ms * 1e6) if req.budget_ms else None)
-        first_ns = 0
-        with self._lock:
-            self.session = self.pool.acquire(req.uri)
-            delta = run.preview_delta()
-            if delta:
-                first_ns = time.perf_counter_ns()
-                yield Delta(req.id, delta)
-            if run.finish == "superseded":   # still decoding when it was parked
-                run.finish = "stop"
-                try:
-                    for ev in self._drive(run, stream=True):
-                        if not first_ns:
-                            first_ns = time.perf_counter_ns()
-                        yield ev
-                except Cancelled:
-                    run.finish = "cancelled"
-            if run.parked:
-                run.park(self.session)
-                self._parked = run
-            else:
-                run.close()
-        finish = cancel.reason if run.finish == "cancelled" else run.finish
-        text = run.decode.current[len(run.typed):]
-        items = [postprocess(text, prefix=req.prefix, suffix=req.suffix, multiline=run.multiline,
-                             max_lines=run.max_lines)]
-        end = time.perf_counter_ns()
-        first_ns = first_ns or end
-        timings = Timings(
-            queue_ms=(t_start - arrival) / 1e6, ttft_ms=(first_ns - arrival) / 1e6,
-            decode_ms=(end - first_ns) / 1e6, total_ms=(end - arrival) / 1e6,
-            prompt_tokens=run.prompt_tokens, cached_tokens=run.prompt_tokens,
-            generated_tokens=len(run.decode.tokens) - run.tokens_before, ttft_start_ns=arrival_wall,
-            ttft_end_ns=time.time_ns(), source="resumed")
-        self.stats.resumed += 1
-        yield self._finish(req, items, finish, timings)
-
-    def _timings(self, stats: GenStats, arrival: int, arrival_wall: int, t_start: int, *, prompt_ms: float,
-                 prompt_tokens: int, generated: int) -> Timings:
-        end = time.perf_counter_ns()
-        first = stats.first_token_ns or end
-        return Timings(
-            queue_ms=(t_start - arrival) / 1e6, prompt_ms=prompt_ms, prefill_ms=stats.prefill_ms,
-            ttft_ms=(first - arrival) / 1e6, decode_ms=(end - first) / 1e6 if stats.first_token_ns else 0.0,
-            total_ms=(end - arrival) / 1e6, prompt_tokens=prompt_tokens, cached_tokens=stats.cached_tokens,
-            generated_tokens=generated, draft_tokens=stats.draft_tokens,
-            accepted_tokens=stats.accepted_tokens, ttft_start_ns=arrival_wall,
-            ttft_end_ns=stats.first_token_wall_ns or time.time_ns(),
-        )
-
-    def _finish(self, req: CompletionRequest, items: list[str], finish: str, timings: Timings) -> Done:
-        self._account(timings)
-        if finish in ("stop", "length") and items:
-            self._remember(req, items[0])
-        log.info("complete id=%s finish=%s source=%s prompt=%d cached=%d gen=%d prompt_ms=%.1f prefill_ms=%.1f "
-                 "ttft_ms=%.1f decode_ms=%.1f total_ms=%.1f accept=%d/%d", req.id, finish, timings.source,
-                 timings.prompt_tokens, timings.cached_tokens, timings.generated_tokens, timings.prompt_ms,
-                 timings.prefill_ms, timings.ttft_ms, timings.decode_ms, timings.total_ms,
-                 timings.accepted_tokens, timings.draft_tokens)
-        return Done(req.id, tuple(items), finish, timings)  # type: ignore[arg-type]
+        return self.pipeline.run(req, cancel, self.part)
 
     def warmup(self) -> None:
         """Run one short completion so that kernels, allocator pools and
@@ -404,7 +221,7 @@ class LocalEngine:
                 log.info("draft model step: %.1f ms", step)
         self.session.truncate(0)
         self.stats = EngineStats()
-        self._shown.clear()
+        self.pipeline.shown.clear()
         trim_heap()
 
     def forget(self) -> None:
@@ -417,11 +234,8 @@ class LocalEngine:
                 self._parked = None
             for session in list(self.pool._by_key.values()):
                 session.truncate(0)
-            self._shown.clear()
+            self.pipeline.forget()
             self.foreseen = Foreseen()
-            self.lead_anchors = LeadAnchors()
-            self.window_memo = WindowMemo()
-            self.context_selector = context_selector(self.config.model)
 
     def attach_draft_model(self, draft: LoadedModel) -> None:
         """Speculate with ``draft`` (``model.draft_model``) instead of prompt
@@ -441,14 +255,6 @@ class LocalEngine:
         done = events[-1]
         assert isinstance(done, Done)
         return done
-
-    def type_through(self, req: CompletionRequest) -> str | None:
-        """The rest of the last completion for this document when the user
-        typed its beginning (same suffix, greedy, one candidate), else None."""
-        return type_through(self._shown, req)
-
-    def _remember(self, req: CompletionRequest, text: str) -> None:
-        remember(self._shown, req, text)
 
     def measure_forward_costs(self, sizes: tuple[int, ...] = (1, 2, 3, 5, 9)) -> dict[int, float]:
         """ms of one forward of T tokens after a 64-token context, per T
@@ -475,110 +281,47 @@ class LocalEngine:
     # -- stages --------------------------------------------------------------
 
     def build_prompt(self, req: CompletionRequest) -> tuple[FimPrompt, float]:
-        """Window, tokenize and template the request (the stage shared with
-        the remote engine, :func:`soldaemon.pipeline.build_fim_prompt`).
-        Returns (prompt, ms). ``make_prompt`` is looked up here at each call
-        (``bench --quality --ablate outline`` swaps it)."""
-        return build_fim_prompt(self.template, self.tokenizer, self.config.model, req, self.backend.n_ctx,
-                                make=make_prompt, heal=self.config.completion.token_healing,
-                                selector=self.context_selector,
-                                anchors=self.lead_anchors, memo=self.window_memo)
+        """Window, tokenize and template the request (the pipeline's
+        stage, with token healing when ``completion.token_healing``).
+        Returns (prompt, ms)."""
+        return self.pipeline.build_prompt(req)
+
+    # The pipeline's per-document memory, under the names foresight, the
+    # quality benchmark and the tests use.
+
+    @property
+    def config(self) -> Config:
+        return self._config
+
+    @config.setter
+    def config(self, config: Config) -> None:
+        """A new config applies from the next request on (the pipeline reads it too)."""
+        self._config = config
+        pipeline: Pipeline | None = getattr(self, "pipeline", None)
+        if pipeline is not None:
+            pipeline.config = config
+
+    @property
+    def _shown(self) -> Shown:
+        return self.pipeline.shown
+
+    @property
+    def lead_anchors(self) -> LeadAnchors:
+        return self.pipeline.anchors
+
+    @property
+    def context_selector(self) -> ContextSelector | None:
+        return self.pipeline.selector
+
+    @context_selector.setter
+    def context_selector(self, selector: ContextSelector | None) -> None:
+        self.pipeline.selector = selector
 
     def token_texts(self) -> TokenTexts:
         """Every token's text, for token healing (built once, at warm-up)."""
         if self._token_texts is None:
             self._token_texts = TokenTexts(self.tokenizer)
         return self._token_texts
-
-    def _account(self, t: Timings) -> None:
-        s = self.stats
-        s.requests += 1
-        s.prompt_tokens += t.prompt_tokens
-        s.cached_tokens += t.cached_tokens
-        s.draft_tokens += t.draft_tokens
-        s.accepted_tokens += t.accepted_tokens
-
-
-class _Run:
-    """One generation in flight: the suspended token generator and what the
-    engine needs to stream, finish — or park and later resume — it."""
-
-    def __init__(self, req: CompletionRequest, cancel: CancelToken, deadline_ns: int | None, decode: Detok,
-                 multiline: bool, max_lines: int, prompt_tokens: int, *, resumable: bool) -> None:
-        self.req = req
-        self.cancel = cancel
-        self.deadline_ns = deadline_ns
-        self.decode = decode
-        self.multiline = multiline
-        self.max_lines = max_lines
-        self.prompt_tokens = prompt_tokens
-        self.resumable = resumable
-        self.gen: Iterator[TokenEvent] = iter(())
-        self.stats = GenStats()
-        self.finish = "stop"
-        self.parked = False
-        self.typed = ""              # what the user typed of this generation's text
-        self.emitted = ""            # preview streamed to the current request
-        self.tokens_before = 0       # tokens generated before the current request adopted it
-
-    def cancelled(self) -> bool:
-        """What the generator sees: a supersede does not stop a resumable
-        generation that is decoding; the engine parks it instead."""
-        return self.cancel.cancelled and not self.should_park()
-
-    def should_park(self) -> bool:
-        return (self.resumable and self.cancel.cancelled and self.cancel.reason == "superseded"
-                and self.stats.first_token_ns > 0)
-
-    def deadline(self) -> int | None:
-        return self.deadline_ns
-
-    def preview_delta(self) -> str:
-        preview = _preview(self.decode.current[len(self.typed):], self.multiline)
-        if preview.startswith(self.emitted) and len(preview) > len(self.emitted):
-            delta = preview[len(self.emitted):]
-            self.emitted = preview
-            return delta
-        return ""
-
-    def typed_by(self, req: CompletionRequest, session: KVSession | None) -> str | None:
-        """The text ``req`` typed along this parked generation, or None when
-        it cannot take the generation over: another document or suffix, a
-        prefix that does not extend this one by text the generation already
-        produced, other sampling, or a KV cache used since."""
-        old = self.req
-        if (req.uri != old.uri or req.suffix != old.suffix or req.n != 1 or req.temperature > 0
-                or req.context != old.context or req.multiline != old.multiline or req.language != old.language
-                or session is None or session is not self.session or session.version != self.session_version):
-            return None
-        if not req.prefix.startswith(old.prefix):
-            return None
-        typed = req.prefix[len(old.prefix):]
-        if len(typed) < len(self.typed) or not self.decode.current.startswith(typed):
-            return None
-        if decide_multiline(req.prefix, req.suffix, req.multiline) != self.multiline:
-            return None
-        if self.finish != "superseded" and len(typed) >= len(self.decode.current):
-            return None
-        return typed
-
-    def park(self, session: KVSession) -> None:
-        """Left suspended; ``session`` holds its prompt and tokens."""
-        self.session, self.session_version = session, session.version
-
-    session: KVSession | None = None
-    session_version = -1
-
-    def adopt(self, req: CompletionRequest, typed: str, cancel: CancelToken, deadline_ns: int | None) -> None:
-        self.req, self.typed, self.cancel, self.deadline_ns = req, typed, cancel, deadline_ns
-        self.emitted = ""
-        self.parked = False
-        self.tokens_before = len(self.decode.tokens)
-
-    def close(self) -> None:
-        close = getattr(self.gen, "close", None)
-        if close is not None:
-            close()
 
 
 def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:

@@ -26,7 +26,6 @@ token before every decode step and between prefill chunks, which
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import time
 from typing import TYPE_CHECKING, Iterator
@@ -56,15 +55,13 @@ def detached(engine: LocalEngine) -> Iterator[None]:
     requests get; after: the originals are back (also when it raised).
     Called on the worker thread; ``diagnosis`` readers meanwhile see a copy
     of the same counters."""
-    saved = (engine.lead_anchors, engine.context_selector, engine._shown, engine.stats)
-    engine.lead_anchors = copy.deepcopy(engine.lead_anchors)
-    engine.context_selector = copy.deepcopy(engine.context_selector)
-    engine._shown = dict(engine._shown)
+    saved = engine.stats
     engine.stats = dataclasses.replace(engine.stats)
     try:
-        yield
+        with engine.pipeline.detached():
+            yield
     finally:
-        engine.lead_anchors, engine.context_selector, engine._shown, engine.stats = saved
+        engine.stats = saved
 
 
 def warm(engine: LocalEngine, req: CompletionRequest, cancel: CancelToken) -> Timings:
@@ -173,7 +170,8 @@ def speculate(engine: LocalEngine, req: CompletionRequest, item: str, cancel: Ca
 
 def answer_foreseen(engine: LocalEngine, req: CompletionRequest, arrival: int, t_start: int) -> Iterator[Event] | None:
     """The events answering ``req`` from the kept speculation, or None when
-    it does not ask for it (the kept answer is dropped either way)."""
+    it does not ask for it (the kept answer is dropped either way). Its
+    Done is finished by the pipeline (:meth:`Pipeline.finish`)."""
     done = engine.foreseen.take(req)
     if done is None:
         return None
@@ -182,6 +180,6 @@ def answer_foreseen(engine: LocalEngine, req: CompletionRequest, arrival: int, t
     def events() -> Iterator[Event]:
         if delta is not None:
             yield delta
-        yield engine._finish(req, list(final.items), final.finish_reason, final.timings)
+        yield final      # the pipeline counts and remembers it
 
     return events()

@@ -1,52 +1,23 @@
-"""Stages of the completion pipeline that do not depend on where the model
-runs: request checks, FIM prompt building, type-through, the streamed
-preview's hold-back rule.
-
-The local engine (:mod:`soldaemon.runtime.engine`) and the remote one
-(:mod:`soldaemon.remote`) give the user the same behaviour because they call
-the same stages; the model-specific part (prefill/decode, or an HTTP stream)
-sits between ``build_fim_prompt`` and ``postprocess``. Nothing here imports
+"""The prompt stage of the completion pipeline: the request's window,
+context and lead anchor, tokenized and templated
+(:func:`build_fim_prompt`), the same for every engine. Nothing here imports
 torch.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterator, MutableMapping
+from typing import Any
 
-from .api import CompletionRequest, Delta, Done, Event, Timings
-from .config import ModelConfig
-from .errors import BadRequest
-from .fim import FimPrompt, FimTemplate, WindowMemo, lead_reserve, line_anchor, make_prompt
-from .relevance import ContextSelector
+from ..api import CompletionRequest
+from ..config import ModelConfig
+from ..errors import BadRequest
+from ..fim import FimPrompt, FimTemplate, WindowMemo, lead_reserve, line_anchor, make_prompt
+from ..relevance import ContextSelector
 
 MAX_LEAD_LINES = 8       # lines a sticky anchor spans before it moves to the cursor line
 MAX_LEAD_CHARS = 2048    # characters likewise
 MAX_ANCHORS = 64         # documents whose anchor is remembered
-
-# Characters a preview holds back at its end: post-processing may still drop
-# them (trailing blanks, closers the suffix already has).
-HOLD_BACK = " \t)]}>\"'`;,"
-
-# uri → (prefix, suffix, completion, the other prompt inputs) of the last
-# completion shown there. The inputs (context, multiline, language) are part
-# of the key: a request from another client with other context for the same
-# uri must not be answered with text made from this one's context.
-Shown = MutableMapping[str, tuple[str, str, str, tuple[Any, ...]]]
-MAX_SHOWN = 64  # documents remembered for type-through
-
-
-def validate_request(req: CompletionRequest) -> None:
-    """Raise :class:`BadRequest` for field combinations no engine can serve."""
-    if req.max_tokens < 1:
-        raise BadRequest(f"max_tokens must be >= 1, got {req.max_tokens}")
-    if req.n < 1 or req.n > 8:
-        raise BadRequest(f"n must be in 1..8, got {req.n}")
-    if req.n > 1 and req.temperature <= 0:
-        raise BadRequest("n > 1 needs temperature > 0 (greedy gives one answer)")
-    if not 0 < req.top_p <= 1:
-        raise BadRequest(f"top_p must be in (0, 1], got {req.top_p}")
-
 
 def path_of(uri: str) -> str | None:
     """The file path a FIM prompt names for ``uri`` (None for untitled)."""
@@ -106,13 +77,11 @@ def lead_from(model: ModelConfig, req: CompletionRequest, anchors: LeadAnchors |
 
 
 def build_fim_prompt(template: FimTemplate, tokenizer: Any, model: ModelConfig, req: CompletionRequest,
-                     n_ctx: int, *, make: Callable[..., FimPrompt] = make_prompt,
-                     heal: bool = False, selector: ContextSelector | None = None,
+                     n_ctx: int, *, heal: bool = False, selector: ContextSelector | None = None,
                      anchors: LeadAnchors | None = None,
                      memo: WindowMemo | None = None) -> tuple[FimPrompt, float]:
     """Window, tokenize and template ``req`` (``model``'s budgets and FIM
-    order) with ``make`` (:func:`soldaemon.fim.make_prompt`; a caller may
-    pass a variant); ``heal``: token healing (a local engine only: it
+    order, outline budget) with :func:`soldaemon.fim.make_prompt`; ``heal``: token healing (a local engine only: it
     needs to constrain the first token); ``selector``: context chosen by
     relevance to the cursor (``model.context: relevance``), else the
     request's chunks in order; ``anchors``: the per-document anchors of
@@ -132,11 +101,12 @@ def build_fim_prompt(template: FimTemplate, tokenizer: Any, model: ModelConfig, 
                             n_ctx - model.max_prefix_tokens - lead - model.max_suffix_tokens - req.max_tokens - 16))
     if selector is not None and context:
         context = selector.select(req.uri, req.prefix, req.suffix, context)
-    prompt = make(
+    prompt = make_prompt(
         template, tokenizer, req.prefix, req.suffix,
         max_prefix_tokens=model.max_prefix_tokens, max_suffix_tokens=model.max_suffix_tokens,
         context=context, max_context_tokens=ctx_tokens, language=req.language, current_path=path_of(req.uri),
         order=model.fim_order, heal=heal, lead_from=start, memo=memo,
+        max_outline_tokens=model.max_outline_tokens,
     )
     if len(prompt.ids) + req.max_tokens + 1 >= n_ctx:
         raise BadRequest(
@@ -145,73 +115,3 @@ def build_fim_prompt(template: FimTemplate, tokenizer: Any, model: ModelConfig, 
             hint="lower max_tokens or send less context",
         )
     return prompt, (time.perf_counter_ns() - t0) / 1e6
-
-
-def preview(raw: str, multiline: bool) -> str:
-    """What may be streamed of the raw generated text so far: its first line
-    when single-line, minus the :data:`HOLD_BACK` characters at its end."""
-    text = raw if multiline else raw.split("\n", 1)[0]
-    return text.rstrip(HOLD_BACK)
-
-
-class Previewer:
-    """Turns the growing raw text into ``Delta`` texts that only ever append:
-    ``push(raw)`` returns the new preview characters, or "" when the preview
-    did not grow (or would rewrite what was sent)."""
-
-    def __init__(self, multiline: bool) -> None:
-        self.multiline = multiline
-        self.emitted = ""
-
-    def push(self, raw: str) -> str:
-        shown = preview(raw, self.multiline)
-        if shown.startswith(self.emitted) and len(shown) > len(self.emitted):
-            new = shown[len(self.emitted):]
-            self.emitted = shown
-            return new
-        return ""
-
-
-def prompt_inputs(req: CompletionRequest) -> tuple[Any, ...]:
-    """What besides the prefix and suffix shapes a completion's prompt."""
-    return (req.context, req.multiline, req.language)
-
-
-def type_through(shown: Shown, req: CompletionRequest) -> str | None:
-    """The rest of the last completion for this document when the user
-    typed its beginning (same suffix and other prompt inputs, greedy, one
-    candidate), else None."""
-    last = shown.get(req.uri)
-    if last is None or req.n != 1 or req.temperature > 0:
-        return None
-    prefix, suffix, text, inputs = last
-    if req.suffix != suffix or inputs != prompt_inputs(req) or not req.prefix.startswith(prefix):
-        return None
-    typed = req.prefix[len(prefix):]
-    if not typed or not text.startswith(typed) or len(typed) >= len(text):
-        return None
-    rest = text[len(typed):]
-    return rest if rest.strip() else None
-
-
-def remember(shown: Shown, req: CompletionRequest, text: str) -> None:
-    """Record ``text`` as the completion shown for ``req`` (the newest of at
-    most :data:`MAX_SHOWN` documents)."""
-    shown.pop(req.uri, None)
-    if text:
-        shown[req.uri] = (req.prefix, req.suffix, text, prompt_inputs(req))
-        while len(shown) > MAX_SHOWN:
-            shown.pop(next(iter(shown)))
-
-
-def type_through_events(req: CompletionRequest, rest: str, t_start: int) -> Iterator[Event]:
-    """The answer from type-through: the rest as one delta, then done.
-    ``t_start`` is when the engine took the request (perf_counter_ns)."""
-    arrival = req.received_ns or t_start
-    now = time.perf_counter_ns()
-    ms = (now - arrival) / 1e6
-    arrival_wall = time.time_ns() - (now - arrival)
-    yield Delta(req.id, rest)
-    yield Done(req.id, (rest,), "stop", Timings(
-        queue_ms=(t_start - arrival) / 1e6, ttft_ms=ms, total_ms=ms, ttft_start_ns=arrival_wall,
-        ttft_end_ns=time.time_ns(), source="type-through"))

@@ -1,0 +1,318 @@
+"""The completion pipeline, written once for every engine.
+
+checks → type-through → (an engine's early answer) → prompt → generate →
+preview → post-process → remember. :class:`Pipeline` runs these stages and
+owns the per-document memory they need (the text shown for type-through,
+the sticky lead anchors, the relevance context's choice, the window memo).
+An engine supplies only the model part (:class:`ModelPart`): text from a
+prompt -- the local runtime's prefill and decode, or a remote engine's HTTP
+stream. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Iterator, MutableMapping, NamedTuple, Protocol
+
+from ..api import CancelToken, CompletionRequest, Delta, Done, Event, FinishReason, Timings
+from ..config import Config
+from ..fim import FimPrompt, FimTemplate, WindowMemo
+from ..postprocess import StopChecker, decide_multiline, postprocess
+from ..protocol import validate_request
+from ..relevance import ContextSelector
+from .prompt import LeadAnchors, build_fim_prompt, context_selector
+
+log = logging.getLogger("soldaemon.pipeline")
+
+# Characters a preview holds back at its end: post-processing may still drop
+# them (trailing blanks, closers the suffix already has).
+HOLD_BACK = " \t)]}>\"'`;,"
+
+# uri → (prefix, suffix, completion, the other prompt inputs) of the last
+# completion shown there. The inputs (context, multiline, language) are part
+# of the key: a request from another client with other context for the same
+# uri must not be answered with text made from this one's context.
+Shown = MutableMapping[str, tuple[str, str, str, tuple[Any, ...]]]
+MAX_SHOWN = 64  # documents remembered for type-through
+
+
+@dataclass(frozen=True)
+class Clock:
+    """When a request arrived and when the engine took it."""
+
+    arrival: int        # perf_counter_ns when the server received it (or the engine took it)
+    arrival_wall: int   # the same instant, time_ns
+    start: int          # perf_counter_ns when the engine took it
+
+    @classmethod
+    def now(cls, req: CompletionRequest) -> Clock:
+        start = time.perf_counter_ns()
+        arrival = req.received_ns or start
+        return cls(arrival, time.time_ns() - (time.perf_counter_ns() - arrival), start)
+
+    def deadline(self, req: CompletionRequest) -> int | None:
+        """perf_counter_ns at which ``budget_ms`` runs out (None: no budget)."""
+        return self.arrival + int(req.budget_ms * 1e6) if req.budget_ms else None
+
+
+@dataclass
+class Generation:
+    """One candidate's generation, filled by the model part as it runs."""
+
+    raw: str = ""                     # the text generated so far
+    finish: FinishReason = "stop"     # how it ended ("cancelled": see the request's cancel reason)
+    info: Any = None                  # the model part's own record (stats, usage), for its timings
+
+
+class Early(NamedTuple):
+    """An answer an engine gives before any prompt is built (a parked
+    generation resumed, a speculative answer, a fallback engine)."""
+
+    events: Iterator[Event]
+    counted: bool        # its Done goes into the engine's counters (account)
+
+
+class ModelPart(Protocol):
+    """What an engine supplies to the pipeline: the model's part of a
+    completion. Called on the engine's worker thread."""
+
+    def scope(self, req: CompletionRequest) -> ContextManager[None]:
+        """Around the whole request, type-through included (e.g. the local
+        model's memory scheduler: weights restored, pinned for priority)."""
+
+    def early(self, req: CompletionRequest, cancel: CancelToken, clock: Clock, typed_through: bool) -> Early | None:
+        """Called after the checks, before and whatever type-through answers
+        (``typed_through``: it did; the return is then ignored). An answer
+        without a prompt, or None."""
+
+    def generating(self, req: CompletionRequest) -> ContextManager[None]:
+        """Around all of ``req``'s candidates (e.g. the local model's lock)."""
+
+    def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, checker: StopChecker,
+                 multiline: bool, max_lines: int, cancel: CancelToken, deadline: int | None,
+                 out: Generation) -> Iterator[str]:
+        """Generate candidate ``candidate``; yield the raw text after each
+        step, and fill ``out``. Stops early when ``checker`` says
+        post-processing cuts the rest, on cancel and past ``deadline``."""
+
+    def recover(self, req: CompletionRequest, cancel: CancelToken, exc: Exception,
+                streamed: bool, candidate: int) -> Iterator[Event] | None:
+        """Another answer after ``generate`` raised ``exc`` (None: re-raise)."""
+
+    def timings(self, req: CompletionRequest, gens: list[Generation], prompt: FimPrompt, prompt_ms: float,
+                clock: Clock) -> Timings:
+        """The request's timings from its candidates' generations."""
+
+    def account(self, timings: Timings) -> None:
+        """Count one finished request."""
+
+
+class Pipeline:
+    """The stages of a completion and their per-document memory (see the
+    module doc). ``heal``: the engine can heal tokens (the local one: it
+    constrains the first token), then ``completion.token_healing`` decides;
+    ``n_ctx``: the context the prompt and ``max_tokens`` must fit;
+    ``outbound``: what of a request may leave the machine (a remote engine:
+    :func:`soldaemon.sensitive.outbound`), applied before its prompt. An
+    engine may replace ``config`` between requests (the quality benchmark
+    does): every stage reads it at each request."""
+
+    def __init__(self, config: Config, template: FimTemplate, tokenizer: Any, n_ctx: int, *, heal: bool,
+                 outbound: Callable[[CompletionRequest], CompletionRequest] | None = None) -> None:
+        self.config = config
+        self.template = template
+        self.tokenizer = tokenizer
+        self.n_ctx = n_ctx
+        self.can_heal = heal
+        self.outbound = outbound
+        # uri → the last completion shown and its prompt inputs, for type-through
+        self.shown: Shown = {}
+        self.anchors = LeadAnchors()                                   # model.fim_anchor: sticky
+        self.selector: ContextSelector | None = context_selector(config.model)   # model.context: relevance
+        self.memo = WindowMemo()                                       # windows unchanged while typing
+
+    def forget(self) -> None:
+        """Drop every per-document memory, as if just built."""
+        self.shown.clear()
+        self.anchors = LeadAnchors()
+        self.memo = WindowMemo()
+        self.selector = context_selector(self.config.model)
+
+    @contextlib.contextmanager
+    def detached(self) -> Iterator[None]:
+        """Inside: the anchors, context choice and shown texts are copies,
+        so what runs leaves no trace in what later requests get; after: the
+        originals are back (also when it raised). The window memo stays: a
+        pure cache."""
+        saved = (self.anchors, self.selector, self.shown)
+        self.anchors = copy.deepcopy(self.anchors)
+        self.selector = copy.deepcopy(self.selector)
+        self.shown = dict(self.shown)
+        try:
+            yield
+        finally:
+            self.anchors, self.selector, self.shown = saved
+
+    def build_prompt(self, req: CompletionRequest) -> tuple[FimPrompt, float]:
+        """Window, tokenize and template ``req`` (:func:`build_fim_prompt`
+        with this pipeline's memory). Returns (prompt, ms)."""
+        if self.outbound is not None:
+            req = self.outbound(req)
+        return build_fim_prompt(self.template, self.tokenizer, self.config.model, req, self.n_ctx,
+                                heal=self.can_heal and self.config.completion.token_healing, selector=self.selector, anchors=self.anchors, memo=self.memo)
+
+    def run(self, req: CompletionRequest, cancel: CancelToken, model: ModelPart) -> Iterator[Event]:
+        """Stream one completion: zero or more Delta, then one Done. Raises
+        :class:`soldaemon.errors.BadRequest` for a request the protocol
+        refuses or whose prompt does not fit."""
+        with model.scope(req):
+            yield from self._run(req, cancel, model)
+
+    def _run(self, req: CompletionRequest, cancel: CancelToken, model: ModelPart) -> Iterator[Event]:
+        clock = Clock.now(req)
+        validate_request(req)
+        rest = type_through(self.shown, req)
+        early = model.early(req, cancel, clock, rest is not None)
+        if rest is not None:
+            remember(self.shown, req, rest)
+            yield from type_through_events(req, rest, clock.start)
+            return
+        if early is not None:
+            yield from self._relay(req, early, model)
+            return
+        prompt, prompt_ms = self.build_prompt(req)
+        multiline = decide_multiline(prompt.prefix_text, req.suffix, req.multiline)
+        max_lines = self.config.completion.max_lines if multiline else 1
+        deadline = clock.deadline(req)
+        previewer = Previewer(multiline)
+        items: list[str] = []
+        gens: list[Generation] = []
+        finish: str = "stop"
+        with model.generating(req):
+            for candidate in range(req.n):
+                checker = StopChecker(req.prefix, req.suffix, multiline, max_lines)
+                gen = Generation()
+                try:
+                    for raw in model.generate(req, prompt, candidate, checker, multiline, max_lines,
+                                              cancel, deadline, gen):
+                        if candidate == 0:
+                            new = previewer.push(raw)
+                            if new:
+                                yield Delta(req.id, new)
+                except Exception as exc:
+                    other = model.recover(req, cancel, exc, bool(previewer.emitted), candidate)
+                    if other is None:
+                        raise
+                    yield from self._relay(req, Early(other, counted=False), model)
+                    return
+                gens.append(gen)
+                finish = gen.finish
+                items.append(postprocess(gen.raw, prefix=req.prefix, suffix=req.suffix,
+                                         multiline=multiline, max_lines=max_lines))
+                if finish in ("cancelled", "budget", "superseded"):
+                    break
+        if finish == "cancelled":
+            finish = cancel.reason
+        yield self.finish(req, items, finish, model.timings(req, gens, prompt, prompt_ms, clock), model)
+
+    def finish(self, req: CompletionRequest, items: list[str], finish: str, timings: Timings,
+               model: ModelPart | None) -> Done:
+        """The request's Done; counted by ``model`` (None: not counted), its
+        first item remembered for type-through when it finished whole."""
+        if model is not None:
+            model.account(timings)
+        if finish in ("stop", "length") and items:
+            remember(self.shown, req, items[0])
+        log.info("complete id=%s finish=%s source=%s prompt=%d cached=%d gen=%d prompt_ms=%.1f prefill_ms=%.1f "
+                 "ttft_ms=%.1f decode_ms=%.1f total_ms=%.1f accept=%d/%d", req.id, finish, timings.source,
+                 timings.prompt_tokens, timings.cached_tokens, timings.generated_tokens, timings.prompt_ms,
+                 timings.prefill_ms, timings.ttft_ms, timings.decode_ms, timings.total_ms,
+                 timings.accepted_tokens, timings.draft_tokens)
+        return Done(req.id, tuple(items), finish, timings)  # type: ignore[arg-type]
+
+    def _relay(self, req: CompletionRequest, early: Early, model: ModelPart) -> Iterator[Event]:
+        """An early answer's events, its Done finished like the pipeline's own."""
+        for event in early.events:
+            if isinstance(event, Done):
+                if early.counted:
+                    event = self.finish(req, list(event.items), event.finish_reason, event.timings, model)
+                elif event.finish_reason in ("stop", "length") and event.items:
+                    remember(self.shown, req, event.items[0])
+            yield event
+
+
+# -- the streamed preview and type-through --------------------------------
+
+
+def preview(raw: str, multiline: bool) -> str:
+    """What may be streamed of the raw generated text so far: its first line
+    when single-line, minus the :data:`HOLD_BACK` characters at its end."""
+    text = raw if multiline else raw.split("\n", 1)[0]
+    return text.rstrip(HOLD_BACK)
+
+
+class Previewer:
+    """Turns the growing raw text into ``Delta`` texts that only ever append:
+    ``push(raw)`` returns the new preview characters, or "" when the preview
+    did not grow (or would rewrite what was sent)."""
+
+    def __init__(self, multiline: bool) -> None:
+        self.multiline = multiline
+        self.emitted = ""
+
+    def push(self, raw: str) -> str:
+        shown = preview(raw, self.multiline)
+        if shown.startswith(self.emitted) and len(shown) > len(self.emitted):
+            new = shown[len(self.emitted):]
+            self.emitted = shown
+            return new
+        return ""
+
+
+def prompt_inputs(req: CompletionRequest) -> tuple[Any, ...]:
+    """What besides the prefix and suffix shapes a completion's prompt."""
+    return (req.context, req.multiline, req.language)
+
+
+def type_through(shown: Shown, req: CompletionRequest) -> str | None:
+    """The rest of the last completion for this document when the user
+    typed its beginning (same suffix and other prompt inputs, greedy, one
+    candidate), else None."""
+    last = shown.get(req.uri)
+    if last is None or req.n != 1 or req.temperature > 0:
+        return None
+    prefix, suffix, text, inputs = last
+    if req.suffix != suffix or inputs != prompt_inputs(req) or not req.prefix.startswith(prefix):
+        return None
+    typed = req.prefix[len(prefix):]
+    if not typed or not text.startswith(typed) or len(typed) >= len(text):
+        return None
+    rest = text[len(typed):]
+    return rest if rest.strip() else None
+
+
+def remember(shown: Shown, req: CompletionRequest, text: str) -> None:
+    """Record ``text`` as the completion shown for ``req`` (the newest of at
+    most :data:`MAX_SHOWN` documents)."""
+    shown.pop(req.uri, None)
+    if text:
+        shown[req.uri] = (req.prefix, req.suffix, text, prompt_inputs(req))
+        while len(shown) > MAX_SHOWN:
+            shown.pop(next(iter(shown)))
+
+
+def type_through_events(req: CompletionRequest, rest: str, t_start: int) -> Iterator[Event]:
+    """The answer from type-through: the rest as one delta, then done.
+    ``t_start`` is when the engine took the request (perf_counter_ns)."""
+    arrival = req.received_ns or t_start
+    now = time.perf_counter_ns()
+    ms = (now - arrival) / 1e6
+    arrival_wall = time.time_ns() - (now - arrival)
+    yield Delta(req.id, rest)
+    yield Done(req.id, (rest,), "stop", Timings(
+        queue_ms=(t_start - arrival) / 1e6, ttft_ms=ms, total_ms=ms, ttft_start_ns=arrival_wall,
+        ttft_end_ns=time.time_ns(), source="type-through"))

@@ -1,0 +1,513 @@
+"""The remote engine: completions computed by an inference engine elsewhere
+(vLLM, Text Generation Inference, a llama.cpp server) through the
+OpenAI-compatible ``POST /v1/completions`` streaming API, behind the same
+:class:`soldaemon.api.Engine` contract as the local runtime.
+
+What stays in the daemon (so editors see no difference): request checks, the
+FIM prompt (the model family's template, token budgets, stable windows; see
+:mod:`soldaemon.pipeline`), type-through, the streamed preview's hold-back
+rule, the incremental :class:`~soldaemon.postprocess.StopChecker` and
+post-processing, supersede and cancel, timings. The engine only samples.
+
+The prompt goes out as text with the FIM control tokens spelled out
+(``backend.prompt_format: text``, every engine parses them as special tokens)
+or as token ids (``tokens``: vLLM and the native llama.cpp server; the
+llama-cpp-python server takes strings only).
+
+Cancel closes the upstream socket (``shutdown``) within
+:data:`WATCH_INTERVAL_S`, from a watcher thread, so the engine sees the client
+go away and stops generating. The same happens as soon as the StopChecker
+knows post-processing will cut the rest, and when ``budget_ms`` runs out.
+
+Failures become :class:`~soldaemon.errors.SolError` subclasses with
+``retryable`` set: the engine cannot be reached (``remote_unavailable``, also
+while backing off), is too slow (``remote_timeout``), or answers with an HTTP
+error or garbage (``remote_http``, ``remote_bad_response``). Consecutive
+failures back off exponentially (:class:`Backoff`): during the wait requests
+fail at once instead of hammering the engine, or go to the local model when
+``backend.fallback_local`` is set.
+
+Threads: ``complete``/``warm`` run on the daemon's worker thread;
+``diagnosis``/``info`` on the event loop thread, so they only read state and
+never block (the reachability probe runs on its own thread).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from ..api import CancelToken, CompletionRequest, Done, Engine, Event, FinishReason, Timings
+from ..config import Config
+from ..errors import ConfigError, RemoteBadResponse, RemoteHttpError, RemoteTimeout, RemoteUnavailable
+from ..fim import FimPrompt, FimTemplate, detect_template
+from ..pipeline.completion import Clock, Early, Generation, Pipeline
+from ..postprocess import StopChecker
+from ..sensitive import outbound
+from .endpoint import Backoff, Endpoint, read_api_key
+from .probe import Probe
+from .stream import UpstreamStream, _CouldNotConnect
+
+log = logging.getLogger("soldaemon.remote")
+
+WATCH_INTERVAL_S = 0.002       # how often the watcher looks at cancel and the budget; s
+
+
+@dataclass
+class RemoteStats:
+    requests: int = 0
+    prompt_tokens: int = 0         # summed over requests (daemon's count)
+    cached_tokens: int = 0         # of which the engine reported reused (when it reports it)
+    failures: int = 0              # requests ended by an engine failure
+    fallbacks: int = 0             # requests answered by the local model
+    upstream_closed: int = 0       # streams the daemon closed early (cancel, stop, budget)
+
+
+@dataclass
+class _Attempt:
+    """One candidate's generation: the text so far and how it ended."""
+
+    raw: str = ""
+    finish: FinishReason = "stop"
+    chunks: int = 0
+    usage: dict[str, Any] | None = None
+    first_ns: int = 0
+    first_wall_ns: int = 0
+    closed_by: str | None = field(default=None)   # "cancel" | "budget" | "stop"
+
+
+class _Watch:
+    """Beside the reading thread, for one request: closes the stream it
+    follows as soon as the request is cancelled or out of budget (checked
+    every :data:`WATCH_INTERVAL_S`). ``fired`` says which. A context
+    manager: the thread runs inside the ``with``."""
+
+    def __init__(self, cancel: CancelToken, deadline: int | None) -> None:
+        self.cancel, self.deadline = cancel, deadline
+        self.stream: UpstreamStream | None = None
+        self.fired: str | None = None          # "cancel" | "budget"
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sol-remote-watch", daemon=True)
+
+    def __enter__(self) -> _Watch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def follow(self, stream: UpstreamStream) -> None:
+        """Watch ``stream`` from now on (closed at once if already fired)."""
+        self.stream = stream
+        if self.fired is not None:
+            stream.close()
+
+    def _run(self) -> None:
+        while not self._done.wait(WATCH_INTERVAL_S):
+            if self.cancel.cancelled or _past(self.deadline):
+                self.fired = "cancel" if self.cancel.cancelled else "budget"
+                stream = self.stream
+                if stream is not None:
+                    stream.close()
+                log.debug("closed the upstream stream (%s)", self.fired)
+                return
+
+
+class RemoteEngine:
+    """The Engine protocol over an OpenAI-compatible completions engine.
+
+    ``tokenizer`` must be the remote model family's (FIM template and token
+    budgets); ``local`` loads the fallback engine (called at most once, on a
+    background thread) when ``backend.fallback_local`` is set."""
+
+    def __init__(self, config: Config, tokenizer: Any, tokenizer_name: str, *,
+                 local: Callable[[], Engine] | None = None) -> None:
+        bc = config.backend
+        if bc.url is None:
+            raise ConfigError("backend.kind is \"remote\" but backend.url is not set")
+        self.config = config
+        self.endpoint = Endpoint.parse(bc.url)
+        self.tokenizer = tokenizer
+        self.tokenizer_name = tokenizer_name
+        self.template: FimTemplate = detect_template(tokenizer)
+        # the stages shared with every engine; no healing (the engine elsewhere samples the first token)
+        self.pipeline = Pipeline(config, self.template, tokenizer, config.model.max_context, heal=False,
+                                 outbound=outbound)
+        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
+                         "User-Agent": "soldaemon"}
+        key = read_api_key(bc.api_key_env, str(bc.api_key_file) if bc.api_key_file else None)
+        if key:
+            self._headers["Authorization"] = f"Bearer {key}"
+        elif self.endpoint.userinfo is not None:
+            import base64
+
+            self._headers["Authorization"] = "Basic " + base64.b64encode(self.endpoint.userinfo.encode()).decode()
+        self.backoff = Backoff(bc.backoff_s, bc.max_backoff_s)
+        probe_headers = {k: v for k, v in self._headers.items() if k in ("Authorization", "User-Agent")}
+        self.probe = Probe(self.endpoint, probe_headers, bc.health_interval_s, min(bc.timeout_s, 5.0))
+        self.probe.on_reachable = self.backoff.succeeded
+        self.stats = RemoteStats()
+        self._local_loader = local if bc.fallback_local else None
+        self._local: Engine | None = None
+        self._local_error: BaseException | None = None
+        self._local_ready = threading.Event()
+        self._local_started = False
+        self._lock = threading.Lock()
+
+    # -- the Engine protocol -------------------------------------------------
+
+    def info(self) -> dict[str, Any]:
+        bc = self.config.backend
+        models = self.probe.state.models
+        return {
+            "model": bc.model_name or (models[0] if len(models) == 1 else None) or f"remote ({self.tokenizer_name} family)",
+            "device": f"remote {self.endpoint.shown}",
+            "backend": "remote",
+            "url": self.endpoint.shown,
+            "fim": self.template.family,
+            "tokenizer": self.tokenizer_name,
+            "prompt_format": bc.prompt_format,
+            "n_ctx": self.config.model.max_context,
+            "fallback_local": bc.fallback_local,
+        }
+
+    def diagnosis(self) -> dict[str, Any]:
+        state = self.probe.snapshot()
+        local = self._local
+        s = self.stats
+        return {
+            "active": bool(state.reachable) or local is not None,
+            "ttft_optimized": False,          # the Sol runtime is not on this path (type-through is)
+            "prefetch_hit_rate": None,
+            "kv_fold_ratio": 0.0,
+            "offloaded_layers": 0,
+            "backend": "remote",
+            "remote_url": self.endpoint.shown,
+            "remote_reachable": state.reachable,
+            "remote_checked_s_ago": round(time.monotonic() - state.checked, 1) if state.checked else None,
+            "remote_error": state.error,
+            "remote_models": list(state.models),
+            "remote_backoff_s": round(self.backoff.remaining(), 2),
+            "remote_failures": s.failures,
+            "remote_fallbacks": s.fallbacks,
+            "remote_upstream_closed": s.upstream_closed,
+            "fallback_local": self._fallback_state(),
+            "kv_hit_ratio": round(s.cached_tokens / s.prompt_tokens, 4) if s.prompt_tokens else 0.0,
+            "fallback_count": 0,              # Sol's prefetch fallbacks: no prefetch here
+        }
+
+    def _fallback_state(self) -> str:
+        if self._local_loader is None:
+            return "off"
+        if self._local is not None:
+            return "ready"
+        if self._local_error is not None:
+            return "failed"
+        return "loading" if self._local_started else "not loaded"
+
+    def debug_snapshots(self) -> dict[str, Any]:
+        """No memory scheduler on this path: both snapshots are empty."""
+        return {"heatmap": {}, "prefetch": {}}
+
+    def warm(self, req: CompletionRequest, cancel: CancelToken) -> Timings:
+        """Build the prompt only. Engines keep their own prefix caches (vLLM's
+        automatic prefix caching, llama.cpp's cache_prompt), filled by real
+        completions; a warm-up request per keystroke would spend a shared
+        engine's capacity on text nobody reads."""
+        prompt, prompt_ms = self.build_prompt(req)
+        return Timings(prompt_ms=prompt_ms, total_ms=prompt_ms, prompt_tokens=len(prompt.ids))
+
+    def complete(self, req: CompletionRequest, cancel: CancelToken) -> Iterator[Event]:
+        """Stream one completion: the shared pipeline over the HTTP stream."""
+        return self.pipeline.run(req, cancel, self)
+
+    # -- the model part (soldaemon.pipeline.ModelPart) -----------------------
+
+    def scope(self, req: CompletionRequest) -> contextlib.AbstractContextManager[None]:
+        """Nothing to hold around a request."""
+        return contextlib.nullcontext()
+
+    def early(self, req: CompletionRequest, cancel: CancelToken, clock: Clock, typed_through: bool) -> Early | None:
+        """While backing off, the local model answers (``backend.fallback_local``)."""
+        if typed_through or self._local_loader is None or self.backoff.remaining() <= 0:
+            return None
+        return Early(self._fallback(req, cancel, self.backoff.last_error), counted=False)
+
+    def build_prompt(self, req: CompletionRequest) -> tuple[FimPrompt, float]:
+        """The prompt sent upstream; secret files never are (soldaemon.sensitive)."""
+        return self.pipeline.build_prompt(req)
+
+    def generating(self, req: CompletionRequest) -> contextlib.AbstractContextManager[None]:
+        """Nothing to hold: the engine serves requests on its own."""
+        return contextlib.nullcontext()
+
+    def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, checker: StopChecker,
+                 multiline: bool, max_lines: int, cancel: CancelToken, deadline: int | None,
+                 out: Generation) -> Iterator[str]:
+        """One candidate over the HTTP stream; yields the raw text after each piece."""
+        attempt = _Attempt()
+        out.info = attempt
+        for text in self._generate(self._body(req, prompt, candidate), attempt, checker, cancel, deadline):
+            out.raw = text
+            yield text
+        out.raw, out.finish = attempt.raw, attempt.finish
+
+    def recover(self, req: CompletionRequest, cancel: CancelToken, exc: Exception,
+                streamed: bool, candidate: int) -> Iterator[Event] | None:
+        """The local model answers a retryable engine failure of the first
+        candidate when nothing was streamed yet (``backend.fallback_local``)."""
+        if not isinstance(exc, (RemoteUnavailable, RemoteTimeout, RemoteHttpError, RemoteBadResponse)):
+            return None
+        self.stats.failures += 1
+        if self._local_loader is None or not exc.retryable or candidate != 0 or streamed or cancel.cancelled:
+            return None
+        log.warning("remote engine failed (%s); answering %s from the local model", exc.message, req.id)
+        return self._fallback(req, cancel, exc.message)
+
+    def timings(self, req: CompletionRequest, gens: list[Generation], prompt: FimPrompt, prompt_ms: float,
+                clock: Clock) -> Timings:
+        """TTFT from the first candidate; tokens as the engine reported them."""
+        attempts: list[_Attempt] = [g.info for g in gens]
+        first_ns = attempts[0].first_ns if attempts else 0
+        first_wall = attempts[0].first_wall_ns if attempts else 0
+        generated = cached = 0
+        for attempt in attempts:
+            usage = attempt.usage or {}
+            generated += int(usage.get("completion_tokens") or attempt.chunks)
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+                cached += details["cached_tokens"]
+        end = time.perf_counter_ns()
+        arrival = clock.arrival
+        return Timings(
+            queue_ms=(clock.start - arrival) / 1e6, prompt_ms=prompt_ms,
+            ttft_ms=(first_ns - arrival) / 1e6 if first_ns else (end - arrival) / 1e6,
+            decode_ms=(end - first_ns) / 1e6 if first_ns else 0.0, total_ms=(end - arrival) / 1e6,
+            prompt_tokens=len(prompt.ids), cached_tokens=min(cached, len(prompt.ids) * req.n),
+            generated_tokens=generated, ttft_start_ns=clock.arrival_wall, ttft_end_ns=first_wall or time.time_ns(),
+        )
+
+    def account(self, t: Timings) -> None:
+        self.stats.requests += 1
+        self.stats.prompt_tokens += t.prompt_tokens
+        self.stats.cached_tokens += t.cached_tokens
+
+    # -- the request upstream --------------------------------------------------
+
+    def prompt_text(self, prompt: FimPrompt) -> str:
+        """The prompt as the engine's tokenizer should read it: the text
+        with the control tokens spelled out. A leading bos is left out: the
+        engine adds its own."""
+        ids = prompt.ids
+        if ids and self.template.bos_id is not None and ids[0] == self.template.bos_id:
+            ids = ids[1:]
+        return str(self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
+
+    def _body(self, req: CompletionRequest, prompt: FimPrompt, candidate: int) -> dict[str, Any]:
+        bc = self.config.backend
+        body: dict[str, Any] = {
+            "prompt": list(prompt.ids) if bc.prompt_format == "tokens" else self.prompt_text(prompt),
+            "max_tokens": req.max_tokens,
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            # the family's end tokens as text: engines that render special
+            # tokens stop on them; the others stop on their own eos, and the
+            # StopChecker closes the stream at the end of the hole anyway
+            "stop": self._stop_strings(),
+        }
+        if bc.model_name:
+            body["model"] = bc.model_name
+        if req.seed is not None:
+            body["seed"] = req.seed + candidate
+        return body
+
+    def _stop_strings(self) -> list[str]:
+        names = self.tokenizer.convert_ids_to_tokens(list(self.template.stop_ids))
+        return sorted({str(n) for n in names if n})[:4]  # the OpenAI API allows up to 4
+
+    def _generate(self, body: dict[str, Any], attempt: _Attempt, checker: StopChecker, cancel: CancelToken,
+                  deadline: int | None) -> Iterator[str]:
+        """Stream one completion; yield the raw text after each piece.
+        Fills ``attempt``. Retries connecting per ``backend.retries``. A
+        cancel or the budget closes the stream at any point, connecting and
+        waiting for the engine's first byte included."""
+        with _Watch(cancel, deadline) as watch:
+            stream = self._open(body, cancel, deadline, watch)
+            if stream is None:  # cancelled or out of budget before the engine answered
+                attempt.finish = "cancelled" if cancel.cancelled else "budget"
+                return
+            try:
+                for piece in stream.pieces():
+                    if piece.usage is not None:
+                        attempt.usage = piece.usage
+                    if piece.text:
+                        if not attempt.first_ns:
+                            attempt.first_ns, attempt.first_wall_ns = time.perf_counter_ns(), time.time_ns()
+                        attempt.chunks += 1
+                        attempt.raw += piece.text
+                        yield attempt.raw
+                        if checker.check(attempt.raw):  # post-processing cuts the rest: stop the engine
+                            attempt.closed_by = "stop"
+                            stream.close()
+                            break
+                    if piece.finish_reason is not None:
+                        attempt.finish = "length" if piece.finish_reason == "length" else "stop"
+                self.probe.note(True)
+            except (RemoteUnavailable, RemoteTimeout) as exc:
+                if not stream.closed:
+                    self.backoff.failed(exc.message)
+                    self.probe.note(False, exc.message)
+                raise
+            finally:
+                stream.release()
+        if attempt.closed_by is None and watch.fired is not None:
+            attempt.closed_by = watch.fired
+        if attempt.closed_by is not None:
+            attempt.finish = {"cancel": "cancelled", "budget": "budget", "stop": "stop"}[attempt.closed_by]  # type: ignore[assignment]
+            self.stats.upstream_closed += 1
+
+    def _open(self, body: dict[str, Any], cancel: CancelToken, deadline: int | None,
+              watch: _Watch) -> UpstreamStream | None:
+        """An open stream, trying ``1 + backend.retries`` times with the
+        back-off between attempts. None when cancelled or out of budget
+        first. Raises RemoteUnavailable, RemoteTimeout, RemoteHttpError."""
+        bc = self.config.backend
+        tries = 1 + bc.retries
+        for attempt in range(tries):
+            wait = self.backoff.remaining()
+            if wait > 0:
+                if attempt == 0 or not _sleep(wait, cancel, deadline):
+                    if cancel.cancelled or _past(deadline):
+                        return None
+                    raise RemoteUnavailable(
+                        f"the engine at {self.endpoint.shown} is unreachable ({self.backoff.last_error}); "
+                        f"backing off, next try in {wait:.1f} s",
+                        hint="start or fix the engine; set backend.fallback_local to answer locally meanwhile")
+            if cancel.cancelled or _past(deadline):
+                return None
+            stream = UpstreamStream(self.endpoint, body, self._headers,
+                                    connect_timeout_s=bc.connect_timeout_s, timeout_s=bc.timeout_s)
+            watch.follow(stream)
+            try:
+                stream.open()
+            except _CouldNotConnect as exc:
+                cancelled = stream.closed  # closed by the watch, not by the engine
+                stream.release()
+                if cancelled:
+                    return None
+                why = str(exc)
+                wait = self.backoff.failed(why)
+                self.probe.note(False, why)
+                log.warning("remote engine %s: %s (attempt %d of %d; back-off %.1f s)", self.endpoint.shown, why,
+                            attempt + 1, tries, wait)
+                continue
+            except RemoteTimeout as exc:
+                stream.release()
+                self.backoff.failed(exc.message)
+                self.probe.note(False, exc.message)
+                raise
+            except RemoteHttpError as exc:
+                stream.release()
+                if exc.retryable:
+                    self.backoff.failed(exc.message)
+                raise
+            if stream.closed:  # cancelled while connecting or waiting for the answer
+                stream.release()
+                return None
+            self.backoff.succeeded()
+            return stream
+        raise RemoteUnavailable(
+            f"the engine at {self.endpoint.shown} is unreachable: {self.backoff.last_error} "
+            f"({tries} attempt{'s' if tries > 1 else ''})",
+            hint="start or fix the engine; set backend.fallback_local to answer locally meanwhile")
+
+    # -- fallback ------------------------------------------------------------
+
+    def start_local(self) -> None:
+        """Begin loading the local fallback engine in the background (once)."""
+        with self._lock:
+            if self._local_loader is None or self._local_started:
+                return
+            self._local_started = True
+        loader = self._local_loader
+
+        def load() -> None:
+            try:
+                self._local = loader()
+                log.info("local fallback engine ready")
+            except BaseException as exc:  # reported to the requests that wait for it
+                self._local_error = exc
+                log.error("local fallback engine failed to load: %s", exc)
+            finally:
+                self._local_ready.set()
+
+        threading.Thread(target=load, name="sol-local-fallback", daemon=True).start()
+
+    def _fallback(self, req: CompletionRequest, cancel: CancelToken, why: str) -> Iterator[Event]:
+        self.start_local()
+        while not self._local_ready.wait(0.05):
+            if cancel.cancelled:
+                yield Done(req.id, (), cancel.reason, Timings())
+                return
+        local = self._local
+        if local is None:
+            raise RemoteUnavailable(f"the engine at {self.endpoint.shown} is unreachable ({why}) and the local "
+                                    f"fallback model failed to load: {self._local_error}")
+        self.stats.fallbacks += 1
+        yield from local.complete(req, cancel)   # the pipeline remembers its answer
+
+
+def _past(deadline: int | None) -> bool:
+    return deadline is not None and time.perf_counter_ns() >= deadline
+
+
+def _sleep(seconds: float, cancel: CancelToken, deadline: int | None) -> bool:
+    """Wait ``seconds`` unless cancelled or past the deadline (then False)."""
+    end = time.monotonic() + seconds
+    while True:
+        if cancel.cancelled or _past(deadline):
+            return False
+        left = end - time.monotonic()
+        if left <= 0:
+            return True
+        time.sleep(min(left, 0.01))
+
+
+def load_remote_engine(config: Config, *, progress: bool = True) -> RemoteEngine:
+    """The remote engine for ``config.backend``: the tokenizer of the model
+    family (``backend.tokenizer``, else ``model.path``'s, else the embedded
+    model's), one reachability probe (an engine that is down at start-up is
+    logged, not fatal: it may come later), and with ``fallback_local`` the
+    local model loaded lazily (at once in the background when the engine is
+    down now)."""
+    from ..model.loader import load_tokenizer
+
+    bc = config.backend
+    source = bc.tokenizer or config.model.path
+    tokenizer, name = load_tokenizer(str(source) if source else None, progress=progress)
+
+    def local() -> Engine:
+        from ..runtime.engine import load_engine
+
+        return load_engine(config, progress=False)
+
+    engine = RemoteEngine(config, tokenizer, name, local=local)
+    state = engine.probe.probe_now()
+    if state.reachable:
+        log.info("remote engine %s reachable; models: %s", engine.endpoint.shown, ", ".join(state.models) or "?")
+        if bc.model_name and state.models and bc.model_name not in state.models:
+            log.warning("backend.model_name %r is not among the engine's models (%s)", bc.model_name,
+                        ", ".join(state.models))
+    else:
+        log.warning("remote engine %s not reachable now (%s); requests will try it", engine.endpoint.shown,
+                    state.error)
+        if bc.fallback_local:
+            engine.start_local()
+    return engine
