@@ -70,6 +70,34 @@ class Walk:
         sys.setprofile(None)
 
 
+PACKAGES_AS_ONE = ("soldaemon.fim", "soldaemon.pipeline", "soldaemon.config", "soldaemon.remote", "soldaemon.server")
+
+
+def coarse(module: str) -> str | None:
+    """The stage-level name of ``module``, or None to leave it out: the
+    engine's mechanism and the policy it consults (backend, kernels, session,
+    sampling, draft length, ...) below the engine's entry point are one box;
+    a package split by concern counts as the module it was; the API's data
+    types are left out (building a Delta is not a stage). What is left is how
+    the stages hand one request to each other."""
+    if module == "soldaemon.api":
+        return None
+    if (module.startswith(("soldaemon.runtime.", "soldaemon.policy.")) and module != "soldaemon.runtime.engine"):
+        return "soldaemon.runtime.* + policy.*"
+    for package in PACKAGES_AS_ONE:
+        if module == package or module.startswith(package + "."):
+            return package
+    return module
+
+
+def collapse(entered: list[str]) -> list[str]:
+    out: list[str] = []
+    for m in map(coarse, entered):
+        if m is not None and (not out or out[-1] != m):
+            out.append(m)
+    return out
+
+
 def summarize(entered: list[str]) -> dict[str, Any]:
     order: list[str] = []
     for m in entered:
@@ -84,8 +112,11 @@ def summarize(entered: list[str]) -> dict[str, Any]:
         if m in left:
             returns += 1
         previous = m
-    return {"entries": len(entered), "modules": order, "per_module": dict(Counter(entered).most_common()),
-            "returns_to_a_module_left": returns}
+    summary = {"entries": len(entered), "modules": order, "per_module": dict(Counter(entered).most_common()),
+               "returns_to_a_module_left": returns}
+    if entered and any(coarse(m) != m for m in entered):
+        summary["stages"] = summarize(collapse(entered))
+    return summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,6 +157,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {label}: {s['entries']} module entries, {s['returns_to_a_module_left']} back to a module left")
         print("   order: " + " -> ".join(m.removeprefix("soldaemon.") for m in s["modules"]))
         print("   entries: " + ", ".join(f"{m.removeprefix('soldaemon.')} {n}" for m, n in s["per_module"].items()))
+        if "stages" in s:
+            st = s["stages"]
+            print(f"   stage level: {st['entries']} entries, "
+                  f"{st['returns_to_a_module_left']} back to a module left")
+            print("   entries: " + ", ".join(f"{m.removeprefix('soldaemon.')} {n}" for m, n in st["per_module"].items()))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0
