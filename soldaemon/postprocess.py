@@ -25,7 +25,7 @@ tab counted as 4.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Iterable, Literal
 
 from soldaemon.api import Multiline
 
@@ -191,6 +191,34 @@ def _repeats_suffix(cur: _Cursor, text: str) -> bool:
 
 _Cut = tuple[Literal["before", "after"], int]
 
+# A dedented line that goes on with the statement the cursor is inside, not
+# after it: keyword -> the header keywords it may follow (``elif`` after the
+# body of an ``if``/``elif`` ...). Such a line is not the end of the block.
+_CONTINUES: dict[str, tuple[str, ...]] = {
+    "elif": ("if", "elif"),
+    "else": ("if", "elif", "for", "while", "try", "except", "async for", "async while"),
+    "except": ("try", "except"),
+    "finally": ("try", "except", "else"),
+    "case": ("case",),
+}
+# Brace languages: ``} else {``, ``} catch (e) {``, ``} finally {``, ``} while (x);``.
+_BRACE_CONTINUES = ("else", "catch", "finally", "except", "while")
+
+
+def _keyword(stripped: str, words: tuple[str, ...] | Iterable[str]) -> str | None:
+    """The word of ``words`` that ``stripped`` starts with as a whole word."""
+    for w in words:
+        if stripped.startswith(w) and (len(stripped) == len(w) or not (stripped[len(w)].isalnum()
+                                                                        or stripped[len(w)] == "_")):
+            return w
+    return None
+
+
+def _header_word(header: str) -> str | None:
+    stripped = header.strip()
+    return _keyword(stripped, ("async for", "async while", "if", "elif", "else", "for", "while", "try", "except",
+                               "case"))
+
 
 class _Scanner:
     """The line-by-line cut rules (see :func:`postprocess`), fed one line at a
@@ -269,6 +297,34 @@ class _Scanner:
             return True
         return not self.suffix_closes(closer, h_indent)
 
+    def continues(self, stripped: str, indent: int, complete: bool) -> bool | None:
+        """Whether a dedented line goes on with the statement the completion
+        is inside (``elif``/``else``/``except``/``finally``/``case`` at the
+        header's indentation after a matching header; ``} else {`` and the
+        like after a ``{`` header the suffix does not close). None while an
+        incomplete line could still become one."""
+        header = self.header()
+        if header is None or indent != header[1]:
+            return False
+        text, _ = header
+        if stripped[0] == "}":
+            if not text.rstrip().endswith("{") or self.suffix_closes("}", indent):
+                return False
+            after = stripped[1:].lstrip()
+            if not complete:
+                return None if not after or _keyword(after, _BRACE_CONTINUES) or any(
+                    w.startswith(after) for w in _BRACE_CONTINUES) else False
+            return bool(_keyword(after, _BRACE_CONTINUES)) and (after.endswith("{") or after.endswith(";"))
+        head = _header_word(text)
+        if head is None:
+            return False
+        allowed = [w for w, after in _CONTINUES.items() if head in after]
+        if _keyword(stripped, allowed):
+            return True
+        if not complete and any(w.startswith(stripped) for w in allowed):
+            return None
+        return False
+
     # -- the rules ---------------------------------------------------------
 
     def decide(self, line: str, complete: bool) -> _Cut | None:
@@ -288,6 +344,13 @@ class _Scanner:
             return None
         ind = _indent(line)
         if ind < self.base:
+            goes_on = self.continues(stripped, ind, complete)
+            if goes_on is None:
+                return None
+            if goes_on:
+                if complete and _repeats_suffix(self.cur, line.rstrip()):
+                    return ("before", i)
+                return None
             c = stripped[0]
             if c in _CLOSE_TO_OPEN and self.closer_kept(c, ind):
                 if not complete:
@@ -408,7 +471,13 @@ def postprocess(
        starts). Such a line is dropped -- unless it starts with the closer
        matching the opener of the block's header line, at the header's
        indentation, and the suffix does not already close that block: then it
-       is kept as the last line (brace languages);
+       is kept as the last line (brace languages). A dedented line that goes
+       on with the statement the completion is inside is no end either:
+       ``elif``/``else``/``except``/``finally``/``case`` at the header's
+       indentation after a header they may follow, and ``} else {``,
+       ``} catch (e) {``, ``} while (x);`` after a ``{`` header the suffix
+       does not close -- the completion then ends where it meets the suffix
+       (rule c) or at the next real dedent;
     c. a line equal (trailing whitespace aside) to the next non-blank line of
        the suffix, or to one of the two non-blank suffix lines after it when
        it has at least 8 non-blank characters: it and everything after it

@@ -141,8 +141,34 @@ def test_dedent_nested_blocks_inside_the_completion_are_fine() -> None:
     assert pp(text, prefix) == "for x in xs:\n        if x:\n            print(x)\n    return 0"
 
 
-def test_python_else_at_header_level_ends_the_if_body() -> None:
-    assert pp("\n    a()\nelse:\n    b()", "if x:", "\n") == "\n    a()"
+def test_python_else_at_header_level_continues_the_if_statement() -> None:
+    # ``else`` goes on with the ``if`` the completion is in: not a block end.
+    assert pp("\n    a()\nelse:\n    b()\nc()", "if x:", "\n") == "\n    a()\nelse:\n    b()"
+
+
+def test_elif_chain_goes_on_until_it_meets_the_suffix() -> None:
+    prefix = "def g(p):\n    r = []\n    if p > 3.9:\n        r.append('A+')\n    elif p > 3.7:\n        "
+    suffix = "\n    elif p > 2.7:\n        r.append('B')\n    return r\n"
+    text = ("r.append('A')\n    elif p > 3.3:\n        r.append('A-')\n    elif p > 2.7:\n"
+            "        r.append('B')\n")
+    assert pp(text, prefix, suffix) == "r.append('A')\n    elif p > 3.3:\n        r.append('A-')"
+
+
+def test_except_and_finally_continue_a_try_else_does_not_continue_a_def() -> None:
+    prefix = "def f():\n    try:\n        "
+    text = "a()\n    except OSError:\n        b()\n    finally:\n        c()\n    d()"
+    assert pp(text, prefix, "\n") == "a()\n    except OSError:\n        b()\n    finally:\n        c()"
+    # A keyword that cannot follow the header is still the end of the block.
+    assert pp("a()\nelse:\n    b()", "def f():\n    ", "\n") == "a()"
+    # ``elif`` after a ``for`` body is no continuation.
+    assert pp("a()\n    elif y:\n        b()", "def f():\n    for i in x:\n        ", "\n") == "a()"
+
+
+def test_brace_else_continues_when_the_suffix_does_not_close_the_block() -> None:
+    text = "\n  a();\n} else {\n  b();\n}\n\nfunction g() {}"
+    assert pp(text, "if (x) {", "\n") == "\n  a();\n} else {\n  b();\n}"
+    # The suffix closes the block: the hole ends where the generation meets it.
+    assert pp("\n  a();\n} else {\n  b();\n}\n", "if (x) {", "\n}\n") == "\n  a();"
 
 
 def test_brace_closer_kept_when_suffix_lacks_it() -> None:
@@ -370,6 +396,10 @@ CASES: list[tuple[str, str, str, bool, int]] = [
     ("def grüße():\n    ", "", "print('日本語')\n    return 'ü'\n\nx = 1\ny = 2\n", True, 10),
     ("    if (x) {", "}\n", "\n        go();\n    }\n    else {\n", True, 10),
     ("int main() {\n    ", "", "return 0;\n}\n\nint other() {\n", True, 10),
+    ("if x:\n    ", "\n", "a()\nelif y:\n    b()\nelse:\n    c()\nd()\n", True, 10),
+    ("    try:\n        ", "\n", "a()\n    except E:\n        b()\n    finally:\n        c()\n    d()\n    e = 1\n", True, 10),
+    ("if p:\n    a()\nelif q:\n    ", "\nelif r:\n    c()\n", "b()\nelif s:\n    d()\nelif r:\n    c()\n", True, 10),
+    ("if (x) {", "\n", "\n  a();\n} else {\n  b();\n}\n\nf();\n", True, 10),
 ]
 
 
@@ -389,9 +419,11 @@ def test_early_stop_never_changes_the_result(
 _PREFIXES = [
     "", "x = ", "def f():", "def f():\n    ", "function f() {", "function f() {\n  ",
     "foo(", "    if (x) {", "x = [\n    1,\n    ", "class A:\n    def m(self):\n        ",
+    "if x:\n    ", "try:\n    ", "for i in x:\n    ", "if (x) {\n  ",
 ]
 _SUFFIXES = ["", "\n", ")", "}", "\n}\n", "\n    return y\n", "\n]\n", "\n  more();\n}\n", "\")"]
-_PIECES = ["a", "b()", "return y", "}", ")", "]", "x = 1", "\"", "if x:", "{", "(", ";", "é"]
+_PIECES = ["a", "b()", "return y", "}", ")", "]", "x = 1", "\"", "if x:", "{", "(", ";", "é",
+           "elif", "else:", "except E:", "finally:", "e", "els", "} else {", "while (x);"]
 
 
 @st.composite
