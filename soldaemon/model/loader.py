@@ -2,9 +2,10 @@
 
 Sources, in the order the daemon tries them:
 
-- ``model.path`` unset → the embedded default (see :mod:`.embedded`): assemble
-  the GGUF from the installed parts, verify its sha256, convert once to a
-  cached safetensors copy, load the copy.
+- ``model.path`` unset → the embedded model ``name`` names (see
+  :mod:`.embedded`; the 0.5B by default): assemble the GGUF from the
+  installed parts, verify its sha256, convert once to a cached safetensors
+  copy, load the copy.
 - ``model.path`` is a ``.gguf`` file → convert once to the cache, load.
 - ``model.path`` is a directory with ``config.json`` → load it directly.
 
@@ -34,7 +35,7 @@ import torch
 from .. import paths
 from ..errors import ModelError, ModelHashMismatch, OutOfMemory
 from . import integrity
-from .embedded import QWEN25_CODER_05B, assemble_gguf
+from .embedded import EmbeddedModel, assemble_gguf, resolve_model_name
 
 log = logging.getLogger(__name__)
 
@@ -86,14 +87,14 @@ def resolve_dtype(name: str, device: torch.device, directory: Path | None = None
     return table[name]
 
 
-def prepare_model_dir(path: str | None, *, progress: bool = True) -> tuple[Path, Path | None, str]:
+def prepare_model_dir(path: str | None, *, name: str | None = None,
+                      progress: bool = True) -> tuple[Path, Path | None, str]:
     """Return ``(hf_dir, gguf_path, name)`` for a model source, converting a
-    GGUF into the cache when needed. Raises ModelError subclasses."""
+    GGUF into the cache when needed. ``path`` None: the embedded model
+    ``name`` names (:func:`~.embedded.resolve_model_name`); a path wins over
+    the name. Raises ModelError subclasses."""
     if path is None:
-        root = paths.cache_dir() / "models"
-        gguf = assemble_gguf(root / "gguf" / f"{QWEN25_CODER_05B.name}.gguf", progress=progress)
-        key = f"{QWEN25_CODER_05B.name}-{QWEN25_CODER_05B.sha256[:12]}"
-        return convert_gguf(gguf, root / key, progress=progress), gguf, QWEN25_CODER_05B.name
+        return prepare_embedded(resolve_model_name(name), progress=progress)
     p = Path(path).expanduser()
     if not p.exists():
         raise ModelError(f"model.path '{p}' does not exist", hint="point model.path at a Hugging Face model directory or a .gguf file")
@@ -106,6 +107,23 @@ def prepare_model_dir(path: str | None, *, progress: bool = True) -> tuple[Path,
     return convert_gguf(p, paths.cache_dir() / "models" / _gguf_cache_name(p), progress=progress), p, p.stem
 
 
+def prepare_embedded(model: EmbeddedModel, *, progress: bool = True) -> tuple[Path, Path, str]:
+    """Assemble and verify ``model``'s GGUF, convert it once into the cache;
+    ``(hf_dir, gguf_path, name)`` as :func:`prepare_model_dir`."""
+    gguf = assemble_gguf(_embedded_gguf(model), model, progress=progress)
+    return convert_gguf(gguf, _embedded_cache(model), progress=progress), gguf, model.name
+
+
+def _embedded_gguf(model: EmbeddedModel) -> Path:
+    return paths.cache_dir() / "models" / "gguf" / f"{model.name}.gguf"
+
+
+def _embedded_cache(model: EmbeddedModel) -> Path:
+    """The converted copy's directory: the name and a prefix of the pinned
+    hash, so a new pin never reuses an old conversion."""
+    return paths.cache_dir() / "models" / f"{model.name}-{model.sha256[:12]}"
+
+
 def _gguf_cache_name(p: Path) -> str:
     """The cache directory name of a user's GGUF file (its stem + a key of
     its path, size and mtime: a changed file is converted again)."""
@@ -114,21 +132,23 @@ def _gguf_cache_name(p: Path) -> str:
     return f"{p.stem}-{key}"
 
 
-def tokenizer_dir(path: str | None, *, progress: bool = True) -> tuple[Path, str]:
+def tokenizer_dir(path: str | None, *, name: str | None = None, progress: bool = True) -> tuple[Path, str]:
     """A directory holding the tokenizer of a model source, and the source's
     name, without loading (or converting) its weights: what a remote engine's
-    FIM prompts need. ``path`` is as for :func:`prepare_model_dir` (None: the
-    embedded model, assembled and verified). A GGUF's converted copy is used
+    FIM prompts need. ``path`` and ``name`` are as for
+    :func:`prepare_model_dir` (path None: the embedded model, assembled and
+    verified). A GGUF's converted copy is used
     when there is one; else its tokenizer alone is read once (tens of
     seconds) and cached under ``cache_dir()/models/tokenizers``. Raises
     ModelError subclasses."""
     root = paths.cache_dir() / "models"
     if path is None:
-        gguf = assemble_gguf(root / "gguf" / f"{QWEN25_CODER_05B.name}.gguf", progress=progress)
-        name = f"{QWEN25_CODER_05B.name}-{QWEN25_CODER_05B.sha256[:12]}"
-        if _usable(root / name):
-            return root / name, QWEN25_CODER_05B.name
-        return _gguf_tokenizer(gguf, root / "tokenizers" / name), QWEN25_CODER_05B.name
+        model = resolve_model_name(name)
+        gguf = assemble_gguf(_embedded_gguf(model), model, progress=progress)
+        converted = _embedded_cache(model)
+        if _usable(converted):
+            return converted, model.name
+        return _gguf_tokenizer(gguf, root / "tokenizers" / converted.name), model.name
     p = Path(path).expanduser()
     if not p.exists():
         raise ModelError(f"tokenizer path '{p}' does not exist",
@@ -137,10 +157,10 @@ def tokenizer_dir(path: str | None, *, progress: bool = True) -> tuple[Path, str
         return p, p.name
     if p.suffix.lower() != ".gguf":
         raise ModelError(f"tokenizer path '{p}' is neither a directory nor a .gguf file")
-    name = _gguf_cache_name(p)
-    if _usable(root / name):
-        return root / name, p.stem
-    return _gguf_tokenizer(p, root / "tokenizers" / name), p.stem
+    key = _gguf_cache_name(p)
+    if _usable(root / key):
+        return root / key, p.stem
+    return _gguf_tokenizer(p, root / "tokenizers" / key), p.stem
 
 
 def _gguf_tokenizer(gguf: Path, dest: Path) -> Path:
@@ -169,18 +189,18 @@ def _gguf_tokenizer(gguf: Path, dest: Path) -> Path:
     return dest
 
 
-def load_tokenizer(path: str | None, *, progress: bool = True) -> tuple[Any, str]:
+def load_tokenizer(path: str | None, *, name: str | None = None, progress: bool = True) -> tuple[Any, str]:
     """The tokenizer of a model source (see :func:`tokenizer_dir`) and the
     source's name. Raises ModelError."""
     import transformers
 
-    directory, name = tokenizer_dir(path, progress=progress)
+    directory, shown = tokenizer_dir(path, name=name, progress=progress)
     try:
         tok = transformers.AutoTokenizer.from_pretrained(str(directory))
     except (ValueError, OSError, KeyError) as exc:
         raise ModelError(f"cannot load a tokenizer from '{directory}': {exc}",
                          hint="it needs tokenizer.json or the tokenizer files of a Hugging Face model") from None
-    return tok, name
+    return tok, shown
 
 
 def is_complete(directory: Path) -> bool:
@@ -285,9 +305,12 @@ def _stored_itemsize(directory: Path) -> int:
     return 4 if "32" in _stored_dtype_name(directory) else 2
 
 
-def load_model(path: str | None = None, *, device: str = "auto", dtype: str = "auto",
-               progress: bool = True) -> LoadedModel:
+def load_model(path: str | None = None, *, name: str | None = None, device: str = "auto",
+               dtype: str = "auto", progress: bool = True) -> LoadedModel:
     """Prepare (verify/convert) and load a model with its tokenizer.
+
+    ``path`` None loads the embedded model ``name`` names (``auto`` or None:
+    the default); see :func:`prepare_model_dir`.
 
     A directory whose marker records file hashes (a converted cache) is
     checked: sizes and sampled hashes before loading, the full sha256 on a
@@ -296,7 +319,7 @@ def load_model(path: str | None = None, *, device: str = "auto", dtype: str = "a
     GGUF raises :class:`~soldaemon.errors.ModelHashMismatch`."""
     t0 = time.perf_counter()
     dev = resolve_device(device)
-    directory, gguf, name = prepare_model_dir(path, progress=progress)
+    directory, gguf, shown = prepare_model_dir(path, name=name, progress=progress)
     dt = resolve_dtype(dtype, dev, directory)
     try:
         model, tok = _load_verified(directory, dev, dt, progress)
@@ -305,9 +328,18 @@ def load_model(path: str | None = None, *, device: str = "auto", dtype: str = "a
             raise
         log.error("%s; rebuilding it from %s", exc.message, gguf.name)
         shutil.rmtree(directory, ignore_errors=True)
-        directory, gguf, name = prepare_model_dir(path, progress=progress)
+        directory, gguf, shown = prepare_model_dir(path, name=name, progress=progress)
         model, tok = _load_verified(directory, dev, dt, progress)
-    return LoadedModel(model, tok, name, directory, gguf, dev, dt, time.perf_counter() - t0)
+    return LoadedModel(model, tok, shown, directory, gguf, dev, dt, time.perf_counter() - t0)
+
+
+def load_embedded(name: str, *, device: str = "auto", dtype: str = "auto",
+                  progress: bool = True) -> LoadedModel:
+    """Load the embedded model called ``name`` (``qwen2.5-coder-1.5b``, …);
+    :func:`load_model` with no path. Raises ModelError subclasses
+    (ModelPartsMissing, naming the pip command, when its parts are not
+    installed)."""
+    return load_model(None, name=name, device=device, dtype=dtype, progress=progress)
 
 
 def _load_verified(directory: Path, dev: torch.device, dt: torch.dtype, progress: bool) -> tuple[Any, Any]:
