@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Literal, Sequence
 
 from soldaemon import gpuprobe
-from soldaemon.plan_check import plan_report
+from soldaemon.plan_check import model_report, plan_report
 from soldaemon.gpuprobe import (
     DEFAULT_PORT,
     CacheReading,
@@ -480,6 +480,7 @@ def judge_machine(m: MachineReading, *, own_pid: int | None = None,
     checks += judge_cpu(m.cpu, has_gpu)
     checks.append(judge_cache(m.cache))
     checks.append(Check("kernel_plan", **plan_report(m.cpu.vector_flags)))
+    checks.append(Check("model_choice", **model_report(m.cpu.vector_flags)))
     if m.daemon is not None:
         checks.append(judge_daemon(m.daemon))
     return checks

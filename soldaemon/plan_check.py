@@ -1,15 +1,21 @@
-"""``soldaemon doctor``'s kernel-plan check: the plan the daemon chose (or
-will choose) on this machine, from the timing tables it cached at start-up
+"""``soldaemon doctor``'s kernel-plan and model-choice checks: the plan the
+daemon chose (or will choose) on this machine, and which embedded model
+``model.name: auto`` serves, from the timing tables it cached at start-up
 (``cache_dir()/kernel-plans``). Reads files only: no torch, no model."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from . import paths
+from .model.choice import LatencyBudget, ModelFigures, choose_model
+from .model.embedded import EMBEDDED_MODELS, is_installed
 from .policy.kernel_plan import TimingTable, choose_plan
+
+_RELEVANT = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "asimd")
 
 
 def read_tables(root: Path | None = None) -> list[tuple[Path, TimingTable]]:
@@ -28,7 +34,7 @@ def read_tables(root: Path | None = None) -> list[tuple[Path, TimingTable]]:
 def plan_report(cpu_flags: tuple[str, ...] | None, root: Path | None = None) -> dict[str, Any]:
     """(verdict, detail, fix) for the newest table measured on a CPU with
     these flags; an ``info`` line when none was measured yet."""
-    relevant = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "asimd")
+    relevant = _RELEVANT
     mine = sorted(f for f in (cpu_flags or ()) if f in relevant)
     for path, table in read_tables(root):
         theirs = sorted(f for f in table.machine.get("cpu_flags", []) if f in relevant)
@@ -48,3 +54,42 @@ def plan_report(cpu_flags: tuple[str, ...] | None, root: Path | None = None) -> 
     return {"verdict": "info", "detail": "no kernel plan measured yet on this machine: the daemon's first start "
             "times the linear kernels on the model's shapes (about half a minute) and caches the result",
             "cost": None, "fix": None}
+
+
+def _table_for(layers: int, cpu_flags: tuple[str, ...] | None, root: Path | None) -> TimingTable | None:
+    """The newest cached table of a model with ``layers`` layers measured on
+    this CPU, preferring one timed with a thread per core (the daemon's
+    default)."""
+    mine = sorted(f for f in (cpu_flags or ()) if f in _RELEVANT)
+    found = []
+    for _path, table in read_tables(root):
+        theirs = sorted(f for f in table.machine.get("cpu_flags", []) if f in _RELEVANT)
+        if table.n_layers == layers and (table.machine.get("device") != "cpu" or cpu_flags is None or theirs == mine):
+            found.append(table)
+    cores = os.cpu_count()
+    return next((t for t in found if t.machine.get("threads") == cores), found[0] if found else None)
+
+
+def model_report(cpu_flags: tuple[str, ...] | None, budget: LatencyBudget | None = None,
+                 root: Path | None = None) -> dict[str, Any]:
+    """Which embedded model ``model.name: auto`` serves here, by the cached
+    timings of each installed one (memory aside: the daemon checks it)."""
+    figures, untimed = [], []
+    for name, model in EMBEDDED_MODELS.items():
+        if model.shapes is None or not is_installed(model):
+            continue
+        table = _table_for(model.shapes.layers, cpu_flags, root)
+        if table is None:
+            untimed.append(name)
+            continue
+        plan = choose_plan(table)
+        figures.append(ModelFigures(name, model.size, float(plan.cold_ms or float("inf")),
+                                    float(plan.step_ms or float("inf"))))
+    if not figures:
+        return {"verdict": "info", "detail": "model.name auto: decided at the daemon's first start (no kernel "
+                "timings of an installed embedded model cached yet)", "cost": None, "fix": None}
+    choice = choose_model(figures, budget)
+    detail = f"model.name auto serves {choice.name}: {choice.reason}"
+    if untimed:
+        detail += f"; not timed yet: {', '.join(untimed)} (the next start times it)"
+    return {"verdict": "ok", "detail": detail, "cost": None, "fix": None}

@@ -613,7 +613,7 @@ def test_no_gpu_says_so_plainly_and_checks_what_applies() -> None:
                        daemon=None)
     checks = judge_machine(m)
     assert [c.name for c in checks] == ["gpu", "torch", "cpu.cores", "cpu.ram", "cpu.vector", "model_cache",
-                                        "kernel_plan"]
+                                        "kernel_plan", "model_choice"]
     assert checks[0] == Check("gpu", "info", "no NVIDIA GPU found (NVML: NVML Shared Library Not Found; "
                                               "nvidia-smi: not found) — running on CPU")
     text = doctor.format_human(checks)

@@ -21,6 +21,8 @@ Precision = Literal["auto", "float32", "bfloat16", "float16", "int8", "int4"]
 BackendKind = Literal["local", "remote"]
 PromptFormat = Literal["text", "tokens"]
 FimOrder = Literal["psm", "spm"]
+ModelName = Literal["auto", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
+DraftChoice = Literal["auto", "off", "qwen2.5-coder-0.5b"]
 ContextChoice = Literal["relevance", "order"]
 FimAnchor = Literal["cursor", "line", "sticky"]
 
@@ -65,9 +67,22 @@ class SolConfig:
 class ModelConfig:
     """``model:`` — which model, in which precision, with how much context."""
 
-    # None: the embedded default (Qwen2.5-Coder-0.5B); else a local Hugging Face
-    # model directory or a .gguf file.
+    # None: an embedded model (``name``); else a local Hugging Face model
+    # directory or a .gguf file (then ``name`` does not apply).
     path: Path | None = _setting(None, _optional(_path()))
+    # Which embedded model: "auto" the largest installed one whose cold TTFT
+    # and decode step, predicted from this machine's kernel timings, fit
+    # ttft_budget_ms and decode_budget_ms (else the smallest); or a name.
+    # The 1.5B is installed by pip install 'soldaemon[model-1.5b]'.
+    name: ModelName = _setting("auto", _choice(get_args(ModelName)))
+    # auto's latency budget: a cold 1k-token prompt to its first token; ms, > 0.
+    ttft_budget_ms: float = _setting(250.0, _float(0.0, lo_open=True))
+    # auto's budget for one decode step; ms, > 0.
+    decode_budget_ms: float = _setting(50.0, _float(0.0, lo_open=True))
+    # The draft model of an embedded model: "auto" a smaller installed
+    # embedded model (same tokenizer) when both fit in memory and the kernel
+    # plan predicts drafting pays; "off"; or a name. draft_model (a path) wins.
+    draft: DraftChoice = _setting("auto", _choice(get_args(DraftChoice)))
     # The one format the weights are kept in, and so the kernels that read
     # them: "auto" measures the kernels on this machine at start-up (cached
     # per machine, model and torch version) and picks per phase (prefill,

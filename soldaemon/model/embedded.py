@@ -22,10 +22,40 @@ import importlib.resources
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 from tqdm import tqdm
 
 from ..errors import ModelError, ModelHashMismatch, ModelPartsMissing
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """The architecture's sizes, known before the model is assembled: the
+    kernel timings (and so ``model.name: auto``'s choice) need only these."""
+
+    layers: int
+    hidden: int
+    ffn: int          # intermediate size
+    heads: int
+    kv_heads: int
+    vocab: int
+
+    def config(self) -> SimpleNamespace:
+        """The attributes of a transformers config the kernel timing reads."""
+        return SimpleNamespace(num_hidden_layers=self.layers, hidden_size=self.hidden, intermediate_size=self.ffn,
+                               num_attention_heads=self.heads, num_key_value_heads=self.kv_heads,
+                               vocab_size=self.vocab, head_dim=None)
+
+    def weight_count(self) -> int:
+        """Parameters in the linear layers and the embedding (norms and
+        biases aside)."""
+        hd = self.hidden // self.heads
+        attn = 2 * self.hidden * self.hidden + 2 * self.hidden * self.kv_heads * hd
+        return self.layers * (attn + 3 * self.hidden * self.ffn) + 2 * self.vocab * self.hidden
+
+    def kv_bytes_per_token(self, bytes_per_value: int = 4) -> int:
+        return 2 * self.layers * self.kv_heads * (self.hidden // self.heads) * bytes_per_value
 
 
 @dataclass(frozen=True)
@@ -36,6 +66,7 @@ class EmbeddedModel:
     size: int                      # bytes of the assembled GGUF
     sha256: str                    # of the assembled GGUF
     extra: str | None = None       # the soldaemon extra that installs the parts; None: default dependencies
+    shapes: Shapes | None = None   # the architecture (from the GGUF header, checked when pinned)
 
     def part_module(self, index: int) -> str:
         return self.packages[index].replace("-", "_")
@@ -51,6 +82,7 @@ QWEN25_CODER_05B = EmbeddedModel(
     version="0.9.0",
     size=491_400_064,
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    shapes=Shapes(layers=24, hidden=896, ffn=4864, heads=14, kv_heads=2, vocab=151936),
 )
 
 # Header checked before pinning: qwen2, 28 layers, hidden 1536, 12 heads,
@@ -62,6 +94,7 @@ QWEN25_CODER_15B = EmbeddedModel(
     size=1_117_320_768,
     sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
     extra="model-1.5b",
+    shapes=Shapes(layers=28, hidden=1536, ffn=8960, heads=12, kv_heads=2, vocab=151936),
 )
 
 # The names ``model.name`` accepts, smallest first.

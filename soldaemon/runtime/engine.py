@@ -30,6 +30,7 @@ from ..relevance import ContextSelector
 from .backend import LEAN_ARCHITECTURES, Backend, LeanBackend, make_backend
 from .kernel_plan import KernelPlan, TimingTable
 from .kernels import trim_heap
+from .model_choice import choose_draft, choose_embedded
 from .precision import choose_kernels, lean_or_float32, precision_info
 from .cudagraph import GraphDecoder
 from .draft import DraftLength, DraftModel
@@ -116,6 +117,8 @@ class LocalEngine:
         self._parked: Run | None = None
         self._token_texts: TokenTexts | None = None   # token healing's vocabulary index
         self.foreseen = Foreseen()                                # completion.speculative_fim's answer
+        # model.name / model.draft as load_engine resolved them (auto: the figures that decided)
+        self.model_choice: dict[str, Any] | None = None
 
     # -- the Engine protocol -------------------------------------------------
 
@@ -131,6 +134,7 @@ class LocalEngine:
             "n_ctx": self.backend.n_ctx,
             "threads": torch.get_num_threads(),
             "load_s": round(self.loaded.load_s, 2),
+            "model_choice": self.model_choice,
             "drafter": ("off" if not self.config.completion.speculative else
                         "draft model" if self.draft_model is not None else "prompt lookup"),
             "cuda_graphs": self.graphs.info() if self.graphs is not None else None,
@@ -331,14 +335,22 @@ def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:
     precision, notices = effective_precision(mc)
     for notice in notices:
         log.warning("config: %s", notice)
-    loaded = load_model(str(mc.path) if mc.path else None, device=config.device.device, dtype="stored",
-                        progress=progress)
+    name, auto = (None, None) if mc.path else choose_embedded(config, progress=progress)
+    loaded = load_model(str(mc.path) if mc.path else None, name=name, device=config.device.device,
+                        dtype="stored", progress=progress)
     plan, table = choose_kernels(loaded, precision, progress=progress)
     engine = LocalEngine(loaded, config, plan=plan, timings=table, notices=tuple(notices))
     trim_heap()       # the module's released parameters and the timing runs' tensors
-    if mc.draft_model is not None:
-        draft = load_model(str(mc.draft_model), device=config.device.device, dtype="stored", progress=progress)
+    draft_name, why = (None, "model.draft_model") if mc.draft_model else choose_draft(config, name or "",
+                                                                                     progress=progress)
+    if mc.draft_model is not None or draft_name is not None:
+        draft = (load_model(str(mc.draft_model), device=config.device.device, dtype="stored", progress=progress)
+                 if mc.draft_model is not None else
+                 load_model(None, name=draft_name, device=config.device.device, dtype="stored", progress=progress))
         lean_or_float32(draft)
         engine.attach_draft_model(draft)
+        trim_heap()
+    log.info("draft model: %s (%s)", draft_name or (mc.draft_model and str(mc.draft_model)) or "none", why)
+    engine.model_choice = {"name": name or str(mc.path), "auto": auto, "draft": draft_name, "draft_reason": why}
     engine.warmup()
     return engine

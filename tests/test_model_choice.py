@@ -1,0 +1,97 @@
+"""``model.name: auto`` and ``model.draft: auto`` wired to the kernel
+timings: the figures come from the kernel plan's tables, the doctor reads
+the same tables without torch, a draft is attached only where the plan's
+predicted costs say it pays."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from soldaemon import plan_check
+from soldaemon.config import config_from_dict
+from soldaemon.model.embedded import EMBEDDED_MODELS, QWEN25_CODER_05B, QWEN25_CODER_15B
+from soldaemon.policy.kernel_plan import KernelPlan
+from soldaemon.runtime import model_choice
+from soldaemon.runtime.kernels import layer_shapes
+
+TABLES = Path(__file__).parent / "data" / "kernel_tables"
+
+
+def test_registry_shapes_are_the_converted_models_shapes() -> None:
+    # what the GGUF headers say (checked when pinned: docs/model.md)
+    assert layer_shapes(QWEN25_CODER_05B.shapes.config()) == [(896, 896), (128, 896), (128, 896), (896, 896),
+                                                             (4864, 896), (4864, 896), (896, 4864)]
+    assert QWEN25_CODER_15B.shapes.config().num_hidden_layers == 28
+    # about 0.49 and 1.54 billion weights in the products and embeddings
+    assert 0.45e9 < QWEN25_CODER_05B.shapes.weight_count() < 0.65e9
+    assert 1.4e9 < QWEN25_CODER_15B.shapes.weight_count() < 1.9e9
+
+
+def _cache_with(tmp_path: Path, tables: list[Path]) -> Path:
+    folder = tmp_path / "kernel-plans"
+    folder.mkdir()
+    for i, t in enumerate(tables):
+        shutil.copy(t, folder / f"t{i}.json")
+    return tmp_path
+
+
+def test_doctor_names_the_model_auto_serves_from_cached_tables(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plan_check, "is_installed", lambda m: True)
+    zen4 = TABLES / "zen4_avx512_bf16.json"
+    flags = tuple(json.loads(zen4.read_text())["table"]["machine"]["cpu_flags"])
+    root = _cache_with(tmp_path, [zen4])
+    report = plan_check.model_report(flags, root=root)
+    assert report["verdict"] == "ok"
+    assert "serves qwen2.5-coder-0.5b" in report["detail"]
+    assert "not timed yet: qwen2.5-coder-1.5b" in report["detail"]
+    empty = plan_check.model_report(flags, root=tmp_path / "nothing")
+    assert empty["verdict"] == "info" and "first start" in empty["detail"]
+
+
+def _plan(step: float, verify: float, cold: float = 100.0) -> KernelPlan:
+    return KernelPlan("int8", "int8-dynamic", "int8", "int8", "int8-dynamic", cold_ms=cold, step_ms=step,
+                      verify_ms=verify)
+
+
+def test_a_draft_is_attached_only_where_the_plan_says_it_pays() -> None:
+    # a GPU-like plan: a 9-row verify costs about one step; the draft's step is cheap
+    assert model_choice.draft_pays(_plan(4.3, 4.9), _plan(2.1, 2.4), max_k=8)
+    # this 2-core CPU, quiet (docs/model.md): a 9-row verify of the 1.5B costs ~5 steps
+    assert not model_choice.draft_pays(_plan(56.0, 372.0), _plan(18.4, 30.8), max_k=8)
+    # a draft as slow as the target never pays
+    assert not model_choice.draft_pays(_plan(10.0, 11.0), _plan(10.0, 11.0), max_k=8)
+
+
+def _candidates(plans: dict[str, KernelPlan]) -> list[model_choice.Candidate]:
+    return [model_choice.Candidate(n, EMBEDDED_MODELS[n], p, 10**9) for n, p in plans.items()]
+
+
+def test_auto_serves_the_15b_with_its_draft_on_a_gpu_like_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = {"qwen2.5-coder-0.5b": _plan(2.1, 2.4, cold=14.0), "qwen2.5-coder-1.5b": _plan(4.3, 4.9, cold=31.0)}
+    monkeypatch.setattr(model_choice, "candidates", lambda *a, **k: _candidates(gpu))
+    monkeypatch.setattr(model_choice, "available_bytes", lambda device: 64 << 30)
+    config = config_from_dict({"device": {"device": "cpu"}})
+    name, why = model_choice.choose_embedded(config)
+    assert name == "qwen2.5-coder-1.5b" and why is not None and why["within_budget"]
+    assert [f["name"] for f in why["figures"]] == ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
+    draft, reason = model_choice.choose_draft(config, name)
+    assert draft == "qwen2.5-coder-0.5b" and "pays" in reason
+    # memory for one model only: no draft
+    monkeypatch.setattr(model_choice, "available_bytes", lambda device: 4 << 30)
+    assert model_choice.choose_draft(config, name)[0] is None
+    off = config_from_dict({"device": {"device": "cpu"}, "model": {"draft": "off"}})
+    assert model_choice.choose_draft(off, name) == (None, "off")
+
+
+def test_a_named_model_is_served_without_measuring(monkeypatch: pytest.MonkeyPatch) -> None:
+    def never(*_a: object, **_k: object) -> list[model_choice.Candidate]:
+        raise AssertionError("measured although model.name names the model")
+
+    monkeypatch.setattr(model_choice, "candidates", never)
+    config = config_from_dict({"model": {"name": "qwen2.5-coder-0.5b"}})
+    assert model_choice.choose_embedded(config) == ("qwen2.5-coder-0.5b", None)
