@@ -75,6 +75,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "healing: off; anchor: the middle starts at the cursor)")
     p.add_argument("--baselines-only", action="store_true",
                    help="--quality: only the --baselines columns (e.g. to add llama.cpp to an earlier run's holes)")
+    p.add_argument("--models", nargs="*",
+                   help="--quality: a column per embedded model (qwen2.5-coder-0.5b qwen2.5-coder-1.5b) or "
+                        "target+draft pair (qwen2.5-coder-1.5b+qwen2.5-coder-0.5b); llama.cpp then runs each "
+                        "target's own GGUF")
+    p.add_argument("--functional", action="store_true",
+                   help="--quality: holes CPython's own tests can judge (pass@1 beside exact match): cut from "
+                        "standard-library modules, each checked to matter (soldaemon/functional.py)")
     p.add_argument("--context", choices=("none", "siblings"), default="none",
                    help="--quality: siblings: also run the daemon with the other source files of each hole's "
                         "directory as context chunks, chosen by relevance and (ablation) as sent")

@@ -120,3 +120,43 @@ def test_bench_quality_with_sibling_context(tiny_dir: Path, tmp_path: Path, caps
     assert any(h["out"]["sol+ctx"]["prompt_tokens"] > h["out"]["sol"]["prompt_tokens"] for h in data["holes"])
     assert all(h["out"]["sol+ctx"]["prompt_tokens"] < h["out"]["sol+ctx[order]"]["prompt_tokens"]
                for h in data["holes"])
+
+
+def test_bench_quality_functional_holes_report_pass_at_1(tiny_dir: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SOLDAEMON_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "q.json"
+    rc = main(["bench", "--quality", "--model", str(tiny_dir), "--threads", "1", "--holes", "2", "--tokens", "4",
+               "--functional", "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "pass@1 %" in text and "decode tok/s" in text
+    data = json.loads(out.read_text())
+    for h in data["holes"]:
+        # the tiny model's gibberish never passes CPython's tests; the raw column neither
+        assert h["out"]["sol"]["passed"] is False and h["out"]["raw"]["passed"] is False
+    assert data["summary"]["sol"]["all"]["pass_at_1"] == 0.0
+
+
+def test_model_columns_are_parsed_and_named() -> None:
+    from soldaemon.config import Config
+    from soldaemon.errors import BadRequest
+    from soldaemon.quality.columns import model_configs
+
+    cols = model_configs(Config.default(), ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b+qwen2.5-coder-0.5b"])
+    assert [(label, target) for label, target, _ in cols] == [("sol[0.5b]", "qwen2.5-coder-0.5b"),
+                                                              ("sol[1.5b+0.5b]", "qwen2.5-coder-1.5b")]
+    assert cols[0][2].model.draft == "off" and cols[1][2].model.draft == "qwen2.5-coder-0.5b"
+    with pytest.raises(BadRequest, match="not an embedded model"):
+        model_configs(Config.default(), ["qwen-7b"])
+
+
+def test_decode_rate_counts_tokens_after_the_first() -> None:
+    from soldaemon.quality import Column
+
+    col = Column("c")
+    hole = Hole("f.py", 1, "x = ", "\n", "1")
+    col.add(hole, "1", 110.0, 10, 11, 10.0, python=True)      # 10 tokens in 100 ms
+    col.add(hole, "1", 50.0, 10, 1, 50.0, python=True)        # one token: no decode
+    assert col.decode_rate([0, 1]) == pytest.approx(100.0)
