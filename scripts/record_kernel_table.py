@@ -5,7 +5,8 @@ JSON file: the recorded tables the plan chooser is tested over
 
     python scripts/record_kernel_table.py --model-config DIR_OR_SHAPES --out FILE [--note TEXT]
 
-``--qwen05b`` uses Qwen2.5-Coder-0.5B's shapes without loading any weights.
+``--embedded NAME`` uses an embedded model's shapes (``qwen2.5-coder-0.5b``,
+``qwen2.5-coder-1.5b``) without loading any weights; ``--qwen05b`` is the 0.5B's.
 To record what an AVX2-only machine does on a newer CPU, cap the libraries'
 instruction sets in the environment (oneDNN, MKL, ATen) and say so:
 
@@ -32,6 +33,7 @@ from soldaemon.runtime.kernels import PLAN_FORMAT, measure_table  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--qwen05b", action="store_true", help="Qwen2.5-Coder-0.5B's shapes")
+    ap.add_argument("--embedded", help="an embedded model's shapes, by name (soldaemon.model.embedded)")
     ap.add_argument("--model-config", help="a Hugging Face model directory (its config.json)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
@@ -41,13 +43,21 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from transformers import AutoConfig, Qwen2Config
 
-    if args.qwen05b:
+    cfg: object
+
+    if args.embedded:
+        from soldaemon.model.embedded import resolve_model_name
+
+        shapes = resolve_model_name(args.embedded).shapes
+        assert shapes is not None
+        cfg = shapes.config()
+    elif args.qwen05b:
         cfg = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                           num_attention_heads=14, num_key_value_heads=2)
     elif args.model_config:
         cfg = AutoConfig.from_pretrained(args.model_config)
     else:
-        ap.error("give --qwen05b or --model-config")
+        ap.error("give --embedded, --qwen05b or --model-config")
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     table = measure_table(cfg, torch.device("cpu"), torch.float32, repeats=args.repeats,

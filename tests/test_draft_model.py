@@ -110,3 +110,34 @@ def test_a_draft_model_with_another_vocabulary_is_refused(models: tuple[Path, Pa
     with pytest.raises(ModelError, match="does not share the tokenizer"):
         engine.attach_draft_model(other)
     assert torch.get_num_threads() >= 1
+
+
+def test_the_residency_planner_makes_room_for_the_draft(models: tuple[Path, Path]) -> None:
+    """Under sol.memory_budget the pair is planned together: a budget that
+    holds the target whole holds the draft too only by offloading layers."""
+    target, draft = models
+    base = {"model": {"path": str(target), "max_context": 2048}, "device": {"device": "cpu"}}
+    plain = load_engine(config_from_dict(base), progress=False)
+    assert plain.memory is not None
+    store = plain.memory.store
+    kv = plain.backend.kv_bytes_per_session * plain.config.model.kv_sessions
+    layer = (store.device_bytes() - store.fixed_bytes) // len(plain.backend.layers)  # type: ignore[attr-defined]
+    whole = store.device_bytes() + kv
+    plain.close()
+    small = load_engine(config_from_dict({**base, "model": {**base["model"], "path": str(draft)}}), progress=False)
+    draft_bytes = small.backend.weight_bytes() + small.backend.kv_bytes_per_session
+    small.close()
+    # room for the target whole, or for the pair with about one target layer offloaded
+    mb = (whole + draft_bytes - layer // 2) / 2**20
+    budget = {"memory_budget": f"{mb:.3f}MB", "prefetch_depth": 1}
+    alone = load_engine(config_from_dict({**base, "sol": budget}), progress=False)
+    assert alone.diagnosis()["offloaded_layers"] == 0
+    alone.close()
+    pair = load_engine(config_from_dict({**base, "sol": budget,
+                                         "model": {**base["model"], "draft_model": str(draft)}}), progress=False)
+    assert pair.draft_model is not None and pair.memory is not None
+    assert pair.memory.kv_reserve_bytes > kv
+    assert pair.diagnosis()["offloaded_layers"] > 0
+    req = CompletionRequest(id="a", prefix="def f(x):\n    return x", suffix="\n", max_tokens=8)
+    assert [e for e in pair.complete(req, CancelToken()) if isinstance(e, Done)][0].items
+    pair.close()

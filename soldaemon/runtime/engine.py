@@ -251,6 +251,14 @@ class LocalEngine:
         # the draft runs the target's kernels (its shapes are alike and smaller)
         plan = self.backend.plan if isinstance(self.backend, LeanBackend) and self.backend.released else None
         backend = make_backend(draft.model, self.backend.n_ctx, plan=plan, release=plan is not None)
+        if self.memory is not None and isinstance(backend, LeanBackend):
+            # the residency planner keeps room for the pair (sol.memory_budget)
+            try:
+                self.memory.reserve(backend.weight_bytes() + backend.kv_bytes_per_session, "the draft model")
+            except BudgetTooSmall as exc:
+                raise ConfigError(f"sol.memory_budget cannot hold {self.loaded.name} and its draft model "
+                                  f"{draft.name}: {exc}",
+                                  hint="raise sol.memory_budget, or model.draft: off") from None
         self.draft_model = DraftModel(backend, vocab_limit=self.backend.vocab_size)
 
     def complete_all(self, req: CompletionRequest) -> Done:
@@ -348,7 +356,12 @@ def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:
                  if mc.draft_model is not None else
                  load_model(None, name=draft_name, device=config.device.device, dtype="stored", progress=progress))
         lean_or_float32(draft)
-        engine.attach_draft_model(draft)
+        try:
+            engine.attach_draft_model(draft)
+        except ConfigError as exc:
+            if mc.draft != "auto" or mc.draft_model is not None:
+                raise
+            draft_name, why = None, f"no room for the pair: {exc.message}"   # auto: serve without it
         trim_heap()
     log.info("draft model: %s (%s)", draft_name or (mc.draft_model and str(mc.draft_model)) or "none", why)
     engine.model_choice = {"name": name or str(mc.path), "auto": auto, "draft": draft_name, "draft_reason": why}

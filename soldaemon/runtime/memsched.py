@@ -157,6 +157,20 @@ class MemoryScheduler:
                 "free_below": str(self.kv_free_below) if self.kv_free_below is not None else None,
                 "switches": self.kv_switches}
 
+    def reserve(self, nbytes: int, what: str) -> None:
+        """Keep ``nbytes`` of the budget for something resident beside these
+        weights (a draft model's weights and KV cache) and re-plan. Raises
+        BudgetTooSmall, with nothing changed, when the budget cannot hold
+        both."""
+        if self.budget is None:
+            self.kv_reserve_bytes += nbytes
+            return
+        plan = self.store.make_plan(self.budget, self.kv_reserve_bytes + nbytes, bandwidth_gbs=self.bandwidth_gbs)
+        self.kv_reserve_bytes += nbytes
+        self.store.apply_plan(plan)
+        log.info("residency plan with %s (%.0f MB) beside it: %s", what, nbytes / 2**20,
+                 plan.describe(self.store.unit_infos))
+
     def restore(self) -> float:
         """Restore after an idle release, re-planning from the heatmap
         (call with the generation lock held)."""
