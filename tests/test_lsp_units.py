@@ -239,7 +239,9 @@ def _completer(client: ScriptedClient, text: str = "def f(x):\n    return \n", *
     store = _store(a=text, other="import os\n")
     ring = ContextRing()
     ring.opened("file:///other", store)
-    completer = Completer(Settings(warm=False, **settings), store, ring, client)  # type: ignore[arg-type]
+    # One item per request unless a test asks for alternatives.
+    completer = Completer(Settings(**{"warm": False, "alternatives": 1, **settings}), store, ring,
+                          client)  # type: ignore[arg-type]
     return completer, store
 
 
@@ -295,6 +297,30 @@ async def test_completer_debounce_not_ready_and_errors() -> None:
     busy = ScriptedClient(ErrorFrame("x", "busy", "too many", True, None))
     completer, _ = _completer(busy)
     assert await completer.suggest("file:///a", P(1, 11), automatic=False) is None
+
+
+@pytest.mark.asyncio
+async def test_invoked_completions_get_distinct_alternatives_greedy_first() -> None:
+    class Sampling(ScriptedClient):
+        """Greedy answers "x + 1"; sampled requests "x + 1" then "x - 1"."""
+
+        async def complete(self, req: CompletionRequest, **kwargs: Any) -> Any:
+            self.answer = ["x + 1"] if req.temperature == 0 else ["x + 1", "x - 1"][:req.n]
+            return await super().complete(req, **kwargs)
+
+    client = Sampling()
+    completer, _ = _completer(client, debounce_ms=0, alternatives=3, alternatives_temperature=0.4)
+    got = await completer.suggest("file:///a", P(1, 11), automatic=False)
+    assert got is not None and got.items == ("x + 1", "x - 1")     # distinct only
+    greedy, sampled = client.requests
+    assert (greedy.n, greedy.temperature) == (1, 0.0)
+    assert (sampled.n, sampled.temperature, sampled.prefix) == (2, 0.4, greedy.prefix)
+    assert [got.id_of(i) for i in range(2)] == [greedy.id, sampled.id] and got.indices == (0, 1)
+    # An automatic trigger: the greedy request only.
+    client.requests.clear()
+    completer, _ = _completer(client, debounce_ms=0, alternatives=3)
+    assert await completer.suggest("file:///a", P(1, 11), automatic=True) is not None
+    assert [(r.n, r.temperature) for r in client.requests] == [(1, 0.0)]
 
 
 def test_request_windows_and_items() -> None:
