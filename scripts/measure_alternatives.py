@@ -13,8 +13,9 @@ supports today without engine changes:
 For each it counts distinct non-empty candidates after the daemon's
 post-processing (the engine applies it), how many parse
 (:func:`soldaemon.quality.parses`), and the wall time per hole (the sum of
-its requests; the greedy request runs once per hole and counts in every
-strategy that uses it).
+its requests, after the prompt was prefilled once per hole — the times
+compare decoding; the greedy request runs once per hole and counts in
+every strategy that uses it).
 
 Usage: ``python scripts/measure_alternatives.py [--holes 20] [--config FILE]``.
 Prints a Markdown table for docs/editors.md. Slow on a CPU: run it on a
@@ -115,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     holes = cut_holes(default_corpus(), args.holes, args.seed)
     tallies = {name: Tally() for name in STRATEGIES}
     for i, hole in enumerate(holes):
+        # Prefill first, so that every strategy's time is its decoding: in
+        # sol-lsp the sampled request also finds the prompt cached.
+        engine.warm(CompletionRequest(id="w", prefix=hole.prefix, suffix=hole.suffix, uri="file:///hole.py",
+                                      language="python"), CancelToken())
         ran: dict[Step, tuple[list[str], float]] = {}    # the greedy request runs once per hole
         for name, steps in STRATEGIES.items():
             items: list[str] = []
