@@ -199,7 +199,7 @@ async def test_secret_and_foreign_files_are_never_sent(start_daemon: Any, tmp_pa
     recorded = tmp_path / "engine-saw.jsonl"
     daemon = start_daemon(args=["--engine", FAKE_ENGINE], env={"SOL_FAKE_RECORD": str(recorded)})
     client, statuses = await start_lsp(["--no-warm", "--debounce-ms", "0", "--timeout-ms", "30000",
-                                        "--no-start-daemon"],
+                                        "--no-start-daemon", "--alternatives", "1"],  # one request each
                                        lsp_env(daemon.state_dir))
     try:
         await client.initialize_session(types.InitializeParams(
