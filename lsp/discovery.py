@@ -29,9 +29,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from soldaemon.discovery import Target, check_private_dir, find_daemon, state_dir
+from soldaemon.discovery import StartLock, Target, check_private_dir, find_daemon, read_daemon_record, state_dir
 from soldaemon.errors import ConfigError
-from soldaemon.statefiles import StartLock, read_daemon_record
 
 from lsp.settings import Settings
 
