@@ -22,7 +22,8 @@ Contracts of :meth:`Completer.suggest`:
 - typing through a suggestion (the new text is the old prefix plus a start of
   an item, the suffix unchanged) is answered from the previous answer,
   without a daemon round trip — the item stays on screen, no flicker;
-- an *invoked* request returns up to ``alternatives`` distinct items: the
+- an *invoked* request (with ``alternatives``: sol-lsp asks for them for
+  inline completions) returns up to ``alternatives`` distinct items: the
   greedy one first, then the items of a second request with ``n`` sampled
   candidates (``alternatives_temperature``) — measured in docs/editors.md;
   automatic ones stay at the one greedy item (fast, and what is shown
@@ -165,9 +166,12 @@ class Completer:
         return self.settings.complete_in_secret_files or self.ring.policy.may_complete(uri)
 
     async def suggest(self, uri: str, position: types.Position, *, automatic: bool,
-                      tag: str | None = None) -> Suggestion | None:
-        """See the module contract. ``tag`` is the editor's request id (for
-        the daemon request id and the logs)."""
+                      alternatives: bool | None = None, tag: str | None = None) -> Suggestion | None:
+        """See the module contract. ``alternatives``: ask for them (default:
+        when invoked). ``tag`` is the editor's request id (for the daemon
+        request id and the logs)."""
+        if alternatives is None:
+            alternatives = not automatic
         t0 = time.perf_counter()
         doc = self.documents.get(uri)
         if doc is None:
@@ -229,7 +233,7 @@ class Completer:
         # what typing through is answered from: the untrimmed items
         raw = _Answer(request.id, doc.text[:offset], doc.text[offset:], tuple(answer.items),
                       (request.id,) * len(answer.items), tuple(range(len(answer.items))))
-        if not automatic and self.settings.alternatives > 1:
+        if alternatives and self.settings.alternatives > 1:
             extra = await self._add_alternatives(request, items, indices, ids, tag, t0)
             if self._generation.get(uri) != generation or doc.version != version:
                 return None                 # overtaken while the alternatives ran

@@ -23,8 +23,9 @@ LSP surface (docs/editors.md has the editor set-ups):
   (``completionItems``: auto/always/never): one item per completion, a
   ``textEdit`` from the start of the word at the cursor, ``isIncomplete``
   so the client asks again as the user types.
-- An invoked request (triggerKind Invoke) gets up to three distinct items,
-  the greedy one first; an automatic one, the greedy item only.
+- An invoked inline request (triggerKind Invoke) gets up to three distinct
+  items, the greedy one first; an automatic one, and plain completion (which
+  some editors ask as "invoked" while the user types), the greedy item only.
 - Events (:mod:`lsp.events`): shown, partially accepted, rejected — under
   the ``sol/`` names and Copilot's ``textDocument/didShowCompletion`` and
   ``textDocument/didPartiallyAcceptCompletion`` — are forwarded to the
@@ -249,12 +250,16 @@ class SolLanguageServer(LanguageServer):
 
     # -- completions ----------------------------------------------------------------
 
-    async def suggest(self, uri: str, position: types.Position, automatic: bool) -> Suggestion | None:
-        """The completer's answer; daemon errors become typed JSON-RPC errors."""
+    async def suggest(self, uri: str, position: types.Position, automatic: bool, *,
+                      alternatives: bool = False) -> Suggestion | None:
+        """The completer's answer; daemon errors become typed JSON-RPC errors.
+        ``alternatives``: an invoked inline request (plain completion menus
+        ask "invoked" as the user types in some editors: one item there)."""
         if self.completer is None:
             return None
         try:
             return await self.completer.suggest(uri, position, automatic=automatic,
+                                                alternatives=alternatives and not automatic,
                                                 tag=str(self.protocol.msg_id))
         except DaemonRequestFailed as exc:
             raise RequestFailed(str(exc), data={"code": exc.frame.code, "hint": exc.frame.hint}) from None
@@ -360,7 +365,7 @@ def build_server(settings: Settings) -> SolLanguageServer:
                                 ) -> types.InlineCompletionList:
         ls.saw_inline_request()
         automatic = params.context.trigger_kind == types.InlineCompletionTriggerKind.Automatic
-        found = await ls.suggest(params.text_document.uri, params.position, automatic)
+        found = await ls.suggest(params.text_document.uri, params.position, automatic, alternatives=True)
         return types.InlineCompletionList(items=ls.inline_items(found, params.position) if found else [])
 
     @server.feature(types.TEXT_DOCUMENT_COMPLETION, types.CompletionOptions(resolve_provider=False))
