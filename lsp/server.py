@@ -125,6 +125,7 @@ class SolLanguageServer(LanguageServer):
         self.progress_bar = Progress(self)
         self.reporter = StatusReporter(self, self.progress_bar)
         self.client_name = "unknown client"
+        self.client_has_progress = False
         self.policy = ContextPolicy()  # what may be sent; set from the workspace folders in initialize
 
     def report_server_error(self, error: Exception, source: Any) -> None:
@@ -168,7 +169,7 @@ class SolLanguageServer(LanguageServer):
         item_caps = text_caps.completion.completion_item if text_caps and text_caps.completion else None
         self.documentation_formats = tuple(item_caps.documentation_format or ()) if item_caps else ()
         window = params.capabilities.window
-        self.progress_bar.enabled = bool(window and window.work_done_progress)
+        self.client_has_progress = bool(window and window.work_done_progress)
         self.client_name = client = params.client_info.name if params.client_info else "unknown client"
         log.info("initialize: %s, position encoding %s, inline completion %s", client,
                  self.documents.encoding, "yes" if self.client_has_inline else "no")
@@ -201,6 +202,13 @@ class SolLanguageServer(LanguageServer):
             self.daemon.slow_ms = settings.slow_ms
         apply_log_level(settings.log_level)
         log.info("settings changed")
+
+    def initialized(self) -> None:
+        """The client may take requests now: from here on, $/progress (a
+        start already under way shows at once)."""
+        self.progress_bar.enabled = self.client_has_progress
+        if self.reporter.last.busy:
+            self.progress_bar.show(self.reporter.last.message)
 
     def saw_inline_request(self) -> None:
         """The client asks for inline completions: from now on it gets no
@@ -330,6 +338,10 @@ def build_server(settings: Settings) -> SolLanguageServer:
     @server.feature(types.INITIALIZE)
     def initialize(ls: SolLanguageServer, params: types.InitializeParams) -> None:
         ls.configure(params)
+
+    @server.feature(types.INITIALIZED)
+    def initialized(ls: SolLanguageServer, params: types.InitializedParams) -> None:
+        ls.initialized()
 
     @server.feature(types.SHUTDOWN)
     async def shutdown(ls: SolLanguageServer, params: Any) -> None:

@@ -106,6 +106,7 @@ async def inline(client: LanguageClient, uri: str, line: int, col: int, *, invok
                  ) -> list[types.InlineCompletionItem]:
     result = await asyncio.wait_for(client.text_document_inline_completion_async(
         inline_params(uri, line, col, invoked=invoked)), 60)
+    assert result is None or isinstance(result, types.InlineCompletionList)
     return list(result.items) if result else []
 
 
@@ -156,7 +157,7 @@ async def test_invoked_gets_distinct_alternatives_greedy_first(start: Starter, d
     assert texts[0] == automatic[0].insert_text                  # the greedy one first
     # Two daemon requests: the greedy one and one with n sampled candidates.
     assert await requests(daemon, "complete") == requests_before + 2
-    ids = [item.command.arguments[0] for item in invoked if item.command and item.command.arguments]
+    ids = [str(item.command.arguments[0]) for item in invoked if item.command and item.command.arguments]
     assert ids[0].startswith("c") and all(i.startswith("a") for i in ids[1:]), ids
     # Latency in sol/status, after completions ran on the daemon.
     await wait_for(lambda: statuses[-1].get("lastMs") is not None, 5, f"latency in sol/status: {statuses[-1]}")
@@ -217,7 +218,9 @@ async def test_two_windows_start_one_shared_detached_daemon(tmp_path: Path, engi
                                             "--backoff-initial-ms", "100", "--backoff-max-ms", "300"], env))
         await asyncio.gather(*(c.initialize_session(init_params(progress=True)) for c, _ in clients))
         for _, statuses in clients:
-            await wait_for(lambda s=statuses: last_state(s) == "ready", 120, f"ready; got {statuses}")
+            def ready(s: list[dict[str, Any]] = statuses) -> bool:
+                return last_state(s) == "ready"
+            await wait_for(ready, 120, f"ready; got {statuses}")
         assert starts.read_text().count("started") == 1             # one daemon for both
         # $/progress while it started: begin ... end, on the window that started it at least.
         reports = [r for c, _ in clients for r in c.progress_reports.values()]

@@ -462,3 +462,41 @@ def test_status_reporter_shows_one_message_per_outage() -> None:
     report(StatusUpdate("ready", "soldaemon ready"))
     report(StatusUpdate("error", "again", persistent=True))
     assert len(server.shown) == 1       # a second outage soon after: still no stream of pop-ups
+
+
+def test_progress_begins_once_created_reports_and_ends() -> None:
+    from concurrent.futures import Future
+
+    from lsp.status import Progress
+
+    class Protocol:
+        def __init__(self) -> None:
+            self.sent: list[Any] = []
+            self.created: list[Future[Any]] = []
+
+        def send_request(self, method: str, params: Any) -> Future[Any]:
+            self.created.append(Future())
+            return self.created[-1]
+
+        def notify(self, method: str, params: Any) -> None:
+            self.sent.append(params.value)
+
+    server = _Server()
+    proto = Protocol()
+    server.protocol = proto  # type: ignore[assignment]
+    progress = Progress(server)  # type: ignore[arg-type]
+    progress.show("starting")                          # disabled: the client did not announce it
+    assert not proto.created
+    progress.enabled = True
+    progress.show("starting soldaemon")
+    progress.show("loading its model")                 # before the client answered: kept
+    assert proto.sent == []
+    proto.created[0].set_result(None)
+    progress.show("still loading")
+    progress.done("ready")
+    kinds = [type(v).__name__ for v in proto.sent]
+    assert kinds == ["WorkDoneProgressBegin", "WorkDoneProgressReport", "WorkDoneProgressEnd"]
+    assert proto.sent[0].message == "loading its model"
+    progress.show("again")
+    proto.created[1].set_exception(RuntimeError("refused"))
+    assert not progress.active and len(proto.sent) == 3      # a refused token: no bar
