@@ -73,7 +73,7 @@ from lsp.events import event_target as _event_target  # noqa: F401 (tests import
 from lsp.discovery import DaemonLauncher, default_daemon_command, resolve_target
 from lsp.documents import DocumentStore, normalize_encoding, units
 from lsp.framing import run_strict
-from lsp.settings import Launch, Settings, SettingsError, parse_args
+from lsp.settings import OPTIONS, Launch, Settings, SettingsError, parse_args
 from lsp.status import SOL_STATUS, Progress, SolStatusParams, StatusReporter
 from soldaemon.sensitive import ContextPolicy, folder_paths
 
@@ -181,9 +181,12 @@ class SolLanguageServer(LanguageServer):
         section (or a flat object of our keys) at once. An invalid value:
         one ``window/showMessage`` naming it; the settings stay as they were."""
         raw = params.settings
-        section = raw.get(CONFIG_SECTION, raw) if isinstance(raw, dict) else raw
-        if section is None:
-            return
+        if isinstance(raw, dict) and CONFIG_SECTION in raw:
+            section = raw[CONFIG_SECTION]
+        elif isinstance(raw, dict) and any(opt.key in raw for opt in OPTIONS):
+            section = raw                      # our keys at the top level
+        else:
+            return                             # other servers' settings, or none
         try:
             settings, ignored = self.settings.with_options(section)
         except SettingsError as exc:
