@@ -13,7 +13,8 @@ the tiny model:
   say ``null``) stops getting plain items;
 - two sol-lsp starting at once in a fresh state directory start one daemon,
   show ``$/progress`` while it starts, and leave it running (detached) when
-  they exit; it idles out by itself (``--idle-exit-s``).
+  they exit; it idles out by itself (``--idle-exit-s``);
+- ``$/progress`` follows a daemon that is loading its model, to the end.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from lsprotocol import types
 from pytest_lsp import LanguageClient
 
 from soldaemon.statefiles import pid_exists
-from tests.fixtures.daemon import Daemon, spawn, write_config
+from tests.fixtures.daemon import FAKE_ENGINE, Daemon, spawn, write_config
 from tests.fixtures.lsp_harness import capabilities, inline_params, last_state, lsp_env, open_doc, start_lsp, wait_for
 
 PREFIX = "def add(a, b):\n    return "
@@ -244,3 +245,35 @@ async def test_two_windows_start_one_shared_detached_daemon(tmp_path: Path, engi
     finally:
         with contextlib.suppress(OSError):
             os.kill(pid, 15)
+
+
+@pytest.mark.asyncio
+async def test_progress_follows_the_model_load(tmp_path: Path) -> None:
+    """sol-lsp reaches the daemon while it loads its model (the scripted
+    engine, 3 s): the progress bar says so, and ends when it is ready."""
+    import socket
+
+    with socket.socket() as probe:          # a port known before the daemon is ready
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = write_config(tmp_path / "sol_config.yaml")
+    command = (f"{sys.executable} -m soldaemon.cli --config {config} serve --engine {FAKE_ENGINE} "
+               f"--port {port} --idle-exit-s 5")
+    state = tmp_path / "state"
+    client, statuses = await start_lsp(
+        ["--start-daemon", "--daemon-command", command, "--config", str(config), "--url", f"ws://127.0.0.1:{port}",
+         "--backoff-initial-ms", "100", "--backoff-max-ms", "200"], lsp_env(state, {"SOL_FAKE_LOAD_S": "3"}))
+    try:
+        await client.initialize_session(init_params(progress=True))
+        await wait_for(lambda: last_state(statuses) == "ready", 60, f"ready; got {statuses}")
+        messages = [getattr(v, "message", "") or "" for r in client.progress_reports.values() for v in r]
+        assert any("loading its model" in m for m in messages), client.progress_reports
+        assert all(isinstance(r[-1], types.WorkDoneProgressEnd) for r in client.progress_reports.values())
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(client.shutdown_session(), 15)
+        with contextlib.suppress(Exception):
+            await client.stop()
+        record = state / "daemon.json"
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            os.kill(int(json.loads(record.read_text())["pid"]), 15)
