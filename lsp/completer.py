@@ -22,6 +22,12 @@ Contracts of :meth:`Completer.suggest`:
 - typing through a suggestion (the new text is the old prefix plus a start of
   an item, the suffix unchanged) is answered from the previous answer,
   without a daemon round trip — the item stays on screen, no flicker;
+- an *invoked* request (with ``alternatives``: sol-lsp asks for them for
+  inline completions) returns up to ``alternatives`` distinct items: the
+  greedy one first, then the items of a second request with ``n`` sampled
+  candidates (``alternatives_temperature``) — measured in docs/editors.md;
+  automatic ones stay at the one greedy item (fast, and what is shown
+  without asking);
 - nothing is asked for a document the context policy refuses (a secret
   file, a file outside the workspace folders) unless
   ``complete_in_secret_files``: its text never leaves the editor;
@@ -33,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -64,9 +71,9 @@ class DaemonRequestFailed(Exception):
 @dataclass(frozen=True)
 class Suggestion:
     """Completions at one position. ``items[i]`` is the text to insert at the
-    cursor; ``indices[i]`` its index in the daemon's ``done.items`` (for
-    telemetry events); ``line_prefix`` the cursor line's text before the
-    cursor."""
+    cursor; ``indices[i]`` its index in the ``done.items`` of the daemon
+    request ``ids[i]`` (for telemetry events; ``request_id`` when ``ids`` is
+    empty); ``line_prefix`` the cursor line's text before the cursor."""
 
     request_id: str
     items: tuple[str, ...]
@@ -74,6 +81,11 @@ class Suggestion:
     line: int
     line_prefix: str
     cached: bool = False
+    ids: tuple[str, ...] = ()
+
+    def id_of(self, i: int) -> str:
+        """The daemon request that produced ``items[i]``."""
+        return self.ids[i] if i < len(self.ids) else self.request_id
 
 
 @dataclass(frozen=True)
@@ -88,6 +100,8 @@ class _Answer:
     prefix: str
     suffix: str
     items: tuple[str, ...]
+    ids: tuple[str, ...] = ()          # per item: the daemon request (alternatives)
+    indices: tuple[int, ...] = ()      # per item: its index in that request's done.items
 
 
 def tidy_items(items: tuple[str, ...], max_lines: int) -> tuple[list[str], list[int]]:
@@ -152,9 +166,12 @@ class Completer:
         return self.settings.complete_in_secret_files or self.ring.policy.may_complete(uri)
 
     async def suggest(self, uri: str, position: types.Position, *, automatic: bool,
-                      tag: str | None = None) -> Suggestion | None:
-        """See the module contract. ``tag`` is the editor's request id (for
-        the daemon request id and the logs)."""
+                      alternatives: bool | None = None, tag: str | None = None) -> Suggestion | None:
+        """See the module contract. ``alternatives``: ask for them (default:
+        when invoked). ``tag`` is the editor's request id (for the daemon
+        request id and the logs)."""
+        if alternatives is None:
+            alternatives = not automatic
         t0 = time.perf_counter()
         doc = self.documents.get(uri)
         if doc is None:
@@ -212,9 +229,47 @@ class Completer:
                  (t_done - t0) * 1000)
         if answer.finish_reason in ("cancelled", "superseded") or not items:
             return None
-        self._answers[uri] = _Answer(request.id, doc.text[:offset], doc.text[offset:],
-                                     tuple(answer.items))
-        return Suggestion(request.id, tuple(items), tuple(indices), line, line_prefix)
+        ids = [request.id] * len(items)
+        # what typing through is answered from: the untrimmed items
+        raw = _Answer(request.id, doc.text[:offset], doc.text[offset:], tuple(answer.items),
+                      (request.id,) * len(answer.items), tuple(range(len(answer.items))))
+        if alternatives and self.settings.alternatives > 1:
+            extra = await self._add_alternatives(request, items, indices, ids, tag, t0)
+            if self._generation.get(uri) != generation or doc.version != version:
+                return None                 # overtaken while the alternatives ran
+            if extra is not None:
+                raw = dataclasses.replace(raw, items=raw.items + extra.items,
+                                          ids=raw.ids + (extra.id,) * len(extra.items),
+                                          indices=raw.indices + tuple(range(len(extra.items))))
+        self._answers[uri] = raw
+        return Suggestion(request.id, tuple(items), tuple(indices), line, line_prefix, ids=tuple(ids))
+
+    async def _add_alternatives(self, greedy: CompletionRequest, items: list[str], indices: list[int],
+                                ids: list[str], tag: str | None, t0: float) -> Done | None:
+        """Append distinct sampled items (a second request, ``n`` = the
+        missing count) to the greedy ``items``, in place; return that
+        request's ``done``. A failure, or no time left, keeps the greedy
+        items only (and returns ``None``)."""
+        want = self.settings.alternatives - len(items)
+        left_s = self.settings.timeout_ms / 1000 - (time.perf_counter() - t0)
+        if want <= 0 or left_s <= 0.05:
+            return None
+        request = dataclasses.replace(
+            greedy, id=self.client.new_id("a", tag), n=want, seed=None,
+            temperature=self.settings.alternatives_temperature, priority="high")
+        answer = await self.client.complete(request, timeout_s=left_s)
+        if isinstance(answer, ErrorFrame) or answer.finish_reason in ("cancelled", "superseded"):
+            log.info("lsp %s: no alternatives (%s)", tag,
+                     answer.code if isinstance(answer, ErrorFrame) else answer.finish_reason)
+            return None
+        extra, extra_indices = tidy_items(answer.items, self.settings.max_lines)
+        for text, index in zip(extra, extra_indices):
+            if text not in items and len(items) < self.settings.alternatives:
+                items.append(text)
+                indices.append(index)
+                ids.append(request.id)
+        log.info("lsp %s → %s: %d alternative(s) of %d sampled", tag, request.id, len(items) - 1, want)
+        return answer
 
     def _typed_through(self, doc: Document, offset: int, line: int, line_prefix: str) -> Suggestion | None:
         prev = self._answers.get(doc.uri)
@@ -227,15 +282,18 @@ class Completer:
         typed = text[len(prev.prefix):offset]
         items: list[str] = []
         indices: list[int] = []
-        for index, item in enumerate(prev.items):
+        ids: list[str] = []
+        for i, item in enumerate(prev.items):
             if item.startswith(typed) and item[len(typed):].strip():
                 rest = "\n".join(item[len(typed):].split("\n")[: self.settings.max_lines]).rstrip()
                 if rest and rest not in items:
                     items.append(rest)
-                    indices.append(index)
+                    indices.append(prev.indices[i] if i < len(prev.indices) else i)
+                    ids.append(prev.ids[i] if i < len(prev.ids) else prev.request_id)
         if not items:
             return None
-        return Suggestion(prev.request_id, tuple(items), tuple(indices), line, line_prefix, cached=True)
+        return Suggestion(prev.request_id, tuple(items), tuple(indices), line, line_prefix, cached=True,
+                          ids=tuple(ids))
 
     def build_request(self, doc: Document, offset: int, request_id: str, *,
                       priority: str = "normal") -> CompletionRequest:

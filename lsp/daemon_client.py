@@ -23,7 +23,9 @@ Contracts:
 - Status changes go to ``on_status`` as :class:`StatusUpdate` (``connecting``,
   ``ready``, ``slow``, ``error``); a failure that lasted
   ``failure_message_after_s`` (or a daemon we started that died) is marked
-  ``persistent``.
+  ``persistent``; one while the daemon starts or loads its model is
+  ``busy``. Each completion that ran on the daemon goes to ``on_latency``
+  (its round trip, ms).
 - All methods are called on the event loop thread.
 """
 
@@ -61,6 +63,7 @@ class StatusUpdate:
     message: str = ""
     url: str | None = None
     persistent: bool = False
+    busy: bool = False              # the daemon is starting or loading its model ($/progress)
 
 
 @dataclass
@@ -89,12 +92,14 @@ class DaemonClient:
 
     def __init__(self, resolve: Callable[[], Target], *,
                  on_status: Callable[[StatusUpdate], None] = lambda update: None,
+                 on_latency: Callable[[float], None] = lambda ms: None,
                  launcher: DaemonLauncher | None = None,
                  backoff_initial_s: float = 0.25, backoff_max_s: float = 10.0,
                  connect_timeout_s: float = 3.0, failure_message_after_s: float = 10.0,
                  slow_ms: float = 1500.0) -> None:
         self._resolve = resolve
         self._on_status = on_status
+        self._on_latency = on_latency
         self._launcher = launcher
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = max(backoff_initial_s, backoff_max_s)
@@ -228,6 +233,8 @@ class DaemonClient:
             return
         else:
             slow = elapsed_ms > self.slow_ms
+            with contextlib.suppress(Exception):
+                self._on_latency(elapsed_ms)
         if slow and not self._slow:
             self._slow = True
             self._status("slow", f"a completion took {elapsed_ms:.0f} ms")
@@ -242,8 +249,8 @@ class DaemonClient:
 
     # -- the connection loop -------------------------------------------------
 
-    def _status(self, state: StatusState, message: str, *, persistent: bool = False) -> None:
-        update = StatusUpdate(state, message, self.url, persistent)
+    def _status(self, state: StatusState, message: str, *, persistent: bool = False, busy: bool = False) -> None:
+        update = StatusUpdate(state, message, self.url, persistent, busy)
         if update == self.last_status:
             return
         self.last_status = update
@@ -282,7 +289,10 @@ class DaemonClient:
                 launcher.start()
             problem = launcher.check() or launcher.error
             if launcher.starting:
-                self._status("connecting", "starting soldaemon (preparing the model)")
+                self._status("connecting", "starting soldaemon (preparing the model)", busy=True)
+                return min(delay, 0.5)
+            if not problem and launcher.other_starting:
+                self._status("connecting", "another editor window is starting soldaemon", busy=True)
                 return min(delay, 0.5)
             if problem:
                 self._status("error", problem, persistent=True)
@@ -429,6 +439,6 @@ class DaemonClient:
             self._slow = False
             self._status("ready", "soldaemon ready")
         elif state == "loading":
-            self._status("connecting", "soldaemon is loading its model")
+            self._status("connecting", "soldaemon is loading its model", busy=True)
         else:
             self._status("connecting", "soldaemon is shutting down")

@@ -7,8 +7,15 @@ on another port is found again.
 
 :class:`DaemonLauncher` starts ``soldaemon serve`` (an argv list, never a
 shell) in its own session, detached, logging to ``daemon.log`` in the state
-directory. It never blocks: the client keeps trying to connect while the
+directory: the daemon is shared by every editor window and outlives the one
+that started it (it exits by itself after ``--idle-exit-s`` without a
+connection). It never blocks: the client keeps trying to connect while the
 daemon prepares its model, for at most ``timeout_s``.
+
+Two sol-lsp starting at once start one daemon: the starter holds
+``start.lock`` in the state directory (:class:`soldaemon.statefiles.StartLock`)
+from the spawn until the daemon answers or the start fails; the other one
+sees the lock, starts nothing and keeps trying to connect.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from soldaemon.discovery import Target, check_private_dir, find_daemon, state_dir
+from soldaemon.discovery import StartLock, Target, check_private_dir, find_daemon, read_daemon_record, state_dir
 from soldaemon.errors import ConfigError
 
 from lsp.settings import Settings
@@ -43,13 +50,14 @@ def resolve_target(settings: Settings) -> Target:
 
 
 def default_daemon_command(settings: Settings) -> list[str]:
-    """``soldaemon [--config FILE] serve``: the console script next to this
-    Python when installed, else ``python -m soldaemon.cli``."""
+    """``soldaemon [--config FILE] serve --idle-exit-s N``: the console
+    script next to this Python when installed, else ``python -m
+    soldaemon.cli``."""
     exe = shutil.which("soldaemon", path=str(Path(sys.executable).parent)) or shutil.which("soldaemon")
     argv = [exe] if exe else [sys.executable, "-m", "soldaemon.cli"]
     if settings.config:
         argv += ["--config", settings.config]
-    return argv + ["serve"]
+    return argv + ["serve", "--idle-exit-s", f"{settings.daemon_idle_exit_s:g}"]
 
 
 class DaemonLauncher:
@@ -57,7 +65,7 @@ class DaemonLauncher:
     after ``cooldown_s``."""
 
     def __init__(self, argv: Sequence[str], *, timeout_s: float = 180.0, cooldown_s: float = 60.0,
-                 log_path: Path | None = None) -> None:
+                 log_path: Path | None = None, lock: StartLock | None = None) -> None:
         if not argv:
             raise ValueError("empty daemon command")
         self.argv = list(argv)
@@ -67,6 +75,21 @@ class DaemonLauncher:
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
         self.error: str | None = None
+        self._lock = lock
+
+    @property
+    def lock(self) -> StartLock:
+        if self._lock is None:              # resolved late: it follows SOLDAEMON_STATE_DIR
+            self._lock = StartLock()
+        return self._lock
+
+    @property
+    def other_starting(self) -> bool:
+        """Another sol-lsp holds the start lock: a daemon is on its way."""
+        try:
+            return self.lock.busy()
+        except (ConfigError, OSError):
+            return False
 
     @property
     def starting(self) -> bool:
@@ -82,8 +105,10 @@ class DaemonLauncher:
         code = self.proc.poll()
         where = f"; see {self.log_path}" if self.log_path else ""
         if code is not None:
+            self.lock.release()
             return f"the daemon started by sol-lsp exited with status {code}{where}"
         if time.monotonic() - self.started_at >= self.timeout_s:
+            self.lock.release()
             return f"the daemon started by sol-lsp was not ready within {self.timeout_s:.0f} s{where}"
         return None
 
@@ -93,6 +118,7 @@ class DaemonLauncher:
         restarted at most once per ``cooldown_s``."""
         self.proc = None
         self.error = None
+        self.lock.release()
 
     def start(self) -> bool:
         """Start the daemon unless one we started is still coming or the
@@ -108,6 +134,12 @@ class DaemonLauncher:
         try:
             log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             check_private_dir(log_path.parent)   # a planted daemon.log link must not be followed
+            if not self.lock.acquire():
+                log.info("another sol-lsp is starting the daemon; waiting for it")
+                return False
+            if read_daemon_record() is not None:     # one became ready since our failed attempt
+                self.lock.release()
+                return False
             fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o600)
             try:
                 self.proc = subprocess.Popen(
@@ -116,11 +148,13 @@ class DaemonLauncher:
             finally:
                 os.close(fd)
         except ConfigError as exc:
+            self.lock.release()
             self.error = f"cannot start the daemon: {exc.message} ({exc.hint})"
             log.error("%s", self.error)
             self.started_at = time.monotonic()
             return False
         except OSError as exc:
+            self.lock.release()
             self.error = f"cannot start the daemon ({self.argv[0]}): {exc.strerror or exc}"
             log.error("%s", self.error)
             self.started_at = time.monotonic()

@@ -7,8 +7,10 @@ The pygls wiring only; the pieces are
 - :mod:`lsp.context` — the ring of recently edited/opened chunks;
 - :mod:`lsp.completer` — debounce, supersede, typed-through, request building;
 - :mod:`lsp.daemon_client` — the websocket client (reconnect, cancel, status);
-- :mod:`lsp.discovery` — finding (and optionally starting) the daemon;
-- :mod:`lsp.settings` — flags and ``initializationOptions``.
+- :mod:`lsp.discovery` — finding (and, by default, starting) the daemon;
+- :mod:`lsp.settings` — flags, ``initializationOptions``, configuration;
+- :mod:`lsp.events` — shown/accepted/partial/rejected events;
+- :mod:`lsp.status` — ``sol/status``, ``$/progress``, latency.
 
 LSP surface (docs/editors.md has the editor set-ups):
 
@@ -21,12 +23,25 @@ LSP surface (docs/editors.md has the editor set-ups):
   (``completionItems``: auto/always/never): one item per completion, a
   ``textEdit`` from the start of the word at the cursor, ``isIncomplete``
   so the client asks again as the user types.
-- ``sol/didShowCompletion`` ``{"item": <inline item>}`` or ``{"id", "index"}``
-  and ``sol/didPartiallyAcceptCompletion`` (the same plus
-  ``"acceptedLength"``) are forwarded to the daemon as ``event`` frames.
+- An invoked inline request (triggerKind Invoke) gets up to three distinct
+  items, the greedy one first; an automatic one, and plain completion (which
+  some editors ask as "invoked" while the user types), the greedy item only.
+- Events (:mod:`lsp.events`): shown, partially accepted, rejected — under
+  the ``sol/`` names and Copilot's ``textDocument/didShowCompletion`` and
+  ``textDocument/didPartiallyAcceptCompletion`` — are forwarded to the
+  daemon as ``event`` frames.
 - ``sol/status`` notifications ``{"state": "connecting"|"ready"|"slow"|"error",
-  "message", "url"}`` on every change, and at most one ``window/showMessage``
-  per outage, when a failure persists.
+  "message", "url", "lastMs", "medianMs"}`` on every change and after each
+  completion, at most one ``window/showMessage`` per outage, when a failure
+  persists, and ``$/progress`` while the daemon starts or loads its model
+  (:mod:`lsp.status`).
+- ``workspace/didChangeConfiguration`` ``{"settings": {"soldaemon": {...}}}``
+  (the ``initializationOptions`` keys) applies at once; an invalid value is
+  named in a ``window/showMessage`` and the old settings stay.
+- A client that asks for inline completions gets no plain items from then
+  on, whatever its capabilities said (lsp-mode announces
+  ``"inlineCompletion": null`` yet asks once ``lsp-inline-completion-mode``
+  is on): every suggestion is shown once.
 - ``$/cancelRequest`` (and a newer request) cancel the daemon-side work.
 - Errors: invalid ``initializationOptions`` → InvalidParams; a daemon error
   that retrying cannot fix → RequestFailed (-32803) with ``data.code`` the
@@ -42,7 +57,6 @@ import threading
 import time
 from typing import Any, BinaryIO, Generator, Sequence
 
-import attrs
 from lsprotocol import types
 from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams, JsonRpcInvalidRequest
 from pygls.io_ import StdinAsyncReader, StdoutWriter
@@ -50,34 +64,26 @@ from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol, lsp_method
 
 from soldaemon import __version__
-from soldaemon.protocol import CompletionEvent
 
 from lsp.completer import Completer, DaemonRequestFailed, Suggestion
 from lsp.context import ContextRing
-from lsp.daemon_client import DaemonClient, StatusUpdate
+from lsp.daemon_client import DaemonClient
+from lsp.events import ACCEPT_COMMAND, NOTIFICATIONS, SOL_DID_PARTIALLY_ACCEPT, SOL_DID_SHOW, to_event
+from lsp.events import event_target as _event_target  # noqa: F401 (tests import it from here)
 from lsp.discovery import DaemonLauncher, default_daemon_command, resolve_target
 from lsp.documents import DocumentStore, normalize_encoding, units
 from lsp.framing import run_strict
-from lsp.settings import Launch, Settings, SettingsError, parse_args
+from lsp.settings import OPTIONS, Launch, Settings, SettingsError, parse_args
+from lsp.status import SOL_STATUS, Progress, SolStatusParams, StatusReporter
 from soldaemon.sensitive import ContextPolicy, folder_paths
+
+__all__ = ["ACCEPT_COMMAND", "SOL_DID_PARTIALLY_ACCEPT", "SOL_DID_SHOW", "SOL_STATUS", "SolLanguageServer",
+           "SolStatusParams", "StatusReporter", "build_server", "main"]
 
 log = logging.getLogger("sol.lsp")
 
-SOL_STATUS = "sol/status"
-SOL_DID_SHOW = "sol/didShowCompletion"
-SOL_DID_PARTIALLY_ACCEPT = "sol/didPartiallyAcceptCompletion"
-ACCEPT_COMMAND = "sol.accepted"
 MAX_LINE_PREFIX = 1000          # chars: longer lines get cursor-relative items
-MESSAGE_INTERVAL_S = 600.0      # at most one failure pop-up per this many seconds
-
-
-@attrs.define
-class SolStatusParams:
-    """Params of the ``sol/status`` notification."""
-
-    state: str
-    message: str = ""
-    url: str | None = None
+CONFIG_SECTION = "soldaemon"    # workspace/didChangeConfiguration: settings.soldaemon
 
 
 class RequestFailed(JsonRpcException):
@@ -85,32 +91,6 @@ class RequestFailed(JsonRpcException):
 
     CODE = types.LSPErrorCodes.RequestFailed.value
     MESSAGE = "Request Failed"
-
-
-class StatusReporter:
-    """Turns :class:`StatusUpdate` into ``sol/status`` notifications and at
-    most one ``window/showMessage`` per outage (and per
-    ``MESSAGE_INTERVAL_S``): never a stream of pop-ups."""
-
-    def __init__(self, server: SolLanguageServer) -> None:
-        self.server = server
-        self._shown_this_outage = False
-        self._last_shown = -MESSAGE_INTERVAL_S
-
-    def __call__(self, update: StatusUpdate) -> None:
-        log.info("status: %s %s", update.state, update.message)
-        self.server.protocol.notify(SOL_STATUS, SolStatusParams(update.state, update.message, update.url))
-        if update.state == "ready":
-            self._shown_this_outage = False
-            return
-        now = time.monotonic()
-        if update.persistent and not self._shown_this_outage and now - self._last_shown >= MESSAGE_INTERVAL_S:
-            self._shown_this_outage = True
-            self._last_shown = now
-            self.server.window_show_message(types.ShowMessageParams(
-                type=types.MessageType.Warning,
-                message=f"soldaemon completions are unavailable: {update.message}. "
-                        "sol-lsp keeps retrying in the background."))
 
 
 class SolProtocol(LanguageServerProtocol):
@@ -142,7 +122,10 @@ class SolLanguageServer(LanguageServer):
         self.documentation_formats: tuple[types.MarkupKind, ...] = ()
         self.daemon: DaemonClient | None = None
         self.completer: Completer | None = None
-        self.reporter = StatusReporter(self)
+        self.progress_bar = Progress(self)
+        self.reporter = StatusReporter(self, self.progress_bar)
+        self.client_name = "unknown client"
+        self.client_has_progress = False
         self.policy = ContextPolicy()  # what may be sent; set from the workspace folders in initialize
 
     def report_server_error(self, error: Exception, source: Any) -> None:
@@ -185,10 +168,58 @@ class SolLanguageServer(LanguageServer):
         self.client_has_inline = bool(text_caps and text_caps.inline_completion is not None)
         item_caps = text_caps.completion.completion_item if text_caps and text_caps.completion else None
         self.documentation_formats = tuple(item_caps.documentation_format or ()) if item_caps else ()
-        client = params.client_info.name if params.client_info else "unknown client"
+        window = params.capabilities.window
+        self.client_has_progress = bool(window and window.work_done_progress)
+        self.client_name = client = params.client_info.name if params.client_info else "unknown client"
         log.info("initialize: %s, position encoding %s, inline completion %s", client,
                  self.documents.encoding, "yes" if self.client_has_inline else "no")
+        apply_log_level(settings.log_level)
         self.start_daemon_client()
+
+    def reconfigure(self, params: types.DidChangeConfigurationParams) -> None:
+        """``workspace/didChangeConfiguration``: apply the ``soldaemon``
+        section (or a flat object of our keys) at once. An invalid value:
+        one ``window/showMessage`` naming it; the settings stay as they were."""
+        raw = params.settings
+        if isinstance(raw, dict) and CONFIG_SECTION in raw:
+            section = raw[CONFIG_SECTION]
+        elif isinstance(raw, dict) and any(opt.key in raw for opt in OPTIONS):
+            section = raw                      # our keys at the top level
+        else:
+            return                             # other servers' settings, or none
+        try:
+            settings, ignored = self.settings.with_options(section)
+        except SettingsError as exc:
+            log.warning("configuration refused: %s", exc)
+            self.window_show_message(types.ShowMessageParams(
+                type=types.MessageType.Error,
+                message=f"soldaemon: invalid setting {exc}; the previous settings stay in effect"))
+            return
+        if ignored:
+            log.warning("ignoring settings: %s", ", ".join(sorted(ignored)))
+        self.settings = settings
+        if self.completer is not None:
+            self.completer.settings = settings
+            self.completer.ring.max_chunks = max(0, min(settings.context_chunks, 32))
+        if self.daemon is not None:
+            self.daemon.slow_ms = settings.slow_ms
+        apply_log_level(settings.log_level)
+        log.info("settings changed")
+
+    def initialized(self) -> None:
+        """The client may take requests now: from here on, $/progress (a
+        start already under way shows at once)."""
+        self.progress_bar.enabled = self.client_has_progress
+        if self.reporter.last.busy:
+            self.progress_bar.show(self.reporter.last.message)
+
+    def saw_inline_request(self) -> None:
+        """The client asks for inline completions: from now on it gets no
+        plain items (one kind only, never every suggestion twice)."""
+        if not self.client_has_inline:
+            log.info("%s asks for inline completions although its capabilities did not say so; "
+                     "serving inline items only from now on", self.client_name)
+            self.client_has_inline = True
 
     def set_policy(self, folder_uris: Sequence[str] | None) -> None:
         """What may be sent: files inside ``folder_uris`` (``None``: the
@@ -213,6 +244,7 @@ class SolLanguageServer(LanguageServer):
                                       timeout_s=s.start_timeout_s)
         self.daemon = DaemonClient(
             lambda: resolve_target(self.settings), on_status=self.reporter, launcher=launcher,
+            on_latency=self.reporter.completed,
             backoff_initial_s=s.backoff_initial_ms / 1000, backoff_max_s=s.backoff_max_ms / 1000,
             connect_timeout_s=s.connect_timeout_ms / 1000, failure_message_after_s=s.failure_message_after_s,
             slow_ms=s.slow_ms)
@@ -229,12 +261,16 @@ class SolLanguageServer(LanguageServer):
 
     # -- completions ----------------------------------------------------------------
 
-    async def suggest(self, uri: str, position: types.Position, automatic: bool) -> Suggestion | None:
-        """The completer's answer; daemon errors become typed JSON-RPC errors."""
+    async def suggest(self, uri: str, position: types.Position, automatic: bool, *,
+                      alternatives: bool = False) -> Suggestion | None:
+        """The completer's answer; daemon errors become typed JSON-RPC errors.
+        ``alternatives``: an invoked inline request (plain completion menus
+        ask "invoked" as the user types in some editors: one item there)."""
         if self.completer is None:
             return None
         try:
             return await self.completer.suggest(uri, position, automatic=automatic,
+                                                alternatives=alternatives and not automatic,
                                                 tag=str(self.protocol.msg_id))
         except DaemonRequestFailed as exc:
             raise RequestFailed(str(exc), data={"code": exc.frame.code, "hint": exc.frame.hint}) from None
@@ -243,9 +279,9 @@ class SolLanguageServer(LanguageServer):
         """Items replacing from the start of the line (see the module doc)."""
         items = []
         from_line_start = len(s.line_prefix) <= MAX_LINE_PREFIX
-        for text, index in zip(s.items, s.indices):
+        for i, (text, index) in enumerate(zip(s.items, s.indices)):
             command = types.Command(title="soldaemon: accepted", command=ACCEPT_COMMAND,
-                                    arguments=[s.request_id, index])
+                                    arguments=[s.id_of(i), index])
             if from_line_start:
                 items.append(types.InlineCompletionItem(
                     insert_text=s.line_prefix + text, command=command,
@@ -275,7 +311,7 @@ class SolLanguageServer(LanguageServer):
                 insert_text_format=types.InsertTextFormat.PlainText,
                 text_edit=types.TextEdit(types.Range(start, position), new_text),
                 command=types.Command(title="soldaemon: accepted", command=ACCEPT_COMMAND,
-                                      arguments=[s.request_id, index])))
+                                      arguments=[s.id_of(rank), index])))
         return out
 
     def _documentation(self, text: str, language: str | None) -> types.MarkupContent | str:
@@ -288,50 +324,14 @@ class SolLanguageServer(LanguageServer):
     # -- telemetry --------------------------------------------------------------------
 
     def forward_event(self, kind: str, params: Any) -> None:
-        """Forward a shown/partial/accepted event; malformed params are
-        logged and dropped (notifications have no reply)."""
-        target = _event_target(params)
-        if target is None or self.daemon is None:
+        """Forward a shown/partial/accepted/rejected event; malformed params
+        are logged and dropped (notifications have no reply)."""
+        event = to_event(kind, params)
+        if event is None or self.daemon is None:
             log.info("ignoring %s event with params %r", kind, params)
             return
-        rid, index, accepted = target
-        sent = self.daemon.event(CompletionEvent(rid, kind, index,  # type: ignore[arg-type]
-                                                 accepted if kind == "partial" else None))
-        log.debug("event %s for %s[%d]%s", kind, rid, index, "" if sent else " dropped (not connected)")
-
-
-def _plain(value: Any) -> Any:
-    """pygls hands custom-method params over as namedtuples; make them
-    plain dicts/lists again."""
-    if hasattr(value, "_asdict"):
-        return {k: _plain(v) for k, v in value._asdict().items()}
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _event_target(params: Any) -> tuple[str, int, int | None] | None:
-    """``(request id, item index, accepted length)`` from ``{"item": <item
-    with our command>}`` or ``{"id": ..., "index": ...}``."""
-    data = _plain(params)
-    if not isinstance(data, dict):
-        return None
-    accepted = data.get("acceptedLength", data.get("accepted_length"))
-    accepted = accepted if isinstance(accepted, int) and not isinstance(accepted, bool) and accepted >= 0 else None
-    rid: Any = data.get("id")
-    index: Any = data.get("index", 0)
-    item = data.get("item")
-    if isinstance(item, dict):
-        command = item.get("command")
-        args = command.get("arguments") if isinstance(command, dict) else None
-        if isinstance(args, list) and len(args) >= 2:
-            rid, index = args[0], args[1]
-    if not isinstance(rid, str) or not rid or isinstance(index, bool) or not isinstance(index, int) \
-            or not 0 <= index < 8:
-        return None
-    return rid, index, accepted
+        sent = self.daemon.event(event)
+        log.debug("event %s for %s[%d]%s", kind, event.id, event.item, "" if sent else " dropped (not connected)")
 
 
 def build_server(settings: Settings) -> SolLanguageServer:
@@ -341,6 +341,10 @@ def build_server(settings: Settings) -> SolLanguageServer:
     @server.feature(types.INITIALIZE)
     def initialize(ls: SolLanguageServer, params: types.InitializeParams) -> None:
         ls.configure(params)
+
+    @server.feature(types.INITIALIZED)
+    def initialized(ls: SolLanguageServer, params: types.InitializedParams) -> None:
+        ls.initialized()
 
     @server.feature(types.SHUTDOWN)
     async def shutdown(ls: SolLanguageServer, params: Any) -> None:
@@ -374,8 +378,9 @@ def build_server(settings: Settings) -> SolLanguageServer:
     @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
     async def inline_completion(ls: SolLanguageServer, params: types.InlineCompletionParams
                                 ) -> types.InlineCompletionList:
+        ls.saw_inline_request()
         automatic = params.context.trigger_kind == types.InlineCompletionTriggerKind.Automatic
-        found = await ls.suggest(params.text_document.uri, params.position, automatic)
+        found = await ls.suggest(params.text_document.uri, params.position, automatic, alternatives=True)
         return types.InlineCompletionList(items=ls.inline_items(found, params.position) if found else [])
 
     @server.feature(types.TEXT_DOCUMENT_COMPLETION, types.CompletionOptions(resolve_provider=False))
@@ -394,15 +399,27 @@ def build_server(settings: Settings) -> SolLanguageServer:
     def accepted(ls: SolLanguageServer, *args: Any) -> None:
         ls.forward_event("accepted", {"id": args[0] if args else None, "index": args[1] if len(args) > 1 else 0})
 
-    @server.feature(SOL_DID_SHOW)
-    def did_show(ls: SolLanguageServer, params: Any) -> None:
-        ls.forward_event("shown", params)
+    @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
+    def configuration_changed(ls: SolLanguageServer, params: types.DidChangeConfigurationParams) -> None:
+        ls.reconfigure(params)
 
-    @server.feature(SOL_DID_PARTIALLY_ACCEPT)
-    def did_partially_accept(ls: SolLanguageServer, params: Any) -> None:
-        ls.forward_event("partial", params)
+    for method, kind in NOTIFICATIONS.items():
+        server.feature(method)(_forwarder(kind))
 
     return server
+
+
+def _forwarder(kind: str) -> Any:
+    """The handler of an event notification of ``kind``."""
+    def forward(ls: SolLanguageServer, params: Any) -> None:
+        ls.forward_event(kind, params)
+    return forward
+
+
+def apply_log_level(level: str | None) -> None:
+    """Set sol-lsp's log level (``None``: leave the command line's)."""
+    if level is not None:
+        logging.getLogger("sol").setLevel(level.upper())
 
 
 def _setup_logging(launch: Launch) -> None:

@@ -45,9 +45,10 @@ class Settings:
     url: str | None = None
     token_file: Path | None = None          # None: the daemon's record, else config
     config: str | None = None               # sol_config.yaml for the defaults above
-    start_daemon: bool = False              # start `soldaemon serve` when none answers
+    start_daemon: bool = True               # start `soldaemon serve` when none answers
     daemon_command: tuple[str, ...] = ()    # argv for that; () = soldaemon serve
     start_timeout_s: float = 180.0          # how long a started daemon may take to be ready
+    daemon_idle_exit_s: float = 1800.0      # a daemon we start exits after this long unused; 0: never
     # Requests
     debounce_ms: float = 25.0               # automatic triggers wait this long for more typing
     timeout_ms: float = 5000.0              # a daemon answer later than this is cancelled
@@ -58,12 +59,15 @@ class Settings:
     max_prefix_chars: int = 32_000
     max_suffix_chars: int = 8_000
     completion_items: CompletionItems = "auto"  # textDocument/completion: auto = only without inline
+    alternatives: int = 3                   # candidates for an invoked completion (greedy first)
+    alternatives_temperature: float = 0.8   # sampling temperature of the extra candidates
     # Context and warm-up
     context_chunks: int = 8                 # 0: send no extra context
     context_lines: int = 40
     context_include: tuple[str, ...] = ()   # globs sent even if they match a secret pattern
     context_exclude: tuple[str, ...] = ()   # globs never sent, on top of the secret patterns
     complete_in_secret_files: bool = False  # complete inside files the context rule refuses
+    log_level: str | None = None            # sol-lsp's own logging; None: --log-level
     warm: bool = True
     warm_delay_ms: float = 250.0            # idle time after an edit before a warm
     # Status and reconnection
@@ -187,7 +191,7 @@ def _choice(*choices: str) -> Callable[[Any, str], str]:
 class Option:
     field: str                     # Settings field
     key: str                       # initializationOptions key
-    flag: str                      # command-line flag
+    flag: str                      # command-line flag; "": none (the setting only)
     parse: Callable[[Any, str], Any]
     help: str
     launch_only: bool = False      # command line only, never from initializationOptions
@@ -204,6 +208,9 @@ OPTIONS: tuple[Option, ...] = (
            launch_only=True),
     Option("daemon_command", "daemonCommand", "--daemon-command", _argv,
            "the command that starts the daemon (default: soldaemon serve)", launch_only=True),
+    Option("daemon_idle_exit_s", "daemonIdleExitS", "--daemon-idle-exit-s", _number(0, 30 * 86_400),
+           "a daemon sol-lsp starts exits after this many seconds without a connection (0: never)",
+           launch_only=True),
     Option("start_timeout_s", "startTimeoutS", "--start-timeout-s", _number(1, 3600),
            "seconds a started daemon may take to become ready"),
     Option("debounce_ms", "debounceMs", "--debounce-ms", _number(0, 2000),
@@ -221,6 +228,10 @@ OPTIONS: tuple[Option, ...] = (
            "document text after the cursor sent, cap"),
     Option("completion_items", "completionItems", "--completion-items", _choice("auto", "always", "never"),
            "answer textDocument/completion: auto = only for clients without inline completion"),
+    Option("alternatives", "alternatives", "--alternatives", _number(1, 3, integer=True),
+           "candidates for an invoked completion: the greedy one, then sampled ones"),
+    Option("alternatives_temperature", "alternativesTemperature", "--alternatives-temperature",
+           _number(0.05, 2.0), "sampling temperature of the extra candidates"),
     Option("context_chunks", "contextChunks", "--context-chunks", _number(0, 32, integer=True),
            "chunks of other recently edited/open documents sent as context"),
     Option("context_lines", "contextLines", "--context-lines", _number(2, 400, integer=True), "lines per chunk"),
@@ -231,6 +242,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("complete_in_secret_files", "completeInSecretFiles", "--complete-in-secret-files", _bool,
            "complete inside files that may not be sent as context (.env, keys, outside the workspace)",
            launch_only=True),
+    Option("log_level", "logLevel", "", _choice("debug", "info", "warning", "error"),
+           "sol-lsp's log level (the command line's is --log-level)"),
     Option("warm", "warm", "--warm", _bool, "prefill the daemon's cache in the background after edits"),
     Option("warm_delay_ms", "warmDelayMs", "--warm-delay-ms", _number(0, 60_000),
            "idle time after an edit before the background warm"),
@@ -250,7 +263,7 @@ class Launch:
     """How sol-lsp itself runs (command line only)."""
 
     settings: Settings
-    log_level: str = "info"
+    log_level: str = "warning"      # Neovim logs a server's stderr as [ERROR]: quiet by default
     log_file: Path | None = None
 
 
@@ -261,9 +274,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "from the local daemon. Speaks LSP on stdio unless --tcp is given.")
     parser.add_argument("--stdio", action="store_true", help="speak LSP on stdin/stdout (the default)")
     parser.add_argument("--tcp", metavar="HOST:PORT", help=argparse.SUPPRESS)  # removed: see parse_args
-    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"),
+                        help="stderr (or --log-file) logging; default warning")
     parser.add_argument("--log-file", help="append logs here instead of stderr")
     for opt in OPTIONS:
+        if not opt.flag:
+            continue
         if opt.parse is _bool:
             parser.add_argument(opt.flag, dest=opt.field, action=argparse.BooleanOptionalAction,
                                 default=None, help=opt.help)
@@ -279,7 +295,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Launch:
     changes: dict[str, Any] = {}
     try:
         for opt in OPTIONS:
-            value = getattr(args, opt.field)
+            value = getattr(args, opt.field, None)
             if value is not None:
                 changes[opt.field] = opt.parse(value, opt.flag)
         if args.tcp:

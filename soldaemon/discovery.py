@@ -27,9 +27,11 @@ from pathlib import Path
 from soldaemon.auth import read_token
 from soldaemon.config import Config, load_config
 from soldaemon.paths import state_dir
-from soldaemon.statefiles import check_private_dir, read_daemon_record
+from soldaemon.statefiles import StartLock, check_private_dir, read_daemon_record
 
-__all__ = ["Target", "check_private_dir", "find_daemon", "state_dir", "ws_url"]
+# StartLock and read_daemon_record: for sol-lsp's launcher (lsp/ imports this
+# module, not statefiles).
+__all__ = ["StartLock", "Target", "check_private_dir", "find_daemon", "read_daemon_record", "state_dir", "ws_url"]
 
 
 @dataclass(frozen=True)

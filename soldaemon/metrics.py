@@ -63,14 +63,20 @@ class Metrics:
         self.generated_tokens = Counter("sol_generated_tokens", "Generated tokens.", registry=r)
         self.client_errors = Counter("sol_client_errors", "Error frames sent for bad client input.",
                                      ["code"], registry=r)
-        self.events = Counter("sol_completion_events", "Editor events (shown, accepted, ...).",
+        self.events = Counter("sol_completion_events", "Editor events (shown, accepted, partial, rejected).",
                               ["kind"], registry=r)
+        self.accepted_chars = Counter("sol_accepted_chars", "Characters accepted by partial accepts "
+                                      "(a word, a line).", registry=r)
+        self._event_totals: dict[str, int] = {}
         for name, doc in (("queue_depth", "Requests waiting for the inference worker."),
                           ("in_flight", "Requests queued or running."),
                           ("connections", "Open websocket connections.")):
             gauge = Gauge(f"sol_{name}", doc, registry=r)
             gauge.set_function(lambda name=name: float(live().get(name, 0)))  # type: ignore[misc]
         r.register(_EngineCollector(self, engine_stats))
+        accept_rate = Gauge("sol_accept_rate", "Accepted / shown completions, since start (0 before any "
+                            "was shown).", registry=r)
+        accept_rate.set_function(self.accept_rate)
         self._prompt_total = 0
         self._cached_total = 0
 
@@ -95,8 +101,25 @@ class Metrics:
     def record_client_error(self, code: str) -> None:
         self.client_errors.labels(code).inc()
 
-    def record_event(self, kind: str) -> None:
+    def record_event(self, kind: str, accepted_chars: int | None = None) -> None:
+        """Count an editor event; a ``partial`` one also counts its
+        characters."""
         self.events.labels(kind).inc()
+        self._event_totals[kind] = self._event_totals.get(kind, 0) + 1
+        if kind == "partial" and accepted_chars:
+            self.accepted_chars.inc(accepted_chars)
+
+    def accept_rate(self) -> float:
+        """Accepted / shown since start; 0 before anything was shown."""
+        shown = self._event_totals.get("shown", 0)
+        return min(1.0, self._event_totals.get("accepted", 0) / shown) if shown else 0.0
+
+    def event_counts(self) -> dict[str, Any]:
+        """The event totals and the accept rate, for ``health``."""
+        counts: dict[str, Any] = {kind: self._event_totals.get(kind, 0)
+                                  for kind in ("shown", "accepted", "partial", "rejected")}
+        counts["accept_rate"] = round(self.accept_rate(), 4)
+        return counts
 
     def _count_tokens(self, t: Timings) -> None:
         self.prompt_tokens.inc(t.prompt_tokens)

@@ -153,3 +153,55 @@ def read_daemon_record(*, allow_remote: bool = False) -> DaemonRecord | None:
         raise ConfigError(f"{path} names a daemon at {record.url}, which is not a loopback address",
                           hint=f"run: rm {path}  (or set server.allow_remote: true if you really run it remotely)")
     return record
+
+
+START_LOCK_NAME = "start.lock"
+
+
+class StartLock:
+    """``start.lock`` in the state directory, held (``flock``, exclusive) by
+    the one client that is starting a daemon, so that two editors opening at
+    once start one daemon, not two. The kernel drops the lock when its
+    holder exits, so a crashed client never blocks the next start."""
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self.path = (directory or state_dir()) / START_LOCK_NAME
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        """We hold it."""
+        return self._fd is not None
+
+    def acquire(self) -> bool:
+        """Take the lock without waiting; False when another process holds
+        it. Raises ConfigError for a state directory that is not private."""
+        import fcntl
+
+        if self._fd is not None:
+            return True
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        check_private_dir(self.path.parent)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        self._fd = fd
+        return True
+
+    def busy(self) -> bool:
+        """Another process holds the lock now (it is starting a daemon)."""
+        if self._fd is not None:
+            return False
+        if not self.acquire():
+            return True
+        self.release()
+        return False
+
+    def release(self) -> None:
+        """Drop the lock (idempotent)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)

@@ -252,6 +252,7 @@ BAD_VALUES: list[tuple[str, str, Any, str]] = [
     ("server", "max_message_bytes", 0, "0"),
     ("server", "rate_limit_per_s", 0, "0"),
     ("server", "drain_timeout_s", -0.5, "-0.5"),
+    ("server", "idle_exit_s", -1, "-1"),
     ("completion", "max_tokens", 0, "0"),
     ("completion", "max_tokens", 2049, "2049"),
     ("completion", "max_lines", 0, "0"),

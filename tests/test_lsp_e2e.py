@@ -46,7 +46,8 @@ from tests.fixtures.lsp_harness import (
 PREFIX = "def add(a, b):\n    return "          # the tiny model answers this one with text
 LONG = {"maxTokens": 2048, "multiline": "single", "timeoutMs": 120_000}  # seconds of decoding
 # Short back-off for the restart test; short completions (the CPU is shared); no flaky timeouts.
-QUICK = ["--backoff-initial-ms", "100", "--backoff-max-ms", "400", "--timeout-ms", "60000", "--max-tokens", "16"]
+# No daemon of their own: a test that wants one started says so (--start-daemon).
+QUICK = ["--no-start-daemon", "--backoff-initial-ms", "100", "--backoff-max-ms", "400", "--timeout-ms", "60000", "--max-tokens", "16"]
 NVIM_DRIVER = Path(__file__).parent / "fixtures" / "nvim_complete.lua"
 COMPLETE_CANCELLED = 'sol_requests_total{kind="complete",outcome="cancelled"}'
 COMPLETE_SUPERSEDED = 'sol_requests_total{kind="complete",outcome="superseded"}'
@@ -315,7 +316,8 @@ def test_neovim_builtin_client_gets_a_completion(daemon: DaemonBox, tmp_path: Pa
     source.write_text(PREFIX + "\n")
     out = tmp_path / "nvim-result.json"
     env = lsp_env(daemon.d.state_dir, {
-        "SOL_NVIM_CMD": json.dumps([*LSP_COMMAND, "--log-file", str(tmp_path / "sol-lsp.log")]),
+        "SOL_NVIM_CMD": json.dumps([*LSP_COMMAND, "--no-start-daemon", "--log-level", "info",
+                                    "--log-file", str(tmp_path / "sol-lsp.log")]),
         "SOL_NVIM_OUT": str(out), "SOL_NVIM_LINE": "2", "SOL_NVIM_COL": "10",
         "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "config"),
         "XDG_DATA_HOME": str(tmp_path / "data"), "XDG_CACHE_HOME": str(tmp_path / "cache"),

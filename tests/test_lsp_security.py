@@ -93,7 +93,7 @@ def raw_lsp(tmp_path: Path) -> Iterator[Any]:
 
     def start(*args: str) -> RawLsp:
         env = lsp_env(tmp_path / "state")
-        lsp = RawLsp(["--config", str(config), "--log-level", "debug", *args], env,
+        lsp = RawLsp(["--config", str(config), "--log-level", "debug", "--no-start-daemon", *args], env,
                      tmp_path / f"sol-lsp-{len(started)}.stderr")
         started.append(lsp)
         return lsp
@@ -198,7 +198,8 @@ async def test_secret_and_foreign_files_are_never_sent(start_daemon: Any, tmp_pa
 
     recorded = tmp_path / "engine-saw.jsonl"
     daemon = start_daemon(args=["--engine", FAKE_ENGINE], env={"SOL_FAKE_RECORD": str(recorded)})
-    client, statuses = await start_lsp(["--no-warm", "--debounce-ms", "0", "--timeout-ms", "30000"],
+    client, statuses = await start_lsp(["--no-warm", "--debounce-ms", "0", "--timeout-ms", "30000",
+                                        "--no-start-daemon", "--alternatives", "1"],  # one request each
                                        lsp_env(daemon.state_dir))
     try:
         await client.initialize_session(types.InitializeParams(

@@ -239,7 +239,9 @@ def _completer(client: ScriptedClient, text: str = "def f(x):\n    return \n", *
     store = _store(a=text, other="import os\n")
     ring = ContextRing()
     ring.opened("file:///other", store)
-    completer = Completer(Settings(warm=False, **settings), store, ring, client)  # type: ignore[arg-type]
+    # One item per request unless a test asks for alternatives.
+    completer = Completer(Settings(**{"warm": False, "alternatives": 1, **settings}), store, ring,
+                          client)  # type: ignore[arg-type]
     return completer, store
 
 
@@ -295,6 +297,30 @@ async def test_completer_debounce_not_ready_and_errors() -> None:
     busy = ScriptedClient(ErrorFrame("x", "busy", "too many", True, None))
     completer, _ = _completer(busy)
     assert await completer.suggest("file:///a", P(1, 11), automatic=False) is None
+
+
+@pytest.mark.asyncio
+async def test_invoked_completions_get_distinct_alternatives_greedy_first() -> None:
+    class Sampling(ScriptedClient):
+        """Greedy answers "x + 1"; sampled requests "x + 1" then "x - 1"."""
+
+        async def complete(self, req: CompletionRequest, **kwargs: Any) -> Any:
+            self.answer = ["x + 1"] if req.temperature == 0 else ["x + 1", "x - 1"][:req.n]
+            return await super().complete(req, **kwargs)
+
+    client = Sampling()
+    completer, _ = _completer(client, debounce_ms=0, alternatives=3, alternatives_temperature=0.4)
+    got = await completer.suggest("file:///a", P(1, 11), automatic=False)
+    assert got is not None and got.items == ("x + 1", "x - 1")     # distinct only
+    greedy, sampled = client.requests
+    assert (greedy.n, greedy.temperature) == (1, 0.0)
+    assert (sampled.n, sampled.temperature, sampled.prefix) == (2, 0.4, greedy.prefix)
+    assert [got.id_of(i) for i in range(2)] == [greedy.id, sampled.id] and got.indices == (0, 1)
+    # An automatic trigger: the greedy request only.
+    client.requests.clear()
+    completer, _ = _completer(client, debounce_ms=0, alternatives=3)
+    assert await completer.suggest("file:///a", P(1, 11), automatic=True) is not None
+    assert [(r.n, r.temperature) for r in client.requests] == [(1, 0.0)]
 
 
 def test_request_windows_and_items() -> None:
@@ -436,3 +462,41 @@ def test_status_reporter_shows_one_message_per_outage() -> None:
     report(StatusUpdate("ready", "soldaemon ready"))
     report(StatusUpdate("error", "again", persistent=True))
     assert len(server.shown) == 1       # a second outage soon after: still no stream of pop-ups
+
+
+def test_progress_begins_once_created_reports_and_ends() -> None:
+    from concurrent.futures import Future
+
+    from lsp.status import Progress
+
+    class Protocol:
+        def __init__(self) -> None:
+            self.sent: list[Any] = []
+            self.created: list[Future[Any]] = []
+
+        def send_request(self, method: str, params: Any) -> Future[Any]:
+            self.created.append(Future())
+            return self.created[-1]
+
+        def notify(self, method: str, params: Any) -> None:
+            self.sent.append(params.value)
+
+    server = _Server()
+    proto = Protocol()
+    server.protocol = proto  # type: ignore[assignment]
+    progress = Progress(server)  # type: ignore[arg-type]
+    progress.show("starting")                          # disabled: the client did not announce it
+    assert not proto.created
+    progress.enabled = True
+    progress.show("starting soldaemon")
+    progress.show("loading its model")                 # before the client answered: kept
+    assert proto.sent == []
+    proto.created[0].set_result(None)
+    progress.show("still loading")
+    progress.done("ready")
+    kinds = [type(v).__name__ for v in proto.sent]
+    assert kinds == ["WorkDoneProgressBegin", "WorkDoneProgressReport", "WorkDoneProgressEnd"]
+    assert proto.sent[0].message == "loading its model"
+    progress.show("again")
+    proto.created[1].set_exception(RuntimeError("refused"))
+    assert not progress.active and len(proto.sent) == 3      # a refused token: no bar

@@ -31,8 +31,10 @@ def requests(daemon: Daemon, kind: str) -> list[tuple[str, int, int]]:
 @pytest.mark.asyncio
 async def test_the_completion_after_a_warm_reuses_it(start_daemon: Any, engine_args: list[str]) -> None:
     daemon: Daemon = start_daemon(args=[*engine_args, "--port", "0"], server={"rate_limit_per_s": 10_000})
-    client, _ = await start_lsp(["--timeout-ms", "60000", "--max-tokens", "8", "--debounce-ms", "0",
-                                 "--warm-delay-ms", "100"], lsp_env(daemon.state_dir))
+    # One daemon request per completion (no alternatives): the test counts them.
+    client, _ = await start_lsp(["--no-start-daemon", "--alternatives", "1", "--timeout-ms", "60000",
+                                 "--max-tokens", "8", "--debounce-ms", "0", "--warm-delay-ms", "100"],
+                                lsp_env(daemon.state_dir))
     try:
         await initialize(client)
         uri = "file:///w/warm.py"

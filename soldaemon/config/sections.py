@@ -164,6 +164,9 @@ class ServerConfig:
     rate_limit_per_s: float = _setting(200.0, _float(0.0, lo_open=True))
     # On shutdown, wait this long for in-flight requests; seconds, >= 0.
     drain_timeout_s: float = _setting(5.0, _float(0.0))
+    # Exit after this long with no connection (a daemon an editor started);
+    # seconds, >= 0; 0 = never.
+    idle_exit_s: float = _setting(0.0, _float(0.0))
 
     def token_path(self) -> Path:
         """The token file: ``token_file`` or ``state_dir()/token`` (resolved

@@ -14,6 +14,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="a local HF model directory or .gguf file (default: the embedded model)")
     parser.add_argument("--allow-remote", action="store_true", default=None,
                         help="allow listening on a non-loopback address")
+    parser.add_argument("--idle-exit-s", type=float,
+                        help="exit after this many seconds with no connection; 0: never (default from config: 0)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     # For tests and development: MODULE:FACTORY, called with the Config, returning an Engine.
     parser.add_argument("--engine", help=argparse.SUPPRESS)

@@ -96,7 +96,11 @@ async def serve(settings: ServerSettings, load: Callable[[], Engine], model_labe
         print(f"soldaemon ready on {url} model={info.get('model', model_label)} "
               f"device={info.get('device', '?')} token file: {settings.token_path}",
               file=ready_out or sys.stdout, flush=True)
-        await stop.wait()
+        idle_exit = asyncio.ensure_future(daemon.exit_when_unused(stop))
+        try:
+            await stop.wait()
+        finally:
+            idle_exit.cancel()
         log.info("shutting down")
         await daemon.drain(server)
         return 0

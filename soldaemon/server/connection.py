@@ -177,7 +177,7 @@ class Connection:
                                 request_id=msg.id)
             self.daemon.worker.withdraw(job, "cancelled")
         elif isinstance(msg, CompletionEvent):
-            self.daemon.metrics.record_event(msg.kind)
+            self.daemon.metrics.record_event(msg.kind, msg.accepted_chars)
         elif isinstance(msg, Health):
             self.send(Status("health", self.daemon.health_body(), msg.id))
         elif isinstance(msg, Debug):

@@ -59,6 +59,7 @@ class Daemon:
         self._idle = asyncio.Event()
         self._idle.set()
         self._started = time.monotonic()
+        self._unused_since = time.monotonic()     # the last connection left (or start)
         self.engine_info: dict[str, Any] = {}
         self._loopback = is_loopback_host(settings.host)
         self.refusals = RefusalLog(log.warning)   # failed handshakes, logged in aggregate
@@ -160,6 +161,7 @@ class Daemon:
             "engine": self.engine_info, "counters": counters,
             "machine": self.machine,
             "load": dict(self._live()),
+            "events": self.metrics.event_counts(),
             "process": {"pid": os.getpid(), "rss_bytes": psutil.Process().memory_info().rss,
                         "tasks": len(asyncio.all_tasks())},
         }
@@ -221,6 +223,23 @@ class Daemon:
             await conn.serve()
         finally:
             self.connections.discard(conn)
+            self._unused_since = time.monotonic()
+
+    async def exit_when_unused(self, stop: asyncio.Event) -> None:
+        """Set ``stop`` once no client was connected for ``idle_exit_s``
+        (a daemon an editor started must not live forever); returns at once
+        when ``idle_exit_s`` is 0 (never)."""
+        idle_s = self.settings.idle_exit_s
+        if idle_s <= 0:
+            return
+        self._unused_since = time.monotonic()
+        while not stop.is_set():
+            unused = time.monotonic() - self._unused_since
+            if not self.connections and unused >= idle_s:
+                log.info("no connection for %.0f s (server.idle_exit_s): exiting", unused)
+                stop.set()
+                return
+            await asyncio.sleep(min(max(idle_s - unused, 0.05), 5.0) if not self.connections else min(idle_s, 5.0))
 
     # -- shutdown -----------------------------------------------------------
 

@@ -19,7 +19,7 @@ def overridden(config: Config, args: argparse.Namespace) -> Config:
     """``config`` with the options of ``soldaemon serve`` given on the command line."""
     overrides: dict[str, object] = {}
     for arg, key in (("host", "server.host"), ("port", "server.port"), ("model", "model.path"),
-                     ("allow_remote", "server.allow_remote")):
+                     ("allow_remote", "server.allow_remote"), ("idle_exit_s", "server.idle_exit_s")):
         value = getattr(args, arg, None)
         if value is not None:
             overrides[key] = value

@@ -33,13 +33,14 @@ class ServerSettings:
     max_outbox_frames: int = 20_000                # unread frames before a connection is closed
     max_outbox_bytes: int = 8 * 1024 * 1024        # unread bytes before a connection is closed
     max_connections: int = 64                      # more are refused (503) at the handshake
+    idle_exit_s: float = 0.0                       # s without a connection before exiting; 0: never
 
     @classmethod
     def from_config(cls, server: ServerConfig) -> ServerSettings:
         return cls(host=server.host, port=server.port, allow_remote=server.allow_remote,
                    allowed_origins=tuple(server.allowed_origins), token_path=server.token_path(),
                    max_message_bytes=server.max_message_bytes, rate_limit_per_s=server.rate_limit_per_s,
-                   drain_timeout_s=server.drain_timeout_s)
+                   drain_timeout_s=server.drain_timeout_s, idle_exit_s=server.idle_exit_s)
 
     @property
     def limits(self) -> Limits:

@@ -1,0 +1,87 @@
+"""Editor events about a shown completion, as the daemon counts them.
+
+sol-lsp takes the names its own clients send and the ones editors already
+send to Copilot's language server, so an editor set up for Copilot reports
+to soldaemon with no change:
+
+- shown: ``textDocument/didShowCompletion`` or ``sol/didShowCompletion``,
+  ``{"item": <inline item>}`` (the sol/ one also ``{"id", "index"}``);
+- partial: ``textDocument/didPartiallyAcceptCompletion`` or
+  ``sol/didPartiallyAcceptCompletion``, the same plus ``"acceptedLength"``
+  (characters);
+- rejected: ``sol/didRejectCompletion`` ``{"item"}`` (dismissed, or replaced
+  by typing something else);
+- accepted: the command ``sol.accepted`` ``[request id, item index]`` that
+  the client runs after inserting an item.
+
+The item is recognised by the ``sol.accepted`` command sol-lsp put on it
+(its arguments name the daemon request and the item index). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from soldaemon.protocol import CompletionEvent
+
+SOL_DID_SHOW = "sol/didShowCompletion"
+SOL_DID_PARTIALLY_ACCEPT = "sol/didPartiallyAcceptCompletion"
+SOL_DID_REJECT = "sol/didRejectCompletion"
+COPILOT_DID_SHOW = "textDocument/didShowCompletion"
+COPILOT_DID_PARTIALLY_ACCEPT = "textDocument/didPartiallyAcceptCompletion"
+ACCEPT_COMMAND = "sol.accepted"
+
+# notification → the daemon's event kind
+NOTIFICATIONS: dict[str, str] = {
+    SOL_DID_SHOW: "shown",
+    COPILOT_DID_SHOW: "shown",
+    SOL_DID_PARTIALLY_ACCEPT: "partial",
+    COPILOT_DID_PARTIALLY_ACCEPT: "partial",
+    SOL_DID_REJECT: "rejected",
+}
+MAX_ITEM_INDEX = 7          # the protocol's max_n - 1
+
+
+def plain(value: Any) -> Any:
+    """pygls hands custom-method params over as namedtuples; make them
+    plain dicts/lists again."""
+    if hasattr(value, "_asdict"):
+        return {k: plain(v) for k, v in value._asdict().items()}
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+def event_target(params: Any) -> tuple[str, int, int | None] | None:
+    """``(request id, item index, accepted length)`` from ``{"item": <item
+    with our command>}`` or ``{"id": ..., "index": ...}``; ``None`` for
+    anything else."""
+    data = plain(params)
+    if not isinstance(data, dict):
+        return None
+    accepted = data.get("acceptedLength", data.get("accepted_length"))
+    accepted = accepted if isinstance(accepted, int) and not isinstance(accepted, bool) and accepted >= 0 else None
+    rid: Any = data.get("id")
+    index: Any = data.get("index", 0)
+    item = data.get("item")
+    if isinstance(item, dict):
+        command = item.get("command")
+        args = command.get("arguments") if isinstance(command, dict) else None
+        if isinstance(args, list) and len(args) >= 2:
+            rid, index = args[0], args[1]
+    if not isinstance(rid, str) or not rid or isinstance(index, bool) or not isinstance(index, int) \
+            or not 0 <= index <= MAX_ITEM_INDEX:
+        return None
+    return rid, index, accepted
+
+
+def to_event(kind: str, params: Any) -> CompletionEvent | None:
+    """The daemon's ``event`` frame for ``params`` of a ``kind`` event, or
+    ``None`` when they name no item of ours."""
+    target = event_target(params)
+    if target is None:
+        return None
+    rid, index, accepted = target
+    return CompletionEvent(rid, kind, index, accepted if kind == "partial" else None)  # type: ignore[arg-type]

@@ -1,0 +1,176 @@
+"""What the user sees of the daemon's state without custom client code.
+
+- :class:`StatusReporter` turns the daemon client's :class:`StatusUpdate`
+  into ``sol/status`` notifications (with the latency figures), at most one
+  ``window/showMessage`` per outage, and ``$/progress`` while the daemon
+  starts or loads its model;
+- :class:`Progress` is that ``$/progress``: ``window/workDoneProgress/create``,
+  then ``begin``, ``report`` for each new message, ``end`` when the daemon is
+  ready or the start failed. Only for clients that announce
+  ``window.workDoneProgress``;
+- :class:`Latency` keeps the last completion round trips (ms).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import statistics
+import time
+from collections import deque
+from typing import Any, Callable, Protocol
+
+import attrs
+from lsprotocol import types
+
+from lsp.daemon_client import StatusUpdate
+
+log = logging.getLogger("sol.lsp")
+
+SOL_STATUS = "sol/status"
+MESSAGE_INTERVAL_S = 600.0      # at most one failure pop-up per this many seconds
+LATENCY_WINDOW = 50             # completions the median is taken over
+
+
+@attrs.define
+class SolStatusParams:
+    """Params of the ``sol/status`` notification. ``lastMs``/``medianMs``:
+    round trip of the last completion and the median of the last 50
+    (``None`` before the first)."""
+
+    state: str
+    message: str = ""
+    url: str | None = None
+    lastMs: float | None = None       # noqa: N815 (the wire name)
+    medianMs: float | None = None     # noqa: N815
+
+
+class _Server(Protocol):
+    """What the reporters use of the language server."""
+
+    @property
+    def protocol(self) -> Any: ...
+    def window_show_message(self, params: types.ShowMessageParams) -> None: ...
+
+
+class Latency:
+    """Round trips of the completions that ran on the daemon (ms)."""
+
+    def __init__(self, window: int = LATENCY_WINDOW) -> None:
+        self._times: deque[float] = deque(maxlen=window)
+
+    def add(self, ms: float) -> None:
+        self._times.append(ms)
+
+    @property
+    def last_ms(self) -> float | None:
+        return round(self._times[-1], 1) if self._times else None
+
+    @property
+    def median_ms(self) -> float | None:
+        return round(statistics.median(self._times), 1) if self._times else None
+
+
+class Progress:
+    """One ``$/progress`` bar at a time, titled "soldaemon". Called on the
+    event loop thread; a client that refuses the token gets no bar."""
+
+    _tokens = itertools.count(1)
+
+    def __init__(self, server: _Server) -> None:
+        self.server = server
+        self.enabled = False           # set from the client's window.workDoneProgress
+        self._token: str | None = None
+        self._created = False          # the client answered the create request
+        self._message = ""             # the latest message, sent once created
+        self._sent = ""
+
+    @property
+    def active(self) -> bool:
+        return self._token is not None
+
+    def show(self, message: str) -> None:
+        """Begin the bar, or report ``message`` on it."""
+        if not self.enabled:
+            return
+        self._message = message
+        if self._token is None:
+            token = self._token = f"soldaemon-{next(self._tokens)}"
+            self._created = False
+            future = self.server.protocol.send_request(
+                types.WINDOW_WORK_DONE_PROGRESS_CREATE, types.WorkDoneProgressCreateParams(token=token))
+            future.add_done_callback(lambda f: self._on_created(token, f.exception()))
+        elif self._created and message != self._sent:
+            self._sent = message
+            self._notify(self._token, types.WorkDoneProgressReport(message=message))
+
+    def done(self, message: str) -> None:
+        """End the bar (if any) with ``message``."""
+        token, self._token = self._token, None
+        if token is not None and self._created:
+            self._notify(token, types.WorkDoneProgressEnd(message=message))
+        self._created = False
+
+    def _on_created(self, token: str, error: BaseException | None) -> None:
+        """The client answered the create request (on the event loop thread)."""
+        if token != self._token:            # ended before the client answered
+            return
+        if error is not None:
+            log.info("the client refused a progress token: %s", error)
+            self._token = None
+            return
+        self._created = True
+        self._sent = self._message
+        self._notify(token, types.WorkDoneProgressBegin(title="soldaemon", message=self._message))
+
+    def _notify(self, token: str, value: Any) -> None:
+        self.server.protocol.notify(types.PROGRESS, types.ProgressParams(token=token, value=value))
+
+
+class StatusReporter:
+    """Turns :class:`StatusUpdate` into ``sol/status`` notifications and at
+    most one ``window/showMessage`` per outage (and per
+    ``MESSAGE_INTERVAL_S``): never a stream of pop-ups. ``busy`` updates
+    (the daemon starting or loading) show as ``$/progress``."""
+
+    def __init__(self, server: _Server, progress: Progress | None = None,
+                 latency: Latency | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.server = server
+        self.progress = progress
+        self.latency = latency or Latency()
+        self.last = StatusUpdate("connecting")
+        self._clock = clock
+        self._shown_this_outage = False
+        self._last_shown = -MESSAGE_INTERVAL_S
+
+    def __call__(self, update: StatusUpdate) -> None:
+        log.info("status: %s %s", update.state, update.message)
+        self.last = update
+        self.notify()
+        if self.progress is not None:
+            if update.busy:
+                self.progress.show(update.message)
+            elif self.progress.active:
+                self.progress.done(update.message)
+        if update.state == "ready":
+            self._shown_this_outage = False
+            return
+        now = self._clock()
+        if update.persistent and not self._shown_this_outage and now - self._last_shown >= MESSAGE_INTERVAL_S:
+            self._shown_this_outage = True
+            self._last_shown = now
+            self.server.window_show_message(types.ShowMessageParams(
+                type=types.MessageType.Warning,
+                message=f"soldaemon completions are unavailable: {update.message}. "
+                        "sol-lsp keeps retrying in the background."))
+
+    def notify(self) -> None:
+        """Send ``sol/status`` for the current state and latency."""
+        u = self.last
+        self.server.protocol.notify(SOL_STATUS, SolStatusParams(
+            u.state, u.message, u.url, self.latency.last_ms, self.latency.median_ms))
+
+    def completed(self, round_trip_ms: float) -> None:
+        """A completion ran on the daemon: keep its time and tell the client."""
+        self.latency.add(round_trip_ms)
+        self.notify()
