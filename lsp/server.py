@@ -106,7 +106,13 @@ class SolProtocol(LanguageServerProtocol):
             log.warning("refused a second initialize request")
             raise JsonRpcInvalidRequest("initialize was already received; a server is initialized once")
         self._initialized_once = True
-        return (yield from super().lsp_initialize(params))
+        result = yield from super().lsp_initialize(params)
+        # which event notifications this server handles: a client that sends
+        # both the sol/ and the Copilot name of one event (so that an older
+        # server still hears it) sends only one of them to a server that
+        # lists both -- an event counted once
+        result.capabilities.experimental = {"soldaemon": {"notifications": sorted(NOTIFICATIONS)}}
+        return result
 
 
 class SolLanguageServer(LanguageServer):

@@ -283,7 +283,7 @@ export class Controller implements vscode.Disposable {
             `  process:      ${this.process ? `pid ${this.process.pid}` : "none"}, ${this.phase}`
             + (this.serverError ? `; ${this.serverError}` : ""),
             `  daemon:       ${this.sol ? `${this.sol.state}${this.sol.url ? ` at ${this.sol.url}` : ""}${this.sol.message ? `: ${this.sol.message}` : ""}` : "no status yet"}`,
-            `  last:         TTFT ${formatMs(this.sol?.lastTtftMs)}, total ${formatMs(this.sol?.lastTotalMs)}`,
+            `  latency:      last ${formatMs(this.sol?.lastMs ?? undefined)}, median ${formatMs(this.sol?.medianMs ?? undefined)}`,
             `  settings:     debounce ${s.debounceMs} ms, max lines ${s.maxLines}, max tokens ${s.maxTokens || "sol-lsp default"}, `
             + `auto-start ${s.autoStart && !s.endpoint ? "on" : "off"}, daemon command ${s.command}`,
         ].join("\n");

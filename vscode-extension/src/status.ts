@@ -3,14 +3,15 @@
 
 export type StatusKind = "disabled" | "starting" | "connecting" | "ready" | "slow" | "error";
 
-/** Params of sol-lsp's `sol/status` notification (lsp/server.py). The
- * latency fields are read when the server sends them. */
+/** Params of sol-lsp's `sol/status` notification (lsp/status.py):
+ * `lastMs` is the round trip of the last completion, `medianMs` the median
+ * of the last 50 (absent before the first). */
 export interface SolStatus {
     state: "connecting" | "ready" | "slow" | "error" | string;
     message?: string;
     url?: string | null;
-    lastTtftMs?: number;
-    lastTotalMs?: number;
+    lastMs?: number | null;
+    medianMs?: number | null;
 }
 
 /** The language server process, as the extension sees it. */
@@ -52,9 +53,12 @@ export function computeStatus(s: StatusInput): StatusView {
     const where = s.sol.url ? ` at ${s.sol.url}` : "";
     const why = s.sol.message ? `:\n${s.sol.message}` : "";
     const off = s.languageOn === false ? "\nOff for this file's language (soldaemon.languages)." : "";
-    const ttft = s.sol.lastTtftMs;
-    const last = ttft !== undefined ? ` ${formatMs(ttft)}` : "";
-    const lastLine = ttft !== undefined ? `\nLast time to first token: ${formatMs(ttft)}` : "";
+    const lastMs = s.sol.lastMs ?? undefined;
+    const medianMs = s.sol.medianMs ?? undefined;
+    const last = lastMs !== undefined ? ` ${formatMs(lastMs)}` : "";
+    const lastLine = lastMs !== undefined
+        ? `\nLast completion: ${formatMs(lastMs)}` + (medianMs !== undefined ? ` (median of the last 50: ${formatMs(medianMs)})` : "")
+        : "";
     switch (s.sol.state) {
         case "ready":
             return { kind: "ready", text: `$(check) sol${last}`, tooltip: `soldaemon${where} is ready.${lastLine}${off}${click}` };

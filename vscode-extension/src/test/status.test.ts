@@ -9,7 +9,7 @@ function status(patch: Partial<StatusInput>) {
 describe("status bar", () => {
     it("ready, with the last TTFT when sol/status carries it", () => {
         assert.equal(status({}).text, "$(check) sol");
-        const s = status({ sol: { state: "ready", url: "ws://127.0.0.1:8765", lastTtftMs: 42.4 } });
+        const s = status({ sol: { state: "ready", url: "ws://127.0.0.1:8765", lastMs: 42.4, medianMs: 40 } });
         assert.equal(s.kind, "ready");
         assert.equal(s.text, "$(check) sol 42 ms");
         assert.match(s.tooltip, /ws:\/\/127\.0\.0\.1:8765 is ready/);
