@@ -14,7 +14,7 @@ import pytest
 from soldaemon import plan_check
 from soldaemon.config import config_from_dict
 from soldaemon.model.embedded import EMBEDDED_MODELS, QWEN25_CODER_05B, QWEN25_CODER_15B
-from soldaemon.policy.kernel_plan import KernelPlan
+from soldaemon.policy.kernel_plan import KernelPlan, TimingTable, choose_plan
 from soldaemon.runtime import model_choice
 from soldaemon.runtime.kernels import layer_shapes
 
@@ -33,7 +33,7 @@ def test_registry_shapes_are_the_converted_models_shapes() -> None:
 
 def _cache_with(tmp_path: Path, tables: list[Path]) -> Path:
     folder = tmp_path / "kernel-plans"
-    folder.mkdir()
+    folder.mkdir(parents=True)
     for i, t in enumerate(tables):
         shutil.copy(t, folder / f"t{i}.json")
     return tmp_path
@@ -43,12 +43,18 @@ def test_doctor_names_the_model_auto_serves_from_cached_tables(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(plan_check, "is_installed", lambda m: True)
     zen4 = TABLES / "zen4_avx512_bf16.json"
+    zen4_15b = TABLES / "zen4_avx512_bf16_1.5b.json"
     flags = tuple(json.loads(zen4.read_text())["table"]["machine"]["cpu_flags"])
-    root = _cache_with(tmp_path, [zen4])
-    report = plan_check.model_report(flags, root=root)
-    assert report["verdict"] == "ok"
-    assert "serves qwen2.5-coder-0.5b" in report["detail"]
-    assert "not timed yet: qwen2.5-coder-1.5b" in report["detail"]
+    only_05b = plan_check.model_report(flags, root=_cache_with(tmp_path / "a", [zen4]))
+    assert only_05b["verdict"] == "ok"
+    assert "serves qwen2.5-coder-0.5b" in only_05b["detail"]
+    assert "not timed yet: qwen2.5-coder-1.5b" in only_05b["detail"]
+    # both timed on this 2-core Zen 4: neither fits 250 ms; the 0.5B is the fastest
+    both = plan_check.model_report(flags, root=_cache_with(tmp_path / "b", [zen4, zen4_15b]))
+    assert "serves qwen2.5-coder-0.5b" in both["detail"] and "no model fits" in both["detail"]
+    generous = plan_check.model_report(flags, plan_check.LatencyBudget(ttft_ms=4000, decode_ms=60),
+                                       root=_cache_with(tmp_path / "c", [zen4, zen4_15b]))
+    assert "serves qwen2.5-coder-1.5b" in generous["detail"]
     empty = plan_check.model_report(flags, root=tmp_path / "nothing")
     assert empty["verdict"] == "info" and "first start" in empty["detail"]
 
@@ -61,7 +67,14 @@ def _plan(step: float, verify: float, cold: float = 100.0) -> KernelPlan:
 def test_a_draft_is_attached_only_where_the_plan_says_it_pays() -> None:
     # a GPU-like plan: a 9-row verify costs about one step; the draft's step is cheap
     assert model_choice.draft_pays(_plan(4.3, 4.9), _plan(2.1, 2.4), max_k=8)
-    # this 2-core CPU, quiet (docs/model.md): a 9-row verify of the 1.5B costs ~5 steps
+    # this 2-core Zen 4, quiet (the recorded tables): a 9-row verify of the 1.5B costs 2 steps,
+    # the 0.5B's step 0.4 of the 1.5B's -- predicted to pay at the 0.7 prior
+    plans = {}
+    for name in ("zen4_avx512_bf16", "zen4_avx512_bf16_1.5b"):
+        recorded = json.loads((TABLES / f"{name}.json").read_text())["table"]
+        plans[name] = choose_plan(TimingTable.from_dict(recorded))
+    assert model_choice.draft_pays(plans["zen4_avx512_bf16_1.5b"], plans["zen4_avx512_bf16"], max_k=8)
+    # the same machine busy (timed at load 4): a verify of 6.6 steps never pays
     assert not model_choice.draft_pays(_plan(56.0, 372.0), _plan(18.4, 30.8), max_k=8)
     # a draft as slow as the target never pays
     assert not model_choice.draft_pays(_plan(10.0, 11.0), _plan(10.0, 11.0), max_k=8)
