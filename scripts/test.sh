@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Set up everything the tests need and run them all. The README's test command.
 #   - a virtual environment in .venv with the daemon and its test extra
-#   - Debian's chromium and neovim for the real-client tests (when root)
+#   - Debian's chromium, neovim and emacs-nox (with elpa-eglot, elpa-lsp-mode)
+#     for the real-client tests (when root)
 #   - the Python suite (pytest, incl. mypy and the slow real-model tests);
-#     a test whose tool (chromium, neovim, llama-cpp-python) is missing fails
+#     a test whose tool (chromium, neovim, emacs, llama-cpp-python) is missing fails
 #     here instead of skipping (SOLDAEMON_REQUIRE_INTEGRATION=1; set it to 0
 #     to let those tests skip on a machine without them)
 #   - the VS Code extension: npm ci, compile, test, package the .vsix
@@ -25,6 +26,10 @@ python -m pip install -q -e '.[test,bench,model-1.5b]'
 need=()
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v nvim >/dev/null 2>&1 || need+=(neovim)
+command -v emacs >/dev/null 2>&1 || need+=(emacs-nox)
+for pkg in elpa-eglot elpa-lsp-mode; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+done
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null

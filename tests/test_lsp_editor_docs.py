@@ -3,8 +3,10 @@
 Each snippet follows a ``<!-- snippet: NAME -->`` line. Debian's Neovim
 (0.7) runs the 0.7 snippet for real against sol-lsp and a real daemon (tiny
 model); the 0.11/0.12 snippet needs APIs 0.7 lacks, so it is only compiled.
-Helix and Emacs cannot be installed here: their snippets are checked for
-form (the TOML parses and names the server; the Lisp is balanced).
+Debian's Emacs 28.2 runs the eglot snippet (eglot 1.9) and the lsp-mode one
+(lsp-mode 8.0.0) for real the same way, in batch mode; the inline-completion
+addition needs lsp-mode 9, so its Lisp is only checked for balance. Helix
+cannot be installed here: its TOML is parsed and must name the server.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -62,6 +64,87 @@ vim.api.nvim_create_autocmd("VimEnter", { callback = function() vim.schedule(fun
 end) end })
 """
 
+# Emacs: Debian's elpa packages (eglot, lsp-mode and their dependencies) are
+# loaded with package.el from the system directory; the snippet follows, then
+# one of the drivers below. Each opens the file, connects the snippet's client
+# to sol-lsp over stdio, asks completion-at-point at the end of line 2 (until
+# the daemon answers, as a user retrying would) and writes the candidates.
+EMACS_PRELUDE = r"""
+(setq native-comp-deferred-compilation nil)   ; no background compiles of the packages
+(require 'package)
+(setq package-user-dir (expand-file-name "elpa" (getenv "HOME")))
+(add-to-list 'package-directory-list "/usr/share/emacs/site-lisp/elpa")
+(package-initialize)
+(require 'json)
+(defun sol-doc-finish (payload)
+  (with-temp-file (getenv "SOL_DOC_OUT") (insert (json-encode payload)))
+  (kill-emacs 0))
+(defun sol-doc-candidates (capf)
+  "Ask CAPF (a completion-at-point function) until it has candidates; each
+candidate as (text . the LSP item's command name)."
+  (let ((deadline (+ (float-time) 90)) found)
+    (while (and (not found) (< (float-time) deadline))
+      (let* ((answer (funcall capf))
+             (cands (and answer (all-completions "" (nth 2 answer)))))
+        (setq found (mapcar (lambda (c) (cons c (sol-doc-item-command c))) cands))
+        (unless found (accept-process-output nil 0.5))))
+    found))
+"""
+
+EGLOT_DRIVER = r"""
+(defun sol-doc-item-command (c)
+  (let ((cmd (plist-get (get-text-property 0 'eglot--lsp-item c) :command)))
+    (and cmd (plist-get cmd :command))))
+(condition-case err
+    (progn
+      (unless (require 'eglot nil t) (sol-doc-finish '((missing . "eglot"))))
+      (setq eglot-sync-connect t)
+      (find-file (getenv "SOL_DOC_FILE"))
+      (python-mode)
+      (apply #'eglot--connect (eglot--guess-contact))
+      (let ((deadline (+ (float-time) 60)))
+        (while (and (not (eglot-managed-p)) (< (float-time) deadline))
+          (accept-process-output nil 0.2)))
+      (goto-char (point-min)) (forward-line 1) (end-of-line)
+      (sol-doc-finish
+       `((managed . ,(if (eglot-managed-p) t :json-false))
+         (command . ,(vconcat (process-command (jsonrpc--process (eglot-current-server)))))
+         (capf . ,(if (memq #'eglot-completion-at-point completion-at-point-functions) t :json-false))
+         (candidates . ,(vconcat (mapcar (lambda (c) (vector (car c) (cdr c)))
+                                         (sol-doc-candidates #'eglot-completion-at-point)))))))
+  (error (sol-doc-finish `((error . ,(format "%S" err))))))
+"""
+
+LSP_MODE_DRIVER = r"""
+(defun sol-doc-item-command (c)
+  (let* ((item (get-text-property 0 'lsp-completion-item c))
+         (cmd (and item (lsp-get item :command))))
+    (and cmd (lsp-get cmd :command))))
+(condition-case err
+    (progn
+      (setq lsp-client-packages nil lsp-enable-file-watchers nil lsp-completion-no-cache t
+            lsp-restart 'ignore lsp-enable-suggest-server-download nil)
+      (unless (require 'lsp-mode nil t) (sol-doc-finish '((missing . "lsp-mode"))))
+      (require 'lsp-completion)
+      (find-file (getenv "SOL_DOC_FILE"))
+      (python-mode)
+      (lsp-workspace-folders-add (file-name-directory (getenv "SOL_DOC_FILE")))
+      (lsp)
+      (let ((deadline (+ (float-time) 60)))
+        (while (and (not (and (lsp-workspaces)
+                              (eq (lsp--workspace-status (car (lsp-workspaces))) 'initialized)))
+                    (< (float-time) deadline))
+          (accept-process-output nil 0.2)))
+      (goto-char (point-min)) (forward-line 1) (end-of-line)
+      (sol-doc-finish
+       `((servers . ,(vconcat (mapcar (lambda (w) (symbol-name (lsp--client-server-id (lsp--workspace-client w))))
+                                      (lsp-workspaces))))
+         (capf . ,(if (memq #'lsp-completion-at-point completion-at-point-functions) t :json-false))
+         (candidates . ,(vconcat (mapcar (lambda (c) (vector (car c) (cdr c)))
+                                         (sol-doc-candidates #'lsp-completion-at-point)))))))
+  (error (sol-doc-finish `((error . ,(format "%S" err))))))
+"""
+
 
 def snippet(name: str) -> str:
     """The fenced block after ``<!-- snippet: NAME -->`` in docs/editors.md."""
@@ -87,13 +170,7 @@ def _nvim() -> str:
 
 def test_the_neovim_07_snippet_completes_for_real(daemon: Daemon, tmp_path: Path) -> None:
     nvim = _nvim()
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    log = tmp_path / "sol-lsp.log"
-    wrapper = bin_dir / "sol-lsp"          # the console script, as installed, for this checkout
-    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} -m lsp.server --no-start-daemon --timeout-ms 60000 "
-                       f"--max-tokens 16 --log-level info --log-file {log} \"$@\"\n")
-    wrapper.chmod(0o755)
+    bin_dir, log = _sol_lsp_wrapper(tmp_path)
     init = tmp_path / "init.lua"
     init.write_text(snippet("nvim-0.7") + DRIVER)
     source = tmp_path / "edit.py"
@@ -139,8 +216,70 @@ def test_the_helix_snippet_parses() -> None:
     assert "sol-lsp" in python["language-servers"]
 
 
-@pytest.mark.parametrize("name", ["eglot", "lsp-mode"])
-def test_the_emacs_snippets_are_balanced(name: str) -> None:
+def _sol_lsp_wrapper(tmp_path: Path) -> tuple[Path, Path]:
+    """A ``sol-lsp`` on PATH for this checkout (the console script, as
+    installed) that uses the test's daemon; the bin folder and its log."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "sol-lsp.log"
+    wrapper = bin_dir / "sol-lsp"
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} -m lsp.server --no-start-daemon --timeout-ms 60000 "
+                       f"--max-tokens 16 --log-level info --log-file {log} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return bin_dir, log
+
+
+def _run_emacs(daemon: Daemon, tmp_path: Path, code: str) -> tuple[dict[str, Any], str]:
+    emacs = shutil.which("emacs")
+    require(emacs, "Emacs", "apt-get install -y emacs-nox elpa-eglot elpa-lsp-mode")
+    assert emacs is not None
+    bin_dir, log = _sol_lsp_wrapper(tmp_path)
+    init = tmp_path / "init.el"
+    init.write_text(code)
+    source = tmp_path / "edit.py"
+    source.write_text(PREFIX + "\n")
+    out = tmp_path / "result.json"
+    env = lsp_env(daemon.state_dir, {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "SOL_DOC_OUT": str(out),
+        "SOL_DOC_FILE": str(source), "HOME": str(tmp_path)})
+    proc = subprocess.run([emacs, "--batch", "-Q", "-l", str(init)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    server_log = log.read_text() if log.exists() else ""
+    assert out.exists(), f"emacs wrote nothing (rc {proc.returncode}): {proc.stderr[-3000:]}\n{server_log[-3000:]}"
+    report = json.loads(out.read_text())
+    if report.get("missing"):
+        require(None, f"the Emacs package {report['missing']}", f"apt-get install -y elpa-{report['missing']}")
+    assert not report.get("error"), f"{report}\n{proc.stderr[-3000:]}\n{server_log[-3000:]}"
+    return report, server_log
+
+
+def test_the_eglot_snippet_completes_for_real(daemon: Daemon, tmp_path: Path) -> None:
+    """Emacs 28 + Debian's eglot 1.9: the snippet's server entry starts
+    sol-lsp for python-mode; completion-at-point gets the daemon's item."""
+    report, server_log = _run_emacs(daemon, tmp_path, EMACS_PRELUDE + snippet("eglot") + EGLOT_DRIVER)
+    assert report["managed"] is True and report["capf"] is True, report
+    assert Path(report["command"][0]).name == "sol-lsp", report
+    candidates = report["candidates"]
+    assert candidates, f"no completion through the documented set-up: {report}\n{server_log[-3000:]}"
+    text, command = candidates[0]
+    assert text.strip() and command == "sol.accepted", report
+
+
+def test_the_lsp_mode_snippet_completes_for_real(daemon: Daemon, tmp_path: Path) -> None:
+    """Emacs 28 + Debian's lsp-mode 8.0.0: the snippet's add-on client starts
+    sol-lsp for python-mode; lsp-completion-at-point gets the daemon's item."""
+    report, server_log = _run_emacs(daemon, tmp_path, EMACS_PRELUDE + snippet("lsp-mode") + LSP_MODE_DRIVER)
+    assert report["servers"] == ["sol-lsp"] and report["capf"] is True, report
+    candidates = report["candidates"]
+    assert candidates, f"no completion through the documented set-up: {report}\n{server_log[-3000:]}"
+    text, command = candidates[0]
+    assert text.strip() and command == "sol.accepted", report
+
+
+def test_the_lsp_mode_inline_snippet_is_balanced() -> None:
+    """Form only: lsp-inline-completion-mode arrived in lsp-mode 9.0; Debian's
+    8.0.0 (the one here) lacks it."""
+    name = "lsp-mode-inline"
     text = snippet(name)
     depth = 0
     in_string = False
@@ -164,4 +303,4 @@ def test_the_emacs_snippets_are_balanced(name: str) -> None:
                 assert depth >= 0, f"unbalanced ')' in {name}: {line}"
             i += 1
     assert depth == 0 and not in_string, f"{name}: {depth} unclosed '('"
-    assert '"sol-lsp"' in text
+    assert "(add-hook 'lsp-mode-hook #'lsp-inline-completion-mode)" in text
