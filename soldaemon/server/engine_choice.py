@@ -47,5 +47,7 @@ def engine_loader(args: argparse.Namespace, config: Config) -> tuple[Callable[[]
             raise ModelError(f"the inference engine is not available: {exc}") from None
         return load_engine(config)
 
-    return load, str(config.model.path) if config.model.path else "embedded Qwen2.5-Coder-0.5B"
+    mc = config.model
+    return load, str(mc.path) if mc.path else (f"embedded {mc.name}" if mc.name != "auto" else
+                                               "embedded model, chosen by model.name auto")
 
