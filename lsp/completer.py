@@ -28,6 +28,9 @@ Contracts of :meth:`Completer.suggest`:
   candidates (``alternatives_temperature``) — measured in docs/editors.md;
   automatic ones stay at the one greedy item (fast, and what is shown
   without asking);
+- nothing at all is sent (no warm, no complete, and no daemon is started)
+  for a document whose language the settings turn off (``enable``,
+  ``languages``: :meth:`Settings.language_enabled`);
 - nothing is asked for a document the context policy refuses (a secret
   file, a file outside the workspace folders) unless
   ``complete_in_secret_files``: its text never leaves the editor;
@@ -73,7 +76,8 @@ class Suggestion:
     """Completions at one position. ``items[i]`` is the text to insert at the
     cursor; ``indices[i]`` its index in the ``done.items`` of the daemon
     request ``ids[i]`` (for telemetry events; ``request_id`` when ``ids`` is
-    empty); ``line_prefix`` the cursor line's text before the cursor."""
+    empty); ``line_prefix`` the cursor line's text before the cursor,
+    ``line_suffix`` its text after the cursor."""
 
     request_id: str
     items: tuple[str, ...]
@@ -82,6 +86,7 @@ class Suggestion:
     line_prefix: str
     cached: bool = False
     ids: tuple[str, ...] = ()
+    line_suffix: str = ""
 
     def id_of(self, i: int) -> str:
         """The daemon request that produced ``items[i]``."""
@@ -165,6 +170,10 @@ class Completer:
         """May text of ``uri`` go to the daemon for a completion or a warm?"""
         return self.settings.complete_in_secret_files or self.ring.policy.may_complete(uri)
 
+    def enabled(self, doc: Document) -> bool:
+        """Completions are on for ``doc``'s language (the settings now)."""
+        return self.settings.language_enabled(doc.language)
+
     async def suggest(self, uri: str, position: types.Position, *, automatic: bool,
                       alternatives: bool | None = None, tag: str | None = None) -> Suggestion | None:
         """See the module contract. ``alternatives``: ask for them (default:
@@ -176,6 +185,9 @@ class Completer:
         doc = self.documents.get(uri)
         if doc is None:
             log.info("lsp %s: %s is not open; nothing to complete", tag, uri)
+            return None
+        if not self.enabled(doc):
+            log.debug("lsp %s: completions are off for %s (%s)", tag, uri, doc.language)
             return None
         if not self.may_send(uri):
             log.info("lsp %s: not completing in %s (%s)", tag, uri, self.ring.policy.refusal(uri))
@@ -192,9 +204,10 @@ class Completer:
         for older in self.client.in_flight("complete"):  # a newer request: older work is stale
             self.client.cancel(older)
         line = doc.line_of(offset)
-        line_start = doc.line_span(line)[0]
+        line_start, line_end = doc.line_span(line)
         line_prefix = doc.text[line_start:offset]
-        cached = self._typed_through(doc, offset, line, line_prefix)
+        line_suffix = doc.text[offset:max(offset, line_end)]
+        cached = self._typed_through(doc, offset, line, line_prefix, line_suffix)
         if cached is not None:
             log.info("lsp %s: typed through %s; answered from it in %.2f ms", tag, cached.request_id,
                      (time.perf_counter() - t0) * 1000)
@@ -242,7 +255,8 @@ class Completer:
                                           ids=raw.ids + (extra.id,) * len(extra.items),
                                           indices=raw.indices + tuple(range(len(extra.items))))
         self._answers[uri] = raw
-        return Suggestion(request.id, tuple(items), tuple(indices), line, line_prefix, ids=tuple(ids))
+        return Suggestion(request.id, tuple(items), tuple(indices), line, line_prefix, ids=tuple(ids),
+                          line_suffix=line_suffix)
 
     async def _add_alternatives(self, greedy: CompletionRequest, items: list[str], indices: list[int],
                                 ids: list[str], tag: str | None, t0: float) -> Done | None:
@@ -271,7 +285,8 @@ class Completer:
         log.info("lsp %s → %s: %d alternative(s) of %d sampled", tag, request.id, len(items) - 1, want)
         return answer
 
-    def _typed_through(self, doc: Document, offset: int, line: int, line_prefix: str) -> Suggestion | None:
+    def _typed_through(self, doc: Document, offset: int, line: int, line_prefix: str,
+                       line_suffix: str) -> Suggestion | None:
         prev = self._answers.get(doc.uri)
         if prev is None or offset <= len(prev.prefix):
             return None
@@ -293,7 +308,7 @@ class Completer:
         if not items:
             return None
         return Suggestion(prev.request_id, tuple(items), tuple(indices), line, line_prefix, cached=True,
-                          ids=tuple(ids))
+                          ids=tuple(ids), line_suffix=line_suffix)
 
     def build_request(self, doc: Document, offset: int, request_id: str, *,
                       priority: str = "normal") -> CompletionRequest:
@@ -323,7 +338,7 @@ class Completer:
     # -- background warm -------------------------------------------------------------
 
     def _schedule_warm(self, doc: Document, offset: int, *, moved: bool = False) -> None:
-        if not self.settings.warm:
+        if not self.settings.warm or not self.enabled(doc):
             return
         old = self._warm_tasks.pop(doc.uri, None)
         if old is not None:
@@ -341,7 +356,7 @@ class Completer:
             await asyncio.sleep(self.settings.warm_delay_ms / 1000)
             doc = self.documents.get(uri)
             seen = self._seen.get(uri)
-            if doc is None or doc.version != version or not self.may_send(uri):
+            if doc is None or doc.version != version or not self.may_send(uri) or not self.enabled(doc):
                 return
             if moved:
                 if seen is None or seen.offset != offset or self._generation.get(uri) != generation:
@@ -349,6 +364,7 @@ class Completer:
             elif seen is not None and seen.version == version:
                 return
             if not self.client.ready:
+                self.client.poke()          # an edit in an enabled document: the daemon is wanted
                 return
             request = self.build_request(doc, offset, self.client.new_id("w"))
             if request.prefix or request.suffix:

@@ -20,6 +20,10 @@ Contracts:
   ``unavailable`` error; nothing waits for a frame that cannot come.
 - ``warm`` and ``event`` are fire and forget; both are dropped while not
   connected.
+- A daemon is started (``launcher``) only once something wanted it: a
+  completion or a warm asked while none answered (:meth:`poke`); until then
+  sol-lsp only looks for a running one, so a window whose documents are all
+  switched off never loads a model.
 - Status changes go to ``on_status`` as :class:`StatusUpdate` (``connecting``,
   ``ready``, ``slow``, ``error``); a failure that lasted
   ``failure_message_after_s`` (or a daemon we started that died) is marked
@@ -118,6 +122,7 @@ class DaemonClient:
         self._daemon_state = "loading"
         self._slow = False
         self._closing = False
+        self.wanted = False                              # a request needed the daemon: may start one
         self.url: str | None = None
         self.last_status = StatusUpdate("connecting")
 
@@ -151,9 +156,11 @@ class DaemonClient:
         return (f"{base}.lsp{tag}" if tag else base)[:128]
 
     def poke(self) -> None:
-        """Someone wants the daemon now: retry at once if we are waiting out
-        a back-off (at most once a second)."""
-        if self._ws is None and time.monotonic() - self._last_attempt >= 1.0:
+        """Someone wants the daemon now (from here on, one may be started):
+        retry at once if we are waiting out a back-off (at most once a
+        second, or at once the first time)."""
+        first, self.wanted = not self.wanted, True
+        if self._ws is None and (first or time.monotonic() - self._last_attempt >= 1.0):
             self._wake.set()
 
     # -- requests ------------------------------------------------------------
@@ -284,6 +291,9 @@ class DaemonClient:
         """Report a failed attempt; maybe start the daemon. Returns the delay
         to wait before the next attempt."""
         launcher = self._launcher
+        if launcher is not None and refused and not self.wanted and not launcher.other_starting:
+            self._status("connecting", "soldaemon is not running; it starts with the first completion")
+            return delay
         if launcher is not None:
             if refused:
                 launcher.start()

@@ -7,9 +7,12 @@ on another port is found again.
 
 :class:`DaemonLauncher` starts ``soldaemon serve`` (an argv list, never a
 shell) in its own session, detached, logging to ``daemon.log`` in the state
-directory: the daemon is shared by every editor window and outlives the one
-that started it (it exits by itself after ``--idle-exit-s`` without a
-connection). It never blocks: the client keeps trying to connect while the
+directory (which the daemon rotates; its raw output goes to ``daemon.out``):
+the daemon is shared by every editor window and outlives the one that
+started it (it exits by itself after ``idle_exit_s`` without a connection,
+passed as ``SOLDAEMON_IDLE_EXIT_S`` whatever the command). A daemon that
+cannot start leaves ``last-error.json`` in the state directory; its reason
+becomes the launcher's message. It never blocks: the client keeps trying to connect while the
 daemon prepares its model, for at most ``timeout_s``.
 
 Two sol-lsp starting at once start one daemon: the starter holds
@@ -20,6 +23,7 @@ sees the lock, starts nothing and keeps trying to connect.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -49,6 +53,36 @@ def resolve_target(settings: Settings) -> Target:
     return find_daemon(settings.config, url=settings.url or None, token_path=settings.token_file)
 
 
+LAST_ERROR_NAME = "last-error.json"    # written by `soldaemon serve` when it cannot start (server/command.py)
+# the exit statuses of `soldaemon` (docs/doctor.md, "Exit codes")
+EXIT_MEANINGS = {1: "an internal error", 2: "a configuration error", 3: "a model error (missing parts, "
+                 "hash mismatch, out of memory)", 4: "the daemon was unavailable", 130: "it was interrupted"}
+
+
+def daemon_log_path() -> Path:
+    """The log of a daemon sol-lsp starts (rotated by the daemon itself)."""
+    return state_dir() / "daemon.log"
+
+
+def doctor_command(settings: Settings) -> list[str]:
+    """``soldaemon [--config FILE] doctor``, found as the daemon command is."""
+    argv = default_daemon_command(settings)
+    return argv[:argv.index("serve")] + ["doctor"]
+
+
+def read_last_error(since: float) -> str | None:
+    """The reason in ``last-error.json`` when it was written after
+    ``since`` (wall-clock seconds), as one sentence; else ``None``."""
+    try:
+        data = json.loads((state_dir() / LAST_ERROR_NAME).read_text())
+        if float(data.get("time", 0)) < since:
+            return None
+        hint = f" ({data['hint']})" if data.get("hint") else ""
+        return f"{data['message']}{hint} [{data.get('code', '?')}]"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def default_daemon_command(settings: Settings) -> list[str]:
     """``soldaemon [--config FILE] serve --idle-exit-s N``: the console
     script next to this Python when installed, else ``python -m
@@ -65,15 +99,18 @@ class DaemonLauncher:
     after ``cooldown_s``."""
 
     def __init__(self, argv: Sequence[str], *, timeout_s: float = 180.0, cooldown_s: float = 60.0,
-                 log_path: Path | None = None, lock: StartLock | None = None) -> None:
+                 log_path: Path | None = None, lock: StartLock | None = None,
+                 idle_exit_s: float | None = None) -> None:
         if not argv:
             raise ValueError("empty daemon command")
         self.argv = list(argv)
         self.timeout_s = timeout_s
         self.cooldown_s = cooldown_s
         self.log_path = log_path
+        self.idle_exit_s = idle_exit_s
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
+        self.started_wall = 0.0
         self.error: str | None = None
         self._lock = lock
 
@@ -106,7 +143,11 @@ class DaemonLauncher:
         where = f"; see {self.log_path}" if self.log_path else ""
         if code is not None:
             self.lock.release()
-            return f"the daemon started by sol-lsp exited with status {code}{where}"
+            reason = read_last_error(self.started_wall - 1.0)
+            if reason is not None:
+                return f"the daemon could not start: {reason}{where}"
+            meaning = f" ({EXIT_MEANINGS[code]})" if code in EXIT_MEANINGS else ""
+            return f"the daemon started by sol-lsp exited with status {code}{meaning}{where}"
         if time.monotonic() - self.started_at >= self.timeout_s:
             self.lock.release()
             return f"the daemon started by sol-lsp was not ready within {self.timeout_s:.0f} s{where}"
@@ -140,11 +181,20 @@ class DaemonLauncher:
             if read_daemon_record() is not None:     # one became ready since our failed attempt
                 self.lock.release()
                 return False
-            fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            # The daemon writes (and rotates) its own log; what it prints
+            # outside its logging (a crash before that is set up) goes to
+            # daemon.out, emptied at each start. Whatever command starts it,
+            # the daemon exits after idle_exit_s unused (SOLDAEMON_IDLE_EXIT_S).
+            out_path = log_path.with_suffix(".out")
+            env = dict(os.environ, SOLDAEMON_LOG_FILE=str(log_path))
+            if self.idle_exit_s is not None:
+                env["SOLDAEMON_IDLE_EXIT_S"] = f"{self.idle_exit_s:g}"
+            fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            self.started_wall = time.time()
             try:
                 self.proc = subprocess.Popen(
                     self.argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT,
-                    start_new_session=True, close_fds=True)
+                    start_new_session=True, close_fds=True, env=env)
             finally:
                 os.close(fd)
         except ConfigError as exc:

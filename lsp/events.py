@@ -7,8 +7,12 @@ to soldaemon with no change:
 - shown: ``textDocument/didShowCompletion`` or ``sol/didShowCompletion``,
   ``{"item": <inline item>}`` (the sol/ one also ``{"id", "index"}``);
 - partial: ``textDocument/didPartiallyAcceptCompletion`` or
-  ``sol/didPartiallyAcceptCompletion``, the same plus ``"acceptedLength"``
-  (characters);
+  ``sol/didPartiallyAcceptCompletion``, the same plus ``"acceptedLength"``:
+  characters of ``insertText`` accepted, counted from the item's range
+  start, as copilot.vim and VS Code count them. sol-lsp's items start at
+  the line start, so the characters before the cursor (the third argument
+  of the item's command) are taken off: the daemon counts characters of
+  the completion only;
 - rejected: ``sol/didRejectCompletion`` ``{"item"}`` (dismissed, or replaced
   by typing something else);
 - accepted: the command ``sol.accepted`` ``[request id, item index]`` that
@@ -57,7 +61,8 @@ def plain(value: Any) -> Any:
 def event_target(params: Any) -> tuple[str, int, int | None] | None:
     """``(request id, item index, accepted length)`` from ``{"item": <item
     with our command>}`` or ``{"id": ..., "index": ...}``; ``None`` for
-    anything else."""
+    anything else. The accepted length is in characters of the completion
+    (see the module doc)."""
     data = plain(params)
     if not isinstance(data, dict):
         return None
@@ -71,6 +76,9 @@ def event_target(params: Any) -> tuple[str, int, int | None] | None:
         args = command.get("arguments") if isinstance(command, dict) else None
         if isinstance(args, list) and len(args) >= 2:
             rid, index = args[0], args[1]
+            before = args[2] if len(args) >= 3 else 0
+            if accepted is not None and isinstance(before, int) and not isinstance(before, bool) and before > 0:
+                accepted = max(0, accepted - before)     # counted from the range start: the line prefix off
     if not isinstance(rid, str) or not rid or isinstance(index, bool) or not isinstance(index, int) \
             or not 0 <= index <= MAX_ITEM_INDEX:
         return None

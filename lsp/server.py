@@ -14,11 +14,16 @@ The pygls wiring only; the pieces are
 
 LSP surface (docs/editors.md has the editor set-ups):
 
-- ``textDocument/inlineCompletion`` (LSP 3.18): items replace from the start
-  of the cursor's line (``range`` = line start → cursor, ``insertText`` = the
-  line's text before the cursor + the completion), so the item stays valid
-  while the user keeps typing it; each carries the command ``sol.accepted``
-  (arguments ``[daemon request id, item index]``) for accept telemetry.
+- ``textDocument/inlineCompletion`` (LSP 3.18): items replace the whole
+  cursor line, as Copilot's server does (``range`` = line start → line end,
+  ``insertText`` = the line's text before the cursor + the completion + the
+  line's text after the cursor), so the item stays valid while the user
+  keeps typing it, and Neovim 0.12, which draws an item as an overlay from
+  where it first differs from the line, paints the line as it will read
+  after accepting instead of over the text after the cursor
+  (docs/editors.md, "Item ranges"); each carries the command
+  ``sol.accepted`` (arguments ``[daemon request id, item index, characters
+  of insertText before the cursor]``) for accept telemetry.
 - ``textDocument/completion`` for clients without inline completion
   (``completionItems``: auto/always/never): one item per completion, a
   ``textEdit`` from the start of the word at the cursor, ``isIncomplete``
@@ -30,10 +35,15 @@ LSP surface (docs/editors.md has the editor set-ups):
   the ``sol/`` names and Copilot's ``textDocument/didShowCompletion`` and
   ``textDocument/didPartiallyAcceptCompletion`` — are forwarded to the
   daemon as ``event`` frames.
-- ``sol/status`` notifications ``{"state": "connecting"|"ready"|"slow"|"error",
+- ``sol/status`` notifications (only to a client that declares it handles
+  them: ``capabilities.experimental.soldaemon.status`` or the option
+  ``statusNotifications``; other clients, e.g. lsp-mode, would warn about an
+  unknown method each time) ``{"state": "connecting"|"ready"|"slow"|"error",
   "message", "url", "lastMs", "medianMs"}`` on every change and after each
-  completion, at most one ``window/showMessage`` per outage, when a failure
-  persists, and ``$/progress`` while the daemon starts or loads its model
+  completion, at most one ``window/showMessageRequest`` per outage, when a
+  failure persists (a daemon that could not start names the reason from
+  its ``last-error.json``; actions open the daemon log or run
+  ``soldaemon doctor``, shown with ``window/showDocument``), and ``$/progress`` while the daemon starts or loads its model
   (:mod:`lsp.status`).
 - ``workspace/didChangeConfiguration`` ``{"settings": {"soldaemon": {...}}}``
   (the ``initializationOptions`` keys) applies at once; an invalid value is
@@ -55,6 +65,7 @@ import logging
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any, BinaryIO, Generator, Sequence
 
 from lsprotocol import types
@@ -70,11 +81,11 @@ from lsp.context import ContextRing
 from lsp.daemon_client import DaemonClient
 from lsp.events import ACCEPT_COMMAND, NOTIFICATIONS, SOL_DID_PARTIALLY_ACCEPT, SOL_DID_SHOW, to_event
 from lsp.events import event_target as _event_target  # noqa: F401 (tests import it from here)
-from lsp.discovery import DaemonLauncher, default_daemon_command, resolve_target
+from lsp.discovery import DaemonLauncher, daemon_log_path, default_daemon_command, doctor_command, resolve_target
 from lsp.documents import DocumentStore, normalize_encoding, units
 from lsp.framing import run_strict
 from lsp.settings import OPTIONS, Launch, Settings, SettingsError, parse_args
-from lsp.status import SOL_STATUS, Progress, SolStatusParams, StatusReporter
+from lsp.status import OPEN_LOG, RUN_DOCTOR, SOL_STATUS, Progress, SolStatusParams, StatusReporter
 from soldaemon.sensitive import ContextPolicy, folder_paths
 
 __all__ = ["ACCEPT_COMMAND", "SOL_DID_PARTIALLY_ACCEPT", "SOL_DID_SHOW", "SOL_STATUS", "SolLanguageServer",
@@ -132,6 +143,8 @@ class SolLanguageServer(LanguageServer):
         self.reporter = StatusReporter(self, self.progress_bar)
         self.client_name = "unknown client"
         self.client_has_progress = False
+        self.client_wants_status = False       # capabilities.experimental.soldaemon.status
+        self.client_has_show_document = False  # window.showDocument (the error actions use it)
         self.policy = ContextPolicy()  # what may be sent; set from the workspace folders in initialize
 
     def report_server_error(self, error: Exception, source: Any) -> None:
@@ -176,6 +189,12 @@ class SolLanguageServer(LanguageServer):
         self.documentation_formats = tuple(item_caps.documentation_format or ()) if item_caps else ()
         window = params.capabilities.window
         self.client_has_progress = bool(window and window.work_done_progress)
+        experimental = params.capabilities.experimental
+        declared = isinstance(experimental, dict) and isinstance(experimental.get("soldaemon"), dict) \
+            and experimental["soldaemon"].get("status") is True
+        self.client_wants_status = declared
+        self.reporter.enabled = declared or settings.status_notifications
+        self.client_has_show_document = bool(window and window.show_document and window.show_document.support)
         self.client_name = client = params.client_info.name if params.client_info else "unknown client"
         log.info("initialize: %s, position encoding %s, inline completion %s", client,
                  self.documents.encoding, "yes" if self.client_has_inline else "no")
@@ -209,6 +228,7 @@ class SolLanguageServer(LanguageServer):
             self.completer.ring.max_chunks = max(0, min(settings.context_chunks, 32))
         if self.daemon is not None:
             self.daemon.slow_ms = settings.slow_ms
+        self.reporter.enabled = self.client_wants_status or settings.status_notifications
         apply_log_level(settings.log_level)
         log.info("settings changed")
 
@@ -247,7 +267,7 @@ class SolLanguageServer(LanguageServer):
         launcher = None
         if s.start_daemon:
             launcher = DaemonLauncher(list(s.daemon_command) or default_daemon_command(s),
-                                      timeout_s=s.start_timeout_s)
+                                      timeout_s=s.start_timeout_s, idle_exit_s=s.daemon_idle_exit_s)
         self.daemon = DaemonClient(
             lambda: resolve_target(self.settings), on_status=self.reporter, launcher=launcher,
             on_latency=self.reporter.completed,
@@ -282,16 +302,21 @@ class SolLanguageServer(LanguageServer):
             raise RequestFailed(str(exc), data={"code": exc.frame.code, "hint": exc.frame.hint}) from None
 
     def inline_items(self, s: Suggestion, position: types.Position) -> list[types.InlineCompletionItem]:
-        """Items replacing from the start of the line (see the module doc)."""
+        """Items replacing the cursor's whole line (see the module doc); a
+        line longer than MAX_LINE_PREFIX gets cursor-relative items (no
+        range: inserted at the cursor)."""
         items = []
-        from_line_start = len(s.line_prefix) <= MAX_LINE_PREFIX
+        whole_line = len(s.line_prefix) + len(s.line_suffix) <= MAX_LINE_PREFIX
+        line_end = types.Position(position.line,
+                                  position.character + units(s.line_suffix, self.documents.encoding))
         for i, (text, index) in enumerate(zip(s.items, s.indices)):
+            before = len(s.line_prefix) if whole_line else 0
             command = types.Command(title="soldaemon: accepted", command=ACCEPT_COMMAND,
-                                    arguments=[s.id_of(i), index])
-            if from_line_start:
+                                    arguments=[s.id_of(i), index, before])
+            if whole_line:
                 items.append(types.InlineCompletionItem(
-                    insert_text=s.line_prefix + text, command=command,
-                    range=types.Range(types.Position(position.line, 0), position)))
+                    insert_text=s.line_prefix + text + s.line_suffix, command=command,
+                    range=types.Range(types.Position(position.line, 0), line_end)))
             else:
                 items.append(types.InlineCompletionItem(insert_text=text, command=command))
         return items
@@ -326,6 +351,41 @@ class SolLanguageServer(LanguageServer):
         if types.MarkupKind.Markdown in self.documentation_formats:
             return types.MarkupContent(types.MarkupKind.Markdown, f"```{language or ''}\n{text}\n```")
         return text
+
+    # -- error actions ------------------------------------------------------------------
+
+    def error_action(self, title: str) -> None:
+        """The user chose an action of the failure message: open the daemon
+        log, or run ``soldaemon doctor`` and open its report (both with
+        ``window/showDocument``; a client without it is told the path)."""
+        if title == OPEN_LOG:
+            self.show_file(daemon_log_path())
+        elif title == RUN_DOCTOR:
+            asyncio.get_running_loop().create_task(self._run_doctor(), name="sol-doctor")
+
+    async def _run_doctor(self) -> None:
+        argv = doctor_command(self.settings)
+        report = daemon_log_path().with_name("doctor.txt")
+        try:
+            proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
+                                                        stdout=asyncio.subprocess.PIPE,
+                                                        stderr=asyncio.subprocess.STDOUT)
+            out, _ = await asyncio.wait_for(proc.communicate(), 120)
+            report.write_text(f"$ {' '.join(argv)}\n{out.decode(errors='replace')}"
+                              f"(exit status {proc.returncode})\n")
+        except (OSError, TimeoutError) as exc:
+            self.window_show_message(types.ShowMessageParams(
+                type=types.MessageType.Error, message=f"soldaemon: could not run {' '.join(argv)}: {exc}"))
+            return
+        self.show_file(report)
+
+    def show_file(self, path: Path) -> None:
+        if self.client_has_show_document:
+            self.protocol.send_request(types.WINDOW_SHOW_DOCUMENT, types.ShowDocumentParams(
+                uri=path.as_uri(), take_focus=True))
+        else:
+            self.window_show_message(types.ShowMessageParams(type=types.MessageType.Info,
+                                                             message=f"soldaemon: see {path}"))
 
     # -- telemetry --------------------------------------------------------------------
 

@@ -49,6 +49,11 @@ class Settings:
     daemon_command: tuple[str, ...] = ()    # argv for that; () = soldaemon serve
     start_timeout_s: float = 180.0          # how long a started daemon may take to be ready
     daemon_idle_exit_s: float = 1800.0      # a daemon we start exits after this long unused; 0: never
+    # What is completed at all: nothing reaches the daemon (no warm, no
+    # complete, no start) for a document these turn off.
+    enable: bool = True
+    languages: tuple[tuple[str, bool], ...] = ()  # (language id, on); "*": the default; () = all on
+    status_notifications: bool = False      # send sol/status (the client said it handles it)
     # Requests
     debounce_ms: float = 25.0               # automatic triggers wait this long for more typing
     timeout_ms: float = 5000.0              # a daemon answer later than this is cancelled
@@ -76,6 +81,15 @@ class Settings:
     backoff_max_ms: float = 10_000.0
     connect_timeout_ms: float = 3000.0
     failure_message_after_s: float = 10.0   # a failure this old is persistent: one showMessage
+
+    def language_enabled(self, language: str | None) -> bool:
+        """Whether documents of ``language`` (an LSP language id) get
+        completions: ``enable``, then ``languages[language]``, else
+        ``languages["*"]``, else on."""
+        if not self.enable:
+            return False
+        table = dict(self.languages)
+        return table.get(language or "", table.get("*", True))
 
     def with_options(self, options: Mapping[str, Any] | None) -> tuple[Settings, list[str]]:
         """These settings with ``initializationOptions`` applied; also the
@@ -179,6 +193,30 @@ def _globs(value: Any, name: str) -> tuple[str, ...]:
     raise SettingsError(f"{name}: expected a list of glob patterns")
 
 
+def _languages(value: Any, name: str) -> tuple[tuple[str, bool], ...]:
+    """``{"*": true, "markdown": false}`` (VS Code's ``soldaemon.languages``),
+    or on the command line ``"*=true,markdown=false"``."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        pairs: list[tuple[str, Any]] = []
+        for part in (p.strip() for p in value.split(",") if p.strip()):
+            key, sep, flag = part.partition("=")
+            if not sep or not key.strip():
+                raise SettingsError(f"{name}: expected LANGUAGE=true|false pairs, got {part!r}")
+            pairs.append((key.strip(), flag.strip()))
+    elif isinstance(value, Mapping):
+        pairs = list(value.items())
+    else:
+        raise SettingsError(f"{name}: expected an object of language id → true/false")
+    out: dict[str, bool] = {}
+    for key, flag in pairs:
+        if not isinstance(key, str) or not key:
+            raise SettingsError(f"{name}: language ids must be non-empty strings")
+        out[key] = _bool(flag, f"{name}.{key}")
+    return tuple(sorted(out.items()))
+
+
 def _choice(*choices: str) -> Callable[[Any, str], str]:
     def parse(value: Any, name: str) -> str:
         if value not in choices:
@@ -211,6 +249,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("daemon_idle_exit_s", "daemonIdleExitS", "--daemon-idle-exit-s", _number(0, 30 * 86_400),
            "a daemon sol-lsp starts exits after this many seconds without a connection (0: never)",
            launch_only=True),
+    Option("enable", "enable", "--enable", _bool,
+           "complete at all; off: nothing is sent to the daemon and no daemon is started"),
+    Option("languages", "languages", "--languages", _languages,
+           "completions per language id, e.g. '*=true,markdown=false' ({\"*\": true, \"markdown\": false} "
+           "in initializationOptions); '*' is the default for ids not named"),
+    Option("status_notifications", "statusNotifications", "", _bool,
+           "send sol/status notifications (clients that handle them; also the client capability "
+           "experimental.soldaemon.status)"),
     Option("start_timeout_s", "startTimeoutS", "--start-timeout-s", _number(1, 3600),
            "seconds a started daemon may take to become ready"),
     Option("debounce_ms", "debounceMs", "--debounce-ms", _number(0, 2000),

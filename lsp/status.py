@@ -45,12 +45,18 @@ class SolStatusParams:
     medianMs: float | None = None     # noqa: N815
 
 
+OPEN_LOG = "Open daemon log"
+RUN_DOCTOR = "Run soldaemon doctor"
+ACTIONS = (OPEN_LOG, RUN_DOCTOR)
+
+
 class _Server(Protocol):
     """What the reporters use of the language server."""
 
     @property
     def protocol(self) -> Any: ...
     def window_show_message(self, params: types.ShowMessageParams) -> None: ...
+    def error_action(self, title: str) -> None: ...
 
 
 class Latency:
@@ -128,10 +134,13 @@ class Progress:
 
 
 class StatusReporter:
-    """Turns :class:`StatusUpdate` into ``sol/status`` notifications and at
-    most one ``window/showMessage`` per outage (and per
-    ``MESSAGE_INTERVAL_S``): never a stream of pop-ups. ``busy`` updates
-    (the daemon starting or loading) show as ``$/progress``."""
+    """Turns :class:`StatusUpdate` into ``sol/status`` notifications (only
+    while ``enabled``: the client said it handles them) and at most one
+    ``window/showMessageRequest`` per outage (and per
+    ``MESSAGE_INTERVAL_S``): never a stream of pop-ups. The request offers
+    :data:`ACTIONS`; the chosen one goes to ``server.error_action``.
+    ``busy`` updates (the daemon starting or loading) show as
+    ``$/progress``."""
 
     def __init__(self, server: _Server, progress: Progress | None = None,
                  latency: Latency | None = None, clock: Callable[[], float] = time.monotonic) -> None:
@@ -139,6 +148,7 @@ class StatusReporter:
         self.progress = progress
         self.latency = latency or Latency()
         self.last = StatusUpdate("connecting")
+        self.enabled = False            # send sol/status (set from the client's declaration)
         self._clock = clock
         self._shown_this_outage = False
         self._last_shown = -MESSAGE_INTERVAL_S
@@ -159,13 +169,31 @@ class StatusReporter:
         if update.persistent and not self._shown_this_outage and now - self._last_shown >= MESSAGE_INTERVAL_S:
             self._shown_this_outage = True
             self._last_shown = now
-            self.server.window_show_message(types.ShowMessageParams(
-                type=types.MessageType.Warning,
-                message=f"soldaemon completions are unavailable: {update.message}. "
-                        "sol-lsp keeps retrying in the background."))
+            self.ask(f"soldaemon completions are unavailable: {update.message}. "
+                     "sol-lsp keeps retrying in the background.")
+
+    def ask(self, message: str) -> None:
+        """``window/showMessageRequest`` with the actions; the answer (a
+        chosen action, or none) is handled when it comes."""
+        future = self.server.protocol.send_request(
+            types.WINDOW_SHOW_MESSAGE_REQUEST, types.ShowMessageRequestParams(
+                type=types.MessageType.Error, message=message,
+                actions=[types.MessageActionItem(title=t) for t in ACTIONS]))
+        future.add_done_callback(self._answered)
+
+    def _answered(self, future: Any) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return
+        choice = future.result()
+        title = getattr(choice, "title", None) or (choice.get("title") if isinstance(choice, dict) else None)
+        if title in ACTIONS:
+            self.server.error_action(title)
 
     def notify(self) -> None:
-        """Send ``sol/status`` for the current state and latency."""
+        """Send ``sol/status`` for the current state and latency (to a client
+        that declared it handles it)."""
+        if not self.enabled:
+            return
         u = self.last
         self.server.protocol.notify(SOL_STATUS, SolStatusParams(
             u.state, u.message, u.url, self.latency.last_ms, self.latency.median_ms))

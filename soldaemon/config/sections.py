@@ -73,7 +73,7 @@ class ModelConfig:
     # Which embedded model: "auto" the largest installed one whose cold TTFT
     # and decode step, predicted from this machine's kernel timings, fit
     # ttft_budget_ms and decode_budget_ms (else the smallest); or a name.
-    # The 1.5B is installed by pip install 'soldaemon[model-1.5b]'.
+    # The 1.5B is installed by pip install 'soldaemon[model-1-5b]'.
     name: ModelName = _setting("auto", _choice(get_args(ModelName)))
     # auto's latency budget: a cold 1k-token prompt to its first token; ms, > 0.
     ttft_budget_ms: float = _setting(250.0, _float(0.0, lo_open=True))

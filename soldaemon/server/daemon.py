@@ -90,7 +90,8 @@ class Daemon:
             except asyncio.TimeoutError:
                 log.info("still preparing the model (%.0f s)…", time.monotonic() - t0)
         self.engine_info = _safe_call(engine.info)
-        log.info("model ready in %.1f s: %s", time.monotonic() - t0, self.engine_info or self.model_label)
+        log.info("model ready in %.1f s: %s (the full engine info: soldaemon status --json)",
+                 time.monotonic() - t0, engine_summary(self.engine_info) or self.model_label)
         self.set_state("ready")
         return engine
 
@@ -258,6 +259,13 @@ class Daemon:
         server.close(close_connections=True, code=1001, reason="soldaemon is shutting down")
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(server.wait_closed(), 5.0)
+
+
+def engine_summary(info: Mapping[str, Any]) -> str:
+    """One readable line of the engine's info: the scalar fields worth a
+    glance (model, device, dtype, backend, ...), never its tables."""
+    keys = ("model", "device", "dtype", "backend", "fim", "n_ctx", "threads", "drafter", "load_s")
+    return " ".join(f"{k}={info[k]}" for k in keys if isinstance(info.get(k), (str, int, float)))
 
 
 def _http(status: HTTPStatus, body: bytes, content_type: str) -> Response:

@@ -1,4 +1,5 @@
-"""``soldaemon status``: ask the running daemon for its health.
+"""``soldaemon status``, ``stop`` and the daemon half of ``complete``: ask
+the running daemon for its health, to exit, or for a completion.
 
 Light on purpose (a websocket client, no server, no torch): the daemon is
 found by :mod:`soldaemon.discovery`, as sol-lsp finds it.
@@ -9,14 +10,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-from typing import TYPE_CHECKING, Any, Mapping
+import os
+import signal
+import time
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from soldaemon.auth import authorization_header
 from soldaemon.discovery import find_daemon
-from soldaemon.errors import ProtocolError, Unavailable
-from soldaemon.protocol import Health, Status, decode_server, encode_client
+from soldaemon.api import CompletionRequest, Delta, Done
+from soldaemon.errors import ProtocolError, SolError, Unavailable
+from soldaemon.protocol import Complete, ErrorFrame, Health, Status, decode_server, encode_client
+from soldaemon.statefiles import pid_exists
 from soldaemon.server.settings import SOL_DIAGNOSIS_KEYS
 
 if TYPE_CHECKING:
@@ -64,3 +70,69 @@ def run_status(args: argparse.Namespace, config: Config) -> int:
     body = asyncio.run(query_health(target.url, target.token, getattr(args, "timeout", 5.0) or 5.0))
     print(json.dumps(body, indent=2) if getattr(args, "json", False) else _format_health(target.url, body))
     return 0
+
+
+async def ask_complete(url: str, token: str, req: CompletionRequest, *, timeout: float = 60.0,
+                       on_delta: Callable[[Delta], None] | None = None) -> Done:
+    """One completion from the running daemon: its ``done``. Raises
+    :class:`Unavailable` when none answers (or it is still loading), the
+    daemon's error as a :class:`SolError` otherwise."""
+    from websockets.asyncio.client import connect
+
+    try:
+        async with asyncio.timeout(timeout):
+            async with connect(url, additional_headers=[authorization_header(token)], proxy=None,
+                               open_timeout=min(timeout, 5.0), compression=None,
+                               max_size=16 * 1024 * 1024) as ws:
+                await ws.send(encode_client(Complete(req)))
+                while True:
+                    msg = decode_server(await ws.recv())
+                    if isinstance(msg, Delta) and msg.id == req.id and on_delta is not None:
+                        on_delta(msg)
+                    elif isinstance(msg, Done) and msg.id == req.id:
+                        return msg
+                    elif isinstance(msg, ErrorFrame) and msg.id in (req.id, None):
+                        error = Unavailable(msg.message) if msg.code == "unavailable" else SolError(msg.message)
+                        error.code = msg.code
+                        raise error
+    except (OSError, InvalidHandshake, InvalidURI, ConnectionClosed, TimeoutError, ProtocolError) as exc:
+        raise Unavailable(f"no soldaemon answering at {url} ({type(exc).__name__}: {exc})") from None
+
+
+def stop_daemon(config: Config, *, url: str | None = None, timeout: float = 20.0) -> int:
+    """``soldaemon stop``: find the running daemon, check that the process
+    to signal is the one answering with our token (its health names its
+    pid), send SIGTERM (a graceful drain), wait for it to exit. Returns its
+    pid. Raises :class:`Unavailable` when none answers or it does not exit."""
+    target = find_daemon(config, url=url)
+    body = asyncio.run(query_health(target.url, target.token, min(timeout, 5.0)))
+    pid = (body.get("process") or {}).get("pid")
+    if not isinstance(pid, int) or pid <= 1 or (target.pid is not None and pid != target.pid):
+        raise Unavailable(f"the daemon at {target.url} reports pid {pid!r}, its record says {target.pid}",
+                          hint="stop it by hand (kill PID), after checking which process it is")
+    if target.pid is None and body.get("daemon") is None:
+        raise Unavailable(f"{target.url} does not look like a soldaemon")
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while pid_exists(pid) and not _zombie(pid):
+        if time.monotonic() > deadline:
+            raise Unavailable(f"soldaemon (pid {pid}) did not exit within {timeout:g} s",
+                              hint=f"kill -9 {pid}")
+        time.sleep(0.05)
+    return pid
+
+
+def run_stop(args: argparse.Namespace, config: Config) -> int:
+    """``soldaemon stop``."""
+    pid = stop_daemon(config, url=getattr(args, "url", None), timeout=getattr(args, "timeout", 20.0) or 20.0)
+    print(f"soldaemon (pid {pid}) stopped")
+    return 0
+
+
+def _zombie(pid: int) -> bool:
+    """Exited, not yet reaped by its parent (Linux ``/proc``; elsewhere False)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
