@@ -232,19 +232,22 @@ class DaemonClient:
         self._outbox.put_nowait(encode_client(Cancel(request_id)))
 
     def _observe(self, answer: Answer, elapsed_ms: float) -> None:
-        """Report ``slow`` when completions get slow, ``ready`` once they are
-        fast again."""
+        """Report ``slow`` when the daemon's time to first token exceeds
+        ``slow_ms`` (its own TTFT: what the model costs, not the round trip
+        with the debounce and the socket), ``ready`` once it is fast again.
+        The round trip goes to ``on_latency``."""
         if isinstance(answer, ErrorFrame) and answer.code == "timeout":
-            slow = True
+            slow, ttft = True, elapsed_ms
         elif not isinstance(answer, Done) or answer.finish_reason in ("cancelled", "superseded"):
             return
         else:
-            slow = elapsed_ms > self.slow_ms
+            ttft = answer.timings.ttft_ms if answer.timings.generated_tokens > 0 else answer.timings.total_ms
+            slow = ttft > self.slow_ms
             with contextlib.suppress(Exception):
                 self._on_latency(elapsed_ms)
         if slow and not self._slow:
             self._slow = True
-            self._status("slow", f"a completion took {elapsed_ms:.0f} ms")
+            self._status("slow", f"the daemon took {ttft:.0f} ms to its first token")
         elif not slow and self._slow:
             self._slow = False
             self._status("ready", "soldaemon ready")

@@ -1,15 +1,18 @@
 // The inline-completion events a user's accept rate is computed from:
-// shown, accepted, partially accepted (chars), rejected. VS Code's stable
-// API has hooks for none but "accepted" (the item's command), so this thin
-// adapter infers the rest and reports it to sol-lsp as notifications.
+// shown, accepted, rejected. VS Code's stable API (1.91) has a hook for
+// "accepted" only (the item's command); its show and partial-accept hooks
+// (`handleDidShowCompletionItem`, `handleDidPartiallyAcceptCompletionItem`)
+// are proposed API, and the keys that accept a word or a line are VS Code's
+// own commands, never wrapped here: a wrapper that measured document growth
+// also counted other providers' suggestions. So: "shown" is inferred from
+// the answers, "rejected" when a new answer replaces a shown one; partial
+// accepts are not reported from VS Code (docs/vscode.md).
 // No `vscode` import: the items are described by the interface below.
 
-/** Copilot's language-server names, which sol-lsp is to accept too. */
+/** Copilot's language-server name, which sol-lsp accepts too. */
 export const DID_SHOW = "textDocument/didShowCompletion";
-export const DID_PARTIALLY_ACCEPT = "textDocument/didPartiallyAcceptCompletion";
-/** sol-lsp's own names (handled today) and the proposed reject. */
+/** sol-lsp's own names. */
 export const SOL_DID_SHOW = "sol/didShowCompletion";
-export const SOL_DID_PARTIALLY_ACCEPT = "sol/didPartiallyAcceptCompletion";
 export const SOL_DID_REJECT = "sol/didRejectCompletion";
 /** The command sol-lsp puts on every item: arguments [request id, index]. */
 export const ACCEPT_COMMAND = "sol.accepted";
@@ -30,7 +33,7 @@ export interface LspItem {
     command?: { title: string; command: string; arguments?: unknown[] };
 }
 
-export type RejectReason = "dismissed" | "replaced";
+export type RejectReason = "replaced";
 
 export type Notify = (method: string, params: unknown) => void;
 
@@ -38,7 +41,6 @@ export type Notify = (method: string, params: unknown) => void;
 interface Shown {
     key: string;
     item: LspItem;
-    acceptedChars: number;
     /** Accepted or rejected: no more events. */
     done: boolean;
 }
@@ -81,7 +83,7 @@ export class CompletionEvents {
             this.current = undefined;
             return;
         }
-        this.current = { key, item: toLsp(first), acceptedChars: 0, done: false };
+        this.current = { key, item: toLsp(first), done: false };
         this.send(DID_SHOW, SOL_DID_SHOW, { item: this.current.item });
     }
 
@@ -90,28 +92,12 @@ export class CompletionEvents {
         if (this.current && `${String(args[0])}:${String(args[1] ?? 0)}` === this.current.key) this.current.done = true;
     }
 
-    /** The shown suggestion, to report a partial accept against after the
-     * editor command ran (a new answer may have replaced it by then). */
-    snapshot(): object | undefined {
-        return this.current;
-    }
-
-    /** `chars` more characters of `shown` went into the document (accept
-     * word/line). `acceptedLength` is the running total for the item. */
-    partiallyAccepted(shown: object | undefined, chars: number): void {
-        const s = shown as Shown | undefined;
-        if (!s || s.done || chars <= 0) return;
-        s.acceptedChars += chars;
-        this.send(DID_PARTIALLY_ACCEPT, SOL_DID_PARTIALLY_ACCEPT, { item: s.item, acceptedLength: s.acceptedChars });
-    }
-
-    /** The shown suggestion went away unaccepted (Escape, or replaced). */
+    /** The shown suggestion went away unaccepted (replaced by another answer). */
     reject(reason: RejectReason): void {
         const s = this.current;
         if (!s || s.done) return;
         s.done = true;
-        if (reason === "replaced" && s.acceptedChars > 0) return; // partly taken: not a reject
-        this.notify(SOL_DID_REJECT, { item: s.item, reason, acceptedLength: s.acceptedChars });
+        this.notify(SOL_DID_REJECT, { item: s.item, reason });
     }
 
     private send(method: string, solMethod: string, params: unknown): void {

@@ -1,9 +1,11 @@
 // The VS Code side: a language client of sol-lsp, which holds the whole
 // completion logic (context from other files, warm, cancel, type-through,
 // post-processing, finding and starting the daemon). What stays here is
-// what only VS Code can do: the status bar, commands, settings, key
-// bindings, starting the server process, and the event adapter
-// (src/events.ts) for what the stable API has no hook for.
+// what only VS Code can do: the status bar, commands, settings, finding the
+// interpreter (the Python extension's API) and starting the server process,
+// offering the install when sol-lsp is missing, and the event adapter
+// (src/events.ts) for what the stable API has no hook for. Accepting a word
+// or a line, and dismissing, are VS Code's own commands and keys.
 
 import type { ChildProcess } from "child_process";
 import * as vscode from "vscode";
@@ -11,7 +13,7 @@ import {
     CloseAction, DidChangeConfigurationNotification, ErrorAction, LanguageClient, LanguageClientOptions, State,
 } from "vscode-languageclient/node";
 import { ACCEPT_COMMAND, CompletionEvents } from "./events";
-import { serverCommand, spawnServer } from "./serverProcess";
+import { installCommand, installPython, serverCommand, spawnServer } from "./serverProcess";
 import { Settings, languageEnabled, launchChanged, readSettings, serverOptions } from "./settings";
 import { ServerPhase, SolStatus, computeStatus, formatMs } from "./status";
 
@@ -20,12 +22,10 @@ const SOL_STATUS = "sol/status";
 /** Restarts of a crashed sol-lsp allowed within RESTART_WINDOW_MS. */
 const MAX_RESTARTS = 4;
 const RESTART_WINDOW_MS = 3 * 60_000;
-/** The editor's own inline-suggestion commands that the wrappers call. */
-export const BUILTIN = {
-    acceptNextWord: "editor.action.inlineSuggest.acceptNextWord",
-    acceptNextLine: "editor.action.inlineSuggest.acceptNextLine",
-    hide: "editor.action.inlineSuggest.hide",
-};
+/** The Python extension, whose API names the interpreter the user works with. */
+const PYTHON_EXTENSION = "ms-python.python";
+const INSTALL = "Install soldaemon…";
+const CHOOSE_PYTHON = "Choose Python…";
 
 export class Controller implements vscode.Disposable {
     readonly output: vscode.LogOutputChannel;
@@ -38,6 +38,9 @@ export class Controller implements vscode.Disposable {
     private sol?: SolStatus;
     /** The running sol-lsp process (its pid is in the diagnosis). */
     process?: ChildProcess;
+    /** The interpreter the Python extension has selected, when it is installed. */
+    activePython?: string;
+    private missingShown = false;
     private readonly restarts: number[] = [];
     private readonly disposables: vscode.Disposable[] = [];
     private disposed = false;
@@ -64,9 +67,7 @@ export class Controller implements vscode.Disposable {
             vscode.commands.registerCommand("soldaemon.showDiagnosis", () => this.showDiagnosis()),
             vscode.commands.registerCommand("soldaemon.restartServer", () => this.restartServer()),
             vscode.commands.registerCommand("soldaemon.openLogs", () => this.output.show(true)),
-            vscode.commands.registerCommand("soldaemon.acceptNextWord", () => this.acceptPart(BUILTIN.acceptNextWord)),
-            vscode.commands.registerCommand("soldaemon.acceptNextLine", () => this.acceptPart(BUILTIN.acceptNextLine)),
-            vscode.commands.registerCommand("soldaemon.dismiss", () => this.dismiss()),
+            vscode.commands.registerCommand("soldaemon.selectPython", () => this.choosePython()),
             vscode.workspace.onDidChangeConfiguration((e) => {
                 if (e.affectsConfiguration(SECTION)) void this.onSettingsChanged();
             }),
@@ -77,6 +78,7 @@ export class Controller implements vscode.Disposable {
     async start(): Promise<void> {
         this.render();
         this.statusItem.show();
+        this.activePython = await this.pythonFromExtension();
         try {
             await this.client.start();
         } catch (e) {
@@ -121,8 +123,58 @@ export class Controller implements vscode.Disposable {
         };
     }
 
+    /** The interpreter of the Python extension's selected environment (its
+     * API: `environments.getActiveEnvironmentPath`), or undefined when the
+     * extension is not installed or has none. Never throws. */
+    async pythonFromExtension(): Promise<string | undefined> {
+        try {
+            const ext = vscode.extensions?.getExtension(PYTHON_EXTENSION);
+            if (!ext) return undefined;
+            const api = (ext.isActive ? ext.exports : await ext.activate()) as
+                { environments?: { getActiveEnvironmentPath?: (r?: unknown) => { path?: string } } } | undefined;
+            const found = api?.environments?.getActiveEnvironmentPath?.(vscode.workspace.workspaceFolders?.[0]?.uri)?.path;
+            if (found) this.output.info(`the Python extension's interpreter: ${found}`);
+            return found || undefined;
+        } catch (e) {
+            this.output.debug(`the Python extension's API did not answer: ${e instanceof Error ? e.message : String(e)}`);
+            return undefined;
+        }
+    }
+
+    /** sol-lsp is missing: say so once, with the way out (install it into
+     * the interpreter in use, or choose another interpreter). */
+    async offerInstall(): Promise<void> {
+        if (this.missingShown || this.disposed) return;
+        this.missingShown = true;
+        const python = installPython(this.settings, this.activePython);
+        const choice = await vscode.window.showErrorMessage(
+            `soldaemon: sol-lsp was not found (${this.serverError ?? "not installed"}). soldaemon is not on PyPI: `
+            + `install it from a soldaemon source checkout into ${python} (\`${installCommand(python, "<checkout>")}\`), `
+            + "or choose the Python it is installed in.", INSTALL, CHOOSE_PYTHON);
+        if (choice === INSTALL) await this.install(python);
+        else if (choice === CHOOSE_PYTHON) await this.choosePython();
+    }
+
+    /** Ask for the soldaemon checkout, then run the install command in a terminal. */
+    async install(python: string): Promise<void> {
+        const picked = await vscode.window.showOpenDialog({
+            canSelectFolders: true, canSelectFiles: false, canSelectMany: false,
+            openLabel: "Install soldaemon from this checkout",
+        });
+        const folder = picked?.[0]?.fsPath;
+        if (!folder) return;
+        const terminal = vscode.window.createTerminal({ name: "soldaemon install" });
+        terminal.show();
+        terminal.sendText(installCommand(python, folder));
+        this.missingShown = false;      // after the install, Restart Server; a new failure is said again
+    }
+
+    async choosePython(): Promise<void> {
+        await vscode.commands.executeCommand("workbench.action.openSettings", "soldaemon.python");
+    }
+
     private async spawn(): Promise<ChildProcess> {
-        const cmd = serverCommand(this.settings);
+        const cmd = serverCommand(this.settings, this.activePython);
         this.output.info(`starting sol-lsp: ${cmd.command} ${cmd.args.join(" ")}`);
         try {
             const child = await spawnServer(cmd);
@@ -140,6 +192,7 @@ export class Controller implements vscode.Disposable {
         this.phase = "stopped";
         this.output.error(this.serverError);
         this.render();
+        if (/not found/.test(this.serverError)) void this.offerInstall();
     }
 
     /** The connection to sol-lsp closed without our asking: restart it, at
@@ -215,21 +268,6 @@ export class Controller implements vscode.Disposable {
     // Commands
     // ------------------------------------------------------------------
 
-    /** Accept the next word or line of the suggestion with the editor's own
-     * command, then report how many characters went in. */
-    async acceptPart(builtin: string): Promise<void> {
-        const editor = vscode.window.activeTextEditor;
-        const shown = this.events.snapshot();
-        const before = editor?.document.getText().length;
-        await vscode.commands.executeCommand(builtin);
-        if (editor && before !== undefined) this.events.partiallyAccepted(shown, editor.document.getText().length - before);
-    }
-
-    async dismiss(): Promise<void> {
-        this.events.reject("dismissed");
-        await vscode.commands.executeCommand(BUILTIN.hide);
-    }
-
     async toggle(): Promise<void> {
         await vscode.workspace.getConfiguration(SECTION).update("enable", !this.settings.enabled, vscode.ConfigurationTarget.Global);
     }
@@ -270,7 +308,7 @@ export class Controller implements vscode.Disposable {
 
     diagnosis(): string {
         const s = this.settings;
-        const cmd = serverCommand(s);
+        const cmd = serverCommand(s, this.activePython);
         const editor = vscode.window.activeTextEditor;
         const lang = editor?.document.languageId;
         const version = (this.context.extension?.packageJSON as { version?: string } | undefined)?.version ?? "?";

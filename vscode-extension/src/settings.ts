@@ -16,6 +16,8 @@ export interface Settings {
     serveArgs: string[];
     serverCommand: string;
     serverArgs: string[];
+    /** A Python with soldaemon installed: sol-lsp runs as `python -m lsp.server`. */
+    python: string;
     logLevel: string;
     // Options: initializationOptions and workspace/didChangeConfiguration.
     startTimeoutSeconds: number;
@@ -28,6 +30,9 @@ export interface Settings {
 
 /** `get(key)` returns the setting under `soldaemon.` or undefined. */
 export type Getter = (key: string) => unknown;
+
+/** sol-lsp's own default (lsp/settings.py `debounce_ms`; a test checks they agree). */
+export const DEFAULT_DEBOUNCE_MS = 25;
 
 const DEFAULT_LANGUAGES: Record<string, boolean> = { "*": true, plaintext: false, markdown: false, scminput: false };
 
@@ -67,9 +72,10 @@ export function readSettings(get: Getter): Settings {
         serveArgs: strings(get("serveArgs")),
         serverCommand: str(get("serverCommand"), ""),
         serverArgs: strings(get("serverArgs")),
+        python: str(get("python"), ""),
         logLevel: ["debug", "info", "warning", "error"].includes(level) ? level : "warning",
         startTimeoutSeconds: num(get("startTimeoutSeconds"), 180, 5, 3600),
-        debounceMs: num(get("debounceMs"), 75, 0, 2000),
+        debounceMs: num(get("debounceMs"), DEFAULT_DEBOUNCE_MS, 0, 2000),
         maxLines: Math.round(num(get("maxLines"), 8, 1, 200)),
         maxTokens: Math.round(num(get("maxTokens"), 0, 0, 2048)),
         budgetMs: num(get("budgetMs"), 0, 0, 120_000),
@@ -105,6 +111,12 @@ export function launchFlags(s: Settings): string[] {
  * of lsp/settings.py; "0 = default" settings are left out. */
 export function serverOptions(s: Settings): Record<string, unknown> {
     const o: Record<string, unknown> = {
+        // sol-lsp itself keeps disabled documents away from the daemon (no
+        // warm, no completion, no daemon start), not only this extension.
+        enable: s.enabled,
+        languages: { ...s.languages },
+        // This client handles sol/status; sol-lsp sends it only to clients that say so.
+        statusNotifications: true,
         startTimeoutS: s.startTimeoutSeconds,
         debounceMs: s.debounceMs,
         maxLines: s.maxLines,
@@ -117,6 +129,6 @@ export function serverOptions(s: Settings): Record<string, unknown> {
 
 /** Whether going from `a` to `b` needs a new sol-lsp process. */
 export function launchChanged(a: Settings, b: Settings): boolean {
-    return JSON.stringify([launchFlags(a), a.serverCommand, a.serverArgs, a.command])
-        !== JSON.stringify([launchFlags(b), b.serverCommand, b.serverArgs, b.command]);
+    return JSON.stringify([launchFlags(a), a.serverCommand, a.serverArgs, a.command, a.python])
+        !== JSON.stringify([launchFlags(b), b.serverCommand, b.serverArgs, b.command, b.python]);
 }

@@ -1,6 +1,6 @@
 import { strict as assert } from "node:assert";
 import { describe, it } from "node:test";
-import { CompletionEvents, DID_PARTIALLY_ACCEPT, DID_SHOW, ItemLike, SOL_DID_REJECT, SOL_DID_SHOW } from "../events";
+import { CompletionEvents, DID_SHOW, ItemLike, SOL_DID_REJECT, SOL_DID_SHOW } from "../events";
 
 function item(id: string, text = "    return a + b", index = 0): ItemLike {
     return { insertText: text, range: { start: { line: 1, character: 0 }, end: { line: 1, character: 11 } },
@@ -24,40 +24,24 @@ describe("completion events", () => {
     });
 
     it("only Copilot's name once the server advertises it", () => {
-        const { events, methods } = setup([DID_SHOW, DID_PARTIALLY_ACCEPT]);
+        const { events, methods } = setup([DID_SHOW]);
         events.answered([item("r1")]);
-        events.partiallyAccepted(events.snapshot(), 3);
-        assert.deepEqual(methods(), [DID_SHOW, DID_PARTIALLY_ACCEPT]);
+        assert.deepEqual(methods(), [DID_SHOW]);
     });
 
-    it("partial accepts carry the running total; a partly taken item is not rejected when replaced", () => {
-        const { events, sent } = setup([DID_SHOW, DID_PARTIALLY_ACCEPT]);
-        events.answered([item("r1")]);
-        const shown = events.snapshot();
-        events.partiallyAccepted(shown, 4);
-        events.partiallyAccepted(shown, 2);
-        assert.deepEqual(sent.filter(([m]) => m === DID_PARTIALLY_ACCEPT).map(([, p]) => p.acceptedLength), [4, 6]);
-        events.answered([item("r2")]);
-        assert.equal(sent.filter(([m]) => m === SOL_DID_REJECT).length, 0);
-    });
-
-    it("rejects: replaced by another answer, dismissed; never after an accept", () => {
+    it("rejects: replaced by another answer; never after an accept", () => {
         const { events, sent } = setup([DID_SHOW]);
         events.answered([item("r1")]);
         events.answered([item("r2")]);
-        events.reject("dismissed");
+        events.accepted(["r2", 0]);
         events.answered([item("r3")]);
-        events.accepted(["r3", 0]);
-        events.reject("dismissed");
-        events.answered([]);
         const rejects = sent.filter(([m]) => m === SOL_DID_REJECT).map(([, p]) => [p.item.command.arguments[0], p.reason]);
-        assert.deepEqual(rejects, [["r1", "replaced"], ["r2", "dismissed"]]);
+        assert.deepEqual(rejects, [["r1", "replaced"]]);
     });
 
     it("items that are not sol-lsp's are ignored", () => {
         const { events, sent } = setup();
         events.answered([{ insertText: "x" }]);
-        events.partiallyAccepted(events.snapshot(), 1);
         assert.equal(sent.length, 0);
     });
 });

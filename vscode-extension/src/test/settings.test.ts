@@ -1,7 +1,13 @@
 import { strict as assert } from "node:assert";
 import { describe, it } from "node:test";
 import { serverCommand } from "../serverProcess";
-import { languageEnabled, launchChanged, launchFlags, readSettings, serverOptions } from "../settings";
+import * as fs from "node:fs";
+import * as path from "node:path";
+import { installCommand, installPython } from "../serverProcess";
+import { DEFAULT_DEBOUNCE_MS, languageEnabled, launchChanged, launchFlags, readSettings, serverOptions } from "../settings";
+
+const PKG = JSON.parse(fs.readFileSync(path.resolve(__dirname, "..", "..", "package.json"), "utf8"));
+const BASE = { enable: true, languages: { "*": true, plaintext: false, markdown: false, scminput: false }, statusNotifications: true };
 
 const settings = (values: Record<string, unknown>) => readSettings((k) => values[k]);
 
@@ -9,7 +15,7 @@ describe("settings → sol-lsp", () => {
     it("defaults: sol-lsp on PATH, starting a daemon when none answers", () => {
         const s = settings({});
         assert.deepEqual(serverCommand(s), { command: "sol-lsp", args: ["--stdio", "--log-level", "warning", "--start-daemon"] });
-        assert.deepEqual(serverOptions(s), { startTimeoutS: 180, debounceMs: 75, maxLines: 8, slowMs: 500, budgetMs: null });
+        assert.deepEqual(serverOptions(s), { ...BASE, startTimeoutS: 180, debounceMs: 25, maxLines: 8, slowMs: 500, budgetMs: null });
     });
 
     it("an endpoint is never started; the daemon command is quoted for sol-lsp's split", () => {
@@ -27,7 +33,7 @@ describe("settings → sol-lsp", () => {
 
     it("options: 0 means the server's default; values are clamped", () => {
         const o = serverOptions(settings({ maxTokens: 32, budgetMs: 800, debounceMs: 9000, maxLines: 0 }));
-        assert.deepEqual(o, { startTimeoutS: 180, debounceMs: 2000, maxLines: 1, slowMs: 500, budgetMs: 800, maxTokens: 32 });
+        assert.deepEqual(o, { ...BASE, startTimeoutS: 180, debounceMs: 2000, maxLines: 1, slowMs: 500, budgetMs: 800, maxTokens: 32 });
     });
 
     it("only launch settings need a new server", () => {
@@ -41,5 +47,29 @@ describe("settings → sol-lsp", () => {
         assert.equal(languageEnabled(s.languages, "python"), true);
         assert.equal(languageEnabled(s.languages, "go"), false);
         assert.equal(languageEnabled(settings({}).languages, "markdown"), false);
+    });
+
+    it("enable and languages go to sol-lsp, which keeps disabled documents from the daemon", () => {
+        const o = serverOptions(settings({ enable: false, languages: { go: false } }));
+        assert.equal(o.enable, false);
+        assert.deepEqual(o.languages, { ...BASE.languages, go: false });
+    });
+
+    it("the interpreter: soldaemon.python runs `python -m lsp.server`; else the Python extension's env's sol-lsp if present", () => {
+        assert.deepEqual(serverCommand(settings({ python: "/venv/bin/python", autoStart: false })).args.slice(0, 2), ["-m", "lsp.server"]);
+        assert.equal(serverCommand(settings({}), "/nonexistent/env/bin/python").command, "sol-lsp");
+        assert.equal(installPython(settings({}), "/env/bin/python"), "/env/bin/python");
+        assert.equal(installPython(settings({ python: "/v/bin/python" }), "/env/bin/python"), "/v/bin/python");
+        assert.equal(installCommand("/my env/bin/python", "/src/soldaemon"), `"/my env/bin/python" -m pip install -e /src/soldaemon`);
+    });
+
+    it("package.json: the debounce default is sol-lsp's; VS Code's own accept keys, Shift+Tab guarded", () => {
+        assert.equal(PKG.contributes.configuration.properties["soldaemon.debounceMs"].default, DEFAULT_DEBOUNCE_MS);
+        const keys = PKG.contributes.keybindings as Array<{ command: string; key: string; when: string }>;
+        assert.deepEqual(keys.map((k) => k.key), ["shift+tab"]);
+        assert.equal(keys[0].command, "editor.action.inlineSuggest.acceptNextLine");
+        assert.match(keys[0].when, /!inSnippetMode/);
+        assert.equal(PKG.capabilities.untrustedWorkspaces.supported, false);
+        for (const f of [PKG.icon, "LICENSE", "CHANGELOG.md"]) assert.ok(fs.existsSync(path.resolve(__dirname, "..", "..", f)), f);
     });
 });

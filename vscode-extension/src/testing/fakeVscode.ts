@@ -391,6 +391,12 @@ export const env = strict("env", {
     openExternal: () => Promise.resolve(true),
 });
 
+/** Extensions: none installed unless a test adds one (the Python extension's API). */
+export const installedExtensions = new Map<string, { isActive: boolean; exports: unknown; activate: () => Promise<unknown> }>();
+export const extensions = strict("extensions", {
+    getExtension: (id: string) => installedExtensions.get(id),
+});
+
 export const version = "1.91.0-fake";
 
 /** Make `require("vscode")` resolve to this module. */
