@@ -244,6 +244,10 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(getattr(args, "sub_config", None) or args.config)
         return int(args.func(args, config))
     except SolError as exc:
+        if args.command == "serve":     # the editor that started it reads why (lsp/discovery.py)
+            from .server.command import write_last_error
+
+            write_last_error(exc)
         if args.debug:
             raise
         print(f"soldaemon: error [{exc.code}]: {exc}", file=sys.stderr)

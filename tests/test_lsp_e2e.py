@@ -177,8 +177,9 @@ async def test_inline_completion_and_accept_telemetry(start: Starter, daemon: Da
     assert item.range == types.Range(types.Position(1, 0), types.Position(1, len(line)))
     assert item.insert_text.startswith(line) and item.insert_text[len(line):].strip()
     assert item.command is not None and item.command.command == "sol.accepted"
-    request_id, index = item.command.arguments or ("", -1)
+    request_id, index, before = item.command.arguments or ("", -1, -1)
     assert isinstance(request_id, str) and request_id.startswith("c") and index == 0
+    assert before == len(line)      # characters of insertText before the cursor (acceptedLength counts them)
 
     # A client with inline completion gets no plain completion items (no duplicates).
     plain = await client.text_document_completion_async(types.CompletionParams(
@@ -190,7 +191,7 @@ async def test_inline_completion_and_accept_telemetry(start: Starter, daemon: Da
     before = [await daemon.metric(name) for name in events]
     wire_item = client.protocol._converter.unstructure(item)
     client.protocol.notify("sol/didShowCompletion", {"item": wire_item})
-    client.protocol.notify("sol/didPartiallyAcceptCompletion", {"item": wire_item, "acceptedLength": 4})
+    client.protocol.notify("sol/didPartiallyAcceptCompletion", {"item": wire_item, "acceptedLength": len(line) + 4})
     await client.workspace_execute_command_async(types.ExecuteCommandParams(
         command=item.command.command, arguments=item.command.arguments))
     for name, was in zip(events, before):

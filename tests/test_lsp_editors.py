@@ -128,7 +128,9 @@ async def test_events_under_every_name_reach_metrics_with_the_accept_rate(start:
     # What VS Code (through vscode-languageclient) and Copilot-style clients send.
     client.protocol.notify("textDocument/didShowCompletion", {"item": wire})
     client.protocol.notify("textDocument/didShowCompletion", {"item": wire})
-    client.protocol.notify("textDocument/didPartiallyAcceptCompletion", {"item": wire, "acceptedLength": 5})
+    # acceptedLength counts from the item's range start (the line start), as copilot.vim does
+    before = items[0].command.arguments[2]
+    client.protocol.notify("textDocument/didPartiallyAcceptCompletion", {"item": wire, "acceptedLength": before + 5})
     client.protocol.notify("sol/didRejectCompletion", {"item": wire})
     await client.workspace_execute_command_async(types.ExecuteCommandParams(
         command=items[0].command.command, arguments=items[0].command.arguments))

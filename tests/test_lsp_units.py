@@ -180,6 +180,8 @@ def test_settings_from_flags_and_initialization_options() -> None:
 def test_event_params_forms() -> None:
     item = {"insertText": "x", "command": {"title": "t", "command": "sol.accepted", "arguments": ["c3", 1]}}
     assert _event_target({"item": item, "acceptedLength": 4}) == ("c3", 1, 4)
+    from_line_start = {**item, "command": {**item["command"], "arguments": ["c3", 1, 10]}}
+    assert _event_target({"item": from_line_start, "acceptedLength": 14}) == ("c3", 1, 4)
     assert _event_target({"id": "c9", "index": 0}) == ("c9", 0, None)
     assert _event_target({"id": "c9", "index": 99}) is None
     assert _event_target({"item": {"insertText": "x"}}) is None
@@ -437,23 +439,37 @@ async def test_daemon_client_cancels_by_id_and_survives_the_daemon(tmp_path: Pat
 class _Protocol:
     def __init__(self) -> None:
         self.sent: list[tuple[str, Any]] = []
+        self.asked: list[Any] = []
 
     def notify(self, method: str, params: Any) -> None:
         self.sent.append((method, params))
+
+    def send_request(self, method: str, params: Any) -> Any:
+        from concurrent.futures import Future
+
+        self.asked.append(params)
+        return Future()
 
 
 class _Server:
     def __init__(self) -> None:
         self.protocol = _Protocol()
-        self.shown: list[types.ShowMessageParams] = []
+
+    @property
+    def shown(self) -> list[Any]:
+        return self.protocol.asked
 
     def window_show_message(self, params: types.ShowMessageParams) -> None:
-        self.shown.append(params)
+        raise AssertionError("failures are asked with actions (window/showMessageRequest)")
+
+    def error_action(self, title: str) -> None:
+        pass
 
 
 def test_status_reporter_shows_one_message_per_outage() -> None:
     server = _Server()
     report = StatusReporter(server)  # type: ignore[arg-type]
+    report.enabled = True
     report(StatusUpdate("connecting", "connecting"))
     for _ in range(5):
         report(StatusUpdate("error", "no soldaemon at ws://127.0.0.1:8765", persistent=True))

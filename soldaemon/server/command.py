@@ -172,8 +172,8 @@ def _as_sol_error(exc: BaseException) -> SolError | None:
 
 def run(args: argparse.Namespace, config: Config) -> int:
     """``soldaemon serve``. Returns the exit status; raises :class:`SolError`
-    for start-up problems (the CLI maps them to messages and exit codes),
-    after writing it to ``last-error.json``. ``SOLDAEMON_IDLE_EXIT_S``
+    for start-up problems (the CLI writes it to ``last-error.json`` and maps
+    it to a message and an exit code); running out of memory is typed. ``SOLDAEMON_IDLE_EXIT_S``
     stands in for ``--idle-exit-s`` when that is not given (sol-lsp sets
     it for every daemon it starts, whatever the command)."""
     _setup_logging(getattr(args, "log_level", "info") or "info")
@@ -192,6 +192,5 @@ def run(args: argparse.Namespace, config: Config) -> int:
         if typed is None:
             raise
         log.error("cannot start: %s%s", typed.message, f" ({typed.hint})" if typed.hint else "")
-        write_last_error(typed)
-        raise typed from None
+        raise typed from None   # the CLI writes it to last-error.json and exits with its code
 
