@@ -13,7 +13,7 @@ cd "$(dirname "$0")"
 npm ci --no-audit --no-fund
 npm run compile
 # With dependencies: vscode-languageclient is a runtime dependency and must be in the .vsix.
-npx vsce package --allow-missing-repository --skip-license -o sol.vsix
+npx vsce package --allow-missing-repository -o sol.vsix
 # The package must contain the compiled extension and the language client.
 listing=$(python3 -m zipfile -l sol.vsix 2>/dev/null || unzip -l sol.vsix)
 for f in extension/package.json extension/out/extension.js extension/node_modules/vscode-languageclient/lib/node/main.js \
