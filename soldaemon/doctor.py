@@ -33,6 +33,7 @@ from soldaemon.gpuprobe import (
     DEFAULT_PORT,
     CacheReading,
     CpuReading,
+    DaemonReading,
     GpuProbe,
     GpuReading,
     MachineReading,
@@ -454,6 +455,11 @@ def judge_cache(c: CacheReading) -> Check:
     return Check("model_cache", "ok", f"{len(c.models)} converted model(s), {_gib(total)} in {c.path}: {names}")
 
 
+def judge_daemon(d: DaemonReading) -> Check:
+    """The ``daemon`` line (soldaemon.daemon_probe says which)."""
+    return Check("daemon", **daemon_report(d))
+
+
 def judge_machine(m: MachineReading, *, own_pid: int | None = None,
                   needed_bytes: int = MODEL_GPU_BYTES, layers: int | None = None,
                   threads: int | None = None) -> list[Check]:
@@ -473,7 +479,7 @@ def judge_machine(m: MachineReading, *, own_pid: int | None = None,
     checks.append(Check("kernel_plan", **plan_report(m.cpu.vector_flags, layers=layers, threads=threads)))
     checks.append(Check("model_choice", **model_report(m.cpu.vector_flags)))
     if m.daemon is not None:
-        checks.append(Check("daemon", **daemon_report(m.daemon)))
+        checks.append(judge_daemon(m.daemon))
     return checks
 
 

@@ -72,7 +72,7 @@ def test_loader_names_the_pip_command_when_the_15b_is_missing(tmp_path: Path,
     monkeypatch.setenv("SOLDAEMON_CACHE_DIR", str(tmp_path))  # no assembled copy to fall back on
     absent = dataclasses.replace(QWEN25_CODER_15B, packages=("soldaemon-absent-part1",))
     monkeypatch.setitem(embedded.EMBEDDED_MODELS, "qwen2.5-coder-1.5b", absent)
-    with pytest.raises(ModelPartsMissing, match=r"soldaemon\[model-1\.5b\]"):
+    with pytest.raises(ModelPartsMissing, match=r"soldaemon\[model-1-5b\]"):
         loader.prepare_model_dir(None, name="qwen2.5-coder-1.5b", progress=False)
 
 

@@ -129,8 +129,9 @@ async def test_events_under_every_name_reach_metrics_with_the_accept_rate(start:
     client.protocol.notify("textDocument/didShowCompletion", {"item": wire})
     client.protocol.notify("textDocument/didShowCompletion", {"item": wire})
     # acceptedLength counts from the item's range start (the line start), as copilot.vim does
-    before = items[0].command.arguments[2]
-    client.protocol.notify("textDocument/didPartiallyAcceptCompletion", {"item": wire, "acceptedLength": before + 5})
+    prefix_chars = items[0].command.arguments[2]
+    client.protocol.notify("textDocument/didPartiallyAcceptCompletion",
+                           {"item": wire, "acceptedLength": prefix_chars + 5})
     client.protocol.notify("sol/didRejectCompletion", {"item": wire})
     await client.workspace_execute_command_async(types.ExecuteCommandParams(
         command=items[0].command.command, arguments=items[0].command.arguments))
@@ -220,6 +221,10 @@ async def test_two_windows_start_one_shared_detached_daemon(tmp_path: Path, engi
             clients.append(await start_lsp(["--start-daemon", "--daemon-command", command, "--config", str(config),
                                             "--backoff-initial-ms", "100", "--backoff-max-ms", "300"], env))
         await asyncio.gather(*(c.initialize_session(init_params(progress=True)) for c, _ in clients))
+        for c, _ in clients:     # a completion in each window: the first that needs the daemon starts it
+            open_doc(c, "file:///w/two.py", "x = 1\n")
+        await asyncio.gather(*(c.text_document_inline_completion_async(inline_params("file:///w/two.py", 1, 0))
+                               for c, _ in clients))
         for _, statuses in clients:
             def ready(s: list[dict[str, Any]] = statuses) -> bool:
                 return last_state(s) == "ready"
@@ -267,6 +272,8 @@ async def test_progress_follows_the_model_load(tmp_path: Path) -> None:
          "--backoff-initial-ms", "100", "--backoff-max-ms", "200"], lsp_env(state, {"SOL_FAKE_LOAD_S": "3"}))
     try:
         await client.initialize_session(init_params(progress=True))
+        open_doc(client, "file:///w/progress.py", "x = 1\n")     # the first completion starts the daemon
+        await client.text_document_inline_completion_async(inline_params("file:///w/progress.py", 1, 0))
         await wait_for(lambda: last_state(statuses) == "ready", 60, f"ready; got {statuses}")
         messages = [getattr(v, "message", "") or "" for r in client.progress_reports.values() for v in r]
         assert any("loading its model" in m for m in messages), client.progress_reports

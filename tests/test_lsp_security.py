@@ -122,6 +122,12 @@ def test_initialization_options_cannot_name_a_command(raw_lsp: Any, tmp_path: Pa
     answer = lsp.reply(1)
     assert answer is not None and "result" in answer, answer
     lsp.send(frame({"jsonrpc": "2.0", "method": "initialized", "params": {}}))
+    # the daemon is started by the first completion that needs it
+    uri = "file:///w/a.py"
+    lsp.send(frame({"jsonrpc": "2.0", "method": "textDocument/didOpen", "params": {"textDocument": {
+        "uri": uri, "languageId": "python", "version": 1, "text": "x = 1\n"}}}))
+    lsp.send(frame({"jsonrpc": "2.0", "id": 2, "method": "textDocument/inlineCompletion", "params": {
+        "textDocument": {"uri": uri}, "position": {"line": 1, "character": 0}, "context": {"triggerKind": 1}}}))
     assert wait_for_file(mine, 30), lsp.stderr()
     time.sleep(0.5)
     assert not theirs.exists()
