@@ -115,7 +115,9 @@ def test_an_editor_started_daemon_idles_out_whatever_its_command(tmp_path: Path,
     log = (state / "daemon.log").read_text()
     assert "server.idle_exit_s" in log and "model ready" in log
     assert "model ready in" in log and "{" not in log.split("model ready in", 1)[1].splitlines()[0]
-    assert not BAR.search(log + (state / "daemon.out").read_text())
+    out = (state / "daemon.out").read_text()
+    assert not BAR.search(log + out)
+    assert "model ready" not in out            # the log is only in the rotated file
 
 
 def test_a_daemon_that_cannot_start_says_why_to_the_editor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -138,3 +140,28 @@ def test_config_after_the_subcommand() -> None:
     args = build_parser().parse_args(["status", "--config", "x.yaml"])
     assert args.sub_config == "x.yaml"
     assert build_parser().parse_args(["--config", "y.yaml", "doctor"]).config == "y.yaml"
+
+
+def test_the_daemon_log_is_rotated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import logging
+    import logging.handlers
+
+    from soldaemon.server import command
+
+    root = logging.getLogger()
+    saved = list(root.handlers)
+    monkeypatch.setenv("SOLDAEMON_LOG_FILE", str(tmp_path / "daemon.log"))
+    monkeypatch.setattr(command, "LOG_BYTES", 2000)
+    for name in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS"):   # set by _setup_logging: restored after
+        monkeypatch.setenv(name, os.environ.get(name, "0"))
+    try:
+        command._setup_logging("info")
+        (handler,) = root.handlers
+        assert isinstance(handler, logging.handlers.RotatingFileHandler) and handler.maxBytes == 2000
+        for i in range(100):
+            logging.getLogger("soldaemon.server").info("line %d %s", i, "x" * 40)
+        handler.close()
+    finally:
+        root.handlers[:] = saved
+    assert (tmp_path / "daemon.log.1").exists() and (tmp_path / "daemon.log").stat().st_size <= 2000
+    assert not (tmp_path / f"daemon.log.{command.LOG_BACKUPS + 1}").exists()

@@ -130,15 +130,17 @@ def _setup_logging(level: str) -> None:
     it for a daemon it starts), to that file, rotated. No progress bar
     where nobody watches a terminal (tqdm's and Hugging Face's bars off)."""
     root = logging.getLogger()
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    layout = "%(asctime)s %(levelname)s %(name)s: %(message)s"
     log_file = os.environ.get("SOLDAEMON_LOG_FILE")
     if log_file:
+        for old in list(root.handlers):     # the CLI's stderr handler: daemon.out must not grow with the log
+            root.removeHandler(old)
         handler: logging.Handler = logging.handlers.RotatingFileHandler(
             log_file, maxBytes=LOG_BYTES, backupCount=LOG_BACKUPS, encoding="utf-8")
-        handler.setFormatter(fmt)
+        handler.setFormatter(logging.Formatter(layout))
         root.addHandler(handler)
     elif not root.handlers:
-        logging.basicConfig(stream=sys.stderr, format=fmt._fmt)
+        logging.basicConfig(stream=sys.stderr, format=layout)
     logging.getLogger("soldaemon").setLevel(level.upper())
     if log_file or not sys.stderr.isatty():
         os.environ["TQDM_DISABLE"] = "1"
