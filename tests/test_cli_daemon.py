@@ -165,3 +165,35 @@ def test_the_daemon_log_is_rotated(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         root.handlers[:] = saved
     assert (tmp_path / "daemon.log.1").exists() and (tmp_path / "daemon.log").stat().st_size <= 2000
     assert not (tmp_path / f"daemon.log.{command.LOG_BACKUPS + 1}").exists()
+
+
+def test_doctor_kernel_plan_reads_the_configured_models_table(tmp_path: Path) -> None:
+    """The 1.5B's table is the newest; a config naming the 0.5B (24 layers,
+    2 threads) must read the 0.5B's, and one asking 4 threads finds none."""
+    import shutil
+
+    from soldaemon import plan_check
+
+    tables = Path(__file__).parent / "data" / "kernel_tables"
+    folder = tmp_path / "kernel-plans"
+    folder.mkdir()
+    shutil.copy(tables / "zen4_avx512_bf16.json", folder / "a.json")
+    time.sleep(0.05)
+    shutil.copy(tables / "zen4_avx512_bf16_1.5b.json", folder / "b.json")     # newer
+    flags = tuple(json.loads((tables / "zen4_avx512_bf16.json").read_text())["table"]["machine"]["cpu_flags"])
+    newest = plan_check.plan_report(flags, root=tmp_path)
+    for_05b = plan_check.plan_report(flags, root=tmp_path, layers=24, threads=2)
+    assert newest["detail"] != for_05b["detail"]
+    assert for_05b["detail"] == plan_check.plan_report(flags, root=_only(tmp_path, "a.json"))["detail"]
+    none = plan_check.plan_report(flags, root=tmp_path, layers=24, threads=4)
+    assert none["verdict"] == "info" and "with 4 threads" in none["detail"]
+
+
+def _only(root: Path, name: str) -> Path:
+    """A cache folder holding only ``kernel-plans/name`` of ``root``."""
+    import shutil
+
+    other = root / f"only-{name}"
+    (other / "kernel-plans").mkdir(parents=True)
+    shutil.copy(root / "kernel-plans" / name, other / "kernel-plans" / name)
+    return other
