@@ -189,7 +189,11 @@ class DaemonLauncher:
             env = dict(os.environ, SOLDAEMON_LOG_FILE=str(log_path))
             if self.idle_exit_s is not None:
                 env["SOLDAEMON_IDLE_EXIT_S"] = f"{self.idle_exit_s:g}"
-            fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            nofollow = getattr(os, "O_NOFOLLOW", 0)
+            # daemon.log exists as a regular file of ours before the daemon opens it: a
+            # planted link there fails here (O_NOFOLLOW) instead of being written through
+            os.close(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | nofollow, 0o600))
+            fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | nofollow, 0o600)
             self.started_wall = time.time()
             try:
                 self.proc = subprocess.Popen(
