@@ -149,7 +149,7 @@ export class Controller implements vscode.Disposable {
         const python = installPython(this.settings, this.activePython);
         const choice = await vscode.window.showErrorMessage(
             `soldaemon: sol-lsp was not found (${this.serverError ?? "not installed"}). soldaemon is not on PyPI: `
-            + `install it from a soldaemon source checkout into ${python} (\`${installCommand(python, "<checkout>")}\`), `
+            + `install it from a soldaemon source checkout into ${python} (\`${installCommand(python, "/path/to/soldaemon")}\`), `
             + "or choose the Python it is installed in.", INSTALL, CHOOSE_PYTHON);
         if (choice === INSTALL) await this.install(python);
         else if (choice === CHOOSE_PYTHON) await this.choosePython();
