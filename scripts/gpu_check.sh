@@ -145,14 +145,14 @@ for shape in "${shape_list[@]}"; do
         step "build-$shape" "$PY" -c "from soldaemon.testing.tiny import build_tiny_model as b; b('$model', layers=8)"
         step "latency-$shape" "$PY" scripts/gpu_latency.py --model "$model" --device cpu --emulate-graphs \
             --require-graphs --holes 2 --tokens 8 --check-steps 12 --prefill-tokens 256 --lines 1 \
-            --attention-positions 255 1024 4096 --json "$STEPS/lat-$shape.json"
+            --attention-positions 255 1000 4000 --json "$STEPS/lat-$shape.json"
         step "memory-$shape" "$PY" scripts/gpu_memory.py --model "$model" --device cpu --prompt-tokens 160 \
             --tokens 4 --repeats 1 --pcts 100 25 --json "$STEPS/mem-$shape.json"
     else
         step "build-$shape" "$PY" -c "from soldaemon.testing.tiny import build_shaped_model as b; b('$model', '$shape')"
         step "latency-$shape" "$PY" scripts/gpu_latency.py --model "$model" --device cuda --require-graphs \
             --holes 4 --tokens 48 --check-steps 48 --prefill-tokens 1024 --lines 2 \
-            --attention-positions 255 1024 4096 --json "$STEPS/lat-$shape.json"
+            --attention-positions 255 1000 4000 --json "$STEPS/lat-$shape.json"
         step "memory-$shape" "$PY" scripts/gpu_memory.py --model "$model" --device cuda --prompt-tokens 512 \
             --tokens 32 --repeats 2 --json "$STEPS/mem-$shape.json"
         rm -rf "$model"

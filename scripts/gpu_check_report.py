@@ -120,7 +120,11 @@ def read_steps(work: Path) -> list[dict[str, Any]]:
             continue                                       # a line cut by a kill
         name, rc, ms = parts
         skipped = rc == "skipped"
-        steps.append({"step": name, "rc": None if skipped else int(rc), "skipped": skipped, "s": int(ms) / 1000})
+        try:
+            steps.append({"step": name, "rc": None if skipped else int(rc), "skipped": skipped,
+                          "s": int(ms) / 1000})
+        except ValueError:
+            continue                                       # a line cut by a kill
     return steps
 
 

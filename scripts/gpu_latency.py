@@ -222,7 +222,7 @@ def attention_rows(engine: LocalEngine, graphs: GraphDecoder | None, positions: 
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="model dir or .gguf (default: the embedded model)")
     p.add_argument("--device", default="cuda")
@@ -234,14 +234,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--emulate-graphs", action="store_true", help="off CUDA: run the graph path emulated")
     p.add_argument("--require-graphs", action="store_true",
                    help="fail when the graph path is off or no graph (step and verify) was replayed")
-    p.add_argument("--attention-positions", type=int, nargs="*", default=[255, 1024, 4096],
+    p.add_argument("--attention-positions", type=int, nargs="*", default=[255, 1000, 4000],
                    help="positions of the attention rows (graph vs eager step and 9-row verify)")
     p.add_argument("--bandwidth-mb", type=int, default=None,
                    help="buffer for the read-bandwidth measure (default 2048 on CUDA, 128 on a CPU)")
     p.add_argument("--json", dest="json_out")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
-    need = max([args.prefill_tokens, *args.attention_positions]) + 64
+
+def check_config(argv: list[str] | None = None) -> Config:
+    """The check's own explicit config for these arguments."""
+    args = parse_args(argv)
+    far = max(args.attention_positions, default=0)
+    # the farthest attention row's bucket is a full power of two (4000: the 4096 bucket)
+    need = max(args.prefill_tokens, (1 << far.bit_length()) if far else 0) + 64
     overrides: dict[str, Any] = {"device.device": args.device, "model.max_prefix_tokens": 384,
                                  "model.max_suffix_tokens": 128, "model.max_context": max(2048, need),
                                  "device.cuda_graphs": True}
@@ -249,7 +255,12 @@ def main(argv: list[str] | None = None) -> int:
         overrides["model.path"] = args.model
     # its own explicit config: a user's config file (device.cuda_graphs: false,
     # another model) must not change what the check measures
-    config = Config.default().with_overrides(overrides, source="gpu_latency")
+    return Config.default().with_overrides(overrides, source="gpu_latency")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    config = check_config(argv)
     t0 = time.perf_counter()
     engine = load_engine(config, progress=False)
     load_s = time.perf_counter() - t0
