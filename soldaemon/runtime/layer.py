@@ -25,13 +25,10 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-
-if TYPE_CHECKING:
-    from .backend import LayerWeights
 
 log = logging.getLogger("soldaemon.attention")
 
@@ -160,11 +157,12 @@ class Shape:
     scale: float
 
 
-def decoder_layer(shape: Shape, w: LayerWeights, x: torch.Tensor, lin: Any, cos: torch.Tensor, sin: torch.Tensor,
+def decoder_layer(shape: Shape, w: Any, x: torch.Tensor, lin: Any, cos: torch.Tensor, sin: torch.Tensor,
                   k_cache: torch.Tensor, v_cache: torch.Tensor, at: int | torch.Tensor, window: int,
                   mask: torch.Tensor | None, *, causal: bool = False, q_out: torch.Tensor | None = None,
                   q_row: torch.Tensor | None = None, kind: str = "", bucket: int = 0) -> torch.Tensor:
-    """One decoder layer on x [T, D]: writes its K/V into this layer's cache
+    """One decoder layer on x [T, D] (``w``: the layer's
+    :class:`~.backend.LayerWeights`): writes its K/V into this layer's cache
     [KV, n_ctx, hd] at positions ``at`` (an int: at … at+T-1, sliced; a
     long tensor [T]: ``index_copy_``, the graph step's static form), attends
     over the first ``window`` positions under ``mask`` (grouped, see
