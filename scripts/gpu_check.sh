@@ -1,20 +1,30 @@
 #!/usr/bin/env bash
-# The GPU path, proven in one command (issue 18): the CUDA tests, the
-# self-checking latency and memory scripts on random-weight models of
-# Qwen2.5-Coder's 0.5B and 1.5B shapes, and `soldaemon doctor --json`
-# against the real driver. No network, no pip install: runs from this
-# checkout with PYTHONPATH, on a machine that has torch, transformers,
-# safetensors, tokenizers, psutil, pyyaml, tqdm, pytest and nvidia-ml-py
-# (no websockets, pygls or gguf needed).
+# The GPU path, proven in one command (issues 18 and 27): the GPU-marked
+# tests, the self-checking latency and memory scripts on random-weight
+# models of Qwen2.5-Coder's 0.5B and 1.5B shapes (0.5B first), and
+# `soldaemon doctor --json` against the real driver. No network, no pip
+# install: runs from this checkout with PYTHONPATH, on a machine that has
+# torch, transformers, safetensors, tokenizers, psutil, pyyaml, tqdm, pytest
+# and nvidia-ml-py (no websockets, pygls or gguf needed).
 #
-#   bash scripts/gpu_check.sh --out "$OUT"        # on a CUDA machine (estimated 3-5 min on an H200: never run yet)
-#   bash scripts/gpu_check.sh --cpu --out DIR     # the same end to end on the tiny model (CI; 15-36 s here)
+#   bash scripts/gpu_check.sh --out "$OUT"        # on a CUDA machine (estimate below: ~4.5 min on an H200; never run yet)
+#   bash scripts/gpu_check.sh --cpu --out DIR     # the same end to end on the tiny model (CI; 20-60 s here)
 #
-# Writes to the out folder (default $OUT, else ./gpu-check-out): summary.md
-# (also printed), gpu_check.json (every figure, check and reading) and
-# log.txt (every step's output). Exit status: 0 when every check passed,
-# 1 when one failed (summary.md says which). Options: --shapes "0.5b 1.5b",
+# The report cannot be lost: every step writes its JSON into OUT/steps/ as
+# it finishes, and summary.md + gpu_check.json are re-rendered from what is
+# there after every step (and on SIGTERM/SIGINT), so a run killed by a time
+# limit still leaves a report of the steps done that names the missing
+# ones. Writes to the out folder (default $OUT, else ./gpu-check-out):
+# summary.md (also printed at the end), gpu_check.json, log.txt (every
+# step's output) and steps/ (each step's JSON and steps.tsv). Exit status:
+# 0 when every planned step ran and every check passed, 1 otherwise
+# (summary.md says which). Options: --shapes "0.5b 1.5b", --budget-s N
+# (skip the steps that would start after N s; default 270 on CUDA),
 # --require-targets (a missed performance target fails too), PYTHON=...
+#
+# A CUDA run fails when its graph path did not run: the scripts use their
+# own explicit config (never a user config from load_config(None)), with
+# device.cuda_graphs on, and fail when no graph was replayed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -22,12 +32,14 @@ ROOT=$PWD
 MODE=cuda
 OUTDIR=${OUT:-$ROOT/gpu-check-out}
 SHAPES="0.5b 1.5b"
+BUDGET_S=""
 REPORT_ARGS=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --cpu) MODE=cpu; shift ;;
         --out) OUTDIR=$2; shift 2 ;;
         --shapes) SHAPES=$2; shift 2 ;;
+        --budget-s) BUDGET_S=$2; shift 2 ;;
         --require-targets) REPORT_ARGS+=(--require-targets); shift ;;
         *) echo "gpu_check.sh: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -37,6 +49,9 @@ if [ "$MODE" = cpu ]; then
     # a dry run of the path, not a CPU benchmark: one thread (two spinning
     # OpenMP threads on a shared 2-core machine made it 9x slower)
     export OMP_NUM_THREADS=1
+    BUDGET_S=${BUDGET_S:-0}
+else
+    BUDGET_S=${BUDGET_S:-270}
 fi
 
 PY=${PYTHON:-python3}
@@ -44,63 +59,107 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
+STEPS=$OUTDIR/steps                      # each step's JSON, as it finishes
+rm -rf "$STEPS"
+mkdir -p "$STEPS"
+MODELS=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")   # random-weight models: never copied back
 LOG=$OUTDIR/log.txt
 : >"$LOG"
-: >"$WORK/steps.tsv"
+: >"$STEPS/steps.tsv"
+T_START=$(date +%s)
+read -r -a shape_list <<<"$SHAPES"
 
-# step NAME CMD...: run CMD with its output in the log; record its status and ms
+# The plan, with an estimate per step on one H200 (seconds, by reading the
+# scripts: nothing has run on a GPU yet). Total ~265 s (~4.5 min) plus the
+# machine's start. CPU mode: the tiny model, 20-60 s on a loaded 2-core VM.
+PLANNED=(env)
+[ "$MODE" = cuda ] && PLANNED+=(nvidia-smi)
+PLANNED+=(pytest)
+for shape in "${shape_list[@]}"; do PLANNED+=("build-$shape" "latency-$shape" "memory-$shape"); done
+PLANNED+=(doctor)
+declare -A EST=([env]=5 [nvidia-smi]=2 [pytest]=40 [doctor]=5
+                [build-0.5b]=15 [latency-0.5b]=55 [memory-0.5b]=30
+                [build-1.5b]=20 [latency-1.5b]=60 [memory-1.5b]=35
+                [build-tiny]=5 [latency-tiny]=20 [memory-tiny]=10)
+
+report() {   # report [--partial]: render summary.md and gpu_check.json from what the steps left
+    "$PY" scripts/gpu_check_report.py --work "$STEPS" --out "$OUTDIR" --mode "$MODE" \
+        --shapes "${shape_list[@]}" --planned "${PLANNED[@]}" ${REPORT_ARGS[@]+"${REPORT_ARGS[@]}"} "$@"
+}
+CHILD=""
+on_signal() {
+    [ -n "$CHILD" ] && kill -TERM "$CHILD" 2>/dev/null
+    echo "gpu_check.sh: interrupted; the report holds the steps done" | tee -a "$LOG"
+    report --partial --quiet
+    rm -rf "$MODELS"
+    exit 1
+}
+trap on_signal TERM INT
+trap 'rm -rf "$MODELS"' EXIT
+
+# step NAME CMD...: run CMD (killed at 3x its estimate) with its output in
+# the log; record its status and ms; re-render the report
 step() {
     local name=$1; shift
-    local t0 rc
+    local t0 rc est=${EST[$name]:-60} now
+    now=$(date +%s)
+    if [ "$BUDGET_S" -gt 0 ] && [ $((now - T_START + est)) -gt "$BUDGET_S" ]; then
+        echo "=== $name: skipped (it would end past the ${BUDGET_S} s budget)" | tee -a "$LOG"
+        printf '%s\t%s\t%s\n' "$name" "skipped" 0 >>"$STEPS/steps.tsv"
+        report --partial --quiet
+        return
+    fi
     t0=$(date +%s%N)
-    echo "=== $name: $*" | tee -a "$LOG"
-    "$@" >>"$LOG" 2>&1
+    echo "=== $name (estimate ${est} s): $*" | tee -a "$LOG"
+    timeout -s TERM $((3 * est + 30)) "$@" >>"$LOG" 2>&1 &
+    CHILD=$!
+    wait "$CHILD"
     rc=$?
-    printf '%s\t%s\t%s\n' "$name" "$rc" "$(( ($(date +%s%N) - t0) / 1000000 ))" >>"$WORK/steps.tsv"
+    CHILD=""
+    printf '%s\t%s\t%s\n' "$name" "$rc" "$(( ($(date +%s%N) - t0) / 1000000 ))" >>"$STEPS/steps.tsv"
     [ "$rc" = 0 ] || echo "    $name exited $rc (see log.txt)"
+    report --partial --quiet
 }
 
 step env "$PY" -c 'import platform, torch, transformers; print(platform.python_version(), "torch", torch.__version__,
 "cuda", torch.version.cuda, "available", torch.cuda.is_available(), "transformers", transformers.__version__);
 print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device")'
-if [ "$MODE" = cuda ] && command -v nvidia-smi >/dev/null 2>&1; then
-    step nvidia-smi nvidia-smi
-fi
-
-# The CUDA tests (marked gpu): on a CPU they are collected and skipped.
-TESTS=(tests/test_cudagraph.py tests/test_graphcheck.py)
 if [ "$MODE" = cuda ]; then
-    # on the device also the CPU tests of the GPU path, under its torch/transformers
-    step pytest "$PY" -m pytest -q -p no:cacheprovider -o addopts="" "${TESTS[@]}" tests/test_timing.py \
-        tests/test_kvfold.py
-else
-    step pytest "$PY" -m pytest -q -p no:cacheprovider -o addopts="" -m gpu "${TESTS[@]}"
+    if command -v nvidia-smi >/dev/null 2>&1; then
+        step nvidia-smi nvidia-smi
+    else
+        printf '%s\t%s\t%s\n' nvidia-smi 127 0 >>"$STEPS/steps.tsv"
+    fi
 fi
 
-for shape in $SHAPES; do
-    model=$WORK/model-$shape
+# Only the GPU-marked tests (on a CPU they are collected and skipped); the
+# CPU tests of these files run in the suite.
+TESTS=(tests/test_cudagraph.py tests/test_graphcheck.py tests/test_gpu_attention.py)
+step pytest "$PY" -m pytest -q -p no:cacheprovider -o addopts="" -m gpu "${TESTS[@]}" \
+    --junitxml="$STEPS/pytest.xml"
+
+for shape in "${shape_list[@]}"; do
+    model=$MODELS/model-$shape
     if [ "$MODE" = cpu ]; then
         # 8 layers, so that a budget can offload some beside the staging ring
         step "build-$shape" "$PY" -c "from soldaemon.testing.tiny import build_tiny_model as b; b('$model', layers=8)"
         step "latency-$shape" "$PY" scripts/gpu_latency.py --model "$model" --device cpu --emulate-graphs \
-            --holes 2 --tokens 8 --check-steps 12 --prefill-tokens 256 --lines 1 --json "$WORK/lat-$shape.json"
+            --require-graphs --holes 2 --tokens 8 --check-steps 12 --prefill-tokens 256 --lines 1 \
+            --attention-positions 255 1000 4000 --json "$STEPS/lat-$shape.json"
         step "memory-$shape" "$PY" scripts/gpu_memory.py --model "$model" --device cpu --prompt-tokens 160 \
-            --tokens 4 --repeats 1 --pcts 100 25 --json "$WORK/mem-$shape.json"
+            --tokens 4 --repeats 1 --pcts 100 25 --json "$STEPS/mem-$shape.json"
     else
         step "build-$shape" "$PY" -c "from soldaemon.testing.tiny import build_shaped_model as b; b('$model', '$shape')"
-        step "latency-$shape" "$PY" scripts/gpu_latency.py --model "$model" --device cuda \
-            --holes 6 --tokens 48 --check-steps 64 --prefill-tokens 1024 --lines 2 --json "$WORK/lat-$shape.json"
+        step "latency-$shape" "$PY" scripts/gpu_latency.py --model "$model" --device cuda --require-graphs \
+            --holes 4 --tokens 48 --check-steps 48 --prefill-tokens 1024 --lines 2 \
+            --attention-positions 255 1000 4000 --json "$STEPS/lat-$shape.json"
         step "memory-$shape" "$PY" scripts/gpu_memory.py --model "$model" --device cuda --prompt-tokens 512 \
-            --tokens 32 --repeats 2 --json "$WORK/mem-$shape.json"
+            --tokens 32 --repeats 2 --json "$STEPS/mem-$shape.json"
         rm -rf "$model"
     fi
 done
 
 # `soldaemon doctor --json` (the module: the CLI also imports the server's websockets)
-step doctor sh -c "\"$PY\" -m soldaemon.doctor --json >\"$WORK/doctor.json\""
+step doctor sh -c "\"$PY\" -m soldaemon.doctor --json >\"$STEPS/doctor.json\""
 
-read -r -a shape_list <<<"$SHAPES"
-"$PY" scripts/gpu_check_report.py --work "$WORK" --out "$OUTDIR" --mode "$MODE" --shapes "${shape_list[@]}" \
-    ${REPORT_ARGS[@]+"${REPORT_ARGS[@]}"}
+report

@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
 """Merge a ``scripts/gpu_check.sh`` run into one JSON and a short summary.
 
-Reads what the run left in ``--work`` (``steps.tsv``: step, exit status,
-ms; ``lat-SHAPE.json`` from gpu_latency.py; ``mem-SHAPE.json`` from
-gpu_memory.py; ``doctor.json``), writes ``gpu_check.json`` and
-``summary.md`` to ``--out`` and prints the summary. Exit status 1 when a
-check failed: a step that exited non-zero (the doctor excepted: its 1 is a
-verdict on the machine, recorded, and only a crash counts), or a failure
-listed by a script. Performance targets (issue 18, for an H200 in
+Reads what the run left in ``--work`` (``steps.tsv``: step, exit status or
+``skipped``, ms; ``lat-SHAPE.json`` from gpu_latency.py; ``mem-SHAPE.json``
+from gpu_memory.py; ``doctor.json``), writes ``gpu_check.json`` and
+``summary.md`` to ``--out`` and prints the summary (``--quiet``: not).
+Partial results are accepted: with ``--planned`` the steps that did not run
+(killed, skipped for time) are named as missing, and the figures of the
+steps that did are reported; ``--partial`` marks a render in the middle of
+a run (the script re-renders after every step, so a killed run keeps its
+report). Exit status 1 when a check failed: a planned step missing, a step
+that exited non-zero (the doctor excepted: its 1 is a verdict on the
+machine, recorded, and only a crash counts), or a failure listed by a
+script. Performance targets (issue 18, for an H200 in
 bfloat16) are reported met or missed; ``--require-targets`` makes a miss a
 failure too.
 """
@@ -68,6 +73,11 @@ def shape_figures(lat: dict[str, Any] | None, mem: dict[str, Any] | None, shape:
         "prefetch_hit_rate": [(r["resident_pct"], r.get("prefetch_hit_rate")) for r in offloaded],
         "offloaded_ms_per_token": [(r["resident_pct"], r.get("ms_per_token")) for r in offloaded],
         "idle_release": lat.get("idle_release"),
+        "graph_replays": graphs.get("replays"), "graph_verify_replays": graphs.get("verify_replays"),
+        "attention": [{k: r.get(k) for k in ("position", "bucket", "eager_step_ms", "graphs_step_ms",
+                                              "eager_verify9_ms", "graphs_verify9_ms", "step_max_abs_diff",
+                                              "verify_max_abs_diff")} for r in lat.get("attention") or []],
+        "attention_kernels": lat.get("attention_kernels"),
         "kv_park": mem.get("kv_park"),
     }
     fig["prefill_1k_ms"] = fig["prefill_ms"] if shape == "0.5b" and fig["prefill_tokens"] == 1024 else None
@@ -97,52 +107,95 @@ def doctor_readings(doctor: dict[str, Any] | None) -> dict[str, Any]:
             "gpus": [{k: g.get(k) for k in keep if k in g} for g in gpus]}
 
 
+def read_steps(work: Path) -> list[dict[str, Any]]:
+    """steps.tsv's rows (a missing or half-written file: what can be read)."""
+    steps = []
+    try:
+        text = (work / "steps.tsv").read_text()
+    except OSError:
+        return steps
+    for line in text.splitlines():
+        parts = line.split("\t")
+        if len(parts) != 3:
+            continue                                       # a line cut by a kill
+        name, rc, ms = parts
+        skipped = rc == "skipped"
+        try:
+            steps.append({"step": name, "rc": None if skipped else int(rc), "skipped": skipped,
+                          "s": int(ms) / 1000})
+        except ValueError:
+            continue                                       # a line cut by a kill
+    return steps
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--mode", default="cuda")
     ap.add_argument("--shapes", nargs="+", required=True)
+    ap.add_argument("--planned", nargs="*", default=None, help="every step the run plans, in order")
+    ap.add_argument("--partial", action="store_true", help="the run is still going (or was cut)")
+    ap.add_argument("--quiet", action="store_true", help="do not print the summary")
     ap.add_argument("--require-targets", action="store_true")
     args = ap.parse_args(argv)
 
-    steps = []
-    for line in (args.work / "steps.tsv").read_text().splitlines():
-        name, rc, ms = line.split("\t")
-        steps.append({"step": name, "rc": int(rc), "s": int(ms) / 1000})
+    steps = read_steps(args.work)
+    ran = {s["step"] for s in steps if not s["skipped"]}
+    planned = args.planned if args.planned is not None else [s["step"] for s in steps]
+    missing = [name for name in planned if name not in ran]
     failures = [f"step {s['step']} exited {s['rc']}" for s in steps
-                if s["rc"] != 0 and not (s["step"] == "doctor" and s["rc"] == 1)]
+                if not s["skipped"] and s["rc"] != 0 and not (s["step"] == "doctor" and s["rc"] == 1)]
+    failures += [f"step {name} did not run" for name in missing if not args.partial]
     shapes: dict[str, Any] = {}
     targets: dict[str, list[dict[str, Any]]] = {}
     for shape in args.shapes:
         lat, mem = _load(args.work / f"lat-{shape}.json"), _load(args.work / f"mem-{shape}.json")
-        if lat is None or mem is None:
-            failures.append(f"{shape}: a script wrote no JSON")
+        for what, data in (("latency", lat), ("memory", mem)):
+            if data is None and f"{what}-{shape}" in ran:
+                failures.append(f"{shape}: the {what} step ran and wrote no JSON")
+        if lat is None and mem is None:
+            continue                                       # not reached: named in missing
         failures += [f"{shape}: {f}" for f in ((lat or {}).get("failures", []) + (mem or {}).get("failures", []))]
         shapes[shape] = {"figures": shape_figures(lat, mem, shape), "latency": lat, "memory": mem}
         # the targets are an H200's in bfloat16: a CPU dry run's figures are not judged
         targets[shape] = judge_targets(shapes[shape]["figures"]) if args.mode == "cuda" else []
     doctor = _load(args.work / "doctor.json")
-    if doctor is None:
+    if doctor is None and "doctor" in ran:
         failures.append("doctor --json wrote no JSON")
     missed = [f"{shape}: {t['what']} = {t['value']} > {t['limit']}"
               for shape, ts in targets.items() for t in ts if not t["met"]]
     if args.require_targets:
         failures += [f"target missed: {m}" for m in missed]
-    result = {"mode": args.mode, "ok": not failures, "failures": failures, "targets_missed": missed,
-              "steps": steps, "doctor": doctor_readings(doctor), "targets": targets, "shapes": shapes}
+    complete = not missing
+    result = {"mode": args.mode, "ok": complete and not failures, "complete": complete,
+              "in_progress": args.partial and not complete, "missing_steps": missing,
+              "failures": failures, "targets_missed": missed, "steps": steps, "doctor": doctor_readings(doctor),
+              "targets": targets, "shapes": shapes}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_check.json").write_text(json.dumps(result, indent=1, default=str))
+    _write(args.out / "gpu_check.json", json.dumps(result, indent=1, default=str))
     text = summary_text(result)
-    (args.out / "summary.md").write_text(text)
-    print(text)
-    return 0 if not failures else 1
+    _write(args.out / "summary.md", text)
+    if not args.quiet:
+        print(text)
+    return 0 if result["ok"] else 1
+
+
+def _write(path: Path, text: str) -> None:
+    """Write whole or not at all (a kill mid-write leaves the last report)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def summary_text(result: dict[str, Any]) -> str:
-    lines = [f"# gpu_check ({result['mode']}): {'PASS' if result['ok'] else 'FAIL'}", ""]
+    verdict = "PASS" if result["ok"] else ("INCOMPLETE (in progress or cut)" if result["in_progress"] else "FAIL")
+    lines = [f"# gpu_check ({result['mode']}): {verdict}", ""]
+    if result["missing_steps"]:
+        lines.append("- MISSING (did not run): " + ", ".join(result["missing_steps"]))
     lines += [f"- FAIL: {f}" for f in result["failures"]]
-    lines.append("steps: " + ", ".join(f"{s['step']} rc={s['rc']} {s['s']:.0f}s" for s in result["steps"]))
+    lines.append("steps: " + ", ".join(f"{s['step']} skipped" if s["skipped"] else f"{s['step']} rc={s['rc']} {s['s']:.0f}s"
+                                       for s in result["steps"]))
     doc = result["doctor"]
     if doc:
         lines.append(f"doctor: {doc.get('status')}; gpus {doc.get('gpus')}")
@@ -165,6 +218,12 @@ def summary_text(result: dict[str, Any]) -> str:
                   f"- copy {_n(f['copy_bandwidth_gbs'])} GB/s; offloaded (resident %, ms/token) "
                   f"{f['offloaded_ms_per_token']}, prefetch hit rate {f['prefetch_hit_rate']}",
                   f"- idle release/restore: {f['idle_release']}",
+                  f"- graph replays: {f['graph_replays']} steps, {f['graph_verify_replays']} verifies; attention "
+                  "kernels: " + "; ".join(f"{a['kind']}@{a['bucket']}={a['backend']}" for a in (f["attention_kernels"] or [])),
+                  "- attention rows (position, bucket: eager/graph step ms, eager/graph 9-row verify ms, max |diff|): "
+                  + "; ".join(f"{r['position']}, {r['bucket']}: {_n(r['eager_step_ms'])}/{_n(r['graphs_step_ms'])}, "
+                              f"{_n(r['eager_verify9_ms'])}/{_n(r['graphs_verify9_ms'])}, {_n(r['step_max_abs_diff'])}"
+                              for r in f["attention"]),
                   "- KV parking: " + "; ".join(f"threshold {r['threshold']}: score {r['score_ms']} + park "
                                                f"{r['park_ms']} + restore {r['restore_ms']} ms"
                                                for r in (f["kv_park"] or []))]

@@ -48,11 +48,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from soldaemon.bench import baseline_model, bench_generate, bench_sol  # noqa: E402
-from soldaemon.config import load_config  # noqa: E402
+from soldaemon.config import Config  # noqa: E402
 from soldaemon.holes import cut_line_holes, default_corpus  # noqa: E402
 from soldaemon.runtime.cudagraph import GraphDecoder  # noqa: E402
 from soldaemon.runtime.engine import LocalEngine, load_engine  # noqa: E402
 from soldaemon.runtime.graphcheck import compare_graphs, transformers_reference  # noqa: E402
+from soldaemon.runtime.layer import ATTENTION_LOG  # noqa: E402
 from soldaemon.runtime.timing import synchronize  # noqa: E402
 from soldaemon.trace import make_trace, run_sol  # noqa: E402
 
@@ -121,14 +122,107 @@ def idle_release_check(engine: LocalEngine, ids: list[int], n: int, before: list
         memory.restore()
     synchronize(dev)
     restore_ms = (time.perf_counter() - t1) * 1e3
+    # the graphs went stale with the weights: captured again outside any request
+    t2 = time.perf_counter()
+    memory.recapture_graphs()
+    synchronize(dev)
+    recapture_ms = (time.perf_counter() - t2) * 1e3
     _, _, after, _ = bench_sol(engine, ids, n, speculative=False)
     return {"freed_mb": round(freed / 2**20, 1), "release_ms": round(release_ms, 2),
-            "restore_ms": round(restore_ms, 2),
+            "restore_ms": round(restore_ms, 2), "recapture_ms": round(recapture_ms, 2),
             "recaptures": (graphs.captures - captures0) if graphs is not None else None,
             "same_tokens": after == before}
 
 
-def main(argv: list[str] | None = None) -> int:
+def graph_path_failures(graphs: GraphDecoder | None) -> list[str]:
+    """Why the graph path cannot be said to have run: off, given up, or
+    never replayed (a step and a verify)."""
+    if graphs is None:
+        return ["the graph path is off (no GraphDecoder: device.cuda_graphs or the backend)"]
+    out = []
+    if not graphs.enabled:
+        out.append(f"graphs were given up: {graphs.failure}")
+    if graphs.replays == 0:
+        out.append("no decode step was replayed from a graph")
+    if graphs.verify_rows and graphs.verify_replays == 0:
+        out.append("no verify forward was replayed from a graph")
+    return out
+
+
+def _timed(device: torch.device, fn: Any, repeats: int) -> tuple[float, Any]:
+    """Median ms of ``fn()`` (each timed to the end of its device work) and its last result."""
+    samples, out = [], None
+    for _ in range(repeats):
+        synchronize(device)
+        t0 = time.perf_counter()
+        out = fn()
+        synchronize(device)
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples), out
+
+
+def attention_rows(engine: LocalEngine, graphs: GraphDecoder | None, positions: list[int],
+                   repeats: int = 5, rows: int = 9) -> list[dict[str, Any]]:
+    """At each position (its bucket: up to 4096 and beyond): a decode step
+    and a ``rows``-row verify, eager and through graphs, over the same
+    cache; ms of each and the graph logits against the eager ones (max
+    |diff|, argmax agreement)."""
+    backend, session = engine.backend, engine.session
+    text = "".join(p.read_text(errors="replace") for p in default_corpus())
+    ids = engine.tokenizer(text, add_special_tokens=False).input_ids
+    out = []
+    kept = backend.graphs
+    try:
+        for pos in positions:
+            if pos + rows + 1 >= backend.n_ctx:
+                out.append({"position": pos, "bucket": None, "failures": [f"does not fit n_ctx {backend.n_ctx}"]})
+                continue
+            seq = (ids * (pos // max(1, len(ids)) + 2))[:pos + rows]
+            session.truncate(0)
+            backend.graphs = None
+            session.prefill(seq[:pos])
+            row: dict[str, Any] = {"position": pos, "failures": []}
+            results: dict[str, torch.Tensor] = {}
+            for name, g in (("eager", None), ("graphs", graphs)):
+                if name == "graphs" and g is None:
+                    continue
+                backend.graphs = g
+
+                def one() -> torch.Tensor:
+                    logits = session.decode_step(seq[pos])
+                    session.truncate(pos)
+                    return logits
+
+                def verify() -> torch.Tensor:
+                    logits = session.verify(seq[pos:pos + rows])
+                    session.truncate(pos)
+                    return logits
+                row[f"{name}_step_ms"], results[f"{name}_step"] = _timed(backend.device, one, repeats)
+                row[f"{name}_verify{rows}_ms"], results[f"{name}_verify"] = _timed(backend.device, verify, repeats)
+            if graphs is not None:
+                row["bucket"] = graphs._bucket(pos)
+                for what in ("step", "verify"):
+                    e, g = results[f"eager_{what}"].reshape(-1, backend.vocab_size), results[f"graphs_{what}"].reshape(-1, backend.vocab_size)
+                    diff = float((g - e).abs().max())
+                    agree = float((g.argmax(-1) == e.argmax(-1)).float().mean())
+                    row[f"{what}_max_abs_diff"], row[f"{what}_agreement"] = round(diff, 5), agree
+                    scale = float(e.abs().max())
+                    tol = 1e-3 if backend.dtype == torch.float32 else 0.1
+                    if diff > tol * max(1.0, scale):
+                        row["failures"].append(f"{what}: graph logits differ from eager by {diff:.4g} "
+                                               f"(max |eager| {scale:.4g})")
+                row["step_graphs_vs_eager"] = round(row["graphs_step_ms"] / row["eager_step_ms"], 3)
+            else:
+                row["bucket"] = None
+            row["eager_verify_vs_step"] = round(row[f"eager_verify{rows}_ms"] / row["eager_step_ms"], 3)
+            out.append(row)
+    finally:
+        backend.graphs = kept
+        session.truncate(0)
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="model dir or .gguf (default: the embedded model)")
     p.add_argument("--device", default="cuda")
@@ -138,17 +232,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill-tokens", type=int, default=1024, help="cold prefill length (0: skip)")
     p.add_argument("--lines", type=int, default=2, help="keystroke trace: lines typed")
     p.add_argument("--emulate-graphs", action="store_true", help="off CUDA: run the graph path emulated")
+    p.add_argument("--require-graphs", action="store_true",
+                   help="fail when the graph path is off or no graph (step and verify) was replayed")
+    p.add_argument("--attention-positions", type=int, nargs="*", default=[255, 1000, 4000],
+                   help="positions of the attention rows (graph vs eager step and 9-row verify)")
     p.add_argument("--bandwidth-mb", type=int, default=None,
                    help="buffer for the read-bandwidth measure (default 2048 on CUDA, 128 on a CPU)")
     p.add_argument("--json", dest="json_out")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
+
+def check_config(argv: list[str] | None = None) -> Config:
+    """The check's own explicit config for these arguments."""
+    args = parse_args(argv)
+    far = max(args.attention_positions, default=0)
+    # the farthest attention row's bucket is a full power of two (4000: the 4096 bucket)
+    need = max(args.prefill_tokens, (1 << far.bit_length()) if far else 0) + 64
     overrides: dict[str, Any] = {"device.device": args.device, "model.max_prefix_tokens": 384,
-                                 "model.max_suffix_tokens": 128,
-                                 "model.max_context": max(2048, args.prefill_tokens + 64)}
+                                 "model.max_suffix_tokens": 128, "model.max_context": max(2048, need),
+                                 "device.cuda_graphs": True}
     if args.model:
         overrides["model.path"] = args.model
-    config = load_config(None).with_overrides(overrides, source="gpu_latency")
+    # its own explicit config: a user's config file (device.cuda_graphs: false,
+    # another model) must not change what the check measures
+    return Config.default().with_overrides(overrides, source="gpu_latency")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    config = check_config(argv)
     t0 = time.perf_counter()
     engine = load_engine(config, progress=False)
     load_s = time.perf_counter() - t0
@@ -241,6 +353,10 @@ def main(argv: list[str] | None = None) -> int:
                                           / summary["sol-eager"]["ms_per_token_p50"], 3)
     print(f"decode floor: {step_bytes / 1e6:.1f} MB per token at {read_gbs:.0f} GB/s = {floor_ms:.3f} ms; {decode}")
 
+    attention = attention_rows(engine, graphs, args.attention_positions) if args.attention_positions else []
+    for row in attention:
+        print(f"attention at {row['position']} (bucket {row['bucket']}): {row}")
+        failures += [f"attention at {row['position']}: {f}" for f in row["failures"]]
     prefill_ms = cold_prefill_ms(engine, args.prefill_tokens) if args.prefill_tokens else None
     if prefill_ms is not None:
         print(f"cold prefill of {args.prefill_tokens} tokens: {prefill_ms:.1f} ms")
@@ -263,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     reuse_p50 = statistics.median(reuse) if reuse else None
     print(f"keystroke TTFT on the reuse path: p50 {reuse_p50} ms over {len(reuse)} keystrokes")
     print(f"graphs: {graphs.info() if graphs is not None else 'unavailable'}")
+    if args.require_graphs:
+        failures += graph_path_failures(graphs)
     for f in failures:
         print(f"FAIL: {f}")
     print("gpu_latency: " + ("FAILED" if failures else "all checks passed"))
@@ -273,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
             "graphs": graphs.info() if graphs is not None else None,
             "graph_check": check.to_dict() if check is not None else None,
             "decode": decode, "prefill": {"tokens": args.prefill_tokens, "ms": prefill_ms},
-            "idle_release": idle,
+            "idle_release": idle, "attention": attention, "attention_kernels": ATTENTION_LOG.summary(),
             "trace": {"keystrokes": len(trace), "ttft_p50": every.pct("ttft_ms", .5),
                       "ttft_p95": every.pct("ttft_ms", .95), "model_ttft_p50": computed.pct("ttft_ms", .5),
                       "model_ttft_p95": computed.pct("ttft_ms", .95), "model_keystrokes": len(computed.ttft_ms),

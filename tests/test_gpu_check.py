@@ -52,7 +52,8 @@ def test_gpu_check_cpu_mode_runs_end_to_end_without_the_devices_missing_packages
                           env=env, capture_output=True, text=True, timeout=500, cwd=tmp_path)
     log = (out / "log.txt").read_text() if (out / "log.txt").exists() else ""
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:] + log[-4000:]
-    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.json", "log.txt", "summary.md"]
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.json", "log.txt", "steps", "summary.md"]
+    assert {"lat-tiny.json", "mem-tiny.json", "doctor.json", "steps.tsv"} <= {p.name for p in (out / "steps").iterdir()}
     result = json.loads((out / "gpu_check.json").read_text())
     assert result["ok"] and result["failures"] == [] and result["mode"] == "cpu"
     assert [s["step"] for s in result["steps"]] == ["env", "pytest", "build-tiny", "latency-tiny", "memory-tiny",

@@ -23,13 +23,13 @@ import logging
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from ..policy.kernel_plan import KernelPlan
 from .kernels import KERNEL_FNS, Kernel, compute_dtype_for, embed_rows, pack
+from .layer import Shape, causal_mask, decoder_layer, group_mask, rms_norm, rope
 
 if TYPE_CHECKING:
     from .weightstore import WeightStore
@@ -44,6 +44,10 @@ class GraphSteps(Protocol):
 
     def step(self, token: int, pos: int) -> torch.Tensor | None:
         """Logits [V] for ``token`` at ``pos``, or None: run the eager forward."""
+        ...
+
+    def verify(self, tokens: Sequence[int], pos: int) -> torch.Tensor | None:
+        """Logits [T, V] for ``tokens`` at ``pos`` …, or None: run the eager forward."""
         ...
 
     def invalidate(self) -> None:
@@ -196,6 +200,7 @@ class LeanBackend:
         self.cos = emb.cos().to(self.dtype)
         self.sin = emb.sin().to(self.dtype)
         self.scale = self.head_dim ** -0.5
+        self.shape = Shape(self.n_heads, self.n_kv, self.head_dim, self.eps, self.scale)
         # Sol's weight store (runtime/residency.py): None, or every layer's
         # weights go through it. With all layers resident the forward takes
         # the plain loop below (the store then only records the heatmap).
@@ -203,6 +208,7 @@ class LeanBackend:
         # KV folding reads the last query of each layer (runtime/kvfold.py):
         # [layers, H, hd] when record_queries() was called, else None.
         self.last_q: torch.Tensor | None = None
+        self._q_buffer: torch.Tensor | None = None
         self.last_q_cache: torch.Tensor | None = None   # the k_cache those queries attended over
         self.graphs: GraphSteps | None = None            # set by the engine on CUDA (runtime/cudagraph.py)
 
@@ -254,8 +260,12 @@ class LeanBackend:
     def record_queries(self, on: bool = True) -> None:
         """Keep each layer's last-token query (after RoPE) of the latest
         forward in ``last_q``: what KV folding weighs blocks by."""
-        self.last_q = (torch.zeros(len(self.layers), self.n_heads, self.head_dim, dtype=self.dtype,
-                                   device=self.device) if on else None)
+        if on and self._q_buffer is None:
+            # one buffer for the backend's life: a CUDA graph captured while
+            # queries are recorded writes it, so its address must not change
+            self._q_buffer = torch.zeros(len(self.layers), self.n_heads, self.head_dim, dtype=self.dtype,
+                                         device=self.device)
+        self.last_q = self._q_buffer if on else None
         self.last_q_cache = None
 
     def new_cache(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -299,16 +309,6 @@ class LeanBackend:
         """x [T, D] after the final norm → logits [T, V] float32."""
         return self.head_linear(x, self.head_w, None, self.head_s).float()
 
-    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return w * h.to(x.dtype)
-
-    @staticmethod
-    def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, pos: int, *, last_only: bool = True,
                 precise: bool = False) -> torch.Tensor:
@@ -321,21 +321,22 @@ class LeanBackend:
         mask = None
         causal = T > 1 and pos == 0   # a fresh prompt: the kernels' own causal path (no mask tensor)
         if T > 1 and pos > 0:
-            # new token i (at pos+i) sees cache positions 0 … pos+i
-            mask = torch.ones(T, end, dtype=torch.bool, device=self.device).tril(diagonal=pos)
+            # new token i (at pos+i) sees cache positions 0 … pos+i, tiled for the grouped queries
+            mask = group_mask(causal_mask(pos, T, end, self.device), self.n_heads // self.n_kv)
         x = self.embed_tokens(tokens)                    # [T, D]
         short = T <= self.short_max_tokens and not precise
         layers = self.layers
         lin = self.short_linear if short else self.prefill_linear
         store = self.residency
+        kind = "prompt" if causal else ("step" if T == 1 else ("verify" if short else "prefill"))
         if store is None:
             for i, w in enumerate(layers):
-                x = self._block(x, w, i, pos, end, cos, sin, mask, causal, lin)
+                x = self._block(x, w, i, pos, end, cos, sin, mask, causal, lin, kind if i == 0 else "")
         elif store.all_resident:
             timed = not store.cuda   # on CUDA host clocks only see kernel launches
             marks = [time.perf_counter()]
             for i, w in enumerate(layers):
-                x = self._block(x, w, i, pos, end, cos, sin, mask, causal, lin)
+                x = self._block(x, w, i, pos, end, cos, sin, mask, causal, lin, kind if i == 0 else "")
                 marks.append(time.perf_counter())
             store.note_resident_forward([(b - a) * 1e3 for a, b in zip(marks, marks[1:])] if timed else None)
         else:
@@ -344,36 +345,16 @@ class LeanBackend:
             self.last_q_cache = self.k_cache
         if last_only:
             x = x[-1:]
-        x = self._rms(x, self.norm)
+        x = rms_norm(x, self.norm, self.eps)
         return self.head_logits(x)                       # [T or 1, V]
 
     def _block(self, x: torch.Tensor, w: LayerWeights, i: int, pos: int, end: int, cos: torch.Tensor,
-               sin: torch.Tensor, mask: torch.Tensor | None, causal: bool, lin: Kernel) -> torch.Tensor:
-        """Decoder layer i on x [T, D]; writes its K/V at pos … end-1."""
-        T = x.shape[0]
-        H, KV, hd = self.n_heads, self.n_kv, self.head_dim
-        dt = x.dtype
-        h = lin.prepare(self._rms(x, w.ln1))             # cast/quantized once for q, k, v
-        q = lin.multiply(h, w.wq, w.bq, w.sq, dt).view(T, H, hd).transpose(0, 1)     # [H, T, hd]
-        k = lin.multiply(h, w.wk, w.bk, w.sk, dt).view(T, KV, hd).transpose(0, 1)    # [KV, T, hd]
-        v = lin.multiply(h, w.wv, w.bv, w.sv, dt).view(T, KV, hd).transpose(0, 1)
-        q = q * cos + self._rotate_half(q) * sin
-        k = k * cos + self._rotate_half(k) * sin
-        if self.last_q is not None:
-            self.last_q[i] = q[:, -1]                    # [H, hd]
-        self.k_cache[i, :, pos:end] = k
-        self.v_cache[i, :, pos:end] = v
-        keys = self.k_cache[i, :, :end]                  # [KV, end, hd]
-        vals = self.v_cache[i, :, :end]
-        o = F.scaled_dot_product_attention(
-            q.unsqueeze(0), keys.unsqueeze(0), vals.unsqueeze(0),
-            attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=True,
-        )[0]                                             # [H, T, hd]
-        o = o.transpose(0, 1).reshape(T, H * hd)
-        x = x + lin(o, w.wo, w.bo, w.so)
-        h = lin.prepare(self._rms(x, w.ln2))             # once for gate and up
-        gu = F.silu(lin.multiply(h, w.wg, None, w.sg, dt)) * lin.multiply(h, w.wu, None, w.su, dt)
-        return x + lin(gu, w.wd, None, w.sd)
+               sin: torch.Tensor, mask: torch.Tensor | None, causal: bool, lin: Kernel,
+               kind: str = "") -> torch.Tensor:
+        """Decoder layer i on x [T, D] (the one layer, runtime/layer.py);
+        writes its K/V at pos … end-1 and attends over 0 … end-1."""
+        return decoder_layer(self.shape, w, x, lin, cos, sin, self.k_cache[i], self.v_cache[i], pos, end, mask,
+                             causal=causal, q_out=None if self.last_q is None else self.last_q[i], kind=kind)
 
     def _offloaded_layers(self, store: WeightStore, x: torch.Tensor, variant: int, pos: int, end: int,
                           cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None, causal: bool,
@@ -405,7 +386,7 @@ class LeanBackend:
         cos, sin = emb.cos(), emb.sin()
         k = self.k_cache[:, :, src:src + length].to(torch.float32).clone()
         v = self.v_cache[:, :, src:src + length].clone()
-        k = k * cos + self._rotate_half(k) * sin
+        k = rope(k, cos, sin)
         self.k_cache[:, :, dst:dst + length] = k.to(self.dtype)
         self.v_cache[:, :, dst:dst + length] = v
 

@@ -17,6 +17,7 @@ import torch
 from ..policy.draft import DraftLength, DraftProposer
 from .sampling import Sampler
 from .session import KVSession
+from .timing import elapsed_ms
 
 
 @dataclass
@@ -71,7 +72,7 @@ def generate(
     stats = GenStats()
     t0 = time.perf_counter_ns()
     pre = session.prefill(prompt, cancelled=cancelled, precise_until=precise_until)
-    stats.prefill_ms = (time.perf_counter_ns() - t0) / 1e6
+    stats.prefill_ms = elapsed_ms(t0, session.backend.device)   # to the end of its kernels (CUDA runs async)
     stats.cached_tokens, stats.computed_tokens = pre.cached, pre.computed
     speculate = drafter is not None and sampler.greedy and draft_k > 0
     if speculate:

@@ -246,9 +246,12 @@ def measure_table(cfg: Any, device: torch.device, compute_dtype: torch.dtype, *,
                 head_pack = pack(storage, w_head) if storage in HEAD_STORAGES else (None, None)
                 packs[storage] = ([pack(storage, w) for w in dense_layer], head_pack)
             packed, (hw, hs) = packs[storage]
-            fn(inputs[short_rows[0]][shapes[0][1]], packed[0][0], None, packed[0][1])   # can it run here?
+            # can it run here? at the most rows measured: torch._int_mm (int8-dynamic)
+            # needs more than 16 rows on CUDA, and a 1-row probe would rule it out
+            probe = max(inputs)
+            fn(inputs[probe][shapes[0][1]], packed[0][0], None, packed[0][1])
             if hw is not None:
-                fn(inputs[short_rows[0]][d], hw, None, hs)
+                fn(inputs[probe][d], hw, None, hs)
         except (RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError) as exc:
             say(f"kernel {kernel}: not available here ({str(exc).splitlines()[0][:120]})")
             continue

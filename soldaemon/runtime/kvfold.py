@@ -63,7 +63,9 @@ class FoldedKV:
     def folded_block_bytes(self) -> int:
         """Unfolded bytes of the blocks stored as int8."""
         hd = self.k_tail.shape[-1]
-        return 2 * int(self.fold.sum()) * BLOCK * hd * self.k_tail.element_size()
+        # the count from a shape (a plain int): health and debug read this from
+        # another thread, and summing the device mask would sync the device
+        return 2 * self.k_q.shape[0] * BLOCK * hd * self.k_tail.element_size()
 
 
 @torch.inference_mode()

@@ -127,6 +127,24 @@ class MemoryScheduler:
                 yield
         finally:
             self.touch()
+            self.recapture_graphs()
+
+    def recapture_graphs(self) -> int:
+        """After a restore, once the request that needed the weights is done:
+        capture the CUDA graphs again (they went stale when the weights
+        moved; the request ran eager steps meanwhile), under the generation
+        lock and outside any request. Skips when another request holds the
+        lock (the next one's end does it). Returns graphs captured."""
+        graphs = self.backend.graphs
+        recapture = getattr(graphs, "recapture", None)
+        if recapture is None or not getattr(graphs, "stale", False) or self.store.released:
+            return 0
+        if not self.gen_lock.acquire(blocking=False):
+            return 0
+        try:
+            return recapture()
+        finally:
+            self.gen_lock.release()
 
     def update_kv_folding(self) -> bool | None:
         """Read free memory; turn the backend's query recording (and so the
@@ -203,10 +221,11 @@ class MemoryScheduler:
         try:
             freed = self.store.release()
             self._invalidate_graphs()
+            if freed and self.store.cuda:
+                # under the lock: never beside a forward or a graph capture
+                torch.cuda.empty_cache()
         finally:
             self.gen_lock.release()
-        if freed and self.store.cuda:
-            torch.cuda.empty_cache()
         self.releases += 1
         return freed
 

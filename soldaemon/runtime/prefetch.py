@@ -3,7 +3,10 @@ staging slot of the weight store's ring.
 
 A :class:`CopyJob` is one layer's copy (one weight variant) into one slot.
 Copiers move the bytes: on CUDA a side stream ordered by events (no host
-synchronisation), on a CPU a background thread. :class:`PrefetchStats`
+synchronisation, no host polling: the compute stream waits on the copy's
+event, and a copy waits on the event of the last compute that read its
+slot), on a CPU a background thread the forward waits for (with a fallback
+copy after ``fallback_timeout_ms``). :class:`PrefetchStats`
 counts how each offloaded layer's weights arrived.
 """
 
@@ -121,11 +124,12 @@ class StreamCopier(Copier):
 
     def submit(self, job: CopyJob, srcs: Sources, delay_s: float, previous: CopyJob | None) -> None:
         consumed = getattr(previous, "consumed", None) if previous is not None else None
+        compute = torch.cuda.current_stream(self.device)   # read before entering the side stream
         with torch.cuda.stream(self.stream):
             if consumed is not None:
                 self.stream.wait_event(consumed)
             else:  # the slot's last reader may still be queued on the compute stream
-                self.stream.wait_stream(torch.cuda.current_stream(self.device))
+                self.stream.wait_stream(compute)
             if delay_s:
                 torch.cuda._sleep(int(delay_s * 1e9))  # ≈ cycles at ~1 GHz: a test hook only
             for name, src in srcs:
@@ -136,15 +140,16 @@ class StreamCopier(Copier):
 
 
 def wait_copy(job: CopyJob, timeout_s: float | None) -> bool:
-    """Wait until ``job``'s copy has landed; False on timeout."""
-    if job.cuda_event is None:
-        return job.done.wait(timeout_s)
-    if timeout_s is None:
-        job.cuda_event.synchronize()
-        return True
-    end = time.perf_counter() + timeout_s
-    while not job.cuda_event.query():
-        if time.perf_counter() > end:
-            return False
-        time.sleep(20e-6)
-    return True
+    """CPU copies: wait until ``job``'s copy has landed; False on timeout.
+    A CUDA copy is never waited for on the host: the compute stream waits on
+    its event (:func:`order_after`)."""
+    if job.cuda_event is not None:
+        raise ValueError("wait_copy is for the CPU copier: order a CUDA copy with order_after()")
+    return job.done.wait(timeout_s)
+
+
+def order_after(job: CopyJob, stream: Any) -> None:
+    """CUDA: make ``stream``'s later work wait for ``job``'s copy (an event
+    wait on the device; the host goes on)."""
+    if job.cuda_event is not None:
+        stream.wait_event(job.cuda_event)

@@ -41,6 +41,8 @@ class TopP:
             self.gen.seed()
 
     def __call__(self, logits: torch.Tensor) -> int:
+        if logits.device.type == "cuda":
+            return self._on_device(logits)
         probs = torch.softmax(logits.float().cpu() / self.temperature, dim=-1)
         if self.top_p < 1.0:
             sorted_p, order = torch.sort(probs, descending=True)
@@ -49,6 +51,36 @@ class TopP:
             choice = torch.multinomial(sorted_p / sorted_p.sum(), 1, generator=self.gen)
             return int(order[choice])
         return int(torch.multinomial(probs, 1, generator=self.gen))
+
+
+    # how many of the most likely tokens a device-side nucleus looks at first
+    # (a top-p of a code model's distribution is almost always inside them)
+    TOP_K = 256
+
+    def _on_device(self, logits: torch.Tensor) -> int:
+        """The same sampling where the logits are (CUDA): no copy of the
+        vocabulary to the host, no host sort; one host sync for the id. The
+        nucleus is looked for among the TOP_K most likely tokens (topk on
+        the device), and in the full sorted distribution only when those do
+        not reach top_p."""
+        dev_gen = self._device_generator(logits.device)
+        probs = torch.softmax(logits.float() / self.temperature, dim=-1)
+        if self.top_p >= 1.0:
+            return int(torch.multinomial(probs, 1, generator=dev_gen))
+        k = min(self.TOP_K, probs.shape[-1])
+        vals, order = torch.topk(probs, k)              # sorted, on the device
+        if k < probs.shape[-1] and bool(vals.sum() < self.top_p):   # a scalar's sync: rare
+            vals, order = torch.sort(probs, descending=True)
+        keep = torch.cumsum(vals, -1) - vals < self.top_p   # always keeps the top token
+        return int(order[torch.multinomial(vals * keep, 1, generator=dev_gen)])
+
+    def _device_generator(self, device: torch.device) -> torch.Generator:
+        gen = getattr(self, "_dev_gen", None)
+        if gen is None or gen.device != device:
+            gen = torch.Generator(device=device)
+            gen.manual_seed(int(torch.randint(0, 2**62, (1,), generator=self.gen)))   # from the seeded host generator
+            self._dev_gen = gen
+        return gen
 
 
 def make_sampler(temperature: float, top_p: float = 1.0, seed: int | None = None) -> Sampler:

@@ -54,6 +54,39 @@ class ReusePlan:
     move_len: int = 0
 
 
+class TokenUpload:
+    """Token ids → a long tensor on the device. On CUDA without a device
+    sync: ``torch.tensor(list, device=cuda)`` copies from pageable memory,
+    which waits for the stream's queued work; here the ids go through a
+    ring of pinned host buffers, copied non-blocking (a buffer is rewritten
+    only after its copy, ``slots`` forwards ago, has run)."""
+
+    def __init__(self, device: torch.device, slots: int = 4) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self._host: list[torch.Tensor | None] = [None] * slots
+        self._done: list[Any] = [None] * slots
+        self._i = 0
+
+    def __call__(self, ids: Sequence[int]) -> torch.Tensor:
+        if not self.cuda:
+            return torch.tensor(ids, dtype=torch.long, device=self.device)
+        slot = self._i % len(self._host)
+        self._i += 1
+        if self._done[slot] is not None:
+            self._done[slot].synchronize()          # long done in practice
+        host = self._host[slot]
+        n = len(ids)
+        if host is None or host.numel() < n:
+            host = self._host[slot] = torch.empty(max(n, 64), dtype=torch.long, pin_memory=True)
+        host[:n] = torch.as_tensor(ids, dtype=torch.long)
+        out = host[:n].to(self.device, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        self._done[slot] = event
+        return out
+
+
 def plan_reuse(old: Sequence[int], new: Sequence[int], min_move: int) -> ReusePlan:
     """Longest common prefix, plus the longest common suffix of ``old`` and
     ``new`` (not overlapping that prefix) when it is at least ``min_move``
@@ -85,6 +118,7 @@ class KVSession:
         self.prompt_len = 0                # of which the last prompt (the rest: generated)
         self._last_logits: torch.Tensor | None = None  # logits after self.tokens
         self.version = 0                   # bumped by every change of the cache
+        self._upload = TokenUpload(backend.device)
 
     @property
     def n_ctx(self) -> int:
@@ -93,7 +127,7 @@ class KVSession:
     def _tensor(self, ids: Sequence[int]) -> torch.Tensor:
         # every forward goes through here: point the backend at our cache
         self.backend.use_cache(self.cache)
-        return torch.tensor(ids, dtype=torch.long, device=self.backend.device)
+        return self._upload(ids)
 
     def prefill(self, ids: Sequence[int], *, cancelled: Callable[[], bool] = lambda: False,
                 precise_until: int | None = None) -> PrefillResult:
@@ -189,7 +223,19 @@ class KVSession:
         if len(self.tokens) + len(tokens) >= self.n_ctx:
             raise ValueError("KV cache full")
         self.version += 1
-        logits = self.backend.forward(self._tensor(tokens), len(self.tokens), last_only=False)
+        logits = None
+        graphs = self.backend.graphs
+        if graphs is not None:                 # the path decode runs: a graph replay (None: eager)
+            self.backend.use_cache(self.cache)
+            pos = len(self.tokens)
+            if len(tokens) == 1:
+                one = graphs.step(tokens[0], pos)
+                logits = None if one is None else one.unsqueeze(0).clone()
+            else:
+                rows = graphs.verify(tokens, pos)
+                logits = None if rows is None else rows.clone()
+        if logits is None:
+            logits = self.backend.forward(self._tensor(tokens), len(self.tokens), last_only=False)
         self.tokens.extend(tokens)
         self._last_logits = logits[-1]
         return logits

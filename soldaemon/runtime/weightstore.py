@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from ..policy.residency import ForwardRecord, Heatmap, ResidencyPlan, UnitInfo, plan_residency
-from .prefetch import Copier, CopyJob, PrefetchStats, StreamCopier, ThreadCopier, wait_copy
+from .prefetch import Copier, CopyJob, PrefetchStats, StreamCopier, ThreadCopier, order_after, wait_copy
 
 log = logging.getLogger("soldaemon.residency")
 
@@ -252,7 +252,11 @@ class WeightStore:
     def _drain(self) -> None:
         """Wait for every copy in flight (before slots are freed or re-planned)."""
         for job in self._jobs:
-            if job is not None:
+            if job is None:
+                continue
+            if job.cuda_event is not None:
+                job.cuda_event.synchronize()   # outside any forward: slots are about to be freed
+            else:
                 wait_copy(job, None)
 
     # -- idle release, restore, pinning -------------------------------------------
@@ -339,6 +343,10 @@ class WeightStore:
         if job is None or job.layer != i or job.variant != v or job.cancelled:
             outcome = "miss"
             job = self._copy_now(i, v, slot)
+        elif self.cuda:
+            # the compute stream waits on the copy's event below: no host wait,
+            # no fallback copy (a second copy of the same bytes would only queue)
+            outcome = "hit" if job.ready() else "late"
         elif not job.ready():
             if wait_copy(job, self.fallback_timeout_s):
                 outcome = "late"
@@ -348,8 +356,8 @@ class WeightStore:
         if not job.used:   # a copy's bytes are counted at its first use
             nbytes = self._layer_copy_bytes(i, v)
             job.used = True
-        if self.cuda and job.cuda_event is not None:
-            torch.cuda.current_stream(self.device).wait_event(job.cuda_event)
+        if self.cuda:
+            order_after(job, torch.cuda.current_stream(self.device))
         stall = (time.perf_counter() - t0) * 1e3
         fields = {n: t for u in self._layer_units[i] for n, t in
                   (self.units[u].tensors[v].items() if self.units[u].resident else
@@ -440,7 +448,10 @@ class WeightStore:
         old = self._jobs[slot]
         if old is not None:
             old.cancelled = True
-            wait_copy(old, None)   # it may be mid-copy into this slot
+            if self.cuda:          # it may be mid-copy into this slot: the copy below queues after it
+                order_after(old, torch.cuda.current_stream(self.device))
+            else:
+                wait_copy(old, None)
         srcs = self._sources(i, v)
         job = CopyJob(i, v, slot, -1.0, views=self._views(self._slots[slot], srcs))
         for name, src in srcs:

@@ -102,6 +102,7 @@ SHAPES: dict[str, dict[str, int]] = {
     "1.5b": {"hidden": 1536, "intermediate": 8960, "layers": 28, "heads": 12, "kv_heads": 2},
 }
 SHAPE_VOCAB = 151936
+SHAPE_SCALE = 4.0     # the tiny model's factor on every matrix
 
 
 def build_shaped_model(path: str | Path, shape: str, *, layers: int | None = None, dtype: str = "bfloat16",
@@ -109,8 +110,9 @@ def build_shaped_model(path: str | Path, shape: str, *, layers: int | None = Non
     """Write a random-weight Qwen2 model of Qwen2.5-Coder's ``shape`` (a key
     of :data:`SHAPES`; ``layers`` overrides its depth) with the tiny
     tokenizer to ``path`` (idempotent) and return it. Weights follow
-    transformers' initialization (normal, std 0.02), tied embeddings as in
-    the released models, stored in ``dtype``: the bytes a decode step reads
+    transformers' initialization (normal, std 0.02) with every matrix
+    scaled by :data:`SHAPE_SCALE` as the tiny model's are, tied embeddings
+    as in the released models, stored in ``dtype``: the bytes a decode step reads
     are the real model's, the text is gibberish."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -130,9 +132,18 @@ def build_shaped_model(path: str | Path, shape: str, *, layers: int | None = Non
         torch.manual_seed(seed)
         device = "cuda" if torch.cuda.is_available() else "cpu"
         with torch.device(device):                 # initializing 1.5B weights is seconds on a GPU
-            return Qwen2ForCausalLM(config).to(getattr(torch, dtype))
+            model = Qwen2ForCausalLM(config)
+            # as the tiny model: transformers' init (std 0.02) gives logits of
+            # ~N(0, 0.6) whose top two are often within bfloat16's rounding; the
+            # matrices scaled by SHAPE_SCALE make greedy decoding decisive
+            with torch.no_grad():
+                for p in model.parameters():
+                    if p.dim() == 2:
+                        p.mul_(SHAPE_SCALE)
+            return model.to(getattr(torch, dtype))
 
-    return _build(path, "shaped.json", {"shape": shape, **s, "dtype": dtype, "seed": seed}, make)
+    return _build(path, "shaped.json", {"shape": shape, **s, "dtype": dtype, "seed": seed, "scale": SHAPE_SCALE},
+                  make)
 
 
 if __name__ == "__main__":  # python -m soldaemon.testing.tiny DIR

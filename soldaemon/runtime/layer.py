@@ -1,0 +1,197 @@
+"""The decoder layer, written once: the eager forward (:mod:`.backend`) and
+the static graph step (:mod:`.cudagraph`) both run :func:`decoder_layer`.
+
+Grouped-query attention (``H`` query heads share ``KV`` key/value heads,
+``G = H // KV`` per group) runs without repeating K/V per query head: the
+queries of one group are stacked into one matrix ``[KV, G*T, hd]`` and
+attend to their group's keys ``[KV, S, hd]`` — a plain multi-head attention
+with ``KV`` heads, which every SDPA backend takes with a mask. (PyTorch's
+``enable_gqa=True`` with a mask is served by the math kernel only on CUDA:
+K/V repeated for every head, fp32 intermediates.) The mask for ``T`` rows
+``[T, S]`` is tiled to ``[G*T, S]`` once per forward (:func:`group_mask`).
+
+A fresh prompt (causal, no mask) keeps SDPA's own ``is_causal`` with
+``enable_gqa`` (flash attention takes both).
+
+Which SDPA backend serves each kind of call is decided once per (device,
+dtype, masked) by :func:`torch._fused_sdp_choice` and recorded in
+:data:`ATTENTION_LOG` (kind, bucket → backend, calls); where it would be the
+math kernel on CUDA, a batched-matmul attention with the same mask (fp32
+softmax) runs instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger("soldaemon.attention")
+
+_BACKEND_NAMES = {-1: "error", 0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
+GROUPED_MATMUL = "grouped-matmul"
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm as the model computes it: the statistics in float32."""
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding (rotate-half form); x [heads, T, hd], cos/sin [T, hd]."""
+    return x * cos + rotate_half(x) * sin
+
+
+def causal_mask(pos: int, T: int, S: int, device: torch.device) -> torch.Tensor:
+    """bool [T, S]: row i (at position pos+i) sees positions 0 … pos+i."""
+    return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=pos)
+
+
+def group_mask(mask: torch.Tensor | None, groups: int) -> torch.Tensor | None:
+    """A [T, S] mask for the grouped queries [G*T, S] (row g*T + t is query
+    head g of the group at row t); T = 1 broadcasts as it is."""
+    if mask is None or mask.shape[0] == 1:
+        return mask
+    return mask.repeat(groups, 1)
+
+
+@dataclass
+class AttentionLog:
+    """Which attention kernel ran for which (kind, bucket): ``choices`` maps
+    (device type, dtype, masked) to the backend chosen once; ``calls``
+    counts forwards per (kind, bucket, backend)."""
+
+    choices: dict[tuple[str, str, bool], str] = field(default_factory=dict)
+    calls: dict[tuple[str, int, str], int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def note(self, kind: str, bucket: int, backend: str) -> None:
+        """One forward of ``kind`` over ``bucket`` positions (an eager
+        forward's exact length is rounded up to a power of two from 256)."""
+        if not kind.startswith("graph"):
+            bucket = max(256, 1 << (bucket - 1).bit_length())
+        key = (kind, bucket, backend)
+        with self.lock:
+            new = key not in self.calls
+            self.calls[key] = self.calls.get(key, 0) + 1
+        if new:
+            log.info("attention: %s over %d positions runs %s", kind, bucket, backend)
+
+    def summary(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [{"kind": k, "bucket": b, "backend": be, "forwards": n}
+                    for (k, b, be), n in sorted(self.calls.items())]
+
+
+ATTENTION_LOG = AttentionLog()
+
+
+def _choose(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> str:
+    """The SDPA backend for this kind of call (decided once per device,
+    dtype and masked-or-not), or GROUPED_MATMUL where SDPA would run its
+    math kernel on CUDA."""
+    key = (q.device.type, str(q.dtype), mask is not None)
+    found = ATTENTION_LOG.choices.get(key)
+    if found is not None:
+        return found
+    try:
+        code = int(torch._fused_sdp_choice(q, k, k, attn_mask=mask, dropout_p=0.0, is_causal=causal))
+    except (RuntimeError, AttributeError, TypeError):  # an older or newer torch without the probe
+        code = -1
+    name = _BACKEND_NAMES.get(code, str(code))
+    if q.device.type == "cuda" and name in ("math", "error"):
+        name = GROUPED_MATMUL
+    ATTENTION_LOG.choices[key] = name
+    return name
+
+
+def grouped_attention(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, scale: float,
+                      mask: torch.Tensor | None, *, kind: str = "", bucket: int = 0) -> torch.Tensor:
+    """q [H, T, hd] attends to keys/vals [KV, S, hd] (H a multiple of KV)
+    under ``mask`` (bool [G*T, S] or [1, S] from :func:`group_mask`, True =
+    attend; None: every key). Returns [H, T, hd]."""
+    H, T, hd = q.shape
+    KV, S, _ = keys.shape
+    G = H // KV
+    qg = q.reshape(KV, G * T, hd).unsqueeze(0)           # [1, KV, G*T, hd]
+    k4, v4 = keys.unsqueeze(0), vals.unsqueeze(0)
+    backend = _choose(qg, k4, mask, False)
+    if kind:
+        ATTENTION_LOG.note(kind, bucket or S, backend)
+    if backend == GROUPED_MATMUL:
+        scores = torch.matmul(qg[0], keys.transpose(1, 2)).float() * scale     # [KV, G*T, S]
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        o = torch.matmul(scores.softmax(-1).to(vals.dtype), vals)              # [KV, G*T, hd]
+    else:
+        o = F.scaled_dot_product_attention(qg, k4, v4, attn_mask=mask, scale=scale)[0]
+    return o.reshape(H, T, hd)
+
+
+def causal_attention(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, scale: float) -> torch.Tensor:
+    """A fresh prompt: q [H, T, hd] over its own keys [KV, T, hd], causal."""
+    ATTENTION_LOG.note("prompt", keys.shape[1], "sdpa-causal-gqa")
+    return F.scaled_dot_product_attention(q.unsqueeze(0), keys.unsqueeze(0), vals.unsqueeze(0),
+                                          is_causal=True, scale=scale, enable_gqa=True)[0]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a layer needs of the model besides its weights."""
+
+    n_heads: int
+    n_kv: int
+    head_dim: int
+    eps: float
+    scale: float
+
+
+def decoder_layer(shape: Shape, w: Any, x: torch.Tensor, lin: Any, cos: torch.Tensor, sin: torch.Tensor,
+                  k_cache: torch.Tensor, v_cache: torch.Tensor, at: int | torch.Tensor, window: int,
+                  mask: torch.Tensor | None, *, causal: bool = False, q_out: torch.Tensor | None = None,
+                  q_row: torch.Tensor | None = None, kind: str = "", bucket: int = 0) -> torch.Tensor:
+    """One decoder layer on x [T, D] (``w``: the layer's
+    :class:`~.backend.LayerWeights`): writes its K/V into this layer's cache
+    [KV, n_ctx, hd] at positions ``at`` (an int: at … at+T-1, sliced; a
+    long tensor [T]: ``index_copy_``, the graph step's static form), attends
+    over the first ``window`` positions under ``mask`` (grouped, see
+    :func:`group_mask`; ``causal``: a fresh prompt, no mask). ``q_out``
+    [H, hd]: receives the query of row ``q_row`` (a long tensor [1]; None:
+    the last row) — KV folding's input."""
+    T = x.shape[0]
+    H, KV, hd = shape.n_heads, shape.n_kv, shape.head_dim
+    dt = x.dtype
+    h = lin.prepare(rms_norm(x, w.ln1, shape.eps))        # cast/quantized once for q, k, v
+    q = lin.multiply(h, w.wq, w.bq, w.sq, dt).view(T, H, hd).transpose(0, 1)     # [H, T, hd]
+    k = lin.multiply(h, w.wk, w.bk, w.sk, dt).view(T, KV, hd).transpose(0, 1)    # [KV, T, hd]
+    v = lin.multiply(h, w.wv, w.bv, w.sv, dt).view(T, KV, hd).transpose(0, 1)
+    q = rope(q, cos, sin)
+    k = rope(k, cos, sin)
+    if q_out is not None:
+        q_out.copy_(q[:, -1] if q_row is None else q.index_select(1, q_row)[:, 0])   # [H, hd]
+    if isinstance(at, int):
+        k_cache[:, at:at + T] = k
+        v_cache[:, at:at + T] = v
+    else:
+        k_cache.index_copy_(1, at, k)
+        v_cache.index_copy_(1, at, v)
+    keys, vals = k_cache[:, :window], v_cache[:, :window]  # [KV, window, hd]
+    if causal:
+        o = causal_attention(q, keys, vals, shape.scale)
+    else:
+        o = grouped_attention(q, keys, vals, shape.scale, mask, kind=kind, bucket=bucket)
+    x = x + lin(o.transpose(0, 1).reshape(T, H * hd), w.wo, w.bo, w.so)
+    h = lin.prepare(rms_norm(x, w.ln2, shape.eps))        # once for gate and up
+    gu = F.silu(lin.multiply(h, w.wg, None, w.sg, dt)) * lin.multiply(h, w.wu, None, w.su, dt)
+    return x + lin(gu, w.wd, None, w.sd)

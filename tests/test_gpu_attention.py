@@ -1,0 +1,123 @@
+"""Issue 27.2: grouped-query attention without repeating K/V per query head
+(runtime/layer.py), one decoder layer for the eager forward and the graph
+step, numerics against the reference at several buckets up to 4096
+positions, with masks. On the CPU; the ``gpu`` tests repeat the graph
+checks on a CUDA device, in bfloat16, and check no call ran SDPA's math
+kernel there."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+from soldaemon.runtime import layer
+from soldaemon.runtime.backend import LeanBackend
+from soldaemon.runtime.cudagraph import GraphDecoder
+from soldaemon.runtime.layer import ATTENTION_LOG, causal_mask, group_mask, grouped_attention
+from soldaemon.runtime.session import KVSession
+from soldaemon.testing.tiny import build_tiny_model
+
+N_CTX = 4160          # buckets 256 … 4096 and 4160
+
+
+def _reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                         mask: torch.Tensor | None) -> torch.Tensor:
+    """The textbook form: K/V repeated per query head, float64 softmax."""
+    G = q.shape[0] // k.shape[0]
+    k, v = k.repeat_interleave(G, 0).double(), v.repeat_interleave(G, 0).double()
+    s = q.double() @ k.transpose(1, 2) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    return (s.softmax(-1) @ v).to(q.dtype)
+
+
+@pytest.mark.parametrize("S", [256, 1024, 4096])
+@pytest.mark.parametrize("T", [1, 9])
+def test_grouped_attention_is_attention_with_repeated_heads(S: int, T: int) -> None:
+    gen = torch.Generator().manual_seed(S + T)
+    H, KV, hd = 14, 2, 64                        # Qwen2.5-Coder-0.5B's heads
+    q, k, v = (torch.randn(n, T if n == H else S, hd, generator=gen) for n in (H, KV, KV))
+    pos = S - T - 7                              # rows at pos … pos+T-1: the last 7 keys are padding
+    mask = causal_mask(pos, T, S, q.device)
+    out = grouped_attention(q, k, v, hd ** -0.5, group_mask(mask, H // KV))
+    ref = _reference_attention(q, k, v, hd ** -0.5, mask)
+    assert out.shape == (H, T, hd)
+    assert torch.allclose(out, ref, atol=2e-5, rtol=1e-4), float((out - ref).abs().max())
+    # a head attends to its own group's keys: a wrong grouping is caught
+    wrong = grouped_attention(q.flip(0), k, v, hd ** -0.5, group_mask(mask, H // KV)).flip(0)
+    assert not torch.allclose(wrong, ref, atol=1e-3)
+
+
+def test_the_batched_matmul_fallback_is_the_same_attention(monkeypatch: pytest.MonkeyPatch) -> None:
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(8, 9, 32, generator=gen), torch.randn(2, 300, 32, generator=gen), torch.randn(2, 300, 32, generator=gen)
+    mask = causal_mask(280, 9, 300, q.device)
+    sdpa = grouped_attention(q, k, v, 0.2, group_mask(mask, 4))
+    monkeypatch.setattr(layer, "_choose", lambda *a: layer.GROUPED_MATMUL)
+    mm = grouped_attention(q, k, v, 0.2, group_mask(mask, 4))
+    assert torch.allclose(sdpa, mm, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tmp_path_factory: pytest.TempPathFactory) -> object:
+    from transformers import AutoModelForCausalLM
+
+    path = build_tiny_model(tmp_path_factory.mktemp("tiny"), kv_heads=1)   # 4 query heads on 1 KV head
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def _reference_logits(hf: object, ids: list[int]) -> torch.Tensor:
+    x = torch.tensor([ids], device=hf.device)  # type: ignore[attr-defined]
+    with torch.inference_mode():
+        return hf(input_ids=x, use_cache=False).logits[0].float()  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")])])
+def test_eager_and_graph_paths_match_transformers_at_every_bucket(tiny_hf: object, device: str) -> None:
+    """Positions in the 256, 1024 and 4096 buckets: a masked 9-row verify
+    (eager and graphed), a decode step (eager and graphed), all against
+    transformers' own forward of the whole sequence."""
+    hf = tiny_hf if device == "cpu" else copy.deepcopy(tiny_hf).to("cuda")  # type: ignore[attr-defined]
+    backend = LeanBackend(hf, N_CTX)
+    graphs = GraphDecoder(backend, emulate=device == "cpu")
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(10, backend.vocab_size, (4100,), generator=gen).tolist()
+    ref = _reference_logits(hf, ids).to(backend.device)
+    tol = 2e-3 * float(ref.abs().max())
+    session = KVSession(backend)
+    seen_buckets = set()
+    for pos in (200, 1000, 4075):
+        backend.graphs = None
+        session.truncate(0)
+        session.prefill(ids[:pos])
+        for name, g in (("eager", None), ("graphs", graphs)):
+            backend.graphs = g
+            replays = (graphs.replays, graphs.verify_replays)
+            rows = session.verify(ids[pos:pos + 9])
+            session.truncate(pos)
+            step = session.decode_step(ids[pos])
+            session.truncate(pos)
+            assert float((rows - ref[pos:pos + 9]).abs().max()) < tol, (name, pos)
+            assert float((step - ref[pos]).abs().max()) < tol, (name, pos)
+            if g is not None:                    # the graph path really ran, at this bucket
+                assert (graphs.replays, graphs.verify_replays) == (replays[0] + 1, replays[1] + 1)
+                seen_buckets.add(graphs._bucket(pos + 15))   # the 9 rows pad to 16
+    assert seen_buckets == {256, 1024, 4096}
+    kinds = {(r["kind"], r["bucket"]) for r in ATTENTION_LOG.summary()}
+    assert {("graph-step", 4096), ("graph-verify", 4096)} <= kinds
+    if device == "cuda":                          # never SDPA's math kernel on CUDA
+        assert "math" not in {c for (dev, _, _), c in ATTENTION_LOG.choices.items() if dev == "cuda"}
+
+
+def test_the_layer_is_written_once() -> None:
+    """The eager forward and the graph step run runtime/layer.py's layer:
+    neither module calls SDPA or the norm/rotary math itself."""
+    root = Path(__file__).resolve().parents[1] / "soldaemon" / "runtime"
+    for name in ("backend.py", "cudagraph.py"):
+        text = (root / name).read_text()
+        assert "scaled_dot_product_attention" not in text and "_rotate_half" not in text and "_rms(" not in text
+        assert "decoder_layer(" in text
