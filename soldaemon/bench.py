@@ -80,8 +80,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "target+draft pair (qwen2.5-coder-1.5b+qwen2.5-coder-0.5b); llama.cpp then runs each "
                         "target's own GGUF")
     p.add_argument("--functional", action="store_true",
-                   help="--quality: holes CPython's own tests can judge (pass@1 beside exact match): cut from "
-                        "standard-library modules, each checked to matter (soldaemon/functional.py)")
+                   help="--quality: holes their own project's tests can judge (pass@1 beside exact match): cut "
+                        "from more-itertools (its PyPI sdist's tests) and standard-library modules (CPython's "
+                        "tests), each checked to matter (soldaemon/functional.py)")
+    p.add_argument("--hole-kinds", nargs="+", choices=("line", "block"),
+                   help="--quality: the kinds of hole to cut, taken in turn (default: line block)")
     p.add_argument("--context", choices=("none", "siblings"), default="none",
                    help="--quality: siblings: also run the daemon with the other source files of each hole's "
                         "directory as context chunks, chosen by relevance and (ablation) as sent")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from soldaemon.functional import FunctionalHole, available_modules, cached_holes, find_holes, passes
 
 
@@ -34,3 +36,28 @@ def test_the_hole_list_is_cached(tmp_path: Path) -> None:
     again = cached_holes(2, 0, cache, modules=["textwrap"])
     assert again == first and cache.read_text() == cache_text
     assert all(isinstance(h, FunctionalHole) for h in again)
+
+
+@pytest.mark.slow
+def test_a_tested_project_from_pypi_judges_its_own_holes(tmp_path: Path, monkeypatch) -> None:
+    """more-itertools' own tests (its sdist, fetched once) tell a right block from a wrong one."""
+    from soldaemon import functional
+
+    monkeypatch.setenv("SOLDAEMON_CACHE_DIR", str(tmp_path))
+    holes = find_holes(2, modules=["more_itertools.recipes"], kinds=("block",))
+    assert len(holes) == 2
+    for fh in holes:
+        assert fh.hole.kind == "block" and fh.test_module == "tests.test_recipes"
+        assert fh.hole.file.endswith("more_itertools/recipes.py")
+        assert passes(fh, fh.hole.expected), fh.hole
+        assert not passes(fh, "pass"), fh.hole
+    assert functional.project_root(functional.PROJECTS["more_itertools.recipes"], fetch=False) is not None
+
+
+def test_hole_kinds_are_kept_apart_in_the_cache(tmp_path: Path) -> None:
+    cache = tmp_path / "holes.json"
+    blocks = cached_holes(2, 0, cache, modules=["textwrap"], kinds=("block",))
+    assert [h.hole.kind for h in blocks] == ["block", "block"]
+    lines = cached_holes(2, 0, cache, modules=["textwrap"], kinds=("line",))
+    assert [h.hole.kind for h in lines] == ["line", "line"]
+    assert cached_holes(2, 0, cache, modules=["textwrap"], kinds=("line",)) == lines

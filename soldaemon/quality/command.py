@@ -50,12 +50,15 @@ def run(args: argparse.Namespace, config: Config) -> int:
     if getattr(args, "functional", False):
         from ..functional import cached_holes
 
-        cache = paths.cache_dir() / f"functional-holes-py{sys.version_info[0]}{sys.version_info[1]}.json"
-        functional = cached_holes(n_holes, args.seed, cache, say=say)
+        kinds = tuple(getattr(args, "hole_kinds", None) or ("line", "block"))
+        cache = (paths.cache_dir() / f"functional-holes-py{sys.version_info[0]}{sys.version_info[1]}"
+                 f"-{'+'.join(kinds)}.json")
+        functional = cached_holes(n_holes, args.seed, cache, kinds=kinds, say=say)
         holes = [fh.hole for fh in functional]
         files = sorted({Path(h.file) for h in holes})
     else:
-        holes = cut_holes(files, n_holes, args.seed)
+        holes = cut_holes(files, n_holes, args.seed, kinds=tuple(getattr(args, "hole_kinds", None)
+                                                                  or ("line", "block")))
     if not holes:
         raise BadRequest("--corpus: no holes could be cut (no parsable Python with function bodies)")
     models = model_configs(config, list(getattr(args, "models", None) or []))
