@@ -50,10 +50,10 @@ def run(args: argparse.Namespace, config: Config) -> int:
     if getattr(args, "functional", False):
         from ..functional import cached_holes
 
-        kinds = tuple(getattr(args, "hole_kinds", None) or ("line", "block"))
+        hole_kinds = tuple(getattr(args, "hole_kinds", None) or ("line", "block"))
         cache = (paths.cache_dir() / f"functional-holes-py{sys.version_info[0]}{sys.version_info[1]}"
-                 f"-{'+'.join(kinds)}.json")
-        functional = cached_holes(n_holes, args.seed, cache, kinds=kinds, say=say)
+                 f"-{'+'.join(hole_kinds)}.json")
+        functional = cached_holes(n_holes, args.seed, cache, kinds=hole_kinds, say=say)
         holes = [fh.hole for fh in functional]
         files = sorted({Path(h.file) for h in holes})
     else:
