@@ -82,8 +82,9 @@ def _budget_config(tmp_path: Path, path: Path) -> Path:
     from soldaemon.config import config_from_dict
     from soldaemon.runtime.engine import load_engine
 
-    model = {"path": str(path), "max_context": 2048, "kv_sessions": 1}
-    # the daemon's own engine (its kernel plan, its weight sizes)
+    # one kernel plan for the sizing engine and the bench's (which runs with --threads 1,
+    # another timing table): the layer bytes the budget is made of are the bench's own
+    model = {"path": str(path), "max_context": 2048, "kv_sessions": 1, "precision": "float32"}
     plain = load_engine(config_from_dict({"model": model, "device": {"device": "cpu"}}), progress=False)
     assert plain.memory is not None
     store = plain.memory.store
@@ -92,7 +93,8 @@ def _budget_config(tmp_path: Path, path: Path) -> Path:
               + (store.prefetch_depth + 2) * store.slot_bytes + store.n_layers // 2 * per_layer)
     plain.close()
     cfg = tmp_path / "sol_config.yaml"
-    cfg.write_text(f"model:\n  max_context: 2048\n  kv_sessions: 1\nsol:\n  memory_budget: {budget / 2**20:.2f}MB\n")
+    cfg.write_text(f"model:\n  max_context: 2048\n  kv_sessions: 1\n  precision: float32\n"
+                   f"sol:\n  memory_budget: {budget / 2**20:.2f}MB\n")
     return cfg
 
 

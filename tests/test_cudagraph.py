@@ -101,22 +101,33 @@ def test_graph_decode_matches_eager_on_cuda(tiny_hf: object) -> None:
 
 def test_gpu_latency_script_runs_its_cpu_mode(tmp_path: Path) -> None:
     """scripts/gpu_latency.py is what a GPU machine runs: keep it working
-    (here on the CPU with the tiny model, where graphs are unavailable)."""
+    (here on the CPU with the tiny model, where graphs are unavailable).
+
+    Its eager tokens equal float32 ``generate()``'s only under the float32
+    plan: the plan is pinned (``model.precision: float32`` in the config the
+    script reads), not left to the kernel timings measured at start, which a
+    busy machine can turn into a bfloat16 or int8 plan."""
     import json
+    import os
     import subprocess
     import sys
 
     model = build_tiny_model(tmp_path / "tiny")
     out = tmp_path / "lat.json"
+    config = tmp_path / "sol_config.yaml"
+    config.write_text("model:\n  precision: float32\n")
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, str(root / "scripts" / "gpu_latency.py"), "--model", str(model),
                            "--device", "cpu", "--holes", "2", "--tokens", "4", "--lines", "1", "--prefill-tokens", "64",
                            "--json", str(out)],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                          env={**os.environ, "SOLDAEMON_CONFIG": str(config)})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "CUDA graphs: unavailable" in proc.stdout and "sol-eager" in proc.stdout
     data = json.loads(out.read_text())
-    assert data["summary"]["sol-eager"]["same_tokens"] == 2      # eager lean path = generate()
+    plan = data["plan"]
+    assert plan["precision"] == "float32" and {plan[k] for k in ("storage", "prefill", "short", "head")} == {"float32"}
+    assert data["summary"]["sol-eager"]["same_tokens"] == 2      # eager lean path = generate(), same math
     assert "sol-graphs" not in data["summary"] and data["trace"]["keystrokes"] > 5
 
 

@@ -19,10 +19,11 @@ from tests.fixtures.daemon import FAKE_ENGINE, Daemon
 @pytest.mark.asyncio
 async def test_the_daemon_exits_after_idle_exit_s_without_a_connection(start_daemon: Any) -> None:
     d: Daemon = start_daemon(args=["--engine", FAKE_ENGINE, "--idle-exit-s", "1"])
-    async with await d.connect():
-        await asyncio.sleep(2.0)                 # connected: it stays
-        assert d.proc.poll() is None
-    t0 = time.monotonic()
+    ws = await d.connect()
+    await asyncio.sleep(2.0)                     # connected: it stays
+    assert d.proc.poll() is None
+    t0 = time.monotonic()                        # before the close: the daemon cannot have seen it yet
+    await ws.close()
     while d.proc.poll() is None and time.monotonic() - t0 < 20:
         await asyncio.sleep(0.1)
     assert d.proc.returncode == 0, d.stderr()[-2000:]           # a graceful exit, as on SIGTERM

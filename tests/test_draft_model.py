@@ -87,14 +87,15 @@ def test_draft_cache_follows_the_history(hf: tuple[object, object]) -> None:
 
 def test_engine_loads_the_draft_model(models: tuple[Path, Path]) -> None:
     target, draft = models
-    config = config_from_dict({"model": {"path": str(target), "draft_model": str(draft), "max_context": 2048},
-                               "device": {"device": "cpu"}})
+    # one pinned plan for both engines: the pair's tokens are compared with the plain engine's
+    config = config_from_dict({"model": {"path": str(target), "draft_model": str(draft), "max_context": 2048,
+                                         "precision": "float32"}, "device": {"device": "cpu"}})
     engine = load_engine(config, progress=False)
     assert engine.draft_model is not None and engine.info()["drafter"] == "draft model"
     assert engine.draft_model_length is not None and engine.draft_model_length.draft_ms > 0
     req = CompletionRequest(id="a", prefix="def f(x):\n    return x", suffix="\n", max_tokens=12)
     done = [e for e in engine.complete(req, CancelToken()) if isinstance(e, Done)][0]
-    plain = load_engine(config_from_dict({"model": {"path": str(target), "max_context": 2048},
+    plain = load_engine(config_from_dict({"model": {"path": str(target), "max_context": 2048, "precision": "float32"},
                                           "device": {"device": "cpu"}, "completion": {"speculative": False}}),
                         progress=False)
     ref = [e for e in plain.complete(req, CancelToken()) if isinstance(e, Done)][0]
@@ -114,29 +115,33 @@ def test_a_draft_model_with_another_vocabulary_is_refused(models: tuple[Path, Pa
 
 def test_the_residency_planner_makes_room_for_the_draft(models: tuple[Path, Path]) -> None:
     """Under sol.memory_budget the pair is planned together: a budget that
-    holds the target whole holds the draft too only by offloading layers."""
+    holds the target whole holds the draft too only by offloading layers.
+
+    Every size the budget is made of comes from the engine under test (the
+    same pair, unbudgeted), and every engine here runs one pinned kernel
+    plan: a plan measured anew per engine (on a busy machine, another one)
+    would change the weight bytes between the sizing and the budgeted run."""
     target, draft = models
-    base = {"model": {"path": str(target), "max_context": 2048}, "device": {"device": "cpu"}}
-    plain = load_engine(config_from_dict(base), progress=False)
-    assert plain.memory is not None
-    store = plain.memory.store
-    kv = plain.backend.kv_bytes_per_session * plain.config.model.kv_sessions
-    layer = (store.device_bytes() - store.fixed_bytes) // len(plain.backend.layers)  # type: ignore[attr-defined]
+    base = {"model": {"path": str(target), "max_context": 2048, "precision": "float32"}, "device": {"device": "cpu"}}
+    pair_config = {**base, "model": {**base["model"], "draft_model": str(draft)}}
+    sized = load_engine(config_from_dict(pair_config), progress=False)
+    assert sized.memory is not None and sized.draft_model is not None
+    store = sized.memory.store
+    kv = sized.backend.kv_bytes_per_session * sized.config.model.kv_sessions
+    layer = (store.device_bytes() - store.fixed_bytes) // len(sized.backend.layers)  # type: ignore[attr-defined]
     whole = store.device_bytes() + kv
-    plain.close()
-    small = load_engine(config_from_dict({**base, "model": {**base["model"], "path": str(draft)}}), progress=False)
-    draft_bytes = small.backend.weight_bytes() + small.backend.kv_bytes_per_session
-    small.close()
+    draft_bytes = sized.memory.kv_reserve_bytes - kv          # what this engine keeps beside the target for its draft
+    sized.close()
+    assert draft_bytes > layer // 2
     # room for the target whole, or for the pair with about one target layer offloaded
     mb = (whole + draft_bytes - layer // 2) / 2**20
     budget = {"memory_budget": f"{mb:.3f}MB", "prefetch_depth": 1}
     alone = load_engine(config_from_dict({**base, "sol": budget}), progress=False)
     assert alone.diagnosis()["offloaded_layers"] == 0
     alone.close()
-    pair = load_engine(config_from_dict({**base, "sol": budget,
-                                         "model": {**base["model"], "draft_model": str(draft)}}), progress=False)
+    pair = load_engine(config_from_dict({**pair_config, "sol": budget}), progress=False)
     assert pair.draft_model is not None and pair.memory is not None
-    assert pair.memory.kv_reserve_bytes > kv
+    assert pair.memory.kv_reserve_bytes == kv + draft_bytes
     assert pair.diagnosis()["offloaded_layers"] > 0
     req = CompletionRequest(id="a", prefix="def f(x):\n    return x", suffix="\n", max_tokens=8)
     assert [e for e in pair.complete(req, CancelToken()) if isinstance(e, Done)][0].items

@@ -163,7 +163,10 @@ ENGINE_SUFFIX = "\n    return result\n"
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> LocalEngine:
     path = build_tiny_model(tmp_path_factory.mktemp("tiny"))
-    config = config_from_dict({"model": {"path": str(path), "max_context": 2048}, "device": {"device": "cpu"}})
+    # the float32 plan, pinned: the tiny model's text (which these tests rely on) must not
+    # depend on the kernel timings a busy machine measured at load
+    config = config_from_dict({"model": {"path": str(path), "max_context": 2048, "precision": "float32"},
+                               "device": {"device": "cpu"}})
     return load_engine(config, progress=False)
 
 

@@ -334,7 +334,8 @@ def test_slow_engine_times_out(tiny_tokenizer: Any, scripted: ScriptedEngine) ->
     t0 = time.monotonic()
     with pytest.raises(RemoteTimeout, match="did not answer within 0.3 s") as info:
         _run(engine, _req())
-    assert info.value.retryable and time.monotonic() - t0 < 1.5
+    # before the hanging engine would have answered (3 s): the timeout ended it, not the answer
+    assert info.value.retryable and time.monotonic() - t0 < 2.5
 
 
 def test_cancel_while_waiting_for_the_engines_answer(tiny_tokenizer: Any, scripted: ScriptedEngine) -> None:
@@ -344,7 +345,8 @@ def test_cancel_while_waiting_for_the_engines_answer(tiny_tokenizer: Any, script
     threading.Timer(0.2, cancel.cancel).start()
     t0 = time.monotonic()
     _, done = _run(engine, _req(), cancel)
-    assert done.finish_reason == "cancelled" and time.monotonic() - t0 < 1.0
+    # before the hanging engine would have answered (3 s): the cancel ended the wait
+    assert done.finish_reason == "cancelled" and time.monotonic() - t0 < 2.5
     assert engine.backoff.failures == 0  # a cancel is not the engine's failure
 
 
@@ -354,11 +356,10 @@ def test_refused_backs_off_then_recovers(tiny_tokenizer: Any) -> None:
     with pytest.raises(RemoteUnavailable, match="connection refused") as info:
         _run(engine, _req())
     assert info.value.retryable
-    # at once again: no connection attempt, the back-off answers
-    t0 = time.monotonic()
+    # at once again: no connection attempt, the back-off answers (its message says so;
+    # no wall-clock bound, which a busy machine could break)
     with pytest.raises(RemoteUnavailable, match="backing off"):
         _run(engine, _req())
-    assert time.monotonic() - t0 < 0.1
     diag = engine.diagnosis()
     assert diag["remote_reachable"] is False and diag["remote_backoff_s"] > 0
     server = ScriptedEngine(port)  # the engine comes back on the same port
@@ -382,7 +383,8 @@ def test_cancel_closes_the_upstream_stream_at_once(tiny_tokenizer: Any, scripted
     cancel.cancel()
     rest = list(events)
     assert isinstance(rest[-1], Done) and rest[-1].finish_reason == "cancelled"
-    assert time.monotonic() - t0 < 0.5
+    # far before the 400-line cap (8 s of 20 ms chunks) would have ended the stream
+    assert time.monotonic() - t0 < 3.0
     # the engine notices: its next write fails (one 20 ms chunk later)
     assert scripted.client_gone.wait(2.0)
     assert engine.diagnosis()["remote_upstream_closed"] == 1
@@ -394,7 +396,8 @@ def test_budget_closes_the_upstream_stream(tiny_tokenizer: Any, scripted: Script
     t0 = time.monotonic()
     _, done = _run(engine, _req(prefix="PRIMES = [\n", suffix="", multiline="multi", max_tokens=2000,
                                 budget_ms=300, received_ns=time.perf_counter_ns()))
-    assert done.finish_reason == "budget" and 0.25 < time.monotonic() - t0 < 1.5
+    # not before the budget; far before the 400-line cap (8 s of 20 ms chunks)
+    assert done.finish_reason == "budget" and 0.25 < time.monotonic() - t0 < 4.0
     assert scripted.client_gone.wait(2.0)
     assert done.items and done.items[0].startswith("    0,\n    1,\n")  # what came before the budget ran out
 
@@ -656,7 +659,7 @@ def test_cancel_stops_the_real_engine(remote_daemon: Any, llama_server: LlamaSer
     busy, idle, cancel_s, done = asyncio.run(scenario())
     print(f"engine CPU {busy:.2f} CPU-s/s generating, {idle:.3f} after the cancel; cancel→done {cancel_s * 1000:.0f} ms")
     assert done["type"] == "done" and done["finish_reason"] == "cancelled", done
-    assert cancel_s < 1.0
+    assert cancel_s < 5.0               # the 1500 tokens would take minutes; a busy machine may take a second
     assert "Disconnected from client" in llama_server.log()
     assert busy > 0.2, f"the engine was not computing before the cancel ({busy:.2f} CPU-s/s)"
     assert idle < busy / 4, f"the engine kept computing after the cancel: {idle:.2f} vs {busy:.2f} CPU-s/s"

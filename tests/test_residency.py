@@ -236,7 +236,25 @@ def test_idle_release_restore_and_priority_pin(tiny_path: Path) -> None:
     mem.close()
 
 
-def test_heatmap_window_and_contents(tiny_path: Path) -> None:
+class FrozenClock:
+    """``time`` with a ``monotonic()`` the test moves: the heatmap's window
+    is judged on the test's clock, not on how long a busy machine took
+    between two forwards."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(time, name)
+
+
+def test_heatmap_window_and_contents(tiny_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FrozenClock()
+    monkeypatch.setattr("soldaemon.runtime.weightstore.time", clock)
+    monkeypatch.setattr("soldaemon.policy.residency.time", clock)
     b = _backend(tiny_path, half=False)
     store = _store(b, prefetch_depth=1, heatmap_window_s=0.5)
     ids = torch.arange(8)
@@ -249,7 +267,7 @@ def test_heatmap_window_and_contents(tiny_path: Path) -> None:
     rows = store.snapshot_heatmap()["layers"]
     assert {r["residency"] for r in rows} == {"resident", "offloaded"}
     assert all(r["calls"] == 4 for r in rows)
-    time.sleep(0.6)
+    clock.now += 0.6
     assert all(r["calls"] == 0 for r in store.snapshot_heatmap()["layers"])   # out of the window
     store.close()
 

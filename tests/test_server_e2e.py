@@ -23,14 +23,32 @@ from websockets.exceptions import ConnectionClosed
 from soldaemon.api import Delta, Done
 from soldaemon.protocol import ErrorFrame, decode_server
 from tests.fixtures.daemon import FAKE_ENGINE, REPO, Daemon, collect, complete, daemon_command, spawn
+from tests.fixtures.gate import ENV as GATE_ENV
+from tests.fixtures.gate import Gate
 
 LONG = {"max_tokens": 400, "multiline": "multi"}
+HELD_ENGINE = "tests.fixtures.held_engine:make_engine"
+
+
+def gate_of(daemon: Daemon) -> Gate:
+    return Gate(Path(daemon.env[GATE_ENV]))
+
+
+async def wait_held(daemon: Daemon, rid: str, timeout: float = 30.0) -> None:
+    """Until the engine holds ``rid``: it is on the worker and cannot end by itself."""
+    deadline = time.monotonic() + timeout
+    while rid not in gate_of(daemon).held():
+        assert time.monotonic() < deadline, f"{rid} was never held"
+        await asyncio.sleep(0.02)
 
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, engine_args: list[str]) -> Iterator[Daemon]:
-    d = spawn(tmp_path_factory.mktemp("e2e"), args=[*engine_args, "--port", "0"],
-              server={"rate_limit_per_s": 10_000})
+    """The real engine on the tiny model; a request on a ``/held/`` uri waits
+    on the worker until released or cancelled (tests/fixtures/held_engine.py)."""
+    tmp = tmp_path_factory.mktemp("e2e")
+    d = spawn(tmp, args=[*engine_args, "--engine", HELD_ENGINE, "--port", "0"],
+              server={"rate_limit_per_s": 10_000}, env={GATE_ENV: str(tmp / "gate")})
     assert isinstance(d, Daemon)
     yield d
     d.stop()
@@ -123,10 +141,13 @@ async def test_cancel_stops_within_one_decode_step(daemon: Daemon) -> None:
 
 @pytest.mark.asyncio
 async def test_supersede_same_document_same_connection(daemon: Daemon) -> None:
+    """"old" is held on the worker: only "new" can end it (superseded), however
+    quickly the model would have finished it; "new" itself is let through."""
+    gate_of(daemon).release("new")
     async with await daemon.connect() as ws:
-        doc = {"uri": "file:///sup.py", "suffix": "", **LONG}
+        doc = {"uri": "file:///held/sup.py", "suffix": "", **LONG}
         await ws.send(json.dumps({"type": "complete", "id": "old", "prefix": "def f():\n    ", **doc}))
-        await first_delta(ws, "old")
+        await wait_held(daemon, "old")
         await ws.send(json.dumps({"type": "complete", "id": "other-doc", "prefix": "x = ", "uri": "file:///b.py",
                                   "max_tokens": 4}))
         await ws.send(json.dumps({"type": "complete", "id": "new", "prefix": "def f():\n    r", **doc,
@@ -158,11 +179,13 @@ async def test_disconnect_cancels_its_work(daemon: Daemon) -> None:
     before = daemon.metric("sol_requests_total")
     cancelled_before = daemon.metric('sol_requests_total{kind="complete",outcome="cancelled"}')
     ws = await daemon.connect()
-    await ws.send(json.dumps({"type": "complete", "id": "gone", "prefix": "def g():\n    ", **LONG}))
+    # "gone" is held on the worker (it cannot end by itself before the disconnect)
+    await ws.send(json.dumps({"type": "complete", "id": "gone", "uri": "file:///held/gone.py",
+                              "prefix": "def g():\n    ", **LONG}))
     for i in range(3):  # queued behind it: must end without running
         await ws.send(json.dumps({"type": "complete", "id": f"q{i}", "uri": f"file:///{i}", "prefix": "y",
                                   **LONG}))
-    await first_delta(ws, "gone")
+    await wait_held(daemon, "gone")
     await ws.close()
     t0 = time.perf_counter()
     while daemon.health()["load"]["in_flight"]:

@@ -10,17 +10,21 @@ import asyncio
 import http.client
 import json
 import time
+from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
 from tests.fixtures.daemon import FAKE_ENGINE, Daemon, complete, spawn
+from tests.fixtures.gate import ENV as GATE_ENV
+from tests.fixtures.gate import Gate
 
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    d = spawn(tmp_path_factory.mktemp("hard"), args=["--engine", FAKE_ENGINE],
-              server={"rate_limit_per_s": 100_000})
+    tmp = tmp_path_factory.mktemp("hard")
+    d = spawn(tmp, args=["--engine", FAKE_ENGINE], server={"rate_limit_per_s": 100_000},
+              env={GATE_ENV: str(tmp / "gate")})
     assert isinstance(d, Daemon)
     yield d
     d.stop()
@@ -97,6 +101,13 @@ async def _send(ws: Any, rid: str, prefix: str, **fields: Any) -> None:
                               "uri": f"file:///w/{rid}.py", **fields}))
 
 
+async def _wait(predicate: Any, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await asyncio.to_thread(predicate):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
 async def _ends(ws: Any, count: int, log: list[tuple[float, str, str]], timeout: float = 60) -> None:
     async with asyncio.timeout(timeout):
         seen = 0
@@ -112,13 +123,20 @@ async def _ends(ws: Any, count: int, log: list[tuple[float, str, str]], timeout:
 async def test_round_robin_between_connections(daemon: Daemon, greedy_priority: str) -> None:
     """A connection with 12 queued requests and one with 1, same priority
     (or the greedy one claiming ``high`` for all): the lone request waits for
-    a few of the greedy one's, not all twelve."""
+    a few of the greedy one's, not all twelve. The first greedy request is
+    held on the worker until all thirteen are in: the order is the queue's
+    alone, not how many greedy requests a busy machine finished first."""
     ends: list[tuple[float, str, str]] = []
+    gate = Gate(Path(daemon.env[GATE_ENV]))
+    first = f"g0-{greedy_priority}"
     async with await daemon.connect() as greedy, await daemon.connect() as light:
-        for i in range(12):
+        await _send(greedy, first, "!hold !slow greedy", max_tokens=4, priority=greedy_priority)
+        await _wait(lambda: first in gate.held(), "the first greedy request held on the worker")
+        for i in range(1, 12):
             await _send(greedy, f"g{i}", "!slow greedy", max_tokens=4, priority=greedy_priority)
-        await asyncio.sleep(0.3)                      # all twelve are queued (the first is running)
         await _send(light, "light", "!slow light", max_tokens=4)
+        await _wait(lambda: daemon.health()["load"]["queue_depth"] == 12, "11 greedy + 1 light queued")
+        gate.release(first)
         await asyncio.gather(_ends(greedy, 12, ends), _ends(light, 1, ends))
     order = [rid for _, rid, _ in sorted(ends)]
     before = order.index("light")
@@ -137,13 +155,13 @@ async def test_one_client_cannot_fill_the_daemon(daemon: Daemon) -> None:
         for c, ws in enumerate(conns):
             for i in range(32):
                 await _send(ws, f"c{c}-{i}", "!slow fill", max_tokens=2000)
-        for ws in conns:                               # busy errors come at once; read for a second
-            end = time.monotonic() + 1.0
-            while (left := end - time.monotonic()) > 0:
+        deadline = time.monotonic() + 30              # busy errors come at once: read until one came
+        while not busy and time.monotonic() < deadline:
+            for ws in conns:
                 try:
-                    frame = json.loads(await asyncio.wait_for(ws.recv(), left))
+                    frame = json.loads(await asyncio.wait_for(ws.recv(), 0.2))
                 except TimeoutError:
-                    break
+                    continue
                 busy += frame.get("code") == "busy"
         assert busy > 0
         async with await daemon.connect() as newcomer:

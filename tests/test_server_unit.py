@@ -20,18 +20,25 @@ from tests.fixtures.fake_engine import FakeEngine
 
 
 class GatedEngine(FakeEngine):
-    """Blocks its first request until ``gate`` is set, and records order."""
+    """Blocks its first request until ``gate`` is set (``entered`` says it
+    is running), and records order."""
 
     def __init__(self) -> None:
         super().__init__(step_ms=1.0)
         self.gate = threading.Event()
+        self.entered = threading.Event()
         self.order: list[str] = []
 
     def complete(self, req: CompletionRequest, cancel: CancelToken) -> Iterator[Event]:
         self.order.append(req.id)
         if req.id == "blocker":
-            self.gate.wait(5)
+            self.entered.set()
+            self.gate.wait(30)
         yield from super().complete(req, cancel)
+
+    async def running_blocker(self) -> None:
+        """Until the worker runs the blocker (the next jobs queue behind it)."""
+        assert await asyncio.to_thread(self.entered.wait, 30), "the worker never took the blocker"
 
     def warm(self, req: CompletionRequest, cancel: CancelToken) -> Timings:
         self.order.append(req.id)
@@ -72,7 +79,7 @@ async def test_priority_high_then_normal_then_warm() -> None:
     c = Collector()
     try:
         worker.submit(c.job("complete", "blocker", max_tokens=1))
-        await asyncio.sleep(0.05)
+        await engine.running_blocker()
         worker.submit(c.job("warm", "w1"))
         worker.submit(c.job("complete", "n1", max_tokens=1))
         worker.submit(c.job("complete", "h1", max_tokens=1, priority="high"))
@@ -97,7 +104,7 @@ async def test_withdrawn_queued_job_ends_at_once_without_the_engine() -> None:
     c = Collector()
     try:
         worker.submit(c.job("complete", "blocker", max_tokens=1))
-        await asyncio.sleep(0.05)
+        await engine.running_blocker()
         queued = c.job("complete", "q", max_tokens=1)
         worker.submit(queued)
         worker.withdraw(queued, "superseded")
@@ -106,8 +113,9 @@ async def test_withdrawn_queued_job_ends_at_once_without_the_engine() -> None:
         assert end.timings.generated_tokens == 0 and end.timings.total_ms >= 0
         engine.gate.set()
         await c.end("blocker")
-        await asyncio.sleep(0.05)
-        assert "q" not in engine.order
+        worker.submit(c.job("complete", "after", max_tokens=1))
+        await c.end("after")                   # the worker went past where q was queued
+        assert engine.order == ["blocker", "after"]
         assert c.events["q"] == [end]
     finally:
         engine.gate.set()
@@ -126,10 +134,13 @@ async def test_running_job_cancel_within_a_step_and_reason_kept() -> None:
             await asyncio.sleep(0.005)
         t0 = time.perf_counter()
         worker.withdraw(job, "superseded")
+        assert job.cancel.cancelled and job.cancel.reason == "superseded"   # the running engine's token, at once
         end = await c.end("r")
         latency_ms = (time.perf_counter() - t0) * 1000
         assert isinstance(end, Done) and end.finish_reason == "superseded"
-        assert latency_ms < 20.0 + 30.0
+        # the engine checks its token before each step (counted in tests/test_foresight.py for
+        # the real one); the latency is a figure, not a verdict a busy machine could change
+        print(f"\nwithdraw → done {latency_ms:.1f} ms (a step is 20 ms)")
         assert 0 < end.timings.generated_tokens < 500
     finally:
         worker.stop()
@@ -152,7 +163,9 @@ async def test_timings_count_from_arrival() -> None:
         assert t.queue_ms >= 90
         assert t.ttft_ms >= t.queue_ms and t.total_ms >= t.ttft_ms
         assert abs(t.ttft_start_ns - late.arrival_ns) < 1_000_000 and t.ttft_end_ns > t.ttft_start_ns
-        assert abs((t.ttft_end_ns - t.ttft_start_ns) / 1e6 - t.ttft_ms) < 5
+        # wall-clock stamps against perf_counter spans: equal but for the gaps between clock
+        # reads, which a preempted thread can stretch by a scheduler slice or two
+        assert abs((t.ttft_end_ns - t.ttft_start_ns) / 1e6 - t.ttft_ms) < 50
     finally:
         engine.gate.set()
         worker.stop()
