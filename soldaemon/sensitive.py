@@ -253,7 +253,9 @@ def redact_request(req: CompletionRequest) -> tuple[CompletionRequest, tuple[str
 
 def _outbound_refusal(uri: str, send_untitled: bool) -> str | None:
     if uri.lower().startswith("untitled:"):
-        return None if send_untitled else "is an untitled buffer"
+        # "untitled:" alone is the protocol's default: a client that names no
+        # document (the API, the benchmarks); an editor's buffer has a name
+        return None if send_untitled or uri.lower() == "untitled:" else "is an untitled buffer"
     split = _split(uri)
     if split is None:
         return "is not a file (unknown URI scheme)"
