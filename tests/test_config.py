@@ -291,6 +291,7 @@ BAD_VALUES: list[tuple[str, str, Any, str]] = [
     ("backend", "max_backoff_s", 0, "0"),
     ("backend", "health_interval_s", "5s", '"5s"'),
     ("backend", "fallback_local", "yes", '"yes"'),
+    ("backend", "send_untitled", "no", '"no"'),
 ]
 
 
