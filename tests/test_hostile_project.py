@@ -37,6 +37,8 @@ PRIVATE_KEY = ("-----BEGIN OPENSSH PRIVATE KEY-----\n"
                "QyNTUxOQAAACDm3wq1ZqVw5ki0nT9bYl0Yx2Yt7hZ0r8B3vYwq9f1pQwAAAJg7rK1cO6yt\n"
                "-----END OPENSSH PRIVATE KEY-----\n")
 SECRET = "hunter2-do-not-send"
+# subprocesses import this checkout first, then whatever the test run had on its path
+PYTHONPATH = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
 
 
 class Listener:
@@ -125,7 +127,8 @@ async def test_a_cloned_project_neither_configures_nor_runs_code(tmp_path: Path,
                                     "model": {"path": engine_args[1]}}))
     state, log_file = tmp_path / "state", tmp_path / "sol-lsp.log"
     env = lsp_env(state, {"XDG_CONFIG_HOME": str(tmp_path / "config"), "SOLDAEMON_CACHE_DIR": str(tmp_path / "cache"),
-                          "PATH": f"{python.parent}:/usr/bin:/bin", "HOME": str(tmp_path / "home")})
+                          "PATH": f"{python.parent}:/usr/bin:/bin", "HOME": str(tmp_path / "home"),
+                          "PYTHONPATH": PYTHONPATH})
     env.pop("SOLDAEMON_CONFIG", None)
     client = make_test_lsp_client()
     statuses: list[dict[str, Any]] = []
@@ -184,9 +187,11 @@ async def test_remote_links_and_keys_are_not_sent(start_daemon: Any, tmp_path: P
             (proj / name).write_text(text)
     remote = "vscode-remote://ssh-remote%2Bbox/w/proj"
     recorded = tmp_path / "engine-saw.jsonl"
-    daemon = start_daemon(args=["--engine", FAKE_ENGINE], env={"SOL_FAKE_RECORD": str(recorded)})
+    daemon = start_daemon(args=["--engine", FAKE_ENGINE], env={"SOL_FAKE_RECORD": str(recorded),
+                                                               "PYTHONPATH": PYTHONPATH})
     client, statuses = await start_lsp(["--no-warm", "--debounce-ms", "0", "--timeout-ms", "30000",
-                                        "--no-start-daemon", "--alternatives", "1"], lsp_env(daemon.state_dir))
+                                        "--no-start-daemon", "--alternatives", "1"],
+                                       lsp_env(daemon.state_dir, {"PYTHONPATH": PYTHONPATH}))
     main = (proj / "main.py").as_uri()
     try:
         await client.initialize_session(types.InitializeParams(capabilities=capabilities(), workspace_folders=[

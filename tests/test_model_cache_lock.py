@@ -53,7 +53,7 @@ def test_concurrent_conversions_share_one_result(tmp_path: Path) -> None:
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF")
     count = tmp_path / "conversions"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SOLDAEMON_CACHE_DIR": str(tmp_path / "cache"),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p), "SOLDAEMON_CACHE_DIR": str(tmp_path / "cache"),
            "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, "-c", CONVERT, str(tiny), str(gguf), str(count)], cwd=tmp_path,
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
