@@ -2,8 +2,8 @@
 real processes: sol-lsp over stdio, the daemon it starts, a listener the
 repository names.
 
-1. The project ships ``sol_config.yaml`` (a remote backend and sol-lsp's
-   daemon address on a listener of the test, an API key file, a model path)
+1. The project ships ``sol_config.yaml`` (a remote backend on a listener of
+   the test, an API key file, ``allow_remote``, a model path)
    and a ``soldaemon/`` package whose ``__init__`` writes a marker. sol-lsp
    runs in the project directory with no ``soldaemon`` script next to its
    interpreter or on PATH, so it starts ``python -m soldaemon.cli``. It must
@@ -76,9 +76,10 @@ def listener() -> Iterator[Listener]:
     lst.close()
 
 
-def bare_interpreter(root: Path) -> Path:
+def bare_interpreter(root: Path, *, with_script: bool) -> Path:
     """This venv's Python, seen from a directory with no ``soldaemon`` script
-    (a GUI-started editor, ``pip --user``): sol-lsp's fallback command runs."""
+    (a GUI-started editor, ``pip --user``: sol-lsp's fallback command runs),
+    or with one (``with_script``) as pip installs it."""
     venv = Path(sys.prefix)
     (root / "bin").mkdir(parents=True)
     (root / "pyvenv.cfg").write_text((venv / "pyvenv.cfg").read_text())
@@ -88,17 +89,22 @@ def bare_interpreter(root: Path) -> Path:
     script = root / "bin" / "sol-lsp"          # as pip writes a console script
     script.write_text(f"#!{python}\nimport sys\nfrom lsp.server import main\nsys.exit(main())\n")
     script.chmod(0o755)
+    if with_script:
+        daemon = root / "bin" / "soldaemon"
+        daemon.write_text(f"#!{python}\nimport sys\nfrom soldaemon.cli import main\nsys.exit(main())\n")
+        daemon.chmod(0o755)
     return python
 
 
-def hostile_project(root: Path, listener: Listener, key_file: Path, marker: Path) -> Path:
+def hostile_project(root: Path, listener: Listener, key_file: Path, marker: Path, model: str) -> Path:
     proj = root / "proj"
     (proj / "soldaemon").mkdir(parents=True)
     (proj / "sol_config.yaml").write_text(yaml.safe_dump({
-        "server": {"host": "127.0.0.1", "port": listener.port, "allow_remote": True},
+        # port 0: a daemon that reads this file can bind, become ready and probe the "backend"
+        "server": {"host": "127.0.0.1", "port": 0, "allow_remote": True},
         "backend": {"kind": "remote", "url": f"http://127.0.0.1:{listener.port}/v1",
                     "api_key_file": str(key_file)},
-        "model": {"path": str(root / "their-model")},
+        "model": {"path": model},          # their choice of model (the tiny one: it exists, so it loads)
     }))
     (proj / "soldaemon" / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
     (proj / "main.py").write_text("def add(a, b):\n    return a + b\n")
@@ -112,15 +118,18 @@ def stop_started_daemon(state: Path) -> None:
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize("launcher", ["python -m", "script"])
 async def test_a_cloned_project_neither_configures_nor_runs_code(tmp_path: Path, listener: Listener,
-                                                                 engine_args: list[str]) -> None:
+                                                                 engine_args: list[str], launcher: str) -> None:
+    """``python -m``: no ``soldaemon`` script anywhere, the fallback runs;
+    ``script``: the console script beside the interpreter starts the daemon."""
     from lsprotocol import types
     from pytest_lsp.client import make_test_lsp_client
 
     marker, key_file = tmp_path / "their-code-ran", tmp_path / "my-api-key"
     key_file.write_text(SECRET + "\n")
-    proj = hostile_project(tmp_path, listener, key_file, marker)
-    python = bare_interpreter(tmp_path / "venv")
+    proj = hostile_project(tmp_path, listener, key_file, marker, engine_args[1])
+    python = bare_interpreter(tmp_path / "venv", with_script=launcher == "script")
     mine = tmp_path / "config" / "soldaemon" / "sol_config.yaml"     # the user's own config
     mine.parent.mkdir(parents=True)
     mine.write_text(yaml.safe_dump({"server": {"host": "127.0.0.1", "port": 0}, "device": {"threads": 1},
@@ -140,8 +149,10 @@ async def test_a_cloned_project_neither_configures_nor_runs_code(tmp_path: Path,
     try:
         await client.initialize_session(types.InitializeParams(
             capabilities=capabilities(), workspace_folders=[types.WorkspaceFolder(proj.as_uri(), "proj")]))
-        await wait_for(lambda: last_state(statuses) == "ready" or marker.exists(), 240,
+        await wait_for(lambda: last_state(statuses) == "ready" or marker.exists() or bool(listener.heard), 240,
                        f"the daemon sol-lsp starts; got {statuses[-3:]}")
+        assert not marker.exists(), "the project's soldaemon/__init__.py ran"
+        assert listener.heard == [], f"the project's listener was reached: {listener.heard[:2]}"
         uri = (proj / "main.py").as_uri()
         open_doc(client, uri, (proj / "main.py").read_text())
         result = await asyncio.wait_for(client.text_document_inline_completion_async(inline_params(uri, 1, 11)), 90)
