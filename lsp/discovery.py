@@ -58,8 +58,8 @@ def default_daemon_command(settings: Settings) -> list[str]:
     with the state directory as its current directory, never the project's."""
     exe = shutil.which("soldaemon", path=str(Path(sys.executable).parent)) or shutil.which("soldaemon")
     argv = [exe] if exe else _module_command()
-    if settings.config:
-        argv += ["--config", settings.config]
+    if settings.config:      # absolute: the daemon runs in the state directory, not sol-lsp's cwd
+        argv += ["--config", str(Path(settings.config).expanduser().absolute())]
     return argv + ["serve", "--idle-exit-s", f"{settings.daemon_idle_exit_s:g}"]
 
 
