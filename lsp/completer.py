@@ -51,6 +51,7 @@ from lsprotocol import types
 
 from soldaemon.api import CompletionRequest, Done
 from soldaemon.protocol import ErrorFrame
+from soldaemon.sensitive import describe, redact_request
 
 from lsp.context import ContextRing
 from lsp.daemon_client import DaemonClient
@@ -327,13 +328,16 @@ class Completer:
             newline = text.rfind("\n", offset, end)
             end = newline + 1 if newline != -1 else end
         context = self.ring.chunks(doc.uri, self.documents) if self.settings.context_chunks else ()
-        return CompletionRequest(
+        request, withheld = redact_request(CompletionRequest(
             id=request_id, prefix=text[start:offset], suffix=text[offset:end], uri=doc.uri,
             version=doc.version, language=doc.language, context=context,
             max_tokens=self.settings.max_tokens, budget_ms=self.settings.budget_ms,
             multiline=self.settings.multiline,
             priority="high" if priority == "high" else "normal",
-        )
+        ))
+        if withheld:      # secrets in the text itself (soldaemon.secretscan): redacted, not sent
+            log.info("%s: withheld from the daemon (redacted): %s", request_id, describe(withheld))
+        return request
 
     # -- background warm -------------------------------------------------------------
 

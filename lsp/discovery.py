@@ -27,12 +27,14 @@ import json
 import logging
 import os
 import shutil
+import site
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Sequence
 
+import soldaemon
 from soldaemon.discovery import StartLock, Target, check_private_dir, find_daemon, read_daemon_record, state_dir
 from soldaemon.errors import ConfigError
 
@@ -85,13 +87,33 @@ def read_last_error(since: float) -> str | None:
 
 def default_daemon_command(settings: Settings) -> list[str]:
     """``soldaemon [--config FILE] serve --idle-exit-s N``: the console
-    script next to this Python when installed, else ``python -m
-    soldaemon.cli``."""
+    script next to this Python when installed, else ``python -I -m
+    soldaemon.cli`` (see :func:`_module_command`). The launcher runs it
+    with the state directory as its current directory, never the project's."""
     exe = shutil.which("soldaemon", path=str(Path(sys.executable).parent)) or shutil.which("soldaemon")
-    argv = [exe] if exe else [sys.executable, "-m", "soldaemon.cli"]
-    if settings.config:
-        argv += ["--config", settings.config]
+    argv = [exe] if exe else _module_command()
+    if settings.config:      # absolute: the daemon runs in the state directory, not sol-lsp's cwd
+        argv += ["--config", str(Path(settings.config).expanduser().absolute())]
     return argv + ["serve", "--idle-exit-s", f"{settings.daemon_idle_exit_s:g}"]
+
+
+def _module_command() -> list[str]:
+    """``python -m soldaemon.cli`` that never imports a project's code.
+
+    ``-m`` puts the current directory first on ``sys.path``, so a cloned
+    repository's ``soldaemon/`` package would run instead of ours. The
+    launcher's cwd is the state directory; the interpreter is isolated too:
+    ``-I`` when the installed package is in the interpreter's own
+    site-packages (``-I`` also drops ``$PYTHONPATH`` and the user site), else
+    ``-P`` (Python 3.11+: no cwd on ``sys.path``, while ``$PYTHONPATH`` and a
+    ``pip --user`` install still import)."""
+    here = Path(soldaemon.__file__).resolve().parent
+    sites = [Path(p).resolve() for p in site.getsitepackages()]
+    if any(here.is_relative_to(p) for p in sites):
+        return [sys.executable, "-I", "-m", "soldaemon.cli"]
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P", "-m", "soldaemon.cli"]
+    return [sys.executable, "-m", "soldaemon.cli"]      # 3.10: the cwd (the state directory) is the guard
 
 
 class DaemonLauncher:
@@ -196,9 +218,11 @@ class DaemonLauncher:
             fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | nofollow, 0o600)
             self.started_wall = time.time()
             try:
+                # cwd: the private state directory, never the project the editor
+                # opened (a project's sol_config.yaml or soldaemon/ must not reach it)
                 self.proc = subprocess.Popen(
                     self.argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT,
-                    start_new_session=True, close_fds=True, env=env)
+                    cwd=log_path.parent, start_new_session=True, close_fds=True, env=env)
             finally:
                 os.close(fd)
         except ConfigError as exc:

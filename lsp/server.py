@@ -61,6 +61,7 @@ LSP surface (docs/editors.md has the editor set-ups):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import sys
 import threading
@@ -222,7 +223,11 @@ class SolLanguageServer(LanguageServer):
             return
         if ignored:
             log.warning("ignoring settings: %s", ", ".join(sorted(ignored)))
-        self.settings = settings
+        old_exclude, self.settings = self.settings.context_exclude, settings
+        if settings.context_exclude != old_exclude:       # contextExclude applies now, not after a restart
+            self.policy = dataclasses.replace(self.policy, exclude=settings.context_exclude)
+            if self.completer is not None:
+                self.completer.ring.set_policy(self.policy)
         if self.completer is not None:
             self.completer.settings = settings
             self.completer.ring.max_chunks = max(0, min(settings.context_chunks, 32))

@@ -191,8 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="soldaemon", description="a local, resident code-completion daemon")
     parser.add_argument("--version", action="version", version=f"soldaemon {__version__}")
-    parser.add_argument("--config", help="sol_config.yaml (default: $SOLDAEMON_CONFIG, ./sol_config.yaml, "
-                                         "~/.config/soldaemon/sol_config.yaml)")
+    parser.add_argument("--config", help="sol_config.yaml (default: $SOLDAEMON_CONFIG, "
+                                         "~/.config/soldaemon/sol_config.yaml; never ./sol_config.yaml)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
 

@@ -1,6 +1,8 @@
 """Handshake hygiene around :mod:`soldaemon.auth`'s checks: headers that
-must appear at most once, a strict ``Host`` parse, and refusals logged in
-aggregate so a flood of bad handshakes cannot flood the log.
+must appear at most once, a strict ``Host`` parse, refusals logged in
+aggregate so a flood of bad handshakes cannot flood the log, and a bound on
+handshakes in progress (:class:`HandshakeGate`) so sockets that connect and
+never send a request cannot pile up until editors are locked out.
 
 Pure over strings and a clock; the server's ``process_request`` hook uses
 them (soldaemon/server/daemon.py).
@@ -10,7 +12,8 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Callable, Iterable
+from collections import OrderedDict
+from typing import Callable, Generic, Hashable, Iterable, TypeVar
 
 from soldaemon.config import is_loopback_host
 
@@ -81,3 +84,49 @@ class RefusalLog:
         for reason, count in sorted(self._pending.items()):
             self._emit(f"refused {count} more handshake(s): {reason}")
         self._pending.clear()
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+class HandshakeGate(Generic[K]):
+    """Connections whose opening handshake is still in progress, at most
+    ``max_total`` of them and ``max_per_peer`` per peer address.
+
+    A new connection is always admitted; when a bound is passed, the
+    *oldest* handshake in progress (of that peer, else of all) is the one
+    to close. A legitimate client completes its handshake in milliseconds,
+    so a flood of idle sockets evicts itself, not the editors (refusing the
+    newcomer instead would let the flood hold every slot). Together with a
+    short handshake timeout this bounds the sockets and file descriptors a
+    peer — or every local user together, who share the loopback address —
+    can hold open. Pure: the server closes what :meth:`admit` returns."""
+
+    def __init__(self, max_total: int = 64, max_per_peer: int = 16) -> None:
+        if max_total < 1 or max_per_peer < 1:
+            raise ValueError(f"handshake bounds must be >= 1, got {max_total}, {max_per_peer}")
+        self.max_total = max_total
+        self.max_per_peer = max_per_peer
+        self._pending: OrderedDict[K, str] = OrderedDict()     # connection → peer, oldest first
+        self.evicted = 0                                       # handshakes closed by the bounds
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def admit(self, conn: K, peer: str) -> list[K]:
+        """Count ``conn``'s handshake; return the connections to close now."""
+        self._pending[conn] = peer
+        close: list[K] = []
+        mine = [c for c, p in self._pending.items() if p == peer]
+        if len(mine) > self.max_per_peer:
+            close.append(mine[0])
+        elif len(self._pending) > self.max_total:
+            close.append(next(iter(self._pending)))
+        for victim in close:
+            self._pending.pop(victim, None)
+        self.evicted += len(close)
+        return close
+
+    def done(self, conn: K) -> None:
+        """``conn``'s handshake ended (it completed, failed or closed)."""
+        self._pending.pop(conn, None)

@@ -138,9 +138,9 @@ def test_search_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert find_config_file(None) == home
     assert load_config().server.port == 1001
 
-    cwd = _marker(Path.cwd() / "sol_config.yaml", 1002)
-    assert find_config_file(None) == cwd
-    assert load_config().server.port == 1002
+    _marker(Path.cwd() / "sol_config.yaml", 1002)   # a project's file: never read
+    assert find_config_file(None) == home
+    assert load_config().server.port == 1001
 
     env = _marker(tmp_path / "env.yaml", 1003)
     monkeypatch.setenv("SOLDAEMON_CONFIG", str(env))
@@ -156,8 +156,18 @@ def test_search_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_empty_env_var_is_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SOLDAEMON_CONFIG", "")
-    cwd = _marker(Path.cwd() / "sol_config.yaml", 1002)
-    assert find_config_file(None) == cwd
+    _marker(Path.cwd() / "sol_config.yaml", 1002)
+    assert find_config_file(None) is None
+
+
+def test_the_current_directory_never_configures(caplog: pytest.LogCaptureFixture) -> None:
+    """A cloned project's sol_config.yaml (the cwd an editor starts sol-lsp
+    in) is not read, and the warning names the flag that reads it on purpose."""
+    here = _marker(Path.cwd() / "sol_config.yaml", 1002)
+    with caplog.at_level("WARNING", logger="sol.config"):
+        assert find_config_file(None) is None
+        assert load_config().server.port != 1002
+    assert f"--config {here}" in caplog.text
 
 
 def test_explicit_missing_is_an_error(tmp_path: Path) -> None:
@@ -281,6 +291,7 @@ BAD_VALUES: list[tuple[str, str, Any, str]] = [
     ("backend", "max_backoff_s", 0, "0"),
     ("backend", "health_interval_s", "5s", '"5s"'),
     ("backend", "fallback_local", "yes", '"yes"'),
+    ("backend", "send_untitled", "no", '"no"'),
 ]
 
 

@@ -5,9 +5,11 @@ Where it is found (first hit wins; see :func:`find_config_file`):
 1. an explicit path (``soldaemon --config PATH``) — it must exist;
 2. the environment variable ``SOLDAEMON_CONFIG`` (when set and non-empty) —
    it must exist too;
-3. ``./sol_config.yaml`` in the current directory;
-4. ``paths.config_home() / "sol_config.yaml"``
+3. ``paths.config_home() / "sol_config.yaml"``
    (``$XDG_CONFIG_HOME/soldaemon/sol_config.yaml``).
+
+Never ``./sol_config.yaml``: the current directory is the project an editor
+opened, and a project does not configure the daemon (docs/security.md).
 
 When none is found every key has its default. The file has six sections —
 ``sol``, ``model``, ``device``, ``server``, ``completion``, ``backend`` — each

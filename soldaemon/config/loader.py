@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
@@ -15,6 +16,8 @@ from .build import Config, _build
 
 CONFIG_FILENAME = "sol_config.yaml"
 ENV_VAR = "SOLDAEMON_CONFIG"
+
+log = logging.getLogger("sol.config")
 
 
 def find_config_file(explicit: str | os.PathLike[str] | None = None) -> Path | None:
@@ -30,10 +33,23 @@ def find_config_file(explicit: str | os.PathLike[str] | None = None) -> Path | N
     env = os.environ.get(ENV_VAR)
     if env:
         return _must_exist(Path(env).expanduser(), f"${ENV_VAR}")
-    for candidate in (Path.cwd() / CONFIG_FILENAME, config_home() / CONFIG_FILENAME):
-        if candidate.is_file():
-            return candidate
-    return None
+    _note_project_file()
+    candidate = config_home() / CONFIG_FILENAME
+    return candidate if candidate.is_file() else None
+
+
+def _note_project_file() -> None:
+    """A ``sol_config.yaml`` in the current directory is never read: the
+    current directory is the project an editor opened, and a project must
+    not choose the daemon's backend, host, key or model (docs/security.md,
+    the trust model). Say so, unless it is the user's own config file."""
+    try:
+        here, home = Path.cwd() / CONFIG_FILENAME, config_home() / CONFIG_FILENAME
+        if here.is_file() and not (home.is_file() and home.samefile(here)):
+            log.warning("%s is not read: a project's directory does not configure the daemon; "
+                        "pass --config %s (or set $%s) to use it", here, here, ENV_VAR)
+    except OSError:
+        pass
 
 
 def _must_exist(path: Path, origin: str) -> Path:

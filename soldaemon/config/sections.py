@@ -248,6 +248,9 @@ class BackendConfig:
     # When the engine is unreachable, answer from the local model (model.path
     # or the embedded one), loaded on first need.
     fallback_local: bool = _setting(False, _bool())
+    # Send untitled buffers (never saved, no file name) to the remote engine;
+    # off: completing in one is refused there (the local backend still may).
+    send_untitled: bool = _setting(False, _bool())
 
 
 _SECTIONS: dict[str, type[Any]] = {

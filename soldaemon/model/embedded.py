@@ -18,7 +18,7 @@ so the 0.5B can draft for the 1.5B.
 from __future__ import annotations
 
 import hashlib
-import importlib.resources
+import importlib.metadata
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,29 +142,46 @@ def is_installed(model: EmbeddedModel) -> bool:
 def find_parts(model: EmbeddedModel = QWEN25_CODER_05B) -> list[Path]:
     """Locate the chunk files in the installed packages, in order.
 
-    Raises ModelPartsMissing naming every missing package and the pip command
-    that installs them."""
+    Each part is found through its distribution's file list
+    (``importlib.metadata``: the ``RECORD`` pip wrote), never by importing
+    the package: a part's ``__init__`` is code from an unknown publisher and
+    must not run before — or instead of — the sha256 check of the assembled
+    file. A part whose installed version is not the pinned one counts as
+    missing. Raises ModelPartsMissing naming every missing package and the
+    pip command that installs them."""
     found: list[Path] = []
     missing: list[str] = []
     for i, dist in enumerate(model.packages):
-        module = model.part_module(i)
-        try:
-            data = importlib.resources.files(module) / "data"
-            chunks = sorted((p for p in data.iterdir() if p.name.endswith(".bin")), key=lambda p: p.name)
-        except (ModuleNotFoundError, FileNotFoundError, NotADirectoryError):
+        chunk = _part_chunk(dist, model.part_module(i), model.version)
+        if chunk is None:
             missing.append(dist)
-            continue
-        if len(chunks) != 1:
-            missing.append(dist)
-            continue
-        found.append(Path(str(chunks[0])))
+        else:
+            found.append(chunk)
     if missing:
         shown = ", ".join(missing) if len(missing) <= 6 else f"{', '.join(missing[:3])} … ({len(missing)} of {len(model.packages)})"
         raise ModelPartsMissing(
-            f"the embedded model {model.name} is incomplete: package(s) {shown} not installed",
+            f"the embedded model {model.name} is incomplete: package(s) {shown} not installed "
+            f"(at version {model.version})",
             hint=f"{install_command(model, missing)}   (or set model.path in sol_config.yaml to a local model)",
         )
     return found
+
+
+def _part_chunk(dist: str, module: str, version: str) -> Path | None:
+    """The one ``<module>/data/*.bin`` file distribution ``dist`` installed
+    at ``version``, or None."""
+    try:
+        meta = importlib.metadata.distribution(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    if meta.version != version or meta.files is None:
+        return None
+    chunks = [f for f in meta.files
+              if f.parts[:2] == (module, "data") and len(f.parts) == 3 and f.name.endswith(".bin")]
+    if len(chunks) != 1:
+        return None
+    path = Path(str(meta.locate_file(chunks[0])))
+    return path if path.is_file() else None
 
 
 def assemble_gguf(dest: Path, model: EmbeddedModel = QWEN25_CODER_05B, *, progress: bool = True) -> Path:

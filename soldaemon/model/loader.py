@@ -35,6 +35,7 @@ import torch
 from .. import paths
 from ..errors import ModelError, ModelHashMismatch, OutOfMemory
 from . import integrity
+from .cachelock import cache_lock, replace_dir
 from .embedded import EmbeddedModel, assemble_gguf, resolve_model_name
 
 log = logging.getLogger(__name__)
@@ -168,6 +169,13 @@ def _gguf_tokenizer(gguf: Path, dest: Path) -> Path:
     (a complete ``dest`` whose files match its marker is returned as is)."""
     if _usable(dest):
         return dest
+    with cache_lock(dest, exclusive=True):
+        if _usable(dest):           # another process wrote it while we waited
+            return dest
+        return _tokenizer_locked(gguf, dest)
+
+
+def _tokenizer_locked(gguf: Path, dest: Path) -> Path:
     import transformers
 
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
@@ -181,8 +189,7 @@ def _gguf_tokenizer(gguf: Path, dest: Path) -> Path:
         tmp.mkdir(parents=True)
         tok.save_pretrained(str(tmp))
         integrity.write_marker(tmp, {"format": CACHE_FORMAT, "source": gguf.name, "tokenizer_only": True})
-        shutil.rmtree(dest, ignore_errors=True)
-        os.replace(tmp, dest)
+        replace_dir(tmp, dest)
         integrity.fsync_dir(dest.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -211,6 +218,13 @@ def is_complete(directory: Path) -> bool:
         return False
 
 
+def _marker_text(directory: Path) -> str | None:
+    try:
+        return (directory / MARKER).read_text()
+    except OSError:
+        return None
+
+
 def _usable(directory: Path) -> bool:
     """Complete, and its files match the marker's sizes and sampled hashes."""
     return is_complete(directory) and integrity.quick_check(directory) is None
@@ -220,7 +234,14 @@ def convert_gguf(gguf: Path, dest: Path, *, progress: bool = True) -> Path:
     """De-quantize ``gguf`` with transformers and write a safetensors copy to
     ``dest`` atomically. A complete ``dest`` whose files match the marker's
     sizes and sampled hashes is returned as is; one that does not is
-    reported and converted again."""
+    reported and converted again. Holds ``dest``'s cache lock exclusively
+    (:mod:`.cachelock`): another process converting the same model waits,
+    then finds it done."""
+    with cache_lock(dest, exclusive=True):
+        return _convert_locked(gguf, dest, progress)
+
+
+def _convert_locked(gguf: Path, dest: Path, progress: bool) -> Path:
     if is_complete(dest):
         problem = integrity.quick_check(dest)
         if problem is None:
@@ -262,7 +283,7 @@ def convert_gguf(gguf: Path, dest: Path, *, progress: bool = True) -> Path:
         tok.save_pretrained(str(tmp))
         integrity.write_marker(tmp, {"format": CACHE_FORMAT, "source": gguf.name,
                                      "seconds": round(time.perf_counter() - t0, 1)})
-        os.replace(tmp, dest)
+        replace_dir(tmp, dest)
         integrity.fsync_dir(dest.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -321,15 +342,20 @@ def load_model(path: str | None = None, *, name: str | None = None, device: str 
     dev = resolve_device(device)
     directory, gguf, shown = prepare_model_dir(path, name=name, progress=progress)
     dt = resolve_dtype(dtype, dev, directory)
+    if gguf is None:                     # the user's own directory: no cache to guard
+        model, tok = _load_verified(directory, dev, dt, progress)
+        return LoadedModel(model, tok, shown, directory, gguf, dev, dt, time.perf_counter() - t0)
     try:
-        model, tok = _load_verified(directory, dev, dt, progress)
+        with cache_lock(directory, exclusive=False):     # no rebuild removes what we read
+            marker = _marker_text(directory)
+            model, tok = _load_verified(directory, dev, dt, progress)
     except ModelHashMismatch as exc:
-        if gguf is None:
-            raise
         log.error("%s; rebuilding it from %s", exc.message, gguf.name)
-        shutil.rmtree(directory, ignore_errors=True)
-        directory, gguf, shown = prepare_model_dir(path, name=name, progress=progress)
-        model, tok = _load_verified(directory, dev, dt, progress)
+        with cache_lock(directory, exclusive=True):
+            if _marker_text(directory) == marker:        # nobody rebuilt it while we waited
+                shutil.rmtree(directory, ignore_errors=True)
+            directory, gguf, shown = prepare_model_dir(path, name=name, progress=progress)
+            model, tok = _load_verified(directory, dev, dt, progress)
     return LoadedModel(model, tok, shown, directory, gguf, dev, dt, time.perf_counter() - t0)
 
 

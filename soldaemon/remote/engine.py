@@ -35,6 +35,7 @@ never block (the reachability probe runs on its own thread).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -137,7 +138,7 @@ class RemoteEngine:
         self.template: FimTemplate = detect_template(tokenizer)
         # the stages shared with every engine; no healing (the engine elsewhere samples the first token)
         self.pipeline = Pipeline(config, self.template, tokenizer, config.model.max_context, heal=False,
-                                 outbound=outbound)
+                                 outbound=functools.partial(outbound, send_untitled=bc.send_untitled))
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
                          "User-Agent": "soldaemon"}
         key = read_api_key(bc.api_key_env, str(bc.api_key_file) if bc.api_key_file else None)

@@ -28,6 +28,8 @@ from soldaemon.auth import check_bind, load_or_create_token
 from soldaemon.discovery import ws_url
 from soldaemon.errors import AddressInUse, ConfigError, ModelError, OutOfMemory, SolError, Unavailable
 from soldaemon.server.daemon import Daemon
+from soldaemon.server.gate import gated_connection
+from soldaemon.handshake import HandshakeGate
 from soldaemon.server.engine_choice import engine_loader, overridden
 from soldaemon.server.settings import ServerSettings
 
@@ -65,6 +67,10 @@ async def serve(settings: ServerSettings, load: Callable[[], Engine], model_labe
             daemon.handler, settings.host, settings.port,
             process_request=daemon.process_request, max_size=settings.max_message_bytes,
             compression=None, server_header=f"soldaemon/{__version__}", max_queue=64,
+            open_timeout=settings.handshake_timeout_s,
+            create_connection=gated_connection(
+                HandshakeGate(settings.max_handshakes, settings.max_handshakes_per_peer),
+                lambda peer: daemon.refusals.refused("too many handshakes in progress; closed the oldest", peer)),
         )
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:

@@ -33,6 +33,9 @@ class ServerSettings:
     max_outbox_frames: int = 20_000                # unread frames before a connection is closed
     max_outbox_bytes: int = 8 * 1024 * 1024        # unread bytes before a connection is closed
     max_connections: int = 64                      # more are refused (503) at the handshake
+    handshake_timeout_s: float = 3.0               # s from the TCP accept to a finished handshake
+    max_handshakes: int = 64                       # handshakes in progress; past it the oldest is closed
+    max_handshakes_per_peer: int = 16              # the same, per peer address
     idle_exit_s: float = 0.0                       # s without a connection before exiting; 0: never
 
     @classmethod

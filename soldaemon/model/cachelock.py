@@ -1,0 +1,78 @@
+"""One lock per model cache directory, shared by every process that
+converts, verifies, rebuilds or loads it.
+
+``flock`` on ``.<name>.lock`` next to the cache directory: writers
+(conversion, rebuild) hold it exclusively, readers (the checks and the load)
+shared, so a rebuild never removes files a reader is reading and two
+processes never convert into the same place. The kernel drops a lock when
+its holder dies. Within one process a lock is re-entrant (a second ``flock``
+on a new descriptor would wait on ourselves): the outermost holder's mode
+counts, and an exclusive request inside a shared hold upgrades it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import threading
+from pathlib import Path
+from typing import Iterator
+
+_held: dict[Path, tuple[int, int, int]] = {}      # lock path → (fd, depth, flock mode)
+_guard = threading.Lock()
+
+
+def lock_path(directory: Path) -> Path:
+    return directory.with_name(f".{directory.name}.lock")
+
+
+@contextlib.contextmanager
+def cache_lock(directory: Path, *, exclusive: bool) -> Iterator[None]:
+    """Hold the lock of cache ``directory`` (waiting for it)."""
+    path = lock_path(directory)
+    mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+    with _guard:
+        held = _held.get(path)
+    if held is not None:
+        fd, depth, had = held
+        if mode == fcntl.LOCK_EX and had == fcntl.LOCK_SH:
+            fcntl.flock(fd, fcntl.LOCK_EX)            # upgrade; callers re-check the cache after it
+        with _guard:
+            _held[path] = (fd, depth + 1, fcntl.LOCK_EX if fcntl.LOCK_EX in (mode, had) else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            with _guard:
+                _held[path] = (fd, depth, had)
+            if mode == fcntl.LOCK_EX and had == fcntl.LOCK_SH:
+                fcntl.flock(fd, fcntl.LOCK_SH)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        fcntl.flock(fd, mode)
+        with _guard:
+            _held[path] = (fd, 1, mode)
+        yield
+    finally:
+        with _guard:
+            _held.pop(path, None)
+        os.close(fd)                                   # drops the flock
+
+
+def replace_dir(tmp: Path, dest: Path) -> None:
+    """Move the complete directory ``tmp`` to ``dest`` (call under the
+    exclusive lock): one atomic rename; a ``dest`` still there (left by a
+    process that did not hold the lock) is renamed aside first and removed
+    after, never merged into."""
+    import shutil
+
+    aside = None
+    if dest.exists() or dest.is_symlink():
+        aside = dest.with_name(f".{dest.name}.{os.getpid()}.old")
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(dest, aside)
+    os.replace(tmp, dest)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
