@@ -228,9 +228,15 @@ def _unpack_llama_cpp(sdist: Path, dest: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("-j", "--jobs", type=int, default=2)
+    parser.add_argument("--cmake-args", action="store_true",
+                        help="only print the GGML flags for this CPU (scripts/test.sh passes them to "
+                             "llama-cpp-python's build as CMAKE_ARGS); needs nothing but the standard library")
     args = parser.parse_args(argv)
+    if args.cmake_args:
+        print(" ".join(("-DGGML_NATIVE=OFF", *isa_flags(cpu_flags()))))
+        return 0
     try:
         binary = build_server(jobs=args.jobs)
     except BuildError as exc:
