@@ -207,13 +207,13 @@ def build_server(*, jobs: int = 2, log=None) -> ServerBinary:
             raise BuildError(f"the build finished but {built} is missing")
         version = check_binary(built)
         shutil.copy2(built, folder / "llama-server")
-    meta = {"flags": list(flags), "base_flags": list(BASE_FLAGS), "version": version,
-            "cpu_flags": sorted(f for f in seen if f.startswith("avx")),
+    avx = sorted(f for f in seen if f.startswith("avx"))
+    meta = {"flags": list(flags), "base_flags": list(BASE_FLAGS), "version": version, "cpu_flags": avx,
             "llama_cpp_python": LLAMA_CPP_PYTHON_VERSION,
             "build_seconds": round(time.monotonic() - started, 1)}
     (folder / "build.json").write_text(json.dumps(meta, indent=2) + "\n")
     say(f"llama-server built in {meta['build_seconds']} s: {folder / 'llama-server'}")
-    return ServerBinary(folder / "llama-server", flags, version, tuple(meta["cpu_flags"]))
+    return ServerBinary(folder / "llama-server", flags, version, tuple(avx))
 
 
 def _unpack_llama_cpp(sdist: Path, dest: Path) -> Path:
