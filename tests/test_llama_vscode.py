@@ -175,8 +175,8 @@ def test_server_args_are_llama_vscodes_cpu_command() -> None:
     assert server_args(Path("m.gguf"), 8012, 2) == [
         "-m", "m.gguf", "--host", "127.0.0.1", "--port", "8012", "-ub", "1024", "-b", "1024", "--ctx-size", "0",
         "--cache-reuse", "256", "-t", "2", "-tb", "2"]
-    big = server_args(Path("m.gguf"), 1, 4, small_model=False, cold=True)
-    assert big[big.index("-ub") + 1] == "512" and big[-2:] == ["--cache-ram", "0"]
+    big = server_args(Path("m.gguf"), 1, 4, small_model=False, slot_dir=Path("s"))
+    assert big[big.index("-ub") + 1] == "512" and big[-4:] == ["--cache-ram", "0", "--slot-save-path", "s"]
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +192,7 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
         require(False, f"llama-server ({exc})", "apt-get install cmake g++; python -m "
                 "soldaemon.quality.llama_server_build")
     gguf = assemble_gguf(paths.cache_dir() / "models" / "gguf" / f"{QWEN25_CODER_05B.name}.gguf", progress=False)
-    server = LlamaServer(binary, gguf, threads=2, log_path=tmp_path_factory.mktemp("llama") / "server.log")
+    server = LlamaServer(binary, gguf, threads=2, cold=True, log_path=tmp_path_factory.mktemp("llama") / "server.log")
     with server:
         yield server
 

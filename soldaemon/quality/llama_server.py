@@ -22,6 +22,7 @@ import json
 import os
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -37,17 +38,19 @@ class ServerError(RuntimeError):
 
 
 def server_args(gguf: Path, port: int, threads: int, *, small_model: bool = True,
-                cold: bool = False) -> list[str]:
+                slot_dir: Path | None = None) -> list[str]:
     """llama.vscode's documented CPU command line for ``gguf`` (see the
     module doc). ``small_model``: the 0.5B's batch sizes (1024) rather than
-    the 1.5B's (512). ``cold``: no host-memory prompt cache
-    (``--cache-ram 0``), for the quality column, whose holes must not reuse
-    each other's prompts (the daemon's column runs cold too)."""
+    the 1.5B's (512). ``slot_dir``: a cold server, for the quality column,
+    whose holes must not reuse each other's prompts (the daemon's column
+    runs cold too): no host-memory prompt cache (``--cache-ram 0``), and
+    ``--slot-save-path`` so that ``/slots/N?action=erase`` is allowed (the
+    server refuses slot actions without it; nothing is saved there)."""
     batch = "1024" if small_model else "512"
     args = ["-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-ub", batch, "-b", batch,
             "--ctx-size", "0", "--cache-reuse", "256", "-t", str(threads), "-tb", str(threads)]
-    if cold:
-        args += ["--cache-ram", "0"]
+    if slot_dir is not None:
+        args += ["--cache-ram", "0", "--slot-save-path", str(slot_dir)]
     return args
 
 
@@ -69,13 +72,17 @@ class LlamaServer:
     log_path: Path | None = None
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
+    _slot_dir: tempfile.TemporaryDirectory[str] | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def args(self) -> list[str]:
-        return server_args(self.gguf, self.port, self.threads, small_model=self.small_model, cold=self.cold)
+        if self.cold and self._slot_dir is None:
+            self._slot_dir = tempfile.TemporaryDirectory(prefix="llama-slots-")
+        slot_dir = Path(self._slot_dir.name) if self._slot_dir is not None else None
+        return server_args(self.gguf, self.port, self.threads, small_model=self.small_model, slot_dir=slot_dir)
 
     def start(self, timeout_s: float = 300.0) -> LlamaServer:
         """Start it and wait until ``/health`` answers 200 (the model is
@@ -130,14 +137,16 @@ class LlamaServer:
 
     def stop(self) -> None:
         """End the server (SIGTERM, then SIGKILL after 10 s). Idempotent."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if self._slot_dir is not None:
+            self._slot_dir.cleanup()
+            self._slot_dir = None
 
     def __enter__(self) -> LlamaServer:
         return self.start() if self.proc is None else self

@@ -74,7 +74,8 @@ class ServerBinary:
     def describe(self) -> str:
         """One line for reports: version and the ISA flags."""
         isa = " ".join(f.removeprefix("-D") for f in self.flags)
-        return f"llama-server {self.version} ({isa})"
+        return (f"llama-server of llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}'s llama.cpp (version {self.version}; "
+                f"{isa})")
 
 
 def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
