@@ -327,7 +327,7 @@ def run_llama_cpp(engine: Any, gguf: Path, trace: list[Keystroke], threads: int,
 
 
 def run_llama_vscode(engine: Any, trace: list[Keystroke], threads: int,
-                     progress: Callable[[str], None]) -> tuple[Series, str] | None:
+                     progress: Callable[[str], None]) -> tuple[Series, Series, str] | None:
     """The keystrokes through llama.vscode's client against llama.cpp's
     ``llama-server`` on the engine's GGUF, started with llama.vscode's
     documented flags (:mod:`soldaemon.quality.llama_server`): its request and
@@ -336,8 +336,10 @@ def run_llama_vscode(engine: Any, trace: list[Keystroke], threads: int,
     a shown suggestion (a background request the next keystroke does not
     wait for, but shares the server with). The wait is the whole request
     (``stream: false``). "= rest of line" compares the suggestion's first
-    line. Returns the series and the server's description, or None (said
-    why) when there is no GGUF or the server cannot be built or started."""
+    line. Returns the series of every keystroke, that of the keystrokes
+    sent to the server (not answered from the cache), and the server's
+    description; or None (said why) when there is no GGUF or the server
+    cannot be built or started."""
     from .quality.llama_server import LlamaServer, ServerError
     from .quality.llama_server_build import BuildError, build_server
     from .quality.llama_vscode import LlamaVscodeClient
@@ -353,7 +355,7 @@ def run_llama_vscode(engine: Any, trace: list[Keystroke], threads: int,
         progress(f"{LLAMA_VSCODE}: skipped: {exc}")
         return None
     client = LlamaVscodeClient(server.infill)
-    s = Series()
+    s, m = Series(), Series()
     try:
         for i, ks in enumerate(trace):
             answer = client.complete(ks.prefix, ks.suffix)
@@ -362,12 +364,15 @@ def run_llama_vscode(engine: Any, trace: list[Keystroke], threads: int,
             s.add_baseline(answer.wait_ms, answer.wait_ms, prompt_n, int(r.get("tokens_predicted", 0)),
                            answer.text.split("\n")[0], ks.rest, decode_ms=float(t.get("predicted_ms", 0.0)),
                            part=ks.jump, computed=int(t.get("prompt_n", prompt_n)), cached=answer.cached)
+            if answer.requested:
+                m.add_baseline(answer.wait_ms, answer.wait_ms, prompt_n, int(r.get("tokens_predicted", 0)),
+                               answer.text.split("\n")[0], ks.rest, decode_ms=float(t.get("predicted_ms", 0.0)),
+                               computed=int(t.get("prompt_n", prompt_n)))
             if i % 10 == 0:
                 progress(f"{LLAMA_VSCODE} {i + 1}/{len(trace)} wait {answer.wait_ms:.0f} ms")
-        client.drain()
-    finally:
+    finally:         # speculative requests still in flight are dropped with the server
         server.stop()
-    return s, (f"{binary.describe()}; llama-server {' '.join(server.args()[2:])}; "
+    return s, m, (f"{binary.describe()}; llama-server {' '.join(server.args()[2:])}; "
                f"{client.speculative_sent} speculative requests")
 
 
@@ -403,7 +408,8 @@ def table(results: dict[str, Series], n_keys: int) -> list[str]:
         bases: list[str] = [b for b in (LLAMA_VSCODE, MODEL_ALONE, f"{MODEL_ALONE}, line")
                             if b in results] or ["generate"]
         for bname in bases:
-            pairs = [("sol", bname), ("sol:model", bname)] + [(f"sol:{k}", f"{bname}:{k}") for k in JUMP_KINDS]
+            pairs = ([("sol", bname), ("sol:model", f"{bname}:model" if f"{bname}:model" in results else bname)]
+                     + [(f"sol:{k}", f"{bname}:{k}") for k in JUMP_KINDS])
             for name, against in pairs:
                 sol, base = results.get(name), results.get(against)
                 if sol is None or base is None or not sol.ttft_ms or not base.ttft_ms:
@@ -412,7 +418,8 @@ def table(results: dict[str, Series], n_keys: int) -> list[str]:
                              f"TTFT p95 {sol.pct('ttft_ms', .95) / base.pct('ttft_ms', .95):.3f}x, "
                              f"e2e p50 {sol.pct('e2e_ms', .5) / base.pct('e2e_ms', .5):.3f}x")
         lines.append("(sol: every keystroke; sol:model: the keystrokes the model computed, not type-through "
-                     "or resumed)")
+                     "or resumed; llama.vscode:model: the keystrokes it sent to llama-server, not answered from "
+                     "its completion cache)")
         if any(f"sol:{k}" in results for k in JUMP_KINDS):
             lines.append("(NAME:jump: the first keystroke after the cursor jumped to another function, typed at "
                          "once; NAME:jump+pause: the same after a pause in which the spot was warmed)")
@@ -491,7 +498,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     if LLAMA_VSCODE in args.baselines:
         got = run_llama_vscode(engine, trace, torch.get_num_threads(), say)
         if got is not None:
-            results[LLAMA_VSCODE], peer = got
+            results[LLAMA_VSCODE], results[f"{LLAMA_VSCODE}:model"], peer = got
     for key, name, order, anchor in LLAMA_CPP_LAYOUTS:
         if key not in args.baselines and not (key == "llama.cpp" and "model-alone" in args.baselines):
             continue

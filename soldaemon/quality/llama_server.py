@@ -22,6 +22,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -52,6 +53,18 @@ def server_args(gguf: Path, port: int, threads: int, *, small_model: bool = True
     if slot_dir is not None:
         args += ["--cache-ram", "0", "--slot-save-path", str(slot_dir)]
     return args
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the bench that started it
+    dies (Linux ``prctl(PR_SET_PDEATHSIG)``), so a killed run leaves no server."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def free_port() -> int:
@@ -93,7 +106,8 @@ class LlamaServer:
         self.port = self.port or free_port()
         log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen([str(self.binary.path), *self.args()], stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL,
+                                     preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

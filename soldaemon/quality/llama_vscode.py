@@ -303,8 +303,8 @@ class LlamaVscodeClient:
         def fetch() -> None:
             try:
                 content = str(self.infill(body).get("content", ""))
-            except OSError:
-                return           # as the client: a failed speculative request is dropped
+            except Exception:    # noqa: BLE001 -- as the client: a failed speculative request is dropped
+                return
             if content.strip():
                 self.cache.put(future_key, "\n".join(suggestion_lines(content)))
 
