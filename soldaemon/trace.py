@@ -51,9 +51,12 @@ from .holes import default_corpus, statement_lines
 from .jumps import JUMP_KEYS, JUMP_KINDS, JUMP_PAUSE, jump_targets
 
 
-# llama.cpp baselines: (name, FIM order, where the middle starts)
-LLAMA_CPP_LAYOUTS = (("llama.cpp", "psm", "cursor"), ("llama.cpp-line", "psm", "line"),
-                     ("llama.cpp-spm", "spm", "cursor"))
+# llama-cpp-python baselines: (--baselines key, row name, FIM order, where the middle starts)
+MODEL_ALONE = "model alone (llama-cpp-python)"
+LLAMA_CPP_LAYOUTS = (("llama.cpp", MODEL_ALONE, "psm", "cursor"),
+                     ("llama.cpp-line", f"{MODEL_ALONE}, line", "psm", "line"),
+                     ("llama.cpp-spm", f"{MODEL_ALONE}, spm", "spm", "cursor"))
+LLAMA_VSCODE = "llama.vscode"
 
 
 @dataclass(frozen=True)
@@ -142,16 +145,21 @@ class Series:
         self.matches += _is_match(item, rest)
 
     def add_baseline(self, ttft_ms: float, e2e_ms: float, prompt_tokens: int, generated: int, item: str,
-                     rest: str, *, decode_ms: float = 0.0, part: str = "") -> None:
-        """Record a baseline's keystroke: it reports no reuse, so every
-        prompt token counts as computed; ``decode_ms``: first → last token."""
+                     rest: str, *, decode_ms: float = 0.0, part: str = "", computed: int | None = None,
+                     cached: bool = False) -> None:
+        """Record a baseline's keystroke; ``computed``: the prompt tokens it
+        computed (default all: a baseline that reports no reuse);
+        ``decode_ms``: first → last token; ``cached``: answered from the
+        client's cache of shown suggestions (counted as type-through)."""
         if part:
             self.parts.setdefault(part, Series()).add_baseline(ttft_ms, e2e_ms, prompt_tokens, generated, item,
-                                                               rest, decode_ms=decode_ms)
+                                                               rest, decode_ms=decode_ms, computed=computed,
+                                                               cached=cached)
         self.ttft_ms.append(ttft_ms)
         self.e2e_ms.append(e2e_ms)
         self.prompt_tokens.append(prompt_tokens)
-        self.computed_tokens.append(prompt_tokens)
+        self.computed_tokens.append(prompt_tokens if computed is None else computed)
+        self.type_through += cached
         self.generated.append(generated)
         if generated > 1 and decode_ms > 0:
             self.decode_ms += decode_ms
@@ -258,7 +266,7 @@ def run_generate(engine: Any, trace: list[Keystroke], every: int, progress: Call
 
 def run_llama_cpp(engine: Any, gguf: Path, trace: list[Keystroke], threads: int,
                   progress: Callable[[str], None], *, interrupt: bool = False, order: str = "psm",
-                  anchor: str = "cursor", name: str = "llama.cpp") -> Series | None:
+                  anchor: str = "cursor", name: str = MODEL_ALONE) -> Series | None:
     """llama.cpp through llama-cpp-python on the same GGUF and this daemon's
     prompt windows, in FIM ``order`` — PSM by default, the layout llama.cpp's
     server (``/infill`` without ``spm_infill``) sends; its Python API reuses
@@ -318,6 +326,56 @@ def run_llama_cpp(engine: Any, gguf: Path, trace: list[Keystroke], threads: int,
     return s
 
 
+def run_llama_vscode(engine: Any, trace: list[Keystroke], threads: int,
+                     progress: Callable[[str], None]) -> tuple[Series, Series, str] | None:
+    """The keystrokes through llama.vscode's client against llama.cpp's
+    ``llama-server`` on the engine's GGUF, started with llama.vscode's
+    documented flags (:mod:`soldaemon.quality.llama_server`): its request and
+    post-processing, its completion cache (typing into a shown suggestion is
+    answered from it: counted as type-through) and its speculative FIM after
+    a shown suggestion (a background request the next keystroke does not
+    wait for, but shares the server with). The wait is the whole request
+    (``stream: false``). "= rest of line" compares the suggestion's first
+    line. Returns the series of every keystroke, that of the keystrokes
+    sent to the server (not answered from the cache), and the server's
+    description; or None (said why) when there is no GGUF or the server
+    cannot be built or started."""
+    from .quality.llama_server import LlamaServer, ServerError
+    from .quality.llama_server_build import BuildError, build_server
+    from .quality.llama_vscode import LlamaVscodeClient
+
+    gguf = engine.loaded.gguf_path
+    if gguf is None:
+        progress(f"{LLAMA_VSCODE}: the model has no GGUF; skipped")
+        return None
+    try:
+        binary = build_server(log=progress)
+        server = LlamaServer(binary, Path(gguf), threads, small_model="0.5b" in Path(gguf).name.lower()).start()
+    except (BuildError, ServerError) as exc:
+        progress(f"{LLAMA_VSCODE}: skipped: {exc}")
+        return None
+    client = LlamaVscodeClient(server.infill)
+    s, m = Series(), Series()
+    try:
+        for i, ks in enumerate(trace):
+            answer = client.complete(ks.prefix, ks.suffix)
+            r, t = answer.response, answer.response.get("timings", {})
+            prompt_n = int(r.get("tokens_evaluated", 0))
+            s.add_baseline(answer.wait_ms, answer.wait_ms, prompt_n, int(r.get("tokens_predicted", 0)),
+                           answer.text.split("\n")[0], ks.rest, decode_ms=float(t.get("predicted_ms", 0.0)),
+                           part=ks.jump, computed=int(t.get("prompt_n", prompt_n)), cached=answer.cached)
+            if answer.requested:
+                m.add_baseline(answer.wait_ms, answer.wait_ms, prompt_n, int(r.get("tokens_predicted", 0)),
+                               answer.text.split("\n")[0], ks.rest, decode_ms=float(t.get("predicted_ms", 0.0)),
+                               computed=int(t.get("prompt_n", prompt_n)))
+            if i % 10 == 0:
+                progress(f"{LLAMA_VSCODE} {i + 1}/{len(trace)} wait {answer.wait_ms:.0f} ms")
+    finally:         # speculative requests still in flight are dropped with the server
+        server.stop()
+    return s, m, (f"{binary.describe()}; llama-server {' '.join(server.args()[2:])}; "
+               f"{client.speculative_sent} speculative requests")
+
+
 def run_remote(config: Config, engine: Any, trace: list[Keystroke],
                progress: Callable[[str], None]) -> dict[str, Series]:
     """The same keystrokes through the remote backend (``backend.url``: an
@@ -337,7 +395,7 @@ def table(results: dict[str, Series], n_keys: int) -> list[str]:
     lines = [f"{'backend':<25} {'n':>4} {'TTFT p50':>9} {'TTFT p95':>9} {'e2e p50':>8} {'e2e p95':>8} "
              f"{'computed/prompt tok':>20} {'accept':>7} {'decode tok/s':>12} {'=rest of line':>14} "
              f"{'type-through':>12} {'resumed':>7}"]
-    base = results.get("llama.cpp") or results.get("generate")
+    base = results.get(LLAMA_VSCODE) or results.get(MODEL_ALONE) or results.get("generate")
     for name, s in results.items():
         n = len(s.ttft_ms)
         comp = f"{statistics.mean(s.computed_tokens):.0f}/{statistics.mean(s.prompt_tokens):.0f}" if n else "-"
@@ -347,9 +405,11 @@ def table(results: dict[str, Series], n_keys: int) -> list[str]:
                      f"{s.decode_tok_s:>12.1f} {s.matches:>6}/{n:<7} {s.type_through:>12} {s.resumed:>7}")
     if base is not None and "sol" in results:
         lines.append("")
-        bases: list[str] = [b for b in ("llama.cpp", "llama.cpp-line") if b in results] or ["generate"]
+        bases: list[str] = [b for b in (LLAMA_VSCODE, MODEL_ALONE, f"{MODEL_ALONE}, line")
+                            if b in results] or ["generate"]
         for bname in bases:
-            pairs = [("sol", bname), ("sol:model", bname)] + [(f"sol:{k}", f"{bname}:{k}") for k in JUMP_KINDS]
+            pairs = ([("sol", bname), ("sol:model", f"{bname}:model" if f"{bname}:model" in results else bname)]
+                     + [(f"sol:{k}", f"{bname}:{k}") for k in JUMP_KINDS])
             for name, against in pairs:
                 sol, base = results.get(name), results.get(against)
                 if sol is None or base is None or not sol.ttft_ms or not base.ttft_ms:
@@ -358,7 +418,8 @@ def table(results: dict[str, Series], n_keys: int) -> list[str]:
                              f"TTFT p95 {sol.pct('ttft_ms', .95) / base.pct('ttft_ms', .95):.3f}x, "
                              f"e2e p50 {sol.pct('e2e_ms', .5) / base.pct('e2e_ms', .5):.3f}x")
         lines.append("(sol: every keystroke; sol:model: the keystrokes the model computed, not type-through "
-                     "or resumed)")
+                     "or resumed; llama.vscode:model: the keystrokes it sent to llama-server, not answered from "
+                     "its completion cache)")
         if any(f"sol:{k}" in results for k in JUMP_KINDS):
             lines.append("(NAME:jump: the first keystroke after the cursor jumped to another function, typed at "
                          "once; NAME:jump+pause: the same after a pause in which the spot was warmed)")
@@ -433,8 +494,13 @@ def run(args: argparse.Namespace, config: Config) -> int:
             say(why)
         if model is not None:
             results["generate"] = run_generate(engine, trace, args.baseline_every, say, model)
-    for name, order, anchor in LLAMA_CPP_LAYOUTS:
-        if name not in args.baselines:
+    peer = ""
+    if LLAMA_VSCODE in args.baselines:
+        got = run_llama_vscode(engine, trace, torch.get_num_threads(), say)
+        if got is not None:
+            results[LLAMA_VSCODE], results[f"{LLAMA_VSCODE}:model"], peer = got
+    for key, name, order, anchor in LLAMA_CPP_LAYOUTS:
+        if key not in args.baselines and not (key == "llama.cpp" and "model-alone" in args.baselines):
             continue
         gguf = engine.loaded.gguf_path
         lc = (run_llama_cpp(engine, gguf, trace, torch.get_num_threads(), say, interrupt=interrupt, order=order,
@@ -454,7 +520,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
             f"typist: {'types on at the first ghost text (--interrupt)' if interrupt else 'waits for each completion'}; "
             f"FIM {config.model.fim_order}, middle from the {config.model.fim_anchor} anchor"
             + (f"; after each line two jumps to other functions, {JUMP_KEYS} keystrokes each (one after a pause "
-               "that warms the spot)" if jumps else ""))
+               "that warms the spot)" if jumps else "")
+            + (f"; {LLAMA_VSCODE}: {peer}" if peer else ""))
     lines = [head, ""] + table(results, len(trace))
     print("\n".join(lines))
     if args.png:

@@ -30,9 +30,17 @@ docstring), seeded. Every hole goes, in the same run, to these columns:
   (:mod:`soldaemon.relevance`, ``model.context: relevance``) and, as the
   ablation, as sent (``model.context: order``: by file name, each from its
   start, until the budget is spent);
-- ``llama.cpp`` (``--baselines`` naming it, as by default): llama.cpp's raw output through ``llama-cpp-python`` on the
-  model's GGUF with the same plain prompt ids (when installed and the model
-  has a GGUF).
+- ``model alone (llama-cpp-python)`` (``--baselines`` naming ``llama.cpp``
+  or ``model-alone``, as by default): llama.cpp's raw output through
+  ``llama-cpp-python`` on the model's GGUF with the same plain prompt ids,
+  to its end token or ``max_tokens`` (when installed and the model has a
+  GGUF) -- the model alone, no editor's stop rule;
+- ``llama.vscode`` (``--baselines`` naming it, as by default): llama.cpp's
+  own ``llama-server``, built for this CPU (:mod:`.llama_server_build`),
+  started with llama.vscode's documented flags on the model's GGUF, sent
+  llama.vscode's ``/infill`` request and post-processed as its client does
+  (:mod:`.llama_vscode`, :class:`LlamaVscode`): the peer as its users run it.
+  Its same-run ratios are printed under the table.
 
 Scores (see :func:`score`): exact match, first-line exact match, edit
 similarity, and whether the file with the completion inserted still parses
@@ -41,13 +49,15 @@ on a cold KV cache (no reuse from the previous hole), p50 per column."""
 
 from __future__ import annotations
 
-from .columns import (ABLATIONS, CONFIG_ABLATIONS, OUTLINE_TOKENS, LlamaCpp, llama_cpp_column, plain_prompt,
-                      postprocessed, run_raw, run_sol, sibling_context, toggled_outline)
+from .columns import (ABLATIONS, CONFIG_ABLATIONS, LLAMA_VSCODE, MODEL_ALONE, OUTLINE_TOKENS, LlamaCpp, LlamaVscode,
+                      llama_cpp_column, llama_vscode_column, plain_prompt, postprocessed, run_raw, run_sol,
+                      sibling_context, toggled_outline)
 from .command import DEFAULT_HOLES, DEFAULT_TOKENS, run
-from .report import agreement, plot, table
+from .report import agreement, plot, ratios, table
 from .scores import Column, Score, edit_similarity, exact_match, first_line_match, levenshtein, normalize, parses, score
 
-__all__ = ["ABLATIONS", "CONFIG_ABLATIONS", "DEFAULT_HOLES", "DEFAULT_TOKENS", "OUTLINE_TOKENS", "Column", "LlamaCpp",
+__all__ = ["ABLATIONS", "CONFIG_ABLATIONS", "DEFAULT_HOLES", "DEFAULT_TOKENS", "LLAMA_VSCODE", "MODEL_ALONE",
+           "OUTLINE_TOKENS", "Column", "LlamaCpp", "LlamaVscode", "llama_vscode_column", "ratios",
            "Score", "agreement", "edit_similarity", "exact_match", "first_line_match", "levenshtein", "llama_cpp_column",
            "normalize", "parses", "plain_prompt", "plot", "postprocessed", "run", "run_raw", "run_sol", "score",
            "sibling_context", "table", "toggled_outline"]

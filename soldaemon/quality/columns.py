@@ -1,5 +1,7 @@
 """The ways of completing a hole that ``bench --quality`` compares: the
-daemon's pipeline, the model alone, llama.cpp, and the ablations."""
+daemon's pipeline, the model alone (this runtime, and llama-cpp-python),
+llama.vscode (llama.cpp's ``llama-server`` behind llama.vscode's client),
+and the ablations."""
 
 from __future__ import annotations
 
@@ -104,9 +106,16 @@ def toggled_outline(config: Config) -> Config:
     return config.with_overrides({"model.max_outline_tokens": tokens}, source="bench")
 
 
+MODEL_ALONE = "model alone (llama-cpp-python)"   # the LlamaCpp column's name
+LLAMA_VSCODE = "llama.vscode"
+
+
 class LlamaCpp:
-    """llama.cpp through llama-cpp-python on the model's GGUF (what
-    ``bench --trace`` compares with), greedy, stop tokens only."""
+    """The model alone through llama-cpp-python on the model's GGUF: the
+    plain prompt ids, greedy, stopped only by a stop token or ``max_tokens``
+    (no editor's stop rule: nobody runs llama.cpp this way in an editor; the
+    peer as users run it is :class:`LlamaVscode`). Shown as
+    :data:`MODEL_ALONE`."""
 
     def __init__(self, engine: Any, threads: int) -> None:
         from llama_cpp import Llama
@@ -134,12 +143,64 @@ class LlamaCpp:
 
 def llama_cpp_column(engine: Any, threads: int, say: Callable[[str], None]) -> LlamaCpp | None:
     if engine.loaded.gguf_path is None:
-        say("llama.cpp: the model has no GGUF; column skipped")
+        say(f"{MODEL_ALONE}: the model has no GGUF; column skipped")
         return None
     try:
         return LlamaCpp(engine, threads)
     except ImportError:
-        say("llama.cpp: llama-cpp-python is not installed; column skipped")
+        say(f"{MODEL_ALONE}: llama-cpp-python is not installed; column skipped")
+        return None
+
+
+class LlamaVscode:
+    """llama.vscode as its users run it: llama.cpp's own ``llama-server``
+    (built for this CPU, :mod:`.llama_server_build`) with llama.vscode's
+    documented flags on the model's GGUF, sent llama.vscode's ``/infill``
+    request for the hole's cursor and its answer post-processed as the
+    client does (:mod:`.llama_vscode`), at llama.vscode's default settings
+    (``n_predict`` 128, ``t_max_predict_ms`` 500: its own budget, not
+    ``--tokens``). Cold, like the daemon's column: every slot erased and no
+    prompt cache in RAM, no completion cache, no speculative FIM (those
+    serve typing, measured by ``bench --trace``); ``input_extra`` empty (the
+    ring holds nothing for a file just opened: docs/bench.md). The
+    latency is the whole request (``stream: false``: nothing shows before)."""
+
+    def __init__(self, engine: Any, threads: int, say: Callable[[str], None]) -> None:
+        from .llama_server import LlamaServer
+        from .llama_server_build import build_server
+        from .llama_vscode import LlamaVscodeClient
+
+        self.binary = build_server(log=say)
+        gguf = Path(engine.loaded.gguf_path)
+        self.server = LlamaServer(self.binary, gguf, threads, small_model="0.5b" in gguf.name.lower(), cold=True)
+        self.server.start()
+        self.client = LlamaVscodeClient(self.server.infill, use_cache=False, speculative=False)
+        say(f"{LLAMA_VSCODE}: {self.binary.describe()}: llama-server {' '.join(self.server.args()[2:])}")
+
+    def __call__(self, hole: Hole, max_tokens: int) -> tuple[str, float, int, int, float]:
+        self.server.erase_slots()
+        answer = self.client.complete(hole.prefix, hole.suffix, automatic=False)
+        r = answer.response
+        return (answer.text, answer.wait_ms, int(r.get("tokens_evaluated", 0)),
+                int(r.get("tokens_predicted", 0)), answer.wait_ms)
+
+    def close(self) -> None:
+        self.server.stop()
+
+
+def llama_vscode_column(engine: Any, threads: int, say: Callable[[str], None]) -> LlamaVscode | None:
+    """The llama.vscode column, or None (said why) when the model has no
+    GGUF or the server cannot be built or started."""
+    from .llama_server import ServerError
+    from .llama_server_build import BuildError
+
+    if engine.loaded.gguf_path is None:
+        say(f"{LLAMA_VSCODE}: the model has no GGUF; column skipped")
+        return None
+    try:
+        return LlamaVscode(engine, threads, say)
+    except (BuildError, ServerError) as exc:
+        say(f"{LLAMA_VSCODE}: column skipped: {exc}")
         return None
 
 

@@ -15,9 +15,10 @@ from ..config import Config
 from ..errors import BadRequest
 from ..holes import cut_holes, default_corpus
 from ..relevance import ContextSelector
-from .columns import (ABLATIONS, CONFIG_ABLATIONS, LlamaCpp, _precision_engines, _sol_configs, llama_cpp_column,
-                      model_configs, model_label, postprocessed, run_raw, run_sol, sibling_context, toggled_outline)
-from .report import _write_json, agreement, plot, table
+from .columns import (ABLATIONS, CONFIG_ABLATIONS, LLAMA_VSCODE, MODEL_ALONE, LlamaCpp, LlamaVscode,
+                      _precision_engines, _sol_configs, llama_cpp_column, llama_vscode_column, model_configs,
+                      model_label, postprocessed, run_raw, run_sol, sibling_context, toggled_outline)
+from .report import _write_json, agreement, plot, ratios, table
 from .scores import Column
 
 
@@ -77,14 +78,37 @@ def run(args: argparse.Namespace, config: Config) -> int:
     precision_engines = _precision_engines(engine, config, getattr(args, "precisions", None) or [], say)
     baselines = args.baselines or []
     want_raw = "raw" in baselines or "generate" in baselines  # generate: the model alone, as in the speed bench
-    llama = llama_cpp_column(engine, engine.info()["threads"], say) if "llama.cpp" in baselines else None
-    # with --models: llama.cpp on each target model's own GGUF
+    threads = engine.info()["threads"]
+    want_alone = "model-alone" in baselines or "llama.cpp" in baselines   # llama.cpp: the old name
+    llama = llama_cpp_column(engine, threads, say) if want_alone else None
+    # with --models: the model alone and llama.vscode on each target model's own GGUF
+    firsts = {t: e for _c, t, e in reversed(by_model)}
+    targets = list(reversed(list(firsts.items())))
     llamas: list[tuple[Column, LlamaCpp]] = []
     if llama is not None and by_model:
-        firsts = {t: e for _c, t, e in reversed(by_model)}
-        llamas = [(Column(f"llama.cpp[{model_label(t)}]"), llama if e is engine else LlamaCpp(e, llama.threads))
-                  for t, e in reversed(list(firsts.items()))]
+        llamas = [(Column(f"{MODEL_ALONE}[{model_label(t)}]"), llama if e is engine else LlamaCpp(e, llama.threads))
+                  for t, e in targets]
         llama = None
+    vscodes: list[tuple[Column, LlamaVscode]] = []
+    if "llama.vscode" in baselines:
+        for t, e in targets or [("", engine)]:
+            runner = llama_vscode_column(e, threads, say)
+            if runner is not None:
+                vscodes.append((Column(f"{LLAMA_VSCODE}[{model_label(t)}]" if t else LLAMA_VSCODE), runner))
+    try:
+        return _run_holes(args, config, engine, holes, files, functional, max_tokens, say, sol_configs, by_model,
+                          precision_engines, want_raw, llama, llamas, vscodes, ablate)
+    finally:
+        for _col, runner in vscodes:
+            runner.close()
+
+
+def _run_holes(args: argparse.Namespace, config: Config, engine: Any, holes: list, files: list[Path],
+               functional: Any, max_tokens: int, say: Any, sol_configs: list, by_model: list,
+               precision_engines: list, want_raw: bool, llama: LlamaCpp | None,
+               llamas: list[tuple[Column, LlamaCpp]], vscodes: list[tuple[Column, LlamaVscode]],
+               ablate: list[str]) -> int:
+    """Every hole through every column; print the table (and ratios)."""
     raw = Column("raw") if want_raw else None
     raw_pp = Column("raw+pp") if want_raw else None
     outline_config = toggled_outline(sol_configs[0][1]) if "outline" in ablate and sol_configs else None
@@ -103,8 +127,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
                + ([no_outline] if no_outline else [])
                + [col for col, _ in without]
                + ([ctx_rel, ctx_order] if ctx_rel and ctx_order else [])
-               + ([raw, raw_pp] if raw and raw_pp else []) + ([Column("llama.cpp")] if llama else [])
-               + [col for col, _ in llamas])
+               + ([raw, raw_pp] if raw and raw_pp else []) + [col for col, _ in llamas]
+               + [col for col, _ in vscodes] + ([Column(MODEL_ALONE)] if llama else []))
     kinds = [h.kind for h in holes]
     t_start = time.time()
     for i, hole in enumerate(holes):
@@ -141,6 +165,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
             columns[-1].add(hole, *llama(hole, max_tokens), python=True)
         for col, runner in llamas:
             col.add(hole, *runner(hole, max_tokens), python=True)
+        for col, vsc in vscodes:
+            col.add(hole, *vsc(hole, max_tokens), python=True)
         if functional is not None:   # pass@1: CPython's own tests on the filled module
             from ..functional import passes
 
@@ -158,7 +184,9 @@ def run(args: argparse.Namespace, config: Config) -> int:
             f"{info['threads']} threads, {platform.processor() or platform.machine()}; {len(holes)} holes "
             f"({kinds.count('line')} line, {kinds.count('block')} block) from {len(files)} files, seed {args.seed}; "
             f"max_tokens {max_tokens}; prefix/suffix budget {mc.max_prefix_tokens}/{mc.max_suffix_tokens} tokens")
-    lines = [head, ""] + table(columns, kinds) + agreement(columns)
+    peers = "; ".join(f"{col.name}: {vsc.binary.describe()}" for col, vsc in vscodes)
+    head += f"; {peers}" if peers else ""
+    lines = [head, ""] + table(columns, kinds) + agreement(columns) + ratios(columns, kinds)
     print("\n".join(lines))
     if args.png:
         plot(columns, kinds, Path(args.png), head)

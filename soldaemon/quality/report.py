@@ -95,3 +95,24 @@ def agreement(columns: list[Column]) -> list[str]:
             same = sum(a == b for a, b in zip(c.texts, ref.texts))
             out.append(f"{c.name}: {same}/{len(ref.texts)} completions identical to sol[float32]")
     return out
+
+
+def ratios(columns: list[Column], kinds: list[str]) -> list[str]:
+    """Lines: each daemon column's end-to-end and TTFT p50 over the
+    llama.vscode column on the same model, measured in this run
+    (``sol`` ↔ ``llama.vscode``, ``sol[1.5b]`` ↔ ``llama.vscode[1.5b]``)."""
+    by_name = {c.name: c for c in columns}
+    out: list[str] = []
+    for c in columns:
+        if not c.name.startswith("sol") or " " in c.name or "+ctx" in c.name:
+            continue
+        label = c.name[3:] if c.name.startswith("sol[") else ""
+        peer = by_name.get(f"llama.vscode{label}")
+        if peer is None and label.startswith("[") and "+" in label:   # target+draft: the target's server
+            peer = by_name.get(f"llama.vscode{label.split('+')[0]}]")
+        if peer is None:
+            continue
+        s, p = c.summary(kinds), peer.summary(kinds)
+        out.append(f"{c.name} / {peer.name} (same run): e2e p50 {s['e2e_p50_ms'] / p['e2e_p50_ms']:.2f}x, "
+                   f"TTFT p50 {s['ttft_p50_ms'] / p['ttft_p50_ms']:.2f}x")
+    return [""] + out if out else []
