@@ -209,3 +209,20 @@ def window_at(prefix: str, suffix: str, language: str) -> Window | None:
     before, after = _window(prefix, suffix)
     tree = parser.parse((before + after).encode())
     return Window(language, before, after, parser, tree, _errors(tree.root_node))
+
+
+def opens_without_body(prefix: str, text: str, suffix: str) -> bool:
+    """Whether ``text`` inserted between ``prefix`` and ``suffix`` ends on a
+    line that opens a block (``...:``, ``... {``) whose body the suffix does
+    not hold: by indentation for a ``:`` (Python), and for a ``{`` when the
+    suffix's next line with code is not indented deeper."""
+    last = _last_code_line(prefix[prefix.rfind("\n") + 1:] + text)
+    if last is None:
+        return False
+    if not (last.endswith("{") or (last.endswith(":") and not last.endswith("::"))):
+        return False
+    first, _, more = suffix.partition("\n")
+    if first.strip():
+        return False      # the rest of the line goes on with it
+    nxt = next((ln for ln in more.split("\n") if ln.strip()), None)
+    return nxt is None or _indent(nxt) <= _indent(last)
