@@ -207,6 +207,9 @@ class CompletionConfig:
     # where provably wrong and parse-checked with the suffix (languages with
     # a tree-sitter grammar); "rules" = the text rules alone (docs/config.md).
     block_end: BlockEnd = _setting("model", _choice(get_args(BlockEnd)))
+    # Refuse the model's end token while its multi-line answer ends on a
+    # block opener without a body (local backend; docs/config.md).
+    hold_end: bool = _setting(False, _bool())
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ Here, for a language with a tree-sitter grammar (:mod:`.syntax`) and with
 
 * **multi-line or not** (:func:`decide_multiline`): the text rules (an
   empty line, a block opener, column 0 before existing text), and also a
-  cursor at the end of an unfinished statement (a syntax error at the
-  cursor that prefix + suffix have);
+  cursor at the end of an unfinished statement (inside a bracket, after a
+  comma or an operator, and a syntax error near the cursor);
 * **during decoding** (:func:`stop_checker`): generation stops where the
   text is provably wrong whatever follows -- a line that repeats the
   suffix, a line indented less than both the cursor's block and the
@@ -70,12 +70,25 @@ class EndPlan:
         return self.window is not None
 
 
+# A line that ends with one of these inside an open bracket goes on below.
+_GOES_ON = (",", "+", "-", "*", "/", "%", "&", "|", "\\", " and", " or", "&&", "||", "??")
+
+
 def _may_be_unfinished(prefix: str, suffix: str, mode: Multiline) -> bool:
-    """Text on the cursor's line before it, nothing but closers after it:
-    the parse decides whether the statement is unfinished."""
+    """Nothing but closers after the cursor on its line, and the line before
+    it ends, inside a bracket it opened, with a comma or a binary operator
+    (``total = (a +|``, ``call(x,|``): the parse decides whether the
+    statement is unfinished. A line that could end here (``x = a.b|``,
+    ``elif n|``) stays single-line: its rest is one line."""
     line = prefix[prefix.rfind("\n") + 1:]
     rest = suffix.split("\n", 1)[0]
-    return mode == "auto" and bool(line.strip()) and not rest.strip(" \t\r)]}\"'`;,")
+    if mode != "auto" or rest.strip(" \t\r)]}\"'`;,") or not line.rstrip().endswith(_GOES_ON):
+        return False
+    depth = 0
+    for ch in line:
+        depth += ch in "([{"
+        depth -= ch in ")]}" and depth > 0
+    return depth > 0
 
 
 def _error_at_cursor(window: Window) -> bool:
@@ -108,11 +121,10 @@ def _error_nodes(node):  # type: ignore[no-untyped-def]
 def plan(prefix: str, suffix: str, language: str, mode: Multiline, max_lines: int, block_end: str) -> EndPlan:
     """The request's :class:`EndPlan`. Multi-line or not: the text rules
     (:func:`soldaemon.postprocess.decide_multiline`), and with a grammar
-    also at the end of an unfinished statement (``total = (a +|``) with
-    nothing but closers after the cursor on its line -- a syntax error at
-    the cursor that the statement's next lines complete. The window is
-    parsed only when the answer may be multi-line (a single line's end is
-    its newline)."""
+    also at the end of an unfinished statement (:func:`_may_be_unfinished`,
+    confirmed by a syntax error near the cursor). The window is parsed only
+    when the answer may be multi-line (a single line's end is its
+    newline)."""
     multiline = decide_by_text(prefix, suffix, mode)
     window = None
     if block_end == "model" and (multiline or _may_be_unfinished(prefix, suffix, mode)):

@@ -19,7 +19,7 @@ from ..fim import FimPrompt
 from ..pipeline.completion import Clock, Early, Generation
 from ..pipeline.completion import preview as preview_of
 from ..postprocess import StopChecker, decide_multiline, postprocess
-from .detok import Detok, stopper
+from .detok import Detok, end_holder, stopper
 from .draft import DraftProposer, PromptLookup
 from .foresight import answer_foreseen, precise_until
 from .generate import GenStats, TokenEvent, generate
@@ -182,6 +182,7 @@ class LocalModelPart:
             draft_k=self.engine.config.completion.draft_tokens, draft_length=draft_length,
             # the middle token and the typed line: at decode cost (session.prefill)
             precise_until=precise_until(prompt),
+            hold_end=end_holder(req.prefix, req.suffix, decode) if multiline and self.engine.config.completion.hold_end else None,
         )
         try:
             for _ in self._drive(run):
