@@ -460,8 +460,8 @@ def server_to_json(msg: ServerMessage) -> dict[str, Any]:
     if isinstance(msg, Delta):
         return {"type": "delta", "id": msg.id, "text": msg.text}
     if isinstance(msg, Done):
-        done = {"type": "done", "id": msg.id, "items": list(msg.items),
-                "finish_reason": msg.finish_reason, "timings": timings_to_json(msg.timings)}
+        done: dict[str, Any] = {"type": "done", "id": msg.id, "items": list(msg.items),
+                                "finish_reason": msg.finish_reason, "timings": timings_to_json(msg.timings)}
         if msg.ends:
             done["ends"] = list(msg.ends)
         return done

@@ -36,6 +36,7 @@ token), a cut rule (``line``, ``max_lines``, ``scope``, ``suffix``,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Iterator
 
 from ..api import Multiline
 from ..postprocess import StopChecker, next_indent, postprocess_why
@@ -110,7 +111,8 @@ def _line_ends(text: bytes) -> list[int]:
     return [i for i, b in enumerate(text) if b == 0x0A][1:] + [len(text)]
 
 
-def _error_nodes(node):  # type: ignore[no-untyped-def]
+def _error_nodes(node: Any) -> Iterator[Any]:
+    """The error and missing nodes under ``node`` (a tree-sitter node)."""
     if node.is_error or node.is_missing:
         yield node
     if node.has_error:
