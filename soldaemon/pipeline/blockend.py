@@ -120,7 +120,8 @@ def _error_nodes(node: Any) -> Iterator[Any]:
             yield from _error_nodes(c)
 
 
-def plan(prefix: str, suffix: str, language: str, mode: Multiline, max_lines: int, block_end: str) -> EndPlan:
+def plan(prefix: str, suffix: str, language: str | None, mode: Multiline, max_lines: int,
+         block_end: str) -> EndPlan:
     """The request's :class:`EndPlan`. Multi-line or not: the text rules
     (:func:`soldaemon.postprocess.decide_multiline`), and with a grammar
     also at the end of an unfinished statement (:func:`_may_be_unfinished`,
@@ -130,7 +131,7 @@ def plan(prefix: str, suffix: str, language: str, mode: Multiline, max_lines: in
     multiline = decide_by_text(prefix, suffix, mode)
     window = None
     if block_end == "model" and (multiline or _may_be_unfinished(prefix, suffix, mode)):
-        window = window_at(prefix, suffix, language)
+        window = window_at(prefix, suffix, language or "")
         multiline = multiline or (window is not None and _error_at_cursor(window))
     lines = max_lines if multiline else 1
     floor: int | None = None
