@@ -66,9 +66,6 @@ CASES = [
     # -- Python ---------------------------------------------------------------
     Case("py: a nested function's return, then the outer scope's code", "python",
          PY_NESTED_PREFIX, "\n    return out\n", PY_NESTED_MIDDLE + "\n", "stop", PY_NESTED_MIDDLE, "model"),
-    Case("py: the same, the model going on into the suffix", "python",
-         PY_NESTED_PREFIX, "\n    return out\n", PY_NESTED_MIDDLE + "\n    return out\n", "length",
-         PY_NESTED_MIDDLE, "suffix"),
     Case("py: the hole goes on after the function's end", "python",
          "import math\n\ndef area(r):\n    ", "\n\n\nprint(area(2), UNIT)\n",
          "return math.pi * r * r\n\n\nUNIT = area(1)\n", "stop",
@@ -129,6 +126,10 @@ SAME = [
     Case("py: a run-on model is cut where the cursor's block ends", "python",
          "def f():\n    ", "\n", "return 1\n\ndef g():\n    pass\n\ndef h():\n    pass\n\nx = 1\ny = 2\nz = 3\n",
          "length", "return 1", "scope"),
+    # a model that does not end by itself is cut where the cursor's block ends
+    Case("py: the nested function, the model going on into the suffix", "python",
+         PY_NESTED_PREFIX, "\n    return out\n", PY_NESTED_MIDDLE + "\n    return out\n", "length",
+         "return True", "scope"),
     Case("py: a dedent the suffix does not fit", "python",
          "def f(n):\n    ", "\n    return n\n", "n += 1\nprint(n)\n", "stop", "n += 1", "scope"),
     Case("py: the model's end inside the block", "python", "def f(x):\n    ", "\n    return y\n",

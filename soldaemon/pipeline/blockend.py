@@ -19,9 +19,9 @@ Here, for a language with a tree-sitter grammar (:mod:`.syntax`) and with
   goes on in), a line past ``max_lines``, a line's third repetition; not at
   the end of the cursor's block;
 * **at the end** (:func:`finish`): when the model ended with its own end
-  token, its text stands, cut only by those rules; when it did not (it ran
-  to a line cap, ``max_tokens`` or the budget), the text rules cut it at
-  the end of the cursor's block as before. Then the answer must parse with
+  token, its text stands, cut only by those rules; when it did not (a rule
+  above stopped it, or ``max_tokens`` or the budget did), the text rules
+  cut it at the end of the cursor's block as before. Then the answer must parse with
   the suffix: cut back to the longest line-prefix that adds no syntax error
   to prefix + suffix (an unclosed bracket or string, a block opener without
   a body, a dedent the suffix does not fit).
@@ -151,10 +151,11 @@ def stop_checker(p: EndPlan) -> StopChecker:
 def finish(p: EndPlan, raw: str, finish_reason: str, checker: StopChecker) -> Answer:
     """The shown answer for generated ``raw`` that ended with
     ``finish_reason`` (checker: the one that ran during decoding)."""
-    # The model decided the end when it ended with its end token, or went on
-    # into the suffix's code or out of its scope (cuts that are provable);
-    # it ran on when a line cap, a repeat, max_tokens or the budget stopped it.
-    by_model = finish_reason == "stop" and checker.rule in (None, "suffix", "scope")
+    # The model decided the end only when it ended with its own end token. A
+    # model stopped by a rule (it went on into the suffix's code, out of the
+    # suffix's scope, past max_lines) ran on: what it wrote before that is no
+    # more trusted than a run to max_tokens (measured: docs/quality.md).
+    by_model = finish_reason == "stop" and checker.rule is None
     if p.window is None or not by_model:
         text, rule = postprocess_why(raw, prefix=p.prefix, suffix=p.suffix, multiline=p.multiline,
                                      max_lines=p.max_lines)
