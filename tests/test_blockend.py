@@ -219,3 +219,10 @@ def test_early_stop_with_a_floor_never_changes_the_result(prefix: str, suffix: s
     for q in range(stop, len(text) + 1):
         assert postprocess_why(text[:q], prefix=prefix, suffix=suffix, multiline=True, max_lines=5,
                                floor=floor)[0] == final
+
+
+def test_a_line_at_column_0_inside_a_docstring_starts_no_window() -> None:
+    prefix = 'def f(s):\n    """Collapse blanks:\n\nbecomes one line.\n    """\n    '
+    w = window_at(prefix, "\n    return s\n", "python")
+    assert w is not None
+    assert w.before == prefix and w.errors == 0

@@ -75,22 +75,36 @@ def _top_level(line: str) -> bool:
     return bool(line) and not line[0].isspace() and not line.startswith(_GOES_ON)
 
 
+def _triples(text: str) -> int:
+    """Triple quotes in ``text``: an odd count before a line puts the line
+    inside a multi-line string (Python), where column 0 starts nothing."""
+    return text.count('"""') + text.count("'''")
+
+
 def _window(prefix: str, suffix: str) -> tuple[str, str]:
     """The part of ``prefix`` from the last top-level line before the cursor's
     line, and of ``suffix`` up to the next top-level line after it, each at
-    most :data:`WINDOW_LINES` lines."""
+    most :data:`WINDOW_LINES` lines; a line inside a multi-line string is no
+    top-level line (a window starting there would parse as one long error)."""
     head = prefix.split("\n")[-WINDOW_LINES - 1:]
+    quotes = _triples(prefix[: len(prefix) - len("\n".join(head))])
+    inside: list[bool] = []
+    for line in head:
+        inside.append(quotes % 2 == 1)
+        quotes += _triples(line)
     start = 0
     for i in range(len(head) - 2, -1, -1):
-        if _top_level(head[i]):
+        if _top_level(head[i]) and not inside[i]:
             start = i
             break
     tail = suffix.split("\n")[: WINDOW_LINES + 1]
     end = len(tail)
+    quotes += _triples(tail[0])
     for i in range(1, len(tail)):
-        if _top_level(tail[i]):
+        if _top_level(tail[i]) and quotes % 2 == 0:
             end = i
             break
+        quotes += _triples(tail[i])
     return "\n".join(head[start:]), "\n".join(tail[:end])
 
 
