@@ -95,6 +95,9 @@ class Done:
     items: tuple[str, ...]
     finish_reason: FinishReason
     timings: Timings = field(default_factory=Timings)
+    # per item, why it ends where it does: "model" (its end token) or a cut
+    # rule (soldaemon.pipeline.blockend); () when not known
+    ends: tuple[str, ...] = ()
 
 
 Event = Delta | Done

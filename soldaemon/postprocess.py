@@ -94,6 +94,12 @@ def _cursor_line(prefix: str) -> str:
     return prefix[prefix.rfind("\n") + 1:]
 
 
+def _column0(before: str, rest: str) -> bool:
+    """The cursor is at column 0 of a line that holds text: a completion
+    there is whole lines inserted above that line."""
+    return before == "" and bool(rest.strip())
+
+
 def _rest_of_line(suffix: str) -> str:
     nl = suffix.find("\n")
     return suffix if nl < 0 else suffix[:nl]
@@ -115,16 +121,21 @@ def decide_multiline(prefix: str, suffix: str, mode: Multiline) -> bool:
        a block ``:``, ``do``/``then``/``else``/``begin``).
 
     At the end of a complete statement (``x = f(a)|``) the answer is single:
-    the completion continues that line.
+    the completion continues that line. At column 0 of a non-blank line (the
+    cursor before existing text, nothing before it on the line) the answer
+    is multi-line: whole lines inserted above that line (see
+    ``docs/quality.md``, "Column 0 before existing text").
     """
     if mode == "single":
         return False
     if mode == "multi":
         return True
     rest = _rest_of_line(suffix)
+    before = _cursor_line(prefix)
+    if _column0(before, rest):
+        return True
     if any(ch not in _REST_ALLOWED for ch in rest):
         return False
-    before = _cursor_line(prefix)
     stripped = before.strip()
     if not stripped:
         return True
@@ -145,6 +156,8 @@ class _Cursor:
     opener: bool             # ``before`` ends with a block opener
     next_line: str | None    # first non-blank suffix line after the cursor line, rstripped
     later_lines: tuple[str, ...] = ()  # the next few non-blank suffix lines after it, rstripped
+    column0: bool = False    # at column 0 before existing text: ``rest`` counts as the next line
+    next_indent: int = 0     # indentation of ``next_line`` (0 when there is none)
 
 
 def _cursor(prefix: str, suffix: str) -> _Cursor:
@@ -162,6 +175,9 @@ def _cursor(prefix: str, suffix: str) -> _Cursor:
             break
         pos = end + 1
     indent = _indent(before) if before.strip() else len(before.expandtabs(4))
+    column0 = _column0(before, rest)
+    if column0:
+        found.insert(0, rest.rstrip())
     return _Cursor(
         prefix=prefix,
         suffix=suffix,
@@ -170,7 +186,9 @@ def _cursor(prefix: str, suffix: str) -> _Cursor:
         indent=indent,
         opener=_opens_block(before),
         next_line=found[0] if found else None,
-        later_lines=tuple(found[1:]),
+        later_lines=tuple(found[1:1 + _LATER_LINES]),
+        column0=column0,
+        next_indent=_indent(found[0]) if found else 0,
     )
 
 
@@ -189,7 +207,12 @@ def _repeats_suffix(cur: _Cursor, text: str) -> bool:
     return len(text.strip()) >= _LATER_MIN_CHARS and text in cur.later_lines
 
 
-_Cut = tuple[Literal["before", "after"], int]
+# A cut: drop from line ``at`` ("before") or after it ("after"), and the
+# name of the rule that cut (the ``end`` a completion reports; see
+# docs/protocol.md): "line" (single-line: a newline), "max_lines", "scope"
+# (the enclosing block ended), "suffix" (a line repeats the suffix),
+# "repeat" (a line came a third time in a row).
+_Cut = tuple[Literal["before", "after"], int, str]
 
 # A dedented line that goes on with the statement the cursor is inside, not
 # after it: keyword -> the header keywords it may follow (``elif`` after the
@@ -225,10 +248,11 @@ class _Scanner:
     time: :meth:`decide` for line ``i`` (pure), then :meth:`advance` when it
     is kept and complete."""
 
-    def __init__(self, cur: _Cursor, multiline: bool, max_lines: int) -> None:
+    def __init__(self, cur: _Cursor, multiline: bool, max_lines: int, floor: int | None = None) -> None:
         self.cur = cur
         self.multiline = multiline
         self.max_lines = max(1, max_lines)
+        self.floor = floor              # None: a dedent out of the block ends; else only one below this
         self.i = 0
         self.first_blank = False
         self.base = cur.indent          # body lines are indented at least this much
@@ -335,37 +359,37 @@ class _Scanner:
         if i == 0:
             return None
         if not self.multiline:
-            return ("before", i)
+            return ("before", i, "line")
         shown = i + 1 - (1 if self.first_blank else 0)
         if shown > self.max_lines:
-            return ("before", i)
+            return ("before", i, "max_lines")
         stripped = line.strip()
         if not stripped:
             return None
         ind = _indent(line)
-        if ind < self.base:
+        if ind < self.base and (self.floor is None or ind < self.floor):
             goes_on = self.continues(stripped, ind, complete)
             if goes_on is None:
                 return None
             if goes_on:
                 if complete and _repeats_suffix(self.cur, line.rstrip()):
-                    return ("before", i)
+                    return ("before", i, "suffix")
                 return None
             c = stripped[0]
             if c in _CLOSE_TO_OPEN and self.closer_kept(c, ind):
                 if not complete:
                     return None
                 if _repeats_suffix(self.cur, line.rstrip()):
-                    return ("before", i)
-                return ("after", i)
-            return ("before", i)
+                    return ("before", i, "suffix")
+                return ("after", i, "scope")
+            return ("before", i, "scope")
         if not complete:
             return None
         text = line.rstrip()
         if _repeats_suffix(self.cur, text):
-            return ("before", i)
+            return ("before", i, "suffix")
         if text == self.prev and self.run + 1 >= 3:
-            return ("before", self.run_second)
+            return ("before", self.run_second, "repeat")
         return None
 
     def advance(self, line: str) -> None:
@@ -438,18 +462,22 @@ def _finish(lines: list[str], cur: _Cursor) -> str:
     while len(lines) > 1 and not lines[-1].strip():
         lines.pop()
     lines[-1] = lines[-1].rstrip()
+    if cur.column0:
+        # whole lines above the cursor's line: the text ends with a newline
+        text = "\n".join(lines)
+        return text + "\n" if text.strip() else ""
     text = _trim_rest_overlap("\n".join(lines), cur.rest)
     return text if text.strip() else ""
 
 
-def _cut_lines(lines: list[str], scanner: _Scanner) -> list[str]:
+def _cut_lines(lines: list[str], scanner: _Scanner) -> tuple[list[str], str | None]:
     for line in lines:
         cut = scanner.decide(line, complete=True)
         if cut is not None:
-            kind, at = cut
-            return lines[: at + 1] if kind == "after" else lines[:at]
+            kind, at, rule = cut
+            return (lines[: at + 1] if kind == "after" else lines[:at]), rule
         scanner.advance(line)
-    return lines
+    return lines, None
 
 
 def postprocess(
@@ -493,9 +521,25 @@ def postprocess(
     leaves an indentation-only last line in a multi-line completion, the
     indentation stays so the suffix's closer lands on its own line.
     """
+    return postprocess_why(text, prefix=prefix, suffix=suffix, multiline=multiline, max_lines=max_lines)[0]
+
+
+def postprocess_why(
+    text: str, *, prefix: str, suffix: str, multiline: bool, max_lines: int, floor: int | None = None
+) -> tuple[str, str | None]:
+    """:func:`postprocess` and the rule that cut (None: none; names at
+    ``_Cut``). ``floor`` (columns) replaces rule b's block end: only a line
+    indented less ends it (:mod:`soldaemon.pipeline.blockend`)."""
     cur = _cursor(prefix, suffix)
-    scanner = _Scanner(cur, multiline, max_lines)
-    return _finish(_cut_lines(text.split("\n"), scanner), cur)
+    lines, rule = _cut_lines(text.split("\n"), _Scanner(cur, multiline, max_lines, floor))
+    return _finish(lines, cur), rule
+
+
+def next_indent(prefix: str, suffix: str) -> int | None:
+    """Indentation of the next non-blank line after the cursor's (its own at
+    column 0 before text); None: the suffix holds none."""
+    cur = _cursor(prefix, suffix)
+    return cur.next_indent if cur.next_line is not None else None
 
 
 class StopChecker:
@@ -515,16 +559,20 @@ class StopChecker:
     examined when it completes, plus the current partial line).
     """
 
-    def __init__(self, prefix: str, suffix: str, multiline: bool, max_lines: int) -> None:
+    def __init__(self, prefix: str, suffix: str, multiline: bool, max_lines: int,
+                 floor: int | None = None) -> None:
         self._cur = _cursor(prefix, suffix)
         self._multiline = multiline
         self._max_lines = max_lines
+        self.floor = floor   # see postprocess_why
+        self.rule: str | None = None   # the rule that stopped generation (None: none did)
         self._reset()
 
     def _reset(self) -> None:
-        self._scanner = _Scanner(self._cur, self._multiline, self._max_lines)
+        self._scanner = _Scanner(self._cur, self._multiline, self._max_lines, self.floor)
         self._pos = 0
         self._stopped = False
+        self.rule = None
 
     def check(self, text_so_far: str) -> bool:
         """True when generation can stop now (see the class docstring)."""
@@ -539,12 +587,14 @@ class StopChecker:
             if nl < 0:
                 break
             line = text[self._pos:nl]
-            if scanner.decide(line, complete=True) is not None:
-                self._stopped = True
+            cut = scanner.decide(line, complete=True)
+            if cut is not None:
+                self._stopped, self.rule = True, cut[2]
                 return True
             scanner.advance(line)
             self._pos = nl + 1
-        if scanner.decide(text[self._pos:], complete=False) is not None:
-            self._stopped = True
+        cut = scanner.decide(text[self._pos:], complete=False)
+        if cut is not None:
+            self._stopped, self.rule = True, cut[2]
             return True
         return False

@@ -460,8 +460,11 @@ def server_to_json(msg: ServerMessage) -> dict[str, Any]:
     if isinstance(msg, Delta):
         return {"type": "delta", "id": msg.id, "text": msg.text}
     if isinstance(msg, Done):
-        return {"type": "done", "id": msg.id, "items": list(msg.items),
-                "finish_reason": msg.finish_reason, "timings": timings_to_json(msg.timings)}
+        done: dict[str, Any] = {"type": "done", "id": msg.id, "items": list(msg.items),
+                                "finish_reason": msg.finish_reason, "timings": timings_to_json(msg.timings)}
+        if msg.ends:
+            done["ends"] = list(msg.ends)
+        return done
     if isinstance(msg, ErrorFrame):
         out: dict[str, Any] = {"type": "error", "id": msg.id, "code": msg.code,
                                "message": msg.message, "retryable": msg.retryable}
@@ -543,7 +546,7 @@ def decode_server(data: bytes | str) -> ServerMessage:
             if reason not in FINISH_REASONS:
                 raise BadField(f"unknown finish reason {reason!r}")
             return Done(str(obj["id"]), tuple(str(i) for i in obj["items"]), reason,
-                        timings_from_json(obj.get("timings") or {}))
+                        timings_from_json(obj.get("timings") or {}), tuple(str(e) for e in obj.get("ends") or ()))
         if kind == "error":
             return ErrorFrame(obj.get("id"), str(obj["code"]), str(obj["message"]),
                               bool(obj.get("retryable", False)), obj.get("hint"))

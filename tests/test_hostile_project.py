@@ -149,12 +149,14 @@ async def test_a_cloned_project_neither_configures_nor_runs_code(tmp_path: Path,
     try:
         await client.initialize_session(types.InitializeParams(
             capabilities=capabilities(), workspace_folders=[types.WorkspaceFolder(proj.as_uri(), "proj")]))
+        uri = (proj / "main.py").as_uri()
+        open_doc(client, uri, (proj / "main.py").read_text())
+        # the first completion starts the daemon (not the window): empty at once, ready soon after
+        await asyncio.wait_for(client.text_document_inline_completion_async(inline_params(uri, 1, 11)), 90)
         await wait_for(lambda: last_state(statuses) == "ready" or marker.exists() or bool(listener.heard), 240,
                        f"the daemon sol-lsp starts; got {statuses[-3:]}")
         assert not marker.exists(), "the project's soldaemon/__init__.py ran"
         assert listener.heard == [], f"the project's listener was reached: {listener.heard[:2]}"
-        uri = (proj / "main.py").as_uri()
-        open_doc(client, uri, (proj / "main.py").read_text())
         result = await asyncio.wait_for(client.text_document_inline_completion_async(inline_params(uri, 1, 11)), 90)
         assert result is not None
         log = log_file.read_text()

@@ -403,3 +403,32 @@ def test_a_prompt_tail_at_decode_cost_is_the_same_reused_or_whole(tiny) -> None:
     # all-precise would differ: the tail really took the decode weights
     precise = KVSession(LeanBackend(model, 2048, plan=MIXED)).prefill(ids).logits
     assert (precise - whole).abs().max().item() > 1e-4
+
+
+def test_end_token_refused_while_held(tiny) -> None:
+    """completion.hold_end: an end token picked while ``hold_end`` says the
+    answer may not end is replaced by the best other token -- the same with
+    and without speculation -- and allowed once it says so."""
+    model, tok = tiny
+    session = KVSession(LeanBackend(model, 2048))
+    ids = _prompts(tok, 1, seed=3)[0]
+    free = _ours(session, ids, 16)
+    at = next(i for i in range(3, 16) if free[i] not in free[:i])   # the first time this token comes
+    stop = free[at]
+    asked: list[int] = []
+
+    def hold(generated: list[int]) -> bool:
+        asked.append(len(generated))
+        return len(generated) <= at    # the end picked at ``at`` is refused, later ones not
+
+    runs = []
+    for drafter in (None, PromptLookup()):
+        asked.clear()
+        events = list(generate(session, ids, sampler=Greedy(), stop_ids=frozenset({stop}), max_tokens=16,
+                               drafter=drafter, hold_end=hold))
+        runs.append([t for ev in events for t in ev.tokens])
+        assert events[-1].finish_reason in ("stop", "length")
+        assert asked and asked[0] == at         # asked only when the end token was picked
+    plain, spec = runs
+    assert plain == spec
+    assert plain[:at] == free[:at] and len(plain) > at and plain[at] != stop

@@ -16,6 +16,7 @@ from .checks import (_bool, _choice, _device, _env_name, _float, _int, _memory_b
 
 OffloadPolicy = Literal["layer", "block"]
 Dtype = Literal["auto", "float32", "float16", "bfloat16"]
+BlockEnd = Literal["model", "rules"]
 DecodeDtype = Literal["auto", "same", "float16", "bfloat16"]
 Precision = Literal["auto", "float32", "bfloat16", "float16", "int8", "int4"]
 BackendKind = Literal["local", "remote"]
@@ -202,6 +203,13 @@ class CompletionConfig:
     # as if the user accepts it, at the lowest priority, stopped by any
     # request (local backend; docs/config.md).
     speculative_fim: bool = _setting(True, _bool())
+    # Who ends a multi-line completion: "model" = its own end token, cut only
+    # where provably wrong and parse-checked with the suffix (languages with
+    # a tree-sitter grammar); "rules" = the text rules alone (docs/config.md).
+    block_end: BlockEnd = _setting("model", _choice(get_args(BlockEnd)))
+    # Refuse the model's end token while its multi-line answer ends on a
+    # block opener without a body (local backend; docs/config.md).
+    hold_end: bool = _setting(False, _bool())
 
 
 @dataclass(frozen=True)

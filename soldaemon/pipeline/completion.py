@@ -21,9 +21,10 @@ from typing import Any, Callable, ContextManager, Iterator, MutableMapping, Name
 from ..api import CancelToken, CompletionRequest, Delta, Done, Event, FinishReason, Timings
 from ..config import Config
 from ..fim import FimPrompt, FimTemplate, WindowMemo
-from ..postprocess import StopChecker, decide_multiline, postprocess
+from ..postprocess import StopChecker
 from ..protocol import validate_request
 from ..relevance import ContextSelector
+from . import blockend
 from .prompt import LeadAnchors, build_fim_prompt, context_selector
 
 log = logging.getLogger("soldaemon.pipeline")
@@ -185,16 +186,18 @@ class Pipeline:
             yield from self._relay(req, early, model)
             return
         prompt, prompt_ms = self.build_prompt(req)
-        multiline = decide_multiline(prompt.prefix_text, req.suffix, req.multiline)
-        max_lines = self.config.completion.max_lines if multiline else 1
+        cc = self.config.completion
+        plan = blockend.plan(req.prefix, req.suffix, req.language, req.multiline, cc.max_lines, cc.block_end)
+        multiline, max_lines = plan.multiline, plan.max_lines
         deadline = clock.deadline(req)
         previewer = Previewer(multiline)
         items: list[str] = []
+        ends: list[str] = []
         gens: list[Generation] = []
         finish: str = "stop"
         with model.generating(req):
             for candidate in range(req.n):
-                checker = StopChecker(req.prefix, req.suffix, multiline, max_lines)
+                checker = blockend.stop_checker(plan)
                 gen = Generation()
                 try:
                     for raw in model.generate(req, prompt, candidate, checker, multiline, max_lines,
@@ -211,16 +214,17 @@ class Pipeline:
                     return
                 gens.append(gen)
                 finish = gen.finish
-                items.append(postprocess(gen.raw, prefix=req.prefix, suffix=req.suffix,
-                                         multiline=multiline, max_lines=max_lines))
+                answer = blockend.finish(plan, gen.raw, gen.finish, checker)
+                items.append(answer.text)
+                ends.append(answer.end)
                 if finish in ("cancelled", "budget", "superseded"):
                     break
         if finish == "cancelled":
             finish = cancel.reason
-        yield self.finish(req, items, finish, model.timings(req, gens, prompt, prompt_ms, clock), model)
+        yield self.finish(req, items, finish, model.timings(req, gens, prompt, prompt_ms, clock), model, ends)
 
     def finish(self, req: CompletionRequest, items: list[str], finish: str, timings: Timings,
-               model: ModelPart | None) -> Done:
+               model: ModelPart | None, ends: list[str] | None = None) -> Done:
         """The request's Done; counted by ``model`` (None: not counted), its
         first item remembered for type-through when it finished whole."""
         if model is not None:
@@ -232,14 +236,15 @@ class Pipeline:
                  timings.prompt_tokens, timings.cached_tokens, timings.generated_tokens, timings.prompt_ms,
                  timings.prefill_ms, timings.ttft_ms, timings.decode_ms, timings.total_ms,
                  timings.accepted_tokens, timings.draft_tokens)
-        return Done(req.id, tuple(items), finish, timings)  # type: ignore[arg-type]
+        return Done(req.id, tuple(items), finish, timings, tuple(ends or ()))  # type: ignore[arg-type]
 
     def _relay(self, req: CompletionRequest, early: Early, model: ModelPart) -> Iterator[Event]:
         """An early answer's events, its Done finished like the pipeline's own."""
         for event in early.events:
             if isinstance(event, Done):
                 if early.counted:
-                    event = self.finish(req, list(event.items), event.finish_reason, event.timings, model)
+                    event = self.finish(req, list(event.items), event.finish_reason, event.timings, model,
+                                        list(event.ends))
                 elif event.finish_reason in ("stop", "length") and event.items:
                     remember(self.shown, req, event.items[0])
             yield event

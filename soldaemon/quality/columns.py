@@ -41,9 +41,9 @@ def sibling_context(hole: Hole, max_files: int = 32, max_chars: int = 200_000) -
 
 
 def run_sol(engine: Any, hole: Hole, uri: str, max_tokens: int,
-            context: tuple[ContextChunk, ...] = ()) -> tuple[str, float, int, int, float]:
+            context: tuple[ContextChunk, ...] = ()) -> tuple[str, float, int, int, float, str]:
     """The daemon's full pipeline on a cold cache. Returns (text, e2e ms,
-    prompt tokens, generated tokens, TTFT ms)."""
+    prompt tokens, generated tokens, TTFT ms, why the answer ended)."""
     engine.pool.acquire(uri).truncate(0)
     req = CompletionRequest(id="q", uri=uri, prefix=hole.prefix, suffix=hole.suffix, language="python",
                             max_tokens=max_tokens, received_ns=time.perf_counter_ns(), context=context)
@@ -51,7 +51,8 @@ def run_sol(engine: Any, hole: Hole, uri: str, max_tokens: int,
     engine.pool.acquire(uri).truncate(0)  # no type-through or reuse into the next column/hole
     engine._shown.pop(uri, None)
     t = done.timings
-    return done.items[0] if done.items else "", t.total_ms, t.prompt_tokens, t.generated_tokens, t.ttft_ms
+    return (done.items[0] if done.items else "", t.total_ms, t.prompt_tokens, t.generated_tokens, t.ttft_ms,
+            done.ends[0] if done.ends else "")
 
 
 def run_raw(engine: Any, hole: Hole, max_tokens: int) -> tuple[str, float, int, int, float]:
@@ -78,11 +79,14 @@ def postprocessed(engine: Any, hole: Hole, text: str) -> str:
     """``text`` through the daemon's post-processing, as ``complete`` would
     cut it (the stop rules end generation exactly where post-processing
     would cut, so this is what the daemon's pipeline gives on that prompt)."""
-    from ..postprocess import decide_multiline, postprocess
+    from ..pipeline import blockend
+    from ..postprocess import StopChecker
 
-    multiline = decide_multiline(hole.prefix, hole.suffix, "auto")
-    max_lines = engine.config.completion.max_lines if multiline else 1
-    return postprocess(text, prefix=hole.prefix, suffix=hole.suffix, multiline=multiline, max_lines=max_lines)
+    cc = engine.config.completion
+    p = blockend.plan(hole.prefix, hole.suffix, "python", "auto", cc.max_lines, cc.block_end)
+    checker: StopChecker = blockend.stop_checker(p)
+    checker.check(text)
+    return blockend.finish(p, text, "stop", checker).text
 
 
 # What ``--ablate`` can leave out; all but ``outline`` are config overrides.

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..holes import Hole
+from . import ends
 from .scores import Column
 
 
@@ -35,7 +36,7 @@ def table(columns: list[Column], kinds: list[str]) -> list[str]:
         cells += [f"{s['e2e_p50_ms']:.0f}", f"{s['ttft_p50_ms']:.0f}", f"{s['decode_tok_s']:.1f}",
                   f"{s['prompt_tokens_p50']:.0f}", f"{s['generated_p50']:.0f}"]
         out.append("| " + " | ".join(cells) + " |")
-    return out
+    return out + ends.table(columns, kinds)
 
 
 def plot(columns: list[Column], kinds: list[str], path: Path, title: str) -> None:
@@ -71,12 +72,15 @@ def plot(columns: list[Column], kinds: list[str], path: Path, title: str) -> Non
 def _write_json(path: Path, info: dict[str, Any], seed: int, max_tokens: int, files: list[Path],
                 holes: list[Hole], columns: list[Column]) -> None:
     kinds = [h.kind for h in holes]
+    raw = next((c for c in columns if c.name == "raw"), None)
     path.write_text(json.dumps({
         "info": info, "seed": seed, "max_tokens": max_tokens, "files": [f.name for f in files],
-        "summary": {c.name: {"all": c.summary(kinds), **{k: c.summary(kinds, k) for k in ("line", "block")}}
+        "summary": {c.name: {"all": c.summary(kinds), **{k: c.summary(kinds, k) for k in ("line", "block")},
+                             "ends": ends.summary(c, kinds, raw)}
                     for c in columns},
         "holes": [{"path": h.path, "line": h.line, "kind": h.kind, "expected": h.expected,
                    "out": {c.name: {"text": c.texts[i], **asdict(c.scores[i]), "e2e_ms": c.e2e_ms[i],
+                                    "end": c.ends[i] if i < len(c.ends) else "",
                                     "ttft_ms": c.ttft_ms[i], "prompt_tokens": c.prompt_tokens[i]}
                            for c in columns}}
                   for i, h in enumerate(holes)],

@@ -7,6 +7,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from ..holes import Hole
+from ..pipeline.syntax import opens_without_body
 
 
 def normalize(text: str) -> str:
@@ -82,10 +83,14 @@ class Column:
     prompt_tokens: list[int] = field(default_factory=list)
     generated_tokens: list[int] = field(default_factory=list)
     ttft_ms: list[float] = field(default_factory=list)      # request → first token (nan: no model run)
+    ends: list[str] = field(default_factory=list)           # why each answer ended ("": not known; quality/ends.py)
+    open_ends: list[bool] = field(default_factory=list)     # it ends on a block opener the suffix holds no body for
 
     def add(self, hole: Hole, text: str, ms: float, prompt_tokens: int, generated: int,
-            ttft: float = float("nan"), *, python: bool) -> None:
+            ttft: float = float("nan"), end: str = "", *, python: bool) -> None:
         self.texts.append(text)
+        self.ends.append(end)
+        self.open_ends.append(opens_without_body(hole.prefix, text, hole.suffix))
         self.scores.append(score(hole, text, python=python))
         self.e2e_ms.append(ms)
         self.prompt_tokens.append(prompt_tokens)

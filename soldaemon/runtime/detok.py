@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ..pipeline.syntax import opens_without_body
 from ..postprocess import StopChecker
 
 
@@ -33,3 +34,10 @@ class Detok:
 
 def stopper(checker: StopChecker, decode: Detok) -> Callable[[list[int]], bool]:
     return lambda tokens: checker.check(decode.text(tokens))
+
+
+def end_holder(prefix: str, suffix: str, decode: Detok) -> Callable[[list[int]], bool]:
+    """``completion.hold_end``: whether the text of ``tokens`` ends on a
+    block opener whose body ``suffix`` does not hold (then the model's end
+    token is refused; generate.refuse_end)."""
+    return lambda tokens: opens_without_body(prefix, decode.text(tokens), suffix)

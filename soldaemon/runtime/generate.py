@@ -15,7 +15,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from ..policy.draft import DraftLength, DraftProposer
-from .sampling import Sampler
+from .sampling import Sampler, refuse_end
 from .session import KVSession
 from .timing import elapsed_ms
 
@@ -53,6 +53,7 @@ def generate(
     draft_k: int = 8,
     draft_length: DraftLength | None = None,
     precise_until: int | None = None,
+    hold_end: Callable[[list[int]], bool] | None = None,
 ) -> Iterator[TokenEvent]:
     """Prefill ``prompt`` (reusing the cache) and decode up to ``max_tokens``.
 
@@ -62,7 +63,9 @@ def generate(
     output. ``draft_length`` (when given) picks the draft size per step from
     measured costs, at most ``draft_k``; 0 skips speculation for that step.
     Raises session.Cancelled if cancelled during prefill. ``precise_until``:
-    see :meth:`KVSession.prefill`.
+    see :meth:`KVSession.prefill`. ``hold_end(generated)`` (when given) is
+    asked when the model picks an end token: True refuses it, and the best other
+    token is taken (:func:`sampling.refuse_end`; completion.hold_end).
 
     The generator may be left suspended after any event and resumed later
     (the engine does that to keep a generation the user is typing along):
@@ -79,7 +82,13 @@ def generate(
         assert drafter is not None
         drafter.reset(prompt)
     generated: list[int] = []
+
+    def holding() -> bool:   # asked only when an end token was picked
+        return hold_end is not None and hold_end(generated)
+
     token = sampler(pre.logits)
+    if hold_end is not None:
+        token = refuse_end(token, pre.logits, stop_ids, sampler, holding)
     stats.first_token_ns = time.perf_counter_ns()
     stats.first_token_wall_ns = time.time_ns()
     while True:
@@ -121,6 +130,8 @@ def generate(
             generated.extend(draft[:accepted])
             session.truncate(base + 1 + accepted, logits[accepted])
             next_token = greedy[accepted]
+            if hold_end is not None:
+                next_token = refuse_end(next_token, logits[accepted], stop_ids, sampler, holding)
             assert drafter is not None
             drafter.extend(draft[:accepted])
             yield TokenEvent(new + draft[:accepted], None, stats)
@@ -135,6 +146,8 @@ def generate(
             logits1 = session.decode_step(token)
             stats.steps += 1
             next_token = sampler(logits1)
+            if hold_end is not None:
+                next_token = refuse_end(next_token, logits1, stop_ids, sampler, holding)
             if draft_length is not None and speculate:
                 draft_length.observe(1, (time.perf_counter_ns() - t_fwd) / 1e6)
         token = next_token

@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Iterator
 from ..api import CancelToken, CompletionRequest, Delta, Done, Event, Timings
 from ..errors import Cancelled
 from ..fim import FimPrompt
+from ..pipeline import blockend
 from ..pipeline.completion import Clock, Early, Generation
 from ..pipeline.completion import preview as preview_of
 from ..postprocess import StopChecker, decide_multiline, postprocess
-from .detok import Detok, stopper
+from .detok import Detok, end_holder, stopper
 from .draft import DraftProposer, PromptLookup
 from .foresight import answer_foreseen, precise_until
 from .generate import GenStats, TokenEvent, generate
@@ -52,6 +53,7 @@ class Run:
         self.typed = ""              # what the user typed of this generation's text
         self.emitted = ""            # preview streamed to the current request
         self.tokens_before = 0       # tokens generated before the current request adopted it
+        self.checker: StopChecker | None = None   # the stop check it decodes under (its rule: blockend.finish)
 
     def cancelled(self) -> bool:
         """What the generator sees: a supersede does not stop a resumable
@@ -174,6 +176,7 @@ class LocalModelPart:
         # decodes: parked, the next keystroke may resume it (_resume).
         run = Run(req, cancel, deadline, decode, multiline, max_lines, len(prompt.ids),
                   resumable=req.n == 1 and sampler.greedy)
+        run.checker = checker
         run.gen = generate(
             self.engine.session, prompt.ids, sampler=sampler, stop_ids=self.engine.template.stop_ids,
             max_tokens=req.max_tokens, cancelled=run.cancelled,
@@ -182,6 +185,7 @@ class LocalModelPart:
             draft_k=self.engine.config.completion.draft_tokens, draft_length=draft_length,
             # the middle token and the typed line: at decode cost (session.prefill)
             precise_until=precise_until(prompt),
+            hold_end=end_holder(req.prefix, req.suffix, decode) if multiline and self.engine.config.completion.hold_end else None,
         )
         try:
             for _ in self._drive(run):
@@ -270,8 +274,15 @@ class LocalModelPart:
                 run.close()
         finish = cancel.reason if run.finish == "cancelled" else run.finish
         text = run.decode.current[len(run.typed):]
-        items = (postprocess(text, prefix=req.prefix, suffix=req.suffix, multiline=run.multiline,
-                             max_lines=run.max_lines),)
+        cc = self.engine.config.completion
+        plan = blockend.plan(req.prefix, req.suffix, req.language, req.multiline, cc.max_lines, cc.block_end)
+        ends: tuple[str, ...] = ()
+        if plan.multiline == run.multiline and run.checker is not None:
+            answer = blockend.finish(plan, text, run.finish, run.checker)
+            items, ends = (answer.text,), (answer.end,)
+        else:
+            items = (postprocess(text, prefix=req.prefix, suffix=req.suffix, multiline=run.multiline,
+                                 max_lines=run.max_lines),)
         end = time.perf_counter_ns()
         first_ns = first_ns or end
         timings = Timings(
@@ -281,7 +292,7 @@ class LocalModelPart:
             generated_tokens=len(run.decode.tokens) - run.tokens_before, ttft_start_ns=clock.arrival_wall,
             ttft_end_ns=time.time_ns(), source="resumed")
         self.engine.stats.resumed += 1
-        yield Done(req.id, items, finish, timings)  # type: ignore[arg-type]
+        yield Done(req.id, items, finish, timings, ends)  # type: ignore[arg-type]
 
 
 @contextlib.contextmanager

@@ -1,0 +1,242 @@
+"""Does a completion parse together with the code around it? Tree-sitter,
+over a window of lines around the cursor, reparsed incrementally.
+
+:func:`window_at` builds a :class:`Window` (None for a language without an
+installed grammar: the caller falls back to the text rules of
+:mod:`soldaemon.postprocess`). :meth:`Window.fits` says whether inserting a
+text at the cursor adds a syntax error that prefix + suffix alone do not
+have -- an unclosed bracket or string, a block opener left without its body,
+code that no longer fits the suffix. Only the window is parsed, once for the
+document and then incrementally for each candidate insertion (the tree is
+edited at the cursor and reparsed from the old one), so the cost stays flat
+in the document's size.
+
+The grammars come from the prebuilt wheels on PyPI (``tree-sitter-python``
+...); a missing wheel means no grammar for that language, never an error.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+# LSP language id -> (grammar module, its function returning the language)
+GRAMMARS: dict[str, tuple[str, str]] = {
+    "python": ("tree_sitter_python", "language"),
+    "javascript": ("tree_sitter_javascript", "language"),
+    "javascriptreact": ("tree_sitter_javascript", "language"),
+    "typescript": ("tree_sitter_typescript", "language_typescript"),
+    "typescriptreact": ("tree_sitter_typescript", "language_tsx"),
+    "go": ("tree_sitter_go", "language"),
+    "rust": ("tree_sitter_rust", "language"),
+    "c": ("tree_sitter_c", "language"),
+    "cpp": ("tree_sitter_cpp", "language"),
+    "java": ("tree_sitter_java", "language"),
+}
+# Languages whose blocks are made by indentation: tree-sitter's Python grammar
+# recovers from a body-less ``for x:`` or an unexpected indent without an
+# error node, so :meth:`Window.fits` checks those two by indentation as well.
+INDENTED = frozenset({"python"})
+
+WINDOW_LINES = 120   # lines of context each side of the cursor, at most
+# Lines at column 0 that go on with the statement above (not a new one).
+_GOES_ON = ("else", "elif", "except", "finally", "catch", ")", "]", "}")
+
+
+@lru_cache(maxsize=None)
+def _parser(language: str) -> Any | None:
+    """A tree-sitter parser for ``language`` (an LSP id), or None when the
+    tree-sitter package or the grammar's wheel is not installed."""
+    spec = GRAMMARS.get(language)
+    if spec is None:
+        return None
+    try:
+        import tree_sitter
+        module = importlib.import_module(spec[0])
+    except ImportError:
+        return None
+    return tree_sitter.Parser(tree_sitter.Language(getattr(module, spec[1])()))
+
+
+def has_grammar(language: str) -> bool:
+    return _parser(language) is not None
+
+
+def _indent(line: str) -> int:
+    n = len(line) - len(line.lstrip(" \t"))
+    return len(line[:n].expandtabs(4))
+
+
+def _top_level(line: str) -> bool:
+    """A line that starts a new top-level statement (column 0, not blank, not
+    a continuation such as ``else``/``}``)."""
+    return bool(line) and not line[0].isspace() and not line.startswith(_GOES_ON)
+
+
+def _triples(text: str) -> int:
+    """Triple quotes in ``text``: an odd count before a line puts the line
+    inside a multi-line string (Python), where column 0 starts nothing."""
+    return text.count('"""') + text.count("'''")
+
+
+def _window(prefix: str, suffix: str) -> tuple[str, str]:
+    """The part of ``prefix`` from the last top-level line before the cursor's
+    line, and of ``suffix`` up to the next top-level line after it, each at
+    most :data:`WINDOW_LINES` lines; a line inside a multi-line string is no
+    top-level line (a window starting there would parse as one long error)."""
+    head = prefix.split("\n")[-WINDOW_LINES - 1:]
+    quotes = _triples(prefix[: len(prefix) - len("\n".join(head))])
+    inside: list[bool] = []
+    for line in head:
+        inside.append(quotes % 2 == 1)
+        quotes += _triples(line)
+    start = 0
+    for i in range(len(head) - 2, -1, -1):
+        if _top_level(head[i]) and not inside[i]:
+            start = i
+            break
+    tail = suffix.split("\n")[: WINDOW_LINES + 1]
+    end = len(tail)
+    quotes += _triples(tail[0])
+    for i in range(1, len(tail)):
+        if _top_level(tail[i]) and quotes % 2 == 0:
+            end = i
+            break
+        quotes += _triples(tail[i])
+    return "\n".join(head[start:]), "\n".join(tail[:end])
+
+
+def _errors(node: Any) -> int:
+    """Error and missing nodes under ``node`` (only subtrees that hold one
+    are walked)."""
+    if node.is_error or node.is_missing:
+        return 1 + sum(_errors(c) for c in node.children)
+    if not node.has_error:
+        return 0
+    return sum(_errors(c) for c in node.children)
+
+
+def _point(text: bytes) -> tuple[int, int]:
+    """(row, byte column) at the end of ``text``."""
+    return text.count(b"\n"), len(text) - (text.rfind(b"\n") + 1)
+
+
+@dataclass
+class Window:
+    """The code around one cursor, parsed once (see the module doc)."""
+
+    language: str
+    before: str          # window text before the cursor
+    after: str           # window text after the cursor
+    parser: Any
+    tree: Any            # the tree of before + after
+    errors: int          # its error and missing nodes
+
+    def fits(self, insert: str) -> bool:
+        """Whether ``before + insert + after`` has no more syntax errors than
+        ``before + after`` (and, for an indented language, leaves no block
+        opener without a body and no unexpected indent before ``after``)."""
+        if not insert:
+            return True
+        if self.language in INDENTED and not _indent_fits(self.before, insert, self.after):
+            return False
+        head, ins = self.before.encode(), insert.encode()
+        tree = self.tree.copy()
+        start = _point(head)
+        rows, col = _point(ins)
+        tree.edit(start_byte=len(head), old_end_byte=len(head), new_end_byte=len(head) + len(ins),
+                  start_point=start, old_end_point=start,
+                  new_end_point=(start[0] + rows, col if rows else start[1] + col))
+        new = self.parser.parse(head + ins + self.after.encode(), tree)
+        return _errors(new.root_node) <= self.errors
+
+    def longest_fit(self, text: str) -> tuple[str, bool]:
+        """The longest line-prefix of ``text`` (whole lines; a final newline
+        kept when ``text`` ends with one) that :meth:`fits`, and whether that
+        is all of ``text``."""
+        if self.fits(text):
+            return text, True
+        lines = text.rstrip("\n").split("\n")
+        keep_nl = text.endswith("\n")
+        for k in range(len(lines) - 1, 0, -1):
+            cand = "\n".join(lines[:k]).rstrip()
+            if keep_nl:
+                cand += "\n"
+            if cand.strip() and self.fits(cand):
+                return cand, False
+        return "", False
+
+
+def _last_code_line(text: str) -> str | None:
+    """The last line of ``text`` with code on it, its comment cut off."""
+    for line in reversed(text.split("\n")):
+        code = line.split("#", 1)[0].rstrip()
+        if code.strip():
+            return code
+    return None
+
+
+def _indent_fits(before: str, insert: str, after: str) -> bool:
+    """Python's block rules at the seam between the insertion and the code
+    after it: a last line that opens a block (``...:``) needs a deeper next
+    line; any other last line may not be followed by a deeper one (outside
+    brackets). Judged when the code after starts on a line of its own.
+    (The seam of ``before + after`` alone is usually wrong: the hole is the
+    body the line above opens.)"""
+    first, _, more = after.partition("\n")
+    if first.strip() and not (before + insert).endswith("\n"):
+        return True       # the rest of the cursor's line goes on with the last line: the parse judges it
+    nxt = first if first.strip() else next(
+        (ln for ln in more.split("\n") if ln.strip() and not ln.lstrip().startswith("#")), None)
+
+    def ok(text: str) -> bool:
+        last = _last_code_line(text)
+        if last is None or _open_brackets(text) > 0:
+            return True
+        opens = last.endswith(":") and not last.endswith("::")
+        if nxt is None:
+            return not opens
+        deeper = _indent(nxt) > _indent(last)
+        return deeper if opens else not deeper
+
+    return ok(before + insert)
+
+
+def _open_brackets(text: str) -> int:
+    depth = 0
+    for ch in text:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}" and depth:
+            depth -= 1
+    return depth
+
+
+def window_at(prefix: str, suffix: str, language: str) -> Window | None:
+    """The parsed window at the cursor between ``prefix`` and ``suffix``, or
+    None when ``language`` has no grammar here."""
+    parser = _parser(language)
+    if parser is None:
+        return None
+    before, after = _window(prefix, suffix)
+    tree = parser.parse((before + after).encode())
+    return Window(language, before, after, parser, tree, _errors(tree.root_node))
+
+
+def opens_without_body(prefix: str, text: str, suffix: str) -> bool:
+    """Whether ``text`` inserted between ``prefix`` and ``suffix`` ends on a
+    line that opens a block (``...:``, ``... {``) whose body the suffix does
+    not hold: by indentation for a ``:`` (Python), and for a ``{`` when the
+    suffix's next line with code is not indented deeper."""
+    last = _last_code_line(prefix[prefix.rfind("\n") + 1:] + text)
+    if last is None:
+        return False
+    if not (last.endswith("{") or (last.endswith(":") and not last.endswith("::"))):
+        return False
+    first, _, more = suffix.partition("\n")
+    if first.strip():
+        return False      # the rest of the line goes on with it
+    nxt = next((ln for ln in more.split("\n") if ln.strip()), None)
+    return nxt is None or _indent(nxt) <= _indent(last)

@@ -1,0 +1,52 @@
+"""End-of-answer statistics of ``bench --quality`` (soldaemon.quality.ends)
+on hand-made columns."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+pytest.importorskip("tree_sitter_python")
+
+from soldaemon.holes import Hole  # noqa: E402
+from soldaemon.quality import Column  # noqa: E402
+from soldaemon.quality import ends  # noqa: E402
+from soldaemon.quality.report import table  # noqa: E402
+
+PREFIX = "def primes(n):\n    out = []\n    "
+SUFFIX = "\n    return out\n"
+RIGHT = "for i in range(2, n):\n        out.append(i)"
+HOLES = [Hole("a.py", 2, PREFIX, SUFFIX, RIGHT, "block"), Hole("a.py", 2, PREFIX, SUFFIX, RIGHT, "block"),
+         Hole("a.py", 9, "x = ", "\n", "1", "line")]
+KINDS = [h.kind for h in HOLES]
+
+
+def column(name: str, texts: list[str], ends_: list[str], passed: list[bool | None]) -> Column:
+    col = Column(name)
+    for hole, text, end, ok in zip(HOLES, texts, ends_, passed):
+        col.add(hole, text, 1.0, 10, 5, 0.5, end, python=True)
+        col.scores[-1] = dataclasses.replace(col.scores[-1], passed=ok)
+    return col
+
+
+def test_end_statistics_on_block_holes() -> None:
+    raw = column("raw", [RIGHT, RIGHT + "\n    x = 1", "1"], ["", "", ""], [True, False, None])
+    sol = column("sol", ["for i in range(2, n):", RIGHT, "1"], ["opener", "model", "line"], [False, True, None])
+    s = ends.summary(sol, KINDS, raw)
+    assert s["n"] == 2
+    assert s["open_ends"] == 1                      # "for ...:" with no body in the suffix
+    assert s["prefix_of_passing_raw"] == 1          # hole 0: a prefix of the raw answer that passed
+    assert s["lines_shown"] == 3                    # 1 + 2
+    assert s["lines_cut"] == 1 + 1                  # hole 0 left out 1 raw line, hole 1 one
+    assert s["ends"] == {"model": {"n": 1, "right": 1}, "opener": {"n": 1, "right": 0}}
+    lines = table([sol, raw], KINDS)
+    assert "| sol | 1 | 1 | 3 / 2 | model 1 (1), opener 1 (0) |" in lines
+    assert any(line.startswith("| raw | 0 | — |") for line in lines)
+
+
+def test_no_block_holes_no_end_table() -> None:
+    col = Column("sol")
+    col.add(HOLES[2], "1", 1.0, 1, 1, python=True)
+    assert ends.table([col], ["line"]) == []
+    assert col.ends == [""] and col.open_ends == [False]
