@@ -238,6 +238,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="positions of the attention rows (graph vs eager step and 9-row verify)")
     p.add_argument("--bandwidth-mb", type=int, default=None,
                    help="buffer for the read-bandwidth measure (default 2048 on CUDA, 128 on a CPU)")
+    p.add_argument("--precision", default="auto",
+                   help="model.precision (default auto: the plan timed on this machine; a test pins float32)")
     p.add_argument("--json", dest="json_out")
     return p.parse_args(argv)
 
@@ -250,7 +252,7 @@ def check_config(argv: list[str] | None = None) -> Config:
     need = max(args.prefill_tokens, (1 << far.bit_length()) if far else 0) + 64
     overrides: dict[str, Any] = {"device.device": args.device, "model.max_prefix_tokens": 384,
                                  "model.max_suffix_tokens": 128, "model.max_context": max(2048, need),
-                                 "device.cuda_graphs": True}
+                                 "device.cuda_graphs": True, "model.precision": args.precision}
     if args.model:
         overrides["model.path"] = args.model
     # its own explicit config: a user's config file (device.cuda_graphs: false,

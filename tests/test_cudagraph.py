@@ -104,8 +104,8 @@ def test_gpu_latency_script_runs_its_cpu_mode(tmp_path: Path) -> None:
     (here on the CPU with the tiny model, where graphs are unavailable).
 
     Its eager tokens equal float32 ``generate()``'s only under the float32
-    plan: the plan is pinned (``model.precision: float32`` in the config the
-    script reads), not left to the kernel timings measured at start, which a
+    plan: the plan is pinned (``--precision float32``; the script reads no
+    user config), not left to the kernel timings measured at start, which a
     busy machine can turn into a bfloat16 or int8 plan."""
     import json
     import os
@@ -115,11 +115,11 @@ def test_gpu_latency_script_runs_its_cpu_mode(tmp_path: Path) -> None:
     model = build_tiny_model(tmp_path / "tiny")
     out = tmp_path / "lat.json"
     config = tmp_path / "sol_config.yaml"
-    config.write_text("model:\n  precision: float32\n")
+    config.write_text("model:\n  precision: bfloat16\n")    # a user's config: the check must not read it
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, str(root / "scripts" / "gpu_latency.py"), "--model", str(model),
                            "--device", "cpu", "--holes", "2", "--tokens", "4", "--lines", "1", "--prefill-tokens", "64",
-                           "--json", str(out)],
+                           "--precision", "float32", "--json", str(out)],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path,
                           env={**os.environ, "SOLDAEMON_CONFIG": str(config)})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

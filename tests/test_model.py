@@ -18,12 +18,18 @@ from soldaemon.testing.tiny import build_tiny_model
 
 
 def _fake_parts(root: Path, chunks: list[bytes], name: str) -> EmbeddedModel:
-    """Install packages name_part1..N (each data/partNN.bin) on sys.path."""
+    """Install distributions name-part1..N (each name_partN/data/partNN.bin,
+    with the dist-info and RECORD pip writes) on sys.path."""
     for i, data in enumerate(chunks, 1):
         pkg = root / f"{name}_part{i}"
         (pkg / "data").mkdir(parents=True)
-        (pkg / "__init__.py").write_text("")
+        (pkg / "__init__.py").write_text("raise RuntimeError('a model part was imported')\n")
         (pkg / "data" / f"part{i:02d}.bin").write_bytes(data)
+        info = root / f"{name}_part{i}-0.0.1.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}-part{i}\nVersion: 0.0.1\n")
+        (info / "RECORD").write_text(f"{name}_part{i}/__init__.py,,\n{name}_part{i}/data/part{i:02d}.bin,,\n"
+                                     f"{info.name}/METADATA,,\n{info.name}/RECORD,,\n")
     blob = b"".join(chunks)
     return EmbeddedModel(name=name, packages=tuple(f"{name}-part{i}" for i in range(1, len(chunks) + 1)),
                          version="0.0.1", size=len(blob), sha256=hashlib.sha256(blob).hexdigest())
@@ -104,7 +110,8 @@ def test_interrupted_conversion_never_leaves_a_loadable_cache(tmp_path: Path, mo
         loader.convert_gguf(gguf, dest, progress=False)
     assert not dest.exists()
     assert not loader.is_complete(dest)
-    assert not list((tmp_path / "cache").iterdir())  # the temp dir was removed too
+    # the temp dir was removed too (the cache's lock file stays: it is only ever flock'ed)
+    assert [p.name for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")] == []
     monkeypatch.undo()
     # A directory without the marker (e.g. a crash before the rename in an
     # older layout) is treated as incomplete and rebuilt.
