@@ -46,6 +46,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from lsprotocol import types
 
@@ -127,11 +128,12 @@ class Completer:
     """One per language server. See the module contract."""
 
     def __init__(self, settings: Settings, documents: DocumentStore, ring: ContextRing,
-                 client: DaemonClient) -> None:
+                 client: DaemonClient, on_withheld: Callable[[str | None], None] | None = None) -> None:
         self.settings = settings
         self.documents = documents
         self.ring = ring
         self.client = client
+        self.on_withheld = on_withheld      # told what each request had redacted (None: nothing)
         self._generation: dict[str, int] = {}
         self._seen: dict[str, _Seen] = {}
         self._answers: dict[str, _Answer] = {}
@@ -337,6 +339,8 @@ class Completer:
         ))
         if withheld:      # secrets in the text itself (soldaemon.secretscan): redacted, not sent
             log.info("%s: withheld from the daemon (redacted): %s", request_id, describe(withheld))
+        if self.on_withheld is not None:
+            self.on_withheld(describe(withheld) if withheld else None)
         return request
 
     # -- background warm -------------------------------------------------------------

@@ -281,7 +281,7 @@ class SolLanguageServer(LanguageServer):
             slow_ms=s.slow_ms)
         ring = ContextRing(max_entries=max(16, 2 * s.context_chunks), max_chunks=s.context_chunks,
                            chunk_lines=s.context_lines, policy=self.policy)
-        self.completer = Completer(s, self.documents, ring, self.daemon)
+        self.completer = Completer(s, self.documents, ring, self.daemon, on_withheld=self.reporter.withheld)
         self.daemon.start()
 
     async def stop_daemon_client(self) -> None:

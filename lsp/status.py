@@ -43,6 +43,7 @@ class SolStatusParams:
     url: str | None = None
     lastMs: float | None = None       # noqa: N815 (the wire name)
     medianMs: float | None = None     # noqa: N815
+    withheld: str | None = None       # the secrets redacted from the last request sent ("notes.py: Private Key")
 
 
 OPEN_LOG = "Open daemon log"
@@ -149,6 +150,7 @@ class StatusReporter:
         self.latency = latency or Latency()
         self.last = StatusUpdate("connecting")
         self.enabled = False            # send sol/status (set from the client's declaration)
+        self.withheld_text: str | None = None   # what the last request sent had redacted
         self._clock = clock
         self._shown_this_outage = False
         self._last_shown = -MESSAGE_INTERVAL_S
@@ -196,7 +198,15 @@ class StatusReporter:
             return
         u = self.last
         self.server.protocol.notify(SOL_STATUS, SolStatusParams(
-            u.state, u.message, u.url, self.latency.last_ms, self.latency.median_ms))
+            u.state, u.message, u.url, self.latency.last_ms, self.latency.median_ms, self.withheld_text))
+
+    def withheld(self, what: str | None) -> None:
+        """The secrets redacted from the request just sent (``None``: none):
+        the client is told when that changes, so the editor can say what
+        soldaemon did not see."""
+        if what != self.withheld_text:
+            self.withheld_text = what
+            self.notify()
 
     def completed(self, round_trip_ms: float) -> None:
         """A completion ran on the daemon: keep its time and tell the client."""

@@ -216,6 +216,9 @@ async def test_remote_links_and_keys_are_not_sent(start_daemon: Any, tmp_path: P
             open_doc(client, (proj / name).as_uri(), text)
         first = await client.text_document_inline_completion_async(inline_params(main, 1, 0))
         assert first is not None and first.items
+        # the editor is told what was withheld (sol/status.withheld)
+        await wait_for(lambda: any("Private Key" in (s.get("withheld") or "") for s in statuses), 10,
+                       f"a status naming the withheld key; got {statuses[-3:]}")
         for refused in (f"{remote}/.env", (proj / "cloud.ini").as_uri()):
             empty = await client.text_document_inline_completion_async(inline_params(refused, 1, 0))
             assert empty is not None and not empty.items, refused
