@@ -303,3 +303,183 @@ def test_the_graph_sees_what_it_must() -> None:
     assert _reach({"p": set(), "p.a": {"q"}, "q": set()}, "p.a") == {"p.a": None, "q": "p.a", "p": "p.a"}
     graph, _ = _graph()
     assert "soldaemon.fim.templates" in graph["soldaemon.fim.prompt"]   # the real tree is read
+
+
+# --- issue 29: the floor plan -------------------------------------------------
+
+MAX_TOP_LEVEL = 8
+# the modules docs/architecture.md names as sol-lsp's whole view of the daemon
+# (read from the page itself, so the page and the rule cannot drift apart)
+BOUNDARY_MARK = "sol-lsp's boundary:"
+# attributes with a leading underscore that are public by their owner's own
+# documentation: namedtuple's API (the underscore only avoids field clashes)
+PUBLIC_UNDERSCORE = frozenset({"_asdict", "_replace", "_fields", "_make", "_field_defaults"})
+# third-party modules whose underscore names are the only way to an operation:
+# torch's packed int8/int4 CPU matmuls and its fused-attention choice have no
+# public name (see soldaemon/runtime/forward/kernels.py)
+THIRD_PARTY_PRIVATE_OK = frozenset({"torch"})
+
+
+def _graph_with_type_checking() -> dict[str, set[str]]:
+    """The import graph with the ``if TYPE_CHECKING:`` imports counted too: an
+    annotation that names a type is still a dependency of the design."""
+    sources = _sources()
+    internal: dict[str, set[str]] = {}
+    for name, path in sources.items():
+        is_package = path.name == "__init__.py"
+        package = name if is_package else name.rpartition(".")[0]
+        found: list[tuple[str, str | None]] = []
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), name)):
+            if isinstance(node, ast.Import):
+                found.extend((alias.name, None) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")
+                    base = base[: len(base) - (node.level - 1)]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                found.extend((target, alias.name) for alias in node.names)
+        ours, _ = _edges(found, sources)
+        ours.discard(name)
+        internal[name] = ours
+    return internal
+
+
+def test_no_import_cycle_even_through_type_checking() -> None:
+    cycles = _cycles(_graph_with_type_checking())
+    assert not cycles, "import cycles counting TYPE_CHECKING imports (each: a -> b -> ... -> a):\n" + "\n".join(
+        " -> ".join(cycle) for cycle in cycles)
+
+
+def _private_reads(tree: ast.AST) -> list[tuple[int, str]]:
+    """``x._name`` where ``x`` is not ``self``, ``cls`` or ``super()``, and the
+    name is not a dunder nor public by its owner's documentation."""
+    third_party = {alias.asname or alias.name.split(".")[0]
+                   for node in ast.walk(tree) if isinstance(node, ast.Import)
+                   for alias in node.names if alias.name.split(".")[0] in THIRD_PARTY_PRIVATE_OK}
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+            continue
+        if node.attr.startswith("__") and node.attr.endswith("__") or node.attr in PUBLIC_UNDERSCORE:
+            continue
+        owner = node.value
+        while isinstance(owner, ast.Attribute):
+            owner = owner.value
+        if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            continue
+        if isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name) and node.value.func.id == "super":
+            continue
+        if isinstance(owner, ast.Name) and owner.id in third_party:
+            continue
+        out.append((node.lineno, ast.unparse(node)))
+    return out
+
+
+def test_nothing_reads_another_objects_private_attributes() -> None:
+    """One owner per piece of state: outside tests, an underscore attribute is
+    read only through ``self``/``cls`` (issue 29)."""
+    found = [f"{path.relative_to(REPO)}:{line}: {text}"
+             for path in _sources().values()
+             for line, text in _private_reads(ast.parse(path.read_text(encoding="utf-8")))]
+    assert not found, "another object's private attribute read:\n" + "\n".join(found)
+
+
+def test_the_top_level_holds_only_the_packages_face() -> None:
+    modules = sorted(p.name for p in (REPO / "soldaemon").glob("*.py"))
+    assert len(modules) <= MAX_TOP_LEVEL, (
+        f"{len(modules)} modules at the top of soldaemon/ (at most {MAX_TOP_LEVEL}; the rest belong in a "
+        f"package by role): {', '.join(modules)}")
+
+
+def test_runtime_is_split_by_role() -> None:
+    loose = sorted(p.name for p in (REPO / "soldaemon" / "runtime").glob("*.py") if p.name != "__init__.py")
+    assert not loose, "runtime/ has loose modules beside its role packages: " + ", ".join(loose)
+
+
+def _doc_boundary() -> set[str]:
+    text = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    at = text.find(BOUNDARY_MARK)
+    assert at >= 0, f"docs/architecture.md has no line starting {BOUNDARY_MARK!r}"
+    paragraph = text[at:].split("\n\n", 1)[0]
+    import re
+    return set(re.findall(r"`(soldaemon(?:\.[a-z_]+)*)`", paragraph))
+
+
+def test_lsp_reaches_only_the_modules_the_doc_names() -> None:
+    """Every daemon module that importing any of lsp/ runs (directly or
+    through another daemon module) is one the architecture page names."""
+    named = _doc_boundary()
+    graph, _ = _graph()
+    reached: dict[str, str] = {}
+    for name in sorted(graph):
+        if name.split(".")[0] != "lsp":
+            continue
+        for module, via in _reach(graph, name).items():
+            if module.split(".")[0] == "soldaemon" and module not in named:
+                reached.setdefault(module, f"{via} (from {name})")
+    assert not reached, ("sol-lsp runs daemon modules the architecture page does not name "
+                         f"(it names {', '.join(sorted(named))}):\n"
+                         + "\n".join(f"{m} <- {v}" for m, v in sorted(reached.items())))
+
+
+def test_lsp_loads_no_config_reader_when_run() -> None:
+    """The same for real: importing sol-lsp's server loads no YAML reader, no
+    torch and only daemon modules the page names."""
+    code = ("import sys, lsp.server\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('soldaemon', 'yaml', 'torch')))\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded = set(ast.literal_eval(done.stdout.strip().splitlines()[-1]))
+    assert loaded <= _doc_boundary(), f"sol-lsp loaded {sorted(loaded - _doc_boundary())}"
+
+
+def test_measurement_stays_out_of_the_products_import_path() -> None:
+    """soldaemon/measure/ (benchmarks, quality, traces) is imported by nothing
+    outside it but the CLI, and there only inside the command that runs it."""
+    sources = _sources()
+    bad: list[str] = []
+    for name, path in sources.items():
+        if name.startswith("soldaemon.measure") or name.split(".")[0] != "soldaemon":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        top_level = {id(n) for n in tree.body}
+        for node in _import_nodes(tree):
+            targets = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            if isinstance(node, ast.ImportFrom) and node.level:
+                continue   # relative imports stay inside their package
+            if not any(t == "soldaemon.measure" or t.startswith("soldaemon.measure.") for t in targets):
+                continue
+            if name != "soldaemon.cli" or id(node) in top_level:
+                bad.append(f"{name}:{node.lineno} imports {', '.join(targets)}")
+    assert not bad, "the product imports measurement code:\n" + "\n".join(bad)
+
+
+def test_no_module_is_only_a_re_export() -> None:
+    """A module that only re-exports another's names is a shim left by a move;
+    and no package's ``__init__`` passes on a private name."""
+    bad: list[str] = []
+    for name, path in _sources().items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        body = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+        imports = [n for n in body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        rest = [n for n in body if n not in imports and not (
+            isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets))]
+        if path.name != "__init__.py" and imports and not rest:
+            bad.append(f"{name}: only re-exports")
+        if path.name == "__init__.py":
+            bad.extend(f"{name}: re-exports private {alias.name}" for n in imports if isinstance(n, ast.ImportFrom)
+                       for alias in n.names if alias.name.startswith("_") and not alias.name.startswith("__"))
+    assert not bad, "\n".join(bad)
+
+
+def test_the_private_reads_check_sees_what_it_must() -> None:
+    text = ("import torch\n"
+            "class A:\n"
+            "    def f(self, other):\n"
+            "        self._a; cls._b; super()._c; other.__dict__; torch._int_mm; row._asdict()\n"
+            "        return other._lock, self.engine._parked\n")
+    assert [t for _, t in _private_reads(ast.parse(text))] == ["other._lock", "self.engine._parked"]
