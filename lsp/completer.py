@@ -52,7 +52,7 @@ from lsprotocol import types
 
 from soldaemon.api import CompletionRequest, Done
 from soldaemon.protocol import ErrorFrame
-from soldaemon.sensitive import describe, redact_request
+from soldaemon.privacy.rules import describe, redact_request
 
 from lsp.context import ContextRing
 from lsp.daemon_client import DaemonClient
@@ -337,7 +337,7 @@ class Completer:
             multiline=self.settings.multiline,
             priority="high" if priority == "high" else "normal",
         ))
-        if withheld:      # secrets in the text itself (soldaemon.secretscan): redacted, not sent
+        if withheld:      # secrets in the text itself (soldaemon.privacy.scan): redacted, not sent
             log.info("%s: withheld from the daemon (redacted): %s", request_id, describe(withheld))
         if self.on_withheld is not None:
             self.on_withheld(describe(withheld) if withheld else None)

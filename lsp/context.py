@@ -5,7 +5,7 @@ An entry is an anchor ``(uri, line)``: where the user opened (line 0) or last
 edited a document. An edit's chunk is the lines around it; an opened
 document's is the whole document (up to ``max_chunk_chars``): the daemon cuts
 chunks into snippets and keeps those relevant to the cursor
-(``soldaemon/relevance.py``), so it needs the definitions, not just the head. The chunk's text is read from the live document when a
+(``soldaemon/pipeline/relevance.py``), so it needs the definitions, not just the head. The chunk's text is read from the live document when a
 completion is built, so typing costs one O(entries) update and no copying; a
 document that is closed keeps a snapshot of its chunks.
 
@@ -21,7 +21,7 @@ Contracts:
   most ``max_total_chars`` characters, and skips whitespace-only chunks;
 - the order is stable while only the current document is edited, so the
   daemon's prompt (context before the prefix) keeps its KV-cache prefix;
-- a document the :class:`~soldaemon.sensitive.ContextPolicy` refuses (a
+- a document the :class:`~soldaemon.privacy.rules.ContextPolicy` refuses (a
   secret file, a file outside the workspace folders, an untitled buffer) is
   never anchored, so its text is never sent.
 """
@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 
 from soldaemon.api import ContextChunk
-from soldaemon.sensitive import ContextPolicy
+from soldaemon.privacy.rules import ContextPolicy
 
 from lsp.documents import DocumentStore
 

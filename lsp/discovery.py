@@ -16,7 +16,7 @@ becomes the launcher's message. It never blocks: the client keeps trying to conn
 daemon prepares its model, for at most ``timeout_s``.
 
 Two sol-lsp starting at once start one daemon: the starter holds
-``start.lock`` in the state directory (:class:`soldaemon.statefiles.StartLock`)
+``start.lock`` in the state directory (:class:`soldaemon.server.statefiles.StartLock`)
 from the spawn until the daemon answers or the start fails; the other one
 sees the lock, starts nothing and keeps trying to connect.
 """

@@ -87,7 +87,7 @@ from lsp.documents import DocumentStore, normalize_encoding, units
 from lsp.framing import run_strict
 from lsp.settings import OPTIONS, Launch, Settings, SettingsError, parse_args
 from lsp.status import OPEN_LOG, RUN_DOCTOR, SOL_STATUS, Progress, SolStatusParams, StatusReporter
-from soldaemon.sensitive import ContextPolicy, folder_paths
+from soldaemon.privacy.rules import ContextPolicy, folder_paths
 
 __all__ = ["ACCEPT_COMMAND", "SOL_DID_PARTIALLY_ACCEPT", "SOL_DID_SHOW", "SOL_STATUS", "SolLanguageServer",
            "SolStatusParams", "StatusReporter", "build_server", "main"]
@@ -255,7 +255,7 @@ class SolLanguageServer(LanguageServer):
     def set_policy(self, folder_uris: Sequence[str] | None) -> None:
         """What may be sent: files inside ``folder_uris`` (``None``: the
         editor named no folder, no containment rule) that match no secret
-        pattern (soldaemon.sensitive), with the include/exclude globs."""
+        pattern (soldaemon.privacy.rules), with the include/exclude globs."""
         s = self.settings
         folders = folder_paths(folder_uris) if folder_uris is not None else None
         self.policy = ContextPolicy(folders, s.context_include, s.context_exclude)

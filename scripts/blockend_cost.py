@@ -13,9 +13,9 @@ import statistics
 import sys
 import time
 
-from soldaemon.holes import Hole, cut_holes, default_corpus
+from soldaemon.measure.holes import Hole, cut_holes, default_corpus
 from soldaemon.pipeline import blockend
-from soldaemon.postprocess import StopChecker, decide_multiline, postprocess
+from soldaemon.pipeline.postprocess import StopChecker, decide_multiline, postprocess
 
 
 def model_text(h: Hole) -> str:

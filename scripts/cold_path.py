@@ -60,7 +60,7 @@ def server_same_ids(server: Any, ids: list[int]) -> dict[str, Any]:
 
 
 def server_vscode(server: Any, hole: Any) -> dict[str, Any]:
-    from soldaemon.quality.llama_vscode import LlamaVscodeClient
+    from soldaemon.measure.quality.llama_vscode import LlamaVscodeClient
 
     server.erase_slots()
     answer = LlamaVscodeClient(server.infill, use_cache=False, speculative=False).complete(
@@ -75,10 +75,10 @@ def server_vscode(server: Any, hole: Any) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     from soldaemon import paths
     from soldaemon.config import load_config
-    from soldaemon.functional import cached_holes
-    from soldaemon.quality.llama_server import LlamaServer
-    from soldaemon.quality.llama_server_build import build_server
-    from soldaemon.runtime.engine import load_engine
+    from soldaemon.measure.functional import cached_holes
+    from soldaemon.measure.quality.llama_server import LlamaServer
+    from soldaemon.measure.quality.llama_server_build import build_server
+    from soldaemon.runtime.engine.local import load_engine
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")

@@ -160,6 +160,6 @@ for shape in "${shape_list[@]}"; do
 done
 
 # `soldaemon doctor --json` (the module: the CLI also imports the server's websockets)
-step doctor sh -c "\"$PY\" -m soldaemon.doctor --json >\"$STEPS/doctor.json\""
+step doctor sh -c "\"$PY\" -m soldaemon.doctor.checks --json >\"$STEPS/doctor.json\""
 
 report

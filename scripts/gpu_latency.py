@@ -11,7 +11,7 @@ Checks (the exit status is 1 when one fails, with the reasons printed and
 in the JSON's ``failures``):
 
 - graphs against eager steps directly, in the precision the device decodes
-  in (:mod:`soldaemon.runtime.graphcheck`: teacher-forced logits within the
+  in (:mod:`soldaemon.measure.graphcheck`: teacher-forced logits within the
   stated tolerance, argmax agreement; in float32 also identical free-running
   tokens), over ``--check-steps`` steps on every hole, and the eager steps
   against transformers' own forward of the same tokens, same tolerance;
@@ -28,7 +28,7 @@ path. ``--json`` writes everything.
     python scripts/gpu_latency.py --model DIR --json "$OUT/gpu_latency.json"
 
 On a CPU (``--device cpu``, the test suite's tiny model) ``--emulate-graphs``
-runs the graph path through :class:`~soldaemon.runtime.cudagraph.EmulatedGraph`
+runs the graph path through :class:`~soldaemon.runtime.forward.cudagraph.EmulatedGraph`
 (the same static step and output-buffer contract, no capture).
 """
 
@@ -47,15 +47,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from soldaemon.bench import baseline_model, bench_generate, bench_sol  # noqa: E402
+from soldaemon.measure.bench import baseline_model, bench_generate, bench_sol  # noqa: E402
 from soldaemon.config import Config  # noqa: E402
-from soldaemon.holes import cut_line_holes, default_corpus  # noqa: E402
-from soldaemon.runtime.cudagraph import GraphDecoder  # noqa: E402
-from soldaemon.runtime.engine import LocalEngine, load_engine  # noqa: E402
-from soldaemon.runtime.graphcheck import compare_graphs, transformers_reference  # noqa: E402
-from soldaemon.runtime.layer import ATTENTION_LOG  # noqa: E402
-from soldaemon.runtime.timing import synchronize  # noqa: E402
-from soldaemon.trace import make_trace, run_sol  # noqa: E402
+from soldaemon.measure.holes import cut_line_holes, default_corpus  # noqa: E402
+from soldaemon.runtime.forward.cudagraph import GraphDecoder  # noqa: E402
+from soldaemon.runtime.engine.local import LocalEngine, load_engine  # noqa: E402
+from soldaemon.measure.graphcheck import compare_graphs, transformers_reference  # noqa: E402
+from soldaemon.runtime.forward.layer import ATTENTION_LOG  # noqa: E402
+from soldaemon.runtime.forward.timing import synchronize  # noqa: E402
+from soldaemon.measure.trace import make_trace, run_sol  # noqa: E402
 
 
 def measure_read_bandwidth(device: torch.device, nbytes: int, reps: int = 5) -> float:

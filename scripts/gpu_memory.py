@@ -33,12 +33,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from soldaemon.model.loader import load_model  # noqa: E402
-from soldaemon.runtime.backend import LeanBackend  # noqa: E402
-from soldaemon.runtime.precision import choose_kernels  # noqa: E402
-from soldaemon.runtime.kvfold import block_scores, fold, unfold  # noqa: E402
-from soldaemon.runtime.prefetch import PrefetchStats  # noqa: E402
-from soldaemon.runtime.weightstore import WeightStore, measure_copy_bandwidth  # noqa: E402
+from soldaemon.weights.loader import load_model  # noqa: E402
+from soldaemon.runtime.forward.backend import LeanBackend  # noqa: E402
+from soldaemon.runtime.forward.precision import choose_kernels  # noqa: E402
+from soldaemon.runtime.kv.fold import block_scores, fold, unfold  # noqa: E402
+from soldaemon.runtime.memory.prefetch import PrefetchStats  # noqa: E402
+from soldaemon.runtime.memory.weightstore import WeightStore, measure_copy_bandwidth  # noqa: E402
 
 
 def _sync(device: torch.device) -> None:

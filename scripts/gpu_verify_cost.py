@@ -37,15 +37,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from soldaemon.api import CompletionRequest  # noqa: E402
-from soldaemon.bench import bench_sol  # noqa: E402
+from soldaemon.measure.bench import bench_sol  # noqa: E402
 from soldaemon.config import Config  # noqa: E402
-from soldaemon.holes import cut_holes, default_corpus  # noqa: E402
-from soldaemon.runtime.engine import LocalEngine, load_engine  # noqa: E402
+from soldaemon.measure.holes import cut_holes, default_corpus  # noqa: E402
+from soldaemon.runtime.engine.local import LocalEngine, load_engine  # noqa: E402
 try:                        # absent before issue 27: the attention share is then not measured
-    from soldaemon.runtime.layer import causal_mask, group_mask, grouped_attention  # noqa: E402
+    from soldaemon.runtime.forward.layer import causal_mask, group_mask, grouped_attention  # noqa: E402
 except ImportError:
     grouped_attention = None
-from soldaemon.runtime.timing import synchronize  # noqa: E402
+from soldaemon.runtime.forward.timing import synchronize  # noqa: E402
 
 
 def _median_ms(device: torch.device, fn: Any, repeats: int) -> float:

@@ -1,7 +1,7 @@
 """How should an invoked completion get up to three distinct candidates?
 
 Compares, on the configured model (default: the embedded 0.5B) and holes cut
-from the standard library (soldaemon.holes), strategies that the daemon
+from the standard library (soldaemon.measure.holes), strategies that the daemon
 supports today without engine changes:
 
 - ``greedy``: one greedy candidate (what automatic completions get);
@@ -12,7 +12,7 @@ supports today without engine changes:
 
 For each it counts distinct non-empty candidates after the daemon's
 post-processing (the engine applies it), how many parse
-(:func:`soldaemon.quality.parses`), and the wall time per hole (the sum of
+(:func:`soldaemon.measure.quality.parses`), and the wall time per hole (the sum of
 its requests, after the prompt was prefilled once per hole — the times
 compare decoding; the greedy request runs once per hole and counts in
 every strategy that uses it).
@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 
 from soldaemon.api import CancelToken, CompletionRequest, Done
 from soldaemon.config import load_config
-from soldaemon.holes import Hole, cut_holes, default_corpus
-from soldaemon.quality import parses
-from soldaemon.runtime.engine import load_engine
+from soldaemon.measure.holes import Hole, cut_holes, default_corpus
+from soldaemon.measure.quality import parses
+from soldaemon.runtime.engine.local import load_engine
 
 Step = tuple[int, float]          # (n, temperature) of one request
 STRATEGIES: dict[str, tuple[Step, ...]] = {

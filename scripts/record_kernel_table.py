@@ -1,5 +1,5 @@
 """Record the kernel timing table of this machine for a model's shapes, as
-the daemon measures it at first start (soldaemon.runtime.kernels), into a
+the daemon measures it at first start (soldaemon.runtime.forward.kernels), into a
 JSON file: the recorded tables the plan chooser is tested over
 (tests/data/kernel_tables/).
 
@@ -27,13 +27,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from soldaemon.policy.kernel_plan import PLAN_NOTE, choose_plan  # noqa: E402
-from soldaemon.runtime.kernels import PLAN_FORMAT, measure_table  # noqa: E402
+from soldaemon.runtime.forward.kernels import PLAN_FORMAT, measure_table  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--qwen05b", action="store_true", help="Qwen2.5-Coder-0.5B's shapes")
-    ap.add_argument("--embedded", help="an embedded model's shapes, by name (soldaemon.model.embedded)")
+    ap.add_argument("--embedded", help="an embedded model's shapes, by name (soldaemon.weights.embedded)")
     ap.add_argument("--model-config", help="a Hugging Face model directory (its config.json)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg: object
 
     if args.embedded:
-        from soldaemon.model.embedded import resolve_model_name
+        from soldaemon.weights.embedded import resolve_model_name
 
         shapes = resolve_model_name(args.embedded).shapes
         assert shapes is not None

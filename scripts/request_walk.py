@@ -82,7 +82,7 @@ def coarse(module: str) -> str | None:
     the stages hand one request to each other."""
     if module == "soldaemon.api":
         return None
-    if (module.startswith(("soldaemon.runtime.", "soldaemon.policy.")) and module != "soldaemon.runtime.engine"):
+    if (module.startswith(("soldaemon.runtime.", "soldaemon.policy.")) and module != "soldaemon.runtime.engine.local"):
         return "soldaemon.runtime.* + policy.*"
     for package in PACKAGES_AS_ONE:
         if module == package or module.startswith(package + "."):
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from soldaemon.api import CancelToken, CompletionRequest, Done
     from soldaemon.config import config_from_dict
-    from soldaemon.runtime.engine import load_engine
+    from soldaemon.runtime.engine.local import load_engine
     from soldaemon.testing.tiny import build_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -46,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from soldaemon.api import CancelToken, CompletionRequest, Done
     from soldaemon.config import config_from_dict
-    from soldaemon.holes import cut_line_holes, default_corpus
-    from soldaemon.runtime.engine import load_engine
+    from soldaemon.measure.holes import cut_line_holes, default_corpus
+    from soldaemon.runtime.engine.local import load_engine
 
     before = _mem()
     t0 = time.perf_counter()

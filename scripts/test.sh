@@ -26,7 +26,7 @@ python -m pip install -q "torch==2.13.0"
 # below, so the model-alone column is not handicapped against the llama.vscode
 # one. (pip reuses a wheel it built before, whatever the flags: to rebuild,
 # pip install --force-reinstall --no-cache-dir --no-binary llama-cpp-python llama-cpp-python==0.3.36)
-CMAKE_ARGS="$(python soldaemon/quality/llama_server_build.py --cmake-args)"
+CMAKE_ARGS="$(python soldaemon/measure/quality/llama_server_build.py --cmake-args)"
 export CMAKE_ARGS
 echo "llama-cpp-python CMAKE_ARGS: $CMAKE_ARGS"
 python -m pip install -q -e '.[test,bench,model-1-5b]'
@@ -36,7 +36,7 @@ python -m pip install -q -e '.[test,bench,model-1-5b]'
 # nice; cached under ~/.cache/soldaemon/llama-server/ by version + flags.
 # In CI (SOLDAEMON_REQUIRE_INTEGRATION=1, the default here) a failed build
 # fails the run.
-if ! python -m soldaemon.quality.llama_server_build; then
+if ! python -m soldaemon.measure.quality.llama_server_build; then
     if [ "${SOLDAEMON_REQUIRE_INTEGRATION:-1}" != "0" ]; then
         echo "error: llama-server could not be built (see above)" >&2
         exit 1

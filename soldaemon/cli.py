@@ -20,12 +20,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from . import __version__
-from .config import Config, load_config
-from .errors import BadRequest, SolError
+from soldaemon import __version__
+from soldaemon.config import Config, load_config
+from soldaemon.errors import BadRequest, SolError
 
 if TYPE_CHECKING:
-    from .api import CompletionRequest, Delta, Done
+    from soldaemon.api import CompletionRequest, Delta, Done
 
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
@@ -73,7 +73,7 @@ def cmd_complete(args: argparse.Namespace, config: Config) -> int:
     it); load a model here only when none answers, or with ``--local`` or
     a model option. Progress bars only on a terminal, and not with
     ``--quiet``."""
-    from .api import CompletionRequest, Delta, Done
+    from soldaemon.api import CompletionRequest, Delta, Done
 
     path, line, col = parse_location(args.location)
     try:
@@ -112,9 +112,9 @@ def _complete_on_daemon(config: Config, req: CompletionRequest, stream: Callable
     """The running daemon's answer, or ``None`` when no daemon answers."""
     import asyncio
 
-    from .discovery import find_daemon
-    from .errors import Unavailable
-    from .server.status import ask_complete
+    from soldaemon.discovery import find_daemon
+    from soldaemon.errors import Unavailable
+    from soldaemon.server.status import ask_complete
 
     try:
         target = find_daemon(config)
@@ -125,8 +125,8 @@ def _complete_on_daemon(config: Config, req: CompletionRequest, stream: Callable
 
 def _complete_here(config: Config, req: CompletionRequest, stream: Callable[[Delta], None], *,
                    progress: bool) -> Done:
-    from .api import CancelToken, Delta, Done
-    from .runtime.engine import load_engine
+    from soldaemon.api import CancelToken, Delta, Done
+    from soldaemon.runtime.engine.local import load_engine
 
     engine = load_engine(config, progress=progress)
     done: Done | None = None
@@ -149,26 +149,26 @@ def _language_of(path: Path) -> str | None:
 
 
 def cmd_serve(args: argparse.Namespace, config: Config) -> int:
-    from .server.command import run
+    from soldaemon.server.command import run
 
     config = apply_model_options(config, args)
     return run(args, config)
 
 
 def cmd_status(args: argparse.Namespace, config: Config) -> int:
-    from .server.status import run_status
+    from soldaemon.server.status import run_status
 
     return run_status(args, config)
 
 
 def cmd_stop(args: argparse.Namespace, config: Config) -> int:
-    from .server.status import run_stop
+    from soldaemon.server.status import run_stop
 
     return run_stop(args, config)
 
 
 def cmd_doctor(args: argparse.Namespace, config: Config) -> int:
-    from . import doctor
+    from soldaemon.doctor import checks as doctor
 
     if getattr(args, "port", None) is None:
         args.port = config.server.port
@@ -176,7 +176,7 @@ def cmd_doctor(args: argparse.Namespace, config: Config) -> int:
 
 
 def cmd_bench(args: argparse.Namespace, config: Config) -> int:
-    from . import bench
+    from soldaemon.measure import bench
 
     config = apply_model_options(config, args)
     return bench.run(args, config)
@@ -186,8 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     # Only the options here: each command's code (the server, torch, the
     # benchmarks) is imported by its cmd_* when it runs, so `status` and
     # `doctor` start without torch.
-    from . import bench, doctor
-    from .server import arguments as server
+    from soldaemon.doctor import checks as doctor
+    from soldaemon.measure import bench
+    from soldaemon.server import arguments as server
 
     parser = argparse.ArgumentParser(prog="soldaemon", description="a local, resident code-completion daemon")
     parser.add_argument("--version", action="version", version=f"soldaemon {__version__}")
@@ -245,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args, config))
     except SolError as exc:
         if args.command == "serve":     # the editor that started it reads why (lsp/discovery.py)
-            from .server.command import write_last_error
+            from soldaemon.server.command import write_last_error
 
             write_last_error(exc)
         if args.debug:

@@ -8,12 +8,12 @@ share (the VS Code extension follows the same order in TypeScript).
    (written by ``soldaemon serve`` once ready; ignored when its pid is gone;
    refused when another user could have written it, or it names a
    non-loopback URL without ``server.allow_remote`` — see
-   :mod:`soldaemon.statefiles`);
+   :mod:`soldaemon.server.statefiles`);
 3. else ``server.host``/``server.port`` of sol_config.yaml.
 
 The token comes from the token file given, else the record's, else
 ``server.token_file``/the state directory — read with
-:func:`soldaemon.auth.read_token`, so an unsafe token file is refused.
+:func:`soldaemon.server.auth.read_token`, so an unsafe token file is refused.
 
 Light on purpose: sol-lsp imports it, so no websocket server, prometheus,
 psutil or torch.
@@ -24,10 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from soldaemon.auth import read_token
+from soldaemon.server.auth import read_token
 from soldaemon.config import Config, load_config
 from soldaemon.paths import state_dir
-from soldaemon.statefiles import StartLock, check_private_dir, read_daemon_record
+from soldaemon.server.statefiles import StartLock, check_private_dir, read_daemon_record
 
 # StartLock and read_daemon_record: for sol-lsp's launcher (lsp/ imports this
 # module, not statefiles).

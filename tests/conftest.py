@@ -35,7 +35,7 @@ def engine_args(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     so that a broken engine fails the tests that use it at once, with its
     traceback; there is no fallback to the scripted engine (a test that
     wants that one names ``tests.fixtures.daemon.FAKE_ENGINE``)."""
-    import soldaemon.runtime.engine  # noqa: F401
+    import soldaemon.runtime.engine.local  # noqa: F401
     from soldaemon.testing.tiny import build_tiny_model
 
     return ["--model", str(build_tiny_model(tmp_path_factory.mktemp("tiny-model")))]

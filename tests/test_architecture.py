@@ -26,7 +26,7 @@ MAX_LINES = 600
 # what sol-lsp may import from the daemon's package
 LSP_MAY_IMPORT = frozenset({
     "soldaemon", "soldaemon.api", "soldaemon.protocol", "soldaemon.errors", "soldaemon.discovery",
-    "soldaemon.sensitive",
+    "soldaemon.privacy.rules",
 })
 # third-party packages that load torch when imported
 TORCH = frozenset({"torch", "transformers", "accelerate"})

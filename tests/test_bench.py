@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from soldaemon.cli import main
-from soldaemon.holes import cut_line_holes, default_corpus
+from soldaemon.measure.holes import cut_line_holes, default_corpus
 from soldaemon.testing.tiny import build_tiny_model
-from soldaemon.trace import make_trace
+from soldaemon.measure.trace import make_trace
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def _budget_config(tmp_path: Path, path: Path) -> Path:
     """A sol_config.yaml whose memory budget holds the floor (embedding and
     norms, one KV buffer, the staging ring) and half of the layers."""
     from soldaemon.config import config_from_dict
-    from soldaemon.runtime.engine import load_engine
+    from soldaemon.runtime.engine.local import load_engine
 
     # one kernel plan for the sizing engine and the bench's (which runs with --threads 1,
     # another timing table): the layer bytes the budget is made of are the bench's own
@@ -136,7 +136,7 @@ def test_bench_skips_generate_when_no_full_copy_fits(tmp_path: Path, capsys: pyt
     """The same budget; the second copy's load fails as it would without
     memory for it: the generate row is left out, the reason printed, and
     agreement is reported against sol-exact instead."""
-    import soldaemon.model.loader as loader
+    import soldaemon.weights.loader as loader
     from soldaemon.errors import OutOfMemory
 
     path = build_tiny_model(tmp_path / "tiny12", layers=12, hidden=128)  # half the layers outweigh the staging ring
@@ -151,7 +151,7 @@ def test_bench_skips_generate_when_no_full_copy_fits(tmp_path: Path, capsys: pyt
         return real_load(p, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(loader, "load_model", load_once)
-    monkeypatch.setattr("soldaemon.runtime.engine.load_model", load_once)
+    monkeypatch.setattr("soldaemon.runtime.engine.local.load_model", load_once)
     out = tmp_path / "bench.json"
     rc = main(["--config", str(cfg), "bench", "--model", str(path), "--threads", "1", "--holes", "1",
                "--tokens", "4", "--json", str(out)])

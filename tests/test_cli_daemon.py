@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from lsp.discovery import DaemonLauncher
-from soldaemon.statefiles import pid_exists
+from soldaemon.server.statefiles import pid_exists
 from tests.fixtures.daemon import FAKE_ENGINE, REPO, Daemon, daemon_command, write_config
 
 BAR = re.compile(r"\d+%\||it/s\]|s/it\]|Loading (weights|checkpoint)")
@@ -172,7 +172,7 @@ def test_doctor_kernel_plan_reads_the_configured_models_table(tmp_path: Path) ->
     2 threads) must read the 0.5B's, and one asking 4 threads finds none."""
     import shutil
 
-    from soldaemon import plan_check
+    from soldaemon.doctor import plan as plan_check
 
     tables = Path(__file__).parent / "data" / "kernel_tables"
     folder = tmp_path / "kernel-plans"

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from soldaemon.runtime.backend import LeanBackend
-from soldaemon.runtime.cudagraph import GraphDecoder, buckets
-from soldaemon.runtime.session import KVSession
+from soldaemon.runtime.forward.backend import LeanBackend
+from soldaemon.runtime.forward.cudagraph import GraphDecoder, buckets
+from soldaemon.runtime.kv.session import KVSession
 from soldaemon.testing.tiny import build_tiny_model
 
 
@@ -141,7 +141,7 @@ def test_kept_logits_survive_another_documents_replays(graph_hf: tuple[object, b
     and so one graph per window, whose static output every replay
     overwrites. The logits a session keeps for the "prompt unchanged"
     shortcut must still be its own after another document decoded."""
-    from soldaemon.runtime.session import SessionPool
+    from soldaemon.runtime.kv.session import SessionPool
 
     hf, emulate = graph_hf
     backend = LeanBackend(hf, 600)

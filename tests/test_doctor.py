@@ -22,8 +22,9 @@ from typing import Any, Iterator
 import pynvml
 import pytest
 
-from soldaemon import doctor, gpuprobe
-from soldaemon.doctor import Check, judge, judge_machine
+from soldaemon import gpuprobe
+from soldaemon.doctor import checks as doctor
+from soldaemon.doctor.checks import Check, judge, judge_machine
 from soldaemon.errors import CommandFailed, ProbeUnavailable
 from soldaemon.gpuprobe import (READ_ONLY_ARGVS, SMI_APPS_ARGV, SMI_BANNER_ARGV, SMI_CORE_ARGV, SMI_QUERY_ARGV,
                                 CacheReading, CpuReading, GpuProbe, GpuReading, MachineReading, TorchReading)
@@ -928,7 +929,7 @@ def test_startup_checks_are_fast_here() -> None:
 
 
 def test_log_checks_levels(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="soldaemon.doctor")
+    caplog.set_level(logging.INFO, logger="soldaemon.doctor.checks")
     doctor.log_checks([Check("a", "ok", "fine"), Check("b", "warn", "meh", fix="do x"),
                        Check("c", "fail", "bad"), Check("d", "info", "fyi")])
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
@@ -939,7 +940,7 @@ def test_log_checks_levels(caplog: pytest.LogCaptureFixture) -> None:
 def test_python_dash_m_runs_here() -> None:
     import subprocess
 
-    done = subprocess.run([sys.executable, "-m", "soldaemon.doctor", "--json", "--port", str(closed_port())],
+    done = subprocess.run([sys.executable, "-m", "soldaemon.doctor.checks", "--json", "--port", str(closed_port())],
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode in (0, 1), done.stderr
     doc = json.loads(done.stdout)

@@ -16,13 +16,13 @@ from hypothesis import strategies as st
 from soldaemon.api import CancelToken, CompletionRequest, Done
 from soldaemon.config import config_from_dict
 from soldaemon.errors import ModelError
-from soldaemon.model.loader import load_model
-from soldaemon.runtime.backend import LeanBackend
-from soldaemon.runtime.draft import DraftModel
-from soldaemon.runtime.engine import load_engine
-from soldaemon.runtime.generate import generate
-from soldaemon.runtime.sampling import Greedy
-from soldaemon.runtime.session import KVSession
+from soldaemon.weights.loader import load_model
+from soldaemon.runtime.forward.backend import LeanBackend
+from soldaemon.runtime.decode.draft import DraftModel
+from soldaemon.runtime.engine.local import load_engine
+from soldaemon.runtime.decode.generate import generate
+from soldaemon.runtime.decode.sampling import Greedy
+from soldaemon.runtime.kv.session import KVSession
 from soldaemon.testing.tiny import build_tiny_model
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from soldaemon.errors import ModelError, ModelPartsMissing
-from soldaemon.model.choice import LatencyBudget, ModelFigures, choose_model
-from soldaemon.model.embedded import (
+from soldaemon.policy.model_choice import LatencyBudget, ModelFigures, choose_model
+from soldaemon.weights.embedded import (
     DEFAULT_MODEL,
     EMBEDDED_MODELS,
     QWEN25_CODER_05B,
@@ -67,7 +67,7 @@ def test_missing_parts_name_the_extra_and_the_pins() -> None:
 
 def test_loader_names_the_pip_command_when_the_15b_is_missing(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    from soldaemon.model import embedded, loader
+    from soldaemon.weights import embedded, loader
 
     monkeypatch.setenv("SOLDAEMON_CACHE_DIR", str(tmp_path))  # no assembled copy to fall back on
     absent = dataclasses.replace(QWEN25_CODER_15B, packages=("soldaemon-absent-part1",))
@@ -129,7 +129,7 @@ def test_real_15b_loads_by_name_and_completes_code() -> None:
     command installs the ``model-1-5b`` extra)."""
     import torch
 
-    from soldaemon.model.loader import load_embedded
+    from soldaemon.weights.loader import load_embedded
 
     if not is_installed(QWEN25_CODER_15B) and not os.environ.get("CI"):
         pytest.skip("the 1.5B's parts are not installed: " + install_command(QWEN25_CODER_15B))
@@ -161,8 +161,8 @@ def test_real_05b_drafting_for_the_15b_is_token_identical() -> None:
     greedy token (seen in issue 30's busy runs: configparser.py)."""
     from soldaemon.api import CancelToken, CompletionRequest, Done
     from soldaemon.config import config_from_dict
-    from soldaemon.holes import cut_holes, default_corpus
-    from soldaemon.runtime.engine import load_engine
+    from soldaemon.measure.holes import cut_holes, default_corpus
+    from soldaemon.runtime.engine.local import load_engine
 
     if not is_installed(QWEN25_CODER_15B) and not os.environ.get("CI"):
         pytest.skip("the 1.5B's parts are not installed: " + install_command(QWEN25_CODER_15B))

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from soldaemon.api import CancelToken, CompletionRequest, Done
-from soldaemon.runtime.engine import LocalEngine
-from soldaemon.runtime.foresight import accepted_request, detached
+from soldaemon.runtime.engine.local import LocalEngine
+from soldaemon.runtime.engine.foresight import accepted_request, detached
 from tests.fixtures.engines import run_done, tiny_engine
 
 PREFIX = "import os\n\n\ndef join_all(parts):\n    result = []\n    for part in parts:\n        result.append(os"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from soldaemon.functional import FunctionalHole, available_modules, cached_holes, find_holes, passes
+from soldaemon.measure.functional import FunctionalHole, available_modules, cached_holes, find_holes, passes
 
 
 def test_textwrap_holes_tell_right_from_wrong() -> None:
@@ -41,7 +41,7 @@ def test_the_hole_list_is_cached(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_tested_project_from_pypi_judges_its_own_holes(tmp_path: Path, monkeypatch) -> None:
     """more-itertools' own tests (its sdist, fetched once) tell a right block from a wrong one."""
-    from soldaemon import functional
+    from soldaemon.measure import functional
 
     monkeypatch.setenv("SOLDAEMON_CACHE_DIR", str(tmp_path))
     holes = find_holes(2, modules=["more_itertools.recipes"], kinds=("block",))

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from soldaemon.runtime import layer
-from soldaemon.runtime.backend import LeanBackend
-from soldaemon.runtime.cudagraph import GraphDecoder
-from soldaemon.runtime.layer import ATTENTION_LOG, causal_mask, group_mask, grouped_attention
-from soldaemon.runtime.session import KVSession
+from soldaemon.runtime.forward import layer
+from soldaemon.runtime.forward.backend import LeanBackend
+from soldaemon.runtime.forward.cudagraph import GraphDecoder
+from soldaemon.runtime.forward.layer import ATTENTION_LOG, causal_mask, group_mask, grouped_attention
+from soldaemon.runtime.kv.session import KVSession
 from soldaemon.testing.tiny import build_tiny_model
 
 N_CTX = 4160          # buckets 256 … 4096 and 4160

@@ -15,12 +15,12 @@ import torch
 
 from soldaemon.config import config_from_dict
 from soldaemon.policy.draft import DraftLength
-from soldaemon.runtime import cudagraph
-from soldaemon.runtime.backend import LeanBackend
-from soldaemon.runtime.cudagraph import GraphDecoder
-from soldaemon.runtime.engine import load_engine
-from soldaemon.runtime.kvfold import fold_blocks
-from soldaemon.runtime.memsched import MemoryScheduler
+from soldaemon.runtime.forward import cudagraph
+from soldaemon.runtime.forward.backend import LeanBackend
+from soldaemon.runtime.forward.cudagraph import GraphDecoder
+from soldaemon.runtime.engine.local import load_engine
+from soldaemon.runtime.kv.fold import fold_blocks
+from soldaemon.runtime.memory.scheduler import MemoryScheduler
 from soldaemon.testing.tiny import build_tiny_model
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from soldaemon.runtime.prefetch import CopyJob, order_after, wait_copy
+from soldaemon.runtime.memory.prefetch import CopyJob, order_after, wait_copy
 
 
 class Event:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from soldaemon.runtime.sampling import TopP
+from soldaemon.runtime.decode.sampling import TopP
 
 
 def test_device_nucleus_keeps_only_the_nucleus() -> None:

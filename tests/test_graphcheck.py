@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from soldaemon.runtime.backend import LeanBackend
-from soldaemon.runtime.cudagraph import GraphDecoder
-from soldaemon.runtime.graphcheck import TOLERANCES, compare_graphs, tolerance_for, transformers_reference
+from soldaemon.runtime.forward.backend import LeanBackend
+from soldaemon.runtime.forward.cudagraph import GraphDecoder
+from soldaemon.measure.graphcheck import TOLERANCES, compare_graphs, tolerance_for, transformers_reference
 from soldaemon.testing.tiny import build_tiny_model
 
 
@@ -104,7 +104,7 @@ def test_the_tolerance_follows_the_decode_kernel(backend: LeanBackend) -> None:
     """A plan whose decode kernel rounds coarser than the compute dtype (a
     float32 CPU running bfloat16 or int8 products) is judged by the
     coarser precision."""
-    from soldaemon.runtime.graphcheck import decode_precision
+    from soldaemon.measure.graphcheck import decode_precision
     from soldaemon.policy.kernel_plan import KernelPlan
 
     assert decode_precision(backend) == torch.float32                  # the reference plan

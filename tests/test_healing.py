@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from soldaemon.fim import detect_template, encode_text, make_prompt
-from soldaemon.runtime.healing import HealingSampler, TokenTexts
-from soldaemon.runtime.sampling import Greedy
+from soldaemon.runtime.decode.healing import HealingSampler, TokenTexts
+from soldaemon.runtime.decode.sampling import Greedy
 from soldaemon.testing.tiny import build_tokenizer
 
 
@@ -99,7 +99,7 @@ def test_real_model_completes_inside_a_word_without_repeating_it() -> None:
 
     from soldaemon.api import CancelToken, CompletionRequest, Done
     from soldaemon.config import config_from_dict
-    from soldaemon.runtime.engine import load_engine
+    from soldaemon.runtime.engine.local import load_engine
 
     src = Path(functools.__file__).read_text()
     line = "    if initial is _initial_missing:"
@@ -126,7 +126,7 @@ def test_real_model_completes_inside_a_word_without_repeating_it() -> None:
 def test_healing_off_by_config_gives_an_unhealed_prompt(tmp_path: Path) -> None:
     from soldaemon.api import CompletionRequest
     from soldaemon.config import config_from_dict
-    from soldaemon.runtime.engine import load_engine
+    from soldaemon.runtime.engine.local import load_engine
     from soldaemon.testing.tiny import build_tiny_model
 
     path = build_tiny_model(tmp_path / "tiny")

@@ -23,7 +23,7 @@ from lsp.completer import Suggestion
 from lsp.events import to_event
 from lsp.server import SolLanguageServer
 from lsp.settings import Settings
-from soldaemon.metrics import Metrics
+from soldaemon.server.metrics import Metrics
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -42,7 +42,7 @@ AVX2 = "avx2_only.json"                # the same machine with oneDNN/MKL/ATen c
 
 
 def test_the_policy_module_imports_no_torch() -> None:
-    code = "import sys, soldaemon.policy.kernel_plan, soldaemon.runtime.kernel_plan; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, soldaemon.policy.kernel_plan, soldaemon.policy.kernel_plan; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
@@ -156,7 +156,7 @@ def test_plans_and_tables_round_trip_and_refuse_garbage() -> None:
 def test_kernels_match_the_dense_product_and_treat_rows_alone() -> None:
     import torch
 
-    from soldaemon.runtime.kernels import KERNEL_FNS, pack, unpack
+    from soldaemon.runtime.forward.kernels import KERNEL_FNS, pack, unpack
 
     torch.manual_seed(0)
     w = torch.randn(96, 64) * 0.05
@@ -184,7 +184,7 @@ def test_the_plan_cache_key_changes_with_machine_torch_and_model(monkeypatch: py
     import torch
     from transformers import Qwen2Config
 
-    from soldaemon.runtime import kernels
+    from soldaemon.runtime.forward import kernels
 
     cfg = Qwen2Config(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2)
@@ -205,7 +205,7 @@ def test_plan_for_measures_once_then_reads_the_cache(tmp_path: Path, monkeypatch
     import torch
     from transformers import Qwen2Config
 
-    from soldaemon.runtime import kernels
+    from soldaemon.runtime.forward import kernels
 
     monkeypatch.setenv("SOLDAEMON_CACHE_DIR", str(tmp_path))
     cfg = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -257,8 +257,8 @@ def test_reuse_equals_recompute_under_each_plan(tiny_model, plan: KernelPlan | N
     the same KV and logits as the whole prompt computed at once."""
     import torch
 
-    from soldaemon.runtime.backend import LeanBackend
-    from soldaemon.runtime.session import KVSession
+    from soldaemon.runtime.forward.backend import LeanBackend
+    from soldaemon.runtime.kv.session import KVSession
 
     model, tok = tiny_model
     ids = tok("def parse(self, text):\n    return self.rules.match(text, pos=0)\n" * 6).input_ids
@@ -291,7 +291,7 @@ def test_one_resident_copy_after_release(tiny_model_path: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from soldaemon.runtime.backend import LeanBackend
+    from soldaemon.runtime.forward.backend import LeanBackend
 
     plan = KernelPlan("int8", "int8-dynamic", "int8", "int8", "int8")
     kept = AutoModelForCausalLM.from_pretrained(str(tiny_model_path)).eval()

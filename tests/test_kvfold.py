@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from soldaemon.config import SolConfig
-from soldaemon.runtime.backend import LeanBackend
-from soldaemon.runtime.kvfold import BLOCK, block_scores, fold, unfold
-from soldaemon.runtime.session import SessionPool
+from soldaemon.runtime.forward.backend import LeanBackend
+from soldaemon.runtime.kv.fold import BLOCK, block_scores, fold, unfold
+from soldaemon.runtime.kv.session import SessionPool
 from soldaemon.testing.tiny import build_tiny_model
 
 L, KV, H, HD, N_CTX = 3, 2, 4, 16, 512
@@ -134,8 +134,8 @@ def _switching_engine(tiny: Path, free_below: str | None) -> dict:
     completes in a.py, then in b.py (a.py is parked); its KV stats."""
     from soldaemon.api import CancelToken, CompletionRequest
     from soldaemon.config import config_from_dict
-    from soldaemon.model.loader import load_model
-    from soldaemon.runtime.engine import LocalEngine
+    from soldaemon.weights.loader import load_model
+    from soldaemon.runtime.engine.local import LocalEngine
 
     config = config_from_dict({"model": {"path": str(tiny), "max_context": 2048},
                                "sol": {"kv_folding_entropy_threshold": 1.0, "kv_folding_free_below": free_below},
@@ -178,9 +178,9 @@ def test_folding_agrees_with_unfolded_on_real_code() -> None:
     at least 9 of 10. The 95 % bar itself is shown by that 40-hole run; 10
     holes keep this test at half the CPU time of the 20 it used to run."""
     from soldaemon.config import config_from_dict
-    from soldaemon.holes import cut_line_holes, default_corpus
-    from soldaemon.model.loader import load_model
-    from soldaemon.runtime.engine import LocalEngine
+    from soldaemon.measure.holes import cut_line_holes, default_corpus
+    from soldaemon.weights.loader import load_model
+    from soldaemon.runtime.engine.local import LocalEngine
     from soldaemon.measure.kvfold import measure_agreement
 
     default = SolConfig().kv_folding_entropy_threshold

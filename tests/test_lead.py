@@ -12,8 +12,8 @@ from transformers import PreTrainedTokenizerFast
 from soldaemon import fim
 from soldaemon.api import CancelToken, CompletionRequest, Done
 from soldaemon.config import config_from_dict
-from soldaemon.pipeline import MAX_LEAD_LINES, LeadAnchors, lead_from
-from soldaemon.runtime.engine import LocalEngine, load_engine
+from soldaemon.pipeline.prompt import MAX_LEAD_LINES, LeadAnchors, lead_from
+from soldaemon.runtime.engine.local import LocalEngine, load_engine
 from soldaemon.testing.tiny import build_tiny_model
 from tests.test_fim import QWEN_SPECIALS, b, byte_tokenizer, sid
 

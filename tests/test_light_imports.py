@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 # What lsp/*.py may import from soldaemon (the rest is the daemon's own).
 LSP_MAY_IMPORT = {"soldaemon", "soldaemon.api", "soldaemon.protocol", "soldaemon.errors", "soldaemon.discovery",
-                  "soldaemon.sensitive"}
+                  "soldaemon.privacy.rules"}
 HEAVY = ("torch", "transformers", "websockets.asyncio.server", "websockets.server", "prometheus_client", "psutil")
 
 
@@ -73,7 +73,7 @@ def test_status_and_doctor_start_without_torch(tmp_path: Path) -> None:
     port = closed_port()
     code = f"""
 from pathlib import Path
-from soldaemon.auth import load_or_create_token
+from soldaemon.server.auth import load_or_create_token
 from soldaemon.cli import main
 load_or_create_token(Path({str(state / 'token')!r}))
 assert main(["status", "--url", "ws://127.0.0.1:{port}", "--timeout", "2"]) != 0   # nobody answers

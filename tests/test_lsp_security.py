@@ -251,13 +251,13 @@ async def test_secret_and_foreign_files_are_never_sent(start_daemon: Any, tmp_pa
     ("file:///w/proj/tokenizer.py", False), ("file:///w/proj/keys.py", False),
 ])
 def test_secret_patterns(uri: str, refused: bool) -> None:
-    from soldaemon.sensitive import ContextPolicy
+    from soldaemon.privacy.rules import ContextPolicy
 
     assert (ContextPolicy().refusal(uri) is not None) == refused
 
 
 def test_policy_folders_and_globs() -> None:
-    from soldaemon.sensitive import ContextPolicy
+    from soldaemon.privacy.rules import ContextPolicy
 
     inside = ContextPolicy(("/w/proj",))
     assert inside.allows("file:///w/proj/a.py") and not inside.allows("file:///w/project2/a.py")

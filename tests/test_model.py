@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from soldaemon.errors import ModelError, ModelHashMismatch, ModelPartsMissing, NoFimTokens, OutOfMemory
-from soldaemon.model import loader
-from soldaemon.model.embedded import QWEN25_CODER_05B, EmbeddedModel, assemble_gguf, find_parts
+from soldaemon.weights import loader
+from soldaemon.weights.embedded import QWEN25_CODER_05B, EmbeddedModel, assemble_gguf, find_parts
 from soldaemon.testing.tiny import build_tiny_model
 
 

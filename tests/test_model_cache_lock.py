@@ -22,7 +22,7 @@ CONVERT = """
 import sys, time
 from pathlib import Path
 import transformers
-from soldaemon.model import loader
+from soldaemon.weights import loader
 
 tiny, gguf, count = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 real_model = transformers.AutoModelForCausalLM.from_pretrained.__func__

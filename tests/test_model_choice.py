@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from soldaemon import plan_check
+from soldaemon.doctor import plan as plan_check
 from soldaemon.config import config_from_dict
-from soldaemon.model.embedded import EMBEDDED_MODELS, QWEN25_CODER_05B, QWEN25_CODER_15B
+from soldaemon.weights.embedded import EMBEDDED_MODELS, QWEN25_CODER_05B, QWEN25_CODER_15B
 from soldaemon.policy.kernel_plan import KernelPlan, TimingTable, choose_plan
-from soldaemon.runtime import model_choice
-from soldaemon.runtime.kernels import layer_shapes
+from soldaemon.runtime.engine import autoselect as model_choice
+from soldaemon.runtime.forward.kernels import layer_shapes
 
 TABLES = Path(__file__).parent / "data" / "kernel_tables"
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from soldaemon.errors import ModelHashMismatch
-from soldaemon.model import integrity, loader
+from soldaemon.weights import integrity, loader
 from soldaemon.testing.tiny import build_tiny_model
 from tests.fixtures.daemon import spawn
 
@@ -93,7 +93,7 @@ def test_corrupt_cache_is_reported_and_rebuilt(gguf: dict[str, Any], tiny: Path,
         _overwrite_data(weights)
     else:
         os.truncate(weights, weights.stat().st_size // 2)
-    with caplog.at_level(logging.ERROR, logger="soldaemon.model.loader"):
+    with caplog.at_level(logging.ERROR, logger="soldaemon.weights.loader"):
         loaded = loader.load_model(str(gguf["path"]), device="cpu", dtype="float32", progress=False)
     assert torch.equal(_weights(loaded.model), good)
     assert gguf["seen"]["conversions"] == 2

@@ -36,7 +36,7 @@ def test_parts_are_found_without_importing_them(tmp_path: Path) -> None:
     probe = f"""
 import dataclasses, sys
 from pathlib import Path
-from soldaemon.model.embedded import QWEN25_CODER_05B, assemble_gguf, find_parts
+from soldaemon.weights.embedded import QWEN25_CODER_05B, assemble_gguf, find_parts
 model = dataclasses.replace(QWEN25_CODER_05B, packages=("soldaemon-test-part1",), version="1.0",
                             size={len(payload)}, sha256="{hashlib.sha256(payload).hexdigest()}")
 print(find_parts(model)[0])

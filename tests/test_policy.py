@@ -134,18 +134,3 @@ def test_policy_decides_without_torch() -> None:
 
 def test_every_policy_module_is_covered() -> None:
     assert {"residency", "memory", "draft", "fold", "kernel_plan", "priority"} <= set(POLICY_MODULES)
-
-
-def test_old_paths_reexport_the_policy() -> None:
-    """Code written against runtime/residency.py, draft.py and kernel_plan.py
-    keeps working: the names are the policy's own objects."""
-    from soldaemon.policy import draft, kernel_plan, memory, residency
-    from soldaemon.runtime import draft as rt_draft
-    from soldaemon.runtime import kernel_plan as rt_kernel_plan
-    from soldaemon.runtime import residency as rt_residency
-
-    assert rt_residency.plan_residency is residency.plan_residency
-    assert rt_residency.UnitInfo is residency.UnitInfo and rt_residency.Heatmap is residency.Heatmap
-    assert rt_residency.kv_memory_short is memory.kv_memory_short
-    assert rt_draft.DraftLength is draft.DraftLength and rt_draft.PromptLookup is draft.PromptLookup
-    assert rt_kernel_plan.choose_plan is kernel_plan.choose_plan

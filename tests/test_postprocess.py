@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from soldaemon.postprocess import StopChecker, decide_multiline, postprocess
+from soldaemon.pipeline.postprocess import StopChecker, decide_multiline, postprocess
 
 
 def pp(text: str, prefix: str, suffix: str = "", *, multi: bool = True, max_lines: int = 10) -> str:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from soldaemon.cli import main
-from soldaemon.holes import Hole, cut_holes, default_corpus
-from soldaemon.quality import edit_similarity, exact_match, first_line_match, levenshtein, parses, score
+from soldaemon.measure.holes import Hole, cut_holes, default_corpus
+from soldaemon.measure.quality import edit_similarity, exact_match, first_line_match, levenshtein, parses, score
 from soldaemon.testing.tiny import build_tiny_model
 
 SRC = '''\
@@ -142,7 +142,7 @@ def test_bench_quality_functional_holes_report_pass_at_1(tiny_dir: Path, tmp_pat
 def test_model_columns_are_parsed_and_named() -> None:
     from soldaemon.config import Config
     from soldaemon.errors import BadRequest
-    from soldaemon.quality.columns import model_configs
+    from soldaemon.measure.quality.columns import model_configs
 
     cols = model_configs(Config.default(), ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b+qwen2.5-coder-0.5b"])
     assert [(label, target) for label, target, _ in cols] == [("sol[0.5b]", "qwen2.5-coder-0.5b"),
@@ -153,7 +153,7 @@ def test_model_columns_are_parsed_and_named() -> None:
 
 
 def test_decode_rate_counts_tokens_after_the_first() -> None:
-    from soldaemon.quality import Column
+    from soldaemon.measure.quality import Column
 
     col = Column("c")
     hole = Hole("f.py", 1, "x = ", "\n", "1")

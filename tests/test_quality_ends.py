@@ -1,4 +1,4 @@
-"""End-of-answer statistics of ``bench --quality`` (soldaemon.quality.ends)
+"""End-of-answer statistics of ``bench --quality`` (soldaemon.measure.quality.ends)
 on hand-made columns."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 
 pytest.importorskip("tree_sitter_python")
 
-from soldaemon.holes import Hole  # noqa: E402
-from soldaemon.quality import Column  # noqa: E402
-from soldaemon.quality import ends  # noqa: E402
-from soldaemon.quality.report import table  # noqa: E402
+from soldaemon.measure.holes import Hole  # noqa: E402
+from soldaemon.measure.quality import Column  # noqa: E402
+from soldaemon.measure.quality import ends  # noqa: E402
+from soldaemon.measure.quality.report import table  # noqa: E402
 
 PREFIX = "def primes(n):\n    out = []\n    "
 SUFFIX = "\n    return out\n"

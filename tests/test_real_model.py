@@ -40,7 +40,7 @@ def main() -> None:
 @pytest.fixture(scope="module")
 def engine():
     from soldaemon.config import config_from_dict
-    from soldaemon.runtime.engine import load_engine
+    from soldaemon.runtime.engine.local import load_engine
 
     config = config_from_dict({"device": {"device": "cpu"}, "model": {"max_context": 2048, "precision": "float32"}})
     return load_engine(config, progress=False)
@@ -50,7 +50,7 @@ def engine():
 def reference():
     """The transformers module in float32, parameters intact (the engine
     released its own module's: one resident copy)."""
-    from soldaemon.model.loader import load_model
+    from soldaemon.weights.loader import load_model
 
     return load_model(None, device="cpu", dtype="auto", progress=False).model
 
@@ -59,8 +59,8 @@ def test_runtime_greedy_equals_generate_on_the_real_model(engine, reference) -> 
     """Token for token, this runtime's greedy decode (model.precision:
     float32) equals transformers generate() on the same weights."""
     from soldaemon.api import CompletionRequest
-    from soldaemon.runtime.generate import generate
-    from soldaemon.runtime.sampling import Greedy
+    from soldaemon.runtime.decode.generate import generate
+    from soldaemon.runtime.decode.sampling import Greedy
 
     assert engine.backend.released and engine.backend.plan.kernels == ("float32",)
     model = reference
@@ -84,12 +84,12 @@ def test_the_machines_plan_agrees_with_float32(engine, reference) -> None:
     run is in docs/quality.md). Measured here: 4 of 6 holes identical over
     10 tokens, 48 of 60 tokens equal."""
     from soldaemon.api import CompletionRequest
-    from soldaemon.holes import cut_line_holes, default_corpus
-    from soldaemon.runtime.backend import LeanBackend
-    from soldaemon.runtime.generate import generate
-    from soldaemon.runtime.kernels import plan_for
-    from soldaemon.runtime.sampling import Greedy
-    from soldaemon.runtime.session import KVSession
+    from soldaemon.measure.holes import cut_line_holes, default_corpus
+    from soldaemon.runtime.forward.backend import LeanBackend
+    from soldaemon.runtime.decode.generate import generate
+    from soldaemon.runtime.forward.kernels import plan_for
+    from soldaemon.runtime.decode.sampling import Greedy
+    from soldaemon.runtime.kv.session import KVSession
 
     plan, _table, _cached = plan_for(reference.config, torch.device("cpu"), torch.float32)
     half = KVSession(LeanBackend(reference, 2048, plan=plan))

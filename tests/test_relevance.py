@@ -1,4 +1,4 @@
-"""Context chosen by relevance to the cursor (soldaemon/relevance.py) and its
+"""Context chosen by relevance to the cursor (soldaemon/pipeline/relevance.py) and its
 use in the prompt (pipeline.build_fim_prompt, model.context)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from soldaemon.api import CompletionRequest, ContextChunk
 from soldaemon.config import config_from_dict
 from soldaemon.fim import detect_template
-from soldaemon.pipeline import build_fim_prompt, context_selector
-from soldaemon.relevance import ContextSelector, choose, imports_of, pack, rank, split_snippets
+from soldaemon.pipeline.prompt import build_fim_prompt, context_selector
+from soldaemon.pipeline.relevance import ContextSelector, choose, imports_of, pack, rank, split_snippets
 from soldaemon.testing.tiny import build_tokenizer
 
 GEOMETRY = '''import math

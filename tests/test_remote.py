@@ -38,7 +38,9 @@ from soldaemon.config import config_from_dict
 from soldaemon.errors import ConfigError, SolError
 from tests.fixtures.daemon import complete
 from soldaemon.errors import RemoteBadResponse, RemoteHttpError, RemoteTimeout, RemoteUnavailable
-from soldaemon.remote import Backoff, Endpoint, RemoteEngine, _parse_chunk, read_api_key
+from soldaemon.remote.endpoint import Backoff, Endpoint, read_api_key
+from soldaemon.remote.engine import RemoteEngine
+from soldaemon.remote.stream import _parse_chunk
 
 # --------------------------------------------------------------------------
 # Pure pieces
@@ -403,7 +405,7 @@ def test_budget_closes_the_upstream_stream(tiny_tokenizer: Any, scripted: Script
 
 
 def test_fallback_to_the_local_model_when_the_engine_is_down(tiny_tokenizer: Any, tmp_path: Path) -> None:
-    from soldaemon.runtime.engine import load_engine
+    from soldaemon.runtime.engine.local import load_engine
     from soldaemon.testing.tiny import build_tiny_model
 
     tiny = build_tiny_model(tmp_path / "tiny")
@@ -562,7 +564,7 @@ class LlamaServer:
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
     _need_llama_server()
     from soldaemon import paths
-    from soldaemon.model.embedded import QWEN25_CODER_05B, assemble_gguf
+    from soldaemon.weights.embedded import QWEN25_CODER_05B, assemble_gguf
 
     gguf = assemble_gguf(paths.cache_dir() / "models" / "gguf" / f"{QWEN25_CODER_05B.name}.gguf", progress=False)
     server = LlamaServer(gguf, tmp_path_factory.mktemp("llama"))
@@ -575,7 +577,7 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServ
 def remote_daemon(llama_server: LlamaServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """``soldaemon serve`` with ``backend.kind: remote`` at the llama server;
     the tokenizer comes from the (real) model cache of this machine."""
-    from soldaemon.model.loader import tokenizer_dir
+    from soldaemon.weights.loader import tokenizer_dir
     from tests.fixtures.daemon import Daemon, spawn
 
     tok_dir, _ = tokenizer_dir(None, progress=False)
@@ -713,7 +715,7 @@ def test_engine_killed_mid_request_then_restarted(remote_daemon: Any, llama_serv
 
 def test_trace_bench_replays_keystrokes_through_the_remote_backend(tiny_tokenizer: Any, scripted: ScriptedEngine,
                                                                    tmp_path: Path) -> None:
-    from soldaemon.trace import make_trace, run_remote
+    from soldaemon.measure.trace import make_trace, run_remote
 
     source = tmp_path / "shapes.py"
     source.write_text("def area(width, height):\n    result = width * height\n    return result\n")

@@ -20,13 +20,13 @@ import torch
 from soldaemon.api import CancelToken, CompletionRequest, Done
 from soldaemon.config import config_from_dict
 from soldaemon.errors import ConfigError
-from soldaemon.runtime.backend import LeanBackend
+from soldaemon.runtime.forward.backend import LeanBackend
 from soldaemon.policy.kernel_plan import KernelPlan
-from soldaemon.runtime.engine import LocalEngine
+from soldaemon.runtime.engine.local import LocalEngine
 from soldaemon.errors import BudgetTooSmall
 from soldaemon.policy.residency import UnitInfo, plan_residency
-from soldaemon.runtime.memsched import MemoryScheduler
-from soldaemon.runtime.weightstore import WeightStore
+from soldaemon.runtime.memory.scheduler import MemoryScheduler
+from soldaemon.runtime.memory.weightstore import WeightStore
 from soldaemon.testing.tiny import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -253,7 +253,7 @@ class FrozenClock:
 
 def test_heatmap_window_and_contents(tiny_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FrozenClock()
-    monkeypatch.setattr("soldaemon.runtime.weightstore.time", clock)
+    monkeypatch.setattr("soldaemon.runtime.memory.weightstore.time", clock)
     monkeypatch.setattr("soldaemon.policy.residency.time", clock)
     b = _backend(tiny_path, half=False)
     store = _store(b, prefetch_depth=1, heatmap_window_s=0.5)
@@ -276,7 +276,7 @@ def test_heatmap_window_and_contents(tiny_path: Path, monkeypatch: pytest.Monkey
 
 
 def _engine(path: Path, sol: dict) -> LocalEngine:
-    from soldaemon.model.loader import load_model
+    from soldaemon.weights.loader import load_model
 
     config = config_from_dict({"model": {"path": str(path), "max_context": 512, "kv_sessions": 2,
                                          "max_prefix_tokens": 300, "max_suffix_tokens": 100},

@@ -13,13 +13,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from soldaemon.runtime.backend import HFBackend, LeanBackend
+from soldaemon.runtime.forward.backend import HFBackend, LeanBackend
 from soldaemon.policy.kernel_plan import KernelPlan
 from soldaemon.policy.draft import PromptLookup
-from soldaemon.runtime.generate import generate
-from soldaemon.runtime.sampling import Greedy, TopP, make_sampler
+from soldaemon.runtime.decode.generate import generate
+from soldaemon.runtime.decode.sampling import Greedy, TopP, make_sampler
 from soldaemon.errors import Cancelled
-from soldaemon.runtime.session import KVSession, common_prefix
+from soldaemon.runtime.kv.session import KVSession, common_prefix
 from soldaemon.testing.tiny import build_tiny_model
 
 
@@ -229,7 +229,7 @@ def test_common_prefix() -> None:
 
 
 def test_plan_reuse_finds_the_moved_suffix() -> None:
-    from soldaemon.runtime.session import ReusePlan, plan_reuse
+    from soldaemon.runtime.kv.session import ReusePlan, plan_reuse
 
     old = [1, 2, 3, 4] + list(range(100, 120)) + [9]
     new = [1, 2, 3, 4, 5, 6] + list(range(100, 120)) + [9]          # typed two tokens before the suffix
@@ -267,7 +267,7 @@ def test_moved_chunk_reuse_computes_only_the_edit(tiny) -> None:
 
 
 def test_session_pool_keeps_one_cache_per_document(tiny) -> None:
-    from soldaemon.runtime.session import SessionPool
+    from soldaemon.runtime.kv.session import SessionPool
 
     model, tok = tiny
     a_ids, b_ids, c_ids = _prompts(tok, 3, seed=9)

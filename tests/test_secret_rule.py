@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from soldaemon.api import CompletionRequest, ContextChunk
-from soldaemon.handshake import HandshakeGate
-from soldaemon.sensitive import ContextPolicy, SecretDocument, folder_paths, outbound, redact, redact_request
+from soldaemon.server.handshake import HandshakeGate
+from soldaemon.privacy.rules import ContextPolicy, SecretDocument, folder_paths, outbound, redact, redact_request
 
 KEY = ("-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA1c2VjcmV0LWtleS1ib2R5LWxpbmUtb25lLWZvci10ZXN0\n"
        "-----END RSA PRIVATE KEY-----\n")

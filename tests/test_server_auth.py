@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from soldaemon.auth import (
+from soldaemon.server.auth import (
     bearer_ok,
     check_bind,
     host_header_ok,

@@ -13,7 +13,7 @@ import pytest
 
 from soldaemon.api import CancelToken, CompletionRequest, Delta, Done, Event, Timings
 from soldaemon.errors import BadRequest
-from soldaemon.metrics import Metrics
+from soldaemon.server.metrics import Metrics
 from soldaemon.protocol import ErrorFrame
 from soldaemon.server import Job, TokenBucket, Worker
 from tests.fixtures.fake_engine import FakeEngine

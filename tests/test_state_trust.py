@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from soldaemon import statefiles
-from soldaemon.auth import read_token
+from soldaemon.server import statefiles
+from soldaemon.server.auth import read_token
 from soldaemon.errors import ConfigError
 from tests.fixtures.daemon import FAKE_ENGINE, REPO, daemon_command, spawn
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from soldaemon.config import config_from_dict
-from soldaemon.runtime import timing
-from soldaemon.runtime.backend import LeanBackend
-from soldaemon.runtime.draft import DraftModel
-from soldaemon.runtime.engine import load_engine
+from soldaemon.runtime.forward import timing
+from soldaemon.runtime.forward.backend import LeanBackend
+from soldaemon.runtime.decode.draft import DraftModel
+from soldaemon.runtime.engine.local import load_engine
 from soldaemon.testing.tiny import build_tiny_model
 
 QUEUED_S = 0.15   # device work each forward leaves queued (s): well above a tiny step

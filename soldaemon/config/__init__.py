@@ -42,10 +42,10 @@ and :mod:`.loader` (finding the file, YAML with line numbers).
 
 from __future__ import annotations
 
-from .budget import MemoryBudget
-from .build import Config, config_from_dict, effective_precision, is_loopback_host
-from .loader import CONFIG_FILENAME, ENV_VAR, find_config_file, load_config
-from .sections import (
+from soldaemon.config.budget import MemoryBudget
+from soldaemon.config.build import Config, config_from_dict, effective_precision, is_loopback_host
+from soldaemon.config.loader import CONFIG_FILENAME, ENV_VAR, find_config_file, load_config
+from soldaemon.config.sections import (
     BackendConfig,
     BackendKind,
     CompletionConfig,

@@ -13,9 +13,9 @@ from typing import Any, Mapping, TypeVar
 
 from soldaemon.errors import ConfigError
 
-from .budget import MemoryBudget
-from .checks import _Bad
-from .sections import (BackendConfig, CompletionConfig, DeviceConfig, ModelConfig, ServerConfig, SolConfig,
+from soldaemon.config.budget import MemoryBudget
+from soldaemon.config.checks import _Bad
+from soldaemon.config.sections import (BackendConfig, CompletionConfig, DeviceConfig, ModelConfig, ServerConfig, SolConfig,
                        _SECTIONS)
 
 _HINT = "see docs/config.md or sol_config.example.yaml for every key and its allowed values"

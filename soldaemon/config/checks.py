@@ -12,7 +12,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from .budget import MemoryBudget
+from soldaemon.config.budget import MemoryBudget
 
 _T = TypeVar("_T")
 

@@ -12,7 +12,7 @@ import yaml
 from soldaemon.errors import ConfigError
 from soldaemon.paths import config_home
 
-from .build import Config, _build
+from soldaemon.config.build import Config, _build
 
 CONFIG_FILENAME = "sol_config.yaml"
 ENV_VAR = "SOLDAEMON_CONFIG"

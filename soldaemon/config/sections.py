@@ -10,8 +10,8 @@ from typing import Any, Literal, get_args
 from soldaemon.api import Multiline
 from soldaemon.paths import state_dir
 
-from .budget import MemoryBudget
-from .checks import (_bool, _choice, _device, _env_name, _float, _int, _memory_budget, _optional, _path,
+from soldaemon.config.budget import MemoryBudget
+from soldaemon.config.checks import (_bool, _choice, _device, _env_name, _float, _int, _memory_budget, _optional, _path,
                      _setting, _str_list, _text, _url)
 
 OffloadPolicy = Literal["layer", "block"]
@@ -122,7 +122,7 @@ class ModelConfig:
     fim_anchor: FimAnchor = _setting("sticky", _choice(get_args(FimAnchor)))
     # Context from other files (a request's context chunks): "relevance" cuts
     # them into snippets and keeps those that share the most names with the
-    # code around the cursor (soldaemon/relevance.py); "order" keeps the
+    # code around the cursor (soldaemon/pipeline/relevance.py); "order" keeps the
     # chunks as sent, in order, until the budget is spent.
     context: ContextChoice = _setting("relevance", _choice(get_args(ContextChoice)))
     # Context from other files in the prompt; tokens, >= 0.

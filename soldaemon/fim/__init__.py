@@ -55,13 +55,13 @@ tokens), :mod:`.encoding` (text to ids), :mod:`.layout` (the token layout),
 
 from __future__ import annotations
 
-from .comments import DEFAULT_LINE_COMMENT, comment_header
-from .encoding import encode_text
-from .layout import build_prompt
-from .outline import scope_outline
-from .prompt import FimPrompt, heal_token, lead_reserve, line_anchor, make_prompt
-from .templates import SUPPORTED_FAMILIES, Family, FimOrder, FimTemplate, detect_template
-from .windows import WindowMemo, window_prefix, window_suffix
+from soldaemon.fim.comments import DEFAULT_LINE_COMMENT, comment_header
+from soldaemon.fim.encoding import encode_text
+from soldaemon.fim.layout import build_prompt
+from soldaemon.fim.outline import scope_outline
+from soldaemon.fim.prompt import FimPrompt, heal_token, lead_reserve, line_anchor, make_prompt
+from soldaemon.fim.templates import SUPPORTED_FAMILIES, Family, FimOrder, FimTemplate, detect_template
+from soldaemon.fim.windows import WindowMemo, window_prefix, window_suffix
 
 __all__ = [
     "DEFAULT_LINE_COMMENT",

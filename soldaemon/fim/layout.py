@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from .encoding import encode_text
-from .templates import FimOrder, FimTemplate
+from soldaemon.fim.encoding import encode_text
+from soldaemon.fim.templates import FimOrder, FimTemplate
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

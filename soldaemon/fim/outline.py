@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .windows import _count_tokens, _split_lines
+from soldaemon.fim.windows import _count_tokens, _split_lines
 
 
 _IMPORT = re.compile(r"^(import\s|from\s+\S+\s+import\s|#include\s|use\s|using\s|require\b|package\s)")

@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from .comments import comment_header
-from .encoding import encode_text
-from .layout import _plain_encoder, _prefix_encoder, build_prompt
-from .outline import _fit_outline, scope_outline
-from .templates import FimOrder, FimTemplate
-from .windows import WindowMemo, _memoized, _window_prefix, _window_suffix
+from soldaemon.fim.comments import comment_header
+from soldaemon.fim.encoding import encode_text
+from soldaemon.fim.layout import _plain_encoder, _prefix_encoder, build_prompt
+from soldaemon.fim.outline import _fit_outline, scope_outline
+from soldaemon.fim.templates import FimOrder, FimTemplate
+from soldaemon.fim.windows import WindowMemo, _memoized, _window_prefix, _window_suffix
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -43,7 +43,7 @@ class FimPrompt:
 
 def heal_token(tokenizer: Any, prefix_ids: Sequence[int], prefix_text: str, *, blank: bool = False) -> str:
     """The text of the prompt's last prefix token when token healing should
-    drop it (:mod:`soldaemon.runtime.healing`): the token is ASCII (every
+    drop it (:mod:`soldaemon.runtime.decode.healing`): the token is ASCII (every
     byte of it is a token of its own, so some token always agrees), it ends
     ``prefix_text`` with text before it, and the cursor line has text
     before the cursor and the token no newline -- or, with ``blank`` (the
@@ -147,7 +147,7 @@ def make_prompt(
     the chunks: the model then knows which class and function it is in even
     when their first lines are far above (measured in docs/quality.md).
 
-    ``heal``: token healing (:mod:`soldaemon.runtime.healing`) -- when the
+    ``heal``: token healing (:mod:`soldaemon.runtime.decode.healing`) -- when the
     cursor is after text on its line, the prefix's last token is left out
     of ``ids`` and its text returned as ``FimPrompt.heal``; the generation
     must then start with that text (families whose tokens decode alone

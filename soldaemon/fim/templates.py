@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 from soldaemon.errors import NoFimTokens
 
-from .encoding import _adds_dummy_prefix
+from soldaemon.fim.encoding import _adds_dummy_prefix
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

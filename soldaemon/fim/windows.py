@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from .encoding import encode_text
+from soldaemon.fim.encoding import encode_text
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -1,5 +1,5 @@
 """Reading the machine: GPUs (NVML, ``nvidia-smi``), CPU, torch, the model
-cache, a running daemon. Pure reading, no judging (see :mod:`soldaemon.doctor`).
+cache, a running daemon. Pure reading, no judging (see :mod:`soldaemon.doctor.checks`).
 
 One module per source: :mod:`.nvml`, :mod:`.smi` (``nvidia-smi``),
 :mod:`.host` (CPU, torch, model cache, daemon); the data they return is

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any, Sequence
 
-from ..runtime.kvfold import BLOCK, block_scores, fold, kv_bytes_per_token, unfold
+from soldaemon.runtime.kv.fold import BLOCK, block_scores, fold, kv_bytes_per_token, unfold
 
 
 def measure_agreement(engine: Any, holes: Sequence[Any], thresholds: Sequence[float], *,
@@ -28,8 +28,8 @@ def measure_agreement(engine: Any, holes: Sequence[Any], thresholds: Sequence[fl
 
     ``engine``: a LocalEngine on a lean backend (its backend records queries
     here)."""
-    from ..api import CompletionRequest
-    from ..runtime.session import KVSession
+    from soldaemon.api import CompletionRequest
+    from soldaemon.runtime.kv.session import KVSession
 
     backend = engine.backend
     backend.record_queries()
@@ -85,10 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     evidence)."""
     import argparse
 
-    from ..config import config_from_dict
-    from ..holes import cut_line_holes, default_corpus
-    from ..model.loader import load_model
-    from ..runtime.engine import LocalEngine
+    from soldaemon.config import config_from_dict
+    from soldaemon.measure.holes import cut_line_holes, default_corpus
+    from soldaemon.weights.loader import load_model
+    from soldaemon.runtime.engine.local import LocalEngine
 
     ap = argparse.ArgumentParser(description="KV folding: greedy agreement with unfolded output")
     ap.add_argument("--holes", type=int, default=20)
@@ -132,10 +132,10 @@ def _bytes_table(contexts: list[int], thresholds: list[float], max_context: int,
     one), decode one token, fold at each threshold: bytes stored, measured,
     and the median over ``repeats`` of the time to score the blocks, fold
     and unfold (what a document switch pays)."""
-    from ..holes import default_corpus
-    from ..model.loader import load_model
-    from ..runtime.backend import LeanBackend
-    from ..runtime.session import KVSession
+    from soldaemon.measure.holes import default_corpus
+    from soldaemon.weights.loader import load_model
+    from soldaemon.runtime.forward.backend import LeanBackend
+    from soldaemon.runtime.kv.session import KVSession
 
     contexts = sorted(set(contexts))
     if contexts[0] < BLOCK:

@@ -1,7 +1,7 @@
 """Where a completion ends, and who decides it: the model's own end token or
 a cut rule.
 
-The text rules of :mod:`soldaemon.postprocess` end a multi-line completion
+The text rules of :mod:`soldaemon.pipeline.postprocess` end a multi-line completion
 where its enclosing block ends. That helps a model that runs on and cuts a
 model that knows where to stop: a nested function's ``return True`` followed
 by the outer function's code, a hole that goes on after a function's end.
@@ -38,10 +38,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from ..api import Multiline
-from ..postprocess import StopChecker, next_indent, postprocess_why
-from ..postprocess import decide_multiline as decide_by_text
-from .syntax import Window, window_at
+from soldaemon.api import Multiline
+from soldaemon.pipeline.postprocess import StopChecker, next_indent, postprocess_why
+from soldaemon.pipeline.postprocess import decide_multiline as decide_by_text
+from soldaemon.pipeline.syntax import Window, window_at
 
 # Ends that name how generation stopped rather than a cut.
 _STOPPED = ("length", "budget", "cancelled", "superseded", "error")
@@ -123,7 +123,7 @@ def _error_nodes(node: Any) -> Iterator[Any]:
 def plan(prefix: str, suffix: str, language: str | None, mode: Multiline, max_lines: int,
          block_end: str) -> EndPlan:
     """The request's :class:`EndPlan`. Multi-line or not: the text rules
-    (:func:`soldaemon.postprocess.decide_multiline`), and with a grammar
+    (:func:`soldaemon.pipeline.postprocess.decide_multiline`), and with a grammar
     also at the end of an unfinished statement (:func:`_may_be_unfinished`,
     confirmed by a syntax error near the cursor). The window is parsed only
     when the answer may be multi-line (a single line's end is its

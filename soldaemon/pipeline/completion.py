@@ -18,14 +18,14 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Iterator, MutableMapping, NamedTuple, Protocol
 
-from ..api import CancelToken, CompletionRequest, Delta, Done, Event, FinishReason, Timings
-from ..config import Config
-from ..fim import FimPrompt, FimTemplate, WindowMemo
-from ..postprocess import StopChecker
-from ..protocol import validate_request
-from ..relevance import ContextSelector
-from . import blockend
-from .prompt import LeadAnchors, build_fim_prompt, context_selector
+from soldaemon.api import CancelToken, CompletionRequest, Delta, Done, Event, FinishReason, Timings
+from soldaemon.config import Config
+from soldaemon.fim import FimPrompt, FimTemplate, WindowMemo
+from soldaemon.pipeline.postprocess import StopChecker
+from soldaemon.protocol import validate_request
+from soldaemon.pipeline.relevance import ContextSelector
+from soldaemon.pipeline import blockend
+from soldaemon.pipeline.prompt import LeadAnchors, build_fim_prompt, context_selector
 
 log = logging.getLogger("soldaemon.pipeline")
 
@@ -118,7 +118,7 @@ class Pipeline:
     constrains the first token), then ``completion.token_healing`` decides;
     ``n_ctx``: the context the prompt and ``max_tokens`` must fit;
     ``outbound``: what of a request may leave the machine (a remote engine:
-    :func:`soldaemon.sensitive.outbound`), applied before its prompt. An
+    :func:`soldaemon.privacy.rules.outbound`), applied before its prompt. An
     engine may replace ``config`` between requests (the quality benchmark
     does): every stage reads it at each request."""
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..api import CompletionRequest
-from ..config import ModelConfig
-from ..errors import BadRequest
-from ..fim import FimPrompt, FimTemplate, WindowMemo, lead_reserve, line_anchor, make_prompt
-from ..relevance import ContextSelector
+from soldaemon.api import CompletionRequest
+from soldaemon.config import ModelConfig
+from soldaemon.errors import BadRequest
+from soldaemon.fim import FimPrompt, FimTemplate, WindowMemo, lead_reserve, line_anchor, make_prompt
+from soldaemon.pipeline.relevance import ContextSelector
 
 MAX_LEAD_LINES = 8       # lines a sticky anchor spans before it moves to the cursor line
 MAX_LEAD_CHARS = 2048    # characters likewise

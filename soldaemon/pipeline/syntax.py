@@ -3,7 +3,7 @@ over a window of lines around the cursor, reparsed incrementally.
 
 :func:`window_at` builds a :class:`Window` (None for a language without an
 installed grammar: the caller falls back to the text rules of
-:mod:`soldaemon.postprocess`). :meth:`Window.fits` says whether inserting a
+:mod:`soldaemon.pipeline.postprocess`). :meth:`Window.fits` says whether inserting a
 text at the cursor adds a syntax error that prefix + suffix alone do not
 have -- an unclosed bracket or string, a block opener left without its body,
 code that no longer fits the suffix. Only the window is parsed, once for the

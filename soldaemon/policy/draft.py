@@ -5,7 +5,7 @@ Prompt lookup: code repeats itself (names, call patterns, whole lines), so the
 tokens that followed the last occurrence of the current n-gram are a cheap,
 often right guess. It works on token id lists, so it lives here, beside the
 rule that chooses the draft length from measured forward costs. The draft
-model (a second network) is mechanism: :mod:`soldaemon.runtime.draft`.
+model (a second network) is mechanism: :mod:`soldaemon.runtime.decode.draft`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ int8.
 
 A block's score is its relative attention mass (1.0 for the most attended
 block of its layer and KV head, near 0 for blocks nobody looks at; computed
-by :func:`soldaemon.runtime.kvfold.block_scores`). Blocks scored under
+by :func:`soldaemon.runtime.kv.fold.block_scores`). Blocks scored under
 ``sol.kv_folding_entropy_threshold`` are folded: 0 folds nothing, 1 every
 block but the most attended one. Scores need the backend's last queries
 over this very cache; without them a parked session is only trimmed.

@@ -1,6 +1,6 @@
 """The kernel plan: which linear kernel serves each phase, chosen from timings
 measured on this machine. Pure policy: no torch here (the measuring and the
-kernels themselves are :mod:`soldaemon.runtime.kernels`), so it is tested over recorded tables.
+kernels themselves are :mod:`soldaemon.runtime.forward.kernels`), so it is tested over recorded tables.
 
 Why measure: the same "2-core EPYC" has been AVX2-only (bfloat16 and float16
 products slower than float32) and Zen 4 with AVX-512 BF16/VNNI (bfloat16 4x,

@@ -1,6 +1,6 @@
 """When memory is short: the memory scheduler's rules, as plain functions.
 
-The scheduler (:mod:`soldaemon.runtime.memsched`) reads free memory and the
+The scheduler (:mod:`soldaemon.runtime.memory.scheduler`) reads free memory and the
 clock; these decide what it does with the numbers. ``below`` values are
 config MemoryBudgets (anything with ``resolve_bytes(total)``).
 """

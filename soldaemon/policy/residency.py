@@ -1,7 +1,7 @@
 """Sol's residency policy: which decoder weight units stay on the device
 under a memory budget, and the per-layer heatmap that ranks them.
 
-Pure Python, no torch: the weight store (:mod:`soldaemon.runtime.weightstore`)
+Pure Python, no torch: the weight store (:mod:`soldaemon.runtime.memory.weightstore`)
 measures the units and records each forward here; :func:`plan_residency`
 decides from those numbers alone, so it is tested without a device.
 """
@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..errors import BudgetTooSmall
+from soldaemon.errors import BudgetTooSmall
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Callable
 
-from ..errors import ConfigError
+from soldaemon.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ OpenAI-compatible ``POST /v1/completions`` streaming API, behind the same
 What stays in the daemon (so editors see no difference): request checks, the
 FIM prompt (the model family's template, token budgets, stable windows; see
 :mod:`soldaemon.pipeline`), type-through, the streamed preview's hold-back
-rule, the incremental :class:`~soldaemon.postprocess.StopChecker` and
+rule, the incremental :class:`~soldaemon.pipeline.postprocess.StopChecker` and
 post-processing, supersede and cancel, timings. The engine only samples.
 
 The prompt goes out as text with the FIM control tokens spelled out
@@ -42,16 +42,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from ..api import CancelToken, CompletionRequest, Done, Engine, Event, FinishReason, Timings
-from ..config import Config
-from ..errors import ConfigError, RemoteBadResponse, RemoteHttpError, RemoteTimeout, RemoteUnavailable
-from ..fim import FimPrompt, FimTemplate, detect_template
-from ..pipeline.completion import Clock, Early, Generation, Pipeline
-from ..postprocess import StopChecker
-from ..sensitive import outbound
-from .endpoint import Backoff, Endpoint, read_api_key
-from .probe import Probe
-from .stream import UpstreamStream, _CouldNotConnect
+from soldaemon.api import CancelToken, CompletionRequest, Done, Engine, Event, FinishReason, Timings
+from soldaemon.config import Config
+from soldaemon.errors import ConfigError, RemoteBadResponse, RemoteHttpError, RemoteTimeout, RemoteUnavailable
+from soldaemon.fim import FimPrompt, FimTemplate, detect_template
+from soldaemon.pipeline.completion import Clock, Early, Generation, Pipeline
+from soldaemon.pipeline.postprocess import StopChecker
+from soldaemon.privacy.rules import outbound
+from soldaemon.remote.endpoint import Backoff, Endpoint, read_api_key
+from soldaemon.remote.probe import Probe
+from soldaemon.remote.stream import UpstreamStream, _CouldNotConnect
 
 log = logging.getLogger("soldaemon.remote")
 
@@ -240,7 +240,7 @@ class RemoteEngine:
         return Early(self._fallback(req, cancel, self.backoff.last_error), counted=False)
 
     def build_prompt(self, req: CompletionRequest) -> tuple[FimPrompt, float]:
-        """The prompt sent upstream; secret files never are (soldaemon.sensitive)."""
+        """The prompt sent upstream; secret files never are (soldaemon.privacy.rules)."""
         return self.pipeline.build_prompt(req)
 
     def generating(self, req: CompletionRequest) -> contextlib.AbstractContextManager[None]:
@@ -488,14 +488,14 @@ def load_remote_engine(config: Config, *, progress: bool = True) -> RemoteEngine
     logged, not fatal: it may come later), and with ``fallback_local`` the
     local model loaded lazily (at once in the background when the engine is
     down now)."""
-    from ..model.loader import load_tokenizer
+    from soldaemon.weights.loader import load_tokenizer
 
     bc = config.backend
     source = bc.tokenizer or config.model.path
     tokenizer, name = load_tokenizer(str(source) if source else None, progress=progress)
 
     def local() -> Engine:
-        from ..runtime.engine import load_engine
+        from soldaemon.runtime.engine.local import load_engine
 
         return load_engine(config, progress=False)
 

@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from .endpoint import Endpoint
-from .stream import MAX_ERROR_BODY, _os_reason
+from soldaemon.remote.endpoint import Endpoint
+from soldaemon.remote.stream import MAX_ERROR_BODY, _os_reason
 
 log = logging.getLogger("soldaemon.remote")
 

@@ -11,8 +11,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from ..errors import RemoteBadResponse, RemoteHttpError, RemoteTimeout, RemoteUnavailable
-from .endpoint import Endpoint
+from soldaemon.errors import RemoteBadResponse, RemoteHttpError, RemoteTimeout, RemoteUnavailable
+from soldaemon.remote.endpoint import Endpoint
 
 log = logging.getLogger("soldaemon.remote")
 

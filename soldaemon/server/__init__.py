@@ -16,7 +16,7 @@ One module per concern:
 - :mod:`.settings` — :class:`ServerSettings`.
 
 The daemon record (``daemon.json``, where a running daemon listens) is
-:mod:`soldaemon.statefiles`; finding a running daemon is
+:mod:`soldaemon.server.statefiles`; finding a running daemon is
 :mod:`soldaemon.discovery`, shared with sol-lsp.
 
 Threads: the engine runs on the worker thread only; everything else runs on

@@ -1,7 +1,7 @@
 """``soldaemon serve``: start-up and shutdown (:func:`serve`), and the
 command's options and entry point (:func:`run`, wired by :mod:`soldaemon.cli`).
 
-The protocol is docs/protocol.md; security is :mod:`soldaemon.auth`.
+The protocol is docs/protocol.md; security is :mod:`soldaemon.server.auth`.
 """
 
 from __future__ import annotations
@@ -22,15 +22,16 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from websockets.asyncio.server import serve as ws_serve
 
-from soldaemon import __version__, statefiles
+from soldaemon import __version__
+from soldaemon.server import statefiles
 from soldaemon.api import Engine
-from soldaemon.auth import check_bind, load_or_create_token
+from soldaemon.server.auth import check_bind, load_or_create_token
 from soldaemon.discovery import ws_url
 from soldaemon.errors import AddressInUse, ConfigError, ModelError, OutOfMemory, SolError, Unavailable
 from soldaemon.server.daemon import Daemon
 from soldaemon.server.gate import gated_connection
-from soldaemon.handshake import HandshakeGate
-from soldaemon.server.engine_choice import engine_loader, overridden
+from soldaemon.server.handshake import HandshakeGate
+from soldaemon.server.engine_loader import engine_loader, overridden
 from soldaemon.server.settings import ServerSettings
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ async def serve(settings: ServerSettings, load: Callable[[], Engine], model_labe
     daemon = Daemon(settings, token, model_label, loop)
     # The machine checks of `soldaemon doctor` (GPU persistence mode, ECC,
     # driver/CUDA match, PCIe link, CPU): logged once, reported in health.
-    from soldaemon import doctor
+    from soldaemon.doctor import checks as doctor
 
     checks = doctor.startup_checks()
     doctor.log_checks(checks, log)

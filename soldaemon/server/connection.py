@@ -22,8 +22,8 @@ from websockets.exceptions import ConnectionClosed
 
 from soldaemon.api import Delta, Done
 from soldaemon.errors import Busy, DuplicateId, RateLimited, SolError, UnknownId
-from soldaemon.fairness import allowed_priority, over_share, release_memory
-from soldaemon.metrics import Metrics
+from soldaemon.server.fairness import allowed_priority, over_share, release_memory
+from soldaemon.server.metrics import Metrics
 from soldaemon.protocol import (Cancel, ClientMessage, Complete, CompletionEvent, Debug, ErrorFrame, Health, Limits,
                                 Status, Warm, decode_client, encode_server, error_frame)
 from soldaemon.server.settings import ServerSettings

@@ -26,11 +26,11 @@ from websockets.http11 import Request, Response
 
 from soldaemon import __version__
 from soldaemon.api import Done, Engine
-from soldaemon.auth import bearer_ok, host_header_ok, origin_ok
+from soldaemon.server.auth import bearer_ok, host_header_ok, origin_ok
 from soldaemon.config import is_loopback_host
 from soldaemon.errors import Unavailable
-from soldaemon.handshake import RefusalLog, duplicated
-from soldaemon.metrics import Metrics
+from soldaemon.server.handshake import RefusalLog, duplicated
+from soldaemon.server.metrics import Metrics
 from soldaemon.protocol import PROTOCOL_VERSION, ErrorFrame, Status
 from soldaemon.server.connection import Connection
 from soldaemon.server.settings import SOL_DIAGNOSIS_KEYS, ServerSettings

@@ -1,5 +1,5 @@
 """The websocket connection class that counts handshakes in progress
-(:class:`soldaemon.handshake.HandshakeGate`): a socket is counted from the
+(:class:`soldaemon.server.handshake.HandshakeGate`): a socket is counted from the
 TCP accept until its opening handshake ends, and the gate's bounds close the
 oldest ones. ``serve(..., create_connection=gated_connection(gate))``."""
 
@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from websockets.asyncio.server import ServerConnection
 
-from soldaemon.handshake import HandshakeGate
+from soldaemon.server.handshake import HandshakeGate
 
 
 def gated_connection(gate: HandshakeGate[Any],

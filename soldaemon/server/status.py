@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from soldaemon.auth import authorization_header
+from soldaemon.server.auth import authorization_header
 from soldaemon.discovery import find_daemon
 from soldaemon.api import CompletionRequest, Delta, Done
 from soldaemon.errors import ProtocolError, SolError, Unavailable
 from soldaemon.protocol import Complete, ErrorFrame, Health, Status, decode_server, encode_client
-from soldaemon.statefiles import pid_exists
+from soldaemon.server.statefiles import pid_exists
 from soldaemon.server.settings import SOL_DIAGNOSIS_KEYS
 
 if TYPE_CHECKING:

@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
-from soldaemon.ahead import Ahead
+from soldaemon.server.ahead import Ahead
 from soldaemon.api import CancelToken, CompletionRequest, Delta, Done, Engine, FinishReason, Timings
 from soldaemon.errors import SolError
-from soldaemon.fairqueue import FairQueue
+from soldaemon.server.fairqueue import FairQueue
 from soldaemon.policy.priority import job_rank
 from soldaemon.protocol import ErrorFrame, error_frame
 
@@ -79,7 +79,7 @@ class Worker:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        # priority classes; round-robin between connections inside one (soldaemon.fairqueue)
+        # priority classes; round-robin between connections inside one (soldaemon.server.fairqueue)
         self._queue: FairQueue[Job] = FairQueue()
         self._lock = threading.Lock()
         self._queued = 0

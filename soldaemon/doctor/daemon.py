@@ -1,0 +1,83 @@
+"""``soldaemon doctor``'s daemon line: the running daemon, asked with its
+token (found as ``soldaemon status`` finds it), recognised by its health
+document; and which kernel-timing table the configured model and thread
+count read. No torch, no websockets server."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from soldaemon import gpuprobe
+from soldaemon.gpuprobe import DaemonReading
+
+
+def _line(verdict: str, detail: str, *, cost: str | None = None, fix: str | None = None) -> dict[str, Any]:
+    return {"verdict": verdict, "detail": detail, "cost": cost, "fix": fix}
+
+
+def configured_plan_key(config: Any) -> tuple[int | None, int | None]:
+    """(layers of the configured embedded model, torch threads) for the
+    kernel-plan line; ``None`` where the config does not fix it (a model
+    path, ``model.name: auto``)."""
+    from soldaemon.weights.embedded import EMBEDDED_MODELS
+
+    model = None if config is None or config.model.path else EMBEDDED_MODELS.get(config.model.name)
+    layers = model.shapes.layers if model is not None and model.shapes is not None else None
+    threads = config.device.threads if config is not None else None
+    return layers, threads
+
+
+def probe_running_daemon(config: Any, port: int | None) -> DaemonReading:
+    """``GET /healthz`` of the running daemon with its token (found as
+    ``soldaemon status`` finds it), else of ``port`` without one. A
+    soldaemon answering with our token is recognised as such."""
+    import urllib.error
+    import urllib.request
+
+    from soldaemon.discovery import find_daemon
+    from soldaemon.errors import SolError
+
+    try:
+        target = find_daemon(config)
+    except (SolError, OSError):
+        return gpuprobe.probe_daemon(port) if port is not None else DaemonReading("", False, None, "not probed")
+    url = "http" + target.url[2:].rstrip("/") + "/healthz"
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {target.token}"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=2.0) as resp:
+            return DaemonReading(url, True, int(resp.status), resp.read(65536).decode("utf-8", "replace"))
+    except urllib.error.HTTPError as exc:
+        return DaemonReading(url, True, int(exc.code), exc.read(65536).decode("utf-8", "replace"))
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return DaemonReading(url, False, None, str(getattr(exc, "reason", exc))[:200])
+
+
+def _health(body: str) -> dict[str, Any] | None:
+    """The daemon's health document, when ``body`` is one."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) and "daemon" in doc and "state" in doc else None
+
+
+def daemon_report(d: DaemonReading) -> dict[str, Any]:
+    """The ``daemon`` line of ``soldaemon doctor``: verdict, detail, cost, fix."""
+    if not d.reachable:
+        return _line("info", f"no daemon answering at {d.url} ({d.detail})")
+    health = _health(d.detail)
+    if health is not None and d.status in (200, 503):
+        proc = health.get("process") or {}
+        return _line("ok", f"soldaemon {health.get('daemon')} {health.get('state')} at {d.url} "
+                     f"(pid {proc.get('pid', '?')}, model {health.get('model')} on {health.get('device')})")
+    if d.status == 401:
+        return _line("warn", f"{d.url} answered 401: a soldaemon runs but refused the token read "
+                     "from the state directory", cost="editors cannot connect with that token",
+                     fix="soldaemon stop, then start it again (or check server.token_file)")
+    if d.status == 200:
+        return _line("ok", f"daemon answering at {d.url}")
+    return _line("warn", f"{d.url} answered HTTP {d.status}: another program may hold the port",
+                 cost="the daemon cannot listen on this port",
+                 fix=f"ss -ltnp 'sport = :{d.url.rsplit(':', 1)[1].split('/')[0]}'")

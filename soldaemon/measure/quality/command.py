@@ -1,0 +1,196 @@
+"""``soldaemon bench --quality``: the run."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from soldaemon import paths
+from soldaemon.config import Config
+from soldaemon.errors import BadRequest
+from soldaemon.measure.holes import cut_holes, default_corpus
+from soldaemon.pipeline.relevance import ContextSelector
+from soldaemon.measure.quality.columns import (ABLATIONS, CONFIG_ABLATIONS, LLAMA_VSCODE, MODEL_ALONE, LlamaCpp, LlamaVscode,
+                      _precision_engines, _sol_configs, llama_cpp_column, llama_vscode_column, model_configs,
+                      model_label, postprocessed, run_raw, run_sol, sibling_context, toggled_outline)
+from soldaemon.measure.quality.report import _write_json, agreement, plot, ratios, table
+from soldaemon.measure.quality.scores import Column
+
+
+DEFAULT_HOLES = 40
+
+
+DEFAULT_TOKENS = 48
+
+
+def run(args: argparse.Namespace, config: Config) -> int:
+    from soldaemon.runtime.engine.local import load_engine
+
+    n_holes = DEFAULT_HOLES if args.holes is None else args.holes
+    max_tokens = DEFAULT_TOKENS if args.tokens is None else args.tokens
+    if n_holes < 1 or max_tokens < 1:
+        raise BadRequest(f"--holes and --tokens must be >= 1 (got {n_holes}, {max_tokens})")
+    overrides: dict[str, Any] = {}
+    if args.max_prefix_tokens is not None:
+        overrides["model.max_prefix_tokens"] = args.max_prefix_tokens
+    if args.max_suffix_tokens is not None:
+        overrides["model.max_suffix_tokens"] = args.max_suffix_tokens
+    if overrides:
+        config = config.with_overrides(overrides, source="bench")
+    files = [Path(p) for p in args.corpus] if args.corpus else default_corpus()
+    for f in files:
+        if not f.is_file():
+            raise BadRequest(f"--corpus: {f} is not a file")
+    say = lambda msg: print("  " + msg, file=sys.stderr, flush=True)  # noqa: E731
+    functional = None
+    if getattr(args, "functional", False):
+        from soldaemon.measure.functional import cached_holes
+
+        hole_kinds = tuple(getattr(args, "hole_kinds", None) or ("line", "block"))
+        cache = (paths.cache_dir() / f"functional-holes-py{sys.version_info[0]}{sys.version_info[1]}"
+                 f"-{'+'.join(hole_kinds)}.json")
+        functional = cached_holes(n_holes, args.seed, cache, kinds=hole_kinds, say=say)
+        holes = [fh.hole for fh in functional]
+        files = sorted({Path(h.file) for h in holes})
+    else:
+        holes = cut_holes(files, n_holes, args.seed, kinds=tuple(getattr(args, "hole_kinds", None)
+                                                                  or ("line", "block")))
+    if not holes:
+        raise BadRequest("--corpus: no holes could be cut (no parsable Python with function bodies)")
+    models = model_configs(config, list(getattr(args, "models", None) or []))
+    sol_configs = ([] if getattr(args, "baselines_only", False) or models
+                   else _sol_configs(config, getattr(args, "fim_orders", None)))
+    ablate = list(getattr(args, "ablate", None) or [])
+    for a in ablate:
+        if a not in ABLATIONS:
+            raise BadRequest(f"--ablate: unknown part {a!r} (expected: {', '.join(ABLATIONS)})")
+    by_model = [(Column(label), target, load_engine(cfg)) for label, target, cfg in models]
+    for col, _target, eng in by_model:
+        choice = eng.info()["model_choice"] or {}
+        say(f"{col.name}: {eng.info()['precision']['summary']}; draft: {choice.get('draft') or 'none'} "
+            f"({choice.get('draft_reason')})")
+    engine = by_model[0][2] if by_model else load_engine(config)
+    precision_engines = _precision_engines(engine, config, getattr(args, "precisions", None) or [], say)
+    baselines = args.baselines or []
+    want_raw = "raw" in baselines or "generate" in baselines  # generate: the model alone, as in the speed bench
+    threads = engine.info()["threads"]
+    want_alone = "model-alone" in baselines or "llama.cpp" in baselines   # llama.cpp: the old name
+    llama = llama_cpp_column(engine, threads, say) if want_alone else None
+    # with --models: the model alone and llama.vscode on each target model's own GGUF
+    firsts = {t: e for _c, t, e in reversed(by_model)}
+    targets = list(reversed(list(firsts.items())))
+    llamas: list[tuple[Column, LlamaCpp]] = []
+    if llama is not None and by_model:
+        llamas = [(Column(f"{MODEL_ALONE}[{model_label(t)}]"), llama if e is engine else LlamaCpp(e, llama.threads))
+                  for t, e in targets]
+        llama = None
+    vscodes: list[tuple[Column, LlamaVscode]] = []
+    if "llama.vscode" in baselines:
+        for t, e in targets or [("", engine)]:
+            runner = llama_vscode_column(e, threads, say)
+            if runner is not None:
+                vscodes.append((Column(f"{LLAMA_VSCODE}[{model_label(t)}]" if t else LLAMA_VSCODE), runner))
+    try:
+        return _run_holes(args, config, engine, holes, files, functional, max_tokens, say, sol_configs, by_model,
+                          precision_engines, want_raw, llama, llamas, vscodes, ablate)
+    finally:
+        for _col, runner in vscodes:
+            runner.close()
+
+
+def _run_holes(args: argparse.Namespace, config: Config, engine: Any, holes: list, files: list[Path],
+               functional: Any, max_tokens: int, say: Any, sol_configs: list, by_model: list,
+               precision_engines: list, want_raw: bool, llama: LlamaCpp | None,
+               llamas: list[tuple[Column, LlamaCpp]], vscodes: list[tuple[Column, LlamaVscode]],
+               ablate: list[str]) -> int:
+    """Every hole through every column; print the table (and ratios)."""
+    raw = Column("raw") if want_raw else None
+    raw_pp = Column("raw+pp") if want_raw else None
+    outline_config = toggled_outline(sol_configs[0][1]) if "outline" in ablate and sol_configs else None
+    sign = "-" if sol_configs and sol_configs[0][1].model.max_outline_tokens > 0 else "+"
+    no_outline = Column(f"{sol_configs[0][0]} {sign}outline") if outline_config is not None else None
+    # the config ablations: (column, the first sol config with the part off)
+    without = [(Column(f"{sol_configs[0][0]} -{a}"),
+                sol_configs[0][1].with_overrides(CONFIG_ABLATIONS[a], source="bench"))
+               for a in ABLATIONS if a in ablate and a in CONFIG_ABLATIONS and sol_configs]
+    siblings = getattr(args, "context", "none") == "siblings" and bool(sol_configs)
+    ctx_rel = Column(f"{sol_configs[0][0]}+ctx") if siblings else None
+    ctx_order = Column(f"{sol_configs[0][0]}+ctx[order]") if siblings else None
+    by_precision = [(Column(f"sol[{p}]"), eng) for p, eng in precision_engines]
+    columns = ([Column(name) for name, _ in sol_configs] + [col for col, _t, _e in by_model]
+               + [col for col, _ in by_precision]
+               + ([no_outline] if no_outline else [])
+               + [col for col, _ in without]
+               + ([ctx_rel, ctx_order] if ctx_rel and ctx_order else [])
+               + ([raw, raw_pp] if raw and raw_pp else []) + [col for col, _ in llamas]
+               + [col for col, _ in vscodes] + ([Column(MODEL_ALONE)] if llama else []))
+    kinds = [h.kind for h in holes]
+    t_start = time.time()
+    for i, hole in enumerate(holes):
+        uri = f"file:///{hole.path}"
+        for (name, cfg), col in zip(sol_configs, columns):
+            engine.config = cfg
+            col.add(hole, *run_sol(engine, hole, uri, max_tokens), python=True)
+        for col, _target, eng in by_model:
+            col.add(hole, *run_sol(eng, hole, uri, max_tokens), python=True)
+        for col, eng in by_precision:
+            col.add(hole, *run_sol(eng, hole, uri, max_tokens), python=True)
+        if no_outline is not None and outline_config is not None:
+            engine.config = outline_config
+            no_outline.add(hole, *run_sol(engine, hole, uri, max_tokens), python=True)
+        for col, cfg in without:
+            engine.config = cfg
+            col.add(hole, *run_sol(engine, hole, uri, max_tokens), python=True)
+        if ctx_rel is not None and ctx_order is not None:
+            engine.config = sol_configs[0][1]
+            chunks = sibling_context(hole)
+            selector = engine.context_selector
+            engine.context_selector = ContextSelector(max_chars=4 * sol_configs[0][1].model.max_context_tokens)
+            ctx_rel.add(hole, *run_sol(engine, hole, uri, max_tokens, chunks), python=True)
+            engine.context_selector = None          # model.context: order -- the chunks as sent
+            ctx_order.add(hole, *run_sol(engine, hole, uri, max_tokens, chunks), python=True)
+            engine.context_selector = selector
+        engine.config = config
+        if raw is not None and raw_pp is not None:
+            text, ms, n_prompt, n_gen, ttft = run_raw(engine, hole, max_tokens)
+            raw.add(hole, text, ms, n_prompt, n_gen, ttft, python=True)
+            # no latency of its own: computed from the raw text after the run
+            raw_pp.add(hole, postprocessed(engine, hole, text), float("nan"), n_prompt, n_gen, python=True)
+        if llama is not None:
+            columns[-1].add(hole, *llama(hole, max_tokens), python=True)
+        for col, runner in llamas:
+            col.add(hole, *runner(hole, max_tokens), python=True)
+        for col, vsc in vscodes:
+            col.add(hole, *vsc(hole, max_tokens), python=True)
+        if functional is not None:   # pass@1: CPython's own tests on the filled module
+            from soldaemon.measure.functional import passes
+
+            for c in columns:
+                c.scores[-1] = dataclasses.replace(c.scores[-1], passed=passes(functional[i], c.texts[-1]))
+        if args.json_out:  # after every hole: a long run that is stopped still leaves its results
+            _write_json(Path(args.json_out), engine.info(), args.seed, max_tokens, files, holes[: i + 1], columns)
+        say(f"hole {i + 1}/{len(holes)} {hole.kind} {hole.path}:{hole.line} "
+            + " ".join(f"{c.name}={'✓' if c.scores[-1].exact else '·'}"
+                       + ("" if c.scores[-1].passed is None else "P" if c.scores[-1].passed else "F") for c in columns)
+            + f"  ({time.time() - t_start:.0f} s)")
+    info = engine.info()
+    mc = config.model
+    head = (f"soldaemon bench --quality — {info['model']} ({info['dtype']}, {info['backend']}) on {info['device']}, "
+            f"{info['threads']} threads, {platform.processor() or platform.machine()}; {len(holes)} holes "
+            f"({kinds.count('line')} line, {kinds.count('block')} block) from {len(files)} files, seed {args.seed}; "
+            f"max_tokens {max_tokens}; prefix/suffix budget {mc.max_prefix_tokens}/{mc.max_suffix_tokens} tokens")
+    peers = "; ".join(f"{col.name}: {vsc.binary.describe()}" for col, vsc in vscodes)
+    head += f"; {peers}" if peers else ""
+    lines = [head, ""] + table(columns, kinds) + agreement(columns) + ratios(columns, kinds)
+    print("\n".join(lines))
+    if args.png:
+        plot(columns, kinds, Path(args.png), head)
+        print(f"wrote {args.png}")
+    if args.json_out:
+        _write_json(Path(args.json_out), info, args.seed, max_tokens, files, holes, columns)
+    return 0

@@ -1,0 +1,297 @@
+"""Which documents may be sent as model input: the secret-file rule.
+
+One rule for every place text leaves an editor or the machine — sol-lsp's
+context and completions (:mod:`lsp.context`, :mod:`lsp.completer`) and the
+daemon's remote backend (:mod:`soldaemon.remote`): a document whose path
+matches a secret pattern is never sent, and with workspace folders known, a
+document outside all of them is not sent either.
+
+Patterns are shell-style globs matched against every path component and
+against the whole path (``fnmatch``, case-insensitive), so ``.env*`` matches
+``/home/me/app/.env.local`` and ``.ssh`` any file under ``~/.ssh/``. A
+backup suffix (``~``, ``.bak``, ``.orig``, ``.old``, ``.swp``) is stripped
+before the match, so ``.env~`` is ``.env``. The include globs of a
+:class:`ContextPolicy` let through what the defaults would refuse
+(``!.env.example`` style, written without the ``!``); its exclude globs
+refuse more.
+
+Every URI scheme is judged: ``file:`` by its real path (symlinks resolved,
+so a project file linking to ``~/.aws/credentials`` is that file), the
+remote schemes of :data:`PATH_SCHEMES` (``vscode-remote:``, notebook cells,
+…) by their path, ``untitled:`` as a buffer not on disk, and any other
+scheme is refused. The text itself is checked too: :func:`redact`
+(:mod:`soldaemon.privacy.scan`) replaces private keys and token-shaped
+secrets before a text leaves.
+
+Contract: :func:`uri_path` and :meth:`ContextPolicy.allows` never raise;
+a URI of an unknown scheme (``git:``, ``output:``, …) is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import os
+import posixpath
+import urllib.parse
+from dataclasses import dataclass
+from typing import Sequence
+
+from soldaemon.api import CompletionRequest
+from soldaemon.errors import BadRequest
+from soldaemon.privacy.scan import REDACTED_MARK, Redacted, describe, redact
+
+__all__ = ["PATH_SCHEMES", "REDACTED_MARK", "SECRET_PATTERNS", "ContextPolicy", "Redacted", "SecretDocument",
+           "describe", "folder_paths", "is_secret_path", "outbound", "redact", "redact_request", "uri_path"]
+
+# Files that hold credentials: dotenv files, keys and certificates, SSH and
+# GPG homes, VCS internals, cloud and package-manager credential stores.
+# SSH keys are named by key type (``id_rsa``, ``id_ed25519.pub``): a bare
+# ``id_*`` would refuse ``id_utils.py``.
+SECRET_PATTERNS: tuple[str, ...] = (
+    ".env", ".env.*", "*.env", ".envrc",
+    "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore", "*.kdbx", "*.gpg", "*.asc",
+    "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "id_xmss*", "*.ppk", "known_hosts", "authorized_keys",
+    ".ssh", ".gnupg", ".git", ".hg", ".svn", ".aws", ".azure", ".gcloud", ".kube", ".docker",
+    ".netrc", "_netrc", ".npmrc", ".pypirc", ".pgpass", ".git-credentials", ".htpasswd",
+    "credentials", "credentials.*", "*credentials*.json", "secrets.*", "*.secret", "*.secrets",
+    "token", "*.token", "service-account*.json", "terraform.tfstate*", "*.tfvars",
+    # second pass (docs/security.md): cluster, cloud, CI and package-manager credentials
+    "kubeconfig", "*.kubeconfig", "kubeconfig.*", "secret.*", "*-secret.y*ml", "*-secrets.y*ml", "*_secrets.y*ml",
+    "*secrets*.json", "client_secret*.json", "*-firebase-adminsdk-*.json", "*.tfstate", "*.tfstate.*",
+    ".vault-token", ".s3cfg", ".boto", ".my.cnf", ".mylogin.cnf", "pip.conf", ".yarnrc", ".yarnrc.yml",
+    "gradle.properties", "settings.xml", "settings-security.xml", "*.p8", "*.ovpn", "*.keytab",
+    "gh/hosts.yml", "gcloud/*.db", "gcloud/legacy_credentials", "application_default_credentials.json",
+    "token.*", "*_token", "*-token", "auth.json", ".dev.vars", "local.settings.json", ".pgpass", ".dockercfg",
+    "*.jwk", "*.age", ".htaccess", "*.sqlite-credentials",
+)
+
+# URI schemes whose path names a file (elsewhere than this machine's disk for
+# the remote ones): the name rule applies to that path.
+PATH_SCHEMES: frozenset[str] = frozenset({
+    "file", "vscode-remote", "vscode-notebook-cell", "vscode-notebook", "vscode-vfs", "vscode-userdata",
+    "vsls", "remote", "ssh", "sftp", "wsl", "zipfile",
+})
+_BACKUP_SUFFIXES = ("~", ".bak", ".orig", ".old", ".swp", ".swo", ".tmp")
+
+
+def uri_path(uri: str) -> str | None:
+    """The POSIX path of a ``file:`` URI, else ``None``."""
+    parts = _split(uri)
+    return parts[2] if parts is not None and parts[0] == "file" else None
+
+
+def _split(uri: str) -> tuple[str, str, str] | None:
+    """``(scheme, authority, normalized path)`` of a URI whose scheme is in
+    :data:`PATH_SCHEMES`, else ``None``. Never raises."""
+    try:
+        parsed = urllib.parse.urlsplit(uri)
+    except ValueError:
+        return None
+    scheme = parsed.scheme.lower()
+    if scheme not in PATH_SCHEMES:
+        return None
+    path = urllib.parse.unquote(parsed.path)
+    if not path.startswith("/"):
+        return None
+    return scheme, parsed.netloc.lower(), posixpath.normpath(path)
+
+
+def _real(scheme: str, path: str) -> str:
+    """The real path of a local file (symlinks resolved); a remote path as is."""
+    if scheme not in ("file", "vscode-notebook-cell", "vscode-notebook"):
+        return path
+    try:
+        return os.path.realpath(path)
+    except (OSError, ValueError):
+        return path
+
+
+def _strip_backup(name: str) -> str:
+    for suffix in _BACKUP_SUFFIXES:
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def _matches(path: str, patterns: Sequence[str]) -> bool:
+    lowered = path.lower()
+    parts = [p for p in lowered.split("/") if p]
+    if parts and _strip_backup(parts[-1]) != parts[-1]:
+        parts.append(_strip_backup(parts[-1]))
+    for pattern in patterns:
+        pat = pattern.lower().rstrip("/")
+        if "/" in pat:
+            if fnmatch.fnmatchcase(lowered, pat) or fnmatch.fnmatchcase(lowered, "*/" + pat.lstrip("/")):
+                return True
+        elif any(fnmatch.fnmatchcase(part, pat) for part in parts):
+            return True
+    return False
+
+
+def is_secret_path(path: str, extra: Sequence[str] = ()) -> bool:
+    """True when ``path`` (or a directory above it) matches a secret pattern."""
+    return _matches(path, (*SECRET_PATTERNS, *extra))
+
+
+@dataclass(frozen=True)
+class ContextPolicy:
+    """What may be sent. ``folders`` are the workspace folders' paths
+    (``None``: the editor named none, no containment check; empty: every
+    folder was closed, nothing is inside); ``include`` globs override the
+    secret patterns, ``exclude`` globs add to them."""
+
+    folders: tuple[str, ...] | None = None
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    def refusal(self, uri: str) -> str | None:
+        """Why ``uri`` may not be sent, or ``None`` when it may."""
+        split = _split(uri)
+        if split is None:
+            scheme = uri.split(":", 1)[0].lower() if ":" in uri else ""
+            return "not a file on disk" if scheme == "untitled" else f"a {scheme or 'scheme-less'}: URI, not a file"
+        scheme, authority, path = split
+        real = _real(scheme, path)
+        if self.folders is not None and not any(_inside(authority, p, f) for f in self.folders for p in {path, real}):
+            return "outside the workspace folders"
+        if self.include and _matches(path, self.include) and _matches(real, self.include):
+            return None
+        if is_secret_path(path, self.exclude) or is_secret_path(real, self.exclude):
+            return "matches a secret-file pattern" + ("" if real == path else f" (it links to {real})")
+        if self.folders is not None and real != path and not any(_inside(authority, real, f) for f in self.folders):
+            return f"a link to a file outside the workspace folders ({real})"
+        return None
+
+    def allows(self, uri: str) -> bool:
+        """May ``uri``'s text be sent as context?"""
+        return self.refusal(uri) is None
+
+    def may_complete(self, uri: str) -> bool:
+        """May the text around a cursor in ``uri`` be sent? As
+        :meth:`allows`, except that a buffer not on disk (``untitled:``)
+        may be completed in (it is never sent as another file's context)."""
+        return uri.lower().startswith("untitled:") or self.allows(uri)
+
+
+def _inside(authority: str, path: str, folder: str) -> bool:
+    """Is ``path`` (on ``authority``: "" for this machine) inside ``folder``,
+    a ``authority|path`` key of :func:`folder_paths` (or a plain path)?"""
+    where, _, root = folder.rpartition("|")
+    if where != authority:
+        return False
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def folder_paths(uris: Sequence[str]) -> tuple[str, ...]:
+    """Workspace folder URIs as ``authority|path`` keys (``|/w/proj`` for a
+    local folder, ``ssh-remote+box|/w/proj`` for a remote one; both the path
+    and, for a local folder, its real path). Unknown schemes are dropped."""
+    keys: list[str] = []
+    for uri in uris:
+        split = _split(uri)
+        if split is None:
+            continue
+        scheme, authority, path = split
+        keys += [f"{authority}|{p}" for p in dict.fromkeys((path, _real(scheme, path)))]
+    return tuple(keys)
+
+
+class SecretDocument(BadRequest):
+    """A request for a document that must not leave the machine."""
+
+    code = "secret_document"
+
+
+def outbound(req: CompletionRequest, *, send_untitled: bool = False) -> CompletionRequest:
+    """``req`` as it may be sent off the machine (the remote backend).
+
+    - Raises :class:`SecretDocument` when the document being completed is a
+      secret file (any scheme, its real path too), a URI of an unknown
+      scheme, or an untitled buffer (unless ``send_untitled``:
+      ``backend.send_untitled``);
+    - drops context chunks of such documents;
+    - redacts secrets in the text (:func:`redact`: private keys, token
+      shapes, high-entropy assignments);
+    - names files by their path inside their project (the nearest directory
+      above holding ``.git``, ``.hg`` or ``.svn``, else the file's own
+      directory), never the absolute path with the user's and project's names.
+
+    The daemon knows no workspace folders, so the folder rule is sol-lsp's."""
+    why = _outbound_refusal(req.uri, send_untitled)
+    if why is not None:
+        raise SecretDocument(f"this document {why}; it is not sent to the remote backend",
+                             hint="rename it, or complete it with the local backend"
+                             + ("" if send_untitled else " (untitled buffers: backend.send_untitled)"))
+    context = []
+    for chunk in req.context:
+        if _outbound_refusal(chunk.uri, send_untitled) is None:
+            context.append(dataclasses.replace(chunk, uri=_project_relative(chunk.uri),
+                                               text=redact(chunk.text, _base(chunk.uri)).text))
+    name = _base(req.uri)
+    return dataclasses.replace(req, uri=_project_relative(req.uri), prefix=redact(req.prefix, name).text,
+                               suffix=redact(req.suffix, name).text, context=tuple(context))
+
+
+def redact_request(req: CompletionRequest) -> tuple[CompletionRequest, tuple[str, ...]]:
+    """``req`` with the secrets in its prefix, suffix and context texts
+    replaced (:func:`redact`), and what was withheld (``"notes.py: Private
+    Key"``, …). sol-lsp applies it to every request it sends; URIs stay."""
+    withheld: list[str] = []
+
+    def clean(text: str, uri: str) -> str:
+        found = redact(text, _base(uri))
+        withheld.extend(f"{_base(uri)}: {kind}" for kind in found.kinds)
+        return found.text
+
+    context = tuple(dataclasses.replace(c, text=clean(c.text, c.uri)) for c in req.context)
+    prefix, suffix = clean(req.prefix, req.uri), clean(req.suffix, req.uri)
+    if not withheld:
+        return req, ()
+    return dataclasses.replace(req, prefix=prefix, suffix=suffix, context=context), tuple(withheld)
+
+
+def _outbound_refusal(uri: str, send_untitled: bool) -> str | None:
+    if uri.lower().startswith("untitled:"):
+        # "untitled:" alone is the protocol's default: a client that names no
+        # document (the API, the benchmarks); an editor's buffer has a name
+        return None if send_untitled or uri.lower() == "untitled:" else "is an untitled buffer"
+    split = _split(uri)
+    if split is None:
+        return "is not a file (unknown URI scheme)"
+    scheme, _authority, path = split
+    if is_secret_path(path) or is_secret_path(_real(scheme, path)):
+        return "matches a secret-file pattern"
+    return None
+
+
+def _base(uri: str) -> str:
+    return posixpath.basename(urllib.parse.urlsplit(uri).path) or "document"
+
+
+_ROOTS: dict[str, str] = {}
+
+
+def _project_relative(uri: str) -> str:
+    """``src/app/main.py`` for ``file:///home/me/proj/src/app/main.py`` in
+    the repository ``/home/me/proj`` (see :func:`outbound`); an untitled URI
+    as is."""
+    split = _split(uri)
+    if split is None:
+        return uri
+    scheme, _authority, path = split
+    folder = posixpath.dirname(path)
+    root = _ROOTS.get(folder)
+    if root is None:
+        root = folder
+        if scheme == "file":
+            probe = folder
+            while probe not in ("", "/"):
+                if any(os.path.exists(os.path.join(probe, marker)) for marker in (".git", ".hg", ".svn")):
+                    root = probe
+                    break
+                probe = posixpath.dirname(probe)
+        if len(_ROOTS) > 4096:
+            _ROOTS.clear()
+        _ROOTS[folder] = root
+    return posixpath.relpath(path, root)

@@ -1,0 +1,78 @@
+"""Draft proposers for speculative decoding: the draft model.
+
+Prompt lookup and the draft length are policy (plain Python, no torch) in
+:mod:`soldaemon.policy.draft`. A draft model
+(``model.draft_model``: a smaller model with the same tokenizer) guesses
+where nothing repeats, at the cost of its own decode steps. Verification (see :mod:`.generate`) keeps only what greedy
+decoding would have produced, so a wrong guess costs time, never output.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from soldaemon.policy.draft import DraftProposer
+
+if TYPE_CHECKING:
+    from soldaemon.runtime.forward.backend import Backend
+
+
+class DraftModel:
+    """Drafts from a smaller model with the target's vocabulary: greedy
+    decode steps on its own KV cache, which follows the target's history
+    (prompt + accepted tokens) and reuses its common prefix across requests,
+    so a keystroke costs the draft model only the new tokens too."""
+
+    def __init__(self, backend: Backend, vocab_limit: int) -> None:
+        from soldaemon.runtime.kv.session import KVSession
+
+        self.session = KVSession(backend, cache=backend.new_cache())
+        self.vocab_limit = vocab_limit          # draft ids at or above it are not the target's
+        self.history: list[int] = []
+        self.step_ms = 0.0                      # measured cost of one draft step (warm-up)
+
+    def reset(self, history: Sequence[int]) -> None:
+        self.history = list(history)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        self.history.extend(tokens)
+
+    @torch.inference_mode()
+    def propose(self, k: int) -> list[int]:
+        if k <= 0 or not self.history or len(self.history) + k + 1 >= self.session.n_ctx:
+            return []
+        logits = first = self.session.prefill(self.history).logits
+        out: list[int] = []
+        base = len(self.session.tokens)
+        for i in range(k):
+            token = int(torch.argmax(logits))
+            if token >= self.vocab_limit:
+                break
+            out.append(token)
+            if i + 1 < k:
+                logits = self.session.decode_step(token)
+        self.session.truncate(base, first)   # the cache holds the history again
+        return out
+
+    def measure(self, n: int = 64) -> float:
+        """ms per draft decode step after an ``n``-token context, each timed
+        to the end of its device work."""
+        import time
+
+        from soldaemon.runtime.forward.timing import elapsed_ms, synchronize
+
+        device = self.session.backend.device
+        ids = [int(t) for t in torch.randint(0, min(self.vocab_limit, 30000), (n,))]
+        self.session.truncate(0)
+        self.session.prefill(ids)
+        samples = []
+        for t in ids[:5]:
+            synchronize(device)
+            t0 = time.perf_counter_ns()
+            self.session.decode_step(t)
+            samples.append(elapsed_ms(t0, device))
+        self.session.truncate(0)
+        self.step_ms = sorted(samples)[len(samples) // 2]
+        return self.step_ms

@@ -1,0 +1,178 @@
+"""Generation as a generator of token events, gpt-fast style steps.
+
+``generate`` yields a :class:`TokenEvent` per model step (one token, or several
+when a speculative draft was accepted); the last event carries
+``finish_reason``. Cancellation, the time budget and stop conditions are
+checked before every step, so a cancel takes effect within one step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+from soldaemon.policy.draft import DraftLength, DraftProposer
+from soldaemon.runtime.decode.sampling import Sampler, refuse_end
+from soldaemon.runtime.kv.session import KVSession
+from soldaemon.runtime.forward.timing import elapsed_ms
+
+
+@dataclass
+class GenStats:
+    prefill_ms: float = 0.0        # prompt forward, ms
+    cached_tokens: int = 0         # prompt tokens reused from the KV cache
+    computed_tokens: int = 0       # prompt tokens computed
+    steps: int = 0                 # model forwards after prefill
+    draft_tokens: int = 0          # speculative tokens proposed
+    accepted_tokens: int = 0       # of which accepted
+    first_token_ns: int = 0        # time.perf_counter_ns() at the first token
+    first_token_wall_ns: int = 0   # time.time_ns() at the first token
+
+
+@dataclass
+class TokenEvent:
+    tokens: list[int]              # new tokens this step (never a stop token)
+    finish_reason: str | None = None   # set on the last event only
+    stats: GenStats = field(default_factory=GenStats)
+
+
+def generate(
+    session: KVSession,
+    prompt: Sequence[int],
+    *,
+    sampler: Sampler,
+    stop_ids: frozenset[int],
+    max_tokens: int,
+    cancelled: Callable[[], bool] = lambda: False,
+    should_stop: Callable[[list[int]], bool] = lambda toks: False,
+    deadline_ns: int | None | Callable[[], int | None] = None,
+    drafter: DraftProposer | None = None,
+    draft_k: int = 8,
+    draft_length: DraftLength | None = None,
+    precise_until: int | None = None,
+    hold_end: Callable[[list[int]], bool] | None = None,
+) -> Iterator[TokenEvent]:
+    """Prefill ``prompt`` (reusing the cache) and decode up to ``max_tokens``.
+
+    ``should_stop(generated)`` lets the caller end early (post-processing
+    would cut the rest); ``deadline_ns`` is a ``perf_counter_ns`` budget.
+    Speculation runs only with a greedy sampler; its output is the greedy
+    output. ``draft_length`` (when given) picks the draft size per step from
+    measured costs, at most ``draft_k``; 0 skips speculation for that step.
+    Raises session.Cancelled if cancelled during prefill. ``precise_until``:
+    see :meth:`KVSession.prefill`. ``hold_end(generated)`` (when given) is
+    asked when the model picks an end token: True refuses it, and the best other
+    token is taken (:func:`sampling.refuse_end`; completion.hold_end).
+
+    The generator may be left suspended after any event and resumed later
+    (the engine does that to keep a generation the user is typing along):
+    ``cancelled`` and ``deadline_ns`` (when a callable) are re-read at every
+    step, so the caller can point them at a newer request."""
+    deadline = deadline_ns if callable(deadline_ns) else (lambda: deadline_ns)
+    stats = GenStats()
+    t0 = time.perf_counter_ns()
+    pre = session.prefill(prompt, cancelled=cancelled, precise_until=precise_until)
+    stats.prefill_ms = elapsed_ms(t0, session.backend.device)   # to the end of its kernels (CUDA runs async)
+    stats.cached_tokens, stats.computed_tokens = pre.cached, pre.computed
+    speculate = drafter is not None and sampler.greedy and draft_k > 0
+    if speculate:
+        assert drafter is not None
+        drafter.reset(prompt)
+    generated: list[int] = []
+
+    def holding() -> bool:   # asked only when an end token was picked
+        return hold_end is not None and hold_end(generated)
+
+    token = sampler(pre.logits)
+    if hold_end is not None:
+        token = refuse_end(token, pre.logits, stop_ids, sampler, holding)
+    stats.first_token_ns = time.perf_counter_ns()
+    stats.first_token_wall_ns = time.time_ns()
+    while True:
+        if token in stop_ids:
+            yield TokenEvent([], "stop", stats)
+            return
+        new = [token]
+        # `token` is sampled but not yet in the cache. Draft what follows it
+        # and run [token, *draft] in one forward: row i predicts the token
+        # after draft[:i]; accept while the draft matches greedy.
+        next_token: int | None = None
+        budget = max_tokens - len(generated) - 1
+        draft: list[int] = []
+        if speculate and budget > 0 and not _done(generated + new, should_stop, cancelled, deadline()):
+            assert drafter is not None
+            drafter.extend(new)
+            k = min(draft_k, budget)
+            if getattr(sampler, "constrained", False):
+                k = 0            # token healing still picks the next token (runtime/healing.py)
+            elif draft_length is not None:
+                k = min(k, draft_length.choose(budget))
+            draft = _until_stop(drafter.propose(k), stop_ids) if k > 0 else []
+        generated.extend(new)
+        if draft:
+            base = len(session.tokens)
+            t_fwd = time.perf_counter_ns()
+            logits = session.verify([token, *draft])                       # [1+k, V]
+            greedy = torch.argmax(logits, dim=-1).tolist()                 # one host sync
+            if draft_length is not None:
+                draft_length.observe(1 + len(draft), (time.perf_counter_ns() - t_fwd) / 1e6)
+            stats.steps += 1
+            stats.draft_tokens += len(draft)
+            accepted = 0
+            while accepted < len(draft) and draft[accepted] == greedy[accepted]:
+                accepted += 1
+            stats.accepted_tokens += accepted
+            if draft_length is not None:
+                draft_length.update(len(draft), accepted)
+            generated.extend(draft[:accepted])
+            session.truncate(base + 1 + accepted, logits[accepted])
+            next_token = greedy[accepted]
+            if hold_end is not None:
+                next_token = refuse_end(next_token, logits[accepted], stop_ids, sampler, holding)
+            assert drafter is not None
+            drafter.extend(draft[:accepted])
+            yield TokenEvent(new + draft[:accepted], None, stats)
+        else:
+            yield TokenEvent(new, None, stats)
+        reason = _finish(generated, max_tokens, should_stop, cancelled, deadline())
+        if reason:
+            yield TokenEvent([], reason, stats)
+            return
+        if next_token is None:
+            t_fwd = time.perf_counter_ns()
+            logits1 = session.decode_step(token)
+            stats.steps += 1
+            next_token = sampler(logits1)
+            if hold_end is not None:
+                next_token = refuse_end(next_token, logits1, stop_ids, sampler, holding)
+            if draft_length is not None and speculate:
+                draft_length.observe(1, (time.perf_counter_ns() - t_fwd) / 1e6)
+        token = next_token
+
+
+def _until_stop(draft: list[int], stop_ids: frozenset[int]) -> list[int]:
+    for i, t in enumerate(draft):
+        if t in stop_ids:
+            return draft[:i]
+    return draft
+
+
+def _done(generated: list[int], should_stop: Callable[[list[int]], bool], cancelled: Callable[[], bool],
+          deadline_ns: int | None) -> bool:
+    return should_stop(generated) or cancelled() or (deadline_ns is not None and time.perf_counter_ns() >= deadline_ns)
+
+
+def _finish(generated: list[int], max_tokens: int, should_stop: Callable[[list[int]], bool],
+            cancelled: Callable[[], bool], deadline_ns: int | None) -> str | None:
+    if cancelled():
+        return "cancelled"
+    if should_stop(generated):
+        return "stop"
+    if len(generated) >= max_tokens:
+        return "length"
+    if deadline_ns is not None and time.perf_counter_ns() >= deadline_ns:
+        return "budget"
+    return None

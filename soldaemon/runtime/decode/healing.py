@@ -1,0 +1,91 @@
+"""Token healing: a cursor inside a word, the prompt backed up one token.
+
+An editor's cursor is inside a token most of the time: after ``_in`` of
+``_initial_missing``, after the space of ``b = ``. Encoded as is, the prompt
+ends in a token the model rarely saw at that spot (``in``, a lone ``" "``),
+and it tends to write the whole word again (``_ininitial_missing``) or
+continue in an odd direction. Token healing drops the prompt's last token
+(:func:`soldaemon.fim.make_prompt` with ``heal=True`` reports its text as
+``FimPrompt.heal``) and constrains the first generated token(s) to text that
+agrees with it: a token that starts with the dropped text, or one that is a
+prefix of it (then the next token is constrained by what is left). The
+caller strips the dropped text from the generated text.
+
+Measured on the embedded model (docs/quality.md): the line holes of the
+quality benchmark's first 40 holes went from 3/20 to 9/20 exact.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+import torch
+
+from soldaemon.runtime.decode.sampling import Sampler
+
+
+class TokenTexts:
+    """The text of every token id, with a prefix index: the ids whose text
+    starts with a string, and the ids whose text is exactly a string.
+
+    Built once per tokenizer (about 2 s for a 150k vocabulary on a CPU);
+    only byte-level BPE tokenizers are faithful here (a SentencePiece token
+    decoded alone loses its leading space; ``make_prompt`` does not heal
+    for those)."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int | None = None) -> None:
+        n = vocab_size if vocab_size is not None else len(tokenizer)
+        self.texts: list[str] = tokenizer.batch_decode([[i] for i in range(n)])
+        order = sorted(range(n), key=lambda i: self.texts[i])
+        self._sorted = [self.texts[i] for i in order]
+        self._ids = order
+        self._exact: dict[str, list[int]] = {}
+        for i, t in enumerate(self.texts):
+            if t:
+                self._exact.setdefault(t, []).append(i)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def allowed(self, rest: str) -> list[int]:
+        """Ids whose text agrees with ``rest``: starts with it, or is a
+        non-empty proper prefix of it."""
+        lo = bisect.bisect_left(self._sorted, rest)
+        hi = bisect.bisect_left(self._sorted, rest + "\U0010ffff")
+        ids = self._ids[lo:hi]
+        for k in range(1, len(rest)):
+            ids = ids + self._exact.get(rest[:k], [])
+        return ids
+
+
+class HealingSampler:
+    """``inner`` with the first token(s) constrained to agree with ``heal``
+    (see the module doc). ``constrained`` is true until the generated text
+    covers ``heal``; speculation waits for that (a draft's verification
+    picks unconstrained argmaxes)."""
+
+    def __init__(self, inner: Sampler, texts: TokenTexts, heal: str) -> None:
+        self.inner = inner
+        self.greedy = inner.greedy
+        self.texts = texts
+        self.rest = heal
+
+    @property
+    def constrained(self) -> bool:
+        return bool(self.rest)
+
+    def __call__(self, logits: torch.Tensor) -> int:
+        if not self.rest:
+            return self.inner(logits)
+        ids = [i for i in self.texts.allowed(self.rest) if i < logits.shape[-1]]
+        if not ids:              # nothing agrees (cannot happen with a full vocabulary): give up healing
+            self.rest = ""
+            return self.inner(logits)
+        index = torch.tensor(ids, dtype=torch.long, device=logits.device)
+        masked = torch.full_like(logits, float("-inf"))
+        masked[index] = logits[index]
+        token = self.inner(masked)
+        text = self.texts.texts[token]
+        self.rest = self.rest[len(text):] if self.rest.startswith(text) else ""
+        return token

@@ -1,0 +1,370 @@
+"""The local engine: a completion request in, a stream of events out.
+
+The stages (checks, type-through, prompt, preview, post-processing) are the
+shared pipeline's (:mod:`soldaemon.pipeline`); this engine loads and warms
+the model, holds its KV sessions, drafts and memory scheduler, and gives the
+pipeline its model part (:mod:`soldaemon.runtime.engine.part`: prefill with
+KV reuse, decode, speculation, stop checks). Implements
+:class:`soldaemon.api.Engine`; driven from one worker thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+
+from soldaemon.api import CancelToken, CompletionRequest, Done, Event, Timings
+from soldaemon.config import Config, effective_precision
+from soldaemon.errors import BadRequest, ConfigError, ModelError
+from soldaemon.fim import FimPrompt, FimTemplate, detect_template
+from soldaemon.weights.loader import LoadedModel, load_model
+from soldaemon.pipeline.completion import Pipeline, Shown
+from soldaemon.pipeline.prompt import LeadAnchors
+from soldaemon.pipeline.relevance import ContextSelector
+from soldaemon.runtime.forward.backend import LEAN_ARCHITECTURES, Backend, LeanBackend, make_backend
+from soldaemon.policy.kernel_plan import KernelPlan, TimingTable
+from soldaemon.runtime.forward.kernels import trim_heap
+from soldaemon.runtime.engine.autoselect import choose_draft, choose_embedded
+from soldaemon.runtime.forward.precision import choose_kernels, lean_or_float32, precision_info
+from soldaemon.runtime.forward.cudagraph import GraphDecoder
+from soldaemon.policy.draft import DraftLength
+from soldaemon.runtime.decode.draft import DraftModel
+from soldaemon.runtime.engine.foresight import Foreseen, speculate, warm
+from soldaemon.runtime.engine.part import LocalModelPart, Run
+from soldaemon.runtime.decode.healing import TokenTexts
+from soldaemon.errors import BudgetTooSmall
+from soldaemon.runtime.memory.scheduler import MemoryScheduler
+from soldaemon.runtime.kv.session import KVSession, SessionPool
+from soldaemon.runtime.forward.timing import elapsed_ms, synchronize
+
+log = logging.getLogger("soldaemon.engine")
+
+@dataclass
+class EngineStats:
+    requests: int = 0
+    prompt_tokens: int = 0         # summed over requests
+    cached_tokens: int = 0         # of which reused from the KV cache
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    resumed: int = 0               # requests answered by resuming a parked generation
+
+    @property
+    def kv_hit_ratio(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+class LocalEngine:
+    """The Sol runtime on a local model (see module doc)."""
+
+    def __init__(self, loaded: LoadedModel, config: Config, *, plan: KernelPlan | None = None,
+                 timings: TimingTable | None = None, notices: tuple[str, ...] = (),
+                 release: bool | None = None) -> None:
+        """``plan``: the lean backend's kernels and weight storage (from
+        :func:`load_engine`'s measurement); None: dense in the model's
+        dtype, the HF module's own tensors (the reference math). With a
+        plan, the module's parameters are released after packing: one
+        resident copy of the weights. ``timings``: the table the plan was
+        chosen from (shown by info()); ``notices``: config notices;
+        ``release`` (default: when a plan is given) empties the module's
+        parameters the packed weights do not share (False: several engines
+        over one loaded module, as ``bench --quality --precisions`` builds)."""
+        self.loaded = loaded
+        self.config = config
+        self.tokenizer = loaded.tokenizer
+        self.template: FimTemplate = detect_template(loaded.tokenizer)
+        if config.device.threads:
+            torch.set_num_threads(config.device.threads)
+        self.backend: Backend = make_backend(loaded.model, config.model.max_context, plan=plan,
+                                             release=plan is not None if release is None else release)
+        self.kernel_timings = timings
+        self.notices = notices
+        min_move = config.model.cache_reuse if isinstance(self.backend, LeanBackend) else 0
+        # KV folding of parked sessions (runtime/kvfold.py) needs the lean backend's queries
+        fold = config.sol.kv_folding_entropy_threshold if isinstance(self.backend, LeanBackend) else 0.0
+        if fold and isinstance(self.backend, LeanBackend):
+            self.backend.record_queries()
+        self.pool = SessionPool(self.backend, config.model.kv_sessions, min_move=min_move, fold_threshold=fold)
+        self.session: KVSession = self.pool.acquire("untitled:")  # the last used session
+        # measured in warmup(); until then speculation uses the fixed draft size
+        self.draft_length: DraftLength | None = None
+        # model.draft_model (attach_draft_model), with its own draft sizing
+        self.draft_model: DraftModel | None = None
+        self.draft_model_length: DraftLength | None = None
+        self.stats = EngineStats()
+        self.started = time.time()
+        self._lock = threading.Lock()   # one generation at a time
+        # Sol's memory scheduler (runtime/residency.py): residency under
+        # sol.memory_budget, prefetch, heatmap, idle release, priority pins
+        self.memory: MemoryScheduler | None = None
+        if isinstance(self.backend, LeanBackend):
+            try:
+                self.memory = MemoryScheduler(self.backend, config.sol, self._lock,
+                                              kv_reserve_bytes=self.backend.kv_bytes_per_session * config.model.kv_sessions)
+            except BudgetTooSmall as exc:
+                raise ConfigError(f"sol.memory_budget: {exc}",
+                                  hint="raise sol.memory_budget, or lower model.max_context, model.kv_sessions "
+                                       "or sol.prefetch_depth") from None
+        # the stages shared with every engine, and their per-document memory
+        self.pipeline = Pipeline(config, self.template, self.tokenizer, self.backend.n_ctx, heal=True)
+        self.part = LocalModelPart(self)       # what the pipeline asks of the model
+        self.graphs: GraphDecoder | None = None   # CUDA-graph decode steps (warmup() sets it up on CUDA)
+        # a superseded generation kept for the next keystroke (see _resume)
+        self._parked: Run | None = None
+        self._token_texts: TokenTexts | None = None   # token healing's vocabulary index
+        self.foreseen = Foreseen()                                # completion.speculative_fim's answer
+        # model.name / model.draft as load_engine resolved them (auto: the figures that decided)
+        self.model_choice: dict[str, Any] | None = None
+
+    # -- the Engine protocol -------------------------------------------------
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "model": self.loaded.name,
+            "device": str(self.loaded.device),
+            # the compute dtype (residual stream, attention, KV); the weights' format is precision.plan
+            "dtype": str(getattr(self.backend, "dtype", self.loaded.dtype)).removeprefix("torch."),
+            "backend": "lean" if isinstance(self.backend, LeanBackend) else "transformers",
+            "precision": precision_info(self.backend, self.loaded.dtype, self.kernel_timings, self.notices),
+            "fim": self.template.family,
+            "n_ctx": self.backend.n_ctx,
+            "threads": torch.get_num_threads(),
+            "load_s": round(self.loaded.load_s, 2),
+            "model_choice": self.model_choice,
+            "drafter": ("off" if not self.config.completion.speculative else
+                        "draft model" if self.draft_model is not None else "prompt lookup"),
+            "cuda_graphs": self.graphs.info() if self.graphs is not None else None,
+            "forward_ms_by_tokens": ({t: round(c, 2) for t, c in self.draft_length.costs_ms.items()}
+                                     if self.draft_length else None),
+        }
+
+    def diagnosis(self) -> dict[str, Any]:
+        store = self.memory.store if self.memory else None
+        hit_rate = store.stats.hit_rate if store else None
+        return {
+            "active": True,
+            "ttft_optimized": True,          # KV prefix reuse + chunked prefill are on
+            # share of offloaded-layer uses whose prefetch had landed; None: nothing offloaded yet
+            "prefetch_hit_rate": None if hit_rate is None else round(hit_rate, 4),
+            "kv_fold_ratio": self.pool.kv_stats()["fold_ratio"],
+            "offloaded_layers": store.offloaded_layers if store else 0,
+            "kv_hit_ratio": round(self.stats.kv_hit_ratio, 4),
+            "fallback_count": store.stats.fallbacks if store else 0,
+            "draft_acceptance": (round(length.rate, 3) if (length := self.draft_model_length
+                                                               if self.draft_model else self.draft_length) else None),
+        }
+
+    def debug_snapshots(self) -> dict[str, Any]:
+        """The ``debug`` message's snapshots: the layer heatmap over
+        ``sol.layer_heatmap_window`` and the prefetcher's state (hit rate,
+        fallbacks, residency plan and its predicted cost, measured device
+        bytes, KV folding). Called from the server's loop thread."""
+        if self.memory is None:
+            return {"heatmap": {}, "prefetch": {"kv": self.pool.kv_stats()}}
+        prefetch = self.memory.store.snapshot_prefetch()
+        prefetch["kv"] = self.pool.kv_stats()
+        prefetch["idle_release_s"] = self.memory.idle_release_s if self.memory.idle_release else 0
+        prefetch["idle_releases"] = self.memory.releases
+        return {"heatmap": self.memory.store.snapshot_heatmap(), "prefetch": prefetch}
+
+    def memory_scope(self, req: CompletionRequest) -> contextlib.AbstractContextManager[None]:
+        """Around one request: the memory scheduler's scope
+        (:meth:`soldaemon.runtime.engine.part.LocalModelPart.scope`)."""
+        return self.part.scope(req)
+
+    def close(self) -> None:
+        """Stop the memory scheduler's idle timer and prefetch thread."""
+        if self.memory is not None:
+            self.memory.close()
+
+    def warm(self, req: CompletionRequest, cancel: CancelToken) -> Timings:
+        """Prefill exactly the prompt the next ``complete`` at ``req``'s
+        cursor computes, leaving its answer unchanged
+        (:func:`soldaemon.runtime.engine.foresight.warm`)."""
+        return warm(self, req, cancel)
+
+    def speculate(self, req: CompletionRequest, item: str, cancel: CancelToken) -> Done | None:
+        """After ``item`` was delivered for ``req``: compute the completion
+        that follows accepting it, for the next request
+        (``completion.speculative_fim``; :func:`soldaemon.runtime.engine.foresight.speculate`).
+        Returns None at once when the setting is off."""
+        if not self.config.completion.speculative_fim:
+            return None
+        return speculate(self, req, item, cancel)
+
+    def complete(self, req: CompletionRequest, cancel: CancelToken) -> Iterator[Event]:
+        """Stream one completion (the Engine protocol): the shared pipeline
+        (:class:`soldaemon.pipeline.Pipeline`) over this engine's model
+        part (:class:`soldaemon.runtime.engine.part.LocalModelPart`), inside
+        :meth:`memory_scope`."""
+        return self.pipeline.run(req, cancel, self.part)
+
+    def warmup(self) -> None:
+        """Run one short completion so that kernels, allocator pools and
+        (on CUDA) graphs are ready before the first real request."""
+        req = CompletionRequest(id="warmup", prefix="def add(a, b):\n    return ", suffix="\n", max_tokens=4)
+        self.complete_all(req)
+        if (self.config.device.cuda_graphs and isinstance(self.backend, LeanBackend)
+                and self.backend.device.type == "cuda"):
+            self.graphs = GraphDecoder(self.backend)
+            # KVSession.decode_step replays through the backend's `graphs` when set
+            self.backend.graphs = self.graphs
+            self.graphs.warm_up()
+            self.complete_all(req)               # one step through the graphs before the first user
+        if self.config.completion.speculative:
+            costs = self.measure_forward_costs()
+            self.draft_length = DraftLength(costs, self.config.completion.draft_tokens)
+            log.info("forward cost by tokens (ms): %s", {t: round(c, 1) for t, c in self.draft_length.costs_ms.items()})
+            if self.draft_model is not None:
+                step = self.draft_model.measure()
+                self.draft_model_length = DraftLength(costs, self.config.completion.draft_tokens, draft_ms=step)
+                log.info("draft model step: %.1f ms", step)
+        self.session.truncate(0)
+        self.stats = EngineStats()
+        self.pipeline.shown.clear()
+        trim_heap()
+
+    def forget(self) -> None:
+        """Drop every per-document memory — KV caches, type-through, the
+        parked generation, anchors, windows, context choices — as if just
+        loaded (benchmarks run a second configuration on the same weights)."""
+        with self._lock:
+            if self._parked is not None:
+                self._parked.close()
+                self._parked = None
+            for session in list(self.pool._by_key.values()):
+                session.truncate(0)
+            self.pipeline.forget()
+            self.foreseen = Foreseen()
+
+    def attach_draft_model(self, draft: LoadedModel) -> None:
+        """Speculate with ``draft`` (``model.draft_model``) instead of prompt
+        lookup. Its tokenizer must be the target's: a draft token id means
+        the same text to both models."""
+        if draft.tokenizer.get_vocab() != self.tokenizer.get_vocab():
+            raise ModelError(f"model.draft_model {draft.name} does not share the tokenizer of {self.loaded.name}",
+                             hint="use a smaller model of the same family (same vocabulary), or no draft model")
+        # the draft runs the target's kernels (its shapes are alike and smaller)
+        plan = self.backend.plan if isinstance(self.backend, LeanBackend) and self.backend.released else None
+        backend = make_backend(draft.model, self.backend.n_ctx, plan=plan, release=plan is not None)
+        if self.memory is not None and isinstance(backend, LeanBackend):
+            # the residency planner keeps room for the pair (sol.memory_budget)
+            try:
+                self.memory.reserve(backend.weight_bytes() + backend.kv_bytes_per_session, "the draft model")
+            except BudgetTooSmall as exc:
+                raise ConfigError(f"sol.memory_budget cannot hold {self.loaded.name} and its draft model "
+                                  f"{draft.name}: {exc}",
+                                  hint="raise sol.memory_budget, or model.draft: off") from None
+        self.draft_model = DraftModel(backend, vocab_limit=self.backend.vocab_size)
+
+    def complete_all(self, req: CompletionRequest) -> Done:
+        """Run ``req`` to its end; its Done."""
+        events = list(self.complete(req, CancelToken()))
+        done = events[-1]
+        assert isinstance(done, Done)
+        return done
+
+    def measure_forward_costs(self, sizes: tuple[int, ...] = (1, 2, 3, 5, 9)) -> dict[int, float]:
+        """ms of one forward of T tokens after a 64-token context, per T
+        (the median of three, each timed to the end of its device work):
+        what speculation weighs its drafts against."""
+        n = 64
+        ids = [int(t) for t in torch.randint(0, min(self.backend.vocab_size, 30000), (n + max(sizes),))]
+        session = self.session
+        session.truncate(0)
+        session.prefill(ids[:n])
+        costs: dict[int, float] = {}
+        for t in sizes:
+            samples = []
+            for _ in range(3):
+                synchronize(self.backend.device)
+                t0 = time.perf_counter_ns()
+                session.verify(ids[n:n + t])
+                samples.append(elapsed_ms(t0, self.backend.device))   # after the kernels, not their launch
+                session.truncate(n)
+            costs[t] = sorted(samples)[1]
+        session.truncate(0)
+        return costs
+
+    # -- stages --------------------------------------------------------------
+
+    def build_prompt(self, req: CompletionRequest) -> tuple[FimPrompt, float]:
+        """Window, tokenize and template the request (the pipeline's
+        stage, with token healing when ``completion.token_healing``).
+        Returns (prompt, ms)."""
+        return self.pipeline.build_prompt(req)
+
+    # The pipeline's per-document memory, under the names foresight, the
+    # quality benchmark and the tests use.
+
+    @property
+    def config(self) -> Config:
+        return self._config
+
+    @config.setter
+    def config(self, config: Config) -> None:
+        """A new config applies from the next request on (the pipeline reads it too)."""
+        self._config = config
+        pipeline: Pipeline | None = getattr(self, "pipeline", None)
+        if pipeline is not None:
+            pipeline.config = config
+
+    @property
+    def _shown(self) -> Shown:
+        return self.pipeline.shown
+
+    @property
+    def lead_anchors(self) -> LeadAnchors:
+        return self.pipeline.anchors
+
+    @property
+    def context_selector(self) -> ContextSelector | None:
+        return self.pipeline.selector
+
+    @context_selector.setter
+    def context_selector(self, selector: ContextSelector | None) -> None:
+        self.pipeline.selector = selector
+
+    def token_texts(self) -> TokenTexts:
+        """Every token's text, for token healing (built once, at warm-up)."""
+        if self._token_texts is None:
+            self._token_texts = TokenTexts(self.tokenizer)
+        return self._token_texts
+
+
+def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:
+    """Prepare, load and warm the configured model: weights read in their
+    stored dtype, packed once into the kernel plan's format."""
+    mc = config.model
+    precision, notices = effective_precision(mc)
+    for notice in notices:
+        log.warning("config: %s", notice)
+    name, auto = (None, None) if mc.path else choose_embedded(config, progress=progress)
+    loaded = load_model(str(mc.path) if mc.path else None, name=name, device=config.device.device,
+                        dtype="stored", progress=progress)
+    plan, table = choose_kernels(loaded, precision, progress=progress)
+    engine = LocalEngine(loaded, config, plan=plan, timings=table, notices=tuple(notices))
+    trim_heap()       # the module's released parameters and the timing runs' tensors
+    draft_name, why = (None, "model.draft_model") if mc.draft_model else choose_draft(config, name or "",
+                                                                                     progress=progress)
+    if mc.draft_model is not None or draft_name is not None:
+        draft = (load_model(str(mc.draft_model), device=config.device.device, dtype="stored", progress=progress)
+                 if mc.draft_model is not None else
+                 load_model(None, name=draft_name, device=config.device.device, dtype="stored", progress=progress))
+        lean_or_float32(draft)
+        try:
+            engine.attach_draft_model(draft)
+        except ConfigError as exc:
+            if mc.draft != "auto" or mc.draft_model is not None:
+                raise
+            draft_name, why = None, f"no room for the pair: {exc.message}"   # auto: serve without it
+        trim_heap()
+    log.info("draft model: %s (%s)", draft_name or (mc.draft_model and str(mc.draft_model)) or "none", why)
+    engine.model_choice = {"name": name or str(mc.path), "auto": auto, "draft": draft_name, "draft_reason": why}
+    engine.warmup()
+    return engine

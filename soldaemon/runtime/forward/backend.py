@@ -1,0 +1,473 @@
+"""Backends: the forward pass over a preallocated KV cache.
+
+A backend owns the KV cache of one sequence (batch 1) and exposes one
+operation, :meth:`Backend.forward`: run ``tokens`` at positions
+``pos … pos+T-1``, write their keys/values into the cache at those positions,
+and return logits. Everything at positions ``>= pos`` is overwritten or
+ignored, so truncating the cache is free: the caller just calls ``forward``
+at a lower ``pos``. What is in the cache (which token ids at which positions)
+is the caller's bookkeeping (see :mod:`.session`).
+
+Two implementations:
+
+- :class:`LeanBackend` — a lean Qwen2/Llama-family decoder written against the
+  model's own weight tensors (no copy): static KV cache, no per-token
+  allocation of cache or masks, logits only where asked.
+- :class:`HFBackend` — any transformers causal LM through its own cache;
+  the fallback for architectures the lean path lacks.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
+
+import torch
+
+from soldaemon.policy.kernel_plan import KernelPlan
+from soldaemon.runtime.forward.kernels import KERNEL_FNS, Kernel, compute_dtype_for, embed_rows, pack
+from soldaemon.runtime.forward.layer import Shape, causal_mask, decoder_layer, group_mask, rms_norm, rope
+
+if TYPE_CHECKING:
+    from soldaemon.runtime.memory.weightstore import WeightStore
+
+LEAN_ARCHITECTURES = {"qwen2", "llama", "mistral"}
+log = logging.getLogger("soldaemon.backend")
+
+
+class GraphSteps(Protocol):
+    """Decode steps replayed from captured graphs (runtime/cudagraph.py's
+    GraphDecoder), which a backend may carry in ``graphs``."""
+
+    def step(self, token: int, pos: int) -> torch.Tensor | None:
+        """Logits [V] for ``token`` at ``pos``, or None: run the eager forward."""
+        ...
+
+    def verify(self, tokens: Sequence[int], pos: int) -> torch.Tensor | None:
+        """Logits [T, V] for ``tokens`` at ``pos`` …, or None: run the eager forward."""
+        ...
+
+    def invalidate(self) -> None:
+        """Forget every captured graph (the weights moved)."""
+        ...
+
+
+class Backend(Protocol):
+    n_ctx: int                 # positions in the KV cache
+    vocab_size: int
+    device: torch.device
+    # CUDA-graph decode steps: KVSession.decode_step replays through them
+    # when set (None: eager steps). Set by the engine's warm-up.
+    graphs: GraphSteps | None
+    # KV folding's input (runtime/kvfold.py): each layer's last-token query
+    # [L, H, hd] of the latest forward, while queries are recorded (else
+    # None), and the k cache those queries attended over.
+    last_q: torch.Tensor | None
+    last_q_cache: torch.Tensor | None
+    scale: float               # attention's score scale, head_dim ** -0.5 (folding's scores use it)
+    decode_max_tokens: int     # tokens per forward past the precise split (KVSession's half chunk)
+
+    @property
+    def kv_bytes_per_session(self) -> int:
+        """Bytes of one session's full KV buffer (0: not preallocated)."""
+        ...
+
+    def forward(self, tokens: torch.Tensor, pos: int, *, last_only: bool = True,
+                precise: bool = False) -> torch.Tensor:
+        """tokens: [T] int64 on device. Returns logits [1, V] (last_only) or
+        [T, V], float32. ``precise`` forbids the short-forward kernel
+        (prompt tokens: a prompt's logits must not depend on how much of it
+        was cached)."""
+        ...
+
+    def shift(self, src: int, dst: int, length: int) -> None:
+        """Move the KV of positions src…src+length-1 to dst…dst+length-1,
+        re-rotating keys so they read as if computed at the new positions."""
+        ...
+
+    def new_cache(self) -> Any:
+        """Allocate another KV cache (for another document's session)."""
+        ...
+
+    def use_cache(self, cache: Any) -> None:
+        """Make ``cache`` (from :meth:`new_cache`) the one forward writes to."""
+        ...
+
+    def current_cache(self) -> Any:
+        """The cache forward writes to now."""
+        ...
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One decoder layer's tensors in the plan's weight storage
+    (:mod:`.kernels`): ``w*`` the packed weights, ``s*`` their per-row scales
+    (int8 storage; None for dense), ``b*`` biases in the compute dtype."""
+
+    ln1: torch.Tensor                  # [D] input RMSNorm
+    ln2: torch.Tensor                  # [D] post-attention RMSNorm
+    wq: torch.Tensor                   # [H*hd, D]
+    bq: torch.Tensor | None            # [H*hd]
+    wk: torch.Tensor                   # [KV*hd, D]
+    bk: torch.Tensor | None
+    wv: torch.Tensor                   # [KV*hd, D]
+    bv: torch.Tensor | None
+    wo: torch.Tensor                   # [D, H*hd]
+    bo: torch.Tensor | None
+    wg: torch.Tensor                   # [F, D] gate
+    wu: torch.Tensor                   # [F, D] up
+    wd: torch.Tensor                   # [D, F] down
+    sq: torch.Tensor | None = None     # [H*hd] scales of wq (int8 storage)
+    sk: torch.Tensor | None = None
+    sv: torch.Tensor | None = None
+    so: torch.Tensor | None = None
+    sg: torch.Tensor | None = None
+    su: torch.Tensor | None = None
+    sd: torch.Tensor | None = None
+
+
+class LeanBackend:
+    """A Qwen2/Llama/Mistral decoder over a static KV cache.
+
+    The math is the model's: RMSNorm in float32, rotary embeddings in the
+    rotate-half form, grouped-query attention, SwiGLU MLP. The linear
+    layers run the kernels of a :class:`~.kernel_plan.KernelPlan`.
+    """
+
+    def __init__(self, hf_model: Any, n_ctx: int, *, plan: KernelPlan | None = None,
+                 short_max_tokens: int = 16, release: bool = False) -> None:
+        """``plan``: the kernels and the one weight storage (None: dense in
+        the model's own dtype, the reference math). Forwards of at most
+        ``short_max_tokens`` tokens that are not ``precise`` (decode steps,
+        draft verification, the typed line) run ``plan.short``, others
+        ``plan.prefill``; both read the same packed weights. The residual
+        stream, norms, attention and KV cache are in the compute dtype
+        (float32 on a CPU, the model's dtype on a GPU).
+
+        ``release``: afterwards, empty the HF module's parameters that the
+        packed weights do not share (one resident copy); the module can then
+        no longer run (``released`` is True)."""
+        cfg = hf_model.config
+        if cfg.model_type not in LEAN_ARCHITECTURES:
+            raise ValueError(f"lean backend does not support model_type {cfg.model_type!r}")
+        rope = getattr(cfg, "rope_parameters", None) or {}
+        rope_type = rope.get("rope_type", "default") if isinstance(rope, dict) else "default"
+        if rope_type not in ("default", None):
+            raise ValueError(f"lean backend supports plain RoPE only, not {rope_type!r}")
+        theta = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)) if isinstance(rope, dict) else getattr(cfg, "rope_theta", 10000.0))
+        inner = hf_model.model
+        self.device = inner.embed_tokens.weight.device
+        model_dtype = inner.embed_tokens.weight.dtype
+        self.dtype = compute_dtype_for(self.device, model_dtype)
+        self.reference = plan is None                    # dense in the model's dtype: the model's own math
+        self.plan = plan or KernelPlan.uniform(str(self.dtype).removeprefix("torch."), reason="reference")
+        self.n_ctx = n_ctx
+        self.vocab_size = int(cfg.vocab_size)
+        self.n_heads = int(cfg.num_attention_heads)
+        self.n_kv = int(cfg.num_key_value_heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads)
+        self.eps = float(cfg.rms_norm_eps)
+        self.short_max_tokens = short_max_tokens
+        self.decode_max_tokens = short_max_tokens        # KVSession reads this name
+        self.prefill_linear = KERNEL_FNS[self.plan.prefill]
+        self.short_linear = KERNEL_FNS[self.plan.short]
+        self.head_linear = KERNEL_FNS[self.plan.head]
+        self.norm = inner.norm.weight.to(self.dtype)     # [D]
+        tied = hf_model.lm_head.weight is inner.embed_tokens.weight
+        # the output layer and the embedding: [V, D] in the head storage
+        self.head_w, self.head_s = pack(self.plan.head_storage, hf_model.lm_head.weight)
+        if tied:
+            self.embed_w, self.embed_s = self.head_w, self.head_s
+        else:
+            self.embed_w, self.embed_s = pack(self.plan.head_storage, inner.embed_tokens.weight)
+        self.layers = [self._layer_weights(layer) for layer in inner.layers]
+        n_layers = len(self.layers)
+        self.released = False
+        if release:
+            self._release(hf_model)
+        # KV cache: [layers, kv_heads, n_ctx, head_dim], preallocated once.
+        self._kv_shape = (n_layers, self.n_kv, n_ctx, self.head_dim)
+        self.k_cache, self.v_cache = self.new_cache()
+        # RoPE tables computed like transformers does (float32 outer product).
+        inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.int64).to(self.device, torch.float32) / self.head_dim))
+        self.inv_freq = inv_freq                         # [hd/2]
+        t = torch.arange(n_ctx, device=self.device, dtype=torch.float32)
+        freqs = torch.outer(t, inv_freq)                 # [n_ctx, hd/2]
+        emb = torch.cat((freqs, freqs), dim=-1)          # [n_ctx, hd]
+        self.cos = emb.cos().to(self.dtype)
+        self.sin = emb.sin().to(self.dtype)
+        self.scale = self.head_dim ** -0.5
+        self.shape = Shape(self.n_heads, self.n_kv, self.head_dim, self.eps, self.scale)
+        # Sol's weight store (runtime/residency.py): None, or every layer's
+        # weights go through it. With all layers resident the forward takes
+        # the plain loop below (the store then only records the heatmap).
+        self.residency: WeightStore | None = None
+        # KV folding reads the last query of each layer (runtime/kvfold.py):
+        # [layers, H, hd] when record_queries() was called, else None.
+        self.last_q: torch.Tensor | None = None
+        self._q_buffer: torch.Tensor | None = None
+        self.last_q_cache: torch.Tensor | None = None   # the k_cache those queries attended over
+        self.graphs: GraphSteps | None = None            # set by the engine on CUDA (runtime/cudagraph.py)
+
+    def _release(self, hf_model: Any) -> None:
+        """Empty every parameter of the HF module whose storage no packed
+        tensor shares: only what the plan's kernels read stays resident."""
+        kept = {t.untyped_storage().data_ptr() for t in self._packed_tensors()}
+        for p in hf_model.parameters():
+            if p.numel() and p.untyped_storage().data_ptr() not in kept:
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        self.released = True
+
+    def _packed_tensors(self) -> list[torch.Tensor]:
+        out = [t for t in (self.head_w, self.head_s, self.embed_w, self.embed_s, self.norm) if t is not None]
+        for w in self.layers:
+            out.extend(t for t in vars(w).values() if t is not None)
+        return out
+
+    def weight_bytes(self) -> int:
+        """Bytes of every weight tensor the backend holds, each storage once."""
+        seen: dict[int, int] = {}
+        for t in self._packed_tensors():
+            st = t.untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+        return sum(seen.values())
+
+    @property
+    def all_resident(self) -> bool:
+        """True when every layer's weights are on the device (no store, or
+        the store offloads nothing): CUDA-graph capture is only valid then."""
+        return self.residency is None or self.residency.all_resident
+
+    @property
+    def weights_epoch(self) -> int:
+        """Changes whenever the store moved layer weights (offload, idle
+        release, restore): restored weights live at new addresses, so CUDA
+        graphs captured before must be captured again."""
+        return 0 if self.residency is None else self.residency.epoch
+
+    def fixed_weights(self) -> list[torch.Tensor]:
+        """Tensors outside the decoder layers (never offloaded)."""
+        return [t for t in (self.embed_w, self.embed_s, self.norm, self.head_w, self.head_s) if t is not None]
+
+    def weight_sets(self) -> list[list[LayerWeights]]:
+        """The layer lists a WeightStore manages (the store updates them in
+        place): one, the plan's single storage."""
+        return [self.layers]
+
+    def record_queries(self, on: bool = True) -> None:
+        """Keep each layer's last-token query (after RoPE) of the latest
+        forward in ``last_q``: what KV folding weighs blocks by."""
+        if on and self._q_buffer is None:
+            # one buffer for the backend's life: a CUDA graph captured while
+            # queries are recorded writes it, so its address must not change
+            self._q_buffer = torch.zeros(len(self.layers), self.n_heads, self.head_dim, dtype=self.dtype,
+                                         device=self.device)
+        self.last_q = self._q_buffer if on else None
+        self.last_q_cache = None
+
+    def new_cache(self) -> tuple[torch.Tensor, torch.Tensor]:
+        # [layers, kv_heads, n_ctx, head_dim] each, allocated once per session
+        k = torch.zeros(self._kv_shape, dtype=self.dtype, device=self.device)
+        return k, torch.zeros_like(k)
+
+    def use_cache(self, cache: tuple[torch.Tensor, torch.Tensor]) -> None:
+        self.k_cache, self.v_cache = cache
+
+    def current_cache(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k_cache, self.v_cache
+
+    @property
+    def kv_bytes_per_session(self) -> int:
+        n = 1
+        for d in self._kv_shape:
+            n *= d
+        return 2 * n * self.k_cache.element_size()
+
+    def _layer_weights(self, layer: Any) -> LayerWeights:
+        """Layer tensors packed into the plan's storage (a dense weight
+        already in that dtype is shared with the module, not copied)."""
+        a, m = layer.self_attn, layer.mlp
+        st, dt = self.plan.storage, self.dtype
+        fields: dict[str, torch.Tensor | None] = {
+            "ln1": layer.input_layernorm.weight.to(dt), "ln2": layer.post_attention_layernorm.weight.to(dt)}
+        for name, lin in (("q", a.q_proj), ("k", a.k_proj), ("v", a.v_proj), ("o", a.o_proj),
+                          ("g", m.gate_proj), ("u", m.up_proj), ("d", m.down_proj)):
+            fields["w" + name], fields["s" + name] = pack(st, lin.weight)
+            if name in "qkvo":
+                bias = getattr(lin, "bias", None)
+                fields["b" + name] = None if bias is None else bias.to(dt)
+        return LayerWeights(**fields)  # type: ignore[arg-type]
+
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [T] → embeddings [T, D] in the compute dtype."""
+        return embed_rows(tokens, self.embed_w, self.embed_s, self.dtype)
+
+    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, D] after the final norm → logits [T, V] float32."""
+        return self.head_linear(x, self.head_w, None, self.head_s).float()
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, pos: int, *, last_only: bool = True,
+                precise: bool = False) -> torch.Tensor:
+        T = tokens.shape[0]
+        end = pos + T
+        if end > self.n_ctx:
+            raise ValueError(f"KV cache overflow: {end} > n_ctx {self.n_ctx}")
+        cos = self.cos[pos:end]                          # [T, hd]
+        sin = self.sin[pos:end]
+        mask = None
+        causal = T > 1 and pos == 0   # a fresh prompt: the kernels' own causal path (no mask tensor)
+        if T > 1 and pos > 0:
+            # new token i (at pos+i) sees cache positions 0 … pos+i, tiled for the grouped queries
+            mask = group_mask(causal_mask(pos, T, end, self.device), self.n_heads // self.n_kv)
+        x = self.embed_tokens(tokens)                    # [T, D]
+        short = T <= self.short_max_tokens and not precise
+        layers = self.layers
+        lin = self.short_linear if short else self.prefill_linear
+        store = self.residency
+        kind = "prompt" if causal else ("step" if T == 1 else ("verify" if short else "prefill"))
+        if store is None:
+            for i, w in enumerate(layers):
+                x = self._block(x, w, i, pos, end, cos, sin, mask, causal, lin, kind if i == 0 else "")
+        elif store.all_resident:
+            timed = not store.cuda   # on CUDA host clocks only see kernel launches
+            marks = [time.perf_counter()]
+            for i, w in enumerate(layers):
+                x = self._block(x, w, i, pos, end, cos, sin, mask, causal, lin, kind if i == 0 else "")
+                marks.append(time.perf_counter())
+            store.note_resident_forward([(b - a) * 1e3 for a, b in zip(marks, marks[1:])] if timed else None)
+        else:
+            x = self._offloaded_layers(store, x, 0, pos, end, cos, sin, mask, causal, lin)
+        if self.last_q is not None:
+            self.last_q_cache = self.k_cache
+        if last_only:
+            x = x[-1:]
+        x = rms_norm(x, self.norm, self.eps)
+        return self.head_logits(x)                       # [T or 1, V]
+
+    def _block(self, x: torch.Tensor, w: LayerWeights, i: int, pos: int, end: int, cos: torch.Tensor,
+               sin: torch.Tensor, mask: torch.Tensor | None, causal: bool, lin: Kernel,
+               kind: str = "") -> torch.Tensor:
+        """Decoder layer i on x [T, D] (the one layer, runtime/layer.py);
+        writes its K/V at pos … end-1 and attends over 0 … end-1."""
+        return decoder_layer(self.shape, w, x, lin, cos, sin, self.k_cache[i], self.v_cache[i], pos, end, mask,
+                             causal=causal, q_out=None if self.last_q is None else self.last_q[i], kind=kind)
+
+    def _offloaded_layers(self, store: WeightStore, x: torch.Tensor, variant: int, pos: int, end: int,
+                          cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None, causal: bool,
+                          lin: Any) -> torch.Tensor:
+        """The layer loop when some layers live in host memory: each layer's
+        weights come from the store (resident, or a prefetched slot), and
+        the store is told when the layer is done with them."""
+        store.begin_forward(variant)
+        for i in range(len(self.layers)):
+            w, stall_ms, outcome, copied = store.layer(i)
+            t0 = time.perf_counter()
+            x = self._block(x, w, i, pos, end, cos, sin, mask, causal, lin)
+            ms = None if store.cuda else (time.perf_counter() - t0) * 1e3
+            store.end_layer(i, ms, stall_ms, outcome, copied)
+        store.end_forward()
+        return x
+
+    @torch.inference_mode()
+    def shift(self, src: int, dst: int, length: int) -> None:
+        if length <= 0 or src == dst:
+            return
+        if max(src, dst) + length > self.n_ctx:
+            raise ValueError("KV shift beyond n_ctx")
+        # RoPE is a rotation by angle pos·θ_j: a key rotated for position p
+        # becomes the key for p+d by one more rotation of d·θ_j (float32).
+        d = float(dst - src)
+        freqs = d * self.inv_freq                        # [hd/2]
+        emb = torch.cat((freqs, freqs))
+        cos, sin = emb.cos(), emb.sin()
+        k = self.k_cache[:, :, src:src + length].to(torch.float32).clone()
+        v = self.v_cache[:, :, src:src + length].clone()
+        k = rope(k, cos, sin)
+        self.k_cache[:, :, dst:dst + length] = k.to(self.dtype)
+        self.v_cache[:, :, dst:dst + length] = v
+
+
+class HFBackend:
+    """Any transformers causal LM through its own ``DynamicCache``, cropped
+    to ``pos`` before each forward (transformers' StaticCache cannot be
+    rewound). Slower: the full module stack runs per step. The fallback for
+    architectures the lean path lacks; ``shift`` is unsupported, so
+    moved-chunk reuse is off with it."""
+
+    def __init__(self, hf_model: Any, n_ctx: int) -> None:
+        self.model = hf_model
+        self.n_ctx = n_ctx
+        self.vocab_size = int(hf_model.config.vocab_size)
+        self.device = next(hf_model.parameters()).device
+        self._config = hf_model.config
+        self.cache = self.new_cache()
+        # the Backend interface's Sol hooks, unused here: no graphs, no
+        # recorded queries (so no KV folding), no weight store
+        self.graphs: GraphSteps | None = None
+        self.last_q: torch.Tensor | None = None
+        self.last_q_cache: torch.Tensor | None = None
+        self.scale = 1.0
+        # one kernel for every forward: no cap of its own, the session's chunk decides
+        self.decode_max_tokens = sys.maxsize
+
+    @property
+    def kv_bytes_per_session(self) -> int:
+        return 0                              # DynamicCache grows with use: nothing preallocated
+
+    def new_cache(self) -> Any:
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self._config)
+
+    def use_cache(self, cache: Any) -> None:
+        self.cache = cache
+
+    def current_cache(self) -> Any:
+        return self.cache
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, pos: int, *, last_only: bool = True,
+                precise: bool = False) -> torch.Tensor:
+        have = self.cache.get_seq_length()
+        if pos > have:
+            raise ValueError(f"forward at {pos} but the cache holds {have} positions")
+        if pos < have:
+            self.cache.crop(pos - have)
+        T = tokens.shape[0]
+        out = self.model(
+            input_ids=tokens.unsqueeze(0), cache=self.cache,
+            cache_position=torch.arange(pos, pos + T, device=self.device),
+            use_cache=True, logits_to_keep=1 if last_only else 0,
+        )
+        return out.logits[0].float()
+
+    def shift(self, src: int, dst: int, length: int) -> None:
+        raise NotImplementedError("moved-chunk KV reuse needs the lean backend")
+
+
+class Offloadable(Backend, Protocol):
+    """A backend whose decoder weights Sol's weight store can move
+    (LeanBackend): what the memory scheduler (runtime/memsched.py) needs."""
+
+    residency: WeightStore | None   # the store the forward reads through (None: plain tensors)
+
+    def weight_sets(self) -> list[list[LayerWeights]]: ...
+
+    def fixed_weights(self) -> list[torch.Tensor]: ...
+
+    def record_queries(self, on: bool = True) -> None: ...
+
+
+def make_backend(hf_model: Any, n_ctx: int, *, plan: KernelPlan | None = None, release: bool = False) -> Backend:
+    """The lean backend where the architecture allows (with ``plan``'s
+    kernels; ``release``: one resident weight copy), else the HF one."""
+    if getattr(hf_model.config, "model_type", None) in LEAN_ARCHITECTURES:
+        try:
+            return LeanBackend(hf_model, n_ctx, plan=plan, release=release)
+        except ValueError as exc:
+            log.info("lean backend unavailable (%s): transformers' module stack runs instead", exc)
+    return HFBackend(hf_model, n_ctx)

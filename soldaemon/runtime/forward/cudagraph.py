@@ -1,0 +1,360 @@
+"""Decode steps through CUDA graphs.
+
+At batch 1 a decode step of a small model is a few hundred tiny kernels; on a
+GPU the host's launch overhead, not the math, sets the step time. A CUDA graph
+replays the whole step with one launch. A graph fixes its tensor addresses and
+shapes, so the step is written in *static form*:
+
+- the token and its position live in preallocated device tensors, written
+  before each replay (no host sync inside the step);
+- rotary tables are gathered by position (``index_select``) instead of sliced;
+- K/V are written into the cache with ``index_copy_`` at the position tensor;
+- attention runs over a fixed-length window of the cache (a *bucket*: 256,
+  512, … up to ``n_ctx``) with a mask ``key position <= pos``, so one graph
+  serves every position below its bucket.
+
+One graph is captured per (KV cache, bucket, rows) on first use — a
+session's cache is a different tensor, so each session of the pool gets its
+own graphs — and ``warm_up`` captures the default cache's buckets ahead of
+the first request. Two failed captures in a row disable graphs for good,
+reported (``info()["cuda_graphs"]``); the eager step is then used: outputs never
+depend on which path ran (the static step is the same math; the tests check it
+against the eager forward on the CPU, where :meth:`GraphDecoder.static_step`
+runs without capture).
+
+Graphs are only used while every layer is resident (``backend.all_resident``):
+weight offload moves weights between steps, which a graph cannot follow.
+
+A replay writes its logits into the graph's one static output tensor, which
+every later replay of that graph overwrites (and documents that share a
+compute buffer share the graph): :meth:`GraphDecoder.step` returns a view of
+it, valid until the next replay; whoever keeps logits copies them (see
+``KVSession.decode_step``). When the backend records queries for KV folding
+(``record_queries``), the static step writes each layer's query too, so
+folding weighs parked KV by the last decode step on a GPU as on a CPU.
+
+Verify forwards (the last token and a draft: ``T`` rows) are graphed too
+(:meth:`GraphDecoder.verify`), with ``T`` rounded up to a row bucket
+(:data:`VERIFY_ROWS`): the padding rows write K/V past the real ones, at
+positions the session treats as free (the cache contract: positions at and
+after the end are overwritten or ignored), and their logits are dropped.
+
+Capture is made robust against the daemon's other threads: it runs with
+``capture_error_mode="thread_local"`` (a health handler's or idle thread's
+CUDA call elsewhere does not invalidate it), every graph shares one memory
+pool, the key holds the backend's ``weights_epoch``, and a failed capture
+is retried once before graphs are given up. After the weights move
+(:meth:`GraphDecoder.invalidate`, an idle release or restore) the graphs
+are *stale*: steps run eagerly, nothing is captured inside the request, and
+:meth:`GraphDecoder.recapture` (called by the memory scheduler after the
+request, under the generation lock) captures them again.
+
+``emulate=True`` runs the same machinery off CUDA: "capture" builds an
+:class:`EmulatedGraph` whose ``replay`` runs the static step and copies its
+result into one static output tensor, as a CUDA graph does. The tests and
+``scripts/gpu_check.sh --cpu`` use it to run the graph path on a CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import torch
+
+from soldaemon.runtime.forward.layer import ATTENTION_LOG, decoder_layer, group_mask, rms_norm
+
+if TYPE_CHECKING:
+    from soldaemon.runtime.forward.backend import LeanBackend
+
+log = logging.getLogger("soldaemon.cudagraph")
+
+_MIN_BUCKET = 256
+VERIFY_ROWS = (2, 4, 8, 16)     # verify forwards are graphed at these row counts (padded up)
+MAX_FAILURES = 2                # failed captures in a row before graphs are given up
+
+
+def buckets(n_ctx: int) -> list[int]:
+    """Attention window sizes: powers of two from 256, and ``n_ctx``."""
+    out: list[int] = []
+    b = _MIN_BUCKET
+    while b < n_ctx:
+        out.append(b)
+        b *= 2
+    out.append(n_ctx)
+    return out
+
+
+class GraphDecoder:
+    """Static-form decode steps over a :class:`~.backend.LeanBackend`, replayed
+    from CUDA graphs on a CUDA device (see the module doc)."""
+
+    def __init__(self, backend: LeanBackend, *, max_graphs: int = 48, emulate: bool = False,
+                 verify_rows: tuple[int, ...] = VERIFY_ROWS) -> None:
+        """``emulate``: off CUDA, replay :class:`EmulatedGraph` stand-ins
+        (tests, dry runs) instead of reporting graphs unavailable.
+        ``verify_rows``: the row buckets verify forwards are graphed at
+        (empty: verify runs eagerly)."""
+        self.b = backend
+        self.device = backend.device
+        self.buckets = buckets(backend.n_ctx)
+        self.max_graphs = max_graphs
+        self.verify_rows = tuple(sorted(r for r in verify_rows if 1 < r <= backend.short_max_tokens))
+        self.emulated = emulate and self.device.type != "cuda"
+        self.enabled = self.device.type == "cuda" or self.emulated
+        self.failure: str | None = None if self.enabled else "not a CUDA device"
+        self.failed_captures = 0                     # in a row; graphs are given up at MAX_FAILURES
+        self.token = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.pos = torch.zeros(1, dtype=torch.long, device=self.device)
+        # verify rows: per row bucket, static tokens [R], positions [R], the last real row [1], 0 … R-1
+        self._rows: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        # (k_cache address, window, rows, last_q address or 0, weights epoch) → (graph, its static logits)
+        self._graphs: dict[tuple[int, int, int, int, int], tuple[Any, torch.Tensor]] = {}
+        self._pool: Any = None                       # the one memory pool every graph shares (CUDA)
+        self.stale = False                           # weights moved: eager until recapture()
+        self._windows_used: set[int] = set()
+        self.replays = 0
+        self.verify_replays = 0
+        self.captures = 0
+        self.capture_ms = 0.0
+        self.recaptures = 0
+
+    # -- the step in static form --------------------------------------------
+
+    def _bucket(self, pos: int) -> int:
+        for b in self.buckets:
+            if pos < b:
+                return b
+        raise ValueError(f"KV cache overflow: position {pos} >= n_ctx {self.b.n_ctx}")
+
+    def _static_rows(self, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        found = self._rows.get(rows)
+        if found is None:
+            dev = self.device
+            found = (torch.zeros(rows, dtype=torch.long, device=dev), torch.zeros(rows, dtype=torch.long, device=dev),
+                     torch.zeros(1, dtype=torch.long, device=dev), torch.arange(rows, dtype=torch.long, device=dev))
+            self._rows[rows] = found
+        return found
+
+    @torch.inference_mode()
+    def static_step(self, window: int) -> torch.Tensor:
+        """One decode step of ``self.token`` at ``self.pos`` attending over the
+        first ``window`` cache positions; logits [1, V] (float32). Only
+        tensor operations whose shapes do not depend on the position. The
+        matrices are multiplied by the kernel an eager decode step uses
+        (the plan's short-forward kernel)."""
+        return self._static(self.token, self.pos, window, None, "graph-step")
+
+    @torch.inference_mode()
+    def static_rows(self, window: int, rows: int) -> torch.Tensor:
+        """A verify forward of the static tokens of row bucket ``rows`` at
+        their static positions over ``window`` cache positions: logits
+        [rows, V]."""
+        tokens, positions, last_row, _ = self._static_rows(rows)
+        return self._static(tokens, positions, window, last_row, "graph-verify")
+
+    def _static(self, tokens: torch.Tensor, positions: torch.Tensor, window: int, last_row: torch.Tensor | None,
+                kind: str) -> torch.Tensor:
+        b = self.b
+        cos = b.cos.index_select(0, positions)           # [T, hd]
+        sin = b.sin.index_select(0, positions)
+        keep = torch.arange(window, device=self.device).unsqueeze(0) <= positions.unsqueeze(1)   # [T, window]
+        mask = group_mask(keep, b.n_heads // b.n_kv)
+        lin = b.short_linear                             # the plan's decode kernel (static shapes)
+        x = b.embed_tokens(tokens)                       # [T, D]
+        last_q = b.last_q
+        for i, w in enumerate(b.layers):
+            x = decoder_layer(b.shape, w, x, lin, cos, sin, b.k_cache[i], b.v_cache[i], positions, window, mask,
+                              q_out=None if last_q is None else last_q[i], q_row=last_row,
+                              kind=kind if i == 0 else "", bucket=window)
+        return b.head_logits(rms_norm(x, b.norm, b.eps))
+
+    # -- graphs ----------------------------------------------------------------
+
+    def usable(self) -> bool:
+        return self.enabled and not self.stale and self.b.all_resident
+
+    def step(self, token: int, pos: int) -> torch.Tensor | None:
+        """Logits [V] for ``token`` at ``pos`` through a graph, or None when
+        graphs are off (the caller then runs the eager forward). The logits
+        are a view of the graph's static output: the next replay of this
+        graph (this or another document's) overwrites them, so a caller
+        that keeps them copies them. With queries recorded, ``last_q`` then
+        holds this step's queries and ``last_q_cache`` is the cache."""
+        if not self.usable():
+            return None
+        window = self._bucket(pos)
+        graph = self._graph(window, 1)
+        if graph is None:
+            return None
+        self.token.fill_(token)
+        self.pos.fill_(pos)
+        g, out = graph
+        g.replay()
+        self.replays += 1
+        if self.b.last_q is not None:
+            self.b.last_q_cache = self.b.k_cache
+        return out[0]
+
+    def verify(self, tokens: Sequence[int], pos: int) -> torch.Tensor | None:
+        """Logits [T, V] for ``tokens`` at ``pos`` … through a graph of the
+        next row bucket, or None (eager): no bucket holds T rows, or the
+        padding would pass ``n_ctx``. A view of the graph's static output
+        (see :meth:`step`)."""
+        T = len(tokens)
+        rows = next((r for r in self.verify_rows if r >= T), None)
+        if rows is None or not self.usable() or pos + rows > self.b.n_ctx:
+            return None
+        window = self._bucket(pos + rows - 1)
+        graph = self._graph(window, rows)
+        if graph is None:
+            return None
+        tok, positions, last_row, arange = self._static_rows(rows)
+        host = torch.as_tensor(list(tokens) + [tokens[-1]] * (rows - T), dtype=torch.long)
+        tok.copy_(host, non_blocking=True)
+        torch.add(arange, pos, out=positions)
+        last_row.fill_(T - 1)
+        g, out = graph
+        g.replay()
+        self.verify_replays += 1
+        if self.b.last_q is not None:
+            self.b.last_q_cache = self.b.k_cache
+        return out[:T]
+
+    def invalidate(self) -> None:
+        """The weights moved (idle release, restore): drop every captured
+        graph; steps run eagerly until :meth:`recapture`."""
+        self._graphs.clear()
+        self.stale = True
+
+    def recapture(self) -> int:
+        """After the weights moved, outside any request (the caller holds the
+        generation lock): capture the current cache's graphs for the buckets
+        used before (at least the first). Returns how many were captured."""
+        if not self.stale:
+            return 0
+        self.stale = False
+        if not self.usable():
+            return 0
+        before = self.captures
+        windows = sorted(self._windows_used) or self.buckets[:1]
+        for window in windows:
+            for rows in (1, *self.verify_rows):
+                if self._graph(window, rows) is None:
+                    return self.captures - before
+        self.recaptures += self.captures - before
+        return self.captures - before
+
+    def _graph(self, window: int, rows: int) -> tuple[Any, torch.Tensor] | None:
+        b = self.b
+        last_q = b.last_q
+        # a graph writes the tensors it was captured with and reads the weights
+        # it was captured over: key on their addresses and on the weights' epoch
+        key = (b.k_cache.data_ptr(), window, rows, 0 if last_q is None else last_q.data_ptr(), b.weights_epoch)
+        found = self._graphs.get(key)
+        if found is not None:
+            return found
+        if len(self._graphs) >= self.max_graphs:
+            self._graphs.pop(next(iter(self._graphs)))
+        try:
+            found = self._capture(window, rows)
+        except Exception as exc:  # capture is best effort: retry once, then eager for good
+            self.failed_captures += 1
+            self.failure = f"{type(exc).__name__}: {exc}"
+            if self.failed_captures >= MAX_FAILURES:
+                self.enabled = False
+                self._graphs.clear()
+                log.warning("CUDA graph capture failed %d times, decoding eagerly from now on: %s",
+                            self.failed_captures, self.failure)
+            else:
+                log.warning("CUDA graph capture failed (will retry once): %s", self.failure)
+            return None
+        self.failed_captures = 0
+        self._windows_used.add(window)
+        self._graphs[key] = found
+        return found
+
+    def _capture(self, window: int, rows: int) -> tuple[Any, torch.Tensor]:
+        run = (lambda: self.static_step(window)) if rows == 1 else (lambda: self.static_rows(window, rows))
+        if self.emulated:
+            emulated = EmulatedGraph(run, rows, self.b.vocab_size, self.device)
+            self.captures += 1
+            return emulated, emulated.out
+        t0 = time.perf_counter()
+        # The capture writes K/V at the static positions: point them at the last
+        # slots of the window, then restore what was there (it may be a live cache).
+        b = self.b
+        first = window - rows
+        saved_k = b.k_cache[:, :, first:window].clone()
+        saved_v = b.v_cache[:, :, first:window].clone()
+        if rows == 1:
+            self.pos.fill_(first)
+        else:
+            tok, positions, last_row, arange = self._static_rows(rows)
+            torch.add(arange, first, out=positions)
+            last_row.fill_(rows - 1)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream(device=self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):                           # warm the kernels outside the graph
+                run()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: another thread's CUDA call during the capture does not break it
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            out = run()
+        b.k_cache[:, :, first:window] = saved_k
+        b.v_cache[:, :, first:window] = saved_v
+        torch.cuda.current_stream(self.device).synchronize()
+        ms = (time.perf_counter() - t0) * 1e3
+        self.captures += 1
+        self.capture_ms += ms
+        log.info("captured a CUDA graph: window %d, %d rows, %.1f ms", window, rows, ms)
+        return graph, out
+
+    def warm_up(self, max_pos: int | None = None) -> None:
+        """Capture the current cache's graphs (steps and verify row buckets)
+        up to ``max_pos`` (default: all buckets) before the first request."""
+        if not self.usable():
+            return
+        for window in self.buckets:
+            for rows in (1, *self.verify_rows):
+                if self._graph(window, rows) is None:
+                    return
+            if max_pos is not None and window > max_pos:
+                return
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "enabled": self.enabled,
+            "fallback_reason": self.failure,
+            "graphs": len(self._graphs),
+            "captures": self.captures,
+            "capture_ms": round(self.capture_ms, 1),
+            "replays": self.replays,
+            "verify_replays": self.verify_replays,
+            "verify_rows": list(self.verify_rows),
+            "stale": self.stale,
+            "recaptures": self.recaptures,
+            "failed_captures": self.failed_captures,
+            "attention": ATTENTION_LOG.summary(),
+        }
+
+
+class EmulatedGraph:
+    """A CUDA graph's contract without CUDA: ``replay`` runs the decoder's
+    static form (``run``: a step or a verify of ``rows`` rows) and writes the
+    logits into ``out``, the one static output tensor every replay reuses
+    (as a captured graph's output is). Only for
+    ``GraphDecoder(..., emulate=True)``."""
+
+    def __init__(self, run: Callable[[], torch.Tensor], rows: int, vocab_size: int, device: torch.device) -> None:
+        self.run = run
+        self.rows = rows
+        self.out = torch.zeros(rows, vocab_size, dtype=torch.float32, device=device)  # [rows, V]
+
+    def replay(self) -> None:
+        self.out.copy_(self.run())

@@ -1,0 +1,413 @@
+"""Linear kernels and their weight formats, and the start-up measurement that
+the kernel plan (:mod:`.kernel_plan`) is chosen from.
+
+A weight format ("storage") is how one linear layer's weight ``[N, K]`` is
+kept: dense in float32/bfloat16/float16, or int8 with one float32 scale per
+output row (symmetric, ``w ≈ q * s[:, None]``). A kernel multiplies
+activations ``x [T, K]`` (the runtime's compute dtype) by a weight in its
+storage and returns ``[T, N]`` in x's dtype. Every kernel computes each row
+of ``x`` on its own (no statistic across rows), so a token's result does not
+depend on which other tokens share its forward.
+
+:func:`plan_for` measures the candidate kernels on the model's own shapes at
+prefill and decode/verify sizes, chooses, and caches the result per machine,
+model shapes, torch version and thread count (``cache_dir()/kernel-plans``),
+so later starts skip the measurement.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from soldaemon import paths
+from soldaemon.policy.kernel_plan import HEAD_STORAGES, KERNELS, PREFILL_ROWS, SHORT_ROWS, KernelPlan, TimingTable, choose_plan
+
+log = logging.getLogger("soldaemon.kernels")
+
+PLAN_FORMAT = 3            # bump when the table's meaning (or the kernels) change
+_DENSE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+
+# --------------------------------------------------------------------------
+# Formats and kernels
+# --------------------------------------------------------------------------
+
+
+def pack(storage: str, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``w [N, K]`` (any float dtype) in ``storage``: (weight, scale or None).
+    A dense weight already in that dtype is returned as is (no copy)."""
+    if storage in _DENSE:
+        return w.to(_DENSE[storage]).contiguous(), None
+    if storage == "int8":
+        wf = w.to(torch.float32)
+        s = wf.abs().amax(dim=1).clamp(min=1e-12) / 127.0            # [N]
+        q = torch.round(wf / s[:, None]).clamp_(-127, 127).to(torch.int8)
+        return q.contiguous(), s
+    if storage == "int4":
+        return _pack_int4(w)
+    raise ValueError(f"unknown weight storage {storage!r}")
+
+
+INT4_GROUP = 32
+
+
+def _pack_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Asymmetric 4-bit groups of INT4_GROUP along K, in torch's CPU int4
+    layout: (packed uint8 [N, K/2], scales and zeros [K/G, N, 2] bfloat16),
+    w ≈ (q - 8) * scale + zero. Raises ValueError when K is not a multiple
+    of the group, RuntimeError off the CPU."""
+    n, k = w.shape
+    if k % INT4_GROUP:
+        raise ValueError(f"int4 needs K divisible by {INT4_GROUP}, got {k}")
+    wg = w.to(torch.float32).reshape(n, k // INT4_GROUP, INT4_GROUP)
+    lo, hi = wg.amin(-1), wg.amax(-1)                                 # [N, K/G]
+    scale = ((hi - lo) / 15.0).clamp(min=1e-12)
+    q = torch.round((wg - lo[..., None]) / scale[..., None]).clamp_(0, 15).to(torch.int32).reshape(n, k)
+    zero = lo + 8.0 * scale
+    sz = torch.stack((scale, zero), dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)   # [K/G, N, 2]
+    return torch._convert_weight_to_int4pack_for_cpu(q, 2), sz
+
+
+def unpack(w: torch.Tensor, s: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """The dense weight a packed one stands for, in ``dtype`` (dense and int8
+    storage; the int4 layout is the product kernel's own)."""
+    if s is not None and s.dim() != 1:
+        raise ValueError("int4 weights cannot be unpacked here")
+    if s is None:
+        return w.to(dtype)
+    return (w.to(torch.float32) * s[:, None]).to(dtype)
+
+
+class Kernel:
+    """A linear kernel in two steps: ``prepare`` the activations once
+    (cast, or quantize per row), then ``multiply`` them by any number of
+    weights in the kernel's storage. Products sharing an input (q, k and v;
+    gate and up) prepare it once. Calling the kernel does both."""
+
+    def prepare(self, x: torch.Tensor) -> Any:
+        raise NotImplementedError
+
+    def multiply(self, p: Any, w: torch.Tensor, b: torch.Tensor | None, s: torch.Tensor | None,
+                 out_dtype: torch.dtype) -> torch.Tensor:
+        raise NotImplementedError
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+                 s: torch.Tensor | None) -> torch.Tensor:
+        return self.multiply(self.prepare(x), w, b, s, x.dtype)
+
+
+def _finish(y: torch.Tensor, out_dtype: torch.dtype, b: torch.Tensor | None) -> torch.Tensor:
+    """A product's result in the activations' dtype, plus the bias."""
+    y = y if y.dtype == out_dtype else y.to(out_dtype)
+    return y if b is None else y + b
+
+
+class Dense(Kernel):
+    """A dense product in ``dt``; the result back in the activations' dtype."""
+
+    def __init__(self, dt: torch.dtype) -> None:
+        self.dt = dt
+
+    def prepare(self, x: torch.Tensor) -> torch.Tensor:
+        return x if x.dtype == self.dt else x.to(self.dt)
+
+    def multiply(self, p: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, s: torch.Tensor | None,
+                 out_dtype: torch.dtype) -> torch.Tensor:
+        return _finish(F.linear(p, w), out_dtype, b)
+
+
+class WeightOnly(Kernel):
+    """Quantized weights, bfloat16 activations: ``product(x_bf16, w, s)`` is
+    torch's weight-only product for the storage (int8 rows, int4 groups)."""
+
+    def __init__(self, product: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        self.product = product
+
+    def prepare(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(torch.bfloat16)
+
+    def multiply(self, p: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, s: torch.Tensor | None,
+                 out_dtype: torch.dtype) -> torch.Tensor:
+        assert s is not None
+        return _finish(self.product(p, w, s), out_dtype, b)
+
+
+class Int8Dynamic(Kernel):
+    """Activations quantized per row (symmetric int8, one scale a row),
+    integer products (exact in int32), then both scales:
+    y = (xq @ wq^T) * sx * sw."""
+
+    def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        xf = x.to(torch.float32)
+        sx = torch.linalg.vector_norm(xf, float("inf"), dim=-1, keepdim=True).clamp_(min=1e-12) / 127.0  # [T, 1]
+        xq = torch.round(xf * (1.0 / sx)).to(torch.int8)                    # [T, K]
+        return xq, sx
+
+    def multiply(self, p: tuple[torch.Tensor, torch.Tensor], w: torch.Tensor, b: torch.Tensor | None,
+                 s: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+        assert s is not None
+        xq, sx = p
+        return _finish(torch.mul(torch._int_mm(xq, w.t()), s).mul_(sx), out_dtype, b)   # [T, N]
+
+
+KERNEL_FNS: dict[str, Kernel] = {
+    "float32": Dense(torch.float32),
+    "bfloat16": Dense(torch.bfloat16),
+    "float16": Dense(torch.float16),
+    "int8": WeightOnly(lambda x, w, s: torch._weight_int8pack_mm(x, w, s.to(torch.bfloat16))),
+    "int8-dynamic": Int8Dynamic(),
+    "int4": WeightOnly(lambda x, w, s: torch._weight_int4pack_mm_for_cpu(x, w, INT4_GROUP, s)),
+}
+
+
+def embed_rows(ids: torch.Tensor, w: torch.Tensor, s: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """Embedding lookup from a packed table: [T] ids → [T, D] in ``dtype``."""
+    x = F.embedding(ids, w).to(dtype)
+    return x if s is None else x * s[ids, None].to(dtype)
+
+
+# --------------------------------------------------------------------------
+# Measurement
+# --------------------------------------------------------------------------
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_once(fn: Callable[[], Any], device: torch.device) -> float:
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    return (time.perf_counter() - t0) * 1e3
+
+
+def monotone(row_ms: dict[int, float]) -> dict[int, float]:
+    """A product of fewer rows is taken to cost no more than one of more
+    rows: each entry is lowered to the least measured at its size or above.
+    Undoes a run that another process pre-empted (on 2 busy cores a 1-row
+    product was once timed at 60 ms and the 17-row one at 1 ms)."""
+    out: dict[int, float] = {}
+    best = float("inf")
+    for rows in sorted(row_ms, reverse=True):
+        best = min(best, row_ms[rows])
+        out[rows] = best
+    return dict(sorted(out.items()))
+
+
+def layer_shapes(cfg: Any) -> list[tuple[int, int]]:
+    """(N, K) of one decoder layer's seven products: q, k, v, o, gate, up, down."""
+    d = int(cfg.hidden_size)
+    heads = int(cfg.num_attention_heads)
+    hd = int(getattr(cfg, "head_dim", None) or d // heads)
+    kv = int(cfg.num_key_value_heads) * hd
+    f = int(cfg.intermediate_size)
+    return [(heads * hd, d), (kv, d), (kv, d), (d, heads * hd), (f, d), (f, d), (d, f)]
+
+
+def measure_table(cfg: Any, device: torch.device, compute_dtype: torch.dtype, *,
+                  kernels: tuple[str, ...] = tuple(KERNELS), short_rows: tuple[int, ...] = SHORT_ROWS,
+                  prefill_rows: tuple[int, ...] = PREFILL_ROWS, repeats: int = 5,
+                  say: Callable[[str], None] = lambda _s: None) -> TimingTable:
+    """Time each kernel on random weights of ``cfg``'s shapes: one decoder
+    layer's products at every size, the output layer at the short sizes
+    (prefill keeps only the last row's logits). ``repeats`` rounds, each
+    timing every (kernel, size) once in turn, so that a burst of other work
+    on the machine hits all kernels alike; the fastest of the rounds is kept
+    (then :func:`monotone`). A kernel that fails on this device
+    (unsupported dtype or product) is left out of the table."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    vocab, d = int(cfg.vocab_size), int(cfg.hidden_size)
+    shapes = layer_shapes(cfg)
+    dense_layer = [(torch.randn(n, k, generator=gen) * 0.02).to(device) for n, k in shapes]
+    w_head = (torch.randn(vocab, d, generator=gen) * 0.02).to(device)
+    inputs = {rows: {k: torch.randn(rows, k, generator=gen).to(device, compute_dtype) for _, k in shapes}
+              for rows in tuple(short_rows) + tuple(prefill_rows)}
+    jobs: list[tuple[str, str, int, Callable[[], Any]]] = []     # (part, kernel, rows, run)
+    packs: dict[str, tuple[list[tuple[torch.Tensor, torch.Tensor | None]], tuple[Any, Any]]] = {}
+    for kernel in kernels:
+        fn, storage = KERNEL_FNS[kernel], KERNELS[kernel]
+        try:
+            if storage not in packs:      # kernels reading one storage share its packed weights
+                head_pack = pack(storage, w_head) if storage in HEAD_STORAGES else (None, None)
+                packs[storage] = ([pack(storage, w) for w in dense_layer], head_pack)
+            packed, (hw, hs) = packs[storage]
+            # can it run here? at the most rows measured: torch._int_mm (int8-dynamic)
+            # needs more than 16 rows on CUDA, and a 1-row probe would rule it out
+            probe = max(inputs)
+            fn(inputs[probe][shapes[0][1]], packed[0][0], None, packed[0][1])
+            if hw is not None:
+                fn(inputs[probe][d], hw, None, hs)
+        except (RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError) as exc:
+            say(f"kernel {kernel}: not available here ({str(exc).splitlines()[0][:120]})")
+            continue
+
+        def layer(xs: dict[int, torch.Tensor], fn: Kernel = fn, packed: list = packed) -> None:
+            # as the forward runs them: q, k, v share one prepared input, gate and up another
+            for group, k in (((0, 1, 2), shapes[0][1]), ((3,), shapes[3][1]), ((4, 5), shapes[4][1]),
+                             ((6,), shapes[6][1])):
+                prepared = fn.prepare(xs[k])
+                for j in group:
+                    fn.multiply(prepared, packed[j][0], None, packed[j][1], xs[k].dtype)
+
+        for rows, xs in inputs.items():
+            jobs.append(("blocks", kernel, rows, functools.partial(layer, xs)))
+        for rows in short_rows if hw is not None else ():
+            jobs.append(("head", kernel, rows, functools.partial(fn, inputs[rows][d], hw, None, hs)))
+    best: dict[tuple[str, str, int], float] = {}
+    failed: set[str] = set()
+    for round_ in range(repeats + 1):              # round 0 warms up (first-touch, packing caches)
+        for part, kernel, rows, run in jobs:
+            if kernel in failed:
+                continue
+            try:
+                ms = _time_once(run, device)
+            except (RuntimeError, NotImplementedError, TypeError) as exc:
+                say(f"kernel {kernel} failed at {rows} rows: {str(exc).splitlines()[0][:120]}")
+                failed.add(kernel)
+                continue
+            if round_:
+                key = (part, kernel, rows)
+                best[key] = min(best.get(key, float("inf")), ms)
+    jobs.clear()
+    packs.clear()
+    blocks: dict[str, dict[int, float]] = {}
+    head: dict[str, dict[int, float]] = {}
+    for (part, kernel, rows), ms in best.items():
+        if kernel not in failed:
+            (blocks if part == "blocks" else head).setdefault(kernel, {})[rows] = round(ms, 4)
+    blocks = {k: monotone(v) for k, v in blocks.items()}
+    head = {k: monotone(v) for k, v in head.items() if k in blocks}     # none for int4 (decoder layers only)
+    machine = machine_info(device)
+    try:
+        machine["load_avg_1m"] = round(os.getloadavg()[0], 2)     # how busy the machine was while measuring
+    except OSError:
+        pass
+    return TimingTable(blocks, head, int(cfg.num_hidden_layers), machine)
+
+
+def cpu_flags() -> list[str]:
+    """The CPU features that decide which kernels are fast (from
+    /proc/cpuinfo; empty where it cannot be read)."""
+    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+              "avx_vnni", "amx_tile", "amx_int8", "amx_bf16", "asimd", "sve", "i8mm", "bf16")
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return []
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            have = set(line.split(":", 1)[1].split())
+            return [f for f in wanted if f in have]
+    return []
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info(device: torch.device) -> dict[str, Any]:
+    """What the table was measured on: shown beside every plan, and (less
+    the thread-independent parts) the plan cache's key."""
+    info: dict[str, Any] = {"torch": torch.__version__, "device": device.type, "threads": torch.get_num_threads(),
+                            "cpu": _cpu_model(), "cpu_flags": cpu_flags()}
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+        info["capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
+    return info
+
+
+def plan_key(cfg: Any, device: torch.device, compute_dtype: torch.dtype) -> str:
+    """The plan cache's key: machine (CPU model and flags, GPU), torch
+    version, threads, compute dtype and the model's shapes."""
+    shapes = {"layers": int(cfg.num_hidden_layers), "shapes": layer_shapes(cfg), "vocab": int(cfg.vocab_size)}
+    blob = json.dumps({"format": PLAN_FORMAT, "machine": machine_info(device), "dtype": str(compute_dtype),
+                       "model": shapes}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def _plan_file(key: str) -> Path:
+    return paths.cache_dir() / "kernel-plans" / f"{key}.json"
+
+
+def load_table(key: str) -> TimingTable | None:
+    """The cached table for ``key``, or None (absent or damaged)."""
+    try:
+        data = json.loads(_plan_file(key).read_text())
+        if data.get("format") != PLAN_FORMAT:
+            return None
+        return TimingTable.from_dict(data["table"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def save_table(key: str, table: TimingTable) -> None:
+    """Write the table atomically (a crash never leaves half a file)."""
+    path = _plan_file(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"format": PLAN_FORMAT, "table": table.to_dict()}, indent=1))
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("cannot cache the kernel timings (%s); they will be measured again next start", exc)
+
+
+def plan_for(cfg: Any, device: torch.device, compute_dtype: torch.dtype, precision: str = "auto", *,
+             say: Callable[[str], None] = lambda _s: None) -> tuple[KernelPlan, TimingTable, bool]:
+    """The kernel plan for a model of config ``cfg`` on ``device``: from the
+    cached timing table when this machine/torch/model was measured before,
+    else measured now (seconds) and cached. Returns (plan, table, cached).
+    Raises ValueError for a bad precision or when nothing could be measured."""
+    key = plan_key(cfg, device, compute_dtype)
+    table = load_table(key)
+    cached = table is not None
+    if table is None:
+        t0 = time.perf_counter()
+        say("measuring the linear kernels on this machine (once)…")
+        table = measure_table(cfg, device, compute_dtype, say=say)
+        log.info("kernel timings measured in %.1f s", time.perf_counter() - t0)
+        save_table(key, table)
+    return choose_plan(table, precision), table, cached
+
+
+def trim_heap() -> bool:
+    """Give freed heap memory back to the OS (glibc ``malloc_trim``): after
+    packing the weights and timing the kernels, tens of freed
+    tensors below the allocator's (adaptive) mmap threshold would otherwise
+    stay in the process's resident set. True when it ran."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim(0)
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
+def compute_dtype_for(device: torch.device, model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the residual stream, norms, attention and KV cache: float32
+    on a CPU (cheap next to the products; keeps norms and softmax exact),
+    the model's own on a GPU."""
+    return torch.float32 if device.type == "cpu" else model_dtype

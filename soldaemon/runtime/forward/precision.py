@@ -1,0 +1,63 @@
+"""The engine's side of the kernel plan: choosing it for a loaded model
+(measured once per machine, then cached: :mod:`.kernels`), and describing it
+for ``health``, ``doctor`` and the benchmarks."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from soldaemon.errors import ConfigError
+from soldaemon.weights.loader import LoadedModel
+from soldaemon.runtime.forward.backend import LEAN_ARCHITECTURES, LeanBackend
+from soldaemon.policy.kernel_plan import KernelPlan, TimingTable
+from soldaemon.runtime.forward.kernels import compute_dtype_for, plan_for
+
+log = logging.getLogger("soldaemon.engine")
+
+
+def lean_or_float32(loaded: LoadedModel) -> bool:
+    """True when the lean backend can run ``loaded``; else its module is made
+    float32 on a CPU (transformers' path; half-precision CPU products are slow
+    or missing) and False."""
+    if getattr(loaded.model.config, "model_type", None) in LEAN_ARCHITECTURES:
+        return True
+    if loaded.device.type == "cpu" and loaded.dtype != torch.float32:
+        loaded.model.to(torch.float32)
+        loaded.dtype = torch.float32
+    return False
+
+
+def choose_kernels(loaded: LoadedModel, precision: str, *,
+                   progress: bool = True) -> tuple[KernelPlan | None, TimingTable | None]:
+    """The kernel plan for ``loaded`` on its device (measured once per
+    machine/model/torch, then cached), or (None, None) when the lean
+    backend cannot run it (the transformers module then runs, in float32
+    on a CPU). Raises ConfigError for a precision the device cannot run."""
+    if not lean_or_float32(loaded):
+        return None, None
+    compute = compute_dtype_for(loaded.device, loaded.dtype)
+    say = (lambda m: print(f"soldaemon: {m}", flush=True)) if progress else (lambda m: log.info("%s", m))
+    try:
+        plan, table, cached = plan_for(loaded.model.config, loaded.device, compute, precision, say=say)
+    except ValueError as exc:
+        raise ConfigError(f"model.precision: {exc}",
+                          hint="model.precision: auto chooses among the kernels this device runs") from None
+    log.info("kernel plan (%s): %s — %s", "cached timings" if cached else "measured now", plan.describe(),
+             plan.reason)
+    return plan, table
+
+
+def precision_info(backend: Any, loaded_dtype: torch.dtype, table: TimingTable | None,
+                   notices: tuple[str, ...]) -> dict[str, Any]:
+    """``info()["precision"]``: the plan (what runs each phase, why), the
+    bytes of the one weight copy, the timing table and the machine."""
+    if not isinstance(backend, LeanBackend):
+        return {"plan": None, "summary": "transformers fallback: the module in "
+                + str(loaded_dtype).removeprefix("torch."), "notices": list(notices)}
+    return {"plan": backend.plan.to_dict(), "summary": backend.plan.describe(),
+            "weight_bytes": backend.weight_bytes(),
+            "timings_ms": None if table is None else {"blocks": table.blocks, "head": table.head},
+            "machine": None if table is None else table.machine, "notices": list(notices)}

@@ -1,0 +1,163 @@
+"""KV folding: a parked session's KV stored compactly.
+
+The active session's static KV buffer is the compute buffer and stays full
+precision. A session parked in the :class:`~.session.SessionPool` LRU is
+*folded*: cut to the tokens it holds (trimming), and each full block of
+:data:`BLOCK` tokens, per layer and KV head, whose attention share is under
+``sol.kv_folding_entropy_threshold`` is stored as int8 (keys with a scale
+per channel, values with a scale per token, as KIVI does); blocks that
+carry attention stay in the model's dtype, and so does the partial last
+block. Acquiring the session again dequantizes into the compute buffer.
+Without scores (the backend records no queries: the memory scheduler turns
+that off while memory is not short, ``sol.kv_folding_free_below``) a parked
+session is only trimmed, a plain copy.
+
+A block's score is the attention mass the session's last query (per layer,
+averaged over the query heads of a KV head) puts on it, divided by the
+largest block's mass for that layer and head: 1.0 for the most attended
+block, near 0 for blocks nobody looks at. Threshold 0 folds nothing;
+threshold 1 folds every block but the most attended one. Which blocks fold
+is policy (:mod:`soldaemon.policy.fold`); this module scores, folds and
+unfolds. The quality measurement and its command line are in
+:mod:`soldaemon.measure.kvfold`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from soldaemon.policy.fold import BLOCK, blocks_to_fold
+
+__all__ = ["BLOCK", "FoldedKV", "block_scores", "fold", "fold_blocks", "kv_bytes_per_token", "unfold"]
+
+
+@dataclass
+class FoldedKV:
+    """One parked session's KV: positions 0 … n-1 of every layer."""
+
+    n: int                      # tokens held
+    fold: torch.Tensor          # bool [L, KV, nb]: block stored as int8 (nb = n // BLOCK full blocks)
+    k_full: torch.Tensor        # [kept, BLOCK, hd] model dtype, kept blocks in (layer, head, block) order
+    v_full: torch.Tensor        # [kept, BLOCK, hd]
+    k_q: torch.Tensor           # int8 [folded, BLOCK, hd]
+    k_scale: torch.Tensor       # float32 [folded, 1, hd]: per channel
+    v_q: torch.Tensor           # int8 [folded, BLOCK, hd]
+    v_scale: torch.Tensor       # float32 [folded, BLOCK, 1]: per token
+    k_tail: torch.Tensor        # [L, KV, n - nb*BLOCK, hd] model dtype (the partial last block)
+    v_tail: torch.Tensor
+
+    def nbytes(self) -> int:
+        """Bytes actually stored (measured from the tensors)."""
+        return sum(t.numel() * t.element_size() for t in (
+            self.fold, self.k_full, self.v_full, self.k_q, self.k_scale, self.v_q, self.v_scale,
+            self.k_tail, self.v_tail))
+
+    def trimmed_bytes(self) -> int:
+        """Bytes the same n tokens take unfolded (trimmed, full precision)."""
+        L, KV, _ = self.fold.shape
+        hd = self.k_tail.shape[-1]
+        return 2 * L * KV * self.n * hd * self.k_tail.element_size()
+
+    def folded_block_bytes(self) -> int:
+        """Unfolded bytes of the blocks stored as int8."""
+        hd = self.k_tail.shape[-1]
+        # the count from a shape (a plain int): health and debug read this from
+        # another thread, and summing the device mask would sync the device
+        return 2 * self.k_q.shape[0] * BLOCK * hd * self.k_tail.element_size()
+
+
+@torch.inference_mode()
+def block_scores(k_cache: torch.Tensor, last_q: torch.Tensor, n: int, scale: float) -> torch.Tensor:
+    """Relative attention mass per full block: [L, KV, n // BLOCK] in [0, 1].
+
+    k_cache: [L, KV, n_ctx, hd]; last_q: [L, H, hd] (the last token's query
+    per layer, after RoPE); positions 0 … n-1 are scored."""
+    L, KV, _, hd = k_cache.shape
+    H = last_q.shape[1]
+    nb = n // BLOCK
+    keys = k_cache[:, :, :n].float()                              # [L, KV, n, hd]
+    q = last_q.float().view(L, KV, H // KV, hd)                   # [L, KV, G, hd]
+    att = torch.softmax(q @ keys.transpose(-1, -2) * scale, -1)   # [L, KV, G, n]
+    mass = att[..., :nb * BLOCK].reshape(L, KV, -1, nb, BLOCK).sum(-1).mean(2)  # [L, KV, nb]
+    top = torch.maximum(mass.amax(-1, keepdim=True), att[..., nb * BLOCK:].sum(-1).mean(2, keepdim=True))
+    return mass / top.clamp_min(1e-30)
+
+
+def fold(k_cache: torch.Tensor, v_cache: torch.Tensor, n: int, scores: torch.Tensor | None,
+         threshold: float) -> FoldedKV:
+    """Fold positions 0 … n-1 of a [L, KV, n_ctx, hd] cache pair: blocks with
+    ``scores < threshold`` to int8 (the policy's
+    :func:`~soldaemon.policy.fold.blocks_to_fold`), the rest copied.
+    ``scores`` None (no query known): nothing folded, only trimmed."""
+    return fold_blocks(k_cache, v_cache, n, blocks_to_fold(scores, threshold))
+
+
+@torch.inference_mode()
+def fold_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, n: int, mask: torch.Tensor | None) -> FoldedKV:
+    """Fold positions 0 … n-1 of a [L, KV, n_ctx, hd] cache pair: the full
+    blocks where ``mask`` [L, KV, n // BLOCK] is True to int8, the rest
+    copied. ``mask`` None: nothing folded, only trimmed.
+
+    Runs on every document switch, so each byte is touched as few times as
+    possible: the blocks are views of the cache, a boolean gather is the
+    only copy of each block, and the int8 conversion works in place on the
+    gathered copy."""
+    L, KV, _, hd = k_cache.shape
+    nb = n // BLOCK
+    cut = nb * BLOCK
+    kb = k_cache[:, :, :cut].view(L, KV, nb, BLOCK, hd)            # views, no copy
+    vb = v_cache[:, :, :cut].view(L, KV, nb, BLOCK, hd)
+    if mask is None:
+        mask = torch.zeros(L, KV, nb, dtype=torch.bool, device=k_cache.device)
+    if not bool(mask.any()):                                        # trimming only: one plain copy
+        k_full = kb.clone(memory_format=torch.contiguous_format).view(L * KV * nb, BLOCK, hd)
+        v_full = vb.clone(memory_format=torch.contiguous_format).view(L * KV * nb, BLOCK, hd)
+    else:
+        keep = ~mask
+        k_full, v_full = kb[keep], vb[keep]                         # a boolean gather is a copy
+    k_q, k_scale = _quantize(kb[mask], 1)                           # scale per channel: [folded, 1, hd]
+    v_q, v_scale = _quantize(vb[mask], 2)                           # scale per token: [folded, BLOCK, 1]
+    return FoldedKV(
+        n=n, fold=mask,
+        k_full=k_full, v_full=v_full,
+        k_q=k_q, k_scale=k_scale, v_q=v_q, v_scale=v_scale,
+        k_tail=k_cache[:, :, cut:n].clone(), v_tail=v_cache[:, :, cut:n].clone(),
+    )
+
+
+def _quantize(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 of x [folded, BLOCK, hd] (a copy, overwritten here)
+    with one float32 scale per slice along ``dim``: (int8 x, scale)."""
+    x = x.float()                                                   # no copy when x is float32 already
+    lo, hi = torch.aminmax(x, dim=dim, keepdim=True)                # faster here than abs().amax()
+    scale = torch.maximum(hi, lo.neg_()).div_(127).clamp_min_(1e-12)
+    return x.div_(scale).round_().to(torch.int8), scale
+
+
+@torch.inference_mode()
+def unfold(f: FoldedKV, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    """Write ``f`` back into positions 0 … f.n-1 of a [L, KV, n_ctx, hd]
+    cache pair (int8 blocks dequantized to the cache's dtype)."""
+    L, KV, nb = f.fold.shape
+    hd = k_cache.shape[-1]
+    cut = nb * BLOCK
+    kb = k_cache[:, :, :cut].view(L, KV, nb, BLOCK, hd)
+    vb = v_cache[:, :, :cut].view(L, KV, nb, BLOCK, hd)
+    if not f.k_q.shape[0]:                                          # trimmed only: one plain copy
+        kb.copy_(f.k_full.view(L, KV, nb, BLOCK, hd))
+        vb.copy_(f.v_full.view(L, KV, nb, BLOCK, hd))
+    else:
+        keep = ~f.fold
+        kb[keep] = f.k_full
+        vb[keep] = f.v_full
+        kb[f.fold] = f.k_q.to(torch.float32).mul_(f.k_scale).to(k_cache.dtype)
+        vb[f.fold] = f.v_q.to(torch.float32).mul_(f.v_scale).to(v_cache.dtype)
+    k_cache[:, :, cut:f.n] = f.k_tail
+    v_cache[:, :, cut:f.n] = f.v_tail
+
+
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, element_size: int) -> int:
+    """Full-precision K+V bytes of one token over all layers."""
+    return 2 * layers * kv_heads * head_dim * element_size

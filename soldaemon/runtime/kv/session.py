@@ -1,0 +1,376 @@
+"""KV bookkeeping for one sequence: which token ids the backend's cache holds.
+
+``prefill`` computes only the tokens that differ from what the cache already
+holds (longest common prefix), in chunks, checking for cancellation between
+chunks. ``decode_step`` and ``verify`` append. Truncation is free: the next
+forward simply writes at a lower position.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence, cast
+
+import torch
+
+from soldaemon.errors import Cancelled
+from soldaemon.runtime.forward.backend import Backend
+from soldaemon.policy.fold import blocks_to_fold, check_threshold, folding_on, should_score
+from soldaemon.runtime.kv.fold import FoldedKV, block_scores, fold_blocks, unfold
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+
+
+@dataclass
+class PrefillResult:
+    logits: torch.Tensor       # [V] float32, for the token after the prompt
+    cached: int                # prompt tokens whose KV was reused
+    computed: int              # prompt tokens run through the model
+
+
+@dataclass(frozen=True)
+class ReusePlan:
+    """How to turn the cache's last prompt ``old`` into the new prompt.
+
+    ``keep``: leading tokens reused in place (exact). ``move``: a run of
+    ``move_len`` tokens that only moved, from ``move_src`` to ``move_dst``
+    (the text after the cursor, when the user typed before it); its keys are
+    re-rotated, its values copied — an approximation, since those tokens had
+    attended to the old text before them (llama.cpp's ``--cache-reuse``).
+    Everything else is computed."""
+
+    keep: int
+    move_src: int = 0
+    move_dst: int = 0
+    move_len: int = 0
+
+
+class TokenUpload:
+    """Token ids → a long tensor on the device. On CUDA without a device
+    sync: ``torch.tensor(list, device=cuda)`` copies from pageable memory,
+    which waits for the stream's queued work; here the ids go through a
+    ring of pinned host buffers, copied non-blocking (a buffer is rewritten
+    only after its copy, ``slots`` forwards ago, has run)."""
+
+    def __init__(self, device: torch.device, slots: int = 4) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self._host: list[torch.Tensor | None] = [None] * slots
+        self._done: list[Any] = [None] * slots
+        self._i = 0
+
+    def __call__(self, ids: Sequence[int]) -> torch.Tensor:
+        if not self.cuda:
+            return torch.tensor(ids, dtype=torch.long, device=self.device)
+        slot = self._i % len(self._host)
+        self._i += 1
+        if self._done[slot] is not None:
+            self._done[slot].synchronize()          # long done in practice
+        host = self._host[slot]
+        n = len(ids)
+        if host is None or host.numel() < n:
+            host = self._host[slot] = torch.empty(max(n, 64), dtype=torch.long, pin_memory=True)
+        host[:n] = torch.as_tensor(ids, dtype=torch.long)
+        out = host[:n].to(self.device, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        self._done[slot] = event
+        return out
+
+
+def plan_reuse(old: Sequence[int], new: Sequence[int], min_move: int) -> ReusePlan:
+    """Longest common prefix, plus the longest common suffix of ``old`` and
+    ``new`` (not overlapping that prefix) when it is at least ``min_move``
+    tokens and ``min_move > 0``. The last token of ``new`` is never moved (its
+    logits are needed), so the moved run stops one short of the end."""
+    keep = common_prefix(old, new)
+    if min_move <= 0 or keep >= len(new) - 1:
+        return ReusePlan(keep)
+    limit = min(len(old), len(new)) - keep
+    tail = 0
+    while tail < limit and old[len(old) - 1 - tail] == new[len(new) - 1 - tail]:
+        tail += 1
+    move_len = tail - 1  # leave the last token to compute
+    if move_len < min_move:
+        return ReusePlan(keep)
+    return ReusePlan(keep, len(old) - tail, len(new) - tail, move_len)
+
+
+class KVSession:
+    def __init__(self, backend: Backend, *, chunk: int = 512, min_move: int = 0, cache: Any = None) -> None:
+        self.backend = backend
+        # this session's KV cache; the backend's current one when not given
+        self.cache = cache if cache is not None else backend.current_cache()
+        self.chunk = chunk
+        # the longest forward the backend runs with its decode weights
+        self.half_chunk = max(1, min(chunk, backend.decode_max_tokens))
+        self.min_move = min_move            # 0: exact reuse only (common prefix)
+        self.tokens: list[int] = []        # token ids at cache positions 0 … len-1
+        self.prompt_len = 0                # of which the last prompt (the rest: generated)
+        self._last_logits: torch.Tensor | None = None  # logits after self.tokens
+        self.version = 0                   # bumped by every change of the cache
+        self._upload = TokenUpload(backend.device)
+
+    @property
+    def n_ctx(self) -> int:
+        return self.backend.n_ctx
+
+    def _tensor(self, ids: Sequence[int]) -> torch.Tensor:
+        # every forward goes through here: point the backend at our cache
+        self.backend.use_cache(self.cache)
+        return self._upload(ids)
+
+    def prefill(self, ids: Sequence[int], *, cancelled: Callable[[], bool] = lambda: False,
+                precise_until: int | None = None) -> PrefillResult:
+        """Make the cache hold exactly ``ids``; return the next-token logits.
+
+        Reuses the common prefix with what the cache holds and, when
+        ``min_move`` allows, the moved tail of the last prompt (see
+        :class:`ReusePlan`). Raises Cancelled between chunks; the cache then
+        holds a valid prefix of ``ids`` (kept for the next request).
+
+        ``precise_until``: positions from there on are computed like decode
+        steps (the backend's decode weights, e.g. float16 on a CPU), the
+        ones before with the model's own; None: all with the model's. The
+        rule depends on positions only, so the cache holds the same values
+        whichever earlier prompt it was reused from. The engine passes the
+        position of the middle token, which the typed line follows (see
+        :func:`soldaemon.fim.make_prompt`'s ``lead_from``): a keystroke then
+        computes its one or two new tokens at decode cost."""
+        if not ids:
+            raise ValueError("empty prompt")
+        if len(ids) >= self.n_ctx:
+            raise ValueError(f"prompt of {len(ids)} tokens does not fit the {self.n_ctx}-token KV cache")
+        self.version += 1
+        n = common_prefix(self.tokens, ids)
+        if n == len(ids) and n == len(self.tokens) and self._last_logits is not None:
+            self.prompt_len = len(ids)
+            return PrefillResult(self._last_logits, n, 0)
+        plan = ReusePlan(n)
+        if self.min_move > 0 and n < len(ids) - 1:
+            plan = plan_reuse(self.tokens[: self.prompt_len], ids, self.min_move)
+            if plan.keep < n:  # the generated tail matched further: prefer it
+                plan = ReusePlan(n)
+        n = min(plan.keep, len(ids) - 1)  # recompute at least the last token for its logits
+        self._last_logits = None
+        if plan.move_len:
+            # Move first: computing the inserted tokens may overwrite the source.
+            self.backend.use_cache(self.cache)
+            self.backend.shift(plan.move_src, plan.move_dst, plan.move_len)
+        end_compute = plan.move_dst if plan.move_len else len(ids)
+        self.tokens = list(ids[:n])
+        split = len(ids) if precise_until is None else precise_until
+        logits = self._compute(ids, n, end_compute, cancelled, split)
+        if plan.move_len:
+            self.tokens = list(ids[: plan.move_dst + plan.move_len])
+            logits = self._compute(ids, plan.move_dst + plan.move_len, len(ids), cancelled, split)
+        assert logits is not None
+        self._last_logits = logits
+        self.prompt_len = len(ids)
+        reused = n + plan.move_len
+        return PrefillResult(logits, reused, len(ids) - reused)
+
+    def _compute(self, ids: Sequence[int], start: int, stop: int,
+                 cancelled: Callable[[], bool], split: int) -> torch.Tensor | None:
+        """Compute ids[start:stop] in chunks: before ``split`` precisely,
+        from it on in chunks a decode step's weights take."""
+        logits = None
+        pos = start
+        while pos < stop:
+            if cancelled():
+                raise Cancelled()
+            precise = pos < split
+            end = min(stop, split, pos + self.chunk) if precise else min(stop, pos + self.half_chunk)
+            piece = ids[pos:end]
+            logits = self.backend.forward(self._tensor(piece), pos, precise=precise)[-1]
+            self.tokens.extend(piece)
+            pos = end
+        return logits
+
+    def decode_step(self, token: int) -> torch.Tensor:
+        """Append ``token``; return the logits [V] for the next one (this
+        session's own tensor: no later step of any session changes it)."""
+        if len(self.tokens) + 1 >= self.n_ctx:
+            raise ValueError("KV cache full")
+        self.version += 1
+        logits = None
+        graphs = self.backend.graphs
+        if graphs is not None:                 # a CUDA graph replay (None: graphs off)
+            self.backend.use_cache(self.cache)
+            logits = graphs.step(token, len(self.tokens))
+            if logits is not None:
+                # a view of the graph's static output, which the next replay
+                # overwrites (documents sharing a compute buffer share the graph)
+                logits = logits.clone()
+        if logits is None:
+            logits = self.backend.forward(self._tensor([token]), len(self.tokens))[0]
+        self.tokens.append(token)
+        self._last_logits = logits
+        return logits
+
+    def verify(self, tokens: Sequence[int]) -> torch.Tensor:
+        """Append ``tokens`` (the last sampled token + a draft) in one forward
+        pass; return logits [T, V]. The caller truncates rejected tokens."""
+        if len(self.tokens) + len(tokens) >= self.n_ctx:
+            raise ValueError("KV cache full")
+        self.version += 1
+        logits = None
+        graphs = self.backend.graphs
+        if graphs is not None:                 # the path decode runs: a graph replay (None: eager)
+            self.backend.use_cache(self.cache)
+            pos = len(self.tokens)
+            if len(tokens) == 1:
+                one = graphs.step(tokens[0], pos)
+                logits = None if one is None else one.unsqueeze(0).clone()
+            else:
+                rows = graphs.verify(tokens, pos)
+                logits = None if rows is None else rows.clone()
+        if logits is None:
+            logits = self.backend.forward(self._tensor(tokens), len(self.tokens), last_only=False)
+        self.tokens.extend(tokens)
+        self._last_logits = logits[-1]
+        return logits
+
+    def truncate(self, n: int, logits: torch.Tensor | None = None) -> None:
+        """Keep the first ``n`` tokens; ``logits`` are those after them, if known."""
+        self.version += 1
+        del self.tokens[n:]
+        self.prompt_len = min(self.prompt_len, n)
+        self._last_logits = logits
+
+
+class SessionPool:
+    """A small LRU of sessions, one per recently used document, so that
+    switching files does not throw away the other file's reuse. ``acquire``
+    returns the document's session, or recycles the least recently used one.
+
+    ``fold_threshold`` 0 (``sol.kv_folding_entropy_threshold``): each session
+    owns a full KV buffer. Above 0: one full buffer — the active session's,
+    the compute buffer — and every parked session is folded
+    (:mod:`.kvfold`): trimmed to the tokens it holds, low-attention blocks
+    stored as int8; acquiring it dequantizes it into the compute buffer.
+    Folding needs the backend's last queries (``record_queries``); without
+    them a parked session is only trimmed."""
+
+    def __init__(self, backend: Backend, slots: int, *, fold_threshold: float = 0.0,
+                 **session_kwargs: Any) -> None:
+        if slots < 1:
+            raise ValueError("slots must be >= 1")
+        check_threshold(fold_threshold)
+        self.backend = backend
+        self.slots = slots
+        self.fold_threshold = fold_threshold
+        self.session_kwargs = session_kwargs
+        self._by_key: dict[str, KVSession] = {}   # insertion order = LRU order
+        self._folded: dict[str, FoldedKV] = {}    # parked sessions' KV (folding on)
+        self._active: str | None = None
+        self._created = 0
+        self.fold_ms = 0.0                         # last fold + unfold, ms
+
+    @property
+    def folding(self) -> bool:
+        return folding_on(self.fold_threshold)
+
+    def acquire(self, key: str) -> KVSession:
+        if self.folding:
+            return self._acquire_folding(key)
+        session = self._by_key.pop(key, None)
+        if session is None:
+            if len(self._by_key) >= self.slots:
+                session = self._by_key.pop(next(iter(self._by_key)))  # least recently used
+                session.truncate(0)
+            else:
+                # the first session takes the cache the backend was built with
+                cache = self.backend.new_cache() if self._created else None
+                session = KVSession(self.backend, cache=cache, **self.session_kwargs)
+                self._created += 1
+        self._by_key[key] = session
+        return session
+
+    def _acquire_folding(self, key: str) -> KVSession:
+        if key == self._active and key in self._by_key:
+            current = self._by_key.pop(key)
+            self._by_key[key] = current
+            return current
+        t0 = time.perf_counter()
+        buffer = self.backend.current_cache()
+        if self._active is not None and self._active in self._by_key:
+            self._park(self._active, self._by_key[self._active])
+        session = self._by_key.pop(key, None)
+        if session is None:
+            if len(self._by_key) >= self.slots:
+                old = next(iter(self._by_key))
+                session = self._by_key.pop(old)     # least recently used
+                self._folded.pop(old, None)
+                session.truncate(0)
+            else:
+                session = KVSession(self.backend, cache=buffer, **self.session_kwargs)
+                self._created += 1
+        session.cache = buffer
+        folded = self._folded.pop(key, None)
+        if folded is not None:
+            unfold(folded, *buffer)
+        self._by_key[key] = session
+        self._active = key
+        self.fold_ms = (time.perf_counter() - t0) * 1e3
+        return session
+
+    def _park(self, key: str, session: KVSession) -> None:
+        """Fold ``session``'s KV out of the compute buffer."""
+        k, v = cast("tuple[torch.Tensor, torch.Tensor]", session.cache)
+        n = len(session.tokens)
+        if n == 0:
+            return                      # nothing to keep
+        last_q = self.backend.last_q
+        scores = None
+        if last_q is not None and should_score(n, self.backend.last_q_cache is k):
+            scores = block_scores(k, last_q, n, self.backend.scale)
+        self._folded[key] = fold_blocks(k, v, n, blocks_to_fold(scores, self.fold_threshold))
+
+    def kv_stats(self) -> dict[str, Any]:
+        """Parked sessions' KV bytes: stored (measured), trimmed-unfolded,
+        and full-buffer, so that the trimming and folding savings show
+        apart. ``fold_ratio``: share of the parked KV (trimmed bytes) that
+        is stored folded."""
+        per_session = self.backend.kv_bytes_per_session
+        # health/debug read this from the server thread while the worker
+        # parks and folds: take one snapshot (a single C-level copy)
+        parked = list(self._folded.values())
+        stored = sum(f.nbytes() for f in parked)
+        trimmed = sum(f.trimmed_bytes() for f in parked)
+        folded = sum(f.folded_block_bytes() for f in parked)
+        full = per_session * len(parked)
+        return {
+            "folding": self.folding, "threshold": self.fold_threshold, "parked": len(parked),
+            "stored_bytes": stored, "trimmed_bytes": trimmed, "full_bytes": full,
+            "saved_by_trim": full - trimmed, "saved_by_fold": trimmed - stored,
+            "fold_ratio": round(folded / trimmed, 4) if trimmed else 0.0,
+            "last_switch_ms": round(self.fold_ms, 2),
+        }
+
+    def kv_bytes(self) -> int:
+        """Measured bytes of every KV tensor the pool holds (full buffers and
+        folded sessions), each storage counted once."""
+        seen: dict[int, int] = {}
+        tensors: list[torch.Tensor] = []
+        for s in list(self._by_key.values()):
+            if isinstance(s.cache, tuple):
+                tensors.extend(t for t in s.cache if isinstance(t, torch.Tensor))
+        for f in list(self._folded.values()):
+            tensors.extend((f.fold, f.k_full, f.v_full, f.k_q, f.k_scale, f.v_q, f.v_scale, f.k_tail, f.v_tail))
+        for t in tensors:
+            st = t.untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+        return sum(seen.values())
+
+    def __len__(self) -> int:
+        return len(self._by_key)

@@ -1,0 +1,244 @@
+"""Sol's memory scheduler: the engine's side of residency.
+
+Plans residency under ``sol.memory_budget``, releases device memory after
+``idle_release_s`` without requests and restores it on the next, pins a
+``priority: high`` request's layers, and turns KV folding's quantizing on
+only while memory is short. The rules are policy
+(:mod:`soldaemon.policy.memory`); this module reads the clock and the
+device and moves the weights through the :class:`~.weightstore.WeightStore`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+import torch
+
+from soldaemon.policy.memory import (
+    idle_release_due, idle_release_on, kv_folding_free_below, kv_memory_short, should_replan,
+)
+from soldaemon.runtime.forward.backend import Offloadable
+from soldaemon.runtime.memory.weightstore import WeightStore, measure_copy_bandwidth
+
+log = logging.getLogger("soldaemon.residency")
+
+
+def budget_bytes(budget: Any, device: torch.device) -> int | None:
+    """``sol.memory_budget`` (a config MemoryBudget or None) in bytes. A
+    fraction is of the GPU's total memory, or of RAM on a CPU."""
+    if budget is None:
+        return None
+    if budget.mb is not None:
+        return int(budget.resolve_bytes(0))
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+    else:
+        import psutil
+
+        total = psutil.virtual_memory().total
+    return int(budget.resolve_bytes(total))
+
+
+def device_free_bytes(device: torch.device) -> tuple[int, int]:
+    """(free, total) bytes of the device's memory: the GPU's, or RAM's
+    (available, total) on a CPU."""
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return int(free), int(total)
+    import psutil
+
+    vm = psutil.virtual_memory()
+    return int(vm.available), int(vm.total)
+
+
+class MemoryScheduler:
+    """Sol's memory contract for one engine: plan residency under the
+    budget, release device memory after ``idle_release_s`` without requests
+    and bring it back (layer 0 first) on the next one, pin a
+    ``priority: high`` request's layers for its duration, and let KV
+    folding quantize parked sessions only while memory is short.
+
+    ``gen_lock`` is the engine's generation lock: release and restore hold
+    it, so no forward runs while weights move. ``free_bytes`` () → (free,
+    total) is how memory is read (default :func:`device_free_bytes`)."""
+
+    def __init__(self, backend: Offloadable, sol: Any, gen_lock: threading.Lock, *, kv_reserve_bytes: int,
+                 idle_release: bool | None = None,
+                 free_bytes: Callable[[], tuple[int, int]] | None = None) -> None:
+        self.backend = backend
+        self.sol = sol
+        self.gen_lock = gen_lock
+        self.kv_reserve_bytes = kv_reserve_bytes
+        self.store = WeightStore(backend.weight_sets(), backend.fixed_weights(), backend.device,
+                                 policy=sol.weight_offload_policy, prefetch_depth=sol.prefetch_depth,
+                                 fallback_timeout_ms=sol.fallback_timeout_ms,
+                                 heatmap_window_s=sol.layer_heatmap_window)
+        self.budget = budget_bytes(sol.memory_budget, backend.device)
+        self.bandwidth_gbs: float | None = None
+        if self.budget is not None:
+            self.bandwidth_gbs = measure_copy_bandwidth(backend.device)
+            plan = self.store.make_plan(self.budget, kv_reserve_bytes, bandwidth_gbs=self.bandwidth_gbs)
+            self.store.apply_plan(plan)
+            log.info("residency plan: %s", plan.describe(self.store.unit_infos))
+        backend.residency = self.store
+        self.idle_release_s = float(sol.idle_release_s)
+        self.idle_release = idle_release_on(backend.device.type, idle_release)
+        self.last_active = time.monotonic()
+        self.releases = 0
+        self._stop = threading.Event()
+        self._timer: threading.Thread | None = None
+        if self.idle_release and self.idle_release_s > 0:
+            self._timer = threading.Thread(target=self._idle_loop, name="sol-idle", daemon=True)
+            self._timer.start()
+        # KV folding (sol.kv_folding_entropy_threshold > 0) quantizes parked
+        # sessions only while free memory is under sol.kv_folding_free_below.
+        # The lever is the session pool's contract: it scores, and so
+        # quantizes, only when the backend records queries; without them a
+        # parked session is only trimmed.
+        self.kv_free_below = kv_folding_free_below(sol, records_queries=True)   # Offloadable names record_queries
+        self._free_bytes = free_bytes or (lambda: device_free_bytes(backend.device))
+        self.kv_quantizing: bool | None = None    # None: not managed (folding off, or always quantizing)
+        self.kv_switches = 0                       # times kv_quantizing changed after the first decision
+        self.store.kv_policy = self.kv_snapshot
+        self.update_kv_folding()
+
+    def touch(self) -> None:
+        self.last_active = time.monotonic()
+
+    @contextlib.contextmanager
+    def request(self, priority: str = "normal") -> Iterator[None]:
+        """Around one request (complete or warm): note activity, restore
+        released weights (layer 0 first) and, for ``priority: high``, pin
+        them until the request ends."""
+        self.touch()
+        if self.store.released:
+            with self.gen_lock:
+                self.restore()
+        self.update_kv_folding()
+        try:
+            if priority == "high":
+                with self.store.pinned():
+                    yield
+            else:
+                yield
+        finally:
+            self.touch()
+            self.recapture_graphs()
+
+    def recapture_graphs(self) -> int:
+        """After a restore, once the request that needed the weights is done:
+        capture the CUDA graphs again (they went stale when the weights
+        moved; the request ran eager steps meanwhile), under the generation
+        lock and outside any request. Skips when another request holds the
+        lock (the next one's end does it). Returns graphs captured."""
+        graphs = self.backend.graphs
+        recapture = getattr(graphs, "recapture", None)
+        if recapture is None or not getattr(graphs, "stale", False) or self.store.released:
+            return 0
+        if not self.gen_lock.acquire(blocking=False):
+            return 0
+        try:
+            return recapture()
+        finally:
+            self.gen_lock.release()
+
+    def update_kv_folding(self) -> bool | None:
+        """Read free memory; turn the backend's query recording (and so the
+        pool's quantizing of parked sessions, from the next document switch
+        on) on when it is under ``sol.kv_folding_free_below``, off when not.
+        Called at start and before each request; takes the generation lock
+        only when the state changes. Returns the state (None: not managed)."""
+        if self.kv_free_below is None:
+            return None
+        free, total = self._free_bytes()
+        short = kv_memory_short(free, total, self.kv_free_below)
+        if short != self.kv_quantizing:
+            with self.gen_lock:                 # no forward is writing the queries meanwhile
+                self.backend.record_queries(short)
+            if self.kv_quantizing is not None:
+                self.kv_switches += 1
+            log.info("KV folding: parked sessions %s (free %.0f MB, threshold %.0f MB)",
+                     "quantized" if short else "trimmed only", free / 2**20,
+                     self.kv_free_below.resolve_bytes(total) / 2**20)
+            self.kv_quantizing = short
+        return short
+
+    def kv_snapshot(self) -> dict[str, Any]:
+        """``debug`` → ``prefetch.kv_policy``: whether the policy is managed
+        here, whether parked sessions are quantized now, the setting, and how
+        often that changed."""
+        return {"managed": self.kv_free_below is not None, "quantizing": self.kv_quantizing,
+                "free_below": str(self.kv_free_below) if self.kv_free_below is not None else None,
+                "switches": self.kv_switches}
+
+    def reserve(self, nbytes: int, what: str) -> None:
+        """Keep ``nbytes`` of the budget for something resident beside these
+        weights (a draft model's weights and KV cache) and re-plan. Raises
+        BudgetTooSmall, with nothing changed, when the budget cannot hold
+        both."""
+        if self.budget is None:
+            self.kv_reserve_bytes += nbytes
+            return
+        plan = self.store.make_plan(self.budget, self.kv_reserve_bytes + nbytes, bandwidth_gbs=self.bandwidth_gbs)
+        self.kv_reserve_bytes += nbytes
+        self.store.apply_plan(plan)
+        log.info("residency plan with %s (%.0f MB) beside it: %s", what, nbytes / 2**20,
+                 plan.describe(self.store.unit_infos))
+
+    def restore(self) -> float:
+        """Restore after an idle release, re-planning from the heatmap
+        (call with the generation lock held)."""
+        if not self.store.released:
+            return 0.0
+        ms = self.store.restore()
+        if should_replan(self.budget, self.store.pins):
+            plan = self.store.make_plan(self.budget, self.kv_reserve_bytes, bandwidth_gbs=self.bandwidth_gbs)
+            if plan.resident != (self.store.plan.resident if self.store.plan else None):
+                self.store.apply_plan(plan)
+        self._invalidate_graphs()
+        return ms
+
+    def _invalidate_graphs(self) -> None:
+        """Restored weights live at new addresses: CUDA graphs captured over
+        the old ones (runtime/cudagraph.py) must not replay."""
+        graphs = self.backend.graphs
+        if graphs is not None:
+            graphs.invalidate()
+
+    def release_if_idle(self, now: float | None = None) -> int:
+        """Release when idle for idle_release_s; bytes freed (0: not now).
+        Skips when a request holds the generation lock or pins layers."""
+        now = time.monotonic() if now is None else now
+        if not idle_release_due(now, self.last_active, self.idle_release_s,
+                                released=self.store.released, pins=self.store.pins):
+            return 0
+        if not self.gen_lock.acquire(blocking=False):
+            return 0
+        try:
+            freed = self.store.release()
+            self._invalidate_graphs()
+            if freed and self.store.cuda:
+                # under the lock: never beside a forward or a graph capture
+                torch.cuda.empty_cache()
+        finally:
+            self.gen_lock.release()
+        self.releases += 1
+        return freed
+
+    def _idle_loop(self) -> None:
+        period = max(0.05, min(5.0, self.idle_release_s / 4))
+        while not self._stop.wait(period):
+            try:
+                self.release_if_idle()
+            except Exception:  # never let the timer thread die silently
+                log.exception("idle release failed")
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._timer is not None:
+            self._timer.join(timeout=2)
+        self.store.close()

@@ -1,0 +1,54 @@
+"""Which engine ``soldaemon serve`` loads: a test factory (``--engine``),
+the remote engine, or the local torch runtime (imported only when loaded,
+on the worker thread)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import TYPE_CHECKING, Callable
+
+from soldaemon.api import Engine
+from soldaemon.errors import ModelError
+
+if TYPE_CHECKING:
+    from soldaemon.config import Config
+
+
+def overridden(config: Config, args: argparse.Namespace) -> Config:
+    """``config`` with the options of ``soldaemon serve`` given on the command line."""
+    overrides: dict[str, object] = {}
+    for arg, key in (("host", "server.host"), ("port", "server.port"), ("model", "model.path"),
+                     ("allow_remote", "server.allow_remote"), ("idle_exit_s", "server.idle_exit_s")):
+        value = getattr(args, arg, None)
+        if value is not None:
+            overrides[key] = value
+    return config.with_overrides(overrides, source="command line") if overrides else config
+
+
+def engine_loader(args: argparse.Namespace, config: Config) -> tuple[Callable[[], Engine], str]:
+    """The engine's loader (run later, on the worker thread) and its label for the logs."""
+    spec = getattr(args, "engine", None)
+    if spec:
+        module_name, _, attr = spec.partition(":")
+        factory = getattr(importlib.import_module(module_name), attr or "make_engine")
+        return (lambda: factory(config)), spec
+
+    if config.backend.kind == "remote":
+        from soldaemon.remote.endpoint import Endpoint
+        from soldaemon.remote.engine import load_remote_engine
+
+        shown = Endpoint.parse(config.backend.url or "").shown
+        return (lambda: load_remote_engine(config)), f"remote engine at {shown}"
+
+    def load() -> Engine:
+        try:
+            from soldaemon.runtime.engine.local import load_engine
+        except ImportError as exc:
+            raise ModelError(f"the inference engine is not available: {exc}") from None
+        return load_engine(config)
+
+    mc = config.model
+    return load, str(mc.path) if mc.path else (f"embedded {mc.name}" if mc.name != "auto" else
+                                               "embedded model, chosen by model.name auto")
+

@@ -1,0 +1,132 @@
+"""Handshake hygiene around :mod:`soldaemon.server.auth`'s checks: headers that
+must appear at most once, a strict ``Host`` parse, refusals logged in
+aggregate so a flood of bad handshakes cannot flood the log, and a bound on
+handshakes in progress (:class:`HandshakeGate`) so sockets that connect and
+never send a request cannot pile up until editors are locked out.
+
+Pure over strings and a clock; the server's ``process_request`` hook uses
+them (soldaemon/server/daemon.py).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import OrderedDict
+from typing import Callable, Generic, Hashable, Iterable, TypeVar
+
+from soldaemon.config import is_loopback_host
+
+SINGLE_HEADERS = ("Host", "Origin", "Authorization")
+
+# host[:port], where host is a bracketed IPv6 literal or a name / IPv4
+# address (letters, digits, dots, hyphens). Nothing may follow the port.
+_HOST = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9.-]+))(?::(?P<port>[0-9]{1,5}))?")
+
+
+def duplicated(get_all: Callable[[str], list[str]], names: Iterable[str] = SINGLE_HEADERS) -> str | None:
+    """The first of ``names`` sent more than once, else ``None``."""
+    for name in names:
+        if len(get_all(name)) > 1:
+            return name
+    return None
+
+
+def parse_host(value: str) -> str | None:
+    """The host part of a ``Host`` header value (IPv6 in brackets), or
+    ``None`` when the value is not exactly ``host[:port]``."""
+    match = _HOST.fullmatch(value.strip())
+    if match is None:
+        return None
+    port = match.group("port")
+    if port is not None and not 0 < int(port) < 65536:
+        return None
+    v6 = match.group("v6")
+    return f"[{v6}]" if v6 is not None else match.group("name")
+
+
+def host_is_loopback(value: str | None) -> bool:
+    """A ``Host`` header that names a loopback host, strictly parsed
+    (``[::1]evil.example`` is not ``[::1]``)."""
+    if not value:
+        return False
+    host = parse_host(value)
+    return host is not None and is_loopback_host(host)
+
+
+class RefusalLog:
+    """Logs the first refusal of each reason at once, then at most one line
+    per reason and ``interval_s``, carrying the count of the refusals since.
+    Reasons are a small fixed set, so a flood of bad handshakes costs a few
+    log lines per interval, not one per handshake."""
+
+    def __init__(self, emit: Callable[[str], None], interval_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._emit = emit
+        self._interval = interval_s
+        self._clock = clock
+        self._last: dict[str, float] = {}       # reason → when it was last logged
+        self._pending: dict[str, int] = {}      # reason → refusals not logged since
+
+    def refused(self, reason: str, detail: str = "") -> None:
+        now = self._clock()
+        last = self._last.get(reason)
+        if last is not None and now - last < self._interval:
+            self._pending[reason] = self._pending.get(reason, 0) + 1
+            return
+        more = self._pending.pop(reason, 0)
+        since = f"; {more} more since the last report" if more else ""
+        self._emit(f"refused a handshake: {reason}{f' ({detail})' if detail else ''}{since}")
+        self._last[reason] = now
+
+    def flush(self) -> None:
+        """Log what is pending now (at shutdown)."""
+        for reason, count in sorted(self._pending.items()):
+            self._emit(f"refused {count} more handshake(s): {reason}")
+        self._pending.clear()
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+class HandshakeGate(Generic[K]):
+    """Connections whose opening handshake is still in progress, at most
+    ``max_total`` of them and ``max_per_peer`` per peer address.
+
+    A new connection is always admitted; when a bound is passed, the
+    *oldest* handshake in progress (of that peer, else of all) is the one
+    to close. A legitimate client completes its handshake in milliseconds,
+    so a flood of idle sockets evicts itself, not the editors (refusing the
+    newcomer instead would let the flood hold every slot). Together with a
+    short handshake timeout this bounds the sockets and file descriptors a
+    peer — or every local user together, who share the loopback address —
+    can hold open. Pure: the server closes what :meth:`admit` returns."""
+
+    def __init__(self, max_total: int = 64, max_per_peer: int = 16) -> None:
+        if max_total < 1 or max_per_peer < 1:
+            raise ValueError(f"handshake bounds must be >= 1, got {max_total}, {max_per_peer}")
+        self.max_total = max_total
+        self.max_per_peer = max_per_peer
+        self._pending: OrderedDict[K, str] = OrderedDict()     # connection → peer, oldest first
+        self.evicted = 0                                       # handshakes closed by the bounds
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def admit(self, conn: K, peer: str) -> list[K]:
+        """Count ``conn``'s handshake; return the connections to close now."""
+        self._pending[conn] = peer
+        close: list[K] = []
+        mine = [c for c, p in self._pending.items() if p == peer]
+        if len(mine) > self.max_per_peer:
+            close.append(mine[0])
+        elif len(self._pending) > self.max_total:
+            close.append(next(iter(self._pending)))
+        for victim in close:
+            self._pending.pop(victim, None)
+        self.evicted += len(close)
+        return close
+
+    def done(self, conn: K) -> None:
+        """``conn``'s handshake ended (it completed, failed or closed)."""
+        self._pending.pop(conn, None)
