@@ -28,6 +28,7 @@ from soldaemon.doctor.checks import Check, judge, judge_machine
 from soldaemon.errors import CommandFailed, ProbeUnavailable
 from soldaemon.gpuprobe import (READ_ONLY_ARGVS, SMI_APPS_ARGV, SMI_BANNER_ARGV, SMI_CORE_ARGV, SMI_QUERY_ARGV,
                                 CacheReading, CpuReading, GpuProbe, GpuReading, MachineReading, TorchReading)
+from soldaemon.gpuprobe.nvml import ReadOnlyNvml
 
 DATA = Path(__file__).parent / "data" / "doctor"
 GiB = 1024 ** 3
@@ -264,7 +265,7 @@ def test_read_nvml_with_a_foreign_error_type() -> None:
 
 
 def test_read_nvml_refuses_setters() -> None:
-    api = gpuprobe._Nvml(FakeNvml())
+    api = ReadOnlyNvml(FakeNvml())
     for setter in ("nvmlDeviceSetPersistenceMode", "nvmlDeviceSetEccMode", "nvmlDeviceResetGpuLockedClocks",
                    "nvmlDeviceClearEccErrorCounts", "nvmlDeviceSetPowerManagementLimit"):
         with pytest.raises(ValueError, match="only reads"):

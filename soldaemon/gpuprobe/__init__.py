@@ -37,7 +37,7 @@ from soldaemon.errors import ProbeUnavailable
 # probe_daemon) changes what they call.
 from soldaemon.gpuprobe.host import (DEFAULT_PORT, VECTOR_FLAGS, parse_cpuinfo, probe_daemon, read_cache, read_cpu,
                                      read_torch)
-from soldaemon.gpuprobe.nvml import _Nvml, cuda_version_from_int, load_nvml, read_nvml
+from soldaemon.gpuprobe.nvml import cuda_version_from_int, load_nvml, read_nvml
 from soldaemon.gpuprobe.readings import (CachedModel, CacheReading, CpuReading, DaemonReading, GpuProbe, GpuProcess,
                                          GpuReading, GpuSource, MachineReading, Runner, TorchReading)
 from soldaemon.gpuprobe.smi import (READ_ONLY_ARGVS, SMI_APP_FIELDS, SMI_APPS_ARGV, SMI_BANNER_ARGV, SMI_CORE_ARGV,
@@ -47,7 +47,7 @@ __all__ = [
     "CacheReading", "CachedModel", "CpuReading", "DEFAULT_PORT", "DaemonReading", "GpuProbe", "GpuProcess",
     "GpuReading", "GpuSource", "MachineReading", "READ_ONLY_ARGVS", "Runner", "SMI_APPS_ARGV", "SMI_APP_FIELDS",
     "SMI_BANNER_ARGV", "SMI_CORE_ARGV", "SMI_CORE_FIELDS", "SMI_FIELDS", "SMI_QUERY_ARGV", "TorchReading",
-    "VECTOR_FLAGS", "_Nvml", "cuda_version_from_int", "load_nvml", "parse_cpuinfo", "probe_daemon", "read_cache",
+    "VECTOR_FLAGS", "cuda_version_from_int", "load_nvml", "parse_cpuinfo", "probe_daemon", "read_cache",
     "read_cpu", "read_gpus", "read_machine", "read_nvidia_smi", "read_nvml", "read_torch", "run_nvidia_smi",
 ]
 

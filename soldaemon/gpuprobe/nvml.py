@@ -22,7 +22,7 @@ def cuda_version_from_int(value: int) -> str:
     return f"{value // 1000}.{(value % 1000) // 10}"
 
 
-class _Nvml:
+class ReadOnlyNvml:
     """Calls into a pynvml-like module, turning NVMLError into ``None`` plus a
     note. Refuses any function that is not a read (see ``_NVML_ALLOWED``)."""
 
@@ -63,7 +63,7 @@ def read_nvml(nvml: Any) -> list[GpuReading]:
     """Read every GPU through ``nvml`` (the ``pynvml`` module or a fake with
     the same functions). Raises :class:`ProbeUnavailable` when ``nvmlInit``
     or the device count fails; returns ``[]`` when the driver sees no GPU."""
-    api = _Nvml(nvml)
+    api = ReadOnlyNvml(nvml)
     try:
         nvml.nvmlInit()
     except api.error as exc:
@@ -91,7 +91,7 @@ def _int_or_none(value: Any) -> int | None:
 
 
 def _read_nvml_device(
-    api: _Nvml, index: int, driver: str | None, cuda: str | None, sys_notes: tuple[str, ...]
+    api: ReadOnlyNvml, index: int, driver: str | None, cuda: str | None, sys_notes: tuple[str, ...]
 ) -> GpuReading:
     notes: list[str] = list(sys_notes)
     handle = api.call(notes, "nvmlDeviceGetHandleByIndex", index)
@@ -169,7 +169,7 @@ def _read_nvml_device(
     )
 
 
-def _read_nvml_processes(api: _Nvml, notes: list[str], handle: Any) -> tuple[GpuProcess, ...] | None:
+def _read_nvml_processes(api: ReadOnlyNvml, notes: list[str], handle: Any) -> tuple[GpuProcess, ...] | None:
     found: dict[int, GpuProcess] = {}
     listed = False
     for kind, fn in (("compute", "nvmlDeviceGetComputeRunningProcesses"),

@@ -39,7 +39,7 @@ log = logging.getLogger("soldaemon.backend")
 
 
 class GraphSteps(Protocol):
-    """Decode steps replayed from captured graphs (runtime/cudagraph.py's
+    """Decode steps replayed from captured graphs (runtime/forward/cudagraph.py's
     GraphDecoder), which a backend may carry in ``graphs``."""
 
     def step(self, token: int, pos: int) -> torch.Tensor | None:
@@ -210,7 +210,7 @@ class LeanBackend:
         self.last_q: torch.Tensor | None = None
         self._q_buffer: torch.Tensor | None = None
         self.last_q_cache: torch.Tensor | None = None   # the k_cache those queries attended over
-        self.graphs: GraphSteps | None = None            # set by the engine on CUDA (runtime/cudagraph.py)
+        self.graphs: GraphSteps | None = None            # set by the engine on CUDA (runtime/forward/cudagraph.py)
 
     def _release(self, hf_model: Any) -> None:
         """Empty every parameter of the HF module whose storage no packed
@@ -351,7 +351,7 @@ class LeanBackend:
     def _block(self, x: torch.Tensor, w: LayerWeights, i: int, pos: int, end: int, cos: torch.Tensor,
                sin: torch.Tensor, mask: torch.Tensor | None, causal: bool, lin: Kernel,
                kind: str = "") -> torch.Tensor:
-        """Decoder layer i on x [T, D] (the one layer, runtime/layer.py);
+        """Decoder layer i on x [T, D] (the one layer, :func:`.layer.decoder_layer`);
         writes its K/V at pos … end-1 and attends over 0 … end-1."""
         return decoder_layer(self.shape, w, x, lin, cos, sin, self.k_cache[i], self.v_cache[i], pos, end, mask,
                              causal=causal, q_out=None if self.last_q is None else self.last_q[i], kind=kind)
