@@ -40,7 +40,7 @@ from tests.fixtures.daemon import complete
 from soldaemon.errors import RemoteBadResponse, RemoteHttpError, RemoteTimeout, RemoteUnavailable
 from soldaemon.remote.endpoint import Backoff, Endpoint, read_api_key
 from soldaemon.remote.engine import RemoteEngine
-from soldaemon.remote.stream import _parse_chunk
+from soldaemon.remote.stream import parse_chunk
 
 # --------------------------------------------------------------------------
 # Pure pieces
@@ -75,17 +75,17 @@ def test_backoff_doubles_up_to_the_cap_and_resets() -> None:
 
 def test_stream_events_parse_or_fail_clearly() -> None:
     ep = Endpoint.parse("http://h:1")
-    piece = _parse_chunk(ep, b'{"choices": [{"text": "ab", "index": 0, "finish_reason": null}]}')
+    piece = parse_chunk(ep, b'{"choices": [{"text": "ab", "index": 0, "finish_reason": null}]}')
     assert (piece.text, piece.finish_reason) == ("ab", None)
-    assert _parse_chunk(ep, b'{"choices": [{"text": "", "finish_reason": "length"}]}').finish_reason == "length"
-    usage = _parse_chunk(ep, b'{"choices": [], "usage": {"completion_tokens": 7}}')
+    assert parse_chunk(ep, b'{"choices": [{"text": "", "finish_reason": "length"}]}').finish_reason == "length"
+    usage = parse_chunk(ep, b'{"choices": [], "usage": {"completion_tokens": 7}}')
     assert usage.text == "" and usage.usage == {"completion_tokens": 7}
     with pytest.raises(RemoteBadResponse, match="not JSON"):
-        _parse_chunk(ep, b"<html>")
+        parse_chunk(ep, b"<html>")
     with pytest.raises(RemoteBadResponse, match=r"choices\[0\]\.text"):
-        _parse_chunk(ep, b'{"choices": [{"message": {"content": "chat"}}]}')
+        parse_chunk(ep, b'{"choices": [{"message": {"content": "chat"}}]}')
     with pytest.raises(RemoteHttpError, match="out of memory") as info:
-        _parse_chunk(ep, b'{"error": {"message": "out of memory", "code": 503}}')
+        parse_chunk(ep, b'{"error": {"message": "out of memory", "code": 503}}')
     assert info.value.retryable and info.value.status == 503
 
 

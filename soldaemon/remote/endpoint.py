@@ -1,15 +1,18 @@
-"""Where the remote engine listens, its API key, and the back-off over
-consecutive failures."""
+"""Where the remote engine listens (and the HTTP client that reaches it),
+its API key, and the back-off over consecutive failures."""
 
 from __future__ import annotations
 
-import http.client
+import functools
 import os
+import ssl
 import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
 from typing import Callable
+
+import httpx
 
 from soldaemon.errors import ConfigError
 
@@ -48,10 +51,24 @@ class Endpoint:
             userinfo = urllib.parse.unquote(parts.username) + ":" + urllib.parse.unquote(parts.password or "")
         return cls(parts.scheme == "https", host, port, base, f"{parts.scheme}://{netloc}{base}", userinfo)
 
-    def connection(self, timeout: float) -> http.client.HTTPConnection:
-        if self.https:
-            return http.client.HTTPSConnection(self.host, self.port, timeout=timeout)
-        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+    def url(self, route: str) -> str:
+        """The URL of an API route, e.g. ``url("/completions")``."""
+        return self.shown + route
+
+    @functools.cached_property
+    def client(self) -> httpx.Client:
+        """The HTTP client for this engine, made on first use and shared by
+        the requests and the probe (thread-safe). Each request gets a
+        connection of its own (none kept alive), to the URL as written: no
+        proxy or ``.netrc`` from the environment, certificates checked
+        against the system's CA store, bodies not compressed. Timeouts are
+        per request."""
+        return httpx.Client(
+            verify=ssl.create_default_context(),
+            trust_env=False,
+            limits=httpx.Limits(max_keepalive_connections=0),
+            headers={"Accept-Encoding": "identity"},
+        )
 
 
 class Backoff:

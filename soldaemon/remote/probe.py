@@ -3,7 +3,6 @@ its own thread so that health readers never block."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import threading
@@ -11,8 +10,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+import httpx
+
 from soldaemon.remote.endpoint import Endpoint
-from soldaemon.remote.stream import MAX_ERROR_BODY, _os_reason
+from soldaemon.remote.stream import MAX_ERROR_BODY, failure_reason, read_at_most
 
 log = logging.getLogger("soldaemon.remote")
 
@@ -75,23 +76,15 @@ class Probe:
                 self._running = False
 
     def _get_models(self) -> tuple[tuple[str, ...], str | None]:
-        conn = self.endpoint.connection(self.timeout_s)
         try:
-            conn.request("GET", self.endpoint.base + "/models", headers=self.headers)
-            resp = conn.getresponse()
-            body = resp.read(MAX_ERROR_BODY)
-            if resp.status != 200:
-                return (), f"GET /v1/models answered HTTP {resp.status} {resp.reason}"
+            with self.endpoint.client.stream("GET", self.endpoint.url("/models"), headers=self.headers,
+                                             timeout=self.timeout_s) as resp:
+                body = read_at_most(resp, MAX_ERROR_BODY)
+                if resp.status_code != 200:
+                    return (), f"GET /v1/models answered HTTP {resp.status_code} {resp.reason_phrase}"
             data = json.loads(body).get("data", [])
             return tuple(str(m.get("id")) for m in data if isinstance(m, dict) and m.get("id")), None
-        except (OSError, http.client.HTTPException) as exc:
-            return (), _os_reason(exc)
+        except (httpx.TransportError, httpx.StreamError) as exc:
+            return (), failure_reason(exc)
         except (ValueError, AttributeError):
             return (), "GET /v1/models did not answer an OpenAI model list"
-        finally:
-            conn.close()
-
-
-# --------------------------------------------------------------------------
-# The engine
-# --------------------------------------------------------------------------

@@ -1,15 +1,22 @@
-"""One streamed ``POST /v1/completions`` and the parsing of its server-sent
-events; HTTP failures become the remote errors of :mod:`soldaemon.errors`."""
+"""One streamed ``POST /v1/completions`` over httpx and the parsing of its
+server-sent events; HTTP failures become the remote errors of
+:mod:`soldaemon.errors`.
+
+The events are split here, not by httpx-sse: its line reader buffers a line
+of any length, and an engine's answer is untrusted input, so every line is
+bounded (:data:`MAX_LINE`) before it is kept. Anything the engine sends is
+read raw (``Accept-Encoding: identity``, no decompression)."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import socket
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterator
+
+import httpx
 
 from soldaemon.errors import RemoteBadResponse, RemoteHttpError, RemoteTimeout, RemoteUnavailable
 from soldaemon.remote.endpoint import Endpoint
@@ -18,6 +25,10 @@ log = logging.getLogger("soldaemon.remote")
 
 MAX_ERROR_BODY = 64 * 1024     # bytes of an error answer read for its message
 MAX_LINE = 1 << 20             # bytes of one SSE line / non-streamed answer
+
+# httpcore's trace events after which a connection's socket exists (the TLS
+# one wraps the TCP one; close() shuts the latest down)
+_SOCKET_EVENTS = ("connection.connect_tcp.complete", "connection.start_tls.complete")
 
 
 @dataclass
@@ -38,7 +49,12 @@ class UpstreamStream:
     """One ``POST /v1/completions`` with ``stream: true``. :meth:`open`
     connects and reads the status; :meth:`pieces` yields parsed events;
     :meth:`close` may be called from any thread at any time and makes a
-    blocked read return at once (the engine sees the connection close)."""
+    blocked read return at once (the engine sees the connection close).
+
+    Each request has a connection of its own (the endpoint's client keeps
+    none alive): httpcore's trace hook hands over its socket as soon as it
+    is connected, so that :meth:`close` can shut it down even while the
+    engine has not answered yet."""
 
     def __init__(self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str], *,
                  connect_timeout_s: float, timeout_s: float) -> None:
@@ -48,53 +64,56 @@ class UpstreamStream:
         self.connect_timeout_s = connect_timeout_s
         self.timeout_s = timeout_s
         self.closed = False                 # closed by us (cancel, stop, budget)
-        self._conn: http.client.HTTPConnection | None = None
         self._sock: socket.socket | None = None
-        self._resp: http.client.HTTPResponse | None = None
+        self._resp: httpx.Response | None = None
         self._lock = threading.Lock()
 
     def open(self) -> None:
         """Connect, send, read the status line. Raises _CouldNotConnect
         (nothing reached the engine, or it dropped the connection before
         answering), RemoteTimeout, RemoteHttpError."""
-        conn = self.endpoint.connection(self.connect_timeout_s)
-        with self._lock:
+        if self.closed:
+            return
+        client = self.endpoint.client
+        request = client.build_request(
+            "POST", self.endpoint.url("/completions"), content=self.body, headers=self.headers,
+            timeout=httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s, pool=self.connect_timeout_s),
+            extensions={"trace": self._traced})
+        try:
+            resp = client.send(request, stream=True)
+        except (httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            raise _CouldNotConnect(f"connect timed out after {self.connect_timeout_s:g} s") from exc
+        except httpx.TimeoutException:
             if self.closed:
                 return
-            self._conn = conn
-        try:
-            conn.connect()
-        except (socket.timeout, TimeoutError) as exc:
-            raise _CouldNotConnect(f"connect timed out after {self.connect_timeout_s:g} s") from exc
-        except OSError as exc:
-            raise _CouldNotConnect(_os_reason(exc)) from exc
-        sock = conn.sock
+            raise RemoteTimeout(f"the engine at {self.endpoint.shown} did not answer within {self.timeout_s:g} s",
+                                hint="it may be overloaded; raise backend.timeout_s or check the engine") from None
+        except httpx.ConnectError as exc:
+            raise _CouldNotConnect(failure_reason(exc)) from exc
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            if self.closed:
+                return
+            raise _CouldNotConnect(f"the connection was dropped before an answer ({failure_reason(exc)})") from exc
+        except httpx.TransportError as exc:
+            if self.closed:
+                return
+            raise _CouldNotConnect(failure_reason(exc)) from exc
+        self._resp = resp
+        if resp.status_code != 200:
+            raise _http_error(self.endpoint, resp)
+
+    def _traced(self, event: str, info: dict[str, Any]) -> None:
+        """httpcore's trace hook (on the thread in :meth:`open`): keeps the
+        socket of this request's connection; shuts it down at once when
+        :meth:`close` came first."""
+        if event not in _SOCKET_EVENTS:
+            return
+        sock = info["return_value"].get_extra_info("socket")
         with self._lock:
             self._sock = sock
             closed = self.closed
         if closed:
             self._shutdown()
-            return
-        sock.settimeout(self.timeout_s)
-        try:
-            conn.request("POST", self.endpoint.base + "/completions", self.body, self.headers)
-            resp = conn.getresponse()
-        except (socket.timeout, TimeoutError):
-            if self.closed:
-                return
-            raise RemoteTimeout(f"the engine at {self.endpoint.shown} did not answer within {self.timeout_s:g} s",
-                                hint="it may be overloaded; raise backend.timeout_s or check the engine") from None
-        except (http.client.RemoteDisconnected, ConnectionError, http.client.BadStatusLine) as exc:
-            if self.closed:
-                return
-            raise _CouldNotConnect(f"the connection was dropped before an answer ({_os_reason(exc)})") from exc
-        except OSError as exc:
-            if self.closed:
-                return
-            raise _CouldNotConnect(_os_reason(exc)) from exc
-        self._resp = resp
-        if resp.status != 200:
-            raise _http_error(self.endpoint, resp)
 
     def pieces(self) -> Iterator[Piece]:
         """The stream's events until ``[DONE]`` or the engine's end. Ends
@@ -104,9 +123,9 @@ class UpstreamStream:
         resp = self._resp
         if resp is None or self.closed:
             return
-        ctype = (resp.getheader("Content-Type") or "").split(";")[0].strip().lower()
+        ctype = resp.headers.get("Content-Type", "").split(";")[0].strip().lower()
         if ctype == "application/json":  # the engine ignored stream: true; one answer
-            yield _parse_chunk(self.endpoint, self._read_all(resp))
+            yield parse_chunk(self.endpoint, self._read_all(resp))
             return
         if ctype != "text/event-stream":
             snippet = self._read_all(resp)[:120]
@@ -116,21 +135,22 @@ class UpstreamStream:
         finished = False
         data: list[bytes] = []
         buf = b""
+        blocks = resp.iter_raw()
         while True:
             try:
-                block = resp.read1(65536)
-            except (socket.timeout, TimeoutError):
+                block = next(blocks, None)         # None: the engine ended the body
+            except httpx.TimeoutException:
                 if self.closed:
                     return
                 raise RemoteTimeout(f"the engine at {self.endpoint.shown} sent nothing for {self.timeout_s:g} s "
                                     "in the middle of a completion",
                                     hint="it may be overloaded; raise backend.timeout_s or check the engine") from None
-            except (OSError, http.client.HTTPException, ValueError) as exc:
+            except (httpx.TransportError, httpx.StreamError) as exc:
                 if self.closed:
                     return
                 raise RemoteUnavailable(f"the stream from {self.endpoint.shown} broke mid-completion "
-                                        f"({_os_reason(exc)})", hint="the engine may have stopped; retry") from None
-            if not block:
+                                        f"({failure_reason(exc)})", hint="the engine may have stopped; retry") from None
+            if block is None:
                 if self.closed:
                     return
                 if finished:
@@ -154,7 +174,7 @@ class UpstreamStream:
                 payload, data = b"\n".join(data), []
                 if payload.strip() == b"[DONE]":
                     return
-                piece = _parse_chunk(self.endpoint, payload)
+                piece = parse_chunk(self.endpoint, payload)
                 finished = finished or piece.finish_reason is not None
                 yield piece
 
@@ -177,30 +197,49 @@ class UpstreamStream:
     def release(self) -> None:
         """Free the connection (the reading thread, when done with it)."""
         self.close()
-        conn = self._conn
-        if conn is not None:
-            conn.close()
+        resp = self._resp
+        if resp is not None:
+            resp.close()
 
-    def _read_all(self, resp: http.client.HTTPResponse) -> bytes:
+    def _read_all(self, resp: httpx.Response) -> bytes:
         try:
-            return resp.read(MAX_LINE)
-        except (OSError, http.client.HTTPException) as exc:
-            raise RemoteUnavailable(f"reading the answer of {self.endpoint.shown} failed ({_os_reason(exc)})") from None
+            return read_at_most(resp, MAX_LINE)
+        except (httpx.TransportError, httpx.StreamError) as exc:
+            raise RemoteUnavailable(f"reading the answer of {self.endpoint.shown} failed "
+                                    f"({failure_reason(exc)})") from None
 
 
-def _os_reason(exc: BaseException) -> str:
-    if isinstance(exc, ConnectionRefusedError):
+def read_at_most(resp: httpx.Response, limit: int) -> bytes:
+    """The first ``limit`` bytes of a streamed response's raw body (the rest
+    is never read). Raises httpx.TransportError."""
+    got = b""
+    for block in resp.iter_raw():
+        got += block
+        if len(got) >= limit:
+            break
+    return got[:limit]
+
+
+def failure_reason(exc: BaseException) -> str:
+    """Why a request failed, in a few words: the operating system's reason
+    under httpx's exception when there is one ("connection refused")."""
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, OSError):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        return str(exc) or type(exc).__name__
+    if isinstance(cause, ConnectionRefusedError):
         return "connection refused"
-    if isinstance(exc, socket.gaierror):
-        return f"cannot resolve the host ({exc.strerror or exc})"
-    text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}" if text != type(exc).__name__ else text
+    if isinstance(cause, socket.gaierror):
+        return f"cannot resolve the host ({cause.strerror or cause})"
+    text = getattr(cause, "strerror", None) or str(cause) or type(cause).__name__
+    return f"{type(cause).__name__}: {text}" if text != type(cause).__name__ else text
 
 
-def _http_error(endpoint: Endpoint, resp: http.client.HTTPResponse) -> RemoteHttpError:
+def _http_error(endpoint: Endpoint, resp: httpx.Response) -> RemoteHttpError:
     try:
-        raw = resp.read(MAX_ERROR_BODY)
-    except (OSError, http.client.HTTPException):
+        raw = read_at_most(resp, MAX_ERROR_BODY)
+    except (httpx.TransportError, httpx.StreamError):
         raw = b""
     detail = raw.decode("utf-8", "replace").strip()
     try:
@@ -220,12 +259,12 @@ def _http_error(endpoint: Endpoint, resp: http.client.HTTPResponse) -> RemoteHtt
         400: "the engine refused the request: check backend.model_name and that the prompt fits its context",
         429: "the engine is overloaded; retry later",
     }
-    hint = hints.get(resp.status, "the engine failed; see its log" if resp.status >= 500 else None)
-    return RemoteHttpError(resp.status, f"the engine at {endpoint.shown} answered HTTP {resp.status} "
-                           f"{resp.reason}" + (f": {detail}" if detail else ""), hint=hint)
+    hint = hints.get(resp.status_code, "the engine failed; see its log" if resp.status_code >= 500 else None)
+    return RemoteHttpError(resp.status_code, f"the engine at {endpoint.shown} answered HTTP {resp.status_code} "
+                           f"{resp.reason_phrase}" + (f": {detail}" if detail else ""), hint=hint)
 
 
-def _parse_chunk(endpoint: Endpoint, payload: bytes) -> Piece:
+def parse_chunk(endpoint: Endpoint, payload: bytes) -> Piece:
     """One JSON event of the completions stream → a Piece. Raises
     RemoteBadResponse / RemoteHttpError (an ``error`` event)."""
     try:
