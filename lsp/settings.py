@@ -41,10 +41,10 @@ class Settings:
     ``_s``."""
 
     # Where the daemon is. None: the running daemon's record (daemon.json in
-    # the state directory), else server.host/port of sol_config.yaml.
+    # the state directory); sol-lsp reads no sol_config.yaml itself.
     url: str | None = None
-    token_file: Path | None = None          # None: the daemon's record, else config
-    config: str | None = None               # sol_config.yaml for the defaults above
+    token_file: Path | None = None          # None: the daemon's record, else state_dir()/token
+    config: str | None = None               # sol_config.yaml for the daemon sol-lsp starts (--config)
     start_daemon: bool = True               # start `soldaemon serve` when none answers
     daemon_command: tuple[str, ...] = ()    # argv for that; () = soldaemon serve
     start_timeout_s: float = 180.0          # how long a started daemon may take to be ready
@@ -236,12 +236,12 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("url", "url", "--url", _url, "the daemon's ws:// URL (default: the running daemon's, else sol_config.yaml)",
-           launch_only=True),
-    Option("token_file", "tokenFile", "--token-file", _path, "the daemon's token file (default: the running daemon's)",
-           launch_only=True),
-    Option("config", "config", "--config", _text, "sol_config.yaml to read server.host/port/token_file from",
-           launch_only=True),
+    Option("url", "url", "--url", _url, "the daemon's ws:// URL (default: the running daemon's, from its record "
+           "daemon.json)", launch_only=True),
+    Option("token_file", "tokenFile", "--token-file", _path,
+           "the daemon's token file (default: the running daemon's, else the state directory's)", launch_only=True),
+    Option("config", "config", "--config", _text, "sol_config.yaml for the daemon sol-lsp starts "
+           "(passed as soldaemon --config)", launch_only=True),
     Option("start_daemon", "startDaemon", "--start-daemon", _bool, "start `soldaemon serve` when no daemon answers",
            launch_only=True),
     Option("daemon_command", "daemonCommand", "--daemon-command", _argv,

@@ -117,7 +117,7 @@ def _complete_on_daemon(config: Config, req: CompletionRequest, stream: Callable
     from soldaemon.server.status import ask_complete
 
     try:
-        target = find_daemon(config)
+        target = find_daemon(config.server.fallback())
         return asyncio.run(ask_complete(target.url, target.token, req, on_delta=stream))
     except Unavailable:
         return None

@@ -14,11 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.test_architecture import LSP_MAY_IMPORT     # what lsp/*.py may import from soldaemon
 
-# What lsp/*.py may import from soldaemon (the rest is the daemon's own).
-LSP_MAY_IMPORT = {"soldaemon", "soldaemon.api", "soldaemon.protocol", "soldaemon.errors", "soldaemon.discovery",
-                  "soldaemon.privacy.rules"}
+REPO = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "transformers", "websockets.asyncio.server", "websockets.server", "prometheus_client", "psutil")
 
 
