@@ -88,6 +88,28 @@ def test_server_names_stay_importable_from_the_old_path() -> None:
         assert getattr(server, name) is not None, name
 
 
+def test_the_products_import_path_loads_no_measurement_code() -> None:
+    """``serve``, ``status``, ``stop``, ``complete`` and ``doctor`` parse their
+    arguments, and the server and sol-lsp import, without loading
+    soldaemon.measure (only ``bench`` does, when it is parsed)."""
+    code = """
+import sys
+from soldaemon.cli import build_parser
+for argv in (["serve", "--port", "0"], ["status"], ["stop"], ["complete", "a.py:1:1"], ["doctor", "--json"]):
+    build_parser().parse_args(argv)
+import soldaemon.server.command, soldaemon.server.daemon, soldaemon.server.status, lsp.server
+print(sorted(m for m in sys.modules if m.startswith("soldaemon.measure")))
+build_parser().parse_args(["bench", "--holes", "1"])
+print(sorted(m for m in sys.modules if m.startswith("soldaemon.measure")))
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    product, bench = out.stdout.strip().splitlines()[-2:]
+    assert product == "[]"
+    assert "soldaemon.measure.bench" in bench      # the probe sees the package when it is loaded
+
+
 def test_status_client_loads_no_websocket_server() -> None:
     loaded = loaded_after("import soldaemon.server.status, soldaemon.discovery")
     assert [m for m, yes in loaded.items() if yes] == []
