@@ -198,7 +198,7 @@ class _Command(argparse.ArgumentParser):
         if add is not None:
             add(self)
 
-    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:   # the overloads of the base
         self._complete()
         return super().parse_known_args(args, namespace)
 
