@@ -110,6 +110,44 @@ def _store(**docs: str) -> DocumentStore:
     return store
 
 
+@pytest.mark.asyncio
+async def test_the_server_keeps_one_copy_of_each_document_that_the_editor_agrees_with() -> None:
+    """didOpen/didChange/didClose through pygls' own dispatch reach only
+    sol-lsp's store: pygls' workspace keeps no second copy (it would split
+    lines at a form feed too, and put this edit on the wrong line)."""
+    from lsp.server import build_server
+
+    server = build_server(Settings(start_daemon=False))
+
+    class Discard:
+        def write(self, data: bytes) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    server.protocol.set_writer(Discard())
+
+    def send(method: str, params: dict[str, Any], msg_id: int | None = None) -> None:
+        message = {"jsonrpc": "2.0", "method": method, "params": params, **({"id": msg_id} if msg_id else {})}
+        server.protocol.handle_message(json.loads(json.dumps(message), object_hook=server.protocol.structure_message))
+
+    uri = "file:///w/paged.py"
+    send("initialize", {"capabilities": {}, "processId": None, "rootUri": None}, 1)
+    send("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": "python", "version": 1,
+                                                   "text": "a = 1\x0c\nb = 2\n"}})
+    send("textDocument/didChange", {"textDocument": {"uri": uri, "version": 2}, "contentChanges": [
+        {"range": {"start": {"line": 1, "character": 0}, "end": {"line": 1, "character": 0}}, "text": "X"}]})
+    await asyncio.sleep(0.05)
+    doc = server.documents.get(uri)
+    assert doc is not None and doc.text == "a = 1\x0c\nXb = 2\n" and doc.version == 2
+    assert list(server.workspace.text_documents) == []
+    send("textDocument/didClose", {"textDocument": {"uri": uri}})
+    await asyncio.sleep(0.05)
+    assert len(server.documents) == 0
+    await server.stop_daemon_client()
+
+
 def test_context_ring_bounds_order_and_snapshots() -> None:
     body = "".join(f"line {i}\n" for i in range(200))
     store = _store(a=body, b=body, c=body, cur=body, blank="\n\n  \n")
