@@ -214,6 +214,36 @@ def test_settings_from_flags_and_initialization_options() -> None:
         parse_args(["--url", "http://x"])
 
 
+# The VS Code extension's settings it forwards as sol-lsp options (serverOptions
+# in vscode-extension/src/settings.ts): its key -> (sol-lsp's key, the value
+# that means "not sent", so sol-lsp's default applies).
+FORWARDED = {"debounceMs": ("debounceMs", None), "maxLines": ("maxLines", None),
+             "startTimeoutSeconds": ("startTimeoutS", None), "slowTtftMs": ("slowMs", None),
+             "maxTokens": ("maxTokens", 0), "budgetMs": ("budgetMs", 0)}
+
+
+def test_the_extensions_settings_fit_sol_lsps_option_schema() -> None:
+    """One schema for the options both have: every value the extension's
+    package.json allows (and its settings.ts clamps to, checked in
+    settings.test.ts) is one sol-lsp accepts; defaults agree but for the
+    extension's documented slowTtftMs (docs/vscode.md)."""
+    from lsp.settings import OPTIONS
+
+    properties = json.loads((Path(__file__).resolve().parent.parent / "vscode-extension" / "package.json")
+                            .read_text())["contributes"]["configuration"]["properties"]
+    schema = {opt.key: opt.json_schema() for opt in OPTIONS}
+    defaults = {opt.key: getattr(Settings(), opt.field) for opt in OPTIONS}
+    for ext_key, (key, unset) in FORWARDED.items():
+        prop, rule = properties[f"soldaemon.{ext_key}"], schema[key]
+        assert rule is not None and prop["type"] in (rule["type"], "integer"), (ext_key, prop, rule)
+        low = prop["minimum"] + (1 if prop["minimum"] == unset else 0)      # "unset" is never sent
+        assert rule["minimum"] <= low and prop["maximum"] <= rule["maximum"], (ext_key, prop, rule)
+        if prop["default"] != unset and ext_key != "slowTtftMs":
+            assert prop["default"] == defaults[key], (ext_key, prop["default"], defaults[key])
+    assert schema["multiline"] == {"type": "string", "enum": ["auto", "single", "multi"]}
+    assert schema["budgetMs"] == {"type": ["number", "null"], "minimum": 1, "maximum": 120_000}
+
+
 def test_event_params_forms() -> None:
     item = {"insertText": "x", "command": {"title": "t", "command": "sol.accepted", "arguments": ["c3", 1]}}
     assert _event_target({"item": item, "acceptedLength": 4}) == ("c3", 1, 4)
