@@ -3,7 +3,11 @@
 Finding it is :func:`soldaemon.discovery.find_daemon` (shared with
 ``soldaemon status``); :func:`resolve_target` applies sol-lsp's settings to
 it and is re-run before every connection attempt, so that a daemon restarted
-on another port is found again.
+on another port is found again. sol-lsp reads no ``sol_config.yaml`` (no
+YAML reader, no config code in its process): without a ``url`` setting it
+trusts only the daemon's record, which every daemon writes once ready, so
+a daemon is found where it really listens, and our token is never sent to
+whatever else holds the configured port.
 
 :class:`DaemonLauncher` starts ``soldaemon serve`` (an argv list, never a
 shell) in its own session, detached, logging to ``daemon.log`` in the state
@@ -16,7 +20,7 @@ becomes the launcher's message. It never blocks: the client keeps trying to conn
 daemon prepares its model, for at most ``timeout_s``.
 
 Two sol-lsp starting at once start one daemon: the starter holds
-``start.lock`` in the state directory (:class:`soldaemon.server.statefiles.StartLock`)
+``start.lock`` in the state directory (:class:`soldaemon.discovery.StartLock`)
 from the spawn until the daemon answers or the start fails; the other one
 sees the lock, starts nothing and keeps trying to connect.
 """
@@ -35,8 +39,9 @@ from pathlib import Path
 from typing import Sequence
 
 import soldaemon
-from soldaemon.discovery import StartLock, Target, check_private_dir, find_daemon, read_daemon_record, state_dir
+from soldaemon.discovery import Fallback, StartLock, Target, check_private_dir, find_daemon, read_daemon_record
 from soldaemon.errors import ConfigError
+from soldaemon.paths import state_dir
 
 from lsp.settings import Settings
 
@@ -47,12 +52,13 @@ log = logging.getLogger("sol.lsp.discovery")
 
 def resolve_target(settings: Settings) -> Target:
     """The daemon to connect to: ``url`` and ``token_file`` from the
-    settings when given, else as :func:`soldaemon.discovery.find_daemon`
-    finds them. Raises :class:`soldaemon.errors.Unavailable` when there is
-    no token file (no daemon ever started) and
-    :class:`soldaemon.errors.ConfigError` for a bad config, record or token
-    file."""
-    return find_daemon(settings.config, url=settings.url or None, token_path=settings.token_file)
+    settings when given, else the running daemon's record's (the token file
+    defaults to the state directory's). No fallback address: with no
+    record, no daemon runs (one is starting, or none). Raises
+    :class:`soldaemon.errors.Unavailable` when there is no record (and no
+    ``url``) or no token file, and :class:`soldaemon.errors.ConfigError`
+    for an unsafe record or token file."""
+    return find_daemon(Fallback(), url=settings.url or None, token_path=settings.token_file)
 
 
 LAST_ERROR_NAME = "last-error.json"    # written by `soldaemon serve` when it cannot start (server/command.py)

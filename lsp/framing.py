@@ -1,10 +1,15 @@
 """The LSP base protocol, read strictly.
 
-pygls' own reader skips every header line it does not understand until it
-finds a ``Content-Length``, so an HTTP request (``POST / HTTP/1.1`` with
-browser headers and an LSP frame as its body) or any other byte stream that
-happens to contain such a line is served as if it were an editor. This
-reader accepts only what the LSP base protocol defines:
+pygls' own reader (``pygls.io_.run_async``, pygls 2.1) skips every header
+line it does not understand until one matches ``Content-Length: N``, and
+takes any ``N``, so an HTTP request (``POST / HTTP/1.1`` with browser headers
+and an LSP frame as its body) or any other byte stream that happens to
+contain such a line is served as if it were an editor, and one header can
+ask it to buffer gigabytes. pygls has no option for a stricter reader, so
+sol-lsp's ``start_io`` runs pygls' protocol (JSON-RPC, dispatch, writing)
+over this reader instead; the test harness drives real sol-lsp processes
+with pytest-lsp's client (pygls' framing) or with raw bytes. This reader accepts only
+what the LSP base protocol defines:
 
 - header lines ``Name: value\\r\\n`` with ``Name`` one of ``Content-Length``
   and ``Content-Type`` (case-insensitive), each at most once;

@@ -41,10 +41,10 @@ class Settings:
     ``_s``."""
 
     # Where the daemon is. None: the running daemon's record (daemon.json in
-    # the state directory), else server.host/port of sol_config.yaml.
+    # the state directory); sol-lsp reads no sol_config.yaml itself.
     url: str | None = None
-    token_file: Path | None = None          # None: the daemon's record, else config
-    config: str | None = None               # sol_config.yaml for the defaults above
+    token_file: Path | None = None          # None: the daemon's record, else state_dir()/token
+    config: str | None = None               # sol_config.yaml for the daemon sol-lsp starts (--config)
     start_daemon: bool = True               # start `soldaemon serve` when none answers
     daemon_command: tuple[str, ...] = ()    # argv for that; () = soldaemon serve
     start_timeout_s: float = 180.0          # how long a started daemon may take to be ready
@@ -118,23 +118,37 @@ class Settings:
 # --------------------------------------------------------------------------
 
 
-def _number(lo: float, hi: float, *, integer: bool = False, nullable: bool = False) -> Callable[[Any, str], Any]:
-    def parse(value: Any, name: str) -> Any:
-        if value is None and nullable:
+@dataclass(frozen=True)
+class Number:
+    """A number option's rule: called, it parses a value (a flag's string or
+    a JSON number); read, it is the option's schema (:meth:`json_schema`,
+    which tests/test_lsp_units.py checks the VS Code extension's settings
+    against). A bool is never a number."""
+
+    lo: float
+    hi: float
+    integer: bool = False
+    nullable: bool = False
+
+    def __call__(self, value: Any, name: str) -> Any:
+        if value is None and self.nullable:
             return None
         if isinstance(value, str):
             try:
-                value = float(value) if not integer else int(value)
+                value = float(value) if not self.integer else int(value)
             except ValueError:
                 raise SettingsError(f"{name}: expected a number, got {value!r}") from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SettingsError(f"{name}: expected a number")
-        if integer and value != int(value):
+        if self.integer and value != int(value):
             raise SettingsError(f"{name}: expected a whole number")
-        if not lo <= value <= hi:
-            raise SettingsError(f"{name}: must be between {lo:g} and {hi:g}")
-        return int(value) if integer else float(value)
-    return parse
+        if not self.lo <= value <= self.hi:
+            raise SettingsError(f"{name}: must be between {self.lo:g} and {self.hi:g}")
+        return int(value) if self.integer else float(value)
+
+    def json_schema(self) -> dict[str, Any]:
+        kind = "integer" if self.integer else "number"
+        return {"type": [kind, "null"] if self.nullable else kind, "minimum": self.lo, "maximum": self.hi}
 
 
 def _bool(value: Any, name: str) -> bool:
@@ -217,12 +231,23 @@ def _languages(value: Any, name: str) -> tuple[tuple[str, bool], ...]:
     return tuple(sorted(out.items()))
 
 
-def _choice(*choices: str) -> Callable[[Any, str], str]:
-    def parse(value: Any, name: str) -> str:
-        if value not in choices:
-            raise SettingsError(f"{name}: expected one of {', '.join(choices)}")
+@dataclass(frozen=True)
+class Choice:
+    """A one-of option's rule: a parser, and its schema."""
+
+    choices: tuple[str, ...]
+
+    def __call__(self, value: Any, name: str) -> str:
+        if value not in self.choices:
+            raise SettingsError(f"{name}: expected one of {', '.join(self.choices)}")
         return str(value)
-    return parse
+
+    def json_schema(self) -> dict[str, Any]:
+        return {"type": "string", "enum": list(self.choices)}
+
+
+def _choice(*choices: str) -> Choice:
+    return Choice(choices)
 
 
 @dataclass(frozen=True)
@@ -234,19 +259,27 @@ class Option:
     help: str
     launch_only: bool = False      # command line only, never from initializationOptions
 
+    def json_schema(self) -> dict[str, Any] | None:
+        """The JSON schema of the value (numbers, choices, booleans); ``None``
+        for the options with their own parsers (paths, URLs, lists)."""
+        if self.parse is _bool:
+            return {"type": "boolean"}
+        rule = getattr(self.parse, "json_schema", None)
+        return rule() if rule is not None else None
+
 
 OPTIONS: tuple[Option, ...] = (
-    Option("url", "url", "--url", _url, "the daemon's ws:// URL (default: the running daemon's, else sol_config.yaml)",
-           launch_only=True),
-    Option("token_file", "tokenFile", "--token-file", _path, "the daemon's token file (default: the running daemon's)",
-           launch_only=True),
-    Option("config", "config", "--config", _text, "sol_config.yaml to read server.host/port/token_file from",
-           launch_only=True),
+    Option("url", "url", "--url", _url, "the daemon's ws:// URL (default: the running daemon's, from its record "
+           "daemon.json)", launch_only=True),
+    Option("token_file", "tokenFile", "--token-file", _path,
+           "the daemon's token file (default: the running daemon's, else the state directory's)", launch_only=True),
+    Option("config", "config", "--config", _text, "sol_config.yaml for the daemon sol-lsp starts "
+           "(passed as soldaemon --config)", launch_only=True),
     Option("start_daemon", "startDaemon", "--start-daemon", _bool, "start `soldaemon serve` when no daemon answers",
            launch_only=True),
     Option("daemon_command", "daemonCommand", "--daemon-command", _argv,
            "the command that starts the daemon (default: soldaemon serve)", launch_only=True),
-    Option("daemon_idle_exit_s", "daemonIdleExitS", "--daemon-idle-exit-s", _number(0, 30 * 86_400),
+    Option("daemon_idle_exit_s", "daemonIdleExitS", "--daemon-idle-exit-s", Number(0, 30 * 86_400),
            "a daemon sol-lsp starts exits after this many seconds without a connection (0: never)",
            launch_only=True),
     Option("enable", "enable", "--enable", _bool,
@@ -257,30 +290,30 @@ OPTIONS: tuple[Option, ...] = (
     Option("status_notifications", "statusNotifications", "", _bool,
            "send sol/status notifications (clients that handle them; also the client capability "
            "experimental.soldaemon.status)"),
-    Option("start_timeout_s", "startTimeoutS", "--start-timeout-s", _number(1, 3600),
+    Option("start_timeout_s", "startTimeoutS", "--start-timeout-s", Number(1, 3600),
            "seconds a started daemon may take to become ready"),
-    Option("debounce_ms", "debounceMs", "--debounce-ms", _number(0, 2000),
+    Option("debounce_ms", "debounceMs", "--debounce-ms", Number(0, 2000),
            "automatic triggers wait this long for more typing"),
-    Option("timeout_ms", "timeoutMs", "--timeout-ms", _number(50, 120_000),
+    Option("timeout_ms", "timeoutMs", "--timeout-ms", Number(50, 120_000),
            "a completion not answered within this is cancelled and returns empty"),
-    Option("budget_ms", "budgetMs", "--budget-ms", _number(1, 120_000, nullable=True),
+    Option("budget_ms", "budgetMs", "--budget-ms", Number(1, 120_000, nullable=True),
            "the daemon's wall-clock budget per completion"),
-    Option("max_tokens", "maxTokens", "--max-tokens", _number(1, 2048, integer=True), "generated tokens, cap"),
-    Option("max_lines", "maxLines", "--max-lines", _number(1, 1000, integer=True), "lines in a completion, cap"),
+    Option("max_tokens", "maxTokens", "--max-tokens", Number(1, 2048, integer=True), "generated tokens, cap"),
+    Option("max_lines", "maxLines", "--max-lines", Number(1, 1000, integer=True), "lines in a completion, cap"),
     Option("multiline", "multiline", "--multiline", _choice("auto", "single", "multi"), "auto, single or multi"),
-    Option("max_prefix_chars", "maxPrefixChars", "--max-prefix-chars", _number(1, 900_000, integer=True),
+    Option("max_prefix_chars", "maxPrefixChars", "--max-prefix-chars", Number(1, 900_000, integer=True),
            "document text before the cursor sent, cap"),
-    Option("max_suffix_chars", "maxSuffixChars", "--max-suffix-chars", _number(0, 900_000, integer=True),
+    Option("max_suffix_chars", "maxSuffixChars", "--max-suffix-chars", Number(0, 900_000, integer=True),
            "document text after the cursor sent, cap"),
     Option("completion_items", "completionItems", "--completion-items", _choice("auto", "always", "never"),
            "answer textDocument/completion: auto = only for clients without inline completion"),
-    Option("alternatives", "alternatives", "--alternatives", _number(1, 3, integer=True),
+    Option("alternatives", "alternatives", "--alternatives", Number(1, 3, integer=True),
            "candidates for an invoked completion: the greedy one, then sampled ones"),
     Option("alternatives_temperature", "alternativesTemperature", "--alternatives-temperature",
-           _number(0.05, 2.0), "sampling temperature of the extra candidates"),
-    Option("context_chunks", "contextChunks", "--context-chunks", _number(0, 32, integer=True),
+           Number(0.05, 2.0), "sampling temperature of the extra candidates"),
+    Option("context_chunks", "contextChunks", "--context-chunks", Number(0, 32, integer=True),
            "chunks of other recently edited/open documents sent as context"),
-    Option("context_lines", "contextLines", "--context-lines", _number(2, 400, integer=True), "lines per chunk"),
+    Option("context_lines", "contextLines", "--context-lines", Number(2, 400, integer=True), "lines per chunk"),
     Option("context_include", "contextInclude", "--context-include", _globs,
            "globs sent as context although they match a secret-file pattern", launch_only=True),
     Option("context_exclude", "contextExclude", "--context-exclude", _globs,
@@ -291,15 +324,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("log_level", "logLevel", "", _choice("debug", "info", "warning", "error"),
            "sol-lsp's log level (the command line's is --log-level)"),
     Option("warm", "warm", "--warm", _bool, "prefill the daemon's cache in the background after edits"),
-    Option("warm_delay_ms", "warmDelayMs", "--warm-delay-ms", _number(0, 60_000),
+    Option("warm_delay_ms", "warmDelayMs", "--warm-delay-ms", Number(0, 60_000),
            "idle time after an edit before the background warm"),
-    Option("slow_ms", "slowMs", "--slow-ms", _number(1, 600_000), "a completion slower than this reports 'slow'"),
-    Option("backoff_initial_ms", "backoffInitialMs", "--backoff-initial-ms", _number(10, 60_000),
+    Option("slow_ms", "slowMs", "--slow-ms", Number(1, 600_000), "a completion slower than this reports 'slow'"),
+    Option("backoff_initial_ms", "backoffInitialMs", "--backoff-initial-ms", Number(10, 60_000),
            "first reconnect delay"),
-    Option("backoff_max_ms", "backoffMaxMs", "--backoff-max-ms", _number(10, 600_000), "longest reconnect delay"),
-    Option("connect_timeout_ms", "connectTimeoutMs", "--connect-timeout-ms", _number(50, 60_000),
+    Option("backoff_max_ms", "backoffMaxMs", "--backoff-max-ms", Number(10, 600_000), "longest reconnect delay"),
+    Option("connect_timeout_ms", "connectTimeoutMs", "--connect-timeout-ms", Number(50, 60_000),
            "websocket handshake timeout"),
-    Option("failure_message_after_s", "failureMessageAfterS", "--failure-message-after-s", _number(0, 86_400),
+    Option("failure_message_after_s", "failureMessageAfterS", "--failure-message-after-s", Number(0, 86_400),
            "show one message when the daemon has been unreachable this long"),
 )
 

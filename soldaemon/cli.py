@@ -18,7 +18,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from soldaemon import __version__
 from soldaemon.config import Config, load_config
@@ -117,7 +117,7 @@ def _complete_on_daemon(config: Config, req: CompletionRequest, stream: Callable
     from soldaemon.server.status import ask_complete
 
     try:
-        target = find_daemon(config)
+        target = find_daemon(config.server.fallback())
         return asyncio.run(ask_complete(target.url, target.token, req, on_delta=stream))
     except Unavailable:
         return None
@@ -182,12 +182,50 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
     return bench.run(args, config)
 
 
+class _Command(argparse.ArgumentParser):
+    """A subcommand's parser whose options ``add_options`` adds when it is
+    first used (parsing its arguments, or its ``--help``): the options of
+    ``bench`` and ``doctor`` live beside their code, which ``serve`` and
+    ``status`` must not import (no measurement code on the product's path)."""
+
+    def __init__(self, *args: Any, add_options: Callable[[argparse.ArgumentParser], None] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._add_options = add_options
+
+    def _complete(self) -> None:
+        add, self._add_options = self._add_options, None
+        if add is not None:
+            add(self)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:   # the overloads of the base
+        self._complete()
+        return super().parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        self._complete()
+        return super().format_help()
+
+
+def _bench_options(p: argparse.ArgumentParser) -> None:
+    from soldaemon.measure import bench
+
+    _add_model_options(p)
+    bench.add_arguments(p)
+
+
+def _doctor_options(p: argparse.ArgumentParser) -> None:
+    from soldaemon.doctor import checks as doctor
+
+    doctor.add_arguments(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     # Only the options here: each command's code (the server, torch, the
     # benchmarks) is imported by its cmd_* when it runs, so `status` and
-    # `doctor` start without torch.
-    from soldaemon.doctor import checks as doctor
-    from soldaemon.measure import bench
+    # `doctor` start without torch; the options of `bench` and `doctor` are
+    # added when that command is parsed (_Command), so no other command
+    # imports the measurement package or the machine probes.
     from soldaemon.server import arguments as server
 
     parser = argparse.ArgumentParser(prog="soldaemon", description="a local, resident code-completion daemon")
@@ -195,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", help="sol_config.yaml (default: $SOLDAEMON_CONFIG, "
                                          "~/.config/soldaemon/sol_config.yaml; never ./sol_config.yaml)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Command)
 
     p = sub.add_parser("serve", help="load the model and serve the websocket API")
     server.add_arguments(p)
@@ -223,13 +261,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bars (there are none unless stderr is a terminal)")
     p.set_defaults(func=cmd_complete)
 
-    p = sub.add_parser("bench", help="benchmark against transformers generate() (and llama.cpp)")
-    _add_model_options(p)
-    bench.add_arguments(p)
+    p = sub.add_parser("bench", help="benchmark against transformers generate() (and llama.cpp)",
+                       add_options=_bench_options)
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("doctor", help="check the machine: GPU, drivers, CPU, model cache, daemon")
-    doctor.add_arguments(p)
+    p = sub.add_parser("doctor", help="check the machine: GPU, drivers, CPU, model cache, daemon",
+                       add_options=_doctor_options)
     p.set_defaults(func=cmd_doctor)
     for p in sub.choices.values():   # --config after the subcommand too
         p.add_argument("--config", dest="sub_config", default=None, help="sol_config.yaml (as before the command)")

@@ -25,8 +25,8 @@ ROOTS = ("soldaemon", "lsp")
 MAX_LINES = 600
 # what sol-lsp may import from the daemon's package
 LSP_MAY_IMPORT = frozenset({
-    "soldaemon", "soldaemon.api", "soldaemon.protocol", "soldaemon.errors", "soldaemon.discovery",
-    "soldaemon.privacy.rules",
+    "soldaemon", "soldaemon.api", "soldaemon.protocol", "soldaemon.errors", "soldaemon.paths", "soldaemon.discovery",
+    "soldaemon.privacy", "soldaemon.privacy.rules", "soldaemon.privacy.scan",
 })
 # third-party packages that load torch when imported
 TORCH = frozenset({"torch", "transformers", "accelerate"})

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from lsp.discovery import DaemonLauncher
-from soldaemon.server.statefiles import pid_exists
+from soldaemon.discovery import pid_exists
 from tests.fixtures.daemon import FAKE_ENGINE, REPO, Daemon, daemon_command, write_config
 
 BAR = re.compile(r"\d+%\||it/s\]|s/it\]|Loading (weights|checkpoint)")

@@ -21,9 +21,9 @@ from soldaemon.config import (
     SolConfig,
     config_from_dict,
     find_config_file,
-    is_loopback_host,
     load_config,
 )
+from soldaemon.discovery import is_loopback_host
 from soldaemon.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent

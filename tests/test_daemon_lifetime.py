@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from lsp.discovery import DaemonLauncher
-from soldaemon.server.statefiles import StartLock
+from soldaemon.discovery import StartLock
 from tests.fixtures.daemon import FAKE_ENGINE, Daemon
 
 

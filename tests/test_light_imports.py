@@ -14,11 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.test_architecture import LSP_MAY_IMPORT     # what lsp/*.py may import from soldaemon
 
-# What lsp/*.py may import from soldaemon (the rest is the daemon's own).
-LSP_MAY_IMPORT = {"soldaemon", "soldaemon.api", "soldaemon.protocol", "soldaemon.errors", "soldaemon.discovery",
-                  "soldaemon.privacy.rules"}
+REPO = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "transformers", "websockets.asyncio.server", "websockets.server", "prometheus_client", "psutil")
 
 
@@ -88,6 +86,28 @@ def test_server_names_stay_importable_from_the_old_path() -> None:
 
     for name in server.__all__:
         assert getattr(server, name) is not None, name
+
+
+def test_the_products_import_path_loads_no_measurement_code() -> None:
+    """``serve``, ``status``, ``stop``, ``complete`` and ``doctor`` parse their
+    arguments, and the server and sol-lsp import, without loading
+    soldaemon.measure (only ``bench`` does, when it is parsed)."""
+    code = """
+import sys
+from soldaemon.cli import build_parser
+for argv in (["serve", "--port", "0"], ["status"], ["stop"], ["complete", "a.py:1:1"], ["doctor", "--json"]):
+    build_parser().parse_args(argv)
+import soldaemon.server.command, soldaemon.server.daemon, soldaemon.server.status, lsp.server
+print(sorted(m for m in sys.modules if m.startswith("soldaemon.measure")))
+build_parser().parse_args(["bench", "--holes", "1"])
+print(sorted(m for m in sys.modules if m.startswith("soldaemon.measure")))
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    product, bench = out.stdout.strip().splitlines()[-2:]
+    assert product == "[]"
+    assert "soldaemon.measure.bench" in bench      # the probe sees the package when it is loaded
 
 
 def test_status_client_loads_no_websocket_server() -> None:

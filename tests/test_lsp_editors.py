@@ -34,7 +34,7 @@ import pytest_asyncio
 from lsprotocol import types
 from pytest_lsp import LanguageClient
 
-from soldaemon.server.statefiles import pid_exists
+from soldaemon.discovery import pid_exists
 from tests.fixtures.daemon import FAKE_ENGINE, Daemon, spawn, write_config
 from tests.fixtures.lsp_harness import capabilities, inline_params, last_state, lsp_env, open_doc, start_lsp, wait_for
 

@@ -110,6 +110,44 @@ def _store(**docs: str) -> DocumentStore:
     return store
 
 
+@pytest.mark.asyncio
+async def test_the_server_keeps_one_copy_of_each_document_that_the_editor_agrees_with() -> None:
+    """didOpen/didChange/didClose through pygls' own dispatch reach only
+    sol-lsp's store: pygls' workspace keeps no second copy (it would split
+    lines at a form feed too, and put this edit on the wrong line)."""
+    from lsp.server import build_server
+
+    server = build_server(Settings(start_daemon=False))
+
+    class Discard:
+        def write(self, data: bytes) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    server.protocol.set_writer(Discard())
+
+    def send(method: str, params: dict[str, Any], msg_id: int | None = None) -> None:
+        message = {"jsonrpc": "2.0", "method": method, "params": params, **({"id": msg_id} if msg_id else {})}
+        server.protocol.handle_message(json.loads(json.dumps(message), object_hook=server.protocol.structure_message))
+
+    uri = "file:///w/paged.py"
+    send("initialize", {"capabilities": {}, "processId": None, "rootUri": None}, 1)
+    send("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": "python", "version": 1,
+                                                   "text": "a = 1\x0c\nb = 2\n"}})
+    send("textDocument/didChange", {"textDocument": {"uri": uri, "version": 2}, "contentChanges": [
+        {"range": {"start": {"line": 1, "character": 0}, "end": {"line": 1, "character": 0}}, "text": "X"}]})
+    await asyncio.sleep(0.05)
+    doc = server.documents.get(uri)
+    assert doc is not None and doc.text == "a = 1\x0c\nXb = 2\n" and doc.version == 2
+    assert list(server.workspace.text_documents) == []
+    send("textDocument/didClose", {"textDocument": {"uri": uri}})
+    await asyncio.sleep(0.05)
+    assert len(server.documents) == 0
+    await server.stop_daemon_client()
+
+
 def test_context_ring_bounds_order_and_snapshots() -> None:
     body = "".join(f"line {i}\n" for i in range(200))
     store = _store(a=body, b=body, c=body, cur=body, blank="\n\n  \n")
@@ -174,6 +212,36 @@ def test_settings_from_flags_and_initialization_options() -> None:
         parse_args(["--max-tokens", "lots"])
     with pytest.raises(SystemExit):
         parse_args(["--url", "http://x"])
+
+
+# The VS Code extension's settings it forwards as sol-lsp options (serverOptions
+# in vscode-extension/src/settings.ts): its key -> (sol-lsp's key, the value
+# that means "not sent", so sol-lsp's default applies).
+FORWARDED = {"debounceMs": ("debounceMs", None), "maxLines": ("maxLines", None),
+             "startTimeoutSeconds": ("startTimeoutS", None), "slowTtftMs": ("slowMs", None),
+             "maxTokens": ("maxTokens", 0), "budgetMs": ("budgetMs", 0)}
+
+
+def test_the_extensions_settings_fit_sol_lsps_option_schema() -> None:
+    """One schema for the options both have: every value the extension's
+    package.json allows (and its settings.ts clamps to, checked in
+    settings.test.ts) is one sol-lsp accepts; defaults agree but for the
+    extension's documented slowTtftMs (docs/vscode.md)."""
+    from lsp.settings import OPTIONS
+
+    properties = json.loads((Path(__file__).resolve().parent.parent / "vscode-extension" / "package.json")
+                            .read_text())["contributes"]["configuration"]["properties"]
+    schema = {opt.key: opt.json_schema() for opt in OPTIONS}
+    defaults = {opt.key: getattr(Settings(), opt.field) for opt in OPTIONS}
+    for ext_key, (key, unset) in FORWARDED.items():
+        prop, rule = properties[f"soldaemon.{ext_key}"], schema[key]
+        assert rule is not None and prop["type"] in (rule["type"], "integer"), (ext_key, prop, rule)
+        low = prop["minimum"] + (1 if prop["minimum"] == unset else 0)      # "unset" is never sent
+        assert rule["minimum"] <= low and prop["maximum"] <= rule["maximum"], (ext_key, prop, rule)
+        if prop["default"] != unset and ext_key != "slowTtftMs":
+            assert prop["default"] == defaults[key], (ext_key, prop["default"], defaults[key])
+    assert schema["multiline"] == {"type": "string", "enum": ["auto", "single", "multi"]}
+    assert schema["budgetMs"] == {"type": ["number", "null"], "minimum": 1, "maximum": 120_000}
 
 
 def test_event_params_forms() -> None:

@@ -438,6 +438,21 @@ def test_without_fallback_the_local_model_is_never_loaded(tiny_tokenizer: Any) -
     assert engine.diagnosis()["fallback_local"] == "off"
 
 
+def test_the_remote_package_never_imports_the_runtime() -> None:
+    """The local fallback is built by the server's engine loader and handed
+    in (``local=``): soldaemon/remote/ imports nothing of soldaemon/runtime/,
+    not even inside a function (issue 29)."""
+    import ast
+
+    found = []
+    for path in sorted((Path(__file__).resolve().parent.parent / "soldaemon" / "remote").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.name}:{node.lineno} {n}" for n in names if n.startswith("soldaemon.runtime")]
+    assert found == []
+
+
 def test_daemon_supersede_closes_the_upstream_stream(start_daemon: Any, scripted: ScriptedEngine,
                                                      tmp_path: Path) -> None:
     """A newer keystroke for the same document supersedes the request in

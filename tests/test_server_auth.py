@@ -15,8 +15,8 @@ from soldaemon.server.auth import (
     host_header_ok,
     load_or_create_token,
     origin_ok,
-    read_token,
 )
+from soldaemon.discovery import read_token
 from soldaemon.errors import ConfigError, Unavailable
 
 

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from soldaemon import discovery
+from soldaemon.discovery import read_token
 from soldaemon.server import statefiles
-from soldaemon.server.auth import read_token
 from soldaemon.errors import ConfigError
 from tests.fixtures.daemon import FAKE_ENGINE, REPO, daemon_command, spawn
 
@@ -103,7 +104,7 @@ def test_a_remote_url_in_the_record_needs_allow_remote(tmp_path: Path, secret: P
     out = _status(state, tmp_path)
     assert out.returncode == 2 and "not a loopback address" in out.stderr, out.stderr
     monkeypatch.setenv("SOLDAEMON_STATE_DIR", str(state))
-    record = statefiles.read_daemon_record(allow_remote=True)
+    record = discovery.read_daemon_record(allow_remote=True)
     assert record is not None and record.url == "ws://203.0.113.7:8765"
 
 

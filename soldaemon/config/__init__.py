@@ -43,7 +43,7 @@ and :mod:`.loader` (finding the file, YAML with line numbers).
 from __future__ import annotations
 
 from soldaemon.config.budget import MemoryBudget
-from soldaemon.config.build import Config, config_from_dict, effective_precision, is_loopback_host
+from soldaemon.config.build import Config, config_from_dict, effective_precision
 from soldaemon.config.loader import CONFIG_FILENAME, ENV_VAR, find_config_file, load_config
 from soldaemon.config.sections import (
     BackendConfig,
@@ -86,6 +86,5 @@ __all__ = [
     "SolConfig",
     "config_from_dict",
     "find_config_file",
-    "is_loopback_host",
     "load_config",
 ]

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import ipaddress
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, TypeVar
 
+from soldaemon.discovery import is_loopback_host
 from soldaemon.errors import ConfigError
 
 from soldaemon.config.budget import MemoryBudget
@@ -202,21 +202,6 @@ def effective_precision(model: ModelConfig) -> tuple[str, list[str]]:
         notices.append(f"model.decode_dtype ({model.decode_dtype}) no longer applies: the weights are kept once, "
                        "and the kernel for decode steps is chosen by measurement (model.precision)")
     return precision, notices
-
-
-def is_loopback_host(host: str) -> bool:
-    """True when ``host`` only listens locally: ``localhost`` or a loopback
-    IPv4/IPv6 address (``127.0.0.0/8``, ``::1``). Any other name or address
-    (``0.0.0.0``, ``::``, a hostname) is not loopback."""
-    name = host.strip().lower().rstrip(".")
-    if name == "localhost" or name.endswith(".localhost"):
-        return True
-    if name.startswith("[") and name.endswith("]"):
-        name = name[1:-1]
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
 
 
 def _cross_checks(config: Config, problems: _Problems) -> None:

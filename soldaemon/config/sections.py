@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from soldaemon.api import Multiline
-from soldaemon.paths import state_dir
+from soldaemon.discovery import Fallback, default_token_path, ws_url
 
 from soldaemon.config.budget import MemoryBudget
 from soldaemon.config.checks import (_bool, _choice, _device, _env_name, _float, _int, _memory_budget, _optional, _path,
@@ -172,7 +172,13 @@ class ServerConfig:
     def token_path(self) -> Path:
         """The token file: ``token_file`` or ``state_dir()/token`` (resolved
         now, so it follows ``SOLDAEMON_STATE_DIR``)."""
-        return self.token_file if self.token_file is not None else state_dir() / "token"
+        return self.token_file if self.token_file is not None else default_token_path()
+
+    def fallback(self) -> Fallback:
+        """What :func:`soldaemon.discovery.find_daemon` uses when no daemon
+        record names a daemon: this section's address, token file and
+        ``allow_remote``."""
+        return Fallback(ws_url(self.host, self.port), self.token_path(), self.allow_remote, "sol_config.yaml")
 
 
 @dataclass(frozen=True)

@@ -35,11 +35,12 @@ def probe_running_daemon(config: Any, port: int | None) -> DaemonReading:
     import urllib.error
     import urllib.request
 
+    from soldaemon.config import load_config
     from soldaemon.discovery import find_daemon
     from soldaemon.errors import SolError
 
     try:
-        target = find_daemon(config)
+        target = find_daemon((config if config is not None else load_config()).server.fallback())
     except (SolError, OSError):
         return gpuprobe.probe_daemon(port) if port is not None else DaemonReading("", False, None, "not probed")
     url = "http" + target.url[2:].rstrip("/") + "/healthz"

@@ -481,24 +481,21 @@ def _sleep(seconds: float, cancel: CancelToken, deadline: int | None) -> bool:
         time.sleep(min(left, 0.01))
 
 
-def load_remote_engine(config: Config, *, progress: bool = True) -> RemoteEngine:
+def load_remote_engine(config: Config, *, local: Callable[[], Engine] | None = None,
+                       progress: bool = True) -> RemoteEngine:
     """The remote engine for ``config.backend``: the tokenizer of the model
     family (``backend.tokenizer``, else ``model.path``'s, else the embedded
     model's), one reachability probe (an engine that is down at start-up is
     logged, not fatal: it may come later), and with ``fallback_local`` the
-    local model loaded lazily (at once in the background when the engine is
-    down now)."""
+    fallback engine ``local`` builds (the caller's: the server's engine
+    loader passes the local model's loader, so this package never imports
+    the runtime), loaded lazily (at once in the background when the engine
+    is down now)."""
     from soldaemon.weights.loader import load_tokenizer
 
     bc = config.backend
     source = bc.tokenizer or config.model.path
     tokenizer, name = load_tokenizer(str(source) if source else None, progress=progress)
-
-    def local() -> Engine:
-        from soldaemon.runtime.engine.local import load_engine
-
-        return load_engine(config, progress=False)
-
     engine = RemoteEngine(config, tokenizer, name, local=local)
     state = engine.probe.probe_now()
     if state.reachable:

@@ -12,25 +12,25 @@ The rules (docs/protocol.md §2):
 - while listening on loopback, the ``Host`` header must name a loopback host
   (defeats DNS rebinding);
 - the daemon listens on a non-loopback address only when explicitly allowed.
+
+This is the daemon's side (making the token, checking handshakes); a
+client's reading of the token file, with the same safety checks, is
+:func:`soldaemon.discovery.read_token`.
 """
 
 from __future__ import annotations
 
 import hmac
 import os
-import re
 import secrets
-import stat
 from pathlib import Path
 from typing import Sequence
 
-from soldaemon.config import is_loopback_host
-from soldaemon.errors import ConfigError, Unavailable
+from soldaemon.discovery import check_private_dir, check_token_file, is_loopback_host
+from soldaemon.errors import ConfigError
 from soldaemon.server.handshake import host_is_loopback
-from soldaemon.server.statefiles import check_private_dir
 
 TOKEN_BYTES = 32  # random bytes; the file holds their URL-safe base64 (43 chars)
-_TOKEN_CHARS = re.compile(r"[A-Za-z0-9_\-]{32,512}")
 
 
 def check_bind(host: str, allow_remote: bool) -> None:
@@ -50,33 +50,6 @@ def check_bind(host: str, allow_remote: bool) -> None:
 # --------------------------------------------------------------------------
 
 
-def _check_token_file(path: Path) -> str:
-    """Read an existing token file, refusing one that others could read."""
-    try:
-        info = path.lstat()
-    except FileNotFoundError:
-        raise
-    if not stat.S_ISREG(info.st_mode):
-        raise ConfigError(f"token file {path} is not a regular file",
-                          hint=f"remove it; the daemon creates a new token at start-up")
-    if hasattr(os, "getuid") and info.st_uid != os.getuid():
-        raise ConfigError(f"token file {path} belongs to another user",
-                          hint="remove it; the daemon creates a new token at start-up")
-    if info.st_mode & 0o077:
-        raise ConfigError(
-            f"token file {path} is readable by other users (mode {stat.S_IMODE(info.st_mode):o}); "
-            "the token may have leaked",
-            hint=f"delete {path} (a new token is made at the next start) or run: chmod 600 {path}",
-        )
-    token = path.read_text(encoding="ascii", errors="replace").strip()
-    # a token is one line of URL-safe base64: a private key or any other
-    # private file named as the token file is never sent as one
-    if not _TOKEN_CHARS.fullmatch(token):
-        raise ConfigError(f"token file {path} holds no valid token",
-                          hint=f"delete {path}; a new token is made at the next start")
-    return token
-
-
 def load_or_create_token(path: Path) -> str:
     """Return the token in ``path``, creating it first if it does not exist.
 
@@ -87,7 +60,7 @@ def load_or_create_token(path: Path) -> str:
     :class:`ConfigError` for an existing file that is not private to this
     user, or when the file cannot be written."""
     try:
-        return _check_token_file(path)
+        return check_token_file(path)
     except FileNotFoundError:
         pass
     try:
@@ -113,18 +86,7 @@ def load_or_create_token(path: Path) -> str:
     except OSError as exc:
         raise ConfigError(f"cannot create the token file {path}: {exc.strerror or exc}",
                           hint="check that the state directory is writable, or set server.token_file") from None
-    return _check_token_file(path)
-
-
-def read_token(path: Path) -> str:
-    """The token for a client (``soldaemon status``, the language server).
-    Raises :class:`Unavailable` when there is no token file yet (no daemon has
-    ever started) and :class:`ConfigError` when it is unsafe."""
-    try:
-        return _check_token_file(path)
-    except FileNotFoundError:
-        raise Unavailable(f"no token file at {path}",
-                          hint="start the daemon first: soldaemon serve") from None
+    return check_token_file(path)
 
 
 # --------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from websockets.http11 import Request, Response
 from soldaemon import __version__
 from soldaemon.api import Done, Engine
 from soldaemon.server.auth import bearer_ok, host_header_ok, origin_ok
-from soldaemon.config import is_loopback_host
+from soldaemon.discovery import is_loopback_host
 from soldaemon.errors import Unavailable
 from soldaemon.server.handshake import RefusalLog, duplicated
 from soldaemon.server.metrics import Metrics

@@ -1,6 +1,7 @@
 """Which engine ``soldaemon serve`` loads: a test factory (``--engine``),
-the remote engine, or the local torch runtime (imported only when loaded,
-on the worker thread)."""
+the remote engine (with the local model as its fallback, built here and
+handed in: ``remote/`` never imports the runtime), or the local torch
+runtime (imported only when loaded, on the worker thread)."""
 
 from __future__ import annotations
 
@@ -34,19 +35,20 @@ def engine_loader(args: argparse.Namespace, config: Config) -> tuple[Callable[[]
         factory = getattr(importlib.import_module(module_name), attr or "make_engine")
         return (lambda: factory(config)), spec
 
+    def load(progress: bool = True) -> Engine:
+        try:
+            from soldaemon.runtime.engine.local import load_engine
+        except ImportError as exc:
+            raise ModelError(f"the inference engine is not available: {exc}") from None
+        return load_engine(config, progress=progress)
+
     if config.backend.kind == "remote":
         from soldaemon.remote.endpoint import Endpoint
         from soldaemon.remote.engine import load_remote_engine
 
         shown = Endpoint.parse(config.backend.url or "").shown
-        return (lambda: load_remote_engine(config)), f"remote engine at {shown}"
-
-    def load() -> Engine:
-        try:
-            from soldaemon.runtime.engine.local import load_engine
-        except ImportError as exc:
-            raise ModelError(f"the inference engine is not available: {exc}") from None
-        return load_engine(config)
+        # the fallback loads on a background thread: no progress bars
+        return (lambda: load_remote_engine(config, local=lambda: load(progress=False))), f"remote engine at {shown}"
 
     mc = config.model
     return load, str(mc.path) if mc.path else (f"embedded {mc.name}" if mc.name != "auto" else

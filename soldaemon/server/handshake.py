@@ -15,7 +15,7 @@ import time
 from collections import OrderedDict
 from typing import Callable, Generic, Hashable, Iterable, TypeVar
 
-from soldaemon.config import is_loopback_host
+from soldaemon.discovery import is_loopback_host
 
 SINGLE_HEADERS = ("Host", "Origin", "Authorization")
 

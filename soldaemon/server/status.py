@@ -22,7 +22,7 @@ from soldaemon.discovery import find_daemon
 from soldaemon.api import CompletionRequest, Delta, Done
 from soldaemon.errors import ProtocolError, SolError, Unavailable
 from soldaemon.protocol import Complete, ErrorFrame, Health, Status, decode_server, encode_client
-from soldaemon.server.statefiles import pid_exists
+from soldaemon.discovery import pid_exists
 from soldaemon.server.settings import SOL_DIAGNOSIS_KEYS
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def _format_health(url: str, body: Mapping[str, Any]) -> str:
 def run_status(args: argparse.Namespace, config: Config) -> int:
     """``soldaemon status``: print the running daemon's health. Raises
     :class:`Unavailable` when none answers."""
-    target = find_daemon(config, url=getattr(args, "url", None))
+    target = find_daemon(config.server.fallback(), url=getattr(args, "url", None))
     body = asyncio.run(query_health(target.url, target.token, getattr(args, "timeout", 5.0) or 5.0))
     print(json.dumps(body, indent=2) if getattr(args, "json", False) else _format_health(target.url, body))
     return 0
@@ -104,7 +104,7 @@ def stop_daemon(config: Config, *, url: str | None = None, timeout: float = 20.0
     to signal is the one answering with our token (its health names its
     pid), send SIGTERM (a graceful drain), wait for it to exit. Returns its
     pid. Raises :class:`Unavailable` when none answers or it does not exit."""
-    target = find_daemon(config, url=url)
+    target = find_daemon(config.server.fallback(), url=url)
     body = asyncio.run(query_health(target.url, target.token, min(timeout, 5.0)))
     pid = (body.get("process") or {}).get("pid")
     if not isinstance(pid, int) or pid <= 1 or (target.pid is not None and pid != target.pid):

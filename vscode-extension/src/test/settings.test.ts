@@ -36,6 +36,19 @@ describe("settings → sol-lsp", () => {
         assert.deepEqual(o, { ...BASE, startTimeoutS: 180, debounceMs: 2000, maxLines: 1, slowMs: 500, budgetMs: 800, maxTokens: 32 });
     });
 
+    it("every number setting is clamped to the range package.json declares (which sol-lsp accepts)", () => {
+        const props: Record<string, { type: string; minimum?: number; maximum?: number }> =
+            PKG.contributes.configuration.properties;
+        const numbers = Object.entries(props).filter(([, p]) => p.type === "integer" || p.type === "number");
+        assert.ok(numbers.length >= 6);
+        for (const [key, p] of numbers) {
+            const name = key.replace(/^soldaemon\./, "") as keyof ReturnType<typeof readSettings>;
+            assert.ok(p.minimum !== undefined && p.maximum !== undefined, `${key} declares its range`);
+            assert.equal(settings({ [name]: 1e12 })[name], p.maximum, key);
+            assert.equal(settings({ [name]: -1e12 })[name], p.minimum, key);
+        }
+    });
+
     it("only launch settings need a new server", () => {
         assert.equal(launchChanged(settings({}), settings({ maxLines: 3 })), false);
         assert.equal(launchChanged(settings({}), settings({ endpoint: "ws://127.0.0.1:1" })), true);
