@@ -81,13 +81,6 @@ main(["doctor", "--port", "{port}"])
     assert not loaded["torch"] and not loaded["transformers"]
 
 
-def test_server_names_stay_importable_from_the_old_path() -> None:
-    import soldaemon.server as server
-
-    for name in server.__all__:
-        assert getattr(server, name) is not None, name
-
-
 def test_the_products_import_path_loads_no_measurement_code() -> None:
     """``serve``, ``status``, ``stop``, ``complete`` and ``doctor`` parse their
     arguments, and the server and sol-lsp import, without loading

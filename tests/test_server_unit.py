@@ -15,7 +15,8 @@ from soldaemon.api import CancelToken, CompletionRequest, Delta, Done, Event, Ti
 from soldaemon.errors import BadRequest
 from soldaemon.server.metrics import Metrics
 from soldaemon.protocol import ErrorFrame
-from soldaemon.server import Job, TokenBucket, Worker
+from soldaemon.server.connection import TokenBucket
+from soldaemon.server.worker import Job, Worker
 from tests.fixtures.fake_engine import FakeEngine
 
 
@@ -262,7 +263,9 @@ class StubSocket:
 @pytest.mark.asyncio
 async def test_a_client_that_does_not_read_is_closed_1008(tmp_path: Any) -> None:
     from soldaemon.protocol import Status
-    from soldaemon.server import Connection, Daemon, ServerSettings
+    from soldaemon.server.connection import Connection
+    from soldaemon.server.daemon import Daemon
+    from soldaemon.server.settings import ServerSettings
 
     settings = ServerSettings(max_outbox_frames=5, token_path=tmp_path / "token")
     daemon = Daemon(settings, "t" * 43, "stub", asyncio.get_running_loop())

@@ -2,7 +2,7 @@
 self-declared ``high`` priorities count, and giving memory back after a
 client that stopped reading is closed.
 
-Pure rules over counts (the server's :class:`~soldaemon.server.Connection`
+Pure rules over counts (the server's :class:`~soldaemon.server.connection.Connection`
 applies them); queue order is :mod:`soldaemon.server.fairqueue`.
 
 - **Fair share.** Below half of ``max_in_flight`` anyone may queue up to the
