@@ -221,3 +221,15 @@ def test_a_parked_generation_is_dropped_when_the_user_types_something_else(engin
     _, done = _run(engine, CompletionRequest(id="v", uri=uri, prefix=PREFIX + streamed[:1], suffix=SUFFIX,
                                              max_tokens=4, multiline="multi"))
     assert done.timings.source != "resumed"
+    # a warm of another document: its KV session is acquired, which may fold or recycle the parked one's
+    _interrupt(engine, base, 1)
+    engine.warm(CompletionRequest(id="w2", uri="file:///tmp/elsewhere.py", prefix=PREFIX, suffix="\n"),
+                CancelToken())
+    _, done = _run(engine, CompletionRequest(id="u", uri=uri, prefix=PREFIX + streamed[:1], suffix=SUFFIX,
+                                             max_tokens=24, multiline="multi"))
+    assert done.timings.source == "model"
+    # the control: with nothing in between, the same keystroke resumes it
+    _interrupt(engine, base, 1)
+    _, done = _run(engine, CompletionRequest(id="s", uri=uri, prefix=PREFIX + streamed[:1], suffix=SUFFIX,
+                                             max_tokens=24, multiline="multi"))
+    assert done.timings.source == "resumed"
