@@ -117,7 +117,9 @@ class ModelPart(Protocol):
               typed_through: bool) -> Early | Resumed | Precomputed | None:
         """Called after the checks, before and whatever type-through answers
         (``typed_through``: it did; the return is then ignored). An answer
-        without a prompt, or None."""
+        without a prompt -- events passed on as they are (:class:`Early`),
+        a generation to finish (:class:`Resumed`), this request's answer
+        computed ahead (:class:`Precomputed`) -- or None."""
 
     def generating(self, req: CompletionRequest) -> ContextManager[None]:
         """Around all of ``req``'s candidates (e.g. the local model's lock)."""
