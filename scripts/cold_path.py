@@ -39,7 +39,7 @@ def daemon_row(engine: Any, hole: Any) -> dict[str, Any]:
                             max_tokens=64, received_ns=time.perf_counter_ns())
     done = [ev for ev in engine.complete(req, CancelToken()) if isinstance(ev, Done)][0]
     engine.pool.acquire(uri).truncate(0)
-    engine._shown.pop(uri, None)
+    engine.forget_shown(uri)
     t = done.timings
     ids = engine.build_prompt(CompletionRequest(id="p", prefix=hole.prefix, suffix=hole.suffix,
                                                 max_tokens=64))[0].ids

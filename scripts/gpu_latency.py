@@ -51,7 +51,7 @@ from soldaemon.measure.bench import baseline_model, bench_generate, bench_sol  #
 from soldaemon.config import Config  # noqa: E402
 from soldaemon.measure.holes import cut_line_holes, default_corpus  # noqa: E402
 from soldaemon.runtime.forward.cudagraph import GraphDecoder  # noqa: E402
-from soldaemon.runtime.engine.local import LocalEngine, load_engine  # noqa: E402
+from soldaemon.runtime.engine.local import SCRATCH_URI, LocalEngine, load_engine  # noqa: E402
 from soldaemon.measure.graphcheck import compare_graphs, transformers_reference  # noqa: E402
 from soldaemon.runtime.forward.layer import ATTENTION_LOG  # noqa: E402
 from soldaemon.runtime.forward.timing import synchronize  # noqa: E402
@@ -98,7 +98,7 @@ def cold_prefill_ms(engine: LocalEngine, n: int, repeats: int = 3) -> float:
         t0 = time.perf_counter()
         int(engine.backend.forward(x, 0, precise=True)[0].argmax())
         samples.append((time.perf_counter() - t0) * 1e3)
-    engine.session.truncate(0)                         # the cache no longer holds what the session thinks
+    engine.pool.acquire(SCRATCH_URI).truncate(0)       # the cache no longer holds what the session thinks
     return statistics.median(samples[1:])
 
 
@@ -118,7 +118,7 @@ def idle_release_check(engine: LocalEngine, ids: list[int], n: int, before: list
     synchronize(dev)
     release_ms = (time.perf_counter() - t0) * 1e3
     t1 = time.perf_counter()
-    with engine._lock:
+    with memory.gen_lock:
         memory.restore()
     synchronize(dev)
     restore_ms = (time.perf_counter() - t1) * 1e3
@@ -167,7 +167,7 @@ def attention_rows(engine: LocalEngine, graphs: GraphDecoder | None, positions: 
     and a ``rows``-row verify, eager and through graphs, over the same
     cache; ms of each and the graph logits against the eager ones (max
     |diff|, argmax agreement)."""
-    backend, session = engine.backend, engine.session
+    backend, session = engine.backend, engine.pool.acquire(SCRATCH_URI)
     text = "".join(p.read_text(errors="replace") for p in default_corpus())
     ids = engine.tokenizer(text, add_special_tokens=False).input_ids
     out = []
@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         # a quantized plan differs from the dense module by its rounding: compared only when dense
         reference = transformers_reference(baseline) if baseline is not None and dense else None
         check = compare_graphs(backend, graphs, prompts, args.check_steps, reference=reference)
-        engine.session.truncate(0)                     # the comparison wrote the session's cache
+        engine.pool.acquire(SCRATCH_URI).truncate(0)   # the comparison wrote the session's cache
         failures += [f"graphs vs eager: {f}" for f in check.failures()]
         print(f"\ngraphs vs eager ({check.dtype}, {check.documents} holes x {check.steps // max(1, check.documents)} "
               f"steps): max |logit diff| {check.max_abs_diff:.4g} (strain {check.strain:.2f} of the tolerance "

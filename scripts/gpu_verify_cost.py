@@ -40,7 +40,7 @@ from soldaemon.api import CompletionRequest  # noqa: E402
 from soldaemon.measure.bench import bench_sol  # noqa: E402
 from soldaemon.config import Config  # noqa: E402
 from soldaemon.measure.holes import cut_holes, default_corpus  # noqa: E402
-from soldaemon.runtime.engine.local import LocalEngine, load_engine  # noqa: E402
+from soldaemon.runtime.engine.local import SCRATCH_URI, LocalEngine, load_engine  # noqa: E402
 try:                        # absent before issue 27: the attention share is then not measured
     from soldaemon.runtime.forward.layer import causal_mask, group_mask, grouped_attention  # noqa: E402
 except ImportError:
@@ -63,7 +63,7 @@ def _median_ms(device: torch.device, fn: Any, repeats: int) -> float:
 def forward_costs(engine: LocalEngine, context: int, rows: tuple[int, ...], repeats: int) -> dict[str, Any]:
     """ms of a T-row forward after ``context`` tokens, through the session,
     and the kernels' share of it."""
-    b, session = engine.backend, engine.session
+    b, session = engine.backend, engine.pool.acquire(SCRATCH_URI)
     gen = torch.Generator().manual_seed(context)
     ids = torch.randint(100, min(b.vocab_size, 30000), (context + max(rows),), generator=gen).tolist()
     session.truncate(0)
@@ -143,8 +143,8 @@ def block_speculation(engine: LocalEngine, holes: int, tokens: int, seed: int) -
             "speedup_mean": round(total["speculative"] / total["plain"], 3),
             "acceptance_mean": round(statistics.mean(accept), 3) if accept else None,
             "identical_tokens": f"{same}/{len(prompts)}",
-            "forward_ms_by_tokens": {t: round(c, 2) for t, c in (engine.draft_length.costs_ms.items()
-                                                                 if engine.draft_length else [])}}
+            "forward_ms_by_tokens": {t: round(c, 2) for t, c in (engine.part.draft_length.costs_ms.items()
+                                                                 if engine.part.draft_length else [])}}
 
 
 def machine() -> dict[str, Any]:

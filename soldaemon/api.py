@@ -69,7 +69,7 @@ class Timings:
     accepted_tokens: int = 0               # speculative tokens accepted
     ttft_start_ns: int = 0                 # time.time_ns() at arrival
     ttft_end_ns: int = 0                   # time.time_ns() at first token
-    source: str = "model"                  # "model" | "type-through" (from the last completion) | "resumed" (a superseded generation continued) | "speculative" (computed ahead, runtime/foresight.py)
+    source: str = "model"                  # "model" | "type-through" (from the last completion) | "resumed" (a superseded generation continued) | "speculative" (computed ahead, runtime/engine/foresight.py)
 
     @property
     def tokens_per_s(self) -> float:

@@ -91,8 +91,8 @@ def test_engine_loads_the_draft_model(models: tuple[Path, Path]) -> None:
     config = config_from_dict({"model": {"path": str(target), "draft_model": str(draft), "max_context": 2048,
                                          "precision": "float32"}, "device": {"device": "cpu"}})
     engine = load_engine(config, progress=False)
-    assert engine.draft_model is not None and engine.info()["drafter"] == "draft model"
-    assert engine.draft_model_length is not None and engine.draft_model_length.draft_ms > 0
+    assert engine.part.draft_model is not None and engine.info()["drafter"] == "draft model"
+    assert engine.part.draft_model_length is not None and engine.part.draft_model_length.draft_ms > 0
     req = CompletionRequest(id="a", prefix="def f(x):\n    return x", suffix="\n", max_tokens=12)
     done = [e for e in engine.complete(req, CancelToken()) if isinstance(e, Done)][0]
     plain = load_engine(config_from_dict({"model": {"path": str(target), "max_context": 2048, "precision": "float32"},
@@ -125,7 +125,7 @@ def test_the_residency_planner_makes_room_for_the_draft(models: tuple[Path, Path
     base = {"model": {"path": str(target), "max_context": 2048, "precision": "float32"}, "device": {"device": "cpu"}}
     pair_config = {**base, "model": {**base["model"], "draft_model": str(draft)}}
     sized = load_engine(config_from_dict(pair_config), progress=False)
-    assert sized.memory is not None and sized.draft_model is not None
+    assert sized.memory is not None and sized.part.draft_model is not None
     store = sized.memory.store
     kv = sized.backend.kv_bytes_per_session * sized.config.model.kv_sessions
     layer = (store.device_bytes() - store.fixed_bytes) // len(sized.backend.layers)  # type: ignore[attr-defined]
@@ -140,7 +140,7 @@ def test_the_residency_planner_makes_room_for_the_draft(models: tuple[Path, Path
     assert alone.diagnosis()["offloaded_layers"] == 0
     alone.close()
     pair = load_engine(config_from_dict({**pair_config, "sol": budget}), progress=False)
-    assert pair.draft_model is not None and pair.memory is not None
+    assert pair.part.draft_model is not None and pair.memory is not None
     assert pair.memory.kv_reserve_bytes == kv + draft_bytes
     assert pair.diagnosis()["offloaded_layers"] > 0
     req = CompletionRequest(id="a", prefix="def f(x):\n    return x", suffix="\n", max_tokens=8)

@@ -172,7 +172,7 @@ def test_real_05b_drafting_for_the_15b_is_token_identical() -> None:
                                "device": {"device": "cpu"}})
     engine = load_engine(config, progress=False)
     assert engine.info()["precision"]["plan"]["short"] == "float32"
-    assert engine.draft_model is not None
+    assert engine.part.draft_model is not None
     assert engine.info()["model_choice"]["draft"] == "qwen2.5-coder-0.5b"
     alone = config.with_overrides({"completion.speculative": False}, source="test")
     for i, hole in enumerate(cut_holes(default_corpus(), 4, seed=3)):

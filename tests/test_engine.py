@@ -183,7 +183,7 @@ def test_a_superseded_generation_is_resumed_when_the_user_types_along(engine: Lo
     _, ref = _run(engine, req)
     text = ref.items[0]
     assert len(text) >= 4, f"the tiny model's completion changed: {text!r}"
-    engine._shown.clear()   # no type-through: this is about the generation itself
+    engine.forget_shown()   # no type-through: this is about the generation itself
     streamed, first = _interrupt(engine, CompletionRequest(id="a", uri=uri, prefix=TYPED_PREFIX, suffix=SUFFIX,
                                                            max_tokens=24, multiline="multi"), 2)
     assert first.finish_reason == "superseded"
@@ -205,7 +205,7 @@ def test_a_parked_generation_is_dropped_when_the_user_types_something_else(engin
     # after the first always lands before its end (no race with a fast model)
     ref_deltas, _ = _run(engine, base)
     assert len(ref_deltas) >= 2, f"the tiny model's completion changed: {ref_deltas!r}"
-    engine._shown.clear()   # no type-through: the same request is generated again
+    engine.forget_shown()   # no type-through: the same request is generated again
     streamed, first = _interrupt(engine, base, 1)
     assert first.finish_reason == "superseded"
     other = "\u00e9" if not streamed.startswith("\u00e9") else "\u00e8"
@@ -221,3 +221,15 @@ def test_a_parked_generation_is_dropped_when_the_user_types_something_else(engin
     _, done = _run(engine, CompletionRequest(id="v", uri=uri, prefix=PREFIX + streamed[:1], suffix=SUFFIX,
                                              max_tokens=4, multiline="multi"))
     assert done.timings.source != "resumed"
+    # a warm of another document: its KV session is acquired, which may fold or recycle the parked one's
+    _interrupt(engine, base, 1)
+    engine.warm(CompletionRequest(id="w2", uri="file:///tmp/elsewhere.py", prefix=PREFIX, suffix="\n"),
+                CancelToken())
+    _, done = _run(engine, CompletionRequest(id="u", uri=uri, prefix=PREFIX + streamed[:1], suffix=SUFFIX,
+                                             max_tokens=24, multiline="multi"))
+    assert done.timings.source == "model"
+    # the control: with nothing in between, the same keystroke resumes it
+    _interrupt(engine, base, 1)
+    _, done = _run(engine, CompletionRequest(id="s", uri=uri, prefix=PREFIX + streamed[:1], suffix=SUFFIX,
+                                             max_tokens=24, multiline="multi"))
+    assert done.timings.source == "resumed"

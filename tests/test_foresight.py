@@ -15,7 +15,7 @@ import torch
 
 from soldaemon.api import CancelToken, CompletionRequest, Done
 from soldaemon.runtime.engine.local import LocalEngine
-from soldaemon.runtime.engine.foresight import accepted_request, detached
+from soldaemon.runtime.engine.foresight import accepted_request
 from tests.fixtures.engines import run_done, tiny_engine
 
 PREFIX = "import os\n\n\ndef join_all(parts):\n    result = []\n    for part in parts:\n        result.append(os"
@@ -30,6 +30,19 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> LocalEngine:
 
 def _req(rid: str, uri: str, prefix: str, suffix: str = SUFFIX, **kw: object) -> CompletionRequest:
     return CompletionRequest(id=rid, uri=uri, prefix=prefix, suffix=suffix, max_tokens=8, **kw)  # type: ignore[arg-type]
+
+
+def speculate(engine: LocalEngine, req: CompletionRequest, item: str, cancel: CancelToken) -> Done | None:
+    """What the server's worker does once ``item`` was delivered for ``req``
+    and its queue is empty: the engine's work ahead, run to its end (None:
+    the engine names no work)."""
+    work = engine.work_ahead(req, Done(req.id, (item,), "stop"))
+    return None if work is None else work(cancel)
+
+
+def _memory(engine: LocalEngine) -> tuple[object, ...]:
+    """The per-document memory later answers depend on, and the counters."""
+    return dict(engine.lead_anchors._anchors), dict(engine.pipeline.memory.shown), engine.stats.requests
 
 
 def test_complete_after_warm_computes_only_what_was_typed(engine: LocalEngine) -> None:
@@ -66,13 +79,13 @@ def test_warm_leaves_the_kv_a_cold_complete_computes(engine: LocalEngine) -> Non
 def test_warm_and_speculation_leave_the_per_document_state_alone(engine: LocalEngine) -> None:
     uri = "file:///state.py"
     run_done(engine, _req("s0", uri, PREFIX))
-    before = (dict(engine.lead_anchors._anchors), dict(engine._shown), engine.stats.requests)
+    before = _memory(engine)
     selector = engine.context_selector
     chosen = dict(selector._last) if selector is not None else None
     engine.warm(_req("w", uri, OTHER, "\n"), CancelToken())      # elsewhere in the same document
-    with detached(engine):
-        run_done(engine, _req("x", uri, OTHER + "y", "\n"))
-    assert (dict(engine.lead_anchors._anchors), dict(engine._shown), engine.stats.requests) == before
+    spec = speculate(engine, _req("x", uri, OTHER, "\n"), "y", CancelToken())   # and ahead of accepting "y"
+    assert spec is not None and spec.finish_reason in ("stop", "length")
+    assert _memory(engine) == before
     assert (dict(selector._last) if selector is not None else None) == chosen
 
 
@@ -101,7 +114,7 @@ def test_accepting_a_completion_is_answered_from_the_speculation(engine: LocalEn
     shown = run_done(engine, first)
     item = shown.items[0]
     assert item, "the tiny model should write something here"
-    spec = engine.speculate(first, item, CancelToken())
+    spec = speculate(engine, first, item, CancelToken())
     assert spec is not None and spec.finish_reason in ("stop", "length")
     accepted = dataclasses.replace(first, id="b", prefix=PREFIX + item, version=7)
     t0 = time.perf_counter()
@@ -126,7 +139,7 @@ def test_speculation_does_not_change_what_typing_gets(engine: LocalEngine) -> No
     first = _req("a", "untitled:noaccept", PREFIX)
     item = run_done(engine, first).items[0]
     assert len(item) >= 2
-    engine.speculate(first, item, CancelToken())
+    speculate(engine, first, item, CancelToken())
     through = run_done(engine, dataclasses.replace(first, id="b", prefix=PREFIX + item[0]))
     assert through.timings.source == "type-through" and through.items == (item[1:],)
     other = dataclasses.replace(first, id="c", prefix=PREFIX + "Q")
@@ -171,7 +184,7 @@ def test_a_request_preempts_speculation_within_a_step(engine: LocalEngine, monke
         return forward(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(engine.backend, "forward", counted)
-    worker = threading.Thread(target=lambda: result.append(engine.speculate(first, item, cancel)))
+    worker = threading.Thread(target=lambda: result.append(speculate(engine, first, item, cancel)))
     worker.start()
     deadline = time.monotonic() + 30
     while len(session.tokens) <= session.prompt_len + 3:       # decoding
@@ -194,5 +207,5 @@ def test_speculative_fim_off(tmp_path_factory: pytest.TempPathFactory) -> None:
     off = tiny_engine(tmp_path_factory, completion={"speculative_fim": False})
     first = _req("a", "untitled:off", PREFIX)
     item = run_done(off, first).items[0]
-    assert off.speculate(first, item, CancelToken()) is None
+    assert speculate(off, first, item, CancelToken()) is None
     assert run_done(off, dataclasses.replace(first, prefix=PREFIX + item)).timings.source != "speculative"

@@ -193,8 +193,7 @@ def test_keystrokes_reuse_all_but_the_newest_tokens_and_match_a_full_recompute(e
     for k in range(indent, len(ENGINE_LINE), 3):
         req = CompletionRequest(id=f"k{k}", uri=uri, prefix=ENGINE_HEAD + ENGINE_LINE[:k], suffix=ENGINE_SUFFIX,
                                 max_tokens=8)
-        engine._shown.clear()      # the model answers every keystroke (no type-through)
-        engine._parked = None
+        engine.forget_shown()      # the model answers every keystroke (no type-through)
         precise_calls.clear()
         engine.backend.forward = spy   # type: ignore[method-assign]
         try:
@@ -205,7 +204,7 @@ def test_keystrokes_reuse_all_but_the_newest_tokens_and_match_a_full_recompute(e
         if k > indent:   # a warm keystroke: the middle token and the line run on the decode weights
             assert precise_calls and not any(precise_calls), precise_calls
         computed.append(done.timings.prompt_tokens - done.timings.cached_tokens)
-        engine._shown.clear()
+        engine.forget_shown()
         engine.pool.acquire(uri).truncate(0)   # the same request from scratch
         fresh = _done(engine, req)
         assert fresh.timings.cached_tokens == 0

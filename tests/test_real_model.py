@@ -61,6 +61,7 @@ def test_runtime_greedy_equals_generate_on_the_real_model(engine, reference) -> 
     from soldaemon.api import CompletionRequest
     from soldaemon.runtime.decode.generate import generate
     from soldaemon.runtime.decode.sampling import Greedy
+    from soldaemon.runtime.engine.local import SCRATCH_URI
 
     assert engine.backend.released and engine.backend.plan.kernels == ("float32",)
     model = reference
@@ -71,8 +72,9 @@ def test_runtime_greedy_equals_generate_on_the_real_model(engine, reference) -> 
         x = torch.tensor([ids])
         ref = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, min_new_tokens=12,
                              do_sample=False, pad_token_id=0)[0, len(ids):].tolist()
-        engine.session.truncate(0)
-        ours = [t for ev in generate(engine.session, ids, sampler=Greedy(), stop_ids=frozenset(), max_tokens=12)
+        session = engine.pool.acquire(SCRATCH_URI)
+        session.truncate(0)
+        ours = [t for ev in generate(session, ids, sampler=Greedy(), stop_ids=frozenset(), max_tokens=12)
                 for t in ev.tokens]
         assert ours == ref, (engine.tokenizer.decode(ours), engine.tokenizer.decode(ref))
 
@@ -89,6 +91,7 @@ def test_the_machines_plan_agrees_with_float32(engine, reference) -> None:
     from soldaemon.runtime.decode.generate import generate
     from soldaemon.runtime.forward.kernels import plan_for
     from soldaemon.runtime.decode.sampling import Greedy
+    from soldaemon.runtime.engine.local import SCRATCH_URI
     from soldaemon.runtime.kv.session import KVSession
 
     plan, _table, _cached = plan_for(reference.config, torch.device("cpu"), torch.float32)
@@ -99,8 +102,9 @@ def test_the_machines_plan_agrees_with_float32(engine, reference) -> None:
         ids = engine.build_prompt(CompletionRequest(id="h", prefix=h.prefix, suffix=h.suffix))[0].ids[-400:]
         run = lambda s: [t for ev in generate(s, ids, sampler=Greedy(), stop_ids=frozenset(), max_tokens=10)
                          for t in ev.tokens]
-        engine.session.truncate(0)
-        a, b = run(engine.session), run(half)
+        session = engine.pool.acquire(SCRATCH_URI)
+        session.truncate(0)
+        a, b = run(session), run(half)
         same += a == b
         agree += sum(x == y for x, y in zip(a, b))
     # int8 products change the greedy text on some holes (42 of 60 completions

@@ -113,12 +113,13 @@ def exact_session(engine: Any, model: Any | None) -> Any:
     dtype over ``model``'s own tensors (the generate() baseline's copy when
     the engine released its module), or the engine's session when the engine
     already runs the reference plan (or its backend is the HF fallback)."""
+    from soldaemon.runtime.engine.local import SCRATCH_URI
     from soldaemon.runtime.forward.backend import LeanBackend
     from soldaemon.runtime.kv.session import KVSession
 
     backend = engine.backend
     if not isinstance(backend, LeanBackend) or (not backend.released and backend.reference):
-        return engine.session
+        return engine.pool.acquire(SCRATCH_URI)
     if model is None:
         return None
     return KVSession(LeanBackend(model, backend.n_ctx))
@@ -131,8 +132,9 @@ def bench_sol(engine: Any, ids: list[int], n: int, speculative: bool,
     from soldaemon.policy.draft import PromptLookup
     from soldaemon.runtime.decode.generate import generate
     from soldaemon.runtime.decode.sampling import Greedy
+    from soldaemon.runtime.engine.local import SCRATCH_URI
 
-    session = session or engine.session
+    session = session or engine.pool.acquire(SCRATCH_URI)
     session.truncate(0)  # cold: no reuse from the previous hole
     t0 = time.perf_counter_ns()
     toks: list[int] = []
@@ -140,7 +142,7 @@ def bench_sol(engine: Any, ids: list[int], n: int, speculative: bool,
     for ev in generate(session, ids, sampler=Greedy(), stop_ids=frozenset(), max_tokens=n,
                        drafter=PromptLookup() if speculative else None,
                        draft_k=engine.config.completion.draft_tokens,
-                       draft_length=engine.draft_length if speculative else None):
+                       draft_length=engine.part.draft_length if speculative else None):
         toks.extend(ev.tokens)
         stats = ev.stats
     t1 = time.perf_counter_ns()
@@ -153,7 +155,7 @@ def bench_sol(engine: Any, ids: list[int], n: int, speculative: bool,
 def run(args: argparse.Namespace, config: Config) -> int:
     import torch
 
-    from soldaemon.runtime.engine.local import load_engine
+    from soldaemon.runtime.engine.local import SCRATCH_URI, load_engine
 
     if args.trace:
         from soldaemon.measure import trace
@@ -200,7 +202,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
             r.ms_per_token.append(mpt)
             r.tokens.append(toks)
             r.accept.append(acc)
-        engine.session.truncate(0)
+        engine.pool.acquire(SCRATCH_URI).truncate(0)
         req = CompletionRequest(id=f"h{i}", prefix=hole.prefix, suffix=hole.suffix, language="python",
                                 max_tokens=args.tokens)
         done = [ev for ev in engine.complete(req, CancelToken()) if isinstance(ev, Done)][0]

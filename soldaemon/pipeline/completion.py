@@ -2,16 +2,18 @@
 
 checks → type-through → (an engine's early answer) → prompt → generate →
 preview → post-process → remember. :class:`Pipeline` runs these stages and
-owns the per-document memory they need (the text shown for type-through,
-the sticky lead anchors, the relevance context's choice, the window memo).
-An engine supplies only the model part (:class:`ModelPart`): text from a
-prompt -- the local runtime's prefill and decode, or a remote engine's HTTP
-stream. Nothing here imports torch.
+owns the per-document memory they need (:class:`Memory`: the text shown for
+type-through, the sticky lead anchors, the relevance context's choice, the
+window memo). An engine supplies only the model part (:class:`ModelPart`):
+text from a prompt -- the local runtime's prefill and decode, or a remote
+engine's HTTP stream. Whatever the source of an answer (the model, a parked
+generation resumed, an answer computed ahead, type-through), the preview,
+the post-processing and the timings (:meth:`Clock.timings`) are done here.
+Nothing here imports torch.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import time
@@ -21,7 +23,8 @@ from typing import Any, Callable, ContextManager, Iterator, MutableMapping, Name
 from soldaemon.api import CancelToken, CompletionRequest, Delta, Done, Event, FinishReason, Timings
 from soldaemon.config import Config
 from soldaemon.fim import FimPrompt, FimTemplate, WindowMemo
-from soldaemon.pipeline.postprocess import StopChecker
+from soldaemon.pipeline.clock import Clock
+from soldaemon.pipeline.postprocess import StopChecker, postprocess
 from soldaemon.protocol import validate_request
 from soldaemon.pipeline.relevance import ContextSelector
 from soldaemon.pipeline import blockend
@@ -41,23 +44,24 @@ Shown = MutableMapping[str, tuple[str, str, str, tuple[Any, ...]]]
 MAX_SHOWN = 64  # documents remembered for type-through
 
 
-@dataclass(frozen=True)
-class Clock:
-    """When a request arrived and when the engine took it."""
+@dataclass
+class Memory:
+    """The pipeline's per-document memory: what later requests' answers
+    depend on besides their own text."""
 
-    arrival: int        # perf_counter_ns when the server received it (or the engine took it)
-    arrival_wall: int   # the same instant, time_ns
-    start: int          # perf_counter_ns when the engine took it
+    shown: Shown                          # uri → the last completion shown and its prompt inputs (type-through)
+    anchors: LeadAnchors                  # model.fim_anchor: sticky
+    selector: ContextSelector | None      # model.context: relevance (None: the chunks as sent)
+    memo: WindowMemo                      # windows unchanged while typing (a pure cache)
 
     @classmethod
-    def now(cls, req: CompletionRequest) -> Clock:
-        start = time.perf_counter_ns()
-        arrival = req.received_ns or start
-        return cls(arrival, time.time_ns() - (time.perf_counter_ns() - arrival), start)
+    def fresh(cls, config: Config) -> Memory:
+        return cls({}, LeadAnchors(), context_selector(config.model), WindowMemo())
 
-    def deadline(self, req: CompletionRequest) -> int | None:
-        """perf_counter_ns at which ``budget_ms`` runs out (None: no budget)."""
-        return self.arrival + int(req.budget_ms * 1e6) if req.budget_ms else None
+    def copy(self) -> Memory:
+        """A copy whose changes leave this one as it is (the window memo,
+        a pure cache, is shared)."""
+        return Memory(dict(self.shown), copy.deepcopy(self.anchors), copy.deepcopy(self.selector), self.memo)
 
 
 @dataclass
@@ -66,15 +70,39 @@ class Generation:
 
     raw: str = ""                     # the text generated so far
     finish: FinishReason = "stop"     # how it ended ("cancelled": see the request's cancel reason)
+    tokens: int = 0                   # tokens generated for this request (0: the model part does not count)
     info: Any = None                  # the model part's own record (stats, usage), for its timings
 
 
 class Early(NamedTuple):
-    """An answer an engine gives before any prompt is built (a parked
-    generation resumed, a speculative answer, a fallback engine)."""
+    """Events an engine answers with before any prompt is built, passed on
+    as they are (a fallback engine's answer)."""
 
     events: Iterator[Event]
     counted: bool        # its Done goes into the engine's counters (account)
+
+
+@dataclass
+class Resumed:
+    """A generation the model part started for an earlier request and
+    hands over to this one (the local part's parked run, resumed when the
+    user typed what it had produced). The pipeline previews, post-processes
+    and times it like its own."""
+
+    text: Iterator[str]       # the raw text after what was typed, now and after each step; fills ``out``
+    out: Generation           # raw, finish and tokens (generated for this request) once ``text`` ended
+    multiline: bool           # as the generation was started
+    max_lines: int
+    checker: StopChecker      # the stop check it decodes under
+    prompt_tokens: int        # its prompt (all cached: nothing is computed for this request)
+
+
+@dataclass(frozen=True)
+class Precomputed:
+    """This very request's answer, computed ahead (speculative FIM): its
+    ``Done`` as the computation ended."""
+
+    done: Done
 
 
 class ModelPart(Protocol):
@@ -85,10 +113,13 @@ class ModelPart(Protocol):
         """Around the whole request, type-through included (e.g. the local
         model's memory scheduler: weights restored, pinned for priority)."""
 
-    def early(self, req: CompletionRequest, cancel: CancelToken, clock: Clock, typed_through: bool) -> Early | None:
+    def early(self, req: CompletionRequest, cancel: CancelToken, clock: Clock,
+              typed_through: bool) -> Early | Resumed | Precomputed | None:
         """Called after the checks, before and whatever type-through answers
         (``typed_through``: it did; the return is then ignored). An answer
-        without a prompt, or None."""
+        without a prompt -- events passed on as they are (:class:`Early`),
+        a generation to finish (:class:`Resumed`), this request's answer
+        computed ahead (:class:`Precomputed`) -- or None."""
 
     def generating(self, req: CompletionRequest) -> ContextManager[None]:
         """Around all of ``req``'s candidates (e.g. the local model's lock)."""
@@ -130,62 +161,72 @@ class Pipeline:
         self.n_ctx = n_ctx
         self.can_heal = heal
         self.outbound = outbound
-        # uri → the last completion shown and its prompt inputs, for type-through
-        self.shown: Shown = {}
-        self.anchors = LeadAnchors()                                   # model.fim_anchor: sticky
-        self.selector: ContextSelector | None = context_selector(config.model)   # model.context: relevance
-        self.memo = WindowMemo()                                       # windows unchanged while typing
+        self.memory = Memory.fresh(config)
 
-    def forget(self) -> None:
-        """Drop every per-document memory, as if just built."""
-        self.shown.clear()
-        self.anchors = LeadAnchors()
-        self.memo = WindowMemo()
-        self.selector = context_selector(self.config.model)
+    def forget(self, uri: str | None = None) -> None:
+        """Drop every per-document memory, as if just built; with ``uri``,
+        only the text shown there (its next request is not type-through)."""
+        if uri is not None:
+            self.memory.shown.pop(uri, None)
+        else:
+            self.memory = Memory.fresh(self.config)
 
-    @contextlib.contextmanager
-    def detached(self) -> Iterator[None]:
-        """Inside: the anchors, context choice and shown texts are copies,
-        so what runs leaves no trace in what later requests get; after: the
-        originals are back (also when it raised). The window memo stays: a
-        pure cache."""
-        saved = (self.anchors, self.selector, self.shown)
-        self.anchors = copy.deepcopy(self.anchors)
-        self.selector = copy.deepcopy(self.selector)
-        self.shown = dict(self.shown)
-        try:
-            yield
-        finally:
-            self.anchors, self.selector, self.shown = saved
-
-    def build_prompt(self, req: CompletionRequest) -> tuple[FimPrompt, float]:
+    def build_prompt(self, req: CompletionRequest, *, detached: bool = False) -> tuple[FimPrompt, float]:
         """Window, tokenize and template ``req`` (:func:`build_fim_prompt`
-        with this pipeline's memory). Returns (prompt, ms)."""
+        with this pipeline's memory; ``detached``: with a copy of it, so
+        that later prompts are as if this one was never built). Returns
+        (prompt, ms)."""
+        return self._prompt(req, self.memory.copy() if detached else self.memory)
+
+    def _prompt(self, req: CompletionRequest, memory: Memory) -> tuple[FimPrompt, float]:
         if self.outbound is not None:
             req = self.outbound(req)
         return build_fim_prompt(self.template, self.tokenizer, self.config.model, req, self.n_ctx,
-                                heal=self.can_heal and self.config.completion.token_healing, selector=self.selector, anchors=self.anchors, memo=self.memo)
+                                heal=self.can_heal and self.config.completion.token_healing,
+                                selector=memory.selector, anchors=memory.anchors, memo=memory.memo)
 
     def run(self, req: CompletionRequest, cancel: CancelToken, model: ModelPart) -> Iterator[Event]:
         """Stream one completion: zero or more Delta, then one Done. Raises
         :class:`soldaemon.errors.BadRequest` for a request the protocol
         refuses or whose prompt does not fit."""
         with model.scope(req):
-            yield from self._run(req, cancel, model)
+            yield from self._run(req, cancel, model, self.memory, model)
 
-    def _run(self, req: CompletionRequest, cancel: CancelToken, model: ModelPart) -> Iterator[Event]:
+    def foresee(self, req: CompletionRequest, cancel: CancelToken, model: ModelPart) -> Done | None:
+        """Compute ``req``'s answer ahead of it (speculative FIM): the
+        stages :meth:`run` goes through, on a copy of the per-document
+        memory and not counted, so that what later requests get is as if
+        it never ran. Its Done (logged like any), or None when the model
+        part ended without one. Raises what :meth:`run` raises."""
+        done: Done | None = None
+        with model.scope(req):
+            for event in self._run(req, cancel, model, self.memory.copy(), None):
+                if isinstance(event, Done):
+                    done = event
+        return done
+
+    def _run(self, req: CompletionRequest, cancel: CancelToken, model: ModelPart, memory: Memory,
+             counter: ModelPart | None) -> Iterator[Event]:
+        """The stages over ``memory``; the Done is counted by ``counter``
+        (None: not counted)."""
         clock = Clock.now(req)
         validate_request(req)
-        rest = type_through(self.shown, req)
+        rest = type_through(memory.shown, req)
         early = model.early(req, cancel, clock, rest is not None)
         if rest is not None:
-            remember(self.shown, req, rest)
-            yield from type_through_events(req, rest, clock.start)
+            remember(memory.shown, req, rest)
+            yield from type_through_events(req, rest, clock)
+            return
+        if isinstance(early, Resumed):
+            yield from self._resumed(req, early, cancel, clock, memory, counter)
+            return
+        if isinstance(early, Precomputed):
+            yield from self._precomputed(req, early.done, clock, memory, counter)
             return
         if early is not None:
-            yield from self._relay(req, early, model)
+            yield from self._relay(req, early, memory, counter)
             return
-        prompt, prompt_ms = self.build_prompt(req)
+        prompt, prompt_ms = self._prompt(req, memory)
         cc = self.config.completion
         plan = blockend.plan(req.prefix, req.suffix, req.language, req.multiline, cc.max_lines, cc.block_end)
         multiline, max_lines = plan.multiline, plan.max_lines
@@ -210,7 +251,7 @@ class Pipeline:
                     other = model.recover(req, cancel, exc, bool(previewer.emitted), candidate)
                     if other is None:
                         raise
-                    yield from self._relay(req, Early(other, counted=False), model)
+                    yield from self._relay(req, Early(other, counted=False), memory, counter)
                     return
                 gens.append(gen)
                 finish = gen.finish
@@ -221,16 +262,57 @@ class Pipeline:
                     break
         if finish == "cancelled":
             finish = cancel.reason
-        yield self.finish(req, items, finish, model.timings(req, gens, prompt, prompt_ms, clock), model, ends)
+        yield self._finish(req, items, finish, model.timings(req, gens, prompt, prompt_ms, clock), memory,
+                           counter, ends)
 
-    def finish(self, req: CompletionRequest, items: list[str], finish: str, timings: Timings,
-               model: ModelPart | None, ends: list[str] | None = None) -> Done:
-        """The request's Done; counted by ``model`` (None: not counted), its
+    def _resumed(self, req: CompletionRequest, run: Resumed, cancel: CancelToken, clock: Clock, memory: Memory,
+                 counter: ModelPart | None) -> Iterator[Event]:
+        """A generation handed over by the model part: previewed as it
+        continues, post-processed for ``req`` (whose plan may differ from
+        the one it was started under) and timed from ``req``'s arrival."""
+        previewer = Previewer(run.multiline)
+        first_ns = first_wall = 0
+        for raw in run.text:
+            new = previewer.push(raw)
+            if new:
+                if not first_ns:
+                    first_ns, first_wall = time.perf_counter_ns(), time.time_ns()
+                yield Delta(req.id, new)
+        gen = run.out
+        cc = self.config.completion
+        plan = blockend.plan(req.prefix, req.suffix, req.language, req.multiline, cc.max_lines, cc.block_end)
+        ends: list[str] = []
+        if plan.multiline == run.multiline:
+            answer = blockend.finish(plan, gen.raw, gen.finish, run.checker)
+            items, ends = [answer.text], [answer.end]
+        else:
+            items = [postprocess(gen.raw, prefix=req.prefix, suffix=req.suffix, multiline=run.multiline,
+                                 max_lines=run.max_lines)]
+        finish = cancel.reason if gen.finish == "cancelled" else gen.finish
+        timings = clock.timings(first_ns=first_ns, first_wall_ns=first_wall, prompt_tokens=run.prompt_tokens,
+                                cached_tokens=run.prompt_tokens, generated_tokens=gen.tokens, source="resumed")
+        yield self._finish(req, items, finish, timings, memory, counter, ends)
+
+    def _precomputed(self, req: CompletionRequest, done: Done, clock: Clock, memory: Memory,
+                     counter: ModelPart | None) -> Iterator[Event]:
+        """``req``'s answer computed ahead: its first item as one delta; the
+        Done timed from ``req``'s arrival, every prompt token counted cached
+        (nothing was computed for this request)."""
+        t = done.timings
+        timings = clock.timings(prompt_tokens=t.prompt_tokens, cached_tokens=t.prompt_tokens,
+                                generated_tokens=t.generated_tokens, source="speculative")
+        if done.items and done.items[0]:
+            yield Delta(req.id, done.items[0])
+        yield self._finish(req, list(done.items), done.finish_reason, timings, memory, counter)
+
+    def _finish(self, req: CompletionRequest, items: list[str], finish: str, timings: Timings, memory: Memory,
+                counter: ModelPart | None, ends: list[str] | None = None) -> Done:
+        """The request's Done; counted by ``counter`` (None: not counted), its
         first item remembered for type-through when it finished whole."""
-        if model is not None:
-            model.account(timings)
+        if counter is not None:
+            counter.account(timings)
         if finish in ("stop", "length") and items:
-            remember(self.shown, req, items[0])
+            remember(memory.shown, req, items[0])
         log.info("complete id=%s finish=%s source=%s prompt=%d cached=%d gen=%d prompt_ms=%.1f prefill_ms=%.1f "
                  "ttft_ms=%.1f decode_ms=%.1f total_ms=%.1f accept=%d/%d", req.id, finish, timings.source,
                  timings.prompt_tokens, timings.cached_tokens, timings.generated_tokens, timings.prompt_ms,
@@ -238,15 +320,16 @@ class Pipeline:
                  timings.accepted_tokens, timings.draft_tokens)
         return Done(req.id, tuple(items), finish, timings, tuple(ends or ()))  # type: ignore[arg-type]
 
-    def _relay(self, req: CompletionRequest, early: Early, model: ModelPart) -> Iterator[Event]:
+    def _relay(self, req: CompletionRequest, early: Early, memory: Memory,
+               counter: ModelPart | None) -> Iterator[Event]:
         """An early answer's events, its Done finished like the pipeline's own."""
         for event in early.events:
             if isinstance(event, Done):
                 if early.counted:
-                    event = self.finish(req, list(event.items), event.finish_reason, event.timings, model,
-                                        list(event.ends))
+                    event = self._finish(req, list(event.items), event.finish_reason, event.timings, memory,
+                                         counter, list(event.ends))
                 elif event.finish_reason in ("stop", "length") and event.items:
-                    remember(self.shown, req, event.items[0])
+                    remember(memory.shown, req, event.items[0])
             yield event
 
 
@@ -310,14 +393,8 @@ def remember(shown: Shown, req: CompletionRequest, text: str) -> None:
             shown.pop(next(iter(shown)))
 
 
-def type_through_events(req: CompletionRequest, rest: str, t_start: int) -> Iterator[Event]:
-    """The answer from type-through: the rest as one delta, then done.
-    ``t_start`` is when the engine took the request (perf_counter_ns)."""
-    arrival = req.received_ns or t_start
-    now = time.perf_counter_ns()
-    ms = (now - arrival) / 1e6
-    arrival_wall = time.time_ns() - (now - arrival)
+def type_through_events(req: CompletionRequest, rest: str, clock: Clock) -> Iterator[Event]:
+    """The answer from type-through: the rest as one delta, then done."""
+    timings = clock.timings(source="type-through")
     yield Delta(req.id, rest)
-    yield Done(req.id, (rest,), "stop", Timings(
-        queue_ms=(t_start - arrival) / 1e6, ttft_ms=ms, total_ms=ms, ttft_start_ns=arrival_wall,
-        ttft_end_ns=time.time_ns(), source="type-through"))
+    yield Done(req.id, (rest,), "stop", timings)

@@ -46,7 +46,8 @@ from soldaemon.api import CancelToken, CompletionRequest, Done, Engine, Event, F
 from soldaemon.config import Config
 from soldaemon.errors import ConfigError, RemoteBadResponse, RemoteHttpError, RemoteTimeout, RemoteUnavailable
 from soldaemon.fim import FimPrompt, FimTemplate, detect_template
-from soldaemon.pipeline.completion import Clock, Early, Generation, Pipeline
+from soldaemon.pipeline.clock import Clock
+from soldaemon.pipeline.completion import Early, Generation, Pipeline
 from soldaemon.pipeline.postprocess import StopChecker
 from soldaemon.privacy.rules import outbound
 from soldaemon.remote.endpoint import Backoff, Endpoint, read_api_key
@@ -220,8 +221,9 @@ class RemoteEngine:
         automatic prefix caching, llama.cpp's cache_prompt), filled by real
         completions; a warm-up request per keystroke would spend a shared
         engine's capacity on text nobody reads."""
+        clock = Clock.now(req)
         prompt, prompt_ms = self.build_prompt(req)
-        return Timings(prompt_ms=prompt_ms, total_ms=prompt_ms, prompt_tokens=len(prompt.ids))
+        return clock.timings(first_ns=None, prompt_ms=prompt_ms, prompt_tokens=len(prompt.ids))
 
     def complete(self, req: CompletionRequest, cancel: CancelToken) -> Iterator[Event]:
         """Stream one completion: the shared pipeline over the HTTP stream."""
@@ -283,15 +285,9 @@ class RemoteEngine:
             details = usage.get("prompt_tokens_details")
             if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
                 cached += details["cached_tokens"]
-        end = time.perf_counter_ns()
-        arrival = clock.arrival
-        return Timings(
-            queue_ms=(clock.start - arrival) / 1e6, prompt_ms=prompt_ms,
-            ttft_ms=(first_ns - arrival) / 1e6 if first_ns else (end - arrival) / 1e6,
-            decode_ms=(end - first_ns) / 1e6 if first_ns else 0.0, total_ms=(end - arrival) / 1e6,
-            prompt_tokens=len(prompt.ids), cached_tokens=min(cached, len(prompt.ids) * req.n),
-            generated_tokens=generated, ttft_start_ns=clock.arrival_wall, ttft_end_ns=first_wall or time.time_ns(),
-        )
+        return clock.timings(first_ns=first_ns, first_wall_ns=first_wall, prompt_ms=prompt_ms,
+                             prompt_tokens=len(prompt.ids), cached_tokens=min(cached, len(prompt.ids) * req.n),
+                             generated_tokens=generated)
 
     def account(self, t: Timings) -> None:
         self.stats.requests += 1

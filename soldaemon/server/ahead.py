@@ -1,10 +1,10 @@
-"""The inference worker's lowest-priority work: speculative FIM.
+"""The inference worker's slot for lowest-priority work (speculative FIM).
 
-After a ``complete`` ends with text, the worker may compute the completion
-that follows accepting it (``Engine.speculate``, optional: engines without
-it never speculate; the local engine's ``completion.speculative_fim``
-turns it off). :class:`Ahead` holds that one piece of work between the
-worker thread and the event loop:
+After a ``complete`` was delivered, the engine may name work to do next
+(``work_ahead(req, done)``, optional: engines without it never do any; the
+local engine decides and does speculative FIM in
+:mod:`soldaemon.runtime.engine.foresight`). :class:`Ahead` holds that one
+piece of work between the worker thread and the event loop:
 
 - the worker :meth:`~Ahead.offer` s it when a completion ends, and
   :meth:`~Ahead.run` s it only when its queue is empty;
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from soldaemon.api import CancelToken, CompletionRequest, Done
 from soldaemon.errors import SolError
@@ -28,15 +28,15 @@ log = logging.getLogger("soldaemon.server.ahead")
 
 
 class Ahead:
-    """At most one speculation, pending or running (see the module doc).
+    """At most one piece of work, pending or running (see the module doc).
     Thread-safe: :meth:`preempt` is called from the event loop thread,
     the rest from the worker thread."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pending: tuple[CompletionRequest, str] | None = None
+        self._pending: tuple[str, Callable[[CancelToken], object]] | None = None   # (after request id, work)
         self._running: CancelToken | None = None
-        self.runs = 0           # speculations started
+        self.runs = 0           # pieces of work started
         self.preempted = 0      # of which cancelled by a request
 
     @property
@@ -44,13 +44,14 @@ class Ahead:
         return self._pending is not None
 
     def offer(self, engine: Any, req: CompletionRequest, done: Done) -> None:
-        """After ``done`` was delivered for ``req``: speculate on its first
-        item next, unless the engine cannot or there is nothing to accept."""
-        if (getattr(engine, "speculate", None) is None or done.finish_reason not in ("stop", "length")
-                or not done.items or not done.items[0]):
+        """After ``done`` was delivered for ``req``: keep the work the
+        engine names for next (its ``work_ahead``), if any."""
+        work_ahead = getattr(engine, "work_ahead", None)
+        work = work_ahead(req, done) if work_ahead is not None else None
+        if work is None:
             return
         with self._lock:
-            self._pending = (req, done.items[0])
+            self._pending = (req.id, work)
 
     def preempt(self) -> None:
         """A request arrived (or the worker stops): drop the pending
@@ -62,8 +63,8 @@ class Ahead:
             running.cancel("superseded")
             self.preempted += 1
 
-    def run(self, engine: Any) -> None:
-        """Run the pending speculation to its end or until :meth:`preempt`.
+    def run(self) -> None:
+        """Run the pending work to its end or until :meth:`preempt`.
         Never raises: a failure is logged (nobody waits for the result)."""
         with self._lock:
             pending, self._pending = self._pending, None
@@ -71,13 +72,13 @@ class Ahead:
                 return
             cancel = self._running = CancelToken()
         self.runs += 1
-        req, item = pending
+        after, work = pending
         try:
-            engine.speculate(req, item, cancel)
+            work(cancel)
         except SolError as exc:     # e.g. the accepted prompt no longer fits the context
-            log.debug("no speculation after request %s: %s", req.id, exc)
+            log.debug("no work ahead after request %s: %s", after, exc)
         except Exception:
-            log.exception("speculation after request %s failed", req.id)
+            log.exception("work ahead after request %s failed", after)
         finally:
             with self._lock:
                 self._running = None

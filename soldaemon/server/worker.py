@@ -23,6 +23,7 @@ from soldaemon.api import CancelToken, CompletionRequest, Delta, Done, Engine, F
 from soldaemon.errors import SolError
 from soldaemon.server.fairqueue import FairQueue
 from soldaemon.policy.priority import job_rank
+from soldaemon.pipeline.clock import Clock
 from soldaemon.protocol import ErrorFrame, error_frame
 
 log = logging.getLogger("soldaemon.server")
@@ -64,9 +65,10 @@ class Job:
         return (time.perf_counter_ns() - self.request.received_ns) / 1e6
 
     def timings_without_engine(self) -> Timings:
-        """Timings for a job that ended before the engine saw it."""
-        ms = self.age_ms()
-        return Timings(queue_ms=ms, total_ms=ms, ttft_start_ns=self.arrival_ns)
+        """Timings for a job that ended before the engine saw it: all of
+        its time was queue time."""
+        now = time.perf_counter_ns()
+        return Clock(self.request.received_ns, self.arrival_ns, now).timings(first_ns=None, end_ns=now)
 
 
 class Worker:
@@ -85,7 +87,7 @@ class Worker:
         self._queued = 0
         self._thread: threading.Thread | None = None
         self.engine: Engine | None = None
-        self.ahead = Ahead()        # speculative FIM: runs only while the queue is empty
+        self.ahead = Ahead()        # the engine's work ahead (speculative FIM): runs only while the queue is empty
 
     @property
     def queue_depth(self) -> int:
@@ -143,8 +145,8 @@ class Worker:
         while True:
             try:
                 job = self._queue.get(block=not self.ahead.pending)
-            except queue.Empty:     # idle with a speculation pending
-                self.ahead.run(engine)
+            except queue.Empty:     # idle with work ahead pending
+                self.ahead.run()
                 continue
             self.ahead.preempt()
             if job is None:

@@ -49,7 +49,7 @@ def run_sol(engine: Any, hole: Hole, uri: str, max_tokens: int,
                             max_tokens=max_tokens, received_ns=time.perf_counter_ns(), context=context)
     done = [ev for ev in engine.complete(req, CancelToken()) if isinstance(ev, Done)][0]
     engine.pool.acquire(uri).truncate(0)  # no type-through or reuse into the next column/hole
-    engine._shown.pop(uri, None)
+    engine.forget_shown(uri)
     t = done.timings
     return (done.items[0] if done.items else "", t.total_ms, t.prompt_tokens, t.generated_tokens, t.ttft_ms,
             done.ends[0] if done.ends else "")

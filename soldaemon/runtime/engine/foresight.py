@@ -1,4 +1,5 @@
-"""Work the engine does ahead of a request it can foresee (issue 16, item 5).
+"""Work the local engine does ahead of a request it can foresee (issue 16,
+item 5); speculative FIM lives here whole.
 
 - ``warm``: prefill the prompt the next ``complete`` at that place will use,
   so that the first suggestion after the user pauses somewhere new reuses
@@ -6,38 +7,56 @@
 - speculative FIM (``completion.speculative_fim``, what llama.vscode calls
   speculative FIM): after a completion was delivered, compute the one the
   next request would get if the user accepts it (the prefix plus the
-  completion, the same suffix), and keep it for that request.
+  completion, the same suffix), and keep it for that request. The decision
+  (:func:`ahead_of`), the work (:func:`speculate`) and the kept answer
+  (:class:`Foreseen`, owned by the model part, which answers from it) are
+  here; the server's worker only gives the work its slot
+  (:mod:`soldaemon.server.ahead`: run while the queue is empty, cancelled by
+  any request).
 
 Both go through the engine's own pipeline -- the same prompt construction
 (anchor, windows, context, healing cut) and the same KV cache -- and both
-must leave what the user later gets unchanged. So they run
-:func:`detached`: on copies of the engine's per-document memory (the sticky
-anchor, the relevance context's choice, the text shown for type-through)
-and of its counters. What they share with real requests is result-neutral:
-the KV cache, whose values depend on positions only (``precise_until``, see
-:meth:`KVSession.prefill`), and the window memo (a pure cache).
+must leave what the user later gets unchanged. So they run detached: on a
+copy of the pipeline's per-document memory (the sticky anchor, the relevance
+context's choice, the text shown for type-through), not counted
+(:meth:`Pipeline.foresee`, ``Pipeline.build_prompt(detached=True)``). What
+they share with real requests is result-neutral: the KV cache, whose values
+depend on positions only (``precise_until``, see :meth:`KVSession.prefill`),
+and the window memo (a pure cache).
 
-The server's worker runs speculation when its queue is empty and cancels it
-(reason ``superseded``) as soon as any request arrives; the engine checks the
-token before every decode step and between prefill chunks, which
-:func:`speculate` keeps short (:data:`AHEAD_CHUNK` tokens).
+The worker cancels a speculation (reason ``superseded``) as soon as any
+request arrives; the model part checks the token before every decode step
+and between prefill chunks, which :func:`speculate` keeps short
+(:data:`AHEAD_CHUNK` tokens).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Iterator
+from typing import ContextManager, Protocol
 
-from soldaemon.api import CancelToken, CompletionRequest, Delta, Done, Event, Timings
+from soldaemon.api import CancelToken, CompletionRequest, Done, Timings
+from soldaemon.config.sections import CompletionConfig
 from soldaemon.fim import FimPrompt
-from soldaemon.errors import Cancelled
-
-if TYPE_CHECKING:
-    from soldaemon.runtime.engine.local import LocalEngine
+from soldaemon.pipeline.clock import Clock
+from soldaemon.pipeline.completion import ModelPart, Pipeline
+from soldaemon.runtime.kv.session import PrefillResult
 
 AHEAD_CHUNK = 32     # tokens per prefill chunk while speculating: the longest wait a real request has
+
+
+class AheadPart(ModelPart, Protocol):
+    """What foresight asks of the local model part
+    (:class:`soldaemon.runtime.engine.part.LocalModelPart`) besides what
+    the pipeline does."""
+
+    foreseen: Foreseen
+
+    def prefill(self, uri: str, ids: list[int], *, precise_until: int | None,
+                cancel: CancelToken) -> PrefillResult | None: ...
+
+    def prefill_chunks(self, tokens: int) -> ContextManager[None]: ...
 
 
 def precise_until(prompt: FimPrompt) -> int | None:
@@ -48,42 +67,22 @@ def precise_until(prompt: FimPrompt) -> int | None:
     return len(prompt.ids) - prompt.n_middle if prompt.n_middle else None
 
 
-@contextlib.contextmanager
-def detached(engine: LocalEngine) -> Iterator[None]:
-    """Inside: the engine's sticky anchors, context choice, shown texts and
-    counters are copies, so whatever runs leaves no trace in what later
-    requests get; after: the originals are back (also when it raised).
-    Called on the worker thread; ``diagnosis`` readers meanwhile see a copy
-    of the same counters."""
-    saved = engine.stats
-    engine.stats = dataclasses.replace(engine.stats)
-    try:
-        with engine.pipeline.detached():
-            yield
-    finally:
-        engine.stats = saved
-
-
-def warm(engine: LocalEngine, req: CompletionRequest, cancel: CancelToken) -> Timings:
-    """Prefill exactly the prompt ``engine.complete(req)`` would compute now
-    (the Engine protocol's ``warm``): the same prompt, the same
-    ``precise_until``, built :func:`detached`. Afterwards a ``complete``
-    with ``req``'s text computes nothing of its prompt (only its logits
-    are re-read), one with a few characters typed since only those."""
-    t0 = req.received_ns or time.perf_counter_ns()
-    with detached(engine):
-        prompt, prompt_ms = engine.build_prompt(req)
+def warm(pipeline: Pipeline, part: AheadPart, req: CompletionRequest, cancel: CancelToken) -> Timings:
+    """Prefill exactly the prompt ``complete(req)`` would compute now (the
+    Engine protocol's ``warm``): the same prompt, built detached, the same
+    ``precise_until``. Afterwards a ``complete`` with ``req``'s text
+    computes nothing of its prompt (only its logits are re-read), one with
+    a few characters typed since only those."""
+    clock = Clock.now(req)
+    prompt, prompt_ms = pipeline.build_prompt(req, detached=True)
     t1 = time.perf_counter_ns()
-    with engine.memory_scope(req), engine._lock:
-        engine.session = engine.pool.acquire(req.uri)
-        try:
-            pre = engine.session.prefill(prompt.ids, cancelled=lambda: cancel.cancelled,
-                                         precise_until=precise_until(prompt))
-        except Cancelled:
-            return Timings(prompt_ms=prompt_ms, prompt_tokens=len(prompt.ids))
+    with part.scope(req):
+        pre = part.prefill(req.uri, prompt.ids, precise_until=precise_until(prompt), cancel=cancel)
+    if pre is None:     # cancelled
+        return clock.timings(first_ns=None, prompt_ms=prompt_ms, prompt_tokens=len(prompt.ids))
     t2 = time.perf_counter_ns()
-    return Timings(prompt_ms=prompt_ms, prefill_ms=(t2 - t1) / 1e6, total_ms=(t2 - t0) / 1e6,
-                   prompt_tokens=len(prompt.ids), cached_tokens=pre.cached)
+    return clock.timings(first_ns=None, end_ns=t2, prompt_ms=prompt_ms, prefill_ms=(t2 - t1) / 1e6,
+                         prompt_tokens=len(prompt.ids), cached_tokens=pre.cached)
 
 
 def accepted_request(req: CompletionRequest, item: str) -> CompletionRequest | None:
@@ -95,6 +94,16 @@ def accepted_request(req: CompletionRequest, item: str) -> CompletionRequest | N
         return None
     return dataclasses.replace(req, id=f"{req.id}~ahead", prefix=req.prefix + item, version=None,
                                budget_ms=None, priority="normal", received_ns=0)
+
+
+def ahead_of(config: CompletionConfig, req: CompletionRequest, done: Done) -> CompletionRequest | None:
+    """The decision, after ``done`` was delivered for ``req``: the request
+    to compute ahead (:func:`accepted_request` of its first item), or None
+    when ``completion.speculative_fim`` is off or there is nothing to accept
+    (no whole answer, no text)."""
+    if not config.speculative_fim or done.finish_reason not in ("stop", "length") or not done.items:
+        return None
+    return accepted_request(req, done.items[0])
 
 
 def _key(req: CompletionRequest) -> CompletionRequest:
@@ -125,61 +134,18 @@ class Foreseen:
         return entry[1]
 
 
-def foreseen_events(req: CompletionRequest, done: Done, arrival: int, t_start: int) -> tuple[Delta | None, Done]:
-    """``req``'s answer from a speculative ``done``: its first item as one
-    delta, and a done with ``source: speculative`` (every prompt token
-    counted cached: nothing was computed for this request)."""
-    now = time.perf_counter_ns()
-    ms = (now - arrival) / 1e6
-    t = done.timings
-    timings = Timings(queue_ms=(t_start - arrival) / 1e6, ttft_ms=ms, total_ms=ms,
-                      prompt_tokens=t.prompt_tokens, cached_tokens=t.prompt_tokens,
-                      generated_tokens=t.generated_tokens, ttft_start_ns=time.time_ns() - (now - arrival),
-                      ttft_end_ns=time.time_ns(), source="speculative")
-    delta = Delta(req.id, done.items[0]) if done.items and done.items[0] else None
-    return delta, Done(req.id, done.items, done.finish_reason, timings)
-
-
-def speculate(engine: LocalEngine, req: CompletionRequest, item: str, cancel: CancelToken) -> Done | None:
-    """Compute the completion that follows accepting ``item`` at ``req``
-    (see :func:`accepted_request`) :func:`detached`, and keep it in
-    ``engine.foreseen`` when it finished; returns its ``Done``, or None
-    when there was nothing to foresee. Cancelled (``cancel``) it returns
-    within one decode step or :data:`AHEAD_CHUNK` prefill tokens; cancelled
-    as ``superseded`` after its first token, the generation is parked, so
-    the accepted request may still resume it."""
-    ahead = accepted_request(req, item)
-    engine.foreseen.clear()
-    if ahead is None or cancel.cancelled:
+def speculate(pipeline: Pipeline, part: AheadPart, ahead: CompletionRequest, cancel: CancelToken) -> Done | None:
+    """Compute ``ahead`` (from :func:`ahead_of`) with ``pipeline`` over the
+    model part, detached (:meth:`Pipeline.foresee`), and keep its answer in
+    ``part.foreseen`` when it finished; returns its ``Done``. Cancelled
+    (``cancel``) it returns within one decode step or :data:`AHEAD_CHUNK`
+    prefill tokens; cancelled as ``superseded`` after its first token, the
+    generation is parked, so the accepted request may still resume it."""
+    part.foreseen.clear()
+    if cancel.cancelled:
         return None
-    with engine._lock:
-        session = engine.pool.acquire(req.uri)
-    chunk, session.chunk = session.chunk, min(session.chunk, AHEAD_CHUNK)
-    done: Done | None = None
-    try:
-        with detached(engine):
-            for event in engine.complete(ahead, cancel):
-                if isinstance(event, Done):
-                    done = event
-    finally:
-        session.chunk = chunk
+    with part.prefill_chunks(AHEAD_CHUNK):
+        done = pipeline.foresee(ahead, cancel, part)
     if done is not None and done.finish_reason in ("stop", "length") and not cancel.cancelled:
-        engine.foreseen.keep(ahead, done)
+        part.foreseen.keep(ahead, done)
     return done
-
-
-def answer_foreseen(engine: LocalEngine, req: CompletionRequest, arrival: int, t_start: int) -> Iterator[Event] | None:
-    """The events answering ``req`` from the kept speculation, or None when
-    it does not ask for it (the kept answer is dropped either way). Its
-    Done is finished by the pipeline (:meth:`Pipeline.finish`)."""
-    done = engine.foreseen.take(req)
-    if done is None:
-        return None
-    delta, final = foreseen_events(req, done, arrival, t_start)
-
-    def events() -> Iterator[Event]:
-        if delta is not None:
-            yield delta
-        yield final      # the pipeline counts and remembers it
-
-    return events()

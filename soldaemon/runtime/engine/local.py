@@ -1,30 +1,31 @@
 """The local engine: a completion request in, a stream of events out.
 
-The stages (checks, type-through, prompt, preview, post-processing) are the
-shared pipeline's (:mod:`soldaemon.pipeline`); this engine loads and warms
-the model, holds its KV sessions, drafts and memory scheduler, and gives the
-pipeline its model part (:mod:`soldaemon.runtime.engine.part`: prefill with
-KV reuse, decode, speculation, stop checks). Implements
-:class:`soldaemon.api.Engine`; driven from one worker thread.
+The stages (checks, type-through, prompt, preview, post-processing,
+timings) are the shared pipeline's (:mod:`soldaemon.pipeline`); this engine
+loads and warms the model, builds its backend, KV session pool, drafts and
+memory scheduler, and gives the pipeline its model part
+(:mod:`soldaemon.runtime.engine.part`, which owns the generation lock, the
+session access, the parked run and the foreseen answer: prefill with KV
+reuse, decode, speculation, stop checks). Work ahead of a request (warm,
+speculative FIM) is :mod:`soldaemon.runtime.engine.foresight`'s.
+Implements :class:`soldaemon.api.Engine`; driven from one worker thread.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
 
 from soldaemon.api import CancelToken, CompletionRequest, Done, Event, Timings
 from soldaemon.config import Config, effective_precision
-from soldaemon.errors import BadRequest, ConfigError, ModelError
+from soldaemon.errors import ConfigError, ModelError
 from soldaemon.fim import FimPrompt, FimTemplate, detect_template
 from soldaemon.weights.loader import LoadedModel, load_model
-from soldaemon.pipeline.completion import Pipeline, Shown
+from soldaemon.pipeline.completion import Pipeline
 from soldaemon.pipeline.prompt import LeadAnchors
 from soldaemon.pipeline.relevance import ContextSelector
 from soldaemon.runtime.forward.backend import LEAN_ARCHITECTURES, Backend, LeanBackend, make_backend
@@ -35,28 +36,18 @@ from soldaemon.runtime.forward.precision import choose_kernels, lean_or_float32,
 from soldaemon.runtime.forward.cudagraph import GraphDecoder
 from soldaemon.policy.draft import DraftLength
 from soldaemon.runtime.decode.draft import DraftModel
-from soldaemon.runtime.engine.foresight import Foreseen, speculate, warm
-from soldaemon.runtime.engine.part import LocalModelPart, Run
-from soldaemon.runtime.decode.healing import TokenTexts
+from soldaemon.runtime.engine.foresight import ahead_of, speculate, warm
+from soldaemon.runtime.engine.part import EngineStats, LocalModelPart
 from soldaemon.errors import BudgetTooSmall
 from soldaemon.runtime.memory.scheduler import MemoryScheduler
-from soldaemon.runtime.kv.session import KVSession, SessionPool
+from soldaemon.runtime.kv.session import SessionPool
 from soldaemon.runtime.forward.timing import elapsed_ms, synchronize
 
 log = logging.getLogger("soldaemon.engine")
 
-@dataclass
-class EngineStats:
-    requests: int = 0
-    prompt_tokens: int = 0         # summed over requests
-    cached_tokens: int = 0         # of which reused from the KV cache
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-    resumed: int = 0               # requests answered by resuming a parked generation
-
-    @property
-    def kv_hit_ratio(self) -> float:
-        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+# the document of requests without one (warm-up, benchmarks): its KV session
+# is the one start-up measurements and benchmarks run on
+SCRATCH_URI = "untitled:"
 
 
 class LocalEngine:
@@ -90,21 +81,15 @@ class LocalEngine:
         if fold and isinstance(self.backend, LeanBackend):
             self.backend.record_queries()
         self.pool = SessionPool(self.backend, config.model.kv_sessions, min_move=min_move, fold_threshold=fold)
-        self.session: KVSession = self.pool.acquire("untitled:")  # the last used session
-        # measured in warmup(); until then speculation uses the fixed draft size
-        self.draft_length: DraftLength | None = None
-        # model.draft_model (attach_draft_model), with its own draft sizing
-        self.draft_model: DraftModel | None = None
-        self.draft_model_length: DraftLength | None = None
-        self.stats = EngineStats()
+        self.pool.acquire(SCRATCH_URI)     # the first session takes the cache the backend was built with
         self.started = time.time()
-        self._lock = threading.Lock()   # one generation at a time
-        # Sol's memory scheduler (runtime/residency.py): residency under
+        lock = threading.Lock()   # one generation at a time: the model part's, lent to the memory scheduler
+        # Sol's memory scheduler (runtime/memory/scheduler.py): residency under
         # sol.memory_budget, prefetch, heatmap, idle release, priority pins
         self.memory: MemoryScheduler | None = None
         if isinstance(self.backend, LeanBackend):
             try:
-                self.memory = MemoryScheduler(self.backend, config.sol, self._lock,
+                self.memory = MemoryScheduler(self.backend, config.sol, lock,
                                               kv_reserve_bytes=self.backend.kv_bytes_per_session * config.model.kv_sessions)
             except BudgetTooSmall as exc:
                 raise ConfigError(f"sol.memory_budget: {exc}",
@@ -112,12 +97,9 @@ class LocalEngine:
                                        "or sol.prefetch_depth") from None
         # the stages shared with every engine, and their per-document memory
         self.pipeline = Pipeline(config, self.template, self.tokenizer, self.backend.n_ctx, heal=True)
-        self.part = LocalModelPart(self)       # what the pipeline asks of the model
+        # what the pipeline asks of the model: sessions, drafts, counters, parked run, foreseen answer
+        self.part = LocalModelPart(self.pool, self.tokenizer, self.template, config, lock=lock, memory=self.memory)
         self.graphs: GraphDecoder | None = None   # CUDA-graph decode steps (warmup() sets it up on CUDA)
-        # a superseded generation kept for the next keystroke (see _resume)
-        self._parked: Run | None = None
-        self._token_texts: TokenTexts | None = None   # token healing's vocabulary index
-        self.foreseen = Foreseen()                                # completion.speculative_fim's answer
         # model.name / model.draft as load_engine resolved them (auto: the figures that decided)
         self.model_choice: dict[str, Any] | None = None
 
@@ -137,10 +119,10 @@ class LocalEngine:
             "load_s": round(self.loaded.load_s, 2),
             "model_choice": self.model_choice,
             "drafter": ("off" if not self.config.completion.speculative else
-                        "draft model" if self.draft_model is not None else "prompt lookup"),
+                        "draft model" if self.part.draft_model is not None else "prompt lookup"),
             "cuda_graphs": self.graphs.info() if self.graphs is not None else None,
-            "forward_ms_by_tokens": ({t: round(c, 2) for t, c in self.draft_length.costs_ms.items()}
-                                     if self.draft_length else None),
+            "forward_ms_by_tokens": ({t: round(c, 2) for t, c in self.part.draft_length.costs_ms.items()}
+                                     if self.part.draft_length else None),
         }
 
     def diagnosis(self) -> dict[str, Any]:
@@ -155,8 +137,9 @@ class LocalEngine:
             "offloaded_layers": store.offloaded_layers if store else 0,
             "kv_hit_ratio": round(self.stats.kv_hit_ratio, 4),
             "fallback_count": store.stats.fallbacks if store else 0,
-            "draft_acceptance": (round(length.rate, 3) if (length := self.draft_model_length
-                                                               if self.draft_model else self.draft_length) else None),
+            "draft_acceptance": (round(length.rate, 3) if (length := self.part.draft_model_length
+                                                               if self.part.draft_model else self.part.draft_length)
+                                 else None),
         }
 
     def debug_snapshots(self) -> dict[str, Any]:
@@ -172,11 +155,6 @@ class LocalEngine:
         prefetch["idle_releases"] = self.memory.releases
         return {"heatmap": self.memory.store.snapshot_heatmap(), "prefetch": prefetch}
 
-    def memory_scope(self, req: CompletionRequest) -> contextlib.AbstractContextManager[None]:
-        """Around one request: the memory scheduler's scope
-        (:meth:`soldaemon.runtime.engine.part.LocalModelPart.scope`)."""
-        return self.part.scope(req)
-
     def close(self) -> None:
         """Stop the memory scheduler's idle timer and prefetch thread."""
         if self.memory is not None:
@@ -186,22 +164,25 @@ class LocalEngine:
         """Prefill exactly the prompt the next ``complete`` at ``req``'s
         cursor computes, leaving its answer unchanged
         (:func:`soldaemon.runtime.engine.foresight.warm`)."""
-        return warm(self, req, cancel)
+        return warm(self.pipeline, self.part, req, cancel)
 
-    def speculate(self, req: CompletionRequest, item: str, cancel: CancelToken) -> Done | None:
-        """After ``item`` was delivered for ``req``: compute the completion
-        that follows accepting it, for the next request
-        (``completion.speculative_fim``; :func:`soldaemon.runtime.engine.foresight.speculate`).
-        Returns None at once when the setting is off."""
-        if not self.config.completion.speculative_fim:
+    def work_ahead(self, req: CompletionRequest, done: Done) -> Callable[[CancelToken], Done | None] | None:
+        """After ``done`` was delivered for ``req``: the lowest-priority work
+        to do next -- compute the completion that follows accepting it, for
+        the next request (speculative FIM,
+        :func:`soldaemon.runtime.engine.foresight.ahead_of`) -- or None.
+        The work returns the speculation's Done (None: cancelled before it
+        began); the server runs it only while idle."""
+        ahead = ahead_of(self.config.completion, req, done)
+        if ahead is None:
             return None
-        return speculate(self, req, item, cancel)
+        return lambda cancel: speculate(self.pipeline, self.part, ahead, cancel)
 
     def complete(self, req: CompletionRequest, cancel: CancelToken) -> Iterator[Event]:
         """Stream one completion (the Engine protocol): the shared pipeline
         (:class:`soldaemon.pipeline.Pipeline`) over this engine's model
         part (:class:`soldaemon.runtime.engine.part.LocalModelPart`), inside
-        :meth:`memory_scope`."""
+        the part's memory scope."""
         return self.pipeline.run(req, cancel, self.part)
 
     def warmup(self) -> None:
@@ -216,31 +197,40 @@ class LocalEngine:
             self.backend.graphs = self.graphs
             self.graphs.warm_up()
             self.complete_all(req)               # one step through the graphs before the first user
+        part = self.part
         if self.config.completion.speculative:
             costs = self.measure_forward_costs()
-            self.draft_length = DraftLength(costs, self.config.completion.draft_tokens)
-            log.info("forward cost by tokens (ms): %s", {t: round(c, 1) for t, c in self.draft_length.costs_ms.items()})
-            if self.draft_model is not None:
-                step = self.draft_model.measure()
-                self.draft_model_length = DraftLength(costs, self.config.completion.draft_tokens, draft_ms=step)
+            part.draft_length = DraftLength(costs, self.config.completion.draft_tokens)
+            log.info("forward cost by tokens (ms): %s", {t: round(c, 1) for t, c in part.draft_length.costs_ms.items()})
+            if part.draft_model is not None:
+                step = part.draft_model.measure()
+                part.draft_model_length = DraftLength(costs, self.config.completion.draft_tokens, draft_ms=step)
                 log.info("draft model step: %.1f ms", step)
-        self.session.truncate(0)
-        self.stats = EngineStats()
-        self.pipeline.shown.clear()
+        self.pool.acquire(SCRATCH_URI).truncate(0)
+        part.stats = EngineStats()
+        self.forget_shown()
         trim_heap()
+
+    @property
+    def stats(self) -> EngineStats:
+        """The model part's counters (requests, tokens, drafts, resumed runs)."""
+        return self.part.stats
 
     def forget(self) -> None:
         """Drop every per-document memory — KV caches, type-through, the
-        parked generation, anchors, windows, context choices — as if just
-        loaded (benchmarks run a second configuration on the same weights)."""
-        with self._lock:
-            if self._parked is not None:
-                self._parked.close()
-                self._parked = None
-            for session in list(self.pool._by_key.values()):
-                session.truncate(0)
-            self.pipeline.forget()
-            self.foreseen = Foreseen()
+        parked generation, the foreseen answer, anchors, windows, context
+        choices — as if just loaded (benchmarks run a second configuration
+        on the same weights)."""
+        self.part.forget()
+        self.pipeline.forget()
+
+    def forget_shown(self, uri: str | None = None) -> None:
+        """Forget the completion shown at ``uri`` (None: everywhere): the
+        next request there is answered by the model, not by type-through."""
+        if uri is None:
+            self.pipeline.memory.shown.clear()
+        else:
+            self.pipeline.forget(uri)
 
     def attach_draft_model(self, draft: LoadedModel) -> None:
         """Speculate with ``draft`` (``model.draft_model``) instead of prompt
@@ -260,7 +250,7 @@ class LocalEngine:
                 raise ConfigError(f"sol.memory_budget cannot hold {self.loaded.name} and its draft model "
                                   f"{draft.name}: {exc}",
                                   hint="raise sol.memory_budget, or model.draft: off") from None
-        self.draft_model = DraftModel(backend, vocab_limit=self.backend.vocab_size)
+        self.part.draft_model = DraftModel(backend, vocab_limit=self.backend.vocab_size)
 
     def complete_all(self, req: CompletionRequest) -> Done:
         """Run ``req`` to its end; its Done."""
@@ -275,7 +265,7 @@ class LocalEngine:
         what speculation weighs its drafts against."""
         n = 64
         ids = [int(t) for t in torch.randint(0, min(self.backend.vocab_size, 30000), (n + max(sizes),))]
-        session = self.session
+        session = self.pool.acquire(SCRATCH_URI)
         session.truncate(0)
         session.prefill(ids[:n])
         costs: dict[int, float] = {}
@@ -299,42 +289,36 @@ class LocalEngine:
         Returns (prompt, ms)."""
         return self.pipeline.build_prompt(req)
 
-    # The pipeline's per-document memory, under the names foresight, the
-    # quality benchmark and the tests use.
-
     @property
     def config(self) -> Config:
         return self._config
 
     @config.setter
     def config(self, config: Config) -> None:
-        """A new config applies from the next request on (the pipeline reads it too)."""
+        """A new config applies from the next request on (the pipeline and
+        the model part read it too)."""
         self._config = config
         pipeline: Pipeline | None = getattr(self, "pipeline", None)
         if pipeline is not None:
             pipeline.config = config
+        part: LocalModelPart | None = getattr(self, "part", None)
+        if part is not None:
+            part.config = config
 
-    @property
-    def _shown(self) -> Shown:
-        return self.pipeline.shown
+    # The pipeline's per-document memory, under the names the quality
+    # benchmark and the tests use.
 
     @property
     def lead_anchors(self) -> LeadAnchors:
-        return self.pipeline.anchors
+        return self.pipeline.memory.anchors
 
     @property
     def context_selector(self) -> ContextSelector | None:
-        return self.pipeline.selector
+        return self.pipeline.memory.selector
 
     @context_selector.setter
     def context_selector(self, selector: ContextSelector | None) -> None:
-        self.pipeline.selector = selector
-
-    def token_texts(self) -> TokenTexts:
-        """Every token's text, for token healing (built once, at warm-up)."""
-        if self._token_texts is None:
-            self._token_texts = TokenTexts(self.tokenizer)
-        return self._token_texts
+        self.pipeline.memory.selector = selector
 
 
 def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:

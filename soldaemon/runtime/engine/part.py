@@ -1,43 +1,67 @@
 """The local engine's model part: tokens from a prompt, for the shared
 pipeline (:mod:`soldaemon.pipeline`).
 
+:class:`LocalModelPart` owns what a generation touches: the generation lock
+(shared with the memory scheduler, which moves weights only while it is
+free), the access to the KV session pool, the drafts, the counters, the
+parked run and the answer foreseen by speculative FIM
+(:mod:`soldaemon.runtime.engine.foresight`). Others ask it through its
+methods; the session a request runs on is looked up per request, never kept
+as a "current session" for others to read.
+
 One generation in flight is a :class:`Run`. A single greedy generation that
 is superseded after its first token is parked (suspended, its KV session
 kept) so that the next keystroke, when the user typed what it had already
-produced, resumes it instead of starting over (:meth:`LocalModelPart.early`).
+produced, resumes it instead of starting over (:meth:`LocalModelPart.early`
+hands it to the pipeline as :class:`~soldaemon.pipeline.completion.Resumed`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
-from typing import TYPE_CHECKING, Iterator
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterator
 
-from soldaemon.api import CancelToken, CompletionRequest, Delta, Done, Event, Timings
+from soldaemon.api import CancelToken, CompletionRequest, Event, Timings
+from soldaemon.config import Config
 from soldaemon.errors import Cancelled
-from soldaemon.fim import FimPrompt
-from soldaemon.pipeline import blockend
-from soldaemon.pipeline.completion import Clock, Early, Generation
-from soldaemon.pipeline.completion import preview as preview_of
-from soldaemon.pipeline.postprocess import StopChecker, decide_multiline, postprocess
+from soldaemon.fim import FimPrompt, FimTemplate
+from soldaemon.pipeline.clock import Clock
+from soldaemon.pipeline.completion import Generation, Precomputed, Resumed
+from soldaemon.pipeline.postprocess import StopChecker, decide_multiline
 from soldaemon.runtime.decode.detok import Detok, end_holder, stopper
-from soldaemon.policy.draft import DraftProposer, PromptLookup
-from soldaemon.runtime.engine.foresight import answer_foreseen, precise_until
+from soldaemon.policy.draft import DraftLength, DraftProposer, PromptLookup
+from soldaemon.runtime.engine.foresight import Foreseen, precise_until
+from soldaemon.runtime.decode.draft import DraftModel
 from soldaemon.runtime.decode.generate import GenStats, TokenEvent, generate
-from soldaemon.runtime.decode.healing import HealingSampler
+from soldaemon.runtime.decode.healing import HealingSampler, TokenTexts
 from soldaemon.runtime.decode.sampling import make_sampler
-from soldaemon.runtime.kv.session import KVSession
+from soldaemon.runtime.kv.session import KVSession, PrefillResult, SessionPool
+from soldaemon.runtime.memory.scheduler import MemoryScheduler
 
-if TYPE_CHECKING:
-    from soldaemon.runtime.engine.local import LocalEngine
+
+@dataclass
+class EngineStats:
+    requests: int = 0
+    prompt_tokens: int = 0         # summed over requests
+    cached_tokens: int = 0         # of which reused from the KV cache
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    resumed: int = 0               # requests answered by resuming a parked generation
+
+    @property
+    def kv_hit_ratio(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
 class Run:
     """One generation in flight: the suspended token generator and what the
-    engine needs to stream, finish — or park and later resume — it."""
+    part needs to stream, finish — or park and later resume — it."""
 
     def __init__(self, req: CompletionRequest, cancel: CancelToken, deadline_ns: int | None, decode: Detok,
-                 multiline: bool, max_lines: int, prompt_tokens: int, *, resumable: bool) -> None:
+                 multiline: bool, max_lines: int, prompt_tokens: int, checker: StopChecker, *,
+                 resumable: bool) -> None:
         self.req = req
         self.cancel = cancel
         self.deadline_ns = deadline_ns
@@ -51,9 +75,8 @@ class Run:
         self.finish = "stop"
         self.parked = False
         self.typed = ""              # what the user typed of this generation's text
-        self.emitted = ""            # preview streamed to the current request
         self.tokens_before = 0       # tokens generated before the current request adopted it
-        self.checker: StopChecker | None = None   # the stop check it decodes under (its rule: blockend.finish)
+        self.checker = checker       # the stop check it decodes under (its rule: blockend.finish)
 
     def cancelled(self) -> bool:
         """What the generator sees: a supersede does not stop a resumable
@@ -67,24 +90,19 @@ class Run:
     def deadline(self) -> int | None:
         return self.deadline_ns
 
-    def preview_delta(self) -> str:
-        """The new preview characters of the text after what was typed."""
-        preview = preview_of(self.decode.current[len(self.typed):], self.multiline)
-        if preview.startswith(self.emitted) and len(preview) > len(self.emitted):
-            delta = preview[len(self.emitted):]
-            self.emitted = preview
-            return delta
-        return ""
+    def text(self) -> str:
+        """What it generated after the text the user typed."""
+        return self.decode.current[len(self.typed):]
 
-    def typed_by(self, req: CompletionRequest, session: KVSession | None) -> str | None:
+    def typed_by(self, req: CompletionRequest) -> str | None:
         """The text ``req`` typed along this parked generation, or None when
         it cannot take the generation over: another document or suffix, a
         prefix that does not extend this one by text the generation already
-        produced, other sampling, or a KV cache used since."""
+        produced, other sampling, or its KV session changed since."""
         old = self.req
         if (req.uri != old.uri or req.suffix != old.suffix or req.n != 1 or req.temperature > 0
                 or req.context != old.context or req.multiline != old.multiline or req.language != old.language
-                or session is None or session is not self.session or session.version != self.session_version):
+                or self.session is None or self.session.version != self.session_version):
             return None
         if not req.prefix.startswith(old.prefix):
             return None
@@ -106,7 +124,6 @@ class Run:
 
     def adopt(self, req: CompletionRequest, typed: str, cancel: CancelToken, deadline_ns: int | None) -> None:
         self.req, self.typed, self.cancel, self.deadline_ns = req, typed, cancel, deadline_ns
-        self.emitted = ""
         self.parked = False
         self.tokens_before = len(self.decode.tokens)
 
@@ -118,75 +135,110 @@ class Run:
 
 class LocalModelPart:
     """The local engine's part of the pipeline
-    (:class:`soldaemon.pipeline.ModelPart`): prefill and decode on the
-    engine's KV session, with its drafts, token healing and cancel; the
-    speculative answer and the parked generation as early answers."""
+    (:class:`soldaemon.pipeline.ModelPart`): prefill and decode on the KV
+    session of the request's document, with drafts, token healing and
+    cancel; the speculative answer and the parked generation as early
+    answers. Driven from the engine's worker thread.
 
-    def __init__(self, engine: LocalEngine) -> None:
-        self.engine = engine
+    ``lock`` is the generation lock: held around every forward of a
+    request, a warm or a resumed run; the memory scheduler (``memory``)
+    takes the same lock to move weights. ``config`` may be replaced between
+    requests (the engine does when its own is)."""
+
+    def __init__(self, pool: SessionPool, tokenizer: Any, template: FimTemplate, config: Config, *,
+                 lock: threading.Lock, memory: MemoryScheduler | None) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.template = template
+        self.stats = EngineStats()
+        self.foreseen = Foreseen()                     # completion.speculative_fim's answer
+        # measured at warm-up (LocalEngine.warmup); until then speculation uses the fixed draft size
+        self.draft_length: DraftLength | None = None
+        # model.draft_model (LocalEngine.attach_draft_model), with its own draft sizing
+        self.draft_model: DraftModel | None = None
+        self.draft_model_length: DraftLength | None = None
+        self._pool = pool
+        self._lock = lock
+        self._memory = memory
+        self._parked: Run | None = None              # a superseded generation kept for the next keystroke
+        self._prefill_chunk: int | None = None       # at most this many prompt tokens per forward (prefill_chunks)
+        self._token_texts: TokenTexts | None = None  # token healing's vocabulary index
+
+    # -- for the pipeline (ModelPart) ------------------------------------------
 
     def scope(self, req: CompletionRequest) -> contextlib.AbstractContextManager[None]:
         """Around one request: notes activity for idle release, restores
         released weights first, pins them for ``priority: high``."""
-        memory = self.engine.memory
+        memory = self._memory
         return contextlib.nullcontext() if memory is None else memory.request(req.priority)
 
-    def early(self, req: CompletionRequest, cancel: CancelToken, clock: Clock, typed_through: bool) -> Early | None:
+    def early(self, req: CompletionRequest, cancel: CancelToken, clock: Clock,
+              typed_through: bool) -> Resumed | Precomputed | None:
         """A speculative answer kept for ``req``, or the parked generation
         resumed when ``req`` typed what it had produced; a parked generation
         that cannot be resumed is closed."""
-        parked, self.engine._parked = self.engine._parked, None
+        parked, self._parked = self._parked, None
         if typed_through:
             if parked is not None:
                 parked.close()
             return None
-        foreseen = answer_foreseen(self.engine, req, clock.arrival, clock.start)
+        foreseen = self.foreseen.take(req)
         if foreseen is not None:
             if parked is not None:
                 parked.close()
-            return Early(foreseen, counted=True)
+            return Precomputed(foreseen)
         if parked is not None:
-            typed = parked.typed_by(req, self.engine.session)
+            typed = parked.typed_by(req)
             if typed is not None:
-                return Early(self._resume(parked, req, typed, cancel, clock), counted=True)
+                parked.adopt(req, typed, cancel, clock.deadline(req))
+                out = Generation()
+                return Resumed(self._resume(parked, out), out, parked.multiline, parked.max_lines, parked.checker,
+                               parked.prompt_tokens)
             parked.close()
         return None
 
-    def generating(self, req: CompletionRequest) -> contextlib.AbstractContextManager[None]:
-        """One generation at a time, on ``req``'s document's KV session."""
-        return _acquired(self.engine, req.uri)
+    @contextlib.contextmanager
+    def generating(self, req: CompletionRequest) -> Iterator[None]:
+        """One generation at a time: inside, the generation lock is held."""
+        with self._lock:
+            yield
 
     def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, checker: StopChecker,
                  multiline: bool, max_lines: int, cancel: CancelToken, deadline: int | None,
                  out: Generation) -> Iterator[str]:
-        """Prefill and decode one candidate on the KV session (drafts,
-        healing, stop checks); yields the decoded text after each step.
-        A greedy single candidate superseded mid-decode is parked."""
-        decode = Detok(self.engine.tokenizer, prompt.heal)
+        """Prefill and decode one candidate on the KV session of ``req``'s
+        document (drafts, healing, stop checks); yields the decoded text
+        after each step. A greedy single candidate superseded mid-decode is
+        parked. Called inside :meth:`generating`."""
+        session = self._session(req.uri)
+        decode = Detok(self.tokenizer, prompt.heal)
         sampler = make_sampler(req.temperature, req.top_p, None if req.seed is None else req.seed + candidate)
         if prompt.heal:
-            sampler = HealingSampler(sampler, self.engine.token_texts(), prompt.heal)
+            sampler = HealingSampler(sampler, self.token_texts(), prompt.heal)
         drafter: DraftProposer | None = None
-        draft_length = self.engine.draft_length
-        if self.engine.config.completion.speculative and sampler.greedy:
-            drafter = self.engine.draft_model or PromptLookup()
-            if self.engine.draft_model is not None:
-                draft_length = self.engine.draft_model_length
+        draft_length = self.draft_length
+        cc = self.config.completion
+        if cc.speculative and sampler.greedy:
+            drafter = self.draft_model or PromptLookup()
+            if self.draft_model is not None:
+                draft_length = self.draft_model_length
         # A single greedy generation survives being superseded once it
-        # decodes: parked, the next keystroke may resume it (_resume).
-        run = Run(req, cancel, deadline, decode, multiline, max_lines, len(prompt.ids),
+        # decodes: parked, the next keystroke may resume it (early).
+        run = Run(req, cancel, deadline, decode, multiline, max_lines, len(prompt.ids), checker,
                   resumable=req.n == 1 and sampler.greedy)
-        run.checker = checker
         run.gen = generate(
-            self.engine.session, prompt.ids, sampler=sampler, stop_ids=self.engine.template.stop_ids,
+            session, prompt.ids, sampler=sampler, stop_ids=self.template.stop_ids,
             max_tokens=req.max_tokens, cancelled=run.cancelled,
             should_stop=stopper(checker, decode),
             deadline_ns=run.deadline, drafter=drafter,
-            draft_k=self.engine.config.completion.draft_tokens, draft_length=draft_length,
+            draft_k=cc.draft_tokens, draft_length=draft_length,
             # the middle token and the typed line: at decode cost (session.prefill)
             precise_until=precise_until(prompt),
-            hold_end=end_holder(req.prefix, req.suffix, decode) if multiline and self.engine.config.completion.hold_end else None,
+            hold_end=end_holder(req.prefix, req.suffix, decode) if multiline and cc.hold_end else None,
         )
+        chunk = session.chunk
+        if self._prefill_chunk is not None:
+            session.chunk = min(chunk, self._prefill_chunk)
         try:
             for _ in self._drive(run):
                 out.raw = decode.current
@@ -194,12 +246,9 @@ class LocalModelPart:
         except Cancelled:
             run.finish = "cancelled"
         finally:
-            out.raw, out.finish, out.info = decode.current, run.finish, (run.stats, len(decode.tokens))  # type: ignore[assignment]
-            if run.parked:
-                run.park(self.engine.session)
-                self.engine._parked = run
-            else:
-                run.close()
+            session.chunk = chunk
+            out.raw, out.finish, out.info, out.tokens = decode.current, run.finish, run.stats, len(decode.tokens)  # type: ignore[assignment]
+            self._park_or_close(run, session)
 
     def recover(self, req: CompletionRequest, cancel: CancelToken, exc: Exception,
                 streamed: bool, candidate: int) -> Iterator[Event] | None:
@@ -209,26 +258,79 @@ class LocalModelPart:
     def timings(self, req: CompletionRequest, gens: list[Generation], prompt: FimPrompt, prompt_ms: float,
                 clock: Clock) -> Timings:
         """From the last candidate's generation stats; tokens summed over all."""
-        stats = gens[-1].info[0] if gens else GenStats()
-        generated = sum(g.info[1] for g in gens)
-        end = time.perf_counter_ns()
-        first = stats.first_token_ns or end
-        return Timings(
-            queue_ms=(clock.start - clock.arrival) / 1e6, prompt_ms=prompt_ms, prefill_ms=stats.prefill_ms,
-            ttft_ms=(first - clock.arrival) / 1e6, decode_ms=(end - first) / 1e6 if stats.first_token_ns else 0.0,
-            total_ms=(end - clock.arrival) / 1e6, prompt_tokens=len(prompt.ids), cached_tokens=stats.cached_tokens,
-            generated_tokens=generated, draft_tokens=stats.draft_tokens,
-            accepted_tokens=stats.accepted_tokens, ttft_start_ns=clock.arrival_wall,
-            ttft_end_ns=stats.first_token_wall_ns or time.time_ns(),
-        )
+        stats: GenStats = gens[-1].info if gens else GenStats()
+        return clock.timings(first_ns=stats.first_token_ns, first_wall_ns=stats.first_token_wall_ns,
+                             prompt_ms=prompt_ms, prefill_ms=stats.prefill_ms, prompt_tokens=len(prompt.ids),
+                             cached_tokens=stats.cached_tokens, generated_tokens=sum(g.tokens for g in gens),
+                             draft_tokens=stats.draft_tokens, accepted_tokens=stats.accepted_tokens)
 
     def account(self, t: Timings) -> None:
-        s = self.engine.stats
+        s = self.stats
         s.requests += 1
         s.prompt_tokens += t.prompt_tokens
         s.cached_tokens += t.cached_tokens
         s.draft_tokens += t.draft_tokens
         s.accepted_tokens += t.accepted_tokens
+        s.resumed += t.source == "resumed"
+
+    # -- for the engine and foresight ------------------------------------------
+
+    def prefill(self, uri: str, ids: list[int], *, precise_until: int | None,
+                cancel: CancelToken) -> PrefillResult | None:
+        """Make the KV session of ``uri`` hold ``ids`` (a warm), under the
+        generation lock; None when ``cancel`` stopped it between chunks
+        (the session then holds a valid prefix)."""
+        with self._lock:
+            try:
+                return self._session(uri).prefill(ids, cancelled=lambda: cancel.cancelled,
+                                                  precise_until=precise_until)
+            except Cancelled:
+                return None
+
+    @contextlib.contextmanager
+    def prefill_chunks(self, tokens: int) -> Iterator[None]:
+        """Inside: generations compute at most ``tokens`` prompt tokens per
+        forward (speculation: a cancel then waits at most that long)."""
+        saved, self._prefill_chunk = self._prefill_chunk, tokens
+        try:
+            yield
+        finally:
+            self._prefill_chunk = saved
+
+    def forget(self) -> None:
+        """Drop the parked generation, the foreseen answer and every KV
+        session's contents, as if just loaded."""
+        with self._lock:
+            if self._parked is not None:
+                self._parked.close()
+                self._parked = None
+            self._pool.truncate_all()
+            self.foreseen.clear()
+
+    def token_texts(self) -> TokenTexts:
+        """Every token's text, for token healing (built at first use)."""
+        if self._token_texts is None:
+            self._token_texts = TokenTexts(self.tokenizer)
+        return self._token_texts
+
+    # -- inside ----------------------------------------------------------------
+
+    def _session(self, uri: str) -> KVSession:
+        """The KV session of ``uri`` (call with the lock held). Acquiring
+        another document's session ends a parked generation: the pool may
+        fold or recycle its session, and a resumed run must continue on
+        exactly the KV it left."""
+        if self._parked is not None and self._parked.req.uri != uri:
+            self._parked.close()
+            self._parked = None
+        return self._pool.acquire(uri)
+
+    def _park_or_close(self, run: Run, session: KVSession) -> None:
+        if run.parked:
+            run.park(session)
+            self._parked = run
+        else:
+            run.close()
 
     def _drive(self, run: Run) -> Iterator[None]:
         """Pull ``run``'s token events, one yield per step that added text;
@@ -246,58 +348,23 @@ class LocalModelPart:
                 run.finish = "superseded"
                 return
 
-    def _resume(self, run: Run, req: CompletionRequest, typed: str, cancel: CancelToken,
-                clock: Clock) -> Iterator[Event]:
-        """Continue a parked generation for ``req``, whose prefix is the
-        parked one plus ``typed``, text the generation had already produced."""
-        run.adopt(req, typed, cancel, clock.deadline(req))
-        first_ns = 0
-        with _acquired(self.engine, req.uri):
-            delta = run.preview_delta()
-            if delta:
-                first_ns = time.perf_counter_ns()
-                yield Delta(req.id, delta)
-            if run.finish == "superseded":   # still decoding when it was parked
-                run.finish = "stop"
-                try:
-                    for _ in self._drive(run):
-                        delta = run.preview_delta()
-                        if delta:
-                            first_ns = first_ns or time.perf_counter_ns()
-                            yield Delta(req.id, delta)
-                except Cancelled:
-                    run.finish = "cancelled"
-            if run.parked:
-                run.park(self.engine.session)
-                self.engine._parked = run
-            else:
-                run.close()
-        finish = cancel.reason if run.finish == "cancelled" else run.finish
-        text = run.decode.current[len(run.typed):]
-        cc = self.engine.config.completion
-        plan = blockend.plan(req.prefix, req.suffix, req.language, req.multiline, cc.max_lines, cc.block_end)
-        ends: tuple[str, ...] = ()
-        if plan.multiline == run.multiline and run.checker is not None:
-            answer = blockend.finish(plan, text, run.finish, run.checker)
-            items, ends = (answer.text,), (answer.end,)
-        else:
-            items = (postprocess(text, prefix=req.prefix, suffix=req.suffix, multiline=run.multiline,
-                                 max_lines=run.max_lines),)
-        end = time.perf_counter_ns()
-        first_ns = first_ns or end
-        timings = Timings(
-            queue_ms=(clock.start - clock.arrival) / 1e6, ttft_ms=(first_ns - clock.arrival) / 1e6,
-            decode_ms=(end - first_ns) / 1e6, total_ms=(end - clock.arrival) / 1e6,
-            prompt_tokens=run.prompt_tokens, cached_tokens=run.prompt_tokens,
-            generated_tokens=len(run.decode.tokens) - run.tokens_before, ttft_start_ns=clock.arrival_wall,
-            ttft_end_ns=time.time_ns(), source="resumed")
-        self.engine.stats.resumed += 1
-        yield Done(req.id, items, finish, timings, ends)  # type: ignore[arg-type]
-
-
-@contextlib.contextmanager
-def _acquired(engine: LocalEngine, uri: str) -> Iterator[None]:
-    """Inside: the engine's lock held, ``engine.session`` the KV session of ``uri``."""
-    with engine._lock:
-        engine.session = engine.pool.acquire(uri)
-        yield
+    def _resume(self, run: Run, out: Generation) -> Iterator[str]:
+        """Continue a parked generation adopted by a request whose prefix is
+        the parked one plus text the generation had already produced: yields
+        its text after that, first as it stands, then after each step; fills
+        ``out``. Parked again when superseded again."""
+        with self._lock:
+            session = self._session(run.req.uri)
+            try:
+                yield run.text()
+                if run.finish == "superseded":   # still decoding when it was parked
+                    run.finish = "stop"
+                    try:
+                        for _ in self._drive(run):
+                            yield run.text()
+                    except Cancelled:
+                        run.finish = "cancelled"
+            finally:
+                out.raw, out.finish = run.text(), run.finish  # type: ignore[assignment]
+                out.tokens = len(run.decode.tokens) - run.tokens_before
+                self._park_or_close(run, session)

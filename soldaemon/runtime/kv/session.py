@@ -296,6 +296,12 @@ class SessionPool:
         self._by_key[key] = session
         return session
 
+    def truncate_all(self) -> None:
+        """Empty every session the pool holds, as if none had been used: the
+        next prefill of each computes its whole prompt."""
+        for session in list(self._by_key.values()):
+            session.truncate(0)
+
     def _acquire_folding(self, key: str) -> KVSession:
         if key == self._active and key in self._by_key:
             current = self._by_key.pop(key)
