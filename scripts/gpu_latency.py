@@ -79,7 +79,7 @@ def decode_bytes(backend: Any, context: int) -> int:
     n = backend.weight_bytes()
     if backend.embed_w is not backend.head_w:
         n -= sum(t.untyped_storage().nbytes() for t in (backend.embed_w, backend.embed_s) if t is not None)
-    n_layers, kv, _, hd = backend._kv_shape
+    n_layers, kv, _, hd = backend.k_cache.shape      # [layers, kv_heads, n_ctx, head_dim]
     return n + 2 * n_layers * kv * hd * context * backend.k_cache.element_size()
 
 

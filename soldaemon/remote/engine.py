@@ -449,9 +449,10 @@ class RemoteEngine:
 
     def _fallback(self, req: CompletionRequest, cancel: CancelToken, why: str) -> Iterator[Event]:
         self.start_local()
+        clock = Clock.now(req)
         while not self._local_ready.wait(0.05):
             if cancel.cancelled:
-                yield Done(req.id, (), cancel.reason, Timings())
+                yield Done(req.id, (), cancel.reason, clock.timings())
                 return
         local = self._local
         if local is None:
