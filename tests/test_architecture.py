@@ -53,27 +53,28 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _import_nodes(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+def _import_nodes(tree: ast.AST, type_checking: bool = False) -> Iterator[ast.Import | ast.ImportFrom]:
     """The import statements that run, at any depth; the body of ``if
-    TYPE_CHECKING:`` is left out (its ``else`` is kept)."""
+    TYPE_CHECKING:`` is left out (its ``else`` is kept) unless
+    ``type_checking``."""
     todo: list[ast.AST] = [tree]
     while todo:
         node = todo.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
-        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+        elif isinstance(node, ast.If) and _is_type_checking(node.test) and not type_checking:
             todo.extend(node.orelse)
         else:
             todo.extend(ast.iter_child_nodes(node))
 
 
-def _imports(name: str, is_package: bool, text: str) -> list[tuple[str, str | None]]:
+def _imports(name: str, is_package: bool, text: str, type_checking: bool = False) -> list[tuple[str, str | None]]:
     """What module ``name`` imports, as (absolute module, imported name or
     None): ``import a.b`` gives ("a.b", None), ``from .x import y`` in
     package ``p`` gives ("p.x", "y")."""
     package = name if is_package else name.rpartition(".")[0]
     out: list[tuple[str, str | None]] = []
-    for node in _import_nodes(ast.parse(text, name)):
+    for node in _import_nodes(ast.parse(text, name), type_checking):
         if isinstance(node, ast.Import):
             out.extend((alias.name, None) for alias in node.names)
             continue
@@ -296,6 +297,7 @@ def test_the_graph_sees_what_it_must() -> None:
                "pkg.deep.leaf"}
     ours, theirs = _edges(_imports("pkg.sub.mod", False, text), modules)
     assert ours == {"pkg.sub.sib", "pkg.top", "pkg", "pkg.deep.leaf"}
+    assert _edges(_imports("pkg.sub.mod", False, text, type_checking=True), modules)[0] == ours | {"pkg.hidden"}
     assert theirs == {"os", "typing", "__future__", "transformers"}
     assert _edges(_imports("pkg.sub", True, "from .mod import f\n"), modules)[0] == {"pkg.sub.mod"}
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
@@ -326,20 +328,7 @@ def _graph_with_type_checking() -> dict[str, set[str]]:
     sources = _sources()
     internal: dict[str, set[str]] = {}
     for name, path in sources.items():
-        is_package = path.name == "__init__.py"
-        package = name if is_package else name.rpartition(".")[0]
-        found: list[tuple[str, str | None]] = []
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), name)):
-            if isinstance(node, ast.Import):
-                found.extend((alias.name, None) for alias in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.split(".")
-                    base = base[: len(base) - (node.level - 1)]
-                    target = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    target = node.module or ""
-                found.extend((target, alias.name) for alias in node.names)
+        found = _imports(name, path.name == "__init__.py", path.read_text(encoding="utf-8"), type_checking=True)
         ours, _ = _edges(found, sources)
         ours.discard(name)
         internal[name] = ours
