@@ -12,7 +12,7 @@ import pytest
 from soldaemon.cli import main
 from soldaemon.measure.holes import cut_line_holes, default_corpus
 from soldaemon.testing.tiny import build_tiny_model
-from soldaemon.measure.trace import make_trace
+from soldaemon.measure.trace import Typist, make_trace
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +35,23 @@ def test_holes_and_trace_are_seeded_and_real() -> None:
     assert second.prefix == first.prefix + first.rest[0]   # one character typed per keystroke
     assert second.rest == first.rest[1:] and second.suffix == first.suffix
     assert all(t.rest for t in trace)
+
+
+def test_the_typist_keeps_its_pace_and_waits_for_a_slow_answer() -> None:
+    """Keys arrive at least the pace apart; an answer slower than the pace
+    delays the next key by no more than it took (the typist waits for each
+    completion, then types on at once)."""
+    import time
+
+    typist = Typist(40.0)
+    first = typist.next_key()
+    second = typist.next_key()                   # the answer was instant: the pace holds the key back
+    assert second - first >= 40e6
+    time.sleep(0.1)                              # an answer slower than the pace
+    before = time.perf_counter_ns()
+    third = typist.next_key()
+    assert third - second >= 100e6 and third - before < 40e6
+    assert Typist(0.0).next_key() <= time.perf_counter_ns()
 
 
 def test_bench_compares_with_generate(tiny_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -63,6 +63,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--trace: run generate() on every Nth keystroke only (it recomputes the whole prompt)")
     p.add_argument("--interrupt", action="store_true",
                    help="--trace: the user types on as soon as ghost text appears (each request superseded)")
+    p.add_argument("--pace-ms", type=float, default=150.0,
+                   help="--trace: keys arrive at least this far apart for the daemon and llama.vscode, whose "
+                        "background work runs between keys (default 150: a fast typist, ~80 words a minute; "
+                        "0: the next key the moment the answer is done; ignored with --interrupt)")
     p.add_argument("--compare-spec", action="store_true",
                    help="--trace: also run this engine with speculation off (decode tokens/s with vs without)")
     p.add_argument("--jumps", action="store_true",

@@ -174,22 +174,47 @@ class Series:
         return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
+class Typist:
+    """When the next keystroke arrives: ``pace_ms`` after the one before, or
+    at once when its answer took longer (this typist waits for each
+    completion). A pace of 0 types every key the moment the previous answer
+    is done, which no person does: it leaves a client's background work
+    (llama.vscode's speculative FIM, the daemon's work ahead) no time
+    between keys, so every baseline with such work gets the same pace."""
+
+    def __init__(self, pace_ms: float) -> None:
+        self.pace_ns = int(max(0.0, pace_ms) * 1e6)
+        self.last_ns = 0
+
+    def next_key(self) -> int:
+        """Wait until the next key is due; its arrival (perf_counter ns)."""
+        now = time.perf_counter_ns()
+        due = self.last_ns + self.pace_ns
+        if self.last_ns and due > now:
+            time.sleep((due - now) / 1e9)
+            now = time.perf_counter_ns()
+        self.last_ns = now
+        return now
+
+
 def _is_match(item: str, rest: str) -> bool:
     return bool(item.strip()) and item.rstrip() == rest.rstrip()
 
 
 def run_sol(engine: Any, trace: list[Keystroke], progress: Callable[[str], None], *,
-            interrupt: bool = False, name: str = "sol") -> tuple[Series, Series]:
+            interrupt: bool = False, name: str = "sol", pace_ms: float = 0.0) -> tuple[Series, Series]:
     """All keystrokes, and the subset the model had to compute (not
     answered by type-through or a resumed generation). ``interrupt``: each
-    request is superseded as soon as it shows text (see the module doc)."""
+    request is superseded as soon as it shows text (see the module doc);
+    otherwise keys arrive ``pace_ms`` apart at the fastest (:class:`Typist`)."""
     s = Series()
     m = Series()
+    typist = Typist(0.0 if interrupt else pace_ms)
     for i, ks in enumerate(trace):
         if ks.jump == JUMP_PAUSE:      # the cursor rests at the new place: the editor warms it (as sol-lsp does)
             engine.warm(CompletionRequest(id=f"w{i}", uri=f"file:///{ks.file}", prefix=ks.prefix, suffix=ks.suffix,
                                           language="python", max_tokens=32), CancelToken())
-        arrival = time.perf_counter_ns()
+        arrival = typist.next_key()
         req = CompletionRequest(id=f"k{i}", uri=f"file:///{ks.file}", prefix=ks.prefix, suffix=ks.suffix,
                                 language="python", max_tokens=32, received_ns=arrival)
         cancel = CancelToken()
@@ -327,7 +352,7 @@ def run_llama_cpp(engine: Any, gguf: Path, trace: list[Keystroke], threads: int,
 
 
 def run_llama_vscode(engine: Any, trace: list[Keystroke], threads: int,
-                     progress: Callable[[str], None]) -> tuple[Series, Series, str] | None:
+                     progress: Callable[[str], None], pace_ms: float = 0.0) -> tuple[Series, Series, str] | None:
     """The keystrokes through llama.vscode's client against llama.cpp's
     ``llama-server`` on the engine's GGUF, started with llama.vscode's
     documented flags (:mod:`soldaemon.measure.quality.llama_server`): its request and
@@ -339,7 +364,8 @@ def run_llama_vscode(engine: Any, trace: list[Keystroke], threads: int,
     line. Returns the series of every keystroke, that of the keystrokes
     sent to the server (not answered from the cache), and the server's
     description; or None (said why) when there is no GGUF or the server
-    cannot be built or started."""
+    cannot be built or started. Keys arrive ``pace_ms`` apart at the
+    fastest (:class:`Typist`), as for the daemon."""
     from soldaemon.measure.quality.llama_server import LlamaServer, ServerError
     from soldaemon.measure.quality.llama_server_build import BuildError, build_server
     from soldaemon.measure.quality.llama_vscode import LlamaVscodeClient
@@ -356,8 +382,10 @@ def run_llama_vscode(engine: Any, trace: list[Keystroke], threads: int,
         return None
     client = LlamaVscodeClient(server.infill)
     s, m = Series(), Series()
+    typist = Typist(pace_ms)
     try:
         for i, ks in enumerate(trace):
+            typist.next_key()
             answer = client.complete(ks.prefix, ks.suffix)
             r, t = answer.response, answer.response.get("timings", {})
             prompt_n = int(r.get("tokens_evaluated", 0))
@@ -479,12 +507,14 @@ def run(args: argparse.Namespace, config: Config) -> int:
     say = lambda msg: print("  " + msg, file=sys.stderr, flush=True)  # noqa: E731
     results: dict[str, Series] = {}
     interrupt = bool(getattr(args, "interrupt", False))
-    results["sol"], results["sol:model"] = run_sol(engine, trace, say, interrupt=interrupt)
+    pace = float(getattr(args, "pace_ms", 0.0))
+    results["sol"], results["sol:model"] = run_sol(engine, trace, say, interrupt=interrupt, pace_ms=pace)
     if getattr(args, "compare_spec", False):
         # the same engine and weights (one resident copy), speculation off, every memory dropped
         engine.config = config.with_overrides({"completion.speculative": False}, source="bench")
         engine.forget()
-        results["sol-nospec"], _ = run_sol(engine, trace, say, interrupt=interrupt, name="sol-nospec")
+        results["sol-nospec"], _ = run_sol(engine, trace, say, interrupt=interrupt, name="sol-nospec",
+                                           pace_ms=pace)
         engine.config = config
     if "generate" in args.baselines:
         from soldaemon.measure.baselines import baseline_model
@@ -496,7 +526,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
             results["generate"] = run_generate(engine, trace, args.baseline_every, say, model)
     peer = ""
     if LLAMA_VSCODE in args.baselines:
-        got = run_llama_vscode(engine, trace, torch.get_num_threads(), say)
+        got = run_llama_vscode(engine, trace, torch.get_num_threads(), say, pace_ms=pace)
         if got is not None:
             results[LLAMA_VSCODE], results[f"{LLAMA_VSCODE}:model"], peer = got
     for key, name, order, anchor in LLAMA_CPP_LAYOUTS:
@@ -517,7 +547,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
     head = (f"soldaemon bench --trace — {info['model']} ({info['dtype']}, {info['backend']}) on {info['device']}, "
             f"{info['threads']} threads, {platform.machine()}; {len(trace)} keystrokes typing {args.lines} lines "
             f"(seed {args.seed}); generate() on every {args.baseline_every}th keystroke; "
-            f"typist: {'types on at the first ghost text (--interrupt)' if interrupt else 'waits for each completion'}; "
+            f"typist: {'types on at the first ghost text (--interrupt)' if interrupt else 'waits for each completion'}"
+            f"{'' if interrupt else f', keys at least {pace:.0f} ms apart (sol, {LLAMA_VSCODE})'}; "
             f"FIM {config.model.fim_order}, middle from the {config.model.fim_anchor} anchor"
             + (f"; after each line two jumps to other functions, {JUMP_KEYS} keystrokes each (one after a pause "
                "that warms the spot)" if jumps else "")
