@@ -50,3 +50,19 @@ def test_no_block_holes_no_end_table() -> None:
     col.add(HOLES[2], "1", 1.0, 1, 1, python=True)
     assert ends.table([col], ["line"]) == []
     assert col.ends == [""] and col.open_ends == [False]
+
+
+def test_each_model_is_compared_with_its_own_raw_answers() -> None:
+    """With --models, sol[1.5b] (and its drafted form, and llama.vscode on
+    the same model) is held against raw[1.5b], never the 0.5B's raw."""
+    raw_05 = column("raw[0.5b]", ["x = 0", "x = 0", "1"], ["", "", ""], [False, False, None])
+    raw_15 = column("raw[1.5b]", [RIGHT, RIGHT, "1"], ["", "", ""], [True, True, None])
+    sol_15 = column("sol[1.5b]", ["for i in range(2, n):", RIGHT, "1"], ["opener", "model", "line"],
+                    [False, True, None])
+    cols = [raw_05, raw_15, sol_15]
+    assert ends.raw_for(sol_15, cols) is raw_15
+    assert ends.raw_for(column("sol[1.5b+0.5b]", [], [], []), cols) is raw_15
+    assert ends.raw_for(column("llama.vscode[0.5b]", [], [], []), cols) is raw_05
+    assert ends.raw_for(column("sol", [], [], []), cols) is None
+    assert ends.summary(sol_15, KINDS, ends.raw_for(sol_15, cols))["prefix_of_passing_raw"] == 1
+    assert "| sol[1.5b] | 1 | 1 | 3 / 1 | model 1 (1), opener 1 (0) |" in table(cols, KINDS)

@@ -109,8 +109,12 @@ def _run_holes(args: argparse.Namespace, config: Config, engine: Any, holes: lis
                llamas: list[tuple[Column, LlamaCpp]], vscodes: list[tuple[Column, LlamaVscode]],
                ablate: list[str]) -> int:
     """Every hole through every column; print the table (and ratios)."""
-    raw = Column("raw") if want_raw else None
-    raw_pp = Column("raw+pp") if want_raw else None
+    # the model alone in this runtime, per model (raw[0.5b] beside sol[0.5b]) so each column's ends
+    # are compared with its own model's raw answers
+    per_model = {f"[{model_label(t)}]": eng for _c, t, eng in reversed(by_model)}   # the first engine per target
+    raws = ([(Column(f"raw{label}"), Column(f"raw+pp{label}"), eng)
+             for label, eng in (list(reversed(list(per_model.items()))) or [("", engine)])]
+            if want_raw else [])
     outline_config = toggled_outline(sol_configs[0][1]) if "outline" in ablate and sol_configs else None
     sign = "-" if sol_configs and sol_configs[0][1].model.max_outline_tokens > 0 else "+"
     no_outline = Column(f"{sol_configs[0][0]} {sign}outline") if outline_config is not None else None
@@ -127,7 +131,7 @@ def _run_holes(args: argparse.Namespace, config: Config, engine: Any, holes: lis
                + ([no_outline] if no_outline else [])
                + [col for col, _ in without]
                + ([ctx_rel, ctx_order] if ctx_rel and ctx_order else [])
-               + ([raw, raw_pp] if raw and raw_pp else []) + [col for col, _ in llamas]
+               + [col for raw, raw_pp, _e in raws for col in (raw, raw_pp)] + [col for col, _ in llamas]
                + [col for col, _ in vscodes] + ([Column(MODEL_ALONE)] if llama else []))
     kinds = [h.kind for h in holes]
     t_start = time.time()
@@ -156,11 +160,11 @@ def _run_holes(args: argparse.Namespace, config: Config, engine: Any, holes: lis
             ctx_order.add(hole, *run_sol(engine, hole, uri, max_tokens, chunks), python=True)
             engine.context_selector = selector
         engine.config = config
-        if raw is not None and raw_pp is not None:
-            text, ms, n_prompt, n_gen, ttft = run_raw(engine, hole, max_tokens)
+        for raw, raw_pp, eng in raws:
+            text, ms, n_prompt, n_gen, ttft = run_raw(eng, hole, max_tokens)
             raw.add(hole, text, ms, n_prompt, n_gen, ttft, python=True)
             # no latency of its own: computed from the raw text after the run
-            raw_pp.add(hole, postprocessed(engine, hole, text), float("nan"), n_prompt, n_gen, python=True)
+            raw_pp.add(hole, postprocessed(eng, hole, text), float("nan"), n_prompt, n_gen, python=True)
         if llama is not None:
             columns[-1].add(hole, *llama(hole, max_tokens), python=True)
         for col, runner in llamas:

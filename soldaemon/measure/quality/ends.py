@@ -6,7 +6,8 @@ Per column, over the block holes:
 * ``open ends``: answers that end on a block opener whose body the suffix
   does not hold (target 0);
 * ``prefix of raw``: answers that are a strict prefix of the ``raw``
-  column's answer (the same model, to its own end token) when that raw
+  column's answer (the same model, to its own end token; ``raw[0.5b]``
+  for the 0.5B's columns under ``--models``) when that raw
   answer passes its tests (functional holes) or matches exactly -- a right
   answer cut short;
 * ``lines shown / cut``: lines of the answers, and lines of the raw answer
@@ -65,16 +66,27 @@ def summary(column: Column, kinds: list[str], raw: Column | None, kind: str = "b
     }
 
 
+def raw_for(column: Column, columns: list[Column]) -> Column | None:
+    """The ``raw`` column of the same model as ``column``: ``raw[0.5b]`` for
+    ``sol[0.5b]`` or ``llama.vscode[0.5b]``, ``raw[1.5b]`` for
+    ``sol[1.5b+0.5b]`` (``--models``), else ``raw``."""
+    name = column.name
+    label = name[name.rindex("[") + 1:-1] if name.endswith("]") and "[" in name else ""
+    by_name = {c.name: c for c in columns}
+    target = label.split("+")[0]           # sol[1.5b+0.5b]: the 1.5B drafted by the 0.5B
+    return by_name.get(f"raw[{label}]") or by_name.get(f"raw[{target}]") or by_name.get("raw")
+
+
 def table(columns: list[Column], kinds: list[str]) -> list[str]:
     """Markdown lines: the statistics per column for the block holes
     (nothing when there are none)."""
     if "block" not in kinds:
         return []
-    raw = next((c for c in columns if c.name == "raw"), None)
     out = ["", f"End of answers on the {kinds.count('block')} block holes (right = passed, or exact where "
            "nothing ran; prefix of raw = a strict prefix of the raw model's right answer):", "",
            "| column | open ends | prefix of raw | lines shown / cut | ends: n (right) |", "|---|---|---|---|---|"]
     for c in columns:
+        raw = raw_for(c, columns)
         s = summary(c, kinds, raw)
         ends = ", ".join(f"{e} {v['n']} ({v['right']})" for e, v in s["ends"].items())
         pre = "—" if s["prefix_of_passing_raw"] is None or c is raw else str(s["prefix_of_passing_raw"])

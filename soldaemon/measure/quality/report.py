@@ -72,11 +72,10 @@ def plot(columns: list[Column], kinds: list[str], path: Path, title: str) -> Non
 def _write_json(path: Path, info: dict[str, Any], seed: int, max_tokens: int, files: list[Path],
                 holes: list[Hole], columns: list[Column]) -> None:
     kinds = [h.kind for h in holes]
-    raw = next((c for c in columns if c.name == "raw"), None)
     path.write_text(json.dumps({
         "info": info, "seed": seed, "max_tokens": max_tokens, "files": [f.name for f in files],
         "summary": {c.name: {"all": c.summary(kinds), **{k: c.summary(kinds, k) for k in ("line", "block")},
-                             "ends": ends.summary(c, kinds, raw)}
+                             "ends": ends.summary(c, kinds, ends.raw_for(c, columns))}
                     for c in columns},
         "holes": [{"path": h.path, "line": h.line, "kind": h.kind, "expected": h.expected,
                    "out": {c.name: {"text": c.texts[i], **asdict(c.scores[i]), "e2e_ms": c.e2e_ms[i],
