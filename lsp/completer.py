@@ -35,7 +35,18 @@ Contracts of :meth:`Completer.suggest`:
   file, a file outside the workspace folders) unless
   ``complete_in_secret_files``: its text never leaves the editor;
 - cancellation of the calling task propagates (the daemon-side cancel is sent
-  by :meth:`DaemonClient.complete`'s ``finally``).
+  by :meth:`DaemonClient.complete`'s ``finally``);
+- with ``early_lines`` (a client that asks again on ``sol/completionReady``):
+  a multi-line answer is returned as soon as its first whole lines are
+  streamed (:func:`early_text`: never a bare block opener, an open bracket,
+  a line leaving the cursor's block or one that repeats the next line),
+  while the daemon writes the rest; typing along those lines is answered
+  from them without stopping it; when the rest is there, it becomes the
+  answer typing is served from, the next request at that same place is
+  answered from it once, and :attr:`Completer.on_rest_ready` is called with
+  the uri (the server sends ``sol/completionReady``) when it adds anything.
+  Accepting all the early lines while the rest is still being written waits
+  for the rest instead of asking again.
 """
 
 from __future__ import annotations
@@ -50,12 +61,12 @@ from typing import Callable
 
 from lsprotocol import types
 
-from soldaemon.api import CompletionRequest, Done
+from soldaemon.api import CompletionRequest, Delta, Done
 from soldaemon.protocol import ErrorFrame
 from soldaemon.privacy.rules import describe, redact_request
 
 from lsp.context import ContextRing
-from lsp.daemon_client import DaemonClient
+from lsp.daemon_client import Answer, DaemonClient
 from lsp.documents import Document, DocumentStore
 from lsp.settings import Settings
 
@@ -109,6 +120,63 @@ class _Answer:
     items: tuple[str, ...]
     ids: tuple[str, ...] = ()          # per item: the daemon request (alternatives)
     indices: tuple[int, ...] = ()      # per item: its index in that request's done.items
+    again: bool = False                # a request at this very place is answered from it (once)
+
+
+@dataclass
+class _Rest:
+    """A daemon request still writing the rest of an answer shown early."""
+
+    request_id: str
+    task: asyncio.Task[Answer]
+    early: str                         # what was shown
+
+
+# Endings of a line that goes on below: a block opener, an open call, a continuation.
+_OPENS = (":", "{", "(", "[", ",", "\\", "=", "+", "-", "*", "/", " and", " or", "->", "=>")
+
+
+def _depth(text: str) -> int:
+    """Brackets left open in ``text`` (strings and comments not tracked:
+    a rough count that only ever delays an early answer)."""
+    depth = 0
+    for ch in text:
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+    return depth
+
+
+def _indent(line: str) -> int:
+    return len(line.expandtabs(4)) - len(line.expandtabs(4).lstrip())
+
+
+def early_text(streamed: str, line_prefix: str, next_line: str | None) -> str | None:
+    """The whole lines of a streamed multi-line answer that may be shown
+    before the rest arrives, or None (wait): the lines before the last
+    newline, up to the first later line indented less than the cursor (the
+    block ends there), when they have code, do not end on a line that goes
+    on below (a block opener, an open bracket, a trailing operator), and
+    the first does not repeat ``next_line`` (the document's next non-blank
+    line) -- the answers the daemon's own end rules would still cut."""
+    head, newline, _ = streamed.rpartition("\n")
+    if not newline:
+        return None
+    floor = _indent(line_prefix) if not line_prefix.strip() else None
+    lines = head.split("\n")
+    kept = lines[:1]
+    for line in lines[1:]:
+        if floor is not None and line.strip() and _indent(line) < floor:
+            break
+        kept.append(line)
+    text = "\n".join(kept).rstrip()
+    if not text.strip():
+        return None
+    if next_line is not None and (line_prefix + kept[0]).strip() == next_line.strip():
+        return None
+    last = next((ln.split("#", 1)[0].rstrip() for ln in reversed(kept) if ln.split("#", 1)[0].strip()), "")
+    if not last or last.endswith(_OPENS) or _depth(line_prefix + text) > _depth(line_prefix):
+        return None
+    return text
 
 
 def tidy_items(items: tuple[str, ...], max_lines: int) -> tuple[list[str], list[int]]:
@@ -137,7 +205,9 @@ class Completer:
         self._generation: dict[str, int] = {}
         self._seen: dict[str, _Seen] = {}
         self._answers: dict[str, _Answer] = {}
+        self._rests: dict[str, _Rest] = {}
         self._warm_tasks: dict[str, asyncio.Task[None]] = {}
+        self.on_rest_ready: Callable[[str], None] | None = None   # the rest of an early answer is there
 
     # -- document events ---------------------------------------------------------
 
@@ -154,6 +224,9 @@ class Completer:
         self.ring.closed(uri, self.documents)
         for table in (self._generation, self._seen, self._answers):
             table.pop(uri, None)
+        rest = self._rests.pop(uri, None)
+        if rest is not None:
+            rest.task.cancel()
         task = self._warm_tasks.pop(uri, None)
         if task is not None:
             task.cancel()
@@ -178,10 +251,12 @@ class Completer:
         return self.settings.language_enabled(doc.language)
 
     async def suggest(self, uri: str, position: types.Position, *, automatic: bool,
-                      alternatives: bool | None = None, tag: str | None = None) -> Suggestion | None:
+                      alternatives: bool | None = None, tag: str | None = None,
+                      early: bool = False) -> Suggestion | None:
         """See the module contract. ``alternatives``: ask for them (default:
         when invoked). ``tag`` is the editor's request id (for the daemon
-        request id and the logs)."""
+        request id and the logs). ``early``: the first whole lines may be
+        returned before the rest (an inline request, with ``early_lines``)."""
         if alternatives is None:
             alternatives = not automatic
         t0 = time.perf_counter()
@@ -204,13 +279,23 @@ class Completer:
             self._schedule_warm(doc, offset, moved=True)
             return None
         generation = self._generation[uri] = self._generation.get(uri, 0) + 1
-        for older in self.client.in_flight("complete"):  # a newer request: older work is stale
-            self.client.cancel(older)
         line = doc.line_of(offset)
         line_start, line_end = doc.line_span(line)
         line_prefix = doc.text[line_start:offset]
         line_suffix = doc.text[offset:max(offset, line_end)]
         cached = self._typed_through(doc, offset, line, line_prefix, line_suffix)
+        rest = self._rests.get(uri)
+        if cached is None and rest is not None and self._typed_all_of(rest, doc, offset):
+            # the early lines were accepted or typed: the rest is on its way, wait for it
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(rest.task), self.settings.timeout_ms / 1000)
+            if self._generation.get(uri) != generation or doc.version != version:
+                return None
+            cached = self._typed_through(doc, offset, line, line_prefix, line_suffix)
+        keep = rest.request_id if cached is not None and rest is not None else None
+        for older in self.client.in_flight("complete"):  # a newer request: older work is stale
+            if older != keep:        # ... except the rest of the early answer being typed through
+                self.client.cancel(older)
         if cached is not None:
             log.info("lsp %s: typed through %s; answered from it in %.2f ms", tag, cached.request_id,
                      (time.perf_counter() - t0) * 1000)
@@ -230,8 +315,15 @@ class Completer:
         if not request.prefix and not request.suffix:
             return None
         t_sent = time.perf_counter()
-        answer = await self.client.complete(request, timeout_s=self.settings.timeout_ms / 1000)
+        early = early and self.settings.early_lines and not (alternatives and self.settings.alternatives > 1)
+        answer, shown_early = await self._ask(request, doc, offset, line_prefix, early)
         t_done = time.perf_counter()
+        if shown_early is not None:
+            log.info("lsp %s → %s: %d early line(s) after %.1fms; the rest follows", tag, request.id,
+                     shown_early.count("\n") + 1, (t_done - t0) * 1000)
+            return Suggestion(request.id, (shown_early,), (0,), line, line_prefix, ids=(request.id,),
+                              line_suffix=line_suffix)
+        assert answer is not None
         stages = (f"debounce={(t_built - t0) * 1000:.1f}ms build={(t_sent - t_built) * 1000:.1f}ms "
                   f"daemon={(t_done - t_sent) * 1000:.1f}ms")
         if isinstance(answer, ErrorFrame):
@@ -291,7 +383,7 @@ class Completer:
     def _typed_through(self, doc: Document, offset: int, line: int, line_prefix: str,
                        line_suffix: str) -> Suggestion | None:
         prev = self._answers.get(doc.uri)
-        if prev is None or offset <= len(prev.prefix):
+        if prev is None or offset < len(prev.prefix) or (offset == len(prev.prefix) and not prev.again):
             return None
         text = doc.text
         if len(text) - offset != len(prev.suffix) or not text.startswith(prev.prefix) \
@@ -310,8 +402,84 @@ class Completer:
                     ids.append(prev.ids[i] if i < len(prev.ids) else prev.request_id)
         if not items:
             return None
+        if prev.again:
+            self._answers[doc.uri] = dataclasses.replace(prev, again=False)
         return Suggestion(prev.request_id, tuple(items), tuple(indices), line, line_prefix, cached=True,
                           ids=tuple(ids), line_suffix=line_suffix)
+
+    async def _ask(self, request: CompletionRequest, doc: Document, offset: int, line_prefix: str,
+                   early: bool) -> tuple[Answer | None, str | None]:
+        """The daemon's answer; with ``early``, the first whole lines instead
+        (``(None, lines)``) when :func:`early_text` allows them before the
+        answer is done -- the request then goes on writing the rest
+        (:meth:`_rest_done`)."""
+        timeout_s = self.settings.timeout_ms / 1000
+        if not early:
+            return await self.client.complete(request, timeout_s=timeout_s), None
+        after = doc.text[offset:].split("\n")[1:]
+        next_line = next((ln for ln in after if ln.strip()), None)
+        streamed: list[str] = []
+        ready = asyncio.Event()
+
+        def on_delta(delta: Delta) -> None:
+            streamed.append(delta.text)
+            if "\n" in delta.text and early_text("".join(streamed), line_prefix, next_line) is not None:
+                ready.set()
+
+        task = asyncio.ensure_future(self.client.complete(request, timeout_s=timeout_s, on_delta=on_delta))
+        waiter = asyncio.ensure_future(ready.wait())
+        try:
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            waiter.cancel()
+        if task.done():
+            return task.result(), None
+        text = early_text("".join(streamed), line_prefix, next_line)
+        assert text is not None
+        self._answers[doc.uri] = _Answer(request.id, doc.text[:offset], doc.text[offset:], (text,))
+        old = self._rests.pop(doc.uri, None)
+        if old is not None:
+            old.task.cancel()
+        rest = self._rests[doc.uri] = _Rest(request.id, task, text)
+        task.add_done_callback(lambda _t: self._rest_done(doc.uri, rest))
+        return None, text
+
+    def _rest_done(self, uri: str, rest: _Rest) -> None:
+        """The request behind an early answer ended: its items become the
+        answer typing is served from (and, once, a request at the same place),
+        and the client is told when they add to what was shown."""
+        if self._rests.get(uri) is rest:
+            del self._rests[uri]
+        if rest.task.cancelled() or rest.task.exception() is not None:
+            return
+        answer = rest.task.result()
+        prev = self._answers.get(uri)
+        if isinstance(answer, ErrorFrame) or answer.finish_reason in ("cancelled", "superseded") \
+                or not answer.items or prev is None or prev.request_id != rest.request_id:
+            log.info("lsp: the rest of %s is not shown (%s)", rest.request_id,
+                     answer.code if isinstance(answer, ErrorFrame) else answer.finish_reason)
+            return
+        items, _ = tidy_items(answer.items, self.settings.max_lines)
+        more = bool(items) and items[0] != rest.early
+        self._answers[uri] = _Answer(rest.request_id, prev.prefix, prev.suffix, tuple(answer.items),
+                                     (rest.request_id,) * len(answer.items), tuple(range(len(answer.items))),
+                                     again=more)
+        log.info("lsp: the rest of %s is there (%d line(s)%s)", rest.request_id,
+                 items[0].count("\n") + 1 if items else 0, "" if more else ", nothing more than shown")
+        if more and self.on_rest_ready is not None:
+            self.on_rest_ready(uri)
+
+    def _typed_all_of(self, rest: _Rest, doc: Document, offset: int) -> bool:
+        """The document is the early answer's, with all of its text typed or
+        accepted at the cursor."""
+        prev = self._answers.get(doc.uri)
+        if prev is None or prev.request_id != rest.request_id:
+            return False
+        text = doc.text
+        return (text[:offset] == prev.prefix + rest.early and text[offset:] == prev.suffix)
 
     def build_request(self, doc: Document, offset: int, request_id: str, *,
                       priority: str = "normal") -> CompletionRequest:

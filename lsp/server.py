@@ -35,6 +35,10 @@ LSP surface (docs/editors.md has the editor set-ups):
   the ``sol/`` names and Copilot's ``textDocument/didShowCompletion`` and
   ``textDocument/didPartiallyAcceptCompletion`` — are forwarded to the
   daemon as ``event`` frames.
+- ``sol/completionReady`` ``{"uri"}`` (only with the option ``earlyLines``,
+  for inline requests): a multi-line answer was returned early with its
+  first whole lines and the rest is now there; the client asks again at
+  the cursor and gets it at once (:mod:`lsp.completer`).
 - ``sol/status`` notifications (only to a client that declares it handles
   them: ``capabilities.experimental.soldaemon.status`` or the option
   ``statusNotifications``; other clients, e.g. lsp-mode, would warn about an
@@ -96,6 +100,7 @@ log = logging.getLogger("sol.lsp")
 
 MAX_LINE_PREFIX = 1000          # chars: longer lines get cursor-relative items
 CONFIG_SECTION = "soldaemon"    # workspace/didChangeConfiguration: settings.soldaemon
+COMPLETION_READY = "sol/completionReady"   # {uri}: the rest of an early inline answer is there
 
 
 class RequestFailed(JsonRpcException):
@@ -304,7 +309,13 @@ class SolLanguageServer(LanguageServer):
         ring = ContextRing(max_entries=max(16, 2 * s.context_chunks), max_chunks=s.context_chunks,
                            chunk_lines=s.context_lines, policy=self.policy)
         self.completer = Completer(s, self.documents, ring, self.daemon, on_withheld=self.reporter.withheld)
+        self.completer.on_rest_ready = self.completion_ready
         self.daemon.start()
+
+    def completion_ready(self, uri: str) -> None:
+        """The rest of a multi-line answer shown early (``earlyLines``) is
+        there: ``sol/completionReady`` tells the client to ask again."""
+        self.protocol.notify(COMPLETION_READY, {"uri": uri})
 
     async def stop_daemon_client(self) -> None:
         if self.completer is not None:
@@ -315,16 +326,17 @@ class SolLanguageServer(LanguageServer):
     # -- completions ----------------------------------------------------------------
 
     async def suggest(self, uri: str, position: types.Position, automatic: bool, *,
-                      alternatives: bool = False) -> Suggestion | None:
+                      alternatives: bool = False, inline: bool = False) -> Suggestion | None:
         """The completer's answer; daemon errors become typed JSON-RPC errors.
         ``alternatives``: an invoked inline request (plain completion menus
-        ask "invoked" as the user types in some editors: one item there)."""
+        ask "invoked" as the user types in some editors: one item there);
+        ``inline``: an inline request (early lines with ``earlyLines``)."""
         if self.completer is None:
             return None
         try:
             return await self.completer.suggest(uri, position, automatic=automatic,
                                                 alternatives=alternatives and not automatic,
-                                                tag=str(self.protocol.msg_id))
+                                                tag=str(self.protocol.msg_id), early=inline)
         except DaemonRequestFailed as exc:
             raise RequestFailed(str(exc), data={"code": exc.frame.code, "hint": exc.frame.hint}) from None
 
@@ -473,7 +485,8 @@ def build_server(settings: Settings) -> SolLanguageServer:
                                 ) -> types.InlineCompletionList:
         ls.saw_inline_request()
         automatic = params.context.trigger_kind == types.InlineCompletionTriggerKind.Automatic
-        found = await ls.suggest(params.text_document.uri, params.position, automatic, alternatives=True)
+        found = await ls.suggest(params.text_document.uri, params.position, automatic, alternatives=True,
+                                 inline=True)
         return types.InlineCompletionList(items=ls.inline_items(found, params.position) if found else [])
 
     @server.feature(types.TEXT_DOCUMENT_COMPLETION, types.CompletionOptions(resolve_provider=False))

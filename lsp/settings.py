@@ -54,6 +54,7 @@ class Settings:
     enable: bool = True
     languages: tuple[tuple[str, bool], ...] = ()  # (language id, on); "*": the default; () = all on
     status_notifications: bool = False      # send sol/status (the client said it handles it)
+    early_lines: bool = False               # show a block's first lines early; sol/completionReady when the rest is
     # Requests
     debounce_ms: float = 25.0               # automatic triggers wait this long for more typing
     timeout_ms: float = 5000.0              # a daemon answer later than this is cancelled
@@ -290,6 +291,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("status_notifications", "statusNotifications", "", _bool,
            "send sol/status notifications (clients that handle them; also the client capability "
            "experimental.soldaemon.status)"),
+    Option("early_lines", "earlyLines", "", _bool,
+           "inline completions: show a multi-line answer's first whole lines as soon as they are written and "
+           "send sol/completionReady {uri} when the rest is there (for clients that then ask again at the "
+           "cursor: without that, the rest shows only once the user types or accepts)"),
     Option("start_timeout_s", "startTimeoutS", "--start-timeout-s", Number(1, 3600),
            "seconds a started daemon may take to become ready"),
     Option("debounce_ms", "debounceMs", "--debounce-ms", Number(0, 2000),

@@ -19,6 +19,8 @@ import { ServerPhase, SolStatus, computeStatus, formatMs } from "./status";
 
 const SECTION = "soldaemon";
 const SOL_STATUS = "sol/status";
+/** sol-lsp showed a block's first lines early (`earlyLines`) and the rest is there. */
+export const COMPLETION_READY = "sol/completionReady";
 /** Restarts of a crashed sol-lsp allowed within RESTART_WINDOW_MS. */
 const MAX_RESTARTS = 4;
 const RESTART_WINDOW_MS = 3 * 60_000;
@@ -59,6 +61,7 @@ export class Controller implements vscode.Disposable {
             this.sol = p;
             this.render();
         });
+        this.client.onNotification(COMPLETION_READY, (p: { uri?: unknown }) => this.completionReady(p));
         this.disposables.push(
             this.output,
             this.statusItem,
@@ -73,6 +76,15 @@ export class Controller implements vscode.Disposable {
             }),
             vscode.window.onDidChangeActiveTextEditor(() => this.render()),
         );
+    }
+
+    /** The rest of a block shown early is there: ask VS Code to ask again
+     * (sol-lsp answers at once from it) when that document is in front;
+     * otherwise it shows when the user comes back and types. */
+    completionReady(p: { uri?: unknown }): void {
+        const editor = vscode.window.activeTextEditor;
+        if (!editor || typeof p?.uri !== "string" || editor.document.uri.toString() !== p.uri) return;
+        void vscode.commands.executeCommand("editor.action.inlineSuggest.trigger");
     }
 
     async start(): Promise<void> {

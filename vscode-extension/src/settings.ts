@@ -117,6 +117,8 @@ export function serverOptions(s: Settings): Record<string, unknown> {
         languages: { ...s.languages },
         // This client handles sol/status; sol-lsp sends it only to clients that say so.
         statusNotifications: true,
+        // This client asks again on sol/completionReady: a block's first lines may show early.
+        earlyLines: true,
         startTimeoutS: s.startTimeoutSeconds,
         debounceMs: s.debounceMs,
         maxLines: s.maxLines,

@@ -7,7 +7,7 @@ import { installCommand, installPython } from "../serverProcess";
 import { DEFAULT_DEBOUNCE_MS, languageEnabled, launchChanged, launchFlags, readSettings, serverOptions } from "../settings";
 
 const PKG = JSON.parse(fs.readFileSync(path.resolve(__dirname, "..", "..", "package.json"), "utf8"));
-const BASE = { enable: true, languages: { "*": true, plaintext: false, markdown: false, scminput: false }, statusNotifications: true };
+const BASE = { enable: true, languages: { "*": true, plaintext: false, markdown: false, scminput: false }, statusNotifications: true, earlyLines: true };
 
 const settings = (values: Record<string, unknown>) => readSettings((k) => values[k]);
 
