@@ -93,6 +93,7 @@ def postprocessed(engine: Any, hole: Hole, text: str) -> str:
 CONFIG_ABLATIONS: dict[str, dict[str, Any]] = {
     "healing": {"completion.token_healing": False},
     "anchor": {"model.fim_anchor": "cursor"},
+    "speculation": {"completion.speculative": False},   # decode tok/s with and without, same answers
 }
 
 

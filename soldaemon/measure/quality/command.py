@@ -115,13 +115,16 @@ def _run_holes(args: argparse.Namespace, config: Config, engine: Any, holes: lis
     raws = ([(Column(f"raw{label}"), Column(f"raw+pp{label}"), eng)
              for label, eng in (list(reversed(list(per_model.items()))) or [("", engine)])]
             if want_raw else [])
-    outline_config = toggled_outline(sol_configs[0][1]) if "outline" in ablate and sol_configs else None
-    sign = "-" if sol_configs and sol_configs[0][1].model.max_outline_tokens > 0 else "+"
-    no_outline = Column(f"{sol_configs[0][0]} {sign}outline") if outline_config is not None else None
-    # the config ablations: (column, the first sol config with the part off)
-    without = [(Column(f"{sol_configs[0][0]} -{a}"),
-                sol_configs[0][1].with_overrides(CONFIG_ABLATIONS[a], source="bench"))
-               for a in ABLATIONS if a in ablate and a in CONFIG_ABLATIONS and sol_configs]
+    own_config = engine.config        # the engine's own (with --models: the first model's), restored per hole
+    # what the ablations take a part from: the first sol config, or with --models the first model
+    first: tuple[str, Config] | None = (sol_configs[0] if sol_configs
+                                        else (by_model[0][0].name, own_config) if by_model else None)
+    outline_config = toggled_outline(first[1]) if "outline" in ablate and first else None
+    sign = "-" if first and first[1].model.max_outline_tokens > 0 else "+"
+    no_outline = Column(f"{first[0]} {sign}outline") if outline_config is not None and first else None
+    # the config ablations: (column, the first config with the part off)
+    without = [(Column(f"{first[0]} -{a}"), first[1].with_overrides(CONFIG_ABLATIONS[a], source="bench"))
+               for a in ABLATIONS if a in ablate and a in CONFIG_ABLATIONS and first]
     siblings = getattr(args, "context", "none") == "siblings" and bool(sol_configs)
     ctx_rel = Column(f"{sol_configs[0][0]}+ctx") if siblings else None
     ctx_order = Column(f"{sol_configs[0][0]}+ctx[order]") if siblings else None
@@ -159,7 +162,7 @@ def _run_holes(args: argparse.Namespace, config: Config, engine: Any, holes: lis
             engine.context_selector = None          # model.context: order -- the chunks as sent
             ctx_order.add(hole, *run_sol(engine, hole, uri, max_tokens, chunks), python=True)
             engine.context_selector = selector
-        engine.config = config
+        engine.config = own_config
         for raw, raw_pp, eng in raws:
             text, ms, n_prompt, n_gen, ttft = run_raw(eng, hole, max_tokens)
             raw.add(hole, text, ms, n_prompt, n_gen, ttft, python=True)
