@@ -94,7 +94,10 @@ CONFIG_ABLATIONS: dict[str, dict[str, Any]] = {
     "healing": {"completion.token_healing": False},
     "anchor": {"model.fim_anchor": "cursor"},
     "speculation": {"completion.speculative": False},   # decode tok/s with and without, same answers
+    "hold_end": {"completion.hold_end": True},          # off by default: the column turns it on
 }
+# The column's sign: "-" a part taken out, "+" one put in (default "-").
+ABLATION_SIGN = {"hold_end": "+"}
 
 
 ABLATIONS = ("outline", *CONFIG_ABLATIONS)

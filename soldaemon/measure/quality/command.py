@@ -15,7 +15,7 @@ from soldaemon.config import Config
 from soldaemon.errors import BadRequest
 from soldaemon.measure.holes import cut_holes, default_corpus
 from soldaemon.pipeline.relevance import ContextSelector
-from soldaemon.measure.quality.columns import (ABLATIONS, CONFIG_ABLATIONS, LLAMA_VSCODE, MODEL_ALONE, LlamaCpp, LlamaVscode,
+from soldaemon.measure.quality.columns import (ABLATION_SIGN, ABLATIONS, CONFIG_ABLATIONS, LLAMA_VSCODE, MODEL_ALONE, LlamaCpp, LlamaVscode,
                       _precision_engines, _sol_configs, llama_cpp_column, llama_vscode_column, model_configs,
                       model_label, postprocessed, run_raw, run_sol, sibling_context, toggled_outline)
 from soldaemon.measure.quality.report import _write_json, agreement, plot, ratios, table
@@ -123,7 +123,8 @@ def _run_holes(args: argparse.Namespace, config: Config, engine: Any, holes: lis
     sign = "-" if first and first[1].model.max_outline_tokens > 0 else "+"
     no_outline = Column(f"{first[0]} {sign}outline") if outline_config is not None and first else None
     # the config ablations: (column, the first config with the part off)
-    without = [(Column(f"{first[0]} -{a}"), first[1].with_overrides(CONFIG_ABLATIONS[a], source="bench"))
+    without = [(Column(f"{first[0]} {ABLATION_SIGN.get(a, '-')}{a}"),
+                first[1].with_overrides(CONFIG_ABLATIONS[a], source="bench"))
                for a in ABLATIONS if a in ablate and a in CONFIG_ABLATIONS and first]
     siblings = getattr(args, "context", "none") == "siblings" and bool(sol_configs)
     ctx_rel = Column(f"{sol_configs[0][0]}+ctx") if siblings else None
@@ -177,8 +178,12 @@ def _run_holes(args: argparse.Namespace, config: Config, engine: Any, holes: lis
         if functional is not None:   # pass@1: CPython's own tests on the filled module
             from soldaemon.measure.functional import passes
 
+            verdicts: dict[str, bool] = {}     # columns that wrote the same text: the tests run once
             for c in columns:
-                c.scores[-1] = dataclasses.replace(c.scores[-1], passed=passes(functional[i], c.texts[-1]))
+                text = c.texts[-1]
+                if text not in verdicts:
+                    verdicts[text] = passes(functional[i], text)
+                c.scores[-1] = dataclasses.replace(c.scores[-1], passed=verdicts[text])
         if args.json_out:  # after every hole: a long run that is stopped still leaves its results
             _write_json(Path(args.json_out), engine.info(), args.seed, max_tokens, files, holes[: i + 1], columns)
         say(f"hole {i + 1}/{len(holes)} {hole.kind} {hole.path}:{hole.line} "
