@@ -76,6 +76,10 @@ CASES = [
     Case("py: the opener alone is not shown", "python",
          "def primes():\n    out = []\n    ", "\n    return out\n",
          "for i in range(2,101):\n", "stop", "", "opener"),
+    Case("py: brackets in strings and comments before the cursor do not hide a bare opener", "python",
+         "import re\n\nclass Wrapper:\n    pattern = r'[^' + re.escape('x')   # (see above\n\n"
+         "    def __init__(self, width):\n        self.width = width\n        ",
+         "\n        self.indent = ''\n", "def wrap(self, text):\n", "stop", "", "opener"),
     Case("py: an unclosed bracket at the budget", "python",
          "def f(xs):\n    ", "\n    return total\n",
          "total = 0\n    items = [x * x for x in xs", "length", "total = 0", "parse"),
@@ -226,3 +230,19 @@ def test_a_line_at_column_0_inside_a_docstring_starts_no_window() -> None:
     w = window_at(prefix, "\n    return s\n", "python")
     assert w is not None
     assert w.before == prefix and w.errors == 0
+
+
+@pytest.mark.parametrize("text, depth", [
+    ("f(a,\n  b", 1),
+    ("x = '[^' + y", 0),                       # a bracket in a string
+    ('x = "(" if a else ")"\ny = [1,', 1),
+    ("x = 1  # (see below\ny = (", 1),         # a bracket in a comment
+    ('s = """(\n[\n"""\nt = {', 1),           # in a triple-quoted string
+    ("s = 'it\\'s ('\nu = (", 1),              # an escaped quote
+    (r"p = r'\['" + "\nq = [", 1),             # a raw string with an escaped bracket
+    ("s = 'unclosed (\nt = 1", 0),             # an unclosed one-line string ends at its line
+])
+def test_open_brackets_skip_strings_and_comments(text: str, depth: int) -> None:
+    from soldaemon.pipeline.syntax import _open_brackets
+
+    assert _open_brackets(text) == depth

@@ -205,13 +205,45 @@ def _indent_fits(before: str, insert: str, after: str) -> bool:
 
 
 def _open_brackets(text: str) -> int:
+    """Brackets left open at the end of ``text`` (Python): those inside
+    string literals and comments do not count (a regex's ``'[^'`` in the
+    window once let a bare ``def f():`` through as "inside a bracket")."""
     depth = 0
-    for ch in text:
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == "#":
+            end = text.find("\n", i)
+            i = n if end < 0 else end
+            continue
+        if ch in "'\"":
+            i = _string_end(text, i)
+            continue
         if ch in "([{":
             depth += 1
         elif ch in ")]}" and depth:
             depth -= 1
+        i += 1
     return depth
+
+
+def _string_end(text: str, i: int) -> int:
+    """The index after the string literal that starts with the quote at
+    ``i`` (a backslash escapes the next character, in raw strings too as far
+    as the closing quote goes); an unclosed one-line string ends at its
+    line's end, an unclosed triple-quoted one at the end of ``text``."""
+    quote = text[i:i + 3] if text[i:i + 3] in ('"""', "'''") else text[i]
+    j, n = i + len(quote), len(text)
+    while j < n:
+        if text[j] == "\\":
+            j += 2
+            continue
+        if text.startswith(quote, j):
+            return j + len(quote)
+        if len(quote) == 1 and text[j] == "\n":
+            return j
+        j += 1
+    return n
 
 
 def window_at(prefix: str, suffix: str, language: str) -> Window | None:
