@@ -82,6 +82,19 @@ def _completer(client: ScriptedClient, **settings: Any) -> tuple[Completer, Any,
 BLOCK = ["for x in xs:\n", "        total += x\n", "        if total > 9:\n", "            break"]
 
 
+async def _early_then_typed(client: ScriptedClient, typed: str | None = None) -> tuple[Completer, list[str], str]:
+    """An early answer at the cursor, then ``typed`` (default: all of it)
+    inserted there, as the editor would; (completer, announced uris, early text)."""
+    completer, store, ready = _completer(client)
+    got = await completer.suggest("file:///a", CURSOR, automatic=True, early=True)
+    assert got is not None
+    early = got.items[0]
+    store.change(types.DidChangeTextDocumentParams(types.VersionedTextDocumentIdentifier(uri="file:///a", version=2), [
+        types.TextDocumentContentChangePartial(range=types.Range(CURSOR, CURSOR),
+                                               text=early if typed is None else typed)]))
+    return completer, ready, early
+
+
 @pytest.mark.asyncio
 async def test_a_block_shows_its_first_lines_early_and_the_rest_follows() -> None:
     client = StreamingClient(BLOCK)
@@ -105,11 +118,7 @@ async def test_a_block_shows_its_first_lines_early_and_the_rest_follows() -> Non
 @pytest.mark.asyncio
 async def test_typing_along_the_early_lines_keeps_the_rest_coming() -> None:
     client = StreamingClient(BLOCK, gap=0.05)
-    completer, store, ready = _completer(client)
-    got = await completer.suggest("file:///a", CURSOR, automatic=True, early=True)
-    assert got is not None
-    store.change(types.DidChangeTextDocumentParams(types.VersionedTextDocumentIdentifier(uri="file:///a", version=2), [
-        types.TextDocumentContentChangePartial(range=types.Range(CURSOR, CURSOR), text="for")]))
+    completer, ready, _ = await _early_then_typed(client, "for")
     typed = await completer.suggest("file:///a", P(2, 7), automatic=True, early=True)
     assert typed is not None and typed.cached and typed.items == (" x in xs:\n        total += x",)
     assert client.cancelled == []                                # the rest was not stopped
@@ -125,12 +134,8 @@ async def test_typing_along_the_early_lines_keeps_the_rest_coming() -> None:
 @pytest.mark.asyncio
 async def test_accepting_the_early_lines_waits_for_the_rest() -> None:
     client = StreamingClient(BLOCK, gap=0.05)
-    completer, store, _ = _completer(client)
-    got = await completer.suggest("file:///a", CURSOR, automatic=True, early=True)
-    assert got is not None
-    early = got.items[0]
-    store.change(types.DidChangeTextDocumentParams(types.VersionedTextDocumentIdentifier(uri="file:///a", version=2), [
-        types.TextDocumentContentChangePartial(range=types.Range(CURSOR, CURSOR), text=early)]))
+    completer, _, early = await _early_then_typed(client)
+    assert early == "for x in xs:\n        total += x"
     after = await completer.suggest("file:///a", P(3, 18), automatic=True, early=True)
     assert after is not None and after.items == ("\n        if total > 9:\n            break",)
     assert len(client.requests) == 1 and client.cancelled == []
@@ -139,10 +144,7 @@ async def test_accepting_the_early_lines_waits_for_the_rest() -> None:
 @pytest.mark.asyncio
 async def test_typing_elsewhere_stops_the_rest_and_nothing_is_announced() -> None:
     client = StreamingClient(BLOCK, gap=0.05)
-    completer, store, ready = _completer(client)
-    assert await completer.suggest("file:///a", CURSOR, automatic=True, early=True) is not None
-    store.change(types.DidChangeTextDocumentParams(types.VersionedTextDocumentIdentifier(uri="file:///a", version=2), [
-        types.TextDocumentContentChangePartial(range=types.Range(CURSOR, CURSOR), text="while")]))
+    completer, ready, _ = await _early_then_typed(client, "while")
     client.chunks = ["x:\n", "        pass"]
     await completer.suggest("file:///a", P(2, 9), automatic=True, early=True)
     assert client.cancelled == [client.requests[0].id]
