@@ -179,3 +179,9 @@ def test_bench_skips_generate_when_no_full_copy_fits(tmp_path: Path, capsys: pyt
     assert "generate" not in data["rows"] and data["identical"] is None
     # no reference weights either (the engine keeps only its packed copy): agreement against sol
     assert "sol-exact" not in data["rows"] and "vs sol " in text and len(data["rows"]["sol"]["ms_per_token"]) == 1
+
+
+def test_bench_trace_refuses_a_negative_pace(tiny_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["bench", "--trace", "--model", str(tiny_dir), "--lines", "1", "--pace-ms", "-5"])
+    assert rc != 0
+    assert "--pace-ms must be >= 0" in capsys.readouterr().err

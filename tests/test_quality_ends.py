@@ -66,3 +66,15 @@ def test_each_model_is_compared_with_its_own_raw_answers() -> None:
     assert ends.raw_for(column("sol", [], [], []), cols) is None
     assert ends.summary(sol_15, KINDS, ends.raw_for(sol_15, cols))["prefix_of_passing_raw"] == 1
     assert "| sol[1.5b] | 1 | 1 | 3 / 1 | model 1 (1), opener 1 (0) |" in table(cols, KINDS)
+
+
+def test_each_target_model_gets_its_first_engine_in_order() -> None:
+    """--models qwen-1.5b+qwen-0.5b qwen-0.5b qwen-1.5b: one raw and one
+    llama.vscode column per target, on the first engine loaded for it."""
+    from soldaemon.measure.quality.command import _per_target
+
+    a1, b, a2 = object(), object(), object()
+    by_model = [(Column("sol[1.5b+0.5b]"), "1.5b", a1), (Column("sol[0.5b]"), "0.5b", b),
+                (Column("sol[1.5b]"), "1.5b", a2)]
+    assert _per_target(by_model) == [("1.5b", a1), ("0.5b", b)]
+    assert _per_target([]) == []

@@ -47,6 +47,7 @@ import torch
 
 from soldaemon.api import CancelToken, CompletionRequest, Done, Timings
 from soldaemon.config import Config
+from soldaemon.errors import BadRequest
 from soldaemon.measure.holes import default_corpus, statement_lines
 from soldaemon.measure.jumps import JUMP_KEYS, JUMP_KINDS, JUMP_PAUSE, jump_targets
 
@@ -498,6 +499,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
     from soldaemon.runtime.engine.local import load_engine
 
+    if not float(getattr(args, "pace_ms", 0.0)) >= 0:
+        raise BadRequest(f"--pace-ms must be >= 0 (got {args.pace_ms})")
     config = config.with_overrides({"model.max_prefix_tokens": args.max_prefix_tokens,
                                     "model.max_suffix_tokens": args.max_suffix_tokens}, source="bench")
     files = [Path(p) for p in args.corpus] if args.corpus else default_corpus()

@@ -82,8 +82,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     want_alone = "model-alone" in baselines or "llama.cpp" in baselines   # llama.cpp: the old name
     llama = llama_cpp_column(engine, threads, say) if want_alone else None
     # with --models: the model alone and llama.vscode on each target model's own GGUF
-    firsts = {t: e for _c, t, e in reversed(by_model)}
-    targets = list(reversed(list(firsts.items())))
+    targets = _per_target(by_model)
     llamas: list[tuple[Column, LlamaCpp]] = []
     if llama is not None and by_model:
         llamas = [(Column(f"{MODEL_ALONE}[{model_label(t)}]"), llama if e is engine else LlamaCpp(e, llama.threads))
@@ -103,6 +102,14 @@ def run(args: argparse.Namespace, config: Config) -> int:
             runner.close()
 
 
+def _per_target(by_model: list[tuple[Column, str, Any]]) -> list[tuple[str, Any]]:
+    """(target model, its first engine) per target of ``--models``, in order."""
+    first: dict[str, Any] = {}
+    for _col, target, eng in by_model:
+        first.setdefault(target, eng)
+    return list(first.items())
+
+
 def _run_holes(args: argparse.Namespace, config: Config, engine: Any, holes: list, files: list[Path],
                functional: Any, max_tokens: int, say: Any, sol_configs: list, by_model: list,
                precision_engines: list, want_raw: bool, llama: LlamaCpp | None,
@@ -111,10 +118,8 @@ def _run_holes(args: argparse.Namespace, config: Config, engine: Any, holes: lis
     """Every hole through every column; print the table (and ratios)."""
     # the model alone in this runtime, per model (raw[0.5b] beside sol[0.5b]) so each column's ends
     # are compared with its own model's raw answers
-    per_model = {f"[{model_label(t)}]": eng for _c, t, eng in reversed(by_model)}   # the first engine per target
-    raws = ([(Column(f"raw{label}"), Column(f"raw+pp{label}"), eng)
-             for label, eng in (list(reversed(list(per_model.items()))) or [("", engine)])]
-            if want_raw else [])
+    labelled = [(f"[{model_label(t)}]", eng) for t, eng in _per_target(by_model)] or [("", engine)]
+    raws = [(Column(f"raw{label}"), Column(f"raw+pp{label}"), eng) for label, eng in labelled] if want_raw else []
     own_config = engine.config        # the engine's own (with --models: the first model's), restored per hole
     # what the ablations take a part from: the first sol config, or with --models the first model
     first: tuple[str, Config] | None = (sol_configs[0] if sol_configs
