@@ -59,7 +59,7 @@ class Settings:
     debounce_ms: float = 25.0               # automatic triggers wait this long for more typing
     timeout_ms: float = 5000.0              # a daemon answer later than this is cancelled
     budget_ms: float | None = None          # the daemon's own budget per request
-    max_tokens: int = 64
+    max_tokens: int = 128                   # a block of max_lines lines often needs more than 64
     max_lines: int = 8                      # lines in an item, cap
     multiline: Multiline = "auto"
     max_prefix_chars: int = 32_000

@@ -40,7 +40,7 @@ class CompletionRequest:
     version: int | None = None             # editor's document version
     language: str | None = None            # LSP language id ("python", ...)
     context: tuple[ContextChunk, ...] = ()
-    max_tokens: int = 64                   # generated tokens, hard cap
+    max_tokens: int = 128                  # generated tokens, hard cap (config completion.max_tokens)
     budget_ms: float | None = None         # wall-clock budget from arrival, ms
     multiline: Multiline = "auto"
     priority: Priority = "normal"

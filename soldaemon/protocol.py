@@ -67,8 +67,10 @@ PROTOCOL_VERSION = 1
 
 @dataclass(frozen=True)
 class Limits:
-    """Size and range bounds applied while decoding. Lengths are in
-    characters (code points) except ``max_message_bytes``."""
+    """Size and range bounds applied while decoding, and what a ``complete``
+    message that leaves a field out gets (the daemon's ``completion:``
+    section). Lengths are in characters (code points) except
+    ``max_message_bytes``."""
 
     max_message_bytes: int = 1024 * 1024       # one frame, bytes
     max_id_chars: int = 128
@@ -79,6 +81,12 @@ class Limits:
     max_tokens: int = 2048                      # cap on complete.max_tokens
     max_n: int = 8
     max_budget_ms: float = 120_000.0            # ms
+    # defaults of a complete message's fields (config completion:)
+    default_max_tokens: int = 128
+    default_budget_ms: float | None = None
+    default_multiline: str = "auto"
+    default_temperature: float = 0.0
+    default_top_p: float = 1.0
 
 
 DEFAULT_LIMITS = Limits()
@@ -322,12 +330,12 @@ def _read_request(r: _Reader) -> CompletionRequest:
     uri = r.string("uri", lim.max_uri_chars, default="untitled:")
     language = r.string("language", lim.max_language_chars, nullable=True)
     version = r.integer("version", None, -(2**63), 2**63 - 1, nullable=True)
-    max_tokens = r.integer("max_tokens", 64, 1, lim.max_tokens)
-    budget_ms = r.number("budget_ms", None, 1.0, lim.max_budget_ms, nullable=True)
-    multiline = r.choice("multiline", "auto", ("auto", "single", "multi"))
+    max_tokens = r.integer("max_tokens", lim.default_max_tokens, 1, lim.max_tokens)
+    budget_ms = r.number("budget_ms", lim.default_budget_ms, 1.0, lim.max_budget_ms, nullable=True)
+    multiline = r.choice("multiline", lim.default_multiline, ("auto", "single", "multi"))
     priority = r.choice("priority", "normal", ("normal", "high"))
-    temperature = r.number("temperature", 0.0, 0.0, 2.0)
-    top_p = r.number("top_p", 1.0, 0.0, 1.0)
+    temperature = r.number("temperature", lim.default_temperature, 0.0, 2.0)
+    top_p = r.number("top_p", lim.default_top_p, 0.0, 1.0)
     n = r.integer("n", 1, 1, lim.max_n)
     seed = r.integer("seed", None, 0, 2**63 - 1, nullable=True)
     assert prefix is not None and suffix is not None and uri is not None

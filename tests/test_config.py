@@ -80,7 +80,7 @@ def test_defaults() -> None:
     assert c.server.max_message_bytes == 1_048_576
     assert c.server.rate_limit_per_s == 200 and c.server.drain_timeout_s == 5
     assert c.completion == CompletionConfig(
-        max_tokens=64, max_lines=8, multiline="auto", temperature=0.0, top_p=1.0,
+        max_tokens=128, max_lines=8, multiline="auto", temperature=0.0, top_p=1.0,
         budget_ms=None, speculative=True, draft_tokens=8, token_healing=True, speculative_fim=True,
         block_end="model", hold_end=False,
     )

@@ -199,3 +199,23 @@ def test_decode_never_raises_anything_else(data: bytes | str) -> None:
         encode_server(error_frame(exc))  # always encodable
     else:
         assert isinstance(msg, (Complete, Warm, Cancel, CompletionEvent, Health, Debug))
+
+
+def test_a_left_out_field_gets_the_daemons_completion_defaults() -> None:
+    """A complete message without max_tokens, temperature, top_p, budget_ms
+    or multiline gets the daemon's ``completion:`` settings (through
+    ServerSettings), not constants of the protocol; a field it sends wins."""
+    from soldaemon.config import config_from_dict
+    from soldaemon.server.settings import ServerSettings
+
+    config = config_from_dict({"completion": {"max_tokens": 96, "temperature": 0.5, "top_p": 0.9,
+                                              "budget_ms": 700, "multiline": "single"}})
+    limits = ServerSettings.from_config(config.server, config.completion).limits
+    req = decode_client(frame(type="complete", id="a", prefix="x"), limits).request  # type: ignore[union-attr]
+    assert (req.max_tokens, req.temperature, req.top_p, req.budget_ms, req.multiline) == (96, 0.5, 0.9, 700.0, "single")
+    sent = decode_client(frame(type="complete", id="b", prefix="x", max_tokens=8, multiline="multi"), limits)
+    assert (sent.request.max_tokens, sent.request.multiline) == (8, "multi")  # type: ignore[union-attr]
+    # without a config: the defaults of config completion: as shipped
+    shipped = config_from_dict({}).completion
+    plain = decode_client(frame(type="complete", id="c", prefix="x")).request  # type: ignore[union-attr]
+    assert (plain.max_tokens, plain.budget_ms, plain.multiline) == (shipped.max_tokens, shipped.budget_ms, shipped.multiline)

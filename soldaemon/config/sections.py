@@ -187,7 +187,7 @@ class CompletionConfig:
     fields override them)."""
 
     # Generated tokens, hard cap; 1..2048.
-    max_tokens: int = _setting(64, _int(1, 2048))
+    max_tokens: int = _setting(128, _int(1, 2048))
     # Lines in a completion, cap; >= 1.
     max_lines: int = _setting(8, _int(1))
     multiline: Multiline = _setting("auto", _choice(get_args(Multiline)))

@@ -195,7 +195,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     try:
         config = overridden(config, args)
         load, label = engine_loader(args, config)
-        return asyncio.run(serve(ServerSettings.from_config(config.server), load, label))
+        return asyncio.run(serve(ServerSettings.from_config(config.server, config.completion), load, label))
     except (SolError, MemoryError, RuntimeError) as exc:
         typed = _as_sol_error(exc)
         if typed is None:

@@ -11,7 +11,7 @@ from soldaemon.paths import state_dir
 from soldaemon.protocol import Limits
 
 if TYPE_CHECKING:
-    from soldaemon.config import ServerConfig
+    from soldaemon.config import CompletionConfig, ServerConfig
 
 SOL_DIAGNOSIS_KEYS = ("active", "ttft_optimized", "prefetch_hit_rate", "kv_fold_ratio", "offloaded_layers")
 
@@ -37,15 +37,27 @@ class ServerSettings:
     max_handshakes: int = 64                       # handshakes in progress; past it the oldest is closed
     max_handshakes_per_peer: int = 16              # the same, per peer address
     idle_exit_s: float = 0.0                       # s without a connection before exiting; 0: never
+    # what a complete message that leaves the field out gets (config completion:)
+    default_max_tokens: int = 128
+    default_budget_ms: float | None = None
+    default_multiline: str = "auto"
+    default_temperature: float = 0.0
+    default_top_p: float = 1.0
 
     @classmethod
-    def from_config(cls, server: ServerConfig) -> ServerSettings:
+    def from_config(cls, server: ServerConfig, completion: CompletionConfig | None = None) -> ServerSettings:
+        defaults = {} if completion is None else dict(
+            default_max_tokens=completion.max_tokens, default_budget_ms=completion.budget_ms,
+            default_multiline=completion.multiline, default_temperature=completion.temperature,
+            default_top_p=completion.top_p)
         return cls(host=server.host, port=server.port, allow_remote=server.allow_remote,
                    allowed_origins=tuple(server.allowed_origins), token_path=server.token_path(),
                    max_message_bytes=server.max_message_bytes, rate_limit_per_s=server.rate_limit_per_s,
-                   drain_timeout_s=server.drain_timeout_s, idle_exit_s=server.idle_exit_s)
+                   drain_timeout_s=server.drain_timeout_s, idle_exit_s=server.idle_exit_s, **defaults)
 
     @property
     def limits(self) -> Limits:
-        return Limits(max_message_bytes=self.max_message_bytes)
+        return Limits(max_message_bytes=self.max_message_bytes, default_max_tokens=self.default_max_tokens,
+                      default_budget_ms=self.default_budget_ms, default_multiline=self.default_multiline,
+                      default_temperature=self.default_temperature, default_top_p=self.default_top_p)
 
