@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,36 @@ def test_hole_kinds_are_kept_apart_in_the_cache(tmp_path: Path) -> None:
     lines = cached_holes(2, 0, cache, modules=["textwrap"], kinds=("line",))
     assert [h.hole.kind for h in lines] == ["line", "line"]
     assert cached_holes(2, 0, cache, modules=["textwrap"], kinds=("line",)) == lines
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_looping_completion_dies_with_the_bench(tmp_path: Path) -> None:
+    """A completion whose tests loop forever is killed by the timeout; and
+    when the bench itself is stopped first, its tests die with it instead
+    of taking a core from every later measurement."""
+    import subprocess
+    import time
+
+    import psutil
+
+    script = tmp_path / "bench.py"
+    script.write_text(
+        "from soldaemon.measure import functional as f\n"
+        "src = open(f.module_path('colorsys')).read().replace(\n"
+        "    'def rgb_to_yiq(r, g, b):', 'def rgb_to_yiq(r, g, b):\\n    while True: pass', 1)\n"
+        "f.run_tests('colorsys', src, timeout_s=600)\n")
+    bench = subprocess.Popen([sys.executable, str(script)])
+    try:
+        deadline = time.monotonic() + 60
+        children: list[psutil.Process] = []
+        while not children and time.monotonic() < deadline:
+            time.sleep(0.2)
+            children = psutil.Process(bench.pid).children()
+        assert children, "the tests never started"
+        time.sleep(3)                     # well into the loop
+        assert children[0].is_running()
+    finally:
+        bench.kill()
+        bench.wait()
+    gone, alive = psutil.wait_procs(children, timeout=15)
+    assert not alive, f"the tests outlived the bench: {alive}"
