@@ -69,6 +69,32 @@ def test_the_constrained_pick_is_the_best_agreeing_token(texts: TokenTexts) -> N
     assert HealingSampler(Greedy(), texts, heal)(logits) == best
 
 
+def test_healed_indentation_is_followed_by_code_not_more_blanks(texts: TokenTexts) -> None:
+    """A healed run of blanks (a blank cursor line) may be covered by a
+    shorter blank and then a token that starts with the rest and goes on
+    with code, never by a token of blanks only that reaches past it: the
+    model, offered those, wrote blanks to the end of its budget (10 of 64
+    block holes empty, docs/quality.md)."""
+    V = len(texts)
+    heal = "    "
+    covering = [i for i in texts.allowed(heal) if not texts.texts[i].strip() and len(texts.texts[i]) >= len(heal)]
+    assert covering, "the tokenizer has a token of 4 or more blanks"
+    logits = torch.zeros(V)
+    logits[covering] = 100.0                   # the model wants more blanks: refused
+    s = HealingSampler(Greedy(), texts, heal)
+    out = ""
+    while s.constrained:
+        out += texts.texts[s(logits)]
+    assert out.startswith(heal) and out[len(heal):].strip(), f"the healed blanks were covered by blanks only: {out!r}"
+    # a word after the blanks is what is left to choose: the best such token
+    word = next(i for i in texts.allowed(" ") if texts.texts[i].strip() and texts.texts[i].startswith(" "))
+    logits = torch.zeros(V)
+    logits[covering] = 100.0
+    logits[word] = 10.0
+    s = HealingSampler(Greedy(), texts, " ")
+    assert s(logits) == word and not s.constrained
+
+
 def test_make_prompt_heals_a_cursor_after_text_and_only_then(tok) -> None:
     template = detect_template(tok)
     kw = dict(max_prefix_tokens=256, max_suffix_tokens=64)
@@ -141,3 +167,24 @@ def test_healing_off_by_config_gives_an_unhealed_prompt(tmp_path: Path) -> None:
         assert done.finish_reason in ("stop", "length")
     assert prompts[True].heal and not prompts[False].heal
     assert len(prompts[True].ids) == len(prompts[False].ids) - 1
+
+
+def test_a_blank_cursor_line_is_tokenized_as_the_code_after_it_would_be(tok) -> None:
+    """After Enter the cursor line is indentation only. With the middle
+    anchored at the line's start (``fim.line_anchor``), the middle begins
+    with the blanks exactly as a byte-level BPE splits them in front of
+    code (``"   "`` + ``" return"``), and the last blank is healed: the
+    first generated token must be that blank and a word."""
+    from soldaemon.fim import line_anchor
+
+    template = detect_template(tok)
+    head = "def f(items):\n    total = 0\n"
+    prefix = head + "    "
+    p = make_prompt(template, tok, prefix, "\n    return total\n", max_prefix_tokens=256, max_suffix_tokens=64,
+                    heal=True, lead_from=line_anchor(prefix))
+    assert p.heal == " "
+    middle = p.ids[p.ids.index(template.middle_id) + 1:]
+    code = encode_text(tok, "    return total")
+    word = next(i for i, t in enumerate(code) if tok.decode([t]).strip())
+    assert middle == code[:word] and tok.decode([code[word]]).startswith(" ")
+    assert tok.decode(middle) + p.heal == "    "

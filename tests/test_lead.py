@@ -45,9 +45,16 @@ def test_the_cursor_line_goes_after_the_middle_token(qwen: PreTrainedTokenizerFa
     # healing drops the lead's last token, as it drops the prefix's
     healed = _prompt(qwen, prefix, lead_from=AT, heal=True)
     assert healed.heal == ")" and healed.ids == p.ids[:-1]
-    # a blank cursor line has no lead: the classic layout
-    assert fim.line_anchor(HEAD + "    ") == len(HEAD) + 4
-    assert _prompt(qwen, HEAD + "    ", lead_from=AT).ids == _prompt(qwen, HEAD + "    ").ids
+    # a blank cursor line (after Enter) anchors at its start: the lead is
+    # its indentation, all but the last blank as the code after it would
+    # tokenize them, and the last blank healed (the first token is a blank
+    # and a word); without healing the lead is the whole indentation
+    assert fim.line_anchor(HEAD + "    ") == len(HEAD)
+    blank = _prompt(qwen, HEAD + "    ", lead_from=len(HEAD), heal=True)
+    assert blank.heal == " " and blank.ids == [pre, *b(HEAD), suf, *b(SUFFIX), mid, *b("   ")]
+    assert blank.n_middle == 1 + len(b("   ")) and blank.prefix_text == HEAD + "    "
+    assert _prompt(qwen, HEAD + "    ", lead_from=len(HEAD)).ids[-5:] == [mid, *b("    ")]
+    assert fim.line_anchor(HEAD) == len(HEAD)                 # column 0: no lead at all
 
 
 def test_indentation_that_ends_a_lead_is_healed(qwen: PreTrainedTokenizerFast) -> None:
@@ -136,9 +143,11 @@ def test_sticky_anchor_follows_a_typing_run() -> None:
     anchors.anchor("file:///b.py", start, SUFFIX)
     long = start + "".join(f"\n    v{i} = {i}" for i in range(MAX_LEAD_LINES))
     assert anchors.anchor("file:///b.py", long, SUFFIX) == long.rfind("\n") + 5
-    # documents are independent; a blank line anchors at the cursor
+    # documents are independent; a blank line anchors at its start, and
+    # typing on it keeps that anchor
     assert anchors.anchor("file:///c.py", HEAD + "    z", SUFFIX) == AT
-    assert anchors.anchor("file:///d.py", HEAD + "    ", SUFFIX) == AT
+    assert anchors.anchor("file:///d.py", HEAD + "    ", SUFFIX) == len(HEAD)
+    assert anchors.anchor("file:///d.py", HEAD + "    z", SUFFIX) == len(HEAD)
 
 
 def test_the_configured_anchor() -> None:

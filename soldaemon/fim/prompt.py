@@ -70,12 +70,16 @@ def lead_reserve(max_prefix_tokens: int) -> int:
 
 def line_anchor(prefix: str) -> int:
     """Where a lead on the cursor line starts: after the line's indentation
-    (``len(prefix)`` when the line so far is blank). Measured on the
-    embedded model, a middle that starts with indentation derails it
-    (docs/quality.md); the indentation stays in front of the middle token,
-    where the model was trained to see it."""
+    when something is typed on it; at the line's start when it is blank (the
+    cursor after Enter). Measured on the embedded model, a typed line
+    anchored after its indentation matches more often (docs/quality.md); a
+    blank line's indentation goes into the middle, tokenized as the code
+    after it would be, its last blank healed (:func:`make_prompt`): the
+    prefix then ends at a line's end, as the model mostly saw it."""
     start = prefix.rfind("\n") + 1
     line = prefix[start:]
+    if not line.strip():
+        return start
     return start + len(line) - len(line.lstrip(" \t"))
 
 
@@ -241,13 +245,20 @@ def make_prompt(
             if len(with_outline) <= len(prefix_ids) + outline_budget:  # (estimates can be off by a token)
                 prefix_ids = with_outline
     healed = ""
-    if heal and not template.dummy_prefix:
+    blank_end = lead[lead.rfind("\n") + 1:]
+    if heal and not template.dummy_prefix and blank_end and not blank_end.strip():
+        # the lead ends in indentation (a blank cursor line): its blanks but
+        # the last one, as the code that follows would tokenize them, and the
+        # last one healed -- the first token is that blank and a word
+        lead_ids = enc_plain(lead[:-1]) if len(lead) > 1 else []
+        healed = lead[-1]
+    elif heal and not template.dummy_prefix:
         healed = heal_token(tokenizer, lead_ids or prefix_ids, prefix_text, blank=bool(lead_ids))
-    if healed and lead_ids:
-        lead_ids = lead_ids[:-1]
-    elif healed:
-        prefix_ids = prefix_ids[:-1]
-        n_window -= 1
+        if healed and lead_ids:
+            lead_ids = lead_ids[:-1]
+        elif healed:
+            prefix_ids = prefix_ids[:-1]
+            n_window -= 1
     n_window += len(lead_ids)
 
     if repo and (chunks or repo_name is not None):

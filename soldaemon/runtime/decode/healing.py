@@ -79,6 +79,12 @@ class HealingSampler:
         if not self.rest:
             return self.inner(logits)
         ids = [i for i in self.texts.allowed(self.rest) if i < logits.shape[-1]]
+        if not self.rest.strip():
+            # healed indentation: the code comes after it, not more blanks (a
+            # token that covers the blanks with blanks only left the model
+            # writing blanks to the end of its budget, docs/quality.md)
+            rest = len(self.rest)
+            ids = [i for i in ids if len(self.texts.texts[i]) < rest or self.texts.texts[i].strip()]
         if not ids:              # nothing agrees (cannot happen with a full vocabulary): give up healing
             self.rest = ""
             return self.inner(logits)
