@@ -111,7 +111,7 @@ class Kernel:
 def _finish(y: torch.Tensor, out_dtype: torch.dtype, b: torch.Tensor | None) -> torch.Tensor:
     """A product's result in the activations' dtype, plus the bias."""
     y = y if y.dtype == out_dtype else y.to(out_dtype)
-    return y if b is None else y + b
+    return y if b is None else y.add_(b)     # y is the product's own new tensor
 
 
 class Dense(Kernel):
@@ -151,8 +151,10 @@ class Int8Dynamic(Kernel):
 
     def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         xf = x.to(torch.float32)
-        sx = torch.linalg.vector_norm(xf, float("inf"), dim=-1, keepdim=True).clamp_(min=1e-12) / 127.0  # [T, 1]
-        xq = torch.round(xf * (1.0 / sx)).to(torch.int8)                    # [T, K]
+        # abs().amax() rather than an inf-norm: the same scales, and on a CPU
+        # ~8x faster for a prompt's rows (torch's inf-norm reduction is slow)
+        sx = xf.abs().amax(dim=-1, keepdim=True).clamp_(min=1e-12).div_(127.0)   # [T, 1]
+        xq = torch.mul(xf, 1.0 / sx).round_().to(torch.int8)                 # [T, K]
         return xq, sx
 
     def multiply(self, p: tuple[torch.Tensor, torch.Tensor], w: torch.Tensor, b: torch.Tensor | None,

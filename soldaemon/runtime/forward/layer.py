@@ -37,7 +37,10 @@ GROUPED_MATMUL = "grouped-matmul"
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm as the model computes it: the statistics in float32."""
+    """RMSNorm as the model computes it: the statistics in float32 (in
+    float32, torch's own rms_norm: the same values in one call)."""
+    if x.dtype == torch.float32 and w.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), w, eps)
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return w * h.to(x.dtype)
@@ -193,5 +196,5 @@ def decoder_layer(shape: Shape, w: Any, x: torch.Tensor, lin: Any, cos: torch.Te
         o = grouped_attention(q, keys, vals, shape.scale, mask, kind=kind, bucket=bucket)
     x = x + lin(o.transpose(0, 1).reshape(T, H * hd), w.wo, w.bo, w.so)
     h = lin.prepare(rms_norm(x, w.ln2, shape.eps))        # once for gate and up
-    gu = F.silu(lin.multiply(h, w.wg, None, w.sg, dt)) * lin.multiply(h, w.wu, None, w.su, dt)
+    gu = F.silu(lin.multiply(h, w.wg, None, w.sg, dt), inplace=True).mul_(lin.multiply(h, w.wu, None, w.su, dt))
     return x + lin(gu, w.wd, None, w.sd)
