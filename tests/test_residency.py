@@ -280,7 +280,7 @@ def _engine(path: Path, sol: dict) -> LocalEngine:
 
     config = config_from_dict({"model": {"path": str(path), "max_context": 512, "kv_sessions": 2,
                                          "max_prefix_tokens": 300, "max_suffix_tokens": 100},
-                               "device": {"device": "cpu"}, "sol": sol})
+                               "completion": {"max_tokens": 64}, "device": {"device": "cpu"}, "sol": sol})
     loaded = load_model(str(path), device="cpu", dtype="auto", progress=False)
     return LocalEngine(loaded, config)
 
