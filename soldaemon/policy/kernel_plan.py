@@ -169,7 +169,9 @@ class KernelPlan:
         """One line for the log and ``doctor``."""
         pred = ""
         if self.cold_ms is not None and self.step_ms is not None:
-            pred = f"; predicted 1k-token prefill {self.cold_ms:.0f} ms, step {self.step_ms:.1f} ms"
+            # the products' measured times only: a real step adds norms,
+            # attention and dispatch (docs/quality.md, "Decode overhead")
+            pred = f"; kernels alone: 1k-token prefill {self.cold_ms:.0f} ms, step {self.step_ms:.1f} ms"
             if self.verify_ms is not None:
                 pred += f", 9-row verify {self.verify_ms:.1f} ms"
         return (f"weights {self.storage} (head {self.head_storage}); prefill {self.prefill}, decode/verify "
