@@ -228,6 +228,9 @@ def make_prompt(
                 room -= len(hids) - ctx_budget
 
     enc_prefix = enc_plain if header_ids else enc_first
+    can_heal = heal and not template.dummy_prefix
+    if not can_heal and lead_from is not None and 0 <= lead_from <= len(prefix) and not prefix[lead_from:].strip():
+        lead_from = len(prefix)   # a blank line's indentation is a middle's start only when it can be healed
     head, lead, lead_ids = _split_lead(prefix, lead_from, max_prefix_tokens, enc_plain)
     head_key = ("prefix", id(tokenizer), head, max_prefix_tokens, grain_lines, bool(header_ids))
     head_text, prefix_ids = _memoized(memo, head_key, lambda: _window_prefix(
@@ -246,13 +249,13 @@ def make_prompt(
                 prefix_ids = with_outline
     healed = ""
     blank_end = lead[lead.rfind("\n") + 1:]
-    if heal and not template.dummy_prefix and blank_end and not blank_end.strip():
+    if can_heal and blank_end and not blank_end.strip():
         # the lead ends in indentation (a blank cursor line): its blanks but
         # the last one, as the code that follows would tokenize them, and the
         # last one healed -- the first token is that blank and a word
         lead_ids = enc_plain(lead[:-1]) if len(lead) > 1 else []
         healed = lead[-1]
-    elif heal and not template.dummy_prefix:
+    elif can_heal:
         healed = heal_token(tokenizer, lead_ids or prefix_ids, prefix_text, blank=bool(lead_ids))
         if healed and lead_ids:
             lead_ids = lead_ids[:-1]

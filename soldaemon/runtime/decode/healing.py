@@ -84,7 +84,7 @@ class HealingSampler:
             # token that covers the blanks with blanks only left the model
             # writing blanks to the end of its budget, docs/quality.md)
             rest = len(self.rest)
-            ids = [i for i in ids if len(self.texts.texts[i]) < rest or self.texts.texts[i].strip()]
+            ids = [i for i in ids if len(self.texts.texts[i]) < rest or self.texts.texts[i].strip()] or ids
         if not ids:              # nothing agrees (cannot happen with a full vocabulary): give up healing
             self.rest = ""
             return self.inner(logits)
