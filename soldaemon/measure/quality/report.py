@@ -47,15 +47,17 @@ def plot(columns: list[Column], kinds: list[str], path: Path, title: str) -> Non
 
     import matplotlib.pyplot as plt
 
+    functional = any(sc.passed is not None for c in columns for sc in c.scores)
+    metrics = _METRICS + ((("pass_at_1", "pass@1"),) if functional else ())
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.5), gridspec_kw={"width_ratios": [3, 1]})
     width = 0.8 / max(1, len(columns))
     for j, c in enumerate(columns):
         s = c.summary(kinds)
-        xs = [i + j * width for i in range(len(_METRICS))]
-        bars = ax.bar(xs, [s[m] for m, _ in _METRICS], width, label=c.name)
+        xs = [i + j * width for i in range(len(metrics))]
+        bars = ax.bar(xs, [s[m] for m, _ in metrics], width, label=c.name)
         ax.bar_label(bars, fmt="%.0f", fontsize=7)
         ax2.bar([j], [s["e2e_p50_ms"]], 0.6, label=c.name, color=bars.patches[0].get_facecolor())
-    ax.set_xticks([i + width * (len(columns) - 1) / 2 for i in range(len(_METRICS))], [m for _, m in _METRICS])
+    ax.set_xticks([i + width * (len(columns) - 1) / 2 for i in range(len(metrics))], [m for _, m in metrics])
     ax.set_ylabel("% of holes (edit sim: mean %)")
     ax.set_ylim(0, 105)
     ax.legend(fontsize=8)
