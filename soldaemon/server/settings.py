@@ -3,7 +3,7 @@ the Sol diagnosis that both the daemon and ``soldaemon status`` show."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,14 +46,15 @@ class ServerSettings:
 
     @classmethod
     def from_config(cls, server: ServerConfig, completion: CompletionConfig | None = None) -> ServerSettings:
-        defaults = {} if completion is None else dict(
-            default_max_tokens=completion.max_tokens, default_budget_ms=completion.budget_ms,
-            default_multiline=completion.multiline, default_temperature=completion.temperature,
-            default_top_p=completion.top_p)
-        return cls(host=server.host, port=server.port, allow_remote=server.allow_remote,
-                   allowed_origins=tuple(server.allowed_origins), token_path=server.token_path(),
-                   max_message_bytes=server.max_message_bytes, rate_limit_per_s=server.rate_limit_per_s,
-                   drain_timeout_s=server.drain_timeout_s, idle_exit_s=server.idle_exit_s, **defaults)
+        settings = cls(host=server.host, port=server.port, allow_remote=server.allow_remote,
+                       allowed_origins=tuple(server.allowed_origins), token_path=server.token_path(),
+                       max_message_bytes=server.max_message_bytes, rate_limit_per_s=server.rate_limit_per_s,
+                       drain_timeout_s=server.drain_timeout_s, idle_exit_s=server.idle_exit_s)
+        if completion is None:
+            return settings
+        return replace(settings, default_max_tokens=completion.max_tokens, default_budget_ms=completion.budget_ms,
+                       default_multiline=completion.multiline, default_temperature=completion.temperature,
+                       default_top_p=completion.top_p)
 
     @property
     def limits(self) -> Limits:
