@@ -82,7 +82,7 @@ def test_defaults() -> None:
     assert c.completion == CompletionConfig(
         max_tokens=128, max_lines=8, multiline="auto", temperature=0.0, top_p=1.0,
         budget_ms=None, speculative=True, draft_tokens=8, token_healing=True, speculative_fim=True,
-        block_end="model", hold_end=False,
+        block_end="model", hold_end=False, second_choice=True,
     )
     assert c.backend == BackendConfig(
         kind="local", url=None, model_name=None, api_key_env=None, timeout_s=30.0
@@ -280,6 +280,7 @@ BAD_VALUES: list[tuple[str, str, Any, str]] = [
     ("completion", "speculative_fim", "on", '"on"'),
     ("completion", "block_end", "parser", '"parser"'),
     ("completion", "hold_end", "yes", '"yes"'),
+    ("completion", "second_choice", 1, "1"),
     ("backend", "kind", "cloud", '"cloud"'),
     ("backend", "url", "ftp://x", '"ftp://x"'),
     ("backend", "model_name", 3, "3"),

@@ -258,6 +258,23 @@ def test_completion_repeating_next_suffix_line() -> None:
     assert pp("y = x * 2\n    return y   \n    z = 0", prefix, suffix) == "y = x * 2"
 
 
+def test_first_line_on_a_line_of_its_own_repeating_the_line_below() -> None:
+    # after Enter (blank cursor line): the model writes the line that is
+    # already below the cursor -- showing it would duplicate that line
+    prefix = "def f(a):\n    b = a + 1\n    "
+    suffix = "\n    x = b * 2\n    return x\n"
+    assert pp("x = b * 2\n    return x\n", prefix, suffix) == ""
+    assert pp("x = b * 2", prefix, suffix) == ""          # ended by the model after that line
+    assert pp("x = b * 3\n    return x\n", prefix, suffix) == "x = b * 3"
+    checker = StopChecker(prefix, suffix, True, 10)
+    assert not checker.check("x = b * 2")                # the line may still go on
+    assert checker.check("x = b * 2\n") and checker.rule == "suffix"
+    # text before the cursor on its line: the line is the user's, not a repeat
+    assert pp("b * 2\n    y = 1", "def f(a):\n    x = ", suffix) == "b * 2\n    y = 1"
+    # at column 0 before existing text the rest of the line is the next line (own rule)
+    assert pp("y = 1\n", "def f(a):\n", "    x = b * 2\n") == "y = 1\n"
+
+
 def test_completion_repeating_several_suffix_lines() -> None:
     prefix = "def f(x):\n    "
     suffix = "\n\n    z = y + 1\n    return z\n"

@@ -216,6 +216,11 @@ class CompletionConfig:
     # Refuse the model's end token while its multi-line answer ends on a
     # block opener without a body (local backend; docs/config.md).
     hold_end: bool = _setting(False, _bool())
+    # When a greedy answer's first line, on a line of its own, is the line
+    # below the cursor (dropped: it would show that line twice), decode again
+    # from the model's closest other choice in that line (local backend;
+    # docs/config.md).
+    second_choice: bool = _setting(True, _bool())
 
 
 @dataclass(frozen=True)

@@ -207,6 +207,21 @@ def _repeats_suffix(cur: _Cursor, text: str) -> bool:
     return len(text.strip()) >= _LATER_MIN_CHARS and text in cur.later_lines
 
 
+def _first_repeats(cur: _Cursor, line: str) -> bool:
+    """``line``, the first line of a completion, repeats the suffix (rule c)
+    and the cursor's line is blank around the cursor: written on a line of
+    its own, it would show the line below twice."""
+    return (not cur.before.strip() and not cur.rest.strip() and not cur.column0 and bool(line.strip())
+            and _repeats_suffix(cur, (cur.before + line).rstrip()))
+
+
+def repeats_below(prefix: str, suffix: str, text: str) -> bool:
+    """Whether post-processing drops all of ``text`` because its first line,
+    on a line of its own, is the line below the cursor (or one of the few
+    after it: rule c of :func:`postprocess`)."""
+    return _first_repeats(_cursor(prefix, suffix), text.split("\n", 1)[0])
+
+
 # A cut: drop from line ``at`` ("before") or after it ("after"), and the
 # name of the rule that cut (the ``end`` a completion reports; see
 # docs/protocol.md): "line" (single-line: a newline), "max_lines", "scope"
@@ -357,6 +372,11 @@ class _Scanner:
         on the line could change are returned."""
         i = self.i
         if i == 0:
+            # On a line of its own (nothing around the cursor on its line, as
+            # after Enter), a first line that is the line below the cursor
+            # would show that line twice (rule c for the first line).
+            if complete and _first_repeats(self.cur, line):
+                return ("before", 0, "suffix")
             return None
         if not self.multiline:
             return ("before", i, "line")
@@ -458,6 +478,8 @@ def _trim_rest_overlap(text: str, rest: str) -> str:
 
 
 def _finish(lines: list[str], cur: _Cursor) -> str:
+    if not lines:
+        return ""
     lines = list(lines)
     while len(lines) > 1 and not lines[-1].strip():
         lines.pop()
@@ -509,7 +531,9 @@ def postprocess(
     c. a line equal (trailing whitespace aside) to the next non-blank line of
        the suffix, or to one of the two non-blank suffix lines after it when
        it has at least 8 non-blank characters: it and everything after it
-       are dropped (the model went on writing what follows the hole);
+       are dropped (the model went on writing what follows the hole); the
+       first line too when the cursor's line is blank around the cursor (on
+       a line of its own after Enter: the whole answer is then "");
     e. a line repeated 3 times in a row (blank lines between ignored): only
        its first occurrence is kept.
 
@@ -566,6 +590,10 @@ class StopChecker:
         self._max_lines = max_lines
         self.floor = floor   # see postprocess_why
         self.rule: str | None = None   # the rule that stopped generation (None: none did)
+        self._reset()
+
+    def restart(self) -> None:
+        """Check a new generation from its start (its rule cleared)."""
         self._reset()
 
     def _reset(self) -> None:

@@ -95,6 +95,7 @@ CONFIG_ABLATIONS: dict[str, dict[str, Any]] = {
     "anchor": {"model.fim_anchor": "cursor"},
     "speculation": {"completion.speculative": False},   # decode tok/s with and without, same answers
     "hold_end": {"completion.hold_end": True},          # off by default: the column turns it on
+    "second_choice": {"completion.second_choice": False},
 }
 # The column's sign: "-" a part taken out, "+" one put in (default "-").
 ABLATION_SIGN = {"hold_end": "+"}

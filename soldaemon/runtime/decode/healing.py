@@ -92,6 +92,11 @@ class HealingSampler:
         masked = torch.full_like(logits, float("-inf"))
         masked[index] = logits[index]
         token = self.inner(masked)
+        self.take(token)
+        return token
+
+    def take(self, token: int) -> None:
+        """``token`` was generated (chosen here or replayed): what of
+        ``heal`` is left to cover."""
         text = self.texts.texts[token]
         self.rest = self.rest[len(text):] if self.rest.startswith(text) else ""
-        return token

@@ -19,9 +19,11 @@ hands it to the pipeline as :class:`~soldaemon.pipeline.completion.Resumed`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Generator, Iterator
 
 from soldaemon.api import CancelToken, CompletionRequest, Event, Timings
 from soldaemon.config import Config
@@ -29,16 +31,19 @@ from soldaemon.errors import Cancelled
 from soldaemon.fim import FimPrompt, FimTemplate
 from soldaemon.pipeline.clock import Clock
 from soldaemon.pipeline.completion import Generation, Precomputed, Resumed
-from soldaemon.pipeline.postprocess import StopChecker, decide_multiline
+from soldaemon.pipeline.postprocess import StopChecker, decide_multiline, repeats_below
 from soldaemon.runtime.decode.detok import Detok, end_holder, stopper
 from soldaemon.policy.draft import DraftLength, DraftProposer, PromptLookup
 from soldaemon.runtime.engine.foresight import Foreseen, precise_until
 from soldaemon.runtime.decode.draft import DraftModel
 from soldaemon.runtime.decode.generate import GenStats, TokenEvent, generate
 from soldaemon.runtime.decode.healing import HealingSampler, TokenTexts
-from soldaemon.runtime.decode.sampling import make_sampler
+from soldaemon.runtime.decode.sampling import Sampler, make_sampler
+from soldaemon.runtime.decode.second import Replay, second_choice
 from soldaemon.runtime.kv.session import KVSession, PrefillResult, SessionPool
 from soldaemon.runtime.memory.scheduler import MemoryScheduler
+
+log = logging.getLogger("soldaemon.engine")
 
 
 @dataclass
@@ -53,6 +58,15 @@ class EngineStats:
     @property
     def kv_hit_ratio(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def _both(first: GenStats, again: GenStats) -> GenStats:
+    """The stats of a request decoded twice (a second choice): the prompt's
+    and the forwards' counts of both, the first token of the answer shown."""
+    return dataclasses.replace(again, prefill_ms=first.prefill_ms + again.prefill_ms,
+                               cached_tokens=first.cached_tokens, computed_tokens=first.computed_tokens,
+                               steps=first.steps + again.steps, draft_tokens=first.draft_tokens + again.draft_tokens,
+                               accepted_tokens=first.accepted_tokens + again.accepted_tokens)
 
 
 class Run:
@@ -209,12 +223,57 @@ class LocalModelPart:
         """Prefill and decode one candidate on the KV session of ``req``'s
         document (drafts, healing, stop checks); yields the decoded text
         after each step. A greedy single candidate superseded mid-decode is
-        parked. Called inside :meth:`generating`."""
+        parked. When its first line, on a line of its own, is the line below
+        the cursor, it is decoded again from the model's closest other
+        choice in that line (completion.second_choice;
+        :mod:`soldaemon.runtime.decode.second`). Called inside
+        :meth:`generating`."""
         session = self._session(req.uri)
-        decode = Detok(self.tokenizer, prompt.heal)
+        sampler = self._sampler(req, prompt, candidate)
+        run = yield from self._decode(req, prompt, session, sampler, checker, multiline, max_lines, cancel,
+                                      deadline, out)
+        if not (self.config.completion.second_choice and run.finish == "stop" and not run.parked
+                and req.n == 1 and sampler.greedy and repeats_below(req.prefix, req.suffix, run.decode.current)):
+            return
+        first, stats = run.decode, run.stats
+        line = self._first_line(first)
+        choice = second_choice(session, prompt.ids, line, self.template.stop_ids,
+                               self._sampler(req, prompt, candidate) if prompt.heal else None,
+                               precise_until(prompt))
+        if choice is None:
+            return
+        log.info("second choice id=%s: the first line repeats the line below; again from token %d of %d "
+                 "(log-odds %.2f)", req.id, choice.at, len(line), choice.gap)
+        left = req.max_tokens - len(first.tokens)     # max_tokens holds for both decodes together
+        if left <= len(choice.tokens):
+            return
+        checker.restart()
+        again = yield from self._decode(req, prompt, session, Replay(self._sampler(req, prompt, candidate),
+                                                                     choice.tokens),
+                                        checker, multiline, max_lines, cancel, deadline, out, max_tokens=left)
+        out.tokens += len(first.tokens)
+        out.info = _both(stats, again.stats)
+
+    def _sampler(self, req: CompletionRequest, prompt: FimPrompt, candidate: int) -> Sampler:
         sampler = make_sampler(req.temperature, req.top_p, None if req.seed is None else req.seed + candidate)
         if prompt.heal:
             sampler = HealingSampler(sampler, self.token_texts(), prompt.heal)
+        return sampler
+
+    def _first_line(self, decode: Detok) -> list[int]:
+        """The tokens of ``decode``'s first line, the one that holds its
+        newline included (all of them when it has none)."""
+        for n in range(1, len(decode.tokens) + 1):
+            if "\n" in decode.text(decode.tokens[:n]):
+                return decode.tokens[:n]
+        return list(decode.tokens)
+
+    def _decode(self, req: CompletionRequest, prompt: FimPrompt, session: KVSession, sampler: Sampler,
+                checker: StopChecker, multiline: bool, max_lines: int, cancel: CancelToken, deadline: int | None,
+                out: Generation, max_tokens: int | None = None) -> Generator[str, None, Run]:
+        """One decode of ``prompt`` on ``session``; yields its text after each
+        step, fills ``out`` and returns its run (parked or closed)."""
+        decode = Detok(self.tokenizer, prompt.heal)
         drafter: DraftProposer | None = None
         draft_length = self.draft_length
         cc = self.config.completion
@@ -228,7 +287,7 @@ class LocalModelPart:
                   resumable=req.n == 1 and sampler.greedy)
         run.gen = generate(
             session, prompt.ids, sampler=sampler, stop_ids=self.template.stop_ids,
-            max_tokens=req.max_tokens, cancelled=run.cancelled,
+            max_tokens=req.max_tokens if max_tokens is None else max_tokens, cancelled=run.cancelled,
             should_stop=stopper(checker, decode),
             deadline_ns=run.deadline, drafter=drafter,
             draft_k=cc.draft_tokens, draft_length=draft_length,
@@ -249,6 +308,7 @@ class LocalModelPart:
             session.chunk = chunk
             out.raw, out.finish, out.info, out.tokens = decode.current, run.finish, run.stats, len(decode.tokens)  # type: ignore[assignment]
             self._park_or_close(run, session)
+        return run
 
     def recover(self, req: CompletionRequest, cancel: CancelToken, exc: Exception,
                 streamed: bool, candidate: int) -> Iterator[Event] | None:
