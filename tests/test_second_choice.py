@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from soldaemon.api import CancelToken, CompletionRequest, Done
+from soldaemon.api import CancelToken, CompletionRequest, Delta, Done
 from soldaemon.config import config_from_dict
 from soldaemon.runtime.decode.generate import generate
 from soldaemon.runtime.decode.healing import HealingSampler, TokenTexts
@@ -112,9 +112,14 @@ def _engine(path: Path, second: bool) -> LocalEngine:
 
 
 def _done(engine: LocalEngine, req: CompletionRequest) -> Done:
+    return _events(engine, req)[1]
+
+
+def _events(engine: LocalEngine, req: CompletionRequest) -> tuple[str, Done]:
+    """The streamed preview (deltas joined) and the Done."""
     events = list(engine.complete(req, CancelToken()))
     assert isinstance(events[-1], Done)
-    return events[-1]
+    return "".join(e.text for e in events[:-1] if isinstance(e, Delta)), events[-1]
 
 
 def test_a_first_line_that_is_the_line_below_is_decoded_again(tiny_path: Path) -> None:
@@ -128,10 +133,12 @@ def test_a_first_line_that_is_the_line_below_is_decoded_again(tiny_path: Path) -
     suffix = f"\n        {line}\n    return result\n"
     req = CompletionRequest(id="b", prefix=prefix, suffix=suffix, max_tokens=48, multiline="multi")
 
-    dropped = _done(off, req)     # the line below, shown twice: dropped, nothing left
+    streamed, dropped = _events(off, req)     # the line below, shown twice: dropped, nothing left
     assert dropped.items == ("",) and dropped.ends == ("suffix",)
+    assert streamed == ""                      # and never streamed either
 
-    again = _done(on, req)
+    streamed, again = _events(on, req)
     text = again.items[0]
     assert text.strip() and text.split("\n")[0].strip() != line
+    assert streamed and not streamed.startswith(line) and text.startswith(streamed.split("\n")[0].rstrip())
     assert dropped.timings.generated_tokens < again.timings.generated_tokens <= req.max_tokens

@@ -24,7 +24,7 @@ from soldaemon.api import CancelToken, CompletionRequest, Delta, Done, Event, Fi
 from soldaemon.config import Config
 from soldaemon.fim import FimPrompt, FimTemplate, WindowMemo
 from soldaemon.pipeline.clock import Clock
-from soldaemon.pipeline.postprocess import StopChecker, postprocess
+from soldaemon.pipeline.postprocess import StopChecker, may_repeat_below, postprocess
 from soldaemon.protocol import validate_request
 from soldaemon.pipeline.relevance import ContextSelector
 from soldaemon.pipeline import blockend
@@ -231,7 +231,7 @@ class Pipeline:
         plan = blockend.plan(req.prefix, req.suffix, req.language, req.multiline, cc.max_lines, cc.block_end)
         multiline, max_lines = plan.multiline, plan.max_lines
         deadline = clock.deadline(req)
-        previewer = Previewer(multiline)
+        previewer = Previewer(multiline, may_repeat_below(req.prefix, req.suffix))
         items: list[str] = []
         ends: list[str] = []
         gens: list[Generation] = []
@@ -346,13 +346,18 @@ def preview(raw: str, multiline: bool) -> str:
 class Previewer:
     """Turns the growing raw text into ``Delta`` texts that only ever append:
     ``push(raw)`` returns the new preview characters, or "" when the preview
-    did not grow (or would rewrite what was sent)."""
+    did not grow (or would rewrite what was sent). ``held(raw)``: True while
+    nothing of ``raw`` may be shown yet (a first line that is, or may become,
+    the line below the cursor: :func:`may_repeat_below`)."""
 
-    def __init__(self, multiline: bool) -> None:
+    def __init__(self, multiline: bool, held: Callable[[str], bool] | None = None) -> None:
         self.multiline = multiline
+        self.held = held
         self.emitted = ""
 
     def push(self, raw: str) -> str:
+        if self.held is not None and not self.emitted and self.held(raw):
+            return ""
         shown = preview(raw, self.multiline)
         if shown.startswith(self.emitted) and len(shown) > len(self.emitted):
             new = shown[len(self.emitted):]

@@ -25,7 +25,7 @@ tab counted as 4.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Literal
+from typing import Callable, Iterable, Literal
 
 from soldaemon.api import Multiline
 
@@ -220,6 +220,26 @@ def repeats_below(prefix: str, suffix: str, text: str) -> bool:
     on a line of its own, is the line below the cursor (or one of the few
     after it: rule c of :func:`postprocess`)."""
     return _first_repeats(_cursor(prefix, suffix), text.split("\n", 1)[0])
+
+
+def may_repeat_below(prefix: str, suffix: str) -> Callable[[str], bool]:
+    """For the streamed preview: a test of generated text that is True while
+    its first line, on a line of its own, is or may still become a line
+    that :func:`repeats_below` drops (a prefix of the line below, or of a
+    long one of the few after it) -- text a client should not see yet."""
+    cur = _cursor(prefix, suffix)
+    if cur.before.strip() or cur.rest.strip() or cur.column0 or cur.next_line is None:
+        return lambda _text: False
+    lines = [cur.next_line, *(ln for ln in cur.later_lines if len(ln.strip()) >= _LATER_MIN_CHARS)]
+
+    def holds(text: str) -> bool:
+        first, newline, _ = text.partition("\n")
+        if newline or not first.strip():
+            return bool(newline) and _first_repeats(cur, first)
+        here = cur.before + first
+        return any(ln.startswith(here.rstrip()) for ln in lines)
+
+    return holds
 
 
 # A cut: drop from line ``at`` ("before") or after it ("after"), and the
