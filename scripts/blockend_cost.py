@@ -15,7 +15,8 @@ import time
 
 from soldaemon.measure.holes import Hole, cut_holes, default_corpus
 from soldaemon.pipeline import blockend
-from soldaemon.pipeline.postprocess import StopChecker, decide_multiline, postprocess
+from soldaemon.pipeline.postprocess import decide_multiline, postprocess
+from soldaemon.pipeline.stopcheck import StopChecker
 
 
 def model_text(h: Hole) -> str:

@@ -16,7 +16,8 @@ pytest.importorskip("tree_sitter_python")
 
 from soldaemon.pipeline import blockend  # noqa: E402
 from soldaemon.pipeline.syntax import has_grammar, window_at  # noqa: E402
-from soldaemon.pipeline.postprocess import StopChecker, decide_multiline, postprocess, postprocess_why  # noqa: E402
+from soldaemon.pipeline.postprocess import decide_multiline, postprocess, postprocess_why  # noqa: E402
+from soldaemon.pipeline.stopcheck import StopChecker  # noqa: E402
 
 MAX_LINES = 8
 

@@ -18,7 +18,7 @@ from soldaemon.config import config_from_dict
 from soldaemon.pipeline import blockend
 from soldaemon.pipeline.clock import Clock
 from soldaemon.pipeline.completion import Generation, Pipeline, Precomputed, Resumed
-from soldaemon.pipeline.postprocess import StopChecker
+from soldaemon.pipeline.stopcheck import StopChecker
 
 PREFIX = "total = add("
 SUFFIX = ")\n"

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from soldaemon.pipeline.postprocess import StopChecker, decide_multiline, may_repeat_below, postprocess
+from soldaemon.pipeline.postprocess import decide_multiline, postprocess
+from soldaemon.pipeline.stopcheck import StopChecker, may_repeat_below
 
 
 def pp(text: str, prefix: str, suffix: str = "", *, multi: bool = True, max_lines: int = 10) -> str:

@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from soldaemon.api import Multiline
-from soldaemon.pipeline.postprocess import StopChecker, next_indent, postprocess_why
+from soldaemon.pipeline.postprocess import next_indent, postprocess_why
+from soldaemon.pipeline.stopcheck import StopChecker
 from soldaemon.pipeline.postprocess import decide_multiline as decide_by_text
 from soldaemon.pipeline.syntax import Window, window_at
 

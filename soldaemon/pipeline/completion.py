@@ -24,7 +24,8 @@ from soldaemon.api import CancelToken, CompletionRequest, Delta, Done, Event, Fi
 from soldaemon.config import Config
 from soldaemon.fim import FimPrompt, FimTemplate, WindowMemo
 from soldaemon.pipeline.clock import Clock
-from soldaemon.pipeline.postprocess import StopChecker, may_repeat_below, postprocess
+from soldaemon.pipeline.postprocess import postprocess
+from soldaemon.pipeline.stopcheck import StopChecker, may_repeat_below
 from soldaemon.protocol import validate_request
 from soldaemon.pipeline.relevance import ContextSelector
 from soldaemon.pipeline import blockend

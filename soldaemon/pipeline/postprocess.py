@@ -8,8 +8,9 @@ Three pieces:
 * :func:`postprocess` -- cuts the generated text: one line, or a block that
   ends where the enclosing block ends; removes what the suffix already
   contains; stops degenerate repetition; trims whitespace.
-* :class:`StopChecker` -- the same cuts, decided incrementally during decoding
-  so that generation stops as soon as more text could not change the result.
+* :class:`LineScanner` -- the cut rules fed one line at a time, which
+  :class:`soldaemon.pipeline.stopcheck.StopChecker` runs during decoding so
+  that generation stops as soon as more text could not change the result.
 
 The cut rules are all of the form "keep the lines before (or up to) the first
 line where a condition holds", and each condition looks only at that line and
@@ -25,7 +26,7 @@ tab counted as 4.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Literal
+from typing import Iterable, Literal
 
 from soldaemon.api import Multiline
 
@@ -145,7 +146,7 @@ def decide_multiline(prefix: str, suffix: str, mode: Multiline) -> bool:
 
 
 @dataclass(frozen=True)
-class _Cursor:
+class Cursor:
     """What the cut rules need to know about the document around the cursor."""
 
     prefix: str
@@ -160,7 +161,9 @@ class _Cursor:
     next_indent: int = 0     # indentation of ``next_line`` (0 when there is none)
 
 
-def _cursor(prefix: str, suffix: str) -> _Cursor:
+def cursor_at(prefix: str, suffix: str) -> Cursor:
+    """What the cut rules need to know about the cursor between ``prefix``
+    and ``suffix``."""
     before = _cursor_line(prefix)
     nl = suffix.find("\n")
     rest = suffix if nl < 0 else suffix[:nl]
@@ -178,7 +181,7 @@ def _cursor(prefix: str, suffix: str) -> _Cursor:
     column0 = _column0(before, rest)
     if column0:
         found.insert(0, rest.rstrip())
-    return _Cursor(
+    return Cursor(
         prefix=prefix,
         suffix=suffix,
         before=before,
@@ -193,53 +196,26 @@ def _cursor(prefix: str, suffix: str) -> _Cursor:
 
 
 # Rule c also looks this many non-blank suffix lines further, for lines with
-# at least _LATER_MIN_CHARS non-blank characters (short lines such as
+# at least LATER_MIN_CHARS non-blank characters (short lines such as
 # ``else:`` or ``return`` recur legitimately).
 _LATER_LINES = 2
-_LATER_MIN_CHARS = 8
+LATER_MIN_CHARS = 8
 
 
-def _repeats_suffix(cur: _Cursor, text: str) -> bool:
+def _repeats_suffix(cur: Cursor, text: str) -> bool:
     """``text`` (a completed line, rstripped) is the suffix's next non-blank
     line, or one of the few after it and not a short line."""
     if cur.next_line is not None and text == cur.next_line:
         return True
-    return len(text.strip()) >= _LATER_MIN_CHARS and text in cur.later_lines
+    return len(text.strip()) >= LATER_MIN_CHARS and text in cur.later_lines
 
 
-def _first_repeats(cur: _Cursor, line: str) -> bool:
+def first_repeats(cur: Cursor, line: str) -> bool:
     """``line``, the first line of a completion, repeats the suffix (rule c)
     and the cursor's line is blank around the cursor: written on a line of
     its own, it would show the line below twice."""
     return (not cur.before.strip() and not cur.rest.strip() and not cur.column0 and bool(line.strip())
             and _repeats_suffix(cur, (cur.before + line).rstrip()))
-
-
-def repeats_below(prefix: str, suffix: str, text: str) -> bool:
-    """Whether post-processing drops all of ``text`` because its first line,
-    on a line of its own, is the line below the cursor (or one of the few
-    after it: rule c of :func:`postprocess`)."""
-    return _first_repeats(_cursor(prefix, suffix), text.split("\n", 1)[0])
-
-
-def may_repeat_below(prefix: str, suffix: str) -> Callable[[str], bool]:
-    """For the streamed preview: a test of generated text that is True while
-    its first line, on a line of its own, is or may still become a line
-    that :func:`repeats_below` drops (a prefix of the line below, or of a
-    long one of the few after it) -- text a client should not see yet."""
-    cur = _cursor(prefix, suffix)
-    if cur.before.strip() or cur.rest.strip() or cur.column0 or cur.next_line is None:
-        return lambda _text: False
-    lines = [cur.next_line, *(ln for ln in cur.later_lines if len(ln.strip()) >= _LATER_MIN_CHARS)]
-
-    def holds(text: str) -> bool:
-        first, newline, _ = text.partition("\n")
-        if newline or not first.strip():
-            return bool(newline) and _first_repeats(cur, first)
-        here = cur.before + first
-        return any(ln.startswith(here.rstrip()) for ln in lines)
-
-    return holds
 
 
 # A cut: drop from line ``at`` ("before") or after it ("after"), and the
@@ -278,12 +254,12 @@ def _header_word(header: str) -> str | None:
                                "case"))
 
 
-class _Scanner:
+class LineScanner:
     """The line-by-line cut rules (see :func:`postprocess`), fed one line at a
     time: :meth:`decide` for line ``i`` (pure), then :meth:`advance` when it
     is kept and complete."""
 
-    def __init__(self, cur: _Cursor, multiline: bool, max_lines: int, floor: int | None = None) -> None:
+    def __init__(self, cur: Cursor, multiline: bool, max_lines: int, floor: int | None = None) -> None:
         self.cur = cur
         self.multiline = multiline
         self.max_lines = max(1, max_lines)
@@ -395,7 +371,7 @@ class _Scanner:
             # On a line of its own (nothing around the cursor on its line, as
             # after Enter), a first line that is the line below the cursor
             # would show that line twice (rule c for the first line).
-            if complete and _first_repeats(self.cur, line):
+            if complete and first_repeats(self.cur, line):
                 return ("before", 0, "suffix")
             return None
         if not self.multiline:
@@ -497,7 +473,7 @@ def _trim_rest_overlap(text: str, rest: str) -> str:
     return text
 
 
-def _finish(lines: list[str], cur: _Cursor) -> str:
+def _finish(lines: list[str], cur: Cursor) -> str:
     if not lines:
         return ""
     lines = list(lines)
@@ -512,7 +488,7 @@ def _finish(lines: list[str], cur: _Cursor) -> str:
     return text if text.strip() else ""
 
 
-def _cut_lines(lines: list[str], scanner: _Scanner) -> tuple[list[str], str | None]:
+def _cut_lines(lines: list[str], scanner: LineScanner) -> tuple[list[str], str | None]:
     for line in lines:
         cut = scanner.decide(line, complete=True)
         if cut is not None:
@@ -574,75 +550,13 @@ def postprocess_why(
     """:func:`postprocess` and the rule that cut (None: none; names at
     ``_Cut``). ``floor`` (columns) replaces rule b's block end: only a line
     indented less ends it (:mod:`soldaemon.pipeline.blockend`)."""
-    cur = _cursor(prefix, suffix)
-    lines, rule = _cut_lines(text.split("\n"), _Scanner(cur, multiline, max_lines, floor))
+    cur = cursor_at(prefix, suffix)
+    lines, rule = _cut_lines(text.split("\n"), LineScanner(cur, multiline, max_lines, floor))
     return _finish(lines, cur), rule
 
 
 def next_indent(prefix: str, suffix: str) -> int | None:
     """Indentation of the next non-blank line after the cursor's (its own at
     column 0 before text); None: the suffix holds none."""
-    cur = _cursor(prefix, suffix)
+    cur = cursor_at(prefix, suffix)
     return cur.next_indent if cur.next_line is not None else None
-
-
-class StopChecker:
-    """Decides during decoding whether generation can stop.
-
-    ``check(text_so_far)`` is called with the whole generated text after every
-    step (each call extending the previous one). It returns True once
-    :func:`postprocess` is certain to cut everything after this point:
-    single-line and a newline appeared; multi-line and a line past
-    ``max_lines`` began, or a line left of the block began (a closer line that
-    would be kept is waited for until it ends), or a completed line equals the
-    next suffix line, or a line completed its third repetition. Guarantee:
-    when ``check(t)`` is True, ``postprocess(u) == postprocess(t)`` for every
-    extension ``u`` of ``t``. Once True it stays True.
-
-    Cost per call: amortised over the new characters only (each line is
-    examined when it completes, plus the current partial line).
-    """
-
-    def __init__(self, prefix: str, suffix: str, multiline: bool, max_lines: int,
-                 floor: int | None = None) -> None:
-        self._cur = _cursor(prefix, suffix)
-        self._multiline = multiline
-        self._max_lines = max_lines
-        self.floor = floor   # see postprocess_why
-        self.rule: str | None = None   # the rule that stopped generation (None: none did)
-        self._reset()
-
-    def restart(self) -> None:
-        """Check a new generation from its start (its rule cleared)."""
-        self._reset()
-
-    def _reset(self) -> None:
-        self._scanner = _Scanner(self._cur, self._multiline, self._max_lines, self.floor)
-        self._pos = 0
-        self._stopped = False
-        self.rule = None
-
-    def check(self, text_so_far: str) -> bool:
-        """True when generation can stop now (see the class docstring)."""
-        if self._stopped:
-            return True
-        text = text_so_far
-        if len(text) < self._pos:  # not an extension: start over
-            self._reset()
-        scanner = self._scanner
-        while True:
-            nl = text.find("\n", self._pos)
-            if nl < 0:
-                break
-            line = text[self._pos:nl]
-            cut = scanner.decide(line, complete=True)
-            if cut is not None:
-                self._stopped, self.rule = True, cut[2]
-                return True
-            scanner.advance(line)
-            self._pos = nl + 1
-        cut = scanner.decide(text[self._pos:], complete=False)
-        if cut is not None:
-            self._stopped, self.rule = True, cut[2]
-            return True
-        return False

@@ -6,7 +6,7 @@ OpenAI-compatible ``POST /v1/completions`` streaming API, behind the same
 What stays in the daemon (so editors see no difference): request checks, the
 FIM prompt (the model family's template, token budgets, stable windows; see
 :mod:`soldaemon.pipeline`), type-through, the streamed preview's hold-back
-rule, the incremental :class:`~soldaemon.pipeline.postprocess.StopChecker` and
+rule, the incremental :class:`~soldaemon.pipeline.stopcheck.StopChecker` and
 post-processing, supersede and cancel, timings. The engine only samples.
 
 The prompt goes out as text with the FIM control tokens spelled out
@@ -48,7 +48,7 @@ from soldaemon.errors import ConfigError, RemoteBadResponse, RemoteHttpError, Re
 from soldaemon.fim import FimPrompt, FimTemplate, detect_template
 from soldaemon.pipeline.clock import Clock
 from soldaemon.pipeline.completion import Early, Generation, Pipeline
-from soldaemon.pipeline.postprocess import StopChecker
+from soldaemon.pipeline.stopcheck import StopChecker
 from soldaemon.privacy.rules import outbound
 from soldaemon.remote.endpoint import Backoff, Endpoint, read_api_key
 from soldaemon.remote.probe import Probe

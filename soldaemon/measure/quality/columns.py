@@ -80,7 +80,7 @@ def postprocessed(engine: Any, hole: Hole, text: str) -> str:
     cut it (the stop rules end generation exactly where post-processing
     would cut, so this is what the daemon's pipeline gives on that prompt)."""
     from soldaemon.pipeline import blockend
-    from soldaemon.pipeline.postprocess import StopChecker
+    from soldaemon.pipeline.stopcheck import StopChecker
 
     cc = engine.config.completion
     p = blockend.plan(hole.prefix, hole.suffix, "python", "auto", cc.max_lines, cc.block_end)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from soldaemon.pipeline.syntax import opens_without_body
-from soldaemon.pipeline.postprocess import StopChecker
+from soldaemon.pipeline.stopcheck import StopChecker
 
 
 class Detok:

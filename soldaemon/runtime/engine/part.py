@@ -31,7 +31,8 @@ from soldaemon.errors import Cancelled
 from soldaemon.fim import FimPrompt, FimTemplate
 from soldaemon.pipeline.clock import Clock
 from soldaemon.pipeline.completion import Generation, Precomputed, Resumed
-from soldaemon.pipeline.postprocess import StopChecker, decide_multiline, repeats_below
+from soldaemon.pipeline.postprocess import decide_multiline
+from soldaemon.pipeline.stopcheck import StopChecker, repeats_below
 from soldaemon.runtime.decode.detok import Detok, end_holder, stopper
 from soldaemon.policy.draft import DraftLength, DraftProposer, PromptLookup
 from soldaemon.runtime.engine.foresight import Foreseen, precise_until
