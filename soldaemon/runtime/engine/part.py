@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Generator, Iterator
 
@@ -238,6 +239,9 @@ class LocalModelPart:
             return
         first, stats = run.decode, run.stats
         line = self._first_line(first)
+        left = req.max_tokens - len(first.tokens)     # max_tokens holds for both decodes together
+        if left <= len(line) or cancel.cancelled or (deadline is not None and time.perf_counter_ns() >= deadline):
+            return
         choice = second_choice(session, prompt.ids, line, self.template.stop_ids,
                                self._sampler(req, prompt, candidate) if prompt.heal else None,
                                precise_until(prompt))
@@ -245,9 +249,6 @@ class LocalModelPart:
             return
         log.info("second choice id=%s: the first line repeats the line below; again from token %d of %d "
                  "(log-odds %.2f)", req.id, choice.at, len(line), choice.gap)
-        left = req.max_tokens - len(first.tokens)     # max_tokens holds for both decodes together
-        if left <= len(choice.tokens):
-            return
         checker.restart()
         again = yield from self._decode(req, prompt, session, Replay(self._sampler(req, prompt, candidate),
                                                                      choice.tokens),
