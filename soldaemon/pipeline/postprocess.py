@@ -210,12 +210,16 @@ def _repeats_suffix(cur: Cursor, text: str) -> bool:
     return len(text.strip()) >= LATER_MIN_CHARS and text in cur.later_lines
 
 
+def on_own_line(cur: Cursor) -> bool:
+    """The cursor's line is blank around the cursor (as after Enter): what
+    is written there is a line of its own."""
+    return not cur.before.strip() and not cur.rest.strip() and not cur.column0
+
+
 def first_repeats(cur: Cursor, line: str) -> bool:
     """``line``, the first line of a completion, repeats the suffix (rule c)
-    and the cursor's line is blank around the cursor: written on a line of
-    its own, it would show the line below twice."""
-    return (not cur.before.strip() and not cur.rest.strip() and not cur.column0 and bool(line.strip())
-            and _repeats_suffix(cur, (cur.before + line).rstrip()))
+    on a line of its own: it would show the line below twice."""
+    return on_own_line(cur) and bool(line.strip()) and _repeats_suffix(cur, (cur.before + line).rstrip())
 
 
 # A cut: drop from line ``at`` ("before") or after it ("after"), and the

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from soldaemon.pipeline.postprocess import LATER_MIN_CHARS, LineScanner, cursor_at, first_repeats
+from soldaemon.pipeline.postprocess import LATER_MIN_CHARS, LineScanner, cursor_at, first_repeats, on_own_line
 
 
 def repeats_below(prefix: str, suffix: str, text: str) -> bool:
@@ -30,7 +30,7 @@ def may_repeat_below(prefix: str, suffix: str) -> Callable[[str], bool]:
     that :func:`repeats_below` drops (a prefix of the line below, or of a
     long one of the few after it) -- text a client should not see yet."""
     cur = cursor_at(prefix, suffix)
-    if cur.before.strip() or cur.rest.strip() or cur.column0 or cur.next_line is None:
+    if not on_own_line(cur) or cur.next_line is None:
         return lambda _text: False
     lines = [cur.next_line, *(ln for ln in cur.later_lines if len(ln.strip()) >= LATER_MIN_CHARS)]
 
