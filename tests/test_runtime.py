@@ -350,6 +350,45 @@ def test_draft_length_weighs_acceptance_against_forward_cost() -> None:
     assert flat.cost(2) <= 1.2 * 23.0 * 1.01 and flat.choose(budget=20) > 0
 
 
+def test_draft_length_estimates_the_geometric_rate_per_kind_and_explores() -> None:
+    from soldaemon.policy.draft import DraftLength, PromptLookup
+
+    cpu_like = {1: 40.0, 2: 56.0, 3: 58.0, 5: 62.0, 9: 70.0}      # a 2-core Zen 4, 0.5B, ~1k context
+    # 8-token drafts with 4 accepted: 4 acceptances and one rejection each,
+    # a = 0.8 (accepted/drafted would read 0.5 and the tokens after the
+    # rejection, never tested, as failures)
+    dl = DraftLength(cpu_like, 8)
+    for _ in range(40):
+        dl.update(8, 4, kind=3)
+    assert dl.rate_of(3) == pytest.approx(0.8, abs=0.01) and dl.rate == pytest.approx(0.8, abs=0.01)
+    for _ in range(40):
+        dl.update(8, 8, kind=3)                       # all accepted: no rejection seen
+    assert dl.rate_of(3) > 0.99
+    # kinds are kept apart: single-token lookups failing do not price out 3-gram ones
+    for _ in range(40):
+        dl.update(2, 0, kind=1)
+    assert dl.rate_of(1) < 0.01 and dl.rate_of(3) > 0.99
+    assert dl.choose(budget=20, kind=3) >= 4
+    assert dl.choose(budget=20, kind=1) == 0
+    assert dl.rate_of(2) == dl.prior                  # never drafted: the prior
+    assert set(dl.rates()) == {1, 3}
+    # a kind turned down explore_every times in a row is drafted one token once
+    dl = DraftLength(cpu_like, 8, explore_every=4)
+    for _ in range(30):
+        dl.update(4, 0, kind=1)
+    picks = [dl.choose(budget=20, kind=1) for _ in range(8)]
+    assert picks == [0, 0, 0, 1, 0, 0, 0, 1]
+    assert dl.choose(budget=0, kind=1) == 0           # nothing left to draft: no exploring
+    # what prompt lookup's proposal rests on: the longest n-gram that matches
+    lookup = PromptLookup(max_n=3)
+    lookup.reset([5, 6, 7, 8, 1, 2, 6, 7])
+    assert lookup.kind() == 2 and lookup.propose(2) == [8, 1]
+    lookup.extend([8])
+    assert lookup.kind() == 3 and lookup.propose(3) == [1, 2, 6]
+    lookup.extend([99])
+    assert lookup.kind() == 0 and lookup.propose(3) == []
+
+
 def test_adaptive_speculation_is_still_exact(tiny) -> None:
     from soldaemon.policy.draft import DraftLength
 

@@ -39,6 +39,10 @@ class DraftModel:
     def extend(self, tokens: Sequence[int]) -> None:
         self.history.extend(tokens)
 
+    def kind(self) -> int:
+        """One kind of proposal: the draft model's greedy tokens."""
+        return 1 if self.history else 0
+
     @torch.inference_mode()
     def propose(self, k: int) -> list[int]:
         if k <= 0 or not self.history or len(self.history) + k + 1 >= self.session.n_ctx:

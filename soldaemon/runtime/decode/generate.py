@@ -102,14 +102,16 @@ def generate(
         next_token: int | None = None
         budget = max_tokens - len(generated) - 1
         draft: list[int] = []
+        kind = 0
         if speculate and budget > 0 and not _done(generated + new, should_stop, cancelled, deadline()):
             assert drafter is not None
             drafter.extend(new)
             k = min(draft_k, budget)
-            if getattr(sampler, "constrained", False):
-                k = 0            # token healing still picks the next token (runtime/healing.py)
+            kind = drafter.kind()
+            if getattr(sampler, "constrained", False) or not kind:
+                k = 0            # token healing still picks the next token (runtime/healing.py); or nothing to propose
             elif draft_length is not None:
-                k = min(k, draft_length.choose(budget))
+                k = min(k, draft_length.choose(budget, kind))
             draft = _until_stop(drafter.propose(k), stop_ids) if k > 0 else []
         generated.extend(new)
         if draft:
@@ -126,7 +128,7 @@ def generate(
                 accepted += 1
             stats.accepted_tokens += accepted
             if draft_length is not None:
-                draft_length.update(len(draft), accepted)
+                draft_length.update(len(draft), accepted, kind)
             generated.extend(draft[:accepted])
             session.truncate(base + 1 + accepted, logits[accepted])
             next_token = greedy[accepted]
