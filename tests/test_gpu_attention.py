@@ -52,6 +52,41 @@ def test_grouped_attention_is_attention_with_repeated_heads(S: int, T: int) -> N
     assert not torch.allclose(wrong, ref, atol=1e-3)
 
 
+@pytest.mark.parametrize(("first", "T"), [(1, 512), (512, 512), (1000, 170), (37, 20), (4000, 96)])
+def test_split_attention_is_the_masked_attention(first: int, T: int) -> None:
+    """A later prompt chunk: the cached part unmasked plus the new part
+    causal, merged by log-sum-exp, is the masked attention (to float32
+    rounding) -- without reading a mask."""
+    gen = torch.Generator().manual_seed(first + T)
+    H, KV, hd = 14, 2, 64
+    S = first + T
+    q, k, v = (torch.randn(n, T if n == H else S, hd, generator=gen) for n in (H, KV, KV))
+    mask = causal_mask(first, T, S, q.device)
+    ref = _reference_attention(q, k, v, hd ** -0.5, mask)
+    out = layer.split_attention(q, k, v, hd ** -0.5, first)
+    assert out.shape == (H, T, hd)
+    assert torch.allclose(out, ref, atol=2e-5, rtol=1e-4), float((out - ref).abs().max())
+    # the new part really is causal: a row that saw a later key would differ
+    unmasked = _reference_attention(q, k, v, hd ** -0.5, None)
+    assert not torch.allclose(out[:, 0], unmasked[:, 0], atol=1e-3)
+
+
+def test_stepwise_attention_is_each_rows_decode_step_bit_for_bit() -> None:
+    """A verify's rows attend as the decode steps would: the very call a
+    step makes (one row, no mask, the window ending at the row), so the
+    output equals the steps' exactly -- where one masked call does not."""
+    gen = torch.Generator().manual_seed(5)
+    H, KV, hd, first, T = 14, 2, 64, 700, 9
+    S = first + T
+    q, k, v = (torch.randn(n, T if n == H else S, hd, generator=gen) for n in (H, KV, KV))
+    steps = torch.cat([grouped_attention(q[:, t:t + 1], k[:, :first + t + 1], v[:, :first + t + 1],
+                                         hd ** -0.5, None) for t in range(T)], dim=1)
+    assert torch.equal(layer.stepwise_attention(q, k, v, hd ** -0.5, first), steps)
+    masked = grouped_attention(q, k, v, hd ** -0.5, group_mask(causal_mask(first, T, S, q.device), H // KV))
+    assert torch.allclose(masked, steps, atol=1e-5)        # the same attention …
+    assert not torch.equal(masked, steps)                  # … rounded otherwise
+
+
 def test_the_batched_matmul_fallback_is_the_same_attention(monkeypatch: pytest.MonkeyPatch) -> None:
     gen = torch.Generator().manual_seed(1)
     q, k, v = torch.randn(8, 9, 32, generator=gen), torch.randn(2, 300, 32, generator=gen), torch.randn(2, 300, 32, generator=gen)

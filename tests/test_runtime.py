@@ -317,6 +317,34 @@ def test_each_phase_runs_its_planned_kernel(tiny) -> None:
         assert int(a.argmax()) == int(b.argmax())
 
 
+INT8 = KernelPlan("int8", "int8-dynamic", "int8-dynamic", "int8", "int8-dynamic")   # integer products throughout
+
+
+def test_a_verify_is_its_decode_steps_bit_for_bit(tiny) -> None:
+    """With integer products (exact per row) and row-by-row attention, a
+    k-row verify's logits and KV are the k single steps' exactly: a drafted
+    token is accepted or refused on the very logits greedy decoding would
+    have seen, so speculation cannot change an answer."""
+    model, tok = tiny
+    ids = _prompts(tok, 1, seed=21)[0]
+    nxt = _prompts(tok, 1, seed=22)[0][:9]
+    be = LeanBackend(model, 2048, plan=INT8)
+    session = KVSession(be)
+    session.prefill(ids)
+    steps = torch.stack([session.decode_step(t) for t in nxt])
+    kv_steps = [c[:, :, :len(ids) + 9].clone() for c in be.current_cache()]
+    session.truncate(len(ids))
+    rows = session.verify(nxt)
+    assert torch.equal(rows, steps)
+    for a, b in zip(kv_steps, be.current_cache()):
+        assert torch.equal(a, b[:, :, :len(ids) + 9])
+    # one masked call for the 9 rows is the same attention, not the same bits
+    be.stepwise_short = False
+    session.truncate(len(ids))
+    masked = session.verify(nxt)
+    assert torch.allclose(masked, steps, atol=1e-3) and not torch.equal(masked, steps)
+
+
 def test_draft_length_weighs_acceptance_against_forward_cost() -> None:
     from soldaemon.policy.draft import DraftLength
 

@@ -29,7 +29,8 @@ import torch
 
 from soldaemon.policy.kernel_plan import KernelPlan
 from soldaemon.runtime.forward.kernels import KERNEL_FNS, Kernel, compute_dtype_for, embed_rows, pack
-from soldaemon.runtime.forward.layer import Shape, causal_mask, decoder_layer, group_mask, rms_norm, rope
+from soldaemon.runtime.forward.layer import (CAUSAL, GROUPED, SPLIT, STEPWISE, Shape, causal_mask, decoder_layer,
+                                             group_mask, rms_norm, rope, split_attention_available)
 
 if TYPE_CHECKING:
     from soldaemon.runtime.memory.weightstore import WeightStore
@@ -172,6 +173,15 @@ class LeanBackend:
         self.eps = float(cfg.rms_norm_eps)
         self.short_max_tokens = short_max_tokens
         self.decode_max_tokens = short_max_tokens        # KVSession reads this name
+        # Short forwards of several rows (a verify, the typed line) attend
+        # row by row as decode steps do (layer.stepwise_attention): on a CPU,
+        # whose integer products are exact per row, a verify then equals the
+        # steps bit for bit. Not on a GPU: its products round by batch shape
+        # anyway, and one launch per row would cost more than it buys.
+        self.stepwise_short = self.device.type == "cpu"
+        # A prompt's later chunks (and the edit after reused KV) attend
+        # without a mask where the CPU kernel allows (layer.split_attention).
+        self.split_prefill = split_attention_available(self.device)
         self.prefill_linear = KERNEL_FNS[self.plan.prefill]
         self.short_linear = KERNEL_FNS[self.plan.short]
         self.head_linear = KERNEL_FNS[self.plan.head]
@@ -318,29 +328,25 @@ class LeanBackend:
             raise ValueError(f"KV cache overflow: {end} > n_ctx {self.n_ctx}")
         cos = self.cos[pos:end]                          # [T, hd]
         sin = self.sin[pos:end]
-        mask = None
-        causal = T > 1 and pos == 0   # a fresh prompt: the kernels' own causal path (no mask tensor)
-        if T > 1 and pos > 0:
-            # new token i (at pos+i) sees cache positions 0 … pos+i, tiled for the grouped queries
-            mask = group_mask(causal_mask(pos, T, end, self.device), self.n_heads // self.n_kv)
-        x = self.embed_tokens(tokens)                    # [T, D]
         short = T <= self.short_max_tokens and not precise
+        attention, mask = self._attention(T, pos, short)
+        x = self.embed_tokens(tokens)                    # [T, D]
         layers = self.layers
         lin = self.short_linear if short else self.prefill_linear
         store = self.residency
-        kind = "prompt" if causal else ("step" if T == 1 else ("verify" if short else "prefill"))
+        kind = "prompt" if attention == CAUSAL else ("step" if T == 1 else ("verify" if short else "prefill"))
         if store is None:
             for i, w in enumerate(layers):
-                x = self._block(x, w, i, pos, end, cos, sin, mask, causal, lin, kind if i == 0 else "")
+                x = self._block(x, w, i, pos, end, cos, sin, mask, attention, lin, kind if i == 0 else "")
         elif store.all_resident:
             timed = not store.cuda   # on CUDA host clocks only see kernel launches
             marks = [time.perf_counter()]
             for i, w in enumerate(layers):
-                x = self._block(x, w, i, pos, end, cos, sin, mask, causal, lin, kind if i == 0 else "")
+                x = self._block(x, w, i, pos, end, cos, sin, mask, attention, lin, kind if i == 0 else "")
                 marks.append(time.perf_counter())
             store.note_resident_forward([(b - a) * 1e3 for a, b in zip(marks, marks[1:])] if timed else None)
         else:
-            x = self._offloaded_layers(store, x, 0, pos, end, cos, sin, mask, causal, lin)
+            x = self._offloaded_layers(store, x, 0, pos, end, cos, sin, mask, attention, lin)
         if self.last_q is not None:
             self.last_q_cache = self.k_cache
         if last_only:
@@ -348,16 +354,31 @@ class LeanBackend:
         x = rms_norm(x, self.norm, self.eps)
         return self.head_logits(x)                       # [T or 1, V]
 
+    def _attention(self, T: int, pos: int, short: bool) -> tuple[str, torch.Tensor | None]:
+        """How this forward's rows attend (:func:`.layer.decoder_layer`'s
+        ``attention``) and the mask a GROUPED call needs."""
+        if T == 1:
+            return GROUPED, None
+        if pos == 0:
+            return CAUSAL, None          # a fresh prompt: the kernels' own causal path (no mask tensor)
+        if short and self.stepwise_short:
+            return STEPWISE, None
+        if not short and self.split_prefill:
+            return SPLIT, None
+        # new token i (at pos+i) sees cache positions 0 … pos+i, tiled for the grouped queries
+        return GROUPED, group_mask(causal_mask(pos, T, pos + T, self.device), self.n_heads // self.n_kv)
+
     def _block(self, x: torch.Tensor, w: LayerWeights, i: int, pos: int, end: int, cos: torch.Tensor,
-               sin: torch.Tensor, mask: torch.Tensor | None, causal: bool, lin: Kernel,
+               sin: torch.Tensor, mask: torch.Tensor | None, attention: str, lin: Kernel,
                kind: str = "") -> torch.Tensor:
         """Decoder layer i on x [T, D] (the one layer, :func:`.layer.decoder_layer`);
         writes its K/V at pos … end-1 and attends over 0 … end-1."""
         return decoder_layer(self.shape, w, x, lin, cos, sin, self.k_cache[i], self.v_cache[i], pos, end, mask,
-                             causal=causal, q_out=None if self.last_q is None else self.last_q[i], kind=kind)
+                             attention=attention, q_out=None if self.last_q is None else self.last_q[i],
+                             kind=kind)
 
     def _offloaded_layers(self, store: WeightStore, x: torch.Tensor, variant: int, pos: int, end: int,
-                          cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None, causal: bool,
+                          cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None, attention: str,
                           lin: Any) -> torch.Tensor:
         """The layer loop when some layers live in host memory: each layer's
         weights come from the store (resident, or a prefetched slot), and
@@ -366,7 +387,7 @@ class LeanBackend:
         for i in range(len(self.layers)):
             w, stall_ms, outcome, copied = store.layer(i)
             t0 = time.perf_counter()
-            x = self._block(x, w, i, pos, end, cos, sin, mask, causal, lin)
+            x = self._block(x, w, i, pos, end, cos, sin, mask, attention, lin)
             ms = None if store.cuda else (time.perf_counter() - t0) * 1e3
             store.end_layer(i, ms, stall_ms, outcome, copied)
         store.end_forward()
