@@ -11,7 +11,11 @@ K/V repeated for every head, fp32 intermediates.) The mask for ``T`` rows
 ``[T, S]`` is tiled to ``[G*T, S]`` once per forward (:func:`group_mask`).
 
 A fresh prompt (causal, no mask) keeps SDPA's own ``is_causal`` with
-``enable_gqa`` (flash attention takes both).
+``enable_gqa`` (flash attention takes both). On a CPU two more forms need no
+mask: a prompt's later chunk attends to the cached part and, causally, to
+its own rows, merged by log-sum-exp (:func:`split_attention`); a verify
+attends row by row, each row as its decode step would
+(:func:`stepwise_attention`: speculation then changes no bit).
 
 Which SDPA backend serves each kind of call is decided once per (device,
 dtype, masked) by :func:`torch._fused_sdp_choice` and recorded in
@@ -177,9 +181,8 @@ def split_attention(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, sca
     part (one unmasked call) and the new part causally (the kernel's own
     causal path, which skips the blocks above the diagonal); the two
     normalized outputs are merged by their log-sum-exps. One masked call
-    computes every block of the window and reads a [G*T, S] mask besides:
-    ~1.5x the time for a 512-row chunk over 1,024 positions (CPU flash
-    attention, docs/kernels.md "Attention of a prompt's later chunks")."""
+    computes every block of the window and reads a [G*T, S] mask besides
+    (docs/kernels.md, "Attention in a prompt's later chunks")."""
     assert _CPU_FLASH is not None
     if kind:
         ATTENTION_LOG.note(kind, keys.shape[1], "cpu-flash-split")
