@@ -52,25 +52,6 @@ def test_grouped_attention_is_attention_with_repeated_heads(S: int, T: int) -> N
     assert not torch.allclose(wrong, ref, atol=1e-3)
 
 
-@pytest.mark.parametrize(("first", "T"), [(1, 512), (512, 512), (1000, 170), (37, 20), (4000, 96)])
-def test_split_attention_is_the_masked_attention(first: int, T: int) -> None:
-    """A later prompt chunk: the cached part unmasked plus the new part
-    causal, merged by log-sum-exp, is the masked attention (to float32
-    rounding) -- without reading a mask."""
-    gen = torch.Generator().manual_seed(first + T)
-    H, KV, hd = 14, 2, 64
-    S = first + T
-    q, k, v = (torch.randn(n, T if n == H else S, hd, generator=gen) for n in (H, KV, KV))
-    mask = causal_mask(first, T, S, q.device)
-    ref = _reference_attention(q, k, v, hd ** -0.5, mask)
-    out = layer.split_attention(q, k, v, hd ** -0.5, first)
-    assert out.shape == (H, T, hd)
-    assert torch.allclose(out, ref, atol=2e-5, rtol=1e-4), float((out - ref).abs().max())
-    # the new part really is causal: a row that saw a later key would differ
-    unmasked = _reference_attention(q, k, v, hd ** -0.5, None)
-    assert not torch.allclose(out[:, 0], unmasked[:, 0], atol=1e-3)
-
-
 def test_stepwise_attention_is_each_rows_decode_step_bit_for_bit() -> None:
     """A verify's rows attend as the decode steps would: the very call a
     step makes (one row, no mask, the window ending at the row), so the

@@ -29,8 +29,8 @@ import torch
 
 from soldaemon.policy.kernel_plan import KernelPlan
 from soldaemon.runtime.forward.kernels import KERNEL_FNS, Kernel, compute_dtype_for, embed_rows, pack
-from soldaemon.runtime.forward.layer import (CAUSAL, GROUPED, SPLIT, STEPWISE, Shape, causal_mask, decoder_layer,
-                                             group_mask, rms_norm, rope, split_attention_available)
+from soldaemon.runtime.forward.layer import (CAUSAL, GROUPED, STEPWISE, Shape, causal_mask, decoder_layer, group_mask,
+                                             rms_norm, rope)
 
 if TYPE_CHECKING:
     from soldaemon.runtime.memory.weightstore import WeightStore
@@ -179,9 +179,6 @@ class LeanBackend:
         # steps bit for bit. Not on a GPU: its products round by batch shape
         # anyway, and one launch per row would cost more than it buys.
         self.stepwise_short = self.device.type == "cpu"
-        # A prompt's later chunks (and the edit after reused KV) attend
-        # without a mask where the CPU kernel allows (layer.split_attention).
-        self.split_prefill = split_attention_available(self.device)
         self.prefill_linear = KERNEL_FNS[self.plan.prefill]
         self.short_linear = KERNEL_FNS[self.plan.short]
         self.head_linear = KERNEL_FNS[self.plan.head]
@@ -363,8 +360,6 @@ class LeanBackend:
             return CAUSAL, None          # a fresh prompt: the kernels' own causal path (no mask tensor)
         if short and self.stepwise_short:
             return STEPWISE, None
-        if not short and self.split_prefill:
-            return SPLIT, None
         # new token i (at pos+i) sees cache positions 0 … pos+i, tiled for the grouped queries
         return GROUPED, group_mask(causal_mask(pos, T, pos + T, self.device), self.n_heads // self.n_kv)
 

@@ -11,11 +11,9 @@ K/V repeated for every head, fp32 intermediates.) The mask for ``T`` rows
 ``[T, S]`` is tiled to ``[G*T, S]`` once per forward (:func:`group_mask`).
 
 A fresh prompt (causal, no mask) keeps SDPA's own ``is_causal`` with
-``enable_gqa`` (flash attention takes both). On a CPU two more forms need no
-mask: a prompt's later chunk attends to the cached part and, causally, to
-its own rows, merged by log-sum-exp (:func:`split_attention`); a verify
-attends row by row, each row as its decode step would
-(:func:`stepwise_attention`: speculation then changes no bit).
+``enable_gqa`` (flash attention takes both). On a CPU a verify attends row
+by row, each row as its decode step would (:func:`stepwise_attention`:
+speculation then changes no bit).
 
 Which SDPA backend serves each kind of call is decided once per (device,
 dtype, masked) by :func:`torch._fused_sdp_choice` and recorded in
@@ -170,44 +168,10 @@ def causal_attention(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, sc
                                           is_causal=True, scale=scale, enable_gqa=True)[0]
 
 
-_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-
-
-def split_attention(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, scale: float,
-                    first: int, *, kind: str = "") -> torch.Tensor:
-    """q [H, T, hd] at positions ``first`` … ``first+T-1`` (``first`` > 0:
-    a prompt's later chunk, the edit after reused KV) over keys/vals
-    [KV, first+T, hd], without a mask: every row sees all of the cached
-    part (one unmasked call) and the new part causally (the kernel's own
-    causal path, which skips the blocks above the diagonal); the two
-    normalized outputs are merged by their log-sum-exps. One masked call
-    computes every block of the window and reads a [G*T, S] mask besides
-    (docs/kernels.md, "Attention in a prompt's later chunks")."""
-    assert _CPU_FLASH is not None
-    if kind:
-        ATTENTION_LOG.note(kind, keys.shape[1], "cpu-flash-split")
-    q4 = q.unsqueeze(0)
-    o1, l1 = _CPU_FLASH(q4, keys[:, :first].unsqueeze(0), vals[:, :first].unsqueeze(0), scale=scale)
-    o2, l2 = _CPU_FLASH(q4, keys[:, first:].unsqueeze(0), vals[:, first:].unsqueeze(0), is_causal=True,
-                        scale=scale)
-    top = torch.maximum(l1, l2)
-    w1 = l1.sub_(top).exp_().unsqueeze(-1)                # [1, H, T, 1]
-    w2 = l2.sub_(top).exp_().unsqueeze(-1)
-    o = o1.mul_(w1).add_(o2.mul_(w2)).div_(w1.add_(w2))
-    return o[0]
-
-
-def split_attention_available(device: torch.device) -> bool:
-    """Whether :func:`split_attention` can run here (CPU flash attention
-    with its log-sum-exp: torch's CPU op)."""
-    return device.type == "cpu" and _CPU_FLASH is not None
-
-
 # How a layer's rows attend (decoder_layer's ``attention``):
 GROUPED = "grouped"      # one grouped call under ``mask`` (None: every key); decode steps, graphs
 CAUSAL = "causal"        # a fresh prompt at position 0: the kernel's causal path
 STEPWISE = "stepwise"    # each row as its own decode step (a verify, the typed line; CPU)
-SPLIT = "split"          # cached part unmasked + new part causal (a later prompt chunk; CPU)
 
 
 @dataclass(frozen=True)
@@ -231,8 +195,7 @@ def decoder_layer(shape: Shape, w: Any, x: torch.Tensor, lin: Any, cos: torch.Te
     long tensor [T]: ``index_copy_``, the graph step's static form), attends
     over the first ``window`` positions as ``attention`` says: GROUPED under
     ``mask`` (see :func:`group_mask`; None: every key), CAUSAL (a fresh
-    prompt), STEPWISE (:func:`stepwise_attention`) or SPLIT
-    (:func:`split_attention`); the last two need ``at`` an int. ``q_out``
+    prompt) or STEPWISE (:func:`stepwise_attention`, ``at`` an int). ``q_out``
     [H, hd]: receives the query of row ``q_row`` (a long tensor [1]; None:
     the last row) — KV folding's input."""
     T = x.shape[0]
@@ -257,8 +220,6 @@ def decoder_layer(shape: Shape, w: Any, x: torch.Tensor, lin: Any, cos: torch.Te
         o = causal_attention(q, keys, vals, shape.scale)
     elif attention == STEPWISE and isinstance(at, int):
         o = stepwise_attention(q, keys, vals, shape.scale, at, kind=kind, bucket=bucket)
-    elif attention == SPLIT and isinstance(at, int):
-        o = split_attention(q, keys, vals, shape.scale, at, kind=kind)
     else:
         o = grouped_attention(q, keys, vals, shape.scale, mask, kind=kind, bucket=bucket)
     x = x + lin(o.transpose(0, 1).reshape(T, H * hd), w.wo, w.bo, w.so)
