@@ -218,7 +218,9 @@ def decoder_layer(shape: Shape, w: Any, x: torch.Tensor, lin: Any, cos: torch.Te
     keys, vals = k_cache[:, :window], v_cache[:, :window]  # [KV, window, hd]
     if attention == CAUSAL:
         o = causal_attention(q, keys, vals, shape.scale)
-    elif attention == STEPWISE and isinstance(at, int):
+    elif attention == STEPWISE:
+        if not isinstance(at, int):   # a graph step: a mask-less GROUPED call would be wrong
+            raise ValueError("stepwise attention needs the forward's first position as an int")
         o = stepwise_attention(q, keys, vals, shape.scale, at, kind=kind, bucket=bucket)
     else:
         o = grouped_attention(q, keys, vals, shape.scale, mask, kind=kind, bucket=bucket)
