@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from soldaemon.policy.kernel_plan import (
-    KERNELS, KernelPlan, TimingTable, auto_kernels, choose_plan, speculation_pays,
+    KERNELS, ROW_KERNELS, STORAGES, KernelPlan, TimingTable, auto_kernels, choose_plan, speculation_pays,
 )
 
 DATA = Path(__file__).parent / "data" / "kernel_tables"
@@ -39,6 +39,10 @@ def _table(name: str) -> TimingTable:
 
 AVX512 = "zen4_avx512_bf16.json"       # measured on the project's 2-core EPYC with AVX-512 BF16/VNNI
 AVX2 = "avx2_only.json"                # the same machine with oneDNN/MKL/ATen capped at AVX2 (see its note)
+# session 14, with oneDNN's blocked int8 (int8-onednn) measured beside the rest: a Zen 4 with
+# avx512_vp2intersect, and the same machine capped at AVX2 as above
+AVX512_ONEDNN = "zen4_avx512_onednn.json"
+AVX2_ONEDNN = "avx2_only_onednn.json"
 
 
 def test_the_policy_module_imports_no_torch() -> None:
@@ -147,7 +151,78 @@ def test_plans_and_tables_round_trip_and_refuse_garbage() -> None:
         TimingTable.from_dict({"blocks": 3})
     with pytest.raises(ValueError, match="does not read"):
         KernelPlan("float32", "int8", "float32", "float32", "float32")
-    assert set(KERNELS.values()) == {"float32", "bfloat16", "float16", "int8", "int4"}
+    assert set(KERNELS.values()) == set(STORAGES) | set(ROW_KERNELS)
+    rows = choose_plan(_table(AVX512_ONEDNN))
+    assert rows.rows == "int8-onednn" and KernelPlan.from_dict(json.loads(json.dumps(rows.to_dict()))) == rows
+
+
+# -- the blocked second copy (KernelPlan.rows) ----------------------------------------
+
+
+def test_a_blocked_copy_is_kept_where_measured_faster_and_memory_allows() -> None:
+    """Zen 4: oneDNN's blocked int8 beats _int_mm's per-call re-layout at
+    every size above one row, so the plan keeps the copy for forwards of
+    more rows — predicted verify and prompt both faster, the step the same;
+    refused when memory does not hold it. Capped at AVX2 the same kernel is
+    slower at every size above one row: no copy. Tables without the kernel
+    (measured before it existed) never get one."""
+    zen = _table(AVX512_ONEDNN)
+    with_copy, one = choose_plan(zen), choose_plan(zen, row_copy=False)
+    assert with_copy.rows == "int8-onednn" and one.rows is None
+    assert (with_copy.storage, with_copy.prefill, with_copy.short, with_copy.head) == (
+        one.storage, one.prefill, one.short, one.head)
+    assert with_copy.verify_ms is not None and one.verify_ms is not None and with_copy.verify_ms < one.verify_ms
+    assert with_copy.cold_ms is not None and one.cold_ms is not None and with_copy.cold_ms < one.cold_ms
+    assert with_copy.step_ms == one.step_ms
+    assert "int8-onednn" in with_copy.describe() and "blocked" in with_copy.reason
+    avx2 = _table(AVX2_ONEDNN)
+    assert avx2.blocks["int8-onednn"][9] > avx2.blocks["int8-dynamic"][9]      # what the chooser sees there
+    assert choose_plan(avx2).rows is None
+    for name in (AVX512, AVX2):
+        assert choose_plan(_table(name)).rows is None
+    # only the twin's bits may be replaced: a plan whose decode kernel is the
+    # weight-only int8 (bfloat16 activations) gets no copy, and cannot be built with one
+    assert choose_plan(zen, allowed=frozenset({"int8", "int8-onednn", "float32"})).rows is None
+    with pytest.raises(ValueError, match="must all be"):
+        KernelPlan("int8", "int8-dynamic", "int8", "int8", "int8-dynamic", rows="int8-onednn")
+    with pytest.raises(ValueError, match="not a kernel for the blocked copy"):
+        KernelPlan("int8", "int8-dynamic", "int8-dynamic", "int8", "int8-dynamic", rows="int8-dynamic")
+
+
+def test_the_blocked_copy_needs_room_and_no_budget() -> None:
+    from soldaemon.policy.memory import ROW_COPY_MARGIN, blocked_copy_allowed
+
+    mb = 2 ** 20
+    assert blocked_copy_allowed(True, False, 8000 * mb, 500 * mb)[0]
+    ok, why = blocked_copy_allowed(True, False, 500 * mb + ROW_COPY_MARGIN - 1, 500 * mb)
+    assert not ok and "free" in why
+    assert blocked_copy_allowed(True, False, 500 * mb + ROW_COPY_MARGIN, 500 * mb)[0]
+    assert blocked_copy_allowed(True, True, 8000 * mb, 500 * mb) == (False, "sol.memory_budget is set")
+    assert blocked_copy_allowed(False, False, 8000 * mb, 500 * mb) == (False, "model.blocked_copy: false")
+
+
+def test_onednn_int8_gives_int_mm_bits_or_is_refused() -> None:
+    """Where oneDNN's product is exact (checked on full-range values) the
+    blocked kernel's results equal int8-dynamic's to the bit, one row or
+    many; where it is not, packing for it raises and the measurement leaves
+    it out."""
+    import torch
+
+    from soldaemon.runtime.forward.kernels import KERNEL_FNS, blocked, onednn_int8_exact, pack
+
+    torch.manual_seed(1)
+    w = torch.randn(200, 96) * 0.05
+    b = torch.randn(200) * 0.1
+    x = torch.randn(9, 96)
+    x[3] *= 40.0                                   # a row far larger than the rest
+    q, s = pack("int8", w)
+    if not onednn_int8_exact():
+        with pytest.raises(RuntimeError, match="not exact"):
+            blocked(q)
+        return
+    bw = blocked(q)
+    for rows in (x[:1], x[:2], x):
+        assert torch.equal(KERNEL_FNS["int8-onednn"](rows, bw, b, s), KERNEL_FNS["int8-dynamic"](rows, q, b, s))
 
 
 # -- mechanism: kernels, cache key ---------------------------------------------------
@@ -165,7 +240,7 @@ def test_kernels_match_the_dense_product_and_treat_rows_alone() -> None:
     ref = torch.nn.functional.linear(x, w, b)
     for kernel, storage in KERNELS.items():
         pw, ps = pack(storage, w)
-        if storage != "int4":
+        if storage not in ("int4", "int8-onednn"):
             assert unpack(pw, ps, torch.float32).shape == w.shape
         y = KERNEL_FNS[kernel](x, pw, b, ps)
         assert y.dtype == x.dtype and y.shape == ref.shape

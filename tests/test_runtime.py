@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import random
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -343,6 +344,38 @@ def test_a_verify_is_its_decode_steps_bit_for_bit(tiny) -> None:
     session.truncate(len(ids))
     masked = session.verify(nxt)
     assert torch.allclose(masked, steps, atol=1e-3) and not torch.equal(masked, steps)
+
+
+def test_the_blocked_copy_changes_no_bit(tiny) -> None:
+    """plan.rows: prompts and verifies read a blocked second copy of the
+    weights; the logits and KV are the one copy's to the bit (so a verify
+    still equals its decode steps), and the copy is counted in the weight
+    bytes. Where oneDNN is not exact the backend keeps one copy and says
+    so in its plan."""
+    from soldaemon.runtime.forward.kernels import onednn_int8_exact
+
+    model, tok = tiny
+    ids = _prompts(tok, 1, seed=23)[0]
+    nxt = _prompts(tok, 1, seed=24)[0][:9]
+    one = LeanBackend(model, 2048, plan=INT8)
+    two = LeanBackend(model, 2048, plan=replace(INT8, rows="int8-onednn"))
+    if not onednn_int8_exact():
+        assert two.plan.rows is None and two.rows_layers is None and "failed" in two.plan.reason
+        return
+    assert two.rows_layers is not None and two.weight_bytes() > one.weight_bytes() + two.rows_bytes // 2
+    out = []
+    for be in (one, two):
+        session = KVSession(be)
+        first = session.prefill(ids).logits.clone()
+        rows = session.verify(nxt).clone()
+        session.truncate(len(ids))
+        steps = torch.stack([session.decode_step(t) for t in nxt])
+        out.append((first, rows, steps, [c[:, :, :len(ids) + 9].clone() for c in be.current_cache()]))
+    (f1, r1, s1, kv1), (f2, r2, s2, kv2) = out
+    assert torch.equal(f1, f2) and torch.equal(r1, r2) and torch.equal(s1, s2)
+    assert torch.equal(r2, s2)                    # the verify is still its decode steps
+    for a, b in zip(kv1, kv2):
+        assert torch.equal(a, b)
 
 
 def test_draft_length_weighs_acceptance_against_forward_cost() -> None:

@@ -91,6 +91,11 @@ class ModelConfig:
     # "int8" (int8 weights; the kernels still chosen by measurement), "int4"
     # (4-bit decoder layers, the output layer int8).
     precision: Precision = _setting("auto", _choice(get_args(Precision)))
+    # A second copy of the int8 weights in oneDNN's blocked layout, read by
+    # every forward of more than one row (prompts, verifications, the typed
+    # line) with the same bits: true where the kernel plan measures it
+    # faster and free RAM holds it (never under sol.memory_budget); false.
+    blocked_copy: bool = _setting(True, _bool())
     # Replaced by precision (accepted with a notice): dtype "float32",
     # "float16" or "bfloat16" reads as that precision when precision is
     # "auto"; decode_dtype no longer applies (one weight copy).

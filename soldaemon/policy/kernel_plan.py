@@ -19,7 +19,14 @@ What is chosen (one :class:`KernelPlan`):
   short forwards, because the session computes a position with the same
   weights whether it ran alone or in a batch (reuse = recompute);
 - ``head_storage`` / ``head``: the output layer (151,936 rows for Qwen2.5,
-  unlike the blocks), whose storage also serves the embedding lookup.
+  unlike the blocks), whose storage also serves the embedding lookup;
+- ``rows``: None, or a kernel that reads a *second*, blocked copy of the
+  int8 weights (layers and output layer) for every forward of more than one
+  row — prompts, verifications, the typed line — where ``torch._int_mm``
+  re-lays the weight out on every call (docs/kernels.md, "A blocked copy
+  for forwards of more than one row"). Only a kernel that gives its twin's
+  bits (:data:`ROW_KERNELS`) may: a verify then still equals the decode
+  steps bit for bit, and a prompt's logits do not change.
 
 Kernels (``KERNELS``: kernel → storage it reads):
 
@@ -30,7 +37,11 @@ Kernels (``KERNELS``: kernel → storage it reads):
   int8 at run time, integer products, one rescale;
 - ``int4``: 4-bit weights in groups of 32 along K (a bfloat16 scale and zero
   per group), bfloat16 activations, torch's int4 weight-only product (CPU).
-  Decoder layers only; measured for quality? see QUALITY_LOSS.
+  Decoder layers only; measured for quality? see QUALITY_LOSS;
+- ``int8-onednn``: ``int8-dynamic``'s integer products on a weight oneDNN
+  laid out once for its kernel (``onednn.qlinear_prepack``); only as
+  ``rows``, never the one storage (its single-row product is slower than
+  ``_int_mm``'s in the forward, which reads every layer from memory).
 """
 
 from __future__ import annotations
@@ -45,7 +56,14 @@ KERNELS: dict[str, str] = {
     "int8": "int8",
     "int8-dynamic": "int8",
     "int4": "int4",
+    "int8-onednn": "int8-onednn",
 }
+# Kernels for the blocked second copy (KernelPlan.rows) → the kernel whose
+# bits they give (checked at run time before a kernel is measured:
+# runtime/forward/kernels.py); the plan's prefill, decode and head kernels
+# must all be that twin.
+ROW_KERNELS: dict[str, str] = {"int8-onednn": "int8-dynamic"}
+# formats the decoder layers (the one copy) can be kept in
 STORAGES = ("float32", "bfloat16", "float16", "int8", "int4")
 # formats the output layer (and so the embedding lookup) can be kept in; an
 # int4 plan keeps its output layer in int8
@@ -70,6 +88,7 @@ QUALITY_LOSS: dict[str, float] = {
     "bfloat16": 0.0,
     "int8": -1.7,
     "int8-dynamic": -1.7,
+    "int8-onednn": -1.7,      # int8-dynamic's bits (ROW_KERNELS)
 }
 MAX_QUALITY_LOSS = 1.0
 
@@ -129,6 +148,7 @@ class KernelPlan:
     head_storage: str            # format of the output layer (and the embedding)
     head: str                    # kernel for the output layer
     precision: str = "auto"      # what model.precision asked for
+    rows: str | None = None      # kernel over a blocked second copy, for forwards of >1 row (ROW_KERNELS)
     cold_ms: float | None = None     # predicted: the workload's prompt, all layers + head (ms)
     step_ms: float | None = None     # predicted: one decode step (ms)
     verify_ms: float | None = None   # predicted: one verify forward of Workload.verify_rows (ms)
@@ -139,6 +159,12 @@ class KernelPlan:
                                 (self.head, self.head_storage)):
             if KERNELS.get(kernel) != storage:
                 raise ValueError(f"kernel {kernel!r} does not read {storage!r} weights")
+        if self.rows is not None:
+            twin = ROW_KERNELS.get(self.rows)
+            if twin is None:
+                raise ValueError(f"{self.rows!r} is not a kernel for the blocked copy")
+            if not self.prefill == self.short == self.head == twin:
+                raise ValueError(f"{self.rows!r} gives {twin!r}'s bits: prefill, decode and head must all be {twin!r}")
 
     @classmethod
     def uniform(cls, storage: str, reason: str = "") -> KernelPlan:
@@ -150,7 +176,7 @@ class KernelPlan:
 
     @property
     def kernels(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys((self.prefill, self.short, self.head)))
+        return tuple(dict.fromkeys((self.prefill, self.short, self.head) + ((self.rows,) if self.rows else ())))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -161,7 +187,8 @@ class KernelPlan:
         try:
             return cls(**{k: d[k] for k in ("storage", "prefill", "short", "head_storage", "head")},
                        precision=str(d.get("precision", "auto")), cold_ms=d.get("cold_ms"),
-                       step_ms=d.get("step_ms"), verify_ms=d.get("verify_ms"), reason=str(d.get("reason", "")))
+                       step_ms=d.get("step_ms"), verify_ms=d.get("verify_ms"), reason=str(d.get("reason", "")),
+                       rows=d.get("rows"))
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed kernel plan: {exc!r}") from None
 
@@ -174,8 +201,9 @@ class KernelPlan:
             pred = f"; kernels alone: 1k-token prefill {self.cold_ms:.0f} ms, step {self.step_ms:.1f} ms"
             if self.verify_ms is not None:
                 pred += f", 9-row verify {self.verify_ms:.1f} ms"
+        rows = f"; forwards of more rows {self.rows} (a blocked second copy)" if self.rows else ""
         return (f"weights {self.storage} (head {self.head_storage}); prefill {self.prefill}, decode/verify "
-                f"{self.short}, head {self.head}{pred}")
+                f"{self.short}, head {self.head}{rows}{pred}")
 
 
 def _at(row_ms: Mapping[int, float], rows: int) -> float:
@@ -217,7 +245,7 @@ def head_ms(table: TimingTable, kernel: str, rows: int) -> float:
 
 
 def choose_plan(table: TimingTable, precision: str = "auto", *, allowed: frozenset[str] | None = None,
-                workload: Workload = Workload()) -> KernelPlan:
+                workload: Workload = Workload(), row_copy: bool = True) -> KernelPlan:
     """The fastest plan for ``workload`` on the machine ``table`` was measured on.
 
     ``precision`` ``auto``: any storage, kernels from ``allowed`` (default:
@@ -227,8 +255,12 @@ def choose_plan(table: TimingTable, precision: str = "auto", *, allowed: frozens
     prefill size, ``short`` the fastest over a decode step plus a
     verification (equal weight: speculation makes both common), ``head``
     likewise; the storage with the least predicted time of one cold
-    completion (prompt + decode steps) wins. Raises ValueError for an
-    unknown precision or when no measured kernel is left."""
+    completion (prompt + decode steps) wins. Then, with ``row_copy`` (the
+    engine's word that memory holds a second copy), a kernel of
+    :data:`ROW_KERNELS` becomes ``rows`` when its twin runs every phase and
+    it is predicted faster for a verification and for the prompt together,
+    neither by more than a tenth slower. Raises ValueError for an unknown
+    precision or when no measured kernel is left."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r} (expected one of {', '.join(PRECISIONS)})")
     usable = (set(KERNELS) if precision != "auto" else set(allowed if allowed is not None else auto_kernels()))
@@ -271,8 +303,20 @@ def choose_plan(table: TimingTable, precision: str = "auto", *, allowed: frozens
     reason = (f"{'fastest measured' if precision == 'auto' else 'model.precision: ' + precision}: "
               f"a cold completion ({workload.prompt_tokens} prompt tokens + {workload.decode_steps} steps) "
               f"predicted {total:.0f} ms" + (f" (vs {others})" if others else ""))
+    rows = None
+    for rk, twin in ROW_KERNELS.items() if row_copy else ():
+        if rk not in usable or not table.blocks.get(rk) or not table.head.get(rk) or not pre == sh == head == twin:
+            continue
+        # a prompt keeps only its last row's logits: the head runs one row, on the one copy
+        r_cold = prefill_ms(table, rk, workload.prompt_tokens) + head_ms(table, head, 1)
+        r_verify = short_ms(table, rk, v) + head_ms(table, rk, v)
+        if r_cold + r_verify < cold + verify and r_cold <= 1.1 * cold and r_verify <= 1.1 * verify:
+            reason += (f"; a blocked copy for forwards of more rows ({rk}): prompt {r_cold:.0f} vs {cold:.0f} ms, "
+                       f"{v}-row verify {r_verify:.1f} vs {verify:.1f} ms")
+            rows, cold, verify = rk, r_cold, r_verify
+            break
     return KernelPlan(storage, pre, sh, head_storage, head, precision=precision, cold_ms=round(cold, 2),
-                      step_ms=round(step, 3), verify_ms=round(verify, 3), reason=reason)
+                      step_ms=round(step, 3), verify_ms=round(verify, 3), reason=reason, rows=rows)
 
 
 def speculation_pays(plan: KernelPlan, limit: float = 2.0) -> bool:

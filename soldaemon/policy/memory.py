@@ -51,3 +51,22 @@ def should_replan(budget_bytes: int | None, pins: int) -> bool:
     """After a restore, re-plan residency from the heatmap only under a
     budget and while no high-priority request pins the layers."""
     return budget_bytes is not None and not pins
+
+
+ROW_COPY_MARGIN = 1 << 30     # free RAM left beside the blocked copy (KV caches, prompts, the editor)
+
+
+def blocked_copy_allowed(asked: bool, budget_set: bool, available: int, copy_bytes: int,
+                         margin: int = ROW_COPY_MARGIN) -> tuple[bool, str]:
+    """Whether the kernel plan may keep a blocked second copy of the weights
+    (``model.blocked_copy``), and why: asked for, no ``sol.memory_budget``
+    (a budget means memory is what the user is short of), and ``available``
+    bytes hold the copy with ``margin`` to spare."""
+    if not asked:
+        return False, "model.blocked_copy: false"
+    if budget_set:
+        return False, "sol.memory_budget is set"
+    if available < copy_bytes + margin:
+        return False, (f"{available / 2**20:.0f} MB free, the copy needs {copy_bytes / 2**20:.0f} MB "
+                       f"plus {margin / 2**20:.0f} MB to spare")
+    return True, f"{copy_bytes / 2**20:.0f} MB of {available / 2**20:.0f} MB free"

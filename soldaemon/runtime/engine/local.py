@@ -13,6 +13,7 @@ Implements :class:`soldaemon.api.Engine`; driven from one worker thread.
 
 from __future__ import annotations
 
+from dataclasses import replace
 import logging
 import threading
 import time
@@ -32,7 +33,7 @@ from soldaemon.runtime.forward.backend import LEAN_ARCHITECTURES, Backend, LeanB
 from soldaemon.policy.kernel_plan import KernelPlan, TimingTable
 from soldaemon.runtime.forward.kernels import trim_heap
 from soldaemon.runtime.engine.autoselect import choose_draft, choose_embedded
-from soldaemon.runtime.forward.precision import choose_kernels, lean_or_float32, precision_info
+from soldaemon.runtime.forward.precision import choose_kernels, lean_or_float32, may_keep_blocked_copy, precision_info
 from soldaemon.runtime.forward.cudagraph import GraphDecoder
 from soldaemon.policy.draft import DraftLength
 from soldaemon.runtime.decode.draft import DraftModel
@@ -241,6 +242,8 @@ class LocalEngine:
                              hint="use a smaller model of the same family (same vocabulary), or no draft model")
         # the draft runs the target's kernels (its shapes are alike and smaller)
         plan = self.backend.plan if isinstance(self.backend, LeanBackend) and self.backend.released else None
+        if plan is not None and plan.rows is not None:
+            plan = replace(plan, rows=None)      # the draft keeps one copy: its forwards are mostly steps
         backend = make_backend(draft.model, self.backend.n_ctx, plan=plan, release=plan is not None)
         if self.memory is not None and isinstance(backend, LeanBackend):
             # the residency planner keeps room for the pair (sol.memory_budget)
@@ -331,7 +334,8 @@ def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:
     name, auto = (None, None) if mc.path else choose_embedded(config, progress=progress)
     loaded = load_model(str(mc.path) if mc.path else None, name=name, device=config.device.device,
                         dtype="stored", progress=progress)
-    plan, table = choose_kernels(loaded, precision, progress=progress)
+    plan, table = choose_kernels(loaded, precision, progress=progress,
+                                 row_copy=may_keep_blocked_copy(loaded, config))
     engine = LocalEngine(loaded, config, plan=plan, timings=table, notices=tuple(notices))
     trim_heap()       # the module's released parameters and the timing runs' tensors
     draft_name, why = (None, "model.draft_model") if mc.draft_model else choose_draft(config, name or "",

@@ -22,13 +22,13 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import torch
 
 from soldaemon.policy.kernel_plan import KernelPlan
-from soldaemon.runtime.forward.kernels import KERNEL_FNS, Kernel, compute_dtype_for, embed_rows, pack
+from soldaemon.runtime.forward.kernels import KERNEL_FNS, ROW_COPIES, Kernel, compute_dtype_for, embed_rows, pack
 from soldaemon.runtime.forward.layer import (CAUSAL, GROUPED, STEPWISE, Shape, causal_mask, decoder_layer, group_mask,
                                              rms_norm, rope)
 
@@ -192,6 +192,15 @@ class LeanBackend:
             self.embed_w, self.embed_s = pack(self.plan.head_storage, inner.embed_tokens.weight)
         self.layers = [self._layer_weights(layer) for layer in inner.layers]
         n_layers = len(self.layers)
+        # plan.rows: a blocked second copy of the int8 weights that every
+        # forward of more than one row reads (prompts, verifies, the typed
+        # line), with the bits of the one copy's kernels
+        self.rows_linear: Kernel | None = None
+        self.rows_layers: list[LayerWeights] | None = None
+        self.rows_head_w: torch.Tensor | None = None
+        self.rows_bytes = 0                              # ≈ bytes of that copy (its tensors are opaque)
+        if self.plan.rows is not None:
+            self._make_row_copy(self.plan.rows)
         self.released = False
         if release:
             self._release(hf_model)
@@ -219,6 +228,23 @@ class LeanBackend:
         self.last_q_cache: torch.Tensor | None = None   # the k_cache those queries attended over
         self.graphs: GraphSteps | None = None            # set by the engine on CUDA (runtime/forward/cudagraph.py)
 
+    def _make_row_copy(self, kernel: str) -> None:
+        """Lay the layers' and the output layer's weights out again for
+        ``kernel`` (plan.rows). Where that fails (oneDNN missing or not
+        exact here), the plan drops ``rows`` and says so in the log."""
+        make = ROW_COPIES[kernel]
+        names = ("wq", "wk", "wv", "wo", "wg", "wu", "wd")
+        try:
+            self.rows_layers = [replace(w, **{n: make(getattr(w, n)) for n in names}) for w in self.layers]
+            self.rows_head_w = make(self.head_w)
+        except RuntimeError as exc:
+            log.warning("no blocked copy of the weights (%s): every forward reads the one copy", exc)
+            self.rows_layers = self.rows_head_w = None
+            self.plan = replace(self.plan, rows=None, reason=self.plan.reason + f"; blocked copy failed: {exc}")
+            return
+        self.rows_linear = KERNEL_FNS[kernel]
+        self.rows_bytes = sum(getattr(w, n).numel() for w in self.layers for n in names) + self.head_w.numel()
+
     def _release(self, hf_model: Any) -> None:
         """Empty every parameter of the HF module whose storage no packed
         tensor shares: only what the plan's kernels read stays resident."""
@@ -240,7 +266,7 @@ class LeanBackend:
         for t in self._packed_tensors():
             st = t.untyped_storage()
             seen[st.data_ptr()] = st.nbytes()
-        return sum(seen.values())
+        return sum(seen.values()) + self.rows_bytes
 
     @property
     def all_resident(self) -> bool:
@@ -313,7 +339,10 @@ class LeanBackend:
         return embed_rows(tokens, self.embed_w, self.embed_s, self.dtype)
 
     def head_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, D] after the final norm → logits [T, V] float32."""
+        """x [T, D] after the final norm → logits [T, V] float32 (more than
+        one row: from the blocked copy where there is one)."""
+        if x.shape[0] > 1 and self.rows_linear is not None and self.rows_head_w is not None:
+            return self.rows_linear(x, self.rows_head_w, None, self.head_s).float()
         return self.head_linear(x, self.head_w, None, self.head_s).float()
 
     @torch.inference_mode()
@@ -328,9 +357,13 @@ class LeanBackend:
         short = T <= self.short_max_tokens and not precise
         attention, mask = self._attention(T, pos, short)
         x = self.embed_tokens(tokens)                    # [T, D]
-        layers = self.layers
-        lin = self.short_linear if short else self.prefill_linear
         store = self.residency
+        # more than one row: the blocked copy where there is one (the same
+        # bits: KernelPlan.rows), unless the store serves offloaded layers
+        rows = T > 1 and self.rows_layers is not None and (store is None or store.all_resident)
+        layers = self.rows_layers if rows and self.rows_layers is not None else self.layers
+        lin = self.rows_linear if rows and self.rows_linear is not None else (
+            self.short_linear if short else self.prefill_linear)
         kind = "prompt" if attention == CAUSAL else ("step" if T == 1 else ("verify" if short else "prefill"))
         if store is None:
             for i, w in enumerate(layers):

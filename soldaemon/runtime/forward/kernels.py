@@ -31,11 +31,12 @@ import torch
 import torch.nn.functional as F
 
 from soldaemon import paths
-from soldaemon.policy.kernel_plan import HEAD_STORAGES, KERNELS, PREFILL_ROWS, SHORT_ROWS, KernelPlan, TimingTable, choose_plan
+from soldaemon.policy.kernel_plan import (HEAD_STORAGES, KERNELS, PREFILL_ROWS, ROW_KERNELS, SHORT_ROWS, KernelPlan,
+                                          TimingTable, choose_plan)
 
 log = logging.getLogger("soldaemon.kernels")
 
-PLAN_FORMAT = 3            # bump when the table's meaning (or the kernels) change
+PLAN_FORMAT = 4            # bump when the table's meaning (or the kernels) change (4: int8-onednn)
 _DENSE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -57,7 +58,45 @@ def pack(storage: str, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | No
         return q.contiguous(), s
     if storage == "int4":
         return _pack_int4(w)
+    if storage == "int8-onednn":
+        q, scale = pack("int8", w)
+        return blocked(q), scale
     raise ValueError(f"unknown weight storage {storage!r}")
+
+
+@functools.cache
+def onednn_int8_exact() -> bool:
+    """Whether oneDNN's int8 product runs here and gives ``torch._int_mm``'s
+    integers: checked once on full-range values (every input 255 after the
+    offset, every weight ±127, beside random rows), where a CPU without
+    VNNI pairs products in 16 bits and can saturate."""
+    op = getattr(torch.ops, "onednn", None)
+    if op is None or not hasattr(op, "qlinear_prepack") or not torch.backends.mkldnn.is_available():
+        return False
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randint(-127, 128, (48, 320), generator=gen, dtype=torch.int8)
+    w[0] = 127
+    w[1] = -127
+    x = torch.randint(-127, 128, (5, 320), generator=gen, dtype=torch.int8)
+    x[0] = 127
+    x[1] = -127
+    try:
+        got = op.qlinear_pointwise((x.to(torch.int16) + 128).to(torch.uint8), 1.0, 128,
+                                   op.qlinear_prepack(w, None), torch.ones(48), torch.zeros(48, dtype=torch.int64),
+                                   None, 1.0, 0, torch.float32, "none", [], "")
+    except (RuntimeError, NotImplementedError, TypeError, AttributeError):
+        return False
+    return torch.equal(got, torch._int_mm(x, w.t()).to(torch.float32))
+
+
+def blocked(q: torch.Tensor) -> torch.Tensor:
+    """An int8 weight ``[N, K]`` (``pack("int8", ...)``'s) in oneDNN's
+    blocked layout, made once: an opaque tensor only ``int8-onednn``
+    reads. Raises RuntimeError where oneDNN's product would not give
+    ``_int_mm``'s bits (:func:`onednn_int8_exact`) or off the CPU."""
+    if q.device.type != "cpu" or not onednn_int8_exact():
+        raise RuntimeError("oneDNN's int8 product is not exact here (or not a CPU)")
+    return torch.ops.onednn.qlinear_prepack(q, None)
 
 
 INT4_GROUP = 32
@@ -85,6 +124,8 @@ def unpack(w: torch.Tensor, s: torch.Tensor | None, dtype: torch.dtype) -> torch
     storage; the int4 layout is the product kernel's own)."""
     if s is not None and s.dim() != 1:
         raise ValueError("int4 weights cannot be unpacked here")
+    if w.is_mkldnn:
+        raise ValueError("blocked (oneDNN) weights cannot be unpacked here")
     if s is None:
         return w.to(dtype)
     return (w.to(torch.float32) * s[:, None]).to(dtype)
@@ -164,6 +205,37 @@ class Int8Dynamic(Kernel):
         return _finish(torch.mul(torch._int_mm(xq, w.t()), s).mul_(sx), out_dtype, b)   # [T, N]
 
 
+class OneDNNInt8(Int8Dynamic):
+    """``int8-dynamic``'s products on a weight in oneDNN's blocked layout
+    (:func:`blocked`): the same per-row int8 activations, offset by 128
+    (oneDNN's unsigned input, zero point 128), the same integer sums, then
+    ``float(acc) * sw * sx`` as ``int8-dynamic`` — the same bits
+    (:func:`onednn_int8_exact`), without ``_int_mm``'s re-layout of the
+    weight on every call of more than one row."""
+
+    def __init__(self) -> None:
+        self._zeros: dict[int, torch.Tensor] = {}       # N → the weights' zero points (all 0)
+
+    def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        xf = x.to(torch.float32)
+        sx = xf.abs().amax(dim=-1, keepdim=True).clamp_(min=1e-12).div_(127.0)   # as Int8Dynamic
+        return torch.mul(xf, 1.0 / sx).round_().add_(128.0).to(torch.uint8), sx
+
+    def multiply(self, p: tuple[torch.Tensor, torch.Tensor], w: torch.Tensor, b: torch.Tensor | None,
+                 s: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+        assert s is not None
+        xu, sx = p
+        n = s.shape[0]
+        zeros = self._zeros.get(n)
+        if zeros is None:
+            zeros = self._zeros[n] = torch.zeros(n, dtype=torch.int64)
+        y = torch.ops.onednn.qlinear_pointwise(xu, 1.0, 128, w, s, zeros, None, 1.0, 0, torch.float32, "none", [], "")
+        return _finish(y.mul_(sx), out_dtype, b)
+
+
+# KernelPlan.rows kernel → how its copy of an int8 weight [N, K] is made
+ROW_COPIES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"int8-onednn": blocked}
+
 KERNEL_FNS: dict[str, Kernel] = {
     "float32": Dense(torch.float32),
     "bfloat16": Dense(torch.bfloat16),
@@ -171,6 +243,7 @@ KERNEL_FNS: dict[str, Kernel] = {
     "int8": WeightOnly(lambda x, w, s: torch._weight_int8pack_mm(x, w, s.to(torch.bfloat16))),
     "int8-dynamic": Int8Dynamic(),
     "int4": WeightOnly(lambda x, w, s: torch._weight_int4pack_mm_for_cpu(x, w, INT4_GROUP, s)),
+    "int8-onednn": OneDNNInt8(),
 }
 
 
@@ -245,7 +318,8 @@ def measure_table(cfg: Any, device: torch.device, compute_dtype: torch.dtype, *,
         fn, storage = KERNEL_FNS[kernel], KERNELS[kernel]
         try:
             if storage not in packs:      # kernels reading one storage share its packed weights
-                head_pack = pack(storage, w_head) if storage in HEAD_STORAGES else (None, None)
+                head_pack = (pack(storage, w_head) if storage in HEAD_STORAGES or storage in ROW_KERNELS
+                             else (None, None))
                 packs[storage] = ([pack(storage, w) for w in dense_layer], head_pack)
             packed, (hw, hs) = packs[storage]
             # can it run here? at the most rows measured: torch._int_mm (int8-dynamic)
@@ -376,11 +450,14 @@ def save_table(key: str, table: TimingTable) -> None:
 
 
 def plan_for(cfg: Any, device: torch.device, compute_dtype: torch.dtype, precision: str = "auto", *,
-             say: Callable[[str], None] = lambda _s: None) -> tuple[KernelPlan, TimingTable, bool]:
+             say: Callable[[str], None] = lambda _s: None,
+             row_copy: bool = True) -> tuple[KernelPlan, TimingTable, bool]:
     """The kernel plan for a model of config ``cfg`` on ``device``: from the
     cached timing table when this machine/torch/model was measured before,
     else measured now (seconds) and cached. Returns (plan, table, cached).
-    Raises ValueError for a bad precision or when nothing could be measured."""
+    ``row_copy``: whether memory holds a blocked second copy of the weights
+    (:func:`~soldaemon.policy.kernel_plan.choose_plan`). Raises ValueError
+    for a bad precision or when nothing could be measured."""
     key = plan_key(cfg, device, compute_dtype)
     table = load_table(key)
     cached = table is not None
@@ -390,7 +467,7 @@ def plan_for(cfg: Any, device: torch.device, compute_dtype: torch.dtype, precisi
         table = measure_table(cfg, device, compute_dtype, say=say)
         log.info("kernel timings measured in %.1f s", time.perf_counter() - t0)
         save_table(key, table)
-    return choose_plan(table, precision), table, cached
+    return choose_plan(table, precision, row_copy=row_copy), table, cached
 
 
 def trim_heap() -> bool:

@@ -13,6 +13,7 @@ from soldaemon.errors import ConfigError
 from soldaemon.weights.loader import LoadedModel
 from soldaemon.runtime.forward.backend import LEAN_ARCHITECTURES, LeanBackend
 from soldaemon.policy.kernel_plan import KernelPlan, TimingTable
+from soldaemon.policy.memory import blocked_copy_allowed
 from soldaemon.runtime.forward.kernels import compute_dtype_for, plan_for
 
 log = logging.getLogger("soldaemon.engine")
@@ -30,18 +31,44 @@ def lean_or_float32(loaded: LoadedModel) -> bool:
     return False
 
 
-def choose_kernels(loaded: LoadedModel, precision: str, *,
-                   progress: bool = True) -> tuple[KernelPlan | None, TimingTable | None]:
+def blocked_copy_bytes(loaded: LoadedModel) -> int:
+    """≈ bytes of a blocked int8 copy of ``loaded``'s weights: a byte per
+    parameter of the decoder layers and the output layer (norms and biases
+    are a rounding error)."""
+    seen: set[int] = set()
+    total = 0
+    for p in loaded.model.parameters():
+        if p.dim() == 2 and p.untyped_storage().data_ptr() not in seen:   # a tied output layer counts once
+            seen.add(p.untyped_storage().data_ptr())
+            total += p.numel()
+    return total
+
+
+def may_keep_blocked_copy(loaded: LoadedModel, config: Any) -> bool:
+    """``model.blocked_copy`` against the memory (policy/memory.py), logged."""
+    import psutil
+
+    ok, why = blocked_copy_allowed(bool(config.model.blocked_copy), config.sol.memory_budget is not None,
+                                   int(psutil.virtual_memory().available), blocked_copy_bytes(loaded))
+    log.info("blocked copy of the weights %s: %s", "allowed" if ok else "not kept", why)
+    return ok
+
+
+def choose_kernels(loaded: LoadedModel, precision: str, *, progress: bool = True,
+                   row_copy: bool = False) -> tuple[KernelPlan | None, TimingTable | None]:
     """The kernel plan for ``loaded`` on its device (measured once per
     machine/model/torch, then cached), or (None, None) when the lean
     backend cannot run it (the transformers module then runs, in float32
-    on a CPU). Raises ConfigError for a precision the device cannot run."""
+    on a CPU). ``row_copy``: memory holds a blocked second copy
+    (:func:`may_keep_blocked_copy`). Raises ConfigError for a precision the
+    device cannot run."""
     if not lean_or_float32(loaded):
         return None, None
     compute = compute_dtype_for(loaded.device, loaded.dtype)
     say = (lambda m: print(f"soldaemon: {m}", flush=True)) if progress else (lambda m: log.info("%s", m))
     try:
-        plan, table, cached = plan_for(loaded.model.config, loaded.device, compute, precision, say=say)
+        plan, table, cached = plan_for(loaded.model.config, loaded.device, compute, precision, say=say,
+                                       row_copy=row_copy)
     except ValueError as exc:
         raise ConfigError(f"model.precision: {exc}",
                           hint="model.precision: auto chooses among the kernels this device runs") from None
