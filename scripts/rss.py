@@ -2,7 +2,7 @@
 completions on holes cut from real code (psutil; anonymous vs file-backed
 from /proc/self/smaps_rollup where Linux has it).
 
-    python scripts/rss.py [--completions 500] [--precision auto] [--json FILE]
+    python scripts/rss.py [--completions 500] [--precision auto] [--blocked-copy true|false] [--json FILE]
 
 Loads the engine exactly as ``soldaemon serve`` does (load_engine, warm-up),
 then completes holes from the standard library: each hole twice in a row
@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precision", default="auto")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--blocked-copy", choices=("true", "false"), help="model.blocked_copy (default: the config's)")
     args = ap.parse_args(argv)
     from soldaemon.api import CancelToken, CompletionRequest, Done
     from soldaemon.config import config_from_dict
@@ -52,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     before = _mem()
     t0 = time.perf_counter()
     # (no precision key when auto: the same script measures a checkout from before model.precision)
-    model = {} if args.precision == "auto" else {"precision": args.precision}
+    model: dict[str, object] = {} if args.precision == "auto" else {"precision": args.precision}
+    if args.blocked_copy is not None:
+        model["blocked_copy"] = args.blocked_copy == "true"
     engine = load_engine(config_from_dict({"model": model}), progress=False)
     gc.collect()
     loaded = _mem()
