@@ -311,7 +311,8 @@ def choose_plan(table: TimingTable, precision: str = "auto", *, allowed: frozens
         r_cold = prefill_ms(table, rk, workload.prompt_tokens) + head_ms(table, head, 1)
         r_verify = short_ms(table, rk, v) + head_ms(table, rk, v)
         if r_cold + r_verify < cold + verify and r_cold <= 1.1 * cold and r_verify <= 1.1 * verify:
-            reason += (f"; a blocked copy for forwards of more rows ({rk}): prompt {r_cold:.0f} vs {cold:.0f} ms, "
+            reason += (f"; with a blocked copy for forwards of more rows ({rk}) "
+                       f"{r_cold + workload.decode_steps * step:.0f} ms: prompt {r_cold:.0f} vs {cold:.0f} ms, "
                        f"{v}-row verify {r_verify:.1f} vs {verify:.1f} ms")
             rows, cold, verify = rk, r_cold, r_verify
             break
