@@ -360,10 +360,10 @@ class LeanBackend:
         store = self.residency
         # more than one row: the blocked copy where there is one (the same
         # bits: KernelPlan.rows), unless the store serves offloaded layers
-        rows = T > 1 and self.rows_layers is not None and (store is None or store.all_resident)
-        layers = self.rows_layers if rows and self.rows_layers is not None else self.layers
-        lin = self.rows_linear if rows and self.rows_linear is not None else (
-            self.short_linear if short else self.prefill_linear)
+        layers, lin = self.layers, self.short_linear if short else self.prefill_linear
+        if T > 1 and self.rows_layers is not None and self.rows_linear is not None and (
+                store is None or store.all_resident):
+            layers, lin = self.rows_layers, self.rows_linear
         kind = "prompt" if attention == CAUSAL else ("step" if T == 1 else ("verify" if short else "prefill"))
         if store is None:
             for i, w in enumerate(layers):

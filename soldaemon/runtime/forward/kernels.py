@@ -190,13 +190,19 @@ class Int8Dynamic(Kernel):
     integer products (exact in int32), then both scales:
     y = (xq @ wq^T) * sx * sw."""
 
-    def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    @staticmethod
+    def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row as whole numbers in [-127, 127] (still float32) and its
+        scale [T, 1]."""
         xf = x.to(torch.float32)
         # abs().amax() rather than an inf-norm: the same scales, and on a CPU
         # ~8x faster for a prompt's rows (torch's inf-norm reduction is slow)
         sx = xf.abs().amax(dim=-1, keepdim=True).clamp_(min=1e-12).div_(127.0)   # [T, 1]
-        xq = torch.mul(xf, 1.0 / sx).round_().to(torch.int8)                 # [T, K]
-        return xq, sx
+        return torch.mul(xf, 1.0 / sx).round_(), sx
+
+    def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q, sx = self.quantize(x)
+        return q.to(torch.int8), sx                                          # [T, K]
 
     def multiply(self, p: tuple[torch.Tensor, torch.Tensor], w: torch.Tensor, b: torch.Tensor | None,
                  s: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
@@ -217,9 +223,8 @@ class OneDNNInt8(Int8Dynamic):
         self._zeros: dict[int, torch.Tensor] = {}       # N → the weights' zero points (all 0)
 
     def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        xf = x.to(torch.float32)
-        sx = xf.abs().amax(dim=-1, keepdim=True).clamp_(min=1e-12).div_(127.0)   # as Int8Dynamic
-        return torch.mul(xf, 1.0 / sx).round_().add_(128.0).to(torch.uint8), sx
+        q, sx = self.quantize(x)
+        return q.add_(128.0).to(torch.uint8), sx
 
     def multiply(self, p: tuple[torch.Tensor, torch.Tensor], w: torch.Tensor, b: torch.Tensor | None,
                  s: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:

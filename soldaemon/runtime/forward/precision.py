@@ -45,8 +45,12 @@ def blocked_copy_bytes(loaded: LoadedModel) -> int:
 
 
 def may_keep_blocked_copy(loaded: LoadedModel, config: Any) -> bool:
-    """``model.blocked_copy`` against the memory (policy/memory.py), logged."""
+    """``model.blocked_copy`` against the memory (policy/memory.py), logged;
+    False off the CPU (the copy is oneDNN's CPU layout)."""
     import psutil
+
+    if loaded.device.type != "cpu":
+        return False
 
     ok, why = blocked_copy_allowed(bool(config.model.blocked_copy), config.sol.memory_budget is not None,
                                    int(psutil.virtual_memory().available), blocked_copy_bytes(loaded))
