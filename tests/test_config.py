@@ -248,6 +248,7 @@ BAD_VALUES: list[tuple[str, str, Any, str]] = [
     ("model", "decode_dtype", "int4", '"int4"'),
     ("model", "precision", "int3", '"int3"'),
     ("model", "blocked_copy", "sometimes", "\"sometimes\""),
+    ("model", "rotate", "maybe", "\"maybe\""),
     ("device", "device", "gpu", '"gpu"'),
     ("device", "device", "cuda:x", '"cuda:x"'),
     ("device", "threads", 0, "0"),

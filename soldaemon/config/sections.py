@@ -96,6 +96,11 @@ class ModelConfig:
     # line) with the same bits: true where the kernel plan measures it
     # faster and free RAM holds it (never under sol.memory_budget); false.
     blocked_copy: bool = _setting(True, _bool())
+    # Where the plan quantizes activations to int8 (int8-dynamic), rotate the
+    # residual stream and the MLP's inner product first (Hadamard blocks, the
+    # same model in exact arithmetic) so that outlier channels quantize
+    # well; false: unrotated, as before session 15.
+    rotate: bool = _setting(True, _bool())
     # Replaced by precision (accepted with a notice): dtype "float32",
     # "float16" or "bfloat16" reads as that precision when precision is
     # "auto"; decode_dtype no longer applies (one weight copy).

@@ -73,7 +73,8 @@ class LocalEngine:
         if config.device.threads:
             torch.set_num_threads(config.device.threads)
         self.backend: Backend = make_backend(loaded.model, config.model.max_context, plan=plan,
-                                             release=plan is not None if release is None else release)
+                                             release=plan is not None if release is None else release,
+                                             rotate=config.model.rotate)
         self.kernel_timings = timings
         self.notices = notices
         min_move = config.model.cache_reuse if isinstance(self.backend, LeanBackend) else 0
@@ -244,7 +245,8 @@ class LocalEngine:
         plan = self.backend.plan if isinstance(self.backend, LeanBackend) and self.backend.released else None
         if plan is not None and plan.rows is not None:
             plan = replace(plan, rows=None)      # the draft keeps one copy: its forwards are mostly steps
-        backend = make_backend(draft.model, self.backend.n_ctx, plan=plan, release=plan is not None)
+        backend = make_backend(draft.model, self.backend.n_ctx, plan=plan, release=plan is not None,
+                                rotate=self.config.model.rotate)
         if self.memory is not None and isinstance(backend, LeanBackend):
             # the residency planner keeps room for the pair (sol.memory_budget)
             try:

@@ -29,6 +29,8 @@ import torch
 
 from soldaemon.policy.kernel_plan import KernelPlan
 from soldaemon.runtime.forward.kernels import KERNEL_FNS, ROW_COPIES, Kernel, compute_dtype_for, embed_rows, pack
+from soldaemon.runtime.forward.rotation import (INNER_BLOCK, RESIDUAL_BLOCK, Rotations, rotation_applies,
+                                               row_exact)
 from soldaemon.runtime.forward.layer import (CAUSAL, GROUPED, STEPWISE, Shape, causal_mask, decoder_layer, group_mask,
                                              rms_norm, rope)
 
@@ -139,12 +141,15 @@ class LeanBackend:
     """
 
     def __init__(self, hf_model: Any, n_ctx: int, *, plan: KernelPlan | None = None,
-                 short_max_tokens: int = 16, release: bool = False) -> None:
+                 short_max_tokens: int = 16, release: bool = False, rotate: bool = True) -> None:
         """``plan``: the kernels and the one weight storage (None: dense in
         the model's own dtype, the reference math). Forwards of at most
         ``short_max_tokens`` tokens that are not ``precise`` (decode steps,
         draft verification, the typed line) run ``plan.short``, others
-        ``plan.prefill``; both read the same packed weights. The residual
+        ``plan.prefill``; both read the same packed weights. ``rotate``:
+        where the plan quantizes activations (:mod:`.rotation`), rotate the
+        residual stream and the MLP's inner product so that they quantize
+        well (same result in exact arithmetic). The residual
         stream, norms, attention and KV cache are in the compute dtype
         (float32 on a CPU, the model's dtype on a GPU).
 
@@ -179,6 +184,13 @@ class LeanBackend:
         # steps bit for bit. Not on a GPU: its products round by batch shape
         # anyway, and one launch per row would cost more than it buys.
         self.stepwise_short = self.device.type == "cpu"
+        hidden, inner_size = int(cfg.hidden_size), int(cfg.intermediate_size)
+        self.rotations: Rotations | None = None
+        if rotate and not self.reference and rotation_applies(
+                (self.plan.prefill, self.plan.short) + ((self.plan.rows,) if self.plan.rows else ()),
+                self.device, hidden, inner_size):
+            self.rotations = Rotations.for_shapes(hidden, inner_size, self.device)
+        self.rotation_exact = self.rotations is None or row_exact(hidden, RESIDUAL_BLOCK)
         self.prefill_linear = KERNEL_FNS[self.plan.prefill]
         self.short_linear = KERNEL_FNS[self.plan.short]
         self.head_linear = KERNEL_FNS[self.plan.head]
@@ -216,7 +228,9 @@ class LeanBackend:
         self.cos = emb.cos().to(self.dtype)
         self.sin = emb.sin().to(self.dtype)
         self.scale = self.head_dim ** -0.5
-        self.shape = Shape(self.n_heads, self.n_kv, self.head_dim, self.eps, self.scale)
+        self.shape = Shape(self.n_heads, self.n_kv, self.head_dim, self.eps, self.scale,
+                           inner=None if self.rotations is None else self.rotations.inner,
+                           inner_exact=self.rotations is None or row_exact(inner_size, INNER_BLOCK))
         # Sol's weight store (runtime/residency.py): None, or every layer's
         # weights go through it. With all layers resident the forward takes
         # the plain loop below (the store then only records the heatmap).
@@ -323,20 +337,37 @@ class LeanBackend:
         """Layer tensors packed into the plan's storage (a dense weight
         already in that dtype is shared with the module, not copied)."""
         a, m = layer.self_attn, layer.mlp
-        st, dt = self.plan.storage, self.dtype
-        fields: dict[str, torch.Tensor | None] = {
-            "ln1": layer.input_layernorm.weight.to(dt), "ln2": layer.post_attention_layernorm.weight.to(dt)}
+        st, dt, rot = self.plan.storage, self.dtype, self.rotations
+        ln1, ln2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+        fields: dict[str, torch.Tensor | None] = {"ln1": ln1.to(dt), "ln2": ln2.to(dt)}
+        if rot is not None:   # the gains move into the readers' weights (rotation.py)
+            fields["ln1"], fields["ln2"] = torch.ones_like(ln1, dtype=dt), torch.ones_like(ln2, dtype=dt)
         for name, lin in (("q", a.q_proj), ("k", a.k_proj), ("v", a.v_proj), ("o", a.o_proj),
                           ("g", m.gate_proj), ("u", m.up_proj), ("d", m.down_proj)):
-            fields["w" + name], fields["s" + name] = pack(st, lin.weight)
+            weight = lin.weight
+            if rot is not None:
+                weight = (rot.reader(weight, ln1) if name in "qkv" else rot.reader(weight, ln2) if name in "gu"
+                          else rot.writer(weight) if name == "o" else rot.down(weight))
+            fields["w" + name], fields["s" + name] = pack(st, weight)
             if name in "qkvo":
                 bias = getattr(lin, "bias", None)
+                if bias is not None and rot is not None and name == "o":
+                    bias = rot.residual.rotate(bias.float())
                 fields["b" + name] = None if bias is None else bias.to(dt)
         return LayerWeights(**fields)  # type: ignore[arg-type]
 
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens [T] → embeddings [T, D] in the compute dtype."""
-        return embed_rows(tokens, self.embed_w, self.embed_s, self.dtype)
+        """tokens [T] → embeddings [T, D] in the compute dtype (rotated
+        where the residual stream is: rotation.py)."""
+        x = embed_rows(tokens, self.embed_w, self.embed_s, self.dtype)
+        return x if self.rotations is None else self.rotations.residual.rotate_rows(x, self.rotation_exact)
+
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """The last hidden rows [T, D] → the output layer's input: rotated
+        back where the stream is rotated, then the final RMSNorm."""
+        if self.rotations is not None:
+            x = self.rotations.residual.unrotate_rows(x, self.rotation_exact)
+        return rms_norm(x, self.norm, self.eps)
 
     def head_logits(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, D] after the final norm → logits [T, V] float32 (more than
@@ -381,8 +412,7 @@ class LeanBackend:
             self.last_q_cache = self.k_cache
         if last_only:
             x = x[-1:]
-        x = rms_norm(x, self.norm, self.eps)
-        return self.head_logits(x)                       # [T or 1, V]
+        return self.head_logits(self.final_norm(x))      # [T or 1, V]
 
     def _attention(self, T: int, pos: int, short: bool) -> tuple[str, torch.Tensor | None]:
         """How this forward's rows attend (:func:`.layer.decoder_layer`'s
@@ -511,12 +541,14 @@ class Offloadable(Backend, Protocol):
     def record_queries(self, on: bool = True) -> None: ...
 
 
-def make_backend(hf_model: Any, n_ctx: int, *, plan: KernelPlan | None = None, release: bool = False) -> Backend:
+def make_backend(hf_model: Any, n_ctx: int, *, plan: KernelPlan | None = None, release: bool = False,
+                 rotate: bool = True) -> Backend:
     """The lean backend where the architecture allows (with ``plan``'s
-    kernels; ``release``: one resident weight copy), else the HF one."""
+    kernels; ``release``: one resident weight copy; ``rotate``: rotated
+    activations where the plan quantizes them), else the HF one."""
     if getattr(hf_model.config, "model_type", None) in LEAN_ARCHITECTURES:
         try:
-            return LeanBackend(hf_model, n_ctx, plan=plan, release=release)
+            return LeanBackend(hf_model, n_ctx, plan=plan, release=release, rotate=rotate)
         except ValueError as exc:
             log.info("lean backend unavailable (%s): transformers' module stack runs instead", exc)
     return HFBackend(hf_model, n_ctx)

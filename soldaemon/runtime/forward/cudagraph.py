@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
-from soldaemon.runtime.forward.layer import ATTENTION_LOG, decoder_layer, group_mask, rms_norm
+from soldaemon.runtime.forward.layer import ATTENTION_LOG, decoder_layer, group_mask
 
 if TYPE_CHECKING:
     from soldaemon.runtime.forward.backend import LeanBackend
@@ -168,7 +168,7 @@ class GraphDecoder:
             x = decoder_layer(b.shape, w, x, lin, cos, sin, b.k_cache[i], b.v_cache[i], positions, window, mask,
                               q_out=None if last_q is None else last_q[i], q_row=last_row,
                               kind=kind if i == 0 else "", bucket=window)
-        return b.head_logits(rms_norm(x, b.norm, b.eps))
+        return b.head_logits(b.final_norm(x))
 
     # -- graphs ----------------------------------------------------------------
 

@@ -183,6 +183,10 @@ class Shape:
     head_dim: int
     eps: float
     scale: float
+    # the MLP's inner product rotated before the down product (rotation.py;
+    # None: not rotated), and whether all rows may be rotated at once
+    inner: Any = None
+    inner_exact: bool = True
 
 
 def decoder_layer(shape: Shape, w: Any, x: torch.Tensor, lin: Any, cos: torch.Tensor, sin: torch.Tensor,
@@ -227,4 +231,6 @@ def decoder_layer(shape: Shape, w: Any, x: torch.Tensor, lin: Any, cos: torch.Te
     x = x + lin(o.transpose(0, 1).reshape(T, H * hd), w.wo, w.bo, w.so)
     h = lin.prepare(rms_norm(x, w.ln2, shape.eps))        # once for gate and up
     gu = F.silu(lin.multiply(h, w.wg, None, w.sg, dt), inplace=True).mul_(lin.multiply(h, w.wu, None, w.su, dt))
+    if shape.inner is not None:
+        gu = shape.inner.rotate_rows(gu, shape.inner_exact)
     return x + lin(gu, w.wd, None, w.sd)

@@ -88,7 +88,9 @@ def precision_info(backend: Any, loaded_dtype: torch.dtype, table: TimingTable |
     if not isinstance(backend, LeanBackend):
         return {"plan": None, "summary": "transformers fallback: the module in "
                 + str(loaded_dtype).removeprefix("torch."), "notices": list(notices)}
-    return {"plan": backend.plan.to_dict(), "summary": backend.plan.describe(),
-            "weight_bytes": backend.weight_bytes(),
+    rotated = backend.rotations is not None
+    return {"plan": backend.plan.to_dict(),
+            "summary": backend.plan.describe() + ("; activations rotated before int8" if rotated else ""),
+            "rotated": rotated, "weight_bytes": backend.weight_bytes(),
             "timings_ms": None if table is None else {"blocks": table.blocks, "head": table.head},
             "machine": None if table is None else table.machine, "notices": list(notices)}
