@@ -87,17 +87,18 @@ class BlockRotation:
     def unrotate(self, x: torch.Tensor) -> torch.Tensor:
         return self._blocks(x, self.mt)
 
-    def rotate_rows(self, x: torch.Tensor, exact: bool) -> torch.Tensor:
-        """``rotate`` of a [T, n] forward's rows; with ``exact`` False (the
-        product rounds by batch shape here) row by row, as a decode step."""
+    def _rows(self, x: torch.Tensor, m: torch.Tensor, exact: bool) -> torch.Tensor:
+        """A [T, n] forward's rows times ``m``'s blocks; with ``exact`` False
+        (the product rounds by batch shape here) row by row, as a decode step."""
         if exact or x.shape[0] == 1:
-            return self.rotate(x)
-        return torch.cat([self.rotate(x[i:i + 1]) for i in range(x.shape[0])])
+            return self._blocks(x, m)
+        return torch.cat([self._blocks(x[i:i + 1], m) for i in range(x.shape[0])])
+
+    def rotate_rows(self, x: torch.Tensor, exact: bool) -> torch.Tensor:
+        return self._rows(x, self.m, exact)
 
     def unrotate_rows(self, x: torch.Tensor, exact: bool) -> torch.Tensor:
-        if exact or x.shape[0] == 1:
-            return self.unrotate(x)
-        return torch.cat([self.unrotate(x[i:i + 1]) for i in range(x.shape[0])])
+        return self._rows(x, self.mt, exact)
 
 
 @dataclass(frozen=True)
