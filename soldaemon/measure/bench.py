@@ -35,6 +35,7 @@ from typing import Any
 
 from soldaemon.api import CancelToken, CompletionRequest, Done
 from soldaemon.measure.baselines import baseline_model, bench_generate
+from soldaemon.measure.header import engine_label
 from soldaemon.config import Config
 from soldaemon.measure.holes import cut_line_holes, default_corpus
 
@@ -226,8 +227,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
                         if "generate" in rows and "sol-exact" in rows else None)
     same_half = sum(a == b == c for a, b, c in zip(ref.tokens, rows["sol"].tokens, rows["sol+spec"].tokens))
     lines = [
-        f"soldaemon bench — {engine.loaded.name} ({engine.info()['dtype']}, {engine.info()['backend']}) "
-        f"on {engine.loaded.device}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}",
+        f"soldaemon bench — {engine_label(engine.info())}, {torch.get_num_threads()} threads, "
+        f"{platform.processor() or platform.machine()}",
         f"{len(holes)} holes from {len(files)} files (seed {args.seed}), prompts "
         f"{min(map(len, prompts))}–{max(map(len, prompts))} tokens, {args.tokens} tokens each, cold cache",
     ]

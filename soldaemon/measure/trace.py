@@ -48,6 +48,7 @@ import torch
 from soldaemon.api import CancelToken, CompletionRequest, Done, Timings
 from soldaemon.config import Config
 from soldaemon.errors import BadRequest
+from soldaemon.measure.header import engine_label
 from soldaemon.measure.holes import default_corpus, statement_lines
 from soldaemon.measure.jumps import JUMP_KEYS, JUMP_KINDS, JUMP_PAUSE, jump_targets
 
@@ -547,7 +548,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
         results.update(run_remote(config, engine, trace, say))
     results = with_parts(results)
     info = engine.info()
-    head = (f"soldaemon bench --trace — {info['model']} ({info['dtype']}, {info['backend']}) on {info['device']}, "
+    head = (f"soldaemon bench --trace — {engine_label(info)}, "
             f"{info['threads']} threads, {platform.machine()}; {len(trace)} keystrokes typing {args.lines} lines "
             f"(seed {args.seed}); generate() on every {args.baseline_every}th keystroke; "
             f"typist: {'types on at the first ghost text (--interrupt)' if interrupt else 'waits for each completion'}"

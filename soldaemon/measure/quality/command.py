@@ -13,6 +13,7 @@ from typing import Any
 from soldaemon import paths
 from soldaemon.config import Config
 from soldaemon.errors import BadRequest
+from soldaemon.measure.header import engine_label
 from soldaemon.measure.holes import cut_holes, default_corpus
 from soldaemon.pipeline.relevance import ContextSelector
 from soldaemon.measure.quality.columns import (ABLATION_SIGN, ABLATIONS, CONFIG_ABLATIONS, LLAMA_VSCODE, MODEL_ALONE, LlamaCpp, LlamaVscode,
@@ -197,7 +198,7 @@ def _run_holes(args: argparse.Namespace, config: Config, engine: Any, holes: lis
             + f"  ({time.time() - t_start:.0f} s)")
     info = engine.info()
     mc = config.model
-    head = (f"soldaemon bench --quality — {info['model']} ({info['dtype']}, {info['backend']}) on {info['device']}, "
+    head = (f"soldaemon bench --quality — {engine_label(info)}, "
             f"{info['threads']} threads, {platform.processor() or platform.machine()}; {len(holes)} holes "
             f"({kinds.count('line')} line, {kinds.count('block')} block) from {len(files)} files, seed {args.seed}; "
             f"max_tokens {max_tokens}; prefix/suffix budget {mc.max_prefix_tokens}/{mc.max_suffix_tokens} tokens")
