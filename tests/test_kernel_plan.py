@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from soldaemon.policy.kernel_plan import (
-    KERNELS, ROW_KERNELS, STORAGES, KernelPlan, TimingTable, auto_kernels, choose_plan, speculation_pays,
+    KERNELS, MAX_QUALITY_LOSS, QUALITY, QUALITY_ALPHA, ROW_KERNELS, STORAGES, KernelPlan, Quality, TimingTable,
+    auto_kernels, choose_plan, speculation_pays,
 )
 
 DATA = Path(__file__).parent / "data" / "kernel_tables"
@@ -110,11 +111,49 @@ def test_a_fixed_precision_keeps_its_storage_and_picks_its_fastest_kernels() -> 
 
 def test_auto_never_picks_a_kernel_that_lost_quality_or_was_never_measured() -> None:
     t = _table(AVX512)
-    assert auto_kernels({"float32": 0.0, "int8-dynamic": 3.0, "bfloat16": 0.5}) == {"float32", "bfloat16"}
+    judged = {"float32": Quality(0, 0, 248), "bfloat16": Quality(1, 0, 248), "int8-dynamic": Quality(10, 1, 248)}
+    assert auto_kernels(judged) == {"float32", "bfloat16"}
     plan = choose_plan(t, allowed=frozenset({"float32", "bfloat16"}))
     assert set(plan.kernels) <= {"float32", "bfloat16"}
     plan = choose_plan(t, allowed=frozenset({"float32"}))
     assert plan.kernels == ("float32",)
+
+
+def test_a_kernel_is_refused_on_a_loss_beyond_chance_not_on_a_point_estimate() -> None:
+    """auto refuses a kernel worse than float32 by more than a point *and*
+    beyond what its differing holes allow by chance (one-sided sign test):
+    at 120 holes one hole is 0.8 points, so two holes lost and none won is
+    1.7 points on a coin toss's odds (p 0.25)."""
+    coin = Quality(lost=2, won=0, n=120)
+    assert coin.points == pytest.approx(1.667, abs=1e-3) and coin.p_worse == 0.25
+    assert not coin.refused(1.0, 0.05)
+    clear = Quality(lost=10, won=1, n=248)                 # 12 in 2048 by chance
+    assert clear.p_worse == pytest.approx(12 / 2048) and clear.refused(1.0, 0.05)
+    small = Quality(lost=8, won=0, n=1000)                 # beyond chance, under a point
+    assert small.p_worse < 0.01 and not small.refused(1.0, 0.05)
+    better = Quality(lost=0, won=3, n=60)
+    assert better.points < 0 and better.p_worse == 1.0 and not better.refused(1.0, 0.05)
+    assert Quality(0, 0, 248).p_worse == 1.0
+    assert "+1.7 points against float32 on 120 holes (2 lost, 0 won, sign test p 0.25)" == coin.note()
+
+
+def test_the_shipped_quality_table_and_the_plan_says_it() -> None:
+    """Every kernel auto may pick was measured; float16 and int4 never were,
+    so auto never picks them; the plan's reason carries its kernels' record."""
+    assert {"float16", "int4"}.isdisjoint(QUALITY) and {"float16", "int4"}.isdisjoint(auto_kernels())
+    assert QUALITY["int8-onednn"] == QUALITY["int8-dynamic"]      # the same bits
+    assert all(q.n and q.lost + q.won <= q.n for q in QUALITY.values())
+    # int8-dynamic loses beyond chance (docs/quality.md, "Precision, measured again"):
+    # admitted only under the 2.5-point limit; at the old 1 point auto would refuse it
+    int8 = QUALITY["int8-dynamic"]
+    assert int8.p_worse < QUALITY_ALPHA and int8.points <= MAX_QUALITY_LOSS
+    assert "int8-dynamic" in auto_kernels() and "int8-dynamic" not in auto_kernels(limit=1.0)
+    plan = choose_plan(_table(AVX512))
+    for k in plan.kernels:
+        assert k in auto_kernels()
+        if k != "float32":
+            assert f"{k} {QUALITY[k].note()}" in plan.reason or QUALITY[k].note() in plan.reason
+    assert "quality:" not in choose_plan(_table(AVX512), "float32").reason
 
 
 def test_a_device_without_int8_kernels_and_a_flat_bf16_gpu() -> None:

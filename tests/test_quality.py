@@ -161,3 +161,29 @@ def test_decode_rate_counts_tokens_after_the_first() -> None:
     col.add(hole, "1", 110.0, 10, 11, 10.0, python=True)      # 10 tokens in 100 ms
     col.add(hole, "1", 50.0, 10, 1, 50.0, python=True)        # one token: no decode
     assert col.decode_rate([0, 1]) == pytest.approx(100.0)
+
+
+def test_columns_against_float32_give_the_kernel_plans_quality_record() -> None:
+    """`bench --quality --precisions float32` prints, per column, the holes
+    right only on one side: pass@1 where a hole ran its tests, exact match
+    elsewhere — the record kernel_plan.QUALITY holds."""
+    from soldaemon.measure.quality.report import agreement, paired
+    from soldaemon.measure.quality.scores import Column, Score
+
+    def col(name: str, right: list[tuple[bool, bool | None]]) -> Column:
+        c = Column(name)
+        for exact, passed in right:
+            c.texts.append(str((exact, passed)))
+            c.scores.append(Score(exact, exact, 1.0 if exact else 0.0, True, passed))
+        return c
+
+    ref = col("sol[float32]", [(True, None), (True, None), (False, True), (False, False), (False, None)])
+    # line holes by exact match: one lost, one kept; block holes by their tests: one lost
+    # (float32's passed), one won (an exact match that passes, where float32 failed)
+    sol = col("sol", [(False, None), (True, None), (False, False), (True, True), (False, None)])
+    q = paired(sol, ref)
+    assert (q.lost, q.won, q.n) == (2, 1, 5)
+    lines = agreement([sol, ref])
+    assert lines[1] == ("sol: 2/5 completions identical to sol[float32]; "
+                        "+20.0 points against float32 on 5 holes (2 lost, 1 won, sign test p 0.50)")
+    assert agreement([sol]) == []

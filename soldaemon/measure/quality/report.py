@@ -9,7 +9,8 @@ from typing import Any
 
 from soldaemon.measure.holes import Hole
 from soldaemon.measure.quality import ends
-from soldaemon.measure.quality.scores import Column
+from soldaemon.measure.quality.scores import Column, Score
+from soldaemon.policy.kernel_plan import Quality
 
 
 _METRICS = (("exact", "exact match"), ("first_line", "first-line EM"), ("edit_sim", "edit sim"),
@@ -88,9 +89,20 @@ def _write_json(path: Path, info: dict[str, Any], seed: int, max_tokens: int, fi
     }, indent=1))
 
 
+def paired(c: Column, ref: Column) -> Quality:
+    """``c`` against ``ref`` on the same holes, each right or not (its tests
+    passed where the hole could be executed, else exact match): the record
+    the kernel plan's ``QUALITY`` table holds."""
+    def right(sc: Score) -> bool:
+        return sc.passed if sc.passed is not None else sc.exact
+    pairs = [(right(a), right(b)) for a, b in zip(c.scores, ref.scores)]
+    return Quality(lost=sum(b and not a for a, b in pairs), won=sum(a and not b for a, b in pairs), n=len(pairs))
+
+
 def agreement(columns: list[Column]) -> list[str]:
     """Lines: how many completions of each ``sol[...]`` column are identical
-    to ``sol[float32]``'s (when both ran)."""
+    to ``sol[float32]``'s, and its holes right or wrong only on one side
+    (when both ran)."""
     ref = next((c for c in columns if c.name == "sol[float32]"), None)
     if ref is None:
         return []
@@ -98,7 +110,8 @@ def agreement(columns: list[Column]) -> list[str]:
     for c in columns:
         if c is not ref and c.name.startswith("sol"):
             same = sum(a == b for a, b in zip(c.texts, ref.texts))
-            out.append(f"{c.name}: {same}/{len(ref.texts)} completions identical to sol[float32]")
+            out.append(f"{c.name}: {same}/{len(ref.texts)} completions identical to sol[float32]; "
+                       f"{paired(c, ref).note()}")
     return out
 
 
