@@ -47,7 +47,7 @@ Kernels (``KERNELS``: kernel → storage it reads):
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 KERNELS: dict[str, str] = {
@@ -366,13 +366,12 @@ def choose_plan(table: TimingTable, precision: str = "auto", *, allowed: frozens
                        f"{v}-row verify {r_verify:.1f} vs {verify:.1f} ms")
             rows, cold, verify = rk, r_cold, r_verify
             break
-    plan = KernelPlan(storage, pre, sh, head_storage, head, precision=precision, cold_ms=round(cold, 2),
+    # each record once (int8-onednn shares int8-dynamic's)
+    records = {QUALITY[k]: k for k in (pre, sh, head, rows) if k in QUALITY and k != "float32"}
+    if records:
+        reason += "; quality: " + ", ".join(f"{k} {q.note()}" for q, k in records.items())
+    return KernelPlan(storage, pre, sh, head_storage, head, precision=precision, cold_ms=round(cold, 2),
                       step_ms=round(step, 3), verify_ms=round(verify, 3), reason=reason, rows=rows)
-    judged = {QUALITY[k]: k for k in plan.kernels if k in QUALITY and k != "float32"}
-    if judged:
-        reason += "; quality: " + ", ".join(f"{k} {q.note()}" for q, k in judged.items())
-        plan = replace(plan, reason=reason)
-    return plan
 
 
 def speculation_pays(plan: KernelPlan, limit: float = 2.0) -> bool:
