@@ -148,3 +148,32 @@ def test_a_bench_header_names_the_plans_arithmetic_not_the_modules_dtype(tiny128
     fallback = {"model": "tiny", "device": "cpu", "dtype": "bfloat16", "backend": "transformers",
                 "precision": {"plan": None}}
     assert engine_label(fallback) == "tiny (bfloat16, transformers) on cpu"
+
+
+def test_the_output_layer_reads_a_rotated_input(tiny128, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the stream is rotated, the output layer (and the embedding it
+    is tied to) keeps rotated rows, so the int8 products of the head see a
+    rotated input rather than the stream's outlier channels; packing the
+    table a few rows at a time gives the table packed all at once."""
+    monkeypatch.setattr(backend_mod, "rotation_applies", lambda *a, **k: True)
+    f32 = KernelPlan.uniform("float32")
+    be = LeanBackend(tiny128, 256, plan=f32)
+    table = tiny128.lm_head.weight.detach().float()
+    assert torch.allclose(be.head_w, be.rotations.residual.rotate(table), atol=1e-6)
+    # the embedding table is rotated too: a token's rotated row is read as is
+    assert torch.allclose(be.embed_tokens(torch.tensor([3])),
+                          be.rotations.residual.rotate(tiny128.model.embed_tokens.weight[3:4].detach()), atol=1e-6)
+    # an outlier channel in the last hidden row is spread before the head
+    x = torch.zeros(1, 128)
+    x[0, 5] = 50.0
+    x[0, 6] = 1.0
+    spread = be.final_norm(be.rotations.residual.rotate(x))
+    plain = LeanBackend(tiny128, 256, plan=f32, rotate=False).final_norm(x)
+    assert spread.abs().max() < plain.abs().max() / 4
+    monkeypatch.setattr(backend_mod, "TABLE_CHUNK", 7)
+    int8 = LeanBackend(tiny128, 256, plan=INT8)
+    monkeypatch.setattr(backend_mod, "TABLE_CHUNK", 1 << 20)
+    whole = LeanBackend(tiny128, 256, plan=INT8)
+    # the same table up to the product's rounding by batch shape (one int8 step at most)
+    assert (int8.head_w.int() - whole.head_w.int()).abs().max() <= 1
+    assert torch.allclose(int8.head_s, whole.head_s, rtol=1e-5)

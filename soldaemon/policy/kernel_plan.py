@@ -116,11 +116,15 @@ class Quality:
 # (:meth:`Quality.refused`): worse by more than MAX_QUALITY_LOSS points *and*
 # beyond chance on the holes that differ. A point estimate alone is noise at
 # these sizes (one hole of 248 is 0.4 points).
-# - bfloat16 and int8-dynamic (rotated; the plan int8-dynamic in every
-#   phase): 120 line holes, exact match (2026-12-02, the float32 column of
-#   docs/quality/line-120-vs-filing-float32-s16.json against
+# - bfloat16: 120 line holes, exact match (2026-12-02, the float32 column
+#   of docs/quality/line-120-vs-filing-float32-s16.json against
 #   line-120-rotated-s15.json's) plus 128 block holes, pass@1 (2026-12-03,
-#   docs/quality/block-precision-128-s18.json). No hole won by either.
+#   docs/quality/block-precision-128-s18.json). No hole won.
+# - int8-dynamic (rotated, the output layer too; the plan int8-dynamic in
+#   every phase): the same holes against the same float32 columns
+#   (2026-12-03, docs/quality/line-120-head-rotated-s19.json and
+#   block-128-head-rotated-s19.json): 3 line holes and 1 block hole lost,
+#   none won. Before the output layer was rotated: 5 lost, 0 won.
 # - int8 (weight-only): only ever measured inside session 5's plan (int8
 #   decode, int8-dynamic prefill and head), 60 holes (docs/quality/precision.json).
 # float16 and int4 were not measured (float16's CPU products are the slowest),
@@ -129,7 +133,7 @@ QUALITY: dict[str, Quality] = {
     "float32": Quality(0, 0, 248, "the reference"),
     "bfloat16": Quality(2, 0, 248, "0.5B, 120 line + 128 block holes, 2026-12-02/03"),
     "int8": Quality(0, 1, 60, "0.5B, 60 holes, 2026-12-01 (session 5's plan)"),
-    "int8-dynamic": Quality(5, 0, 248, "0.5B, rotated, 120 line + 128 block holes, 2026-12-02/03"),
+    "int8-dynamic": Quality(4, 0, 248, "0.5B, rotated with the output layer, 120 line + 128 block holes, 2026-12-03"),
 }
 QUALITY["int8-onednn"] = QUALITY["int8-dynamic"]    # int8-dynamic's bits (ROW_KERNELS)
 # Points of exact match / pass@1. 2.5 since 2026-12-03, set after
@@ -137,7 +141,10 @@ QUALITY["int8-onednn"] = QUALITY["int8-dynamic"]    # int8-dynamic's bits (ROW_K
 # int8 on every CPU recorded in tests/data/kernel_tables for bfloat16 or
 # float32 at 1.8-2.7x the decode step (up to 2.1x a cold completion). The
 # limit keeps out kernels that break answers; a user who wants the float
-# model's answers sets model.precision: bfloat16 (docs/kernels.md).
+# model's answers sets model.precision: bfloat16 (docs/kernels.md). Since
+# the output layer is rotated too the record is +1.6 (p 0.06), inside even
+# the old limit's chance; 2.5 is kept so that one more hole either way does
+# not flip the plan on every machine.
 MAX_QUALITY_LOSS = 2.5
 QUALITY_ALPHA = 0.05         # the sign test's level
 

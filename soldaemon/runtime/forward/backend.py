@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from soldaemon.runtime.memory.weightstore import WeightStore
 
 LEAN_ARCHITECTURES = {"qwen2", "llama", "mistral"}
+TABLE_CHUNK = 16384       # rows of the output layer / embedding packed at a time (rotated)
 log = logging.getLogger("soldaemon.backend")
 
 
@@ -197,11 +198,13 @@ class LeanBackend:
         self.norm = inner.norm.weight.to(self.dtype)     # [D]
         tied = hf_model.lm_head.weight is inner.embed_tokens.weight
         # the output layer and the embedding: [V, D] in the head storage
-        self.head_w, self.head_s = pack(self.plan.head_storage, hf_model.lm_head.weight)
+        # (rotated where the stream is: the embedding then reads rotated
+        # rows, the output layer a rotated input; rotation.py)
+        self.head_w, self.head_s = self._pack_table(hf_model.lm_head.weight)
         if tied:
             self.embed_w, self.embed_s = self.head_w, self.head_s
         else:
-            self.embed_w, self.embed_s = pack(self.plan.head_storage, inner.embed_tokens.weight)
+            self.embed_w, self.embed_s = self._pack_table(inner.embed_tokens.weight)
         self.layers = [self._layer_weights(layer) for layer in inner.layers]
         n_layers = len(self.layers)
         # plan.rows: a blocked second copy of the int8 weights that every
@@ -241,6 +244,19 @@ class LeanBackend:
         self._q_buffer: torch.Tensor | None = None
         self.last_q_cache: torch.Tensor | None = None   # the k_cache those queries attended over
         self.graphs: GraphSteps | None = None            # set by the engine on CUDA (runtime/forward/cudagraph.py)
+
+    @torch.no_grad()
+    def _pack_table(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A [V, D] table (the output layer, the embedding) in the head
+        storage, its rows rotated where the stream is (``W Q``): packed
+        TABLE_CHUNK rows at a time, so that the float32 copy the rotation
+        needs is never the whole table (the head storages pack row by row)."""
+        if self.rotations is None:
+            return pack(self.plan.head_storage, w)
+        parts = [pack(self.plan.head_storage, self.rotations.residual.rotate(w[i:i + TABLE_CHUNK].float()))
+                 for i in range(0, w.shape[0], TABLE_CHUNK)]
+        scales = [s for _, s in parts if s is not None]
+        return torch.cat([q for q, _ in parts]), torch.cat(scales) if scales else None
 
     def _make_row_copy(self, kernel: str) -> None:
         """Lay the layers' and the output layer's weights out again for
@@ -358,16 +374,19 @@ class LeanBackend:
 
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [T] → embeddings [T, D] in the compute dtype (rotated
-        where the residual stream is: rotation.py)."""
-        x = embed_rows(tokens, self.embed_w, self.embed_s, self.dtype)
-        return x if self.rotations is None else self.rotations.residual.rotate_rows(x, self.rotation_exact)
+        where the residual stream is: the table's rows are, rotation.py)."""
+        return embed_rows(tokens, self.embed_w, self.embed_s, self.dtype)
 
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
-        """The last hidden rows [T, D] → the output layer's input: rotated
-        back where the stream is rotated, then the final RMSNorm."""
-        if self.rotations is not None:
-            x = self.rotations.residual.unrotate_rows(x, self.rotation_exact)
-        return rms_norm(x, self.norm, self.eps)
+        """The last hidden rows [T, D] → the output layer's input, the final
+        RMSNorm. Where the stream is rotated: rotated back for the norm's
+        gain, then rotated again for the (rotated) output layer, whose int8
+        activations would otherwise meet the stream's outlier channels."""
+        if self.rotations is None:
+            return rms_norm(x, self.norm, self.eps)
+        res = self.rotations.residual
+        return res.rotate_rows(rms_norm(res.unrotate_rows(x, self.rotation_exact), self.norm, self.eps),
+                               self.rotation_exact)
 
     def head_logits(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, D] after the final norm → logits [T, V] float32 (more than
