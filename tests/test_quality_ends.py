@@ -78,3 +78,19 @@ def test_each_target_model_gets_its_first_engine_in_order() -> None:
                 (Column("sol[1.5b]"), "1.5b", a2)]
     assert _per_target(by_model) == [("1.5b", a1), ("0.5b", b)]
     assert _per_target([]) == []
+
+
+def test_hole_ids_keep_the_named_holes_in_order_and_refuse_unknown_ones() -> None:
+    """--hole-ids path:line: the chosen holes (and their functional twins)
+    in the run's order; an id that names no hole is an error naming it."""
+    from soldaemon.errors import BadRequest
+    from soldaemon.measure.quality.command import _chosen
+
+    holes = [Hole("a.py", 2, "", "", "x", "block"), Hole("b.py", 7, "", "", "y", "block"),
+             Hole("a.py", 9, "", "", "z", "line")]
+    twins = ["A2", "B7", "A9"]
+    assert _chosen(holes, twins, None) == (holes, twins)
+    assert _chosen(holes, twins, ["a.py:9", "a.py:2"]) == ([holes[0], holes[2]], ["A2", "A9"])
+    assert _chosen(holes, None, ["b.py:7"]) == ([holes[1]], None)
+    with pytest.raises(BadRequest, match="c.py:1"):
+        _chosen(holes, twins, ["b.py:7", "c.py:1"])

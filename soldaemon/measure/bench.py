@@ -100,6 +100,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "tests), each checked to matter (soldaemon/measure/functional.py)")
     p.add_argument("--hole-kinds", nargs="+", choices=("line", "block"),
                    help="--quality: the kinds of hole to cut, taken in turn (default: line block)")
+    p.add_argument("--hole-ids", nargs="+", metavar="FILE:LINE",
+                   help="--quality: run only these of the holes cut (as a run's JSON names them: path:line), "
+                        "e.g. to rerun the ones a change touches")
     p.add_argument("--context", choices=("none", "siblings"), default="none",
                    help="--quality: siblings: also run the daemon with the other source files of each hole's "
                         "directory as context chunks, chosen by relevance and (ablation) as sent")

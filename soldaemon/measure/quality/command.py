@@ -63,6 +63,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
                                                                   or ("line", "block")))
     if not holes:
         raise BadRequest("--corpus: no holes could be cut (no parsable Python with function bodies)")
+    holes, functional = _chosen(holes, functional, getattr(args, "hole_ids", None))
     models = model_configs(config, list(getattr(args, "models", None) or []))
     sol_configs = ([] if getattr(args, "baselines_only", False) or models
                    else _sol_configs(config, getattr(args, "fim_orders", None)))
@@ -101,6 +102,19 @@ def run(args: argparse.Namespace, config: Config) -> int:
     finally:
         for _col, runner in vscodes:
             runner.close()
+
+
+def _chosen(holes: list, functional: list | None, ids: list[str] | None) -> tuple[list, list | None]:
+    """Only the holes ``--hole-ids`` names (``path:line``, as the JSON has them); every id must name one."""
+    if not ids:
+        return holes, functional
+    have = {f"{h.path}:{h.line}": i for i, h in enumerate(holes)}
+    missing = [i for i in ids if i not in have]
+    if missing:
+        raise BadRequest(f"--hole-ids: no such hole among the {len(holes)} cut: {', '.join(missing)} "
+                         f"(ids are path:line, as in a run's JSON)")
+    keep = sorted({have[i] for i in ids})
+    return [holes[i] for i in keep], None if functional is None else [functional[i] for i in keep]
 
 
 def _per_target(by_model: list[tuple[Column, str, Any]]) -> list[tuple[str, Any]]:
