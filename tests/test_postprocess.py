@@ -155,6 +155,26 @@ def test_elif_chain_goes_on_until_it_meets_the_suffix() -> None:
     assert pp(text, prefix, suffix) == "r.append('A')\n    elif p > 3.3:\n        r.append('A-')"
 
 
+def test_a_branch_the_suffix_already_has_further_down_ends_the_block() -> None:
+    # As in fractions.Fraction.__new__: the cursor ends one branch, the model
+    # writes the ``str`` branch, which the suffix holds two branches below.
+    prefix = ("def f(n):\n    if type(n) is int:\n        a = n\n        return a\n"
+              "    elif isinstance(n, Rational):\n        a = n.numerator\n        ")
+    suffix = ("\n\n    elif isinstance(n, float):\n        # exact\n        return n.as_integer_ratio()\n\n"
+              "    elif isinstance(n, str):\n        m = match(n)\n    return None\n")
+    text = "b = n.denominator\n        return a, b\n\n    elif isinstance(n, str):\n        m = parse(n)\n"
+    assert pp(text, prefix, suffix) == "b = n.denominator\n        return a, b"
+    # The same branch in a later, different statement is no repeat: the
+    # statement at the cursor ends at ``return None``.
+    later = "\n    elif isinstance(n, float):\n        x()\n    return None\n    if y:\n        z()\n" \
+            "    elif isinstance(n, str):\n        w()\n"
+    assert pp(text, prefix, later) == text.rstrip("\n")
+    # and so is the same condition at another indentation
+    inner = "\n    elif isinstance(n, float):\n        if k:\n            q()\n        elif isinstance(n, str):\n" \
+            "            w()\n"
+    assert pp(text, prefix, inner) == text.rstrip("\n")
+
+
 def test_except_and_finally_continue_a_try_else_does_not_continue_a_def() -> None:
     prefix = "def f():\n    try:\n        "
     text = "a()\n    except OSError:\n        b()\n    finally:\n        c()\n    d()"
@@ -430,6 +450,8 @@ CASES: list[tuple[str, str, str, bool, int]] = [
     ("    try:\n        ", "\n", "a()\n    except E:\n        b()\n    finally:\n        c()\n    d()\n    e = 1\n", True, 10),
     ("if p:\n    a()\nelif q:\n    ", "\nelif r:\n    c()\n", "b()\nelif s:\n    d()\nelif r:\n    c()\n", True, 10),
     ("if (x) {", "\n", "\n  a();\n} else {\n  b();\n}\n\nf();\n", True, 10),
+    ("if p:\n    a()\nelif q:\n    ", "\nelif r:\n    c()\nelif s:\n    d()\n",
+     "b()\nelif s:\n    d()\n", True, 10),
 ]
 
 

@@ -364,6 +364,28 @@ class LineScanner:
             return None
         return False
 
+    def repeats_branch(self, text: str) -> bool:
+        """``text`` (a completed line, rstripped) opens a branch
+        (``elif``/``else``/``except``/``finally``/``case``) that the suffix
+        already has: a line equal to it, at its indentation, among the
+        suffix's lines before the statement there ends (its first line left of
+        that indentation, or at it without a branch keyword). A second
+        ``elif x:`` is dead code and a second ``else:`` a syntax error,
+        however far below the suffix holds the first."""
+        stripped = text.strip()
+        if _keyword(stripped, _CONTINUES) is None:
+            return False
+        indent = _indent(text)
+        for line in self.cur.suffix.split("\n")[1:]:
+            if not line.strip():
+                continue
+            ind = _indent(line)
+            if ind < indent or (ind == indent and _keyword(line.strip(), _CONTINUES) is None):
+                return False
+            if line.rstrip() == text:
+                return True
+        return False
+
     # -- the rules ---------------------------------------------------------
 
     def decide(self, line: str, complete: bool) -> _Cut | None:
@@ -392,7 +414,7 @@ class LineScanner:
             if goes_on is None:
                 return None
             if goes_on:
-                if complete and _repeats_suffix(self.cur, line.rstrip()):
+                if complete and (_repeats_suffix(self.cur, line.rstrip()) or self.repeats_branch(line.rstrip())):
                     return ("before", i, "suffix")
                 return None
             c = stripped[0]
@@ -406,7 +428,7 @@ class LineScanner:
         if not complete:
             return None
         text = line.rstrip()
-        if _repeats_suffix(self.cur, text):
+        if _repeats_suffix(self.cur, text) or self.repeats_branch(text):
             return ("before", i, "suffix")
         if text == self.prev and self.run + 1 >= 3:
             return ("before", self.run_second, "repeat")
