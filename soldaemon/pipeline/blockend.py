@@ -14,7 +14,8 @@ Here, for a language with a tree-sitter grammar (:mod:`.syntax`) and with
   comma or an operator, and a syntax error near the cursor);
 * **during decoding** (:func:`stop_checker`): generation stops where the
   text is provably wrong whatever follows -- a line that repeats the
-  suffix, a line indented less than both the cursor's block and the
+  suffix (or opens a branch, ``elif``/``else``/``except``..., that the
+  suffix's statement already has), a line indented less than both the cursor's block and the
   suffix's next line (the hole's code cannot leave the scope the suffix
   goes on in), a line past ``max_lines``, a line's third repetition; not at
   the end of the cursor's block;
