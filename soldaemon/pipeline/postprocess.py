@@ -364,6 +364,11 @@ class LineScanner:
             return None
         return False
 
+    def repeats(self, text: str) -> bool:
+        """``text`` (a completed line, rstripped) repeats the suffix: its next
+        lines (:func:`_repeats_suffix`) or a branch of its statement."""
+        return _repeats_suffix(self.cur, text) or self.repeats_branch(text)
+
     def repeats_branch(self, text: str) -> bool:
         """``text`` (a completed line, rstripped) opens a branch
         (``elif``/``else``/``except``/``finally``/``case``) that the suffix
@@ -414,7 +419,7 @@ class LineScanner:
             if goes_on is None:
                 return None
             if goes_on:
-                if complete and (_repeats_suffix(self.cur, line.rstrip()) or self.repeats_branch(line.rstrip())):
+                if complete and self.repeats(line.rstrip()):
                     return ("before", i, "suffix")
                 return None
             c = stripped[0]
@@ -428,7 +433,7 @@ class LineScanner:
         if not complete:
             return None
         text = line.rstrip()
-        if _repeats_suffix(self.cur, text) or self.repeats_branch(text):
+        if self.repeats(text):
             return ("before", i, "suffix")
         if text == self.prev and self.run + 1 >= 3:
             return ("before", self.run_second, "repeat")
