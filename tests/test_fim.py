@@ -628,6 +628,150 @@ def test_make_prompt_puts_the_outline_in_front_of_the_window(qwen: PreTrainedTok
     assert off.n_context_tokens == 0 and qwen.decode(off.ids).startswith("<|fim_prefix|>            y = 2")
 
 
+BELOW_PREFIX = """\
+import os
+
+
+def helper():
+    pass
+
+
+class Cache:
+    def __init__(self, size, loader=load_from):
+        """
+
+BELOW_SUFFIX = '''
+        self.hits = 0
+
+    def get(self, key):
+        """Docstring naming self.ghost, not code."""
+        self.lookups += 1
+        if key in self.store:
+            self.hits += 1
+            return self.store[key]
+        return self._load(key)
+
+    def _load(self, key):
+        value = load_from(key, self.root)
+        self.store[key] = value
+        return value
+
+    def shout(self): return "a long line, no outline: !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!" + str(self.loud)
+
+
+def load_from(key, root):
+    return os.path.join(root, key)
+
+
+def unrelated():
+    return self.other
+
+
+def far():
+    pass
+'''
+
+BELOW_KEPT = "\n        self.hits = 0\n\n"   # what the suffix window shows
+
+
+def test_below_outline_keeps_new_attributes_used_definitions_and_the_nearest_others() -> None:
+    assert BELOW_SUFFIX.startswith(BELOW_KEPT)
+    items = fim.below_outline(BELOW_PREFIX, BELOW_SUFFIX, len(BELOW_KEPT), BELOW_PREFIX + BELOW_KEPT)
+    assert items == [
+        (3, "    def get(self, key):\n"),          # the class's methods, nearest first
+        (0, "        self.lookups += 1\n"),        # attributes the windows never name, first use each
+        (0, "        if key in self.store:\n"),    # (self.hits is shown, self._load( is a method call)
+        (4, "    def _load(self, key):\n"),
+        (0, "        value = load_from(key, self.root)\n"),
+        (1, "def load_from(key, root):\n"),       # used at the cursor (the default argument)
+        (5, "def unrelated():\n"),                # no self.other: the class has ended
+        (6, "def far():\n"),
+    ]
+    assert not any("ghost" in t or "loud" in t for _, t in items)   # a docstring, a line too long
+    # nothing cut below, or a cursor in no scope: no outline
+    assert fim.below_outline(BELOW_PREFIX, BELOW_SUFFIX, len(BELOW_SUFFIX), BELOW_PREFIX + BELOW_SUFFIX) == []
+    assert fim.below_outline("x = ", "\ny = 1\n\ndef f():\n    pass\n", 1, "x = \n") == []
+    # outside a method: no attributes, definitions at the module's depth only
+    items = fim.below_outline("def top():\n    ", BELOW_SUFFIX, len(BELOW_KEPT), "def top():\n    " + BELOW_KEPT)
+    assert [t for _, t in items] == ["def load_from(key, root):\n", "def unrelated():\n", "def far():\n"]
+
+
+def test_scope_outline_adds_the_other_definitions_nearest_first() -> None:
+    src = "def a():\n    pass\n\n\ndef b():\n    pass\n\n\nclass C:\n    def m(self):\n        pass\n\n" \
+          "    def n(self):\n        x = 1\n        "
+    cut = src.index("        x = 1")
+    items = fim.scope_outline(src, cut, "\n", near_lines=1)
+    assert items == [(5, "def a():\n"), (4, "def b():\n"), (0, "class C:\n"), (3, "    def m(self):\n"),
+                     (0, "    def n(self):\n")]
+
+
+def test_fit_outlines_share_one_budget_by_priority_then_nearness(qwen: PreTrainedTokenizerFast) -> None:
+    above = [(3, "def far_above():\n"), (2, "import os\n"), (0, "class C:\n")]
+    below = [(0, "    self.x += 1\n"), (3, "def near_below():\n"), (4, "def far_below():\n")]
+    budget = len(b("class C:\n    self.x += 1\nimport os\n")) + len(b("def near_below():\n"))
+    assert fim.fit_outlines(qwen, above, below, budget) == ("import os\nclass C:\n",
+                                                           "    self.x += 1\ndef near_below():\n")
+    assert fim.fit_outlines(qwen, above, below, 0) == ("", "")
+    # at equal priority the item nearest the cursor first: the last above, the first below
+    assert fim.fit_outlines(qwen, [(3, "def a():\n"), (3, "def b():\n")], [], len(b("def b():\n"))) == \
+        ("def b():\n", "")
+
+
+def test_make_prompt_puts_the_below_outline_after_the_suffix_window(qwen: PreTrainedTokenizerFast) -> None:
+    t = fim.detect_template(qwen)
+    kw = dict(max_prefix_tokens=1000, max_suffix_tokens=len(b(BELOW_KEPT)))
+    p = fim.make_prompt(t, qwen, BELOW_PREFIX, BELOW_SUFFIX, max_outline_tokens=60, **kw)
+    text = qwen.decode(p.ids)
+    assert p.suffix_text == BELOW_KEPT and p.n_suffix_tokens == len(b(BELOW_KEPT))
+    # the three attribute lines (59 byte tokens) fit, the rest does not; after the window, in file order
+    below = "        self.lookups += 1\n        if key in self.store:\n"
+    assert text.endswith("<|fim_suffix|>" + BELOW_KEPT + below + "<|fim_middle|>"), text
+    assert p.n_context_tokens == len(b(below)) and len(p.ids) == 3 + p.n_prefix_tokens + p.n_suffix_tokens + \
+        p.n_context_tokens
+    off = fim.make_prompt(t, qwen, BELOW_PREFIX, BELOW_SUFFIX, max_outline_tokens=0, **kw)
+    assert qwen.decode(off.ids).endswith("<|fim_suffix|>" + BELOW_KEPT + "<|fim_middle|>")
+    assert off.n_context_tokens == 0
+
+
+def test_the_outline_keeps_its_part_of_the_context_budget_from_the_chunks(qwen: PreTrainedTokenizerFast) -> None:
+    t = fim.detect_template(qwen)
+    chunk = ("other.py", "".join(f"line_{i} = {i}\n" for i in range(200)))     # would fill any budget
+    kw = dict(max_prefix_tokens=1000, max_suffix_tokens=len(b(BELOW_KEPT)), max_context_tokens=160)
+    p = fim.make_prompt(t, qwen, BELOW_PREFIX, BELOW_SUFFIX, context=[chunk], max_outline_tokens=60, **kw)
+    text = qwen.decode(p.ids)
+    assert text.endswith(BELOW_KEPT + "        self.lookups += 1\n        if key in self.store:\n<|fim_middle|>")
+    assert "line_0 = 0" in text and p.n_context_tokens <= 160
+    none = fim.make_prompt(t, qwen, BELOW_PREFIX, BELOW_SUFFIX, context=[chunk], max_outline_tokens=0, **kw)
+    assert qwen.decode(none.ids).count("line_") > text.count("line_")    # off: the chunks get it all
+
+
+def test_typing_on_the_cursor_line_keeps_the_outlines(qwen: PreTrainedTokenizerFast) -> None:
+    # "far" typed in full names a definition below; with a lead the outline ignores the line being typed,
+    # so the prompt before the middle token (the cached part) stays the same keystroke after keystroke
+    t = fim.detect_template(qwen)
+    heads = []
+    memo = fim.WindowMemo()
+    anchor = len(BELOW_PREFIX) - len("        ")
+    for typed in ("x = fa", "x = far", "x = far(", "x = far()\n        y = far"):   # a typing run: one anchor
+        prefix = BELOW_PREFIX + typed
+        kw = dict(max_prefix_tokens=1000, max_suffix_tokens=len(b(BELOW_KEPT)), max_outline_tokens=60,
+                  lead_from=anchor)
+        p = fim.make_prompt(t, qwen, prefix, BELOW_SUFFIX, memo=memo, **kw)
+        assert p == fim.make_prompt(t, qwen, prefix, BELOW_SUFFIX, **kw)
+        heads.append(p.ids[: p.ids.index(t.middle_id)])
+    assert all(h == heads[0] for h in heads)
+    assert memo.hits >= 3 * 3     # the prefix window, the suffix window and the outlines, after the first
+    assert qwen.decode(heads[0]).endswith(BELOW_KEPT + "        self.lookups += 1\n        if key in self.store:\n")
+    # the same name typed on a line above the cursor's is used near it: its definition ranks before the others
+    for typed, below in (("x = far(", "def unrelated():\n"), ("x = far()\n        ", "def far():\n")):
+        prefix = BELOW_PREFIX + typed
+        p = fim.make_prompt(t, qwen, prefix, BELOW_SUFFIX, max_prefix_tokens=1000,
+                            max_suffix_tokens=len(b(BELOW_KEPT)), max_outline_tokens=43,
+                            lead_from=fim.line_anchor(prefix))
+        text = qwen.decode(p.ids[: p.ids.index(t.middle_id)])
+        assert text.endswith(BELOW_KEPT + "        self.lookups += 1\n" + below), typed
+
+
 def test_make_prompt_lone_file_has_no_path_header(qwen: PreTrainedTokenizerFast) -> None:
     # measured on the embedded model: the path alone in front of a lone file made answers worse
     t = fim.detect_template(qwen)

@@ -58,7 +58,7 @@ from __future__ import annotations
 from soldaemon.fim.comments import DEFAULT_LINE_COMMENT, comment_header
 from soldaemon.fim.encoding import encode_text
 from soldaemon.fim.layout import build_prompt
-from soldaemon.fim.outline import scope_outline
+from soldaemon.fim.outline import below_outline, fit_outlines, scope_outline
 from soldaemon.fim.prompt import FimPrompt, heal_token, lead_reserve, line_anchor, make_prompt
 from soldaemon.fim.templates import SUPPORTED_FAMILIES, Family, FimOrder, FimTemplate, detect_template
 from soldaemon.fim.windows import WindowMemo, window_prefix, window_suffix
@@ -71,10 +71,12 @@ __all__ = [
     "FimPrompt",
     "FimTemplate",
     "WindowMemo",
+    "below_outline",
     "build_prompt",
     "comment_header",
     "detect_template",
     "encode_text",
+    "fit_outlines",
     "heal_token",
     "lead_reserve",
     "line_anchor",

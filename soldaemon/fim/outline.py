@@ -1,5 +1,7 @@
-"""What the window cut off: an outline of the scopes enclosing the cursor,
-the definitions of names used near it, and the imports."""
+"""What the windows cut off: an outline of the scopes enclosing the cursor,
+the definitions of names used near it and the imports (above the prefix
+window), and what the code below the suffix window uses of the cursor's
+class and defines (:func:`below_outline`)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ _IMPORT = re.compile(r"^(import\s|from\s+\S+\s+import\s|#include\s|use\s|using\s
 _DEF = re.compile(r"^\s*(?:async\s+)?(?:export\s+)?(?:pub(?:\(\w+\))?\s+)?"
                   r"(?:def|class|function|fn|func|struct|enum|interface|trait|type|impl)\s+(\w+)")
 _IDENT = re.compile(r"[A-Za-z_]\w*")
+_SELF_ATTR = re.compile(r"\bself\.([A-Za-z_]\w*)\b(?!\s*\()")  # an attribute, not a method call
 
 
 def _indent_width(line: str) -> int:
@@ -49,7 +52,10 @@ def scope_outline(prefix: str, n_cut: int, suffix: str, *, near_lines: int = 12)
     1. the definitions (``def``/``class``/``function``/``fn``/... line and its
        continuation) of names used in the last ``near_lines`` lines of the
        prefix or the first lines of ``suffix``;
-    2. top-level import statements.
+    2. top-level import statements;
+    3. the other definitions at the enclosing scopes' depths (the class's
+       methods, the module's functions), nearest first by their priority
+       numbers (``3 + rank``).
 
     Pure; each returned text ends with a newline.
     """
@@ -80,17 +86,106 @@ def scope_outline(prefix: str, n_cut: int, suffix: str, *, near_lines: int = 12)
             pri.setdefault(i, 1)
         elif _IMPORT.match(line):
             pri.setdefault(i, 2)
+    depths = {ind for ind, _ in _enclosing(lines)} | {0}
+    others = 0
+    for i in range(cut_lines - 1, -1, -1):
+        if i not in pri and i not in in_string and _DEF.match(lines[i]) and _indent_width(lines[i]) in depths:
+            pri[i] = 3 + others
+            others += 1
+    return _statements(lines, pri, cut_lines)
+
+
+def _statements(lines: list[str], pri: dict[int, int], stop: int) -> list[tuple[int, str]]:
+    """``(priority, statement)`` per line index of ``pri`` in file order, each
+    with its continuation lines up to line ``stop``; a text that occurs
+    twice (nested helpers of the same name) only where it occurs last."""
     out: list[tuple[int, str]] = []
     covered = -1
     for i in sorted(pri):
         if i < covered:
             continue
-        covered = min(_statement_end(lines, i), cut_lines)
+        covered = min(_statement_end(lines, i), stop)
         text = "".join(lines[i:covered])
         out.append((pri[i], text if text.endswith("\n") else text + "\n"))
-    # a name defined several times (nested helpers): the last definition only
     last = {text: k for k, (_, text) in enumerate(out)}
     return [item for k, item in enumerate(out) if last[item[1]] == k]
+
+
+def _enclosing(prefix_lines: list[str]) -> list[tuple[int, str]]:
+    """``(indentation, line)`` of the scope headers enclosing the cursor (the
+    prefix's last line), innermost first."""
+    cursor = prefix_lines[-1] if prefix_lines else ""
+    limit = _indent_width(cursor) if cursor.strip() else len(cursor.expandtabs(4))
+    out = []
+    for line in reversed(prefix_lines[:-1]):
+        if limit == 0:
+            break
+        if line.strip() and _indent_width(line) < limit:
+            limit = _indent_width(line)
+            if _looks_like_header(line):
+                out.append((limit, line))
+    return out
+
+
+def below_outline(prefix: str, suffix: str, n_kept: int, visible: str, *,
+                  near_lines: int = 12, max_line_chars: int = 120, max_lines: int = 400) -> list[tuple[int, str]]:
+    """Statements from what the suffix window left out (``suffix`` after its
+    first ``n_kept`` characters) worth showing the model, as ``(priority,
+    text)`` in file order, lower numbers mattering more:
+
+    0. in a method: for each attribute of ``self`` (not a method call)
+       that ``visible`` (the text the windows show) never names, the first
+       line below that uses it, while the class goes on -- what a
+       constructor or a helper at the cursor has to set up for the methods
+       below;
+    1. the definitions of names used in the last ``near_lines`` lines of
+       ``prefix`` or the first shown lines of the suffix that ``visible``
+       does not define;
+    3. the other definitions at the enclosing scopes' depths (the class's
+       methods, the module's functions), nearest first by their priority
+       numbers (``3 + rank``, so a caller fitting a budget keeps the
+       nearest).
+
+    Pure; each returned text ends with a newline. Only the first
+    ``max_lines`` lines below the window are read (the cost per keystroke
+    stays bounded in a long file); lines longer than ``max_line_chars`` are
+    left out (a long literal is no outline)."""
+    kept_lines = len(_split_lines(suffix[:n_kept])) - 1 if n_kept > 0 else 0
+    lines = _split_lines(suffix)[:kept_lines + max_lines]
+    if kept_lines >= len(lines):
+        return []
+    in_string = _string_lines(lines)
+    headers = _enclosing(_split_lines(prefix))
+    if not headers:
+        return []
+    cls = next(((ind, h) for ind, h in headers if h.lstrip().startswith("class ")), None)
+    depths = {ind for ind, _ in headers} | {0}
+    near = "".join(_split_lines(prefix)[-near_lines:]) + "".join(lines[:min(kept_lines, near_lines // 2)])
+    names = set(_IDENT.findall(near)) - set(_IDENT.findall(" ".join(
+        m.group(1) for m in map(_DEF.match, _split_lines(visible)) if m)))
+    seen_attrs = set(_SELF_ATTR.findall(visible))
+    in_class = cls is not None and any(ind > cls[0] and _DEF.match(h) for ind, h in headers)
+    pri: dict[int, int] = {}
+    others = 0
+    for i in range(kept_lines, len(lines)):
+        line = lines[i]
+        if i in in_string or not line.strip() or len(line) > max_line_chars:
+            continue
+        ind = _indent_width(line)
+        if in_class and cls is not None and ind <= cls[0]:
+            in_class = False
+        if in_class:
+            new = [a for a in _SELF_ATTR.findall(line) if a not in seen_attrs]
+            if new:
+                seen_attrs.update(new)
+                pri.setdefault(i, 0)
+        m = _DEF.match(line)
+        if m and m.group(1) in names:
+            pri.setdefault(i, 1)
+        elif m and ind in depths and i not in pri:
+            pri[i] = 3 + others
+            others += 1
+    return _statements(lines, pri, len(lines))
 
 
 _HEADER_WORDS = ("if", "elif", "else", "for", "while", "with", "try", "except", "finally", "match", "case",
@@ -140,16 +235,21 @@ def _string_lines(lines: list[str]) -> set[int]:
     return out
 
 
-def _fit_outline(tokenizer: Any, items: list[tuple[int, str]], max_tokens: int) -> str:
-    """The outline lines that fit ``max_tokens``, the most important first,
-    shown in file order."""
-    if max_tokens <= 0 or not items:
-        return ""
-    counts = _count_tokens(tokenizer, [line for _, line in items])
-    keep: set[int] = set()
+def fit_outlines(tokenizer: Any, above: list[tuple[int, str]], below: list[tuple[int, str]],
+                 max_tokens: int) -> tuple[str, str]:
+    """The outline items of both sides that fit ``max_tokens`` together, the
+    lowest priority numbers first (at equal numbers: the item nearest the
+    cursor), each side's kept items in file order."""
+    if max_tokens <= 0 or not (above or below):
+        return "", ""
+    items = [(p, len(above) - k, 0, k, t) for k, (p, t) in enumerate(above)] + \
+            [(p, k, 1, k, t) for k, (p, t) in enumerate(below)]
+    counts = _count_tokens(tokenizer, [t for *_, t in items])
+    keep: set[tuple[int, int]] = set()
     total = 0
-    for k in sorted(range(len(items)), key=lambda k: (items[k][0], -k)):
-        if total + counts[k] <= max_tokens:
-            keep.add(k)
-            total += counts[k]
-    return "".join(items[k][1] for k in sorted(keep))
+    for n in sorted(range(len(items)), key=lambda n: items[n][:2]):
+        if total + counts[n] <= max_tokens:
+            keep.add((items[n][2], items[n][3]))
+            total += counts[n]
+    return ("".join(t for k, (_, t) in enumerate(above) if (0, k) in keep),
+            "".join(t for k, (_, t) in enumerate(below) if (1, k) in keep))

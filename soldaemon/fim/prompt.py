@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from soldaemon.fim.comments import comment_header
 from soldaemon.fim.encoding import encode_text
 from soldaemon.fim.layout import _plain_encoder, _prefix_encoder, build_prompt
-from soldaemon.fim.outline import _fit_outline, scope_outline
+from soldaemon.fim.outline import below_outline, fit_outlines, scope_outline
 from soldaemon.fim.templates import FimOrder, FimTemplate
 from soldaemon.fim.windows import WindowMemo, _memoized, _window_prefix, _window_suffix
 
@@ -147,9 +147,19 @@ def make_prompt(
     it left out (:func:`scope_outline`: the headers of the scopes enclosing
     the cursor, the definitions of names used near the cursor, the imports)
     goes right in front of the window, in file order, within
-    ``max_outline_tokens`` and what ``max_context_tokens`` has left after
-    the chunks: the model then knows which class and function it is in even
-    when their first lines are far above (measured in docs/quality.md).
+    ``max_outline_tokens`` (kept from ``max_context_tokens`` before the
+    chunks take theirs: the file's own structure comes first): the model
+    then knows which class and function it is in even when their first
+    lines are far above (measured in docs/quality.md).
+    When the suffix window leaves out the end of the suffix, the same budget
+    also holds an outline of what it left out (:func:`below_outline`: the
+    attributes the methods below use that the windows never name, the
+    definitions below of names used near the cursor, the nearest other
+    definitions), right after the suffix window; the two sides' items are
+    ranked together (:func:`fit_outlines`). Both count as context. With a
+    lead they are taken from the lines above the anchor's and the cursor
+    line's indentation only, so typing after the anchor keeps them (and
+    the suffix's cached keys with them); ``memo`` keeps them too.
 
     ``heal``: token healing (:mod:`soldaemon.runtime.decode.healing`) -- when the
     cursor is after text on its line, the prefix's last token is left out
@@ -187,7 +197,9 @@ def make_prompt(
     enc_first = _prefix_encoder(template, tokenizer)
     enc_plain = _plain_encoder(template, tokenizer)
 
-    ctx_budget = max(0, max_context_tokens)
+    # the outline's part of the context budget is kept from the chunks: the file's own structure first
+    outline_budget = min(max(0, max_outline_tokens), max(0, max_context_tokens))
+    ctx_budget = max(0, max_context_tokens) - outline_budget
     repo = template.has_repo_tokens
     chunks: list[tuple[str, list[int]]] = []
     header_ids: list[int] = []
@@ -240,12 +252,33 @@ def make_prompt(
                                         lambda: _window_suffix(suffix, tokenizer, max_suffix_tokens, enc_plain))
     cut = head[: len(head) - len(head_text)]
     n_window = len(prefix_ids)
-    outline_budget = min(max_outline_tokens, ctx_budget)
-    if outline_budget > 0 and cut.strip():
-        outline = _fit_outline(tokenizer, scope_outline(prefix, len(cut), suffix_text), outline_budget)
-        if outline:
-            with_outline = enc_prefix(outline + head_text)
-            if len(with_outline) <= len(prefix_ids) + outline_budget:  # (estimates can be off by a token)
+    below_ids: list[int] = []
+    cut_below = suffix.startswith(suffix_text) and suffix[len(suffix_text):].strip()
+    if outline_budget > 0 and (cut.strip() or cut_below):
+        # with a lead: the lines above the anchor's and the cursor line's indentation -- typing after the
+        # anchor (on the line, or on the lines of a typing run) changes nothing
+        seen = prefix
+        if lead:
+            line = prefix[prefix.rfind("\n") + 1:]
+            seen = head[: head.rfind("\n") + 1] + line[: len(line) - len(line.lstrip(" \t"))]
+
+        def outlines() -> tuple[str, list[int]]:
+            above, below = fit_outlines(
+                tokenizer, scope_outline(seen, len(cut), suffix_text) if cut.strip() else [],
+                below_outline(seen, suffix, len(suffix_text), head_text + suffix_text) if cut_below else [],
+                outline_budget)
+            return above + below, [len(above)]     # (the memo holds a text and ids: the split as the one id)
+
+        both, (split,) = _memoized(memo, ("outline", id(tokenizer), seen, head, suffix, max_prefix_tokens,
+                                          max_suffix_tokens, grain_lines, outline_budget), outlines)
+        above, below = both[:split], both[split:]
+        if below:
+            below_ids = enc_plain(("" if not suffix_text or suffix_text.endswith("\n") else "\n") + below)
+            if len(below_ids) > outline_budget:       # (estimates can be off by a token)
+                below_ids = []
+        if above:
+            with_outline = enc_prefix(above + head_text)
+            if len(with_outline) <= len(prefix_ids) + outline_budget - len(below_ids):
                 prefix_ids = with_outline
     healed = ""
     blank_end = lead[lead.rfind("\n") + 1:]
@@ -266,16 +299,16 @@ def make_prompt(
 
     if repo and (chunks or repo_name is not None):
         ids = build_prompt(
-            template, prefix_ids, suffix_ids, chunks,
+            template, prefix_ids, suffix_ids + below_ids, chunks,
             current_path=current_path, repo_name=repo_name, tokenizer=tokenizer, order=order, lead_ids=lead_ids,
         )
     elif repo:
         # The file's own path alone, without other files, is left out: measured
         # on the embedded model, ``<|file_sep|>path`` in front of a lone file
         # turned right answers wrong (docs/quality.md).
-        ids = build_prompt(template, prefix_ids, suffix_ids, order=order, lead_ids=lead_ids)
+        ids = build_prompt(template, prefix_ids, suffix_ids + below_ids, order=order, lead_ids=lead_ids)
     else:
-        ids = build_prompt(template, header_ids + prefix_ids, suffix_ids, order=order, lead_ids=lead_ids)
+        ids = build_prompt(template, header_ids + prefix_ids, suffix_ids + below_ids, order=order, lead_ids=lead_ids)
     fixed = 3 + (1 if template.bos_id is not None else 0)
     return FimPrompt(
         ids=ids,
