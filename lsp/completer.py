@@ -62,6 +62,7 @@ from typing import Callable
 from lsprotocol import types
 
 from soldaemon.api import CompletionRequest, Delta, Done
+from soldaemon.fim.windows import document_window
 from soldaemon.protocol import ErrorFrame
 from soldaemon.privacy.rules import describe, redact_request
 
@@ -72,7 +73,6 @@ from lsp.settings import Settings
 
 log = logging.getLogger("sol.lsp.completer")
 
-_PREFIX_GRAIN = 4096      # chars: the prefix window start moves in these steps (KV-cache friendly)
 _RETRYABLE = {"unavailable", "timeout", "busy", "rate_limited"}
 
 
@@ -488,15 +488,7 @@ class Completer:
         prompts share their beginning) and suffix (cut at a line end), and
         context from the ring."""
         text = doc.text
-        start = max(0, offset - self.settings.max_prefix_chars)
-        if start > 0:
-            start = min(offset, -(-start // _PREFIX_GRAIN) * _PREFIX_GRAIN)
-            newline = text.find("\n", start, offset)
-            start = newline + 1 if newline != -1 else start
-        end = min(len(text), offset + self.settings.max_suffix_chars)
-        if end < len(text):
-            newline = text.rfind("\n", offset, end)
-            end = newline + 1 if newline != -1 else end
+        start, end = document_window(text, offset, self.settings.max_prefix_chars, self.settings.max_suffix_chars)
         context = self.ring.chunks(doc.uri, self.documents) if self.settings.context_chunks else ()
         request, withheld = redact_request(CompletionRequest(
             id=request_id, prefix=text[start:offset], suffix=text[offset:end], uri=doc.uri,

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Sequence
 
+from soldaemon.fim.windows import DOCUMENT_PREFIX_CHARS, DOCUMENT_SUFFIX_CHARS
+
 CompletionItems = Literal["auto", "always", "never"]
 Multiline = Literal["auto", "single", "multi"]
 
@@ -62,8 +64,8 @@ class Settings:
     max_tokens: int = 128                   # a block of max_lines lines often needs more than 64
     max_lines: int = 8                      # lines in an item, cap
     multiline: Multiline = "auto"
-    max_prefix_chars: int = 32_000
-    max_suffix_chars: int = 8_000
+    max_prefix_chars: int = DOCUMENT_PREFIX_CHARS   # 128,000: the outline reads beyond the token windows
+    max_suffix_chars: int = DOCUMENT_SUFFIX_CHARS   # 64,000
     completion_items: CompletionItems = "auto"  # textDocument/completion: auto = only without inline
     alternatives: int = 3                   # candidates for an invoked completion (greedy first)
     alternatives_temperature: float = 0.8   # sampling temperature of the extra candidates

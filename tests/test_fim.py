@@ -780,3 +780,13 @@ def test_make_prompt_lone_file_has_no_path_header(qwen: PreTrainedTokenizerFast)
     p = fim.make_prompt(t, qwen, "x = ", "\n", max_prefix_tokens=100, max_suffix_tokens=100, current_path="main.py",
                         repo_name="proj")
     assert qwen.decode(p.ids).startswith("<|repo_name|>proj\n<|file_sep|>main.py\n<|fim_prefix|>x = ")
+
+
+def test_document_window_is_what_an_editor_sends() -> None:
+    text = "".join(f"{i:05d}\n" for i in range(3000))         # 18000 chars, lines of 6
+    assert fim.document_window(text, 12_000) == (0, len(text))  # the defaults hold this file whole
+    start, end = fim.document_window(text, 12_000, 5000, 100)
+    assert start % 6 == 0 and 12_000 - 5000 <= start <= 12_000 - 5000 + fim.DOCUMENT_GRAIN + 6
+    assert end <= 12_100 and text[end - 1] == "\n"
+    # nearby cursors share the start (a grid of DOCUMENT_GRAIN characters)
+    assert fim.document_window(text, 12_006, 5000, 100)[0] == start

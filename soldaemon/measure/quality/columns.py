@@ -12,6 +12,7 @@ from typing import Any, Callable
 from soldaemon.api import CancelToken, CompletionRequest, ContextChunk, Done
 from soldaemon.config import Config
 from soldaemon.errors import BadRequest
+from soldaemon.fim.windows import document_window
 from soldaemon.measure.holes import Hole
 
 
@@ -42,10 +43,14 @@ def sibling_context(hole: Hole, max_files: int = 32, max_chars: int = 200_000) -
 
 def run_sol(engine: Any, hole: Hole, uri: str, max_tokens: int,
             context: tuple[ContextChunk, ...] = ()) -> tuple[str, float, int, int, float, str]:
-    """The daemon's full pipeline on a cold cache. Returns (text, e2e ms,
+    """The daemon's full pipeline on a cold cache, sent what sol-lsp sends
+    of the document (:func:`document_window`). Returns (text, e2e ms,
     prompt tokens, generated tokens, TTFT ms, why the answer ended)."""
     engine.pool.acquire(uri).truncate(0)
-    req = CompletionRequest(id="q", uri=uri, prefix=hole.prefix, suffix=hole.suffix, language="python",
+    text = hole.prefix + hole.suffix
+    start, end = document_window(text, len(hole.prefix))
+    req = CompletionRequest(id="q", uri=uri, prefix=text[start:len(hole.prefix)], suffix=text[len(hole.prefix):end],
+                            language="python",
                             max_tokens=max_tokens, received_ns=time.perf_counter_ns(), context=context)
     done = [ev for ev in engine.complete(req, CancelToken()) if isinstance(ev, Done)][0]
     engine.pool.acquire(uri).truncate(0)  # no type-through or reuse into the next column/hole
