@@ -137,8 +137,8 @@ class ModelConfig:
     context: ContextChoice = _setting("relevance", _choice(get_args(ContextChoice)))
     # Context from other files in the prompt; tokens, >= 0.
     max_context_tokens: int = _setting(1024, _int(0))
-    # Outline of the scopes the prefix window cut off, taken from the context budget; tokens, >= 0 (0: off).
-    max_outline_tokens: int = _setting(0, _int(0))
+    # Outline of what the prefix and suffix windows cut off, kept from the context budget; tokens, >= 0 (0: off).
+    max_outline_tokens: int = _setting(128, _int(0))
     # Documents whose KV cache is kept (an LRU, one cache of max_context each).
     kv_sessions: int = _setting(4, _int(1, 64))
 
