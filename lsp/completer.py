@@ -61,8 +61,7 @@ from typing import Callable
 
 from lsprotocol import types
 
-from soldaemon.api import CompletionRequest, Delta, Done
-from soldaemon.fim.windows import document_window
+from soldaemon.api import CompletionRequest, Delta, Done, document_window
 from soldaemon.protocol import ErrorFrame
 from soldaemon.privacy.rules import describe, redact_request
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Sequence
 
-from soldaemon.fim.windows import DOCUMENT_PREFIX_CHARS, DOCUMENT_SUFFIX_CHARS
+from soldaemon.api import DOCUMENT_PREFIX_CHARS, DOCUMENT_SUFFIX_CHARS
 
 CompletionItems = Literal["auto", "always", "never"]
 Multiline = Literal["auto", "single", "multi"]

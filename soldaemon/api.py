@@ -139,3 +139,31 @@ class Engine(Protocol):
     def info(self) -> dict[str, Any]:
         """Model name, device, dtype, context length, threads."""
         ...
+
+
+# What an editor client sends of a document around the cursor (sol-lsp's
+# defaults, and what ``bench --quality`` gives the daemon so that its figures
+# are an editor's): the token windows take their part, and the outline
+# (``soldaemon.fim.outline``) reads the rest.
+DOCUMENT_PREFIX_CHARS = 128_000
+DOCUMENT_SUFFIX_CHARS = 64_000
+DOCUMENT_GRAIN = 4096   # chars: the start of the prefix sent moves in these steps (the KV cache keeps its start)
+
+
+def document_window(text: str, offset: int, max_prefix_chars: int = DOCUMENT_PREFIX_CHARS,
+                    max_suffix_chars: int = DOCUMENT_SUFFIX_CHARS) -> tuple[int, int]:
+    """``(start, end)``: the part of ``text`` around the cursor at
+    ``offset`` a client sends, at most ``max_prefix_chars`` before it and
+    ``max_suffix_chars`` after it. The start moves in steps of
+    :data:`DOCUMENT_GRAIN` and then to the next line start (nearby cursors
+    share the prefix's start), the end is cut after a line's newline."""
+    start = max(0, offset - max_prefix_chars)
+    if start > 0:
+        start = min(offset, -(-start // DOCUMENT_GRAIN) * DOCUMENT_GRAIN)
+        newline = text.find("\n", start, offset)
+        start = newline + 1 if newline != -1 else start
+    end = min(len(text), offset + max_suffix_chars)
+    if end < len(text):
+        newline = text.rfind("\n", offset, end)
+        end = newline + 1 if newline != -1 else end
+    return start, end

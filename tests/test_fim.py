@@ -10,7 +10,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from soldaemon import fim
-from soldaemon.api import ContextChunk
+from soldaemon.api import DOCUMENT_GRAIN, ContextChunk, document_window
 from soldaemon.errors import NoFimTokens
 
 QWEN_SPECIALS = [
@@ -784,9 +784,9 @@ def test_make_prompt_lone_file_has_no_path_header(qwen: PreTrainedTokenizerFast)
 
 def test_document_window_is_what_an_editor_sends() -> None:
     text = "".join(f"{i:05d}\n" for i in range(3000))         # 18000 chars, lines of 6
-    assert fim.document_window(text, 12_000) == (0, len(text))  # the defaults hold this file whole
-    start, end = fim.document_window(text, 12_000, 5000, 100)
-    assert start % 6 == 0 and 12_000 - 5000 <= start <= 12_000 - 5000 + fim.DOCUMENT_GRAIN + 6
+    assert document_window(text, 12_000) == (0, len(text))  # the defaults hold this file whole
+    start, end = document_window(text, 12_000, 5000, 100)
+    assert start % 6 == 0 and 12_000 - 5000 <= start <= 12_000 - 5000 + DOCUMENT_GRAIN + 6
     assert end <= 12_100 and text[end - 1] == "\n"
     # nearby cursors share the start (a grid of DOCUMENT_GRAIN characters)
-    assert fim.document_window(text, 12_006, 5000, 100)[0] == start
+    assert document_window(text, 12_006, 5000, 100)[0] == start

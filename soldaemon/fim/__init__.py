@@ -61,14 +61,10 @@ from soldaemon.fim.layout import build_prompt
 from soldaemon.fim.outline import below_outline, fit_outlines, scope_outline
 from soldaemon.fim.prompt import FimPrompt, heal_token, lead_reserve, line_anchor, make_prompt
 from soldaemon.fim.templates import SUPPORTED_FAMILIES, Family, FimOrder, FimTemplate, detect_template
-from soldaemon.fim.windows import (DOCUMENT_GRAIN, DOCUMENT_PREFIX_CHARS, DOCUMENT_SUFFIX_CHARS, WindowMemo,
-                                   document_window, window_prefix, window_suffix)
+from soldaemon.fim.windows import WindowMemo, window_prefix, window_suffix
 
 __all__ = [
     "DEFAULT_LINE_COMMENT",
-    "DOCUMENT_GRAIN",
-    "DOCUMENT_PREFIX_CHARS",
-    "DOCUMENT_SUFFIX_CHARS",
     "SUPPORTED_FAMILIES",
     "Family",
     "FimOrder",
@@ -79,7 +75,6 @@ __all__ = [
     "build_prompt",
     "comment_header",
     "detect_template",
-    "document_window",
     "encode_text",
     "fit_outlines",
     "heal_token",

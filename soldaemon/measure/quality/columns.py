@@ -9,10 +9,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from soldaemon.api import CancelToken, CompletionRequest, ContextChunk, Done
+from soldaemon.api import CancelToken, CompletionRequest, ContextChunk, Done, document_window
 from soldaemon.config import Config
 from soldaemon.errors import BadRequest
-from soldaemon.fim.windows import document_window
 from soldaemon.measure.holes import Hole
 
 
