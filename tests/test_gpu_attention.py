@@ -78,6 +78,41 @@ def test_the_batched_matmul_fallback_is_the_same_attention(monkeypatch: pytest.M
     assert torch.allclose(sdpa, mm, atol=1e-5)
 
 
+@pytest.mark.parametrize("T,S", [(512, 1024), (269, 1293), (9, 300)])
+def test_the_mask_as_an_addend_changes_no_bit(T: int, S: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU forward hands the layers its mask once as the scores' addend
+    (layer.additive_mask) instead of the bool mask SDPA converts in every
+    layer: the same bits, through SDPA and through the batched-matmul form;
+    a wrong addend (one masked key let through) is caught."""
+    gen = torch.Generator().manual_seed(T + S)
+    H, KV, hd = 14, 2, 64
+    q, k, v = (torch.randn(n, T if n == H else S, hd, generator=gen) for n in (H, KV, KV))
+    mask = group_mask(causal_mask(S - T, T, S, q.device), H // KV)
+    add = layer.additive_mask(mask, q.dtype)
+    assert add is not None and add.dtype == q.dtype and add.shape == mask.shape
+    assert torch.equal(add == 0, mask) and bool(torch.isneginf(add[~mask]).all())
+    assert layer.additive_mask(None, q.dtype) is None and layer.additive_mask(add, q.dtype) is add
+    assert torch.equal(grouped_attention(q, k, v, hd ** -0.5, add), grouped_attention(q, k, v, hd ** -0.5, mask))
+    leaky = add.clone()
+    leaky[0, -1] = 0.0                            # row 0 may not see the last key
+    assert not torch.equal(grouped_attention(q, k, v, hd ** -0.5, leaky), grouped_attention(q, k, v, hd ** -0.5, mask))
+    monkeypatch.setattr(layer, "_choose", lambda *a: layer.GROUPED_MATMUL)
+    assert torch.equal(grouped_attention(q, k, v, hd ** -0.5, add), grouped_attention(q, k, v, hd ** -0.5, mask))
+
+
+def test_a_cpu_prefill_chunk_gets_the_addend() -> None:
+    """The lean backend on a CPU passes a later prompt chunk (masked
+    GROUPED) the addend, and a fresh prompt and a decode step no mask."""
+    from soldaemon.runtime.forward.layer import CAUSAL, GROUPED
+
+    be = object.__new__(LeanBackend)
+    be.device, be.dtype, be.n_heads, be.n_kv, be.stepwise_short = torch.device("cpu"), torch.float32, 14, 2, True
+    how, mask = be._attention(300, 512, False)
+    assert how == GROUPED and mask is not None and mask.dtype == torch.float32 and mask.shape == (7 * 300, 812)
+    assert torch.equal(mask == 0, group_mask(causal_mask(512, 300, 812, be.device), 7))
+    assert be._attention(300, 0, False) == (CAUSAL, None) and be._attention(1, 40, True) == (GROUPED, None)
+
+
 @pytest.fixture(scope="module")
 def tiny_hf(tmp_path_factory: pytest.TempPathFactory) -> object:
     from transformers import AutoModelForCausalLM

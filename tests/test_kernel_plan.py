@@ -267,6 +267,26 @@ def test_onednn_int8_gives_int_mm_bits_or_is_refused() -> None:
         assert torch.equal(KERNEL_FNS["int8-onednn"](rows, bw, b, s), KERNEL_FNS["int8-dynamic"](rows, q, b, s))
 
 
+def test_onednn_activations_are_the_int8_values_offset_by_128() -> None:
+    """int8-onednn's input bytes are int8-dynamic's values plus 128 (its
+    zero point), made through an int8 cast and a wrapping byte add (the
+    float -> uint8 cast is several times slower): every value -127 … 127
+    lands where the float formula puts it, and the row scales are int8-dynamic's."""
+    import torch
+
+    from soldaemon.runtime.forward.kernels import Int8Dynamic, OneDNNInt8
+
+    torch.manual_seed(2)
+    x = torch.randn(7, 300) * torch.tensor([1.0, 5.0, 0.01, 100.0, 1.0, 1.0, 1.0])[:, None]
+    x[4, :255] = torch.arange(-127, 128, dtype=torch.float32)        # every level once
+    x[5] = 0.0                                                        # an all-zero row
+    u, sx = OneDNNInt8().prepare(x)
+    q, sq = Int8Dynamic.quantize(x)
+    assert u.dtype == torch.uint8 and torch.equal(sx, sq)
+    assert torch.equal(u.to(torch.int32), q.to(torch.int32) + 128)
+    assert torch.equal(u[4, :255].to(torch.int32), torch.arange(1, 256, dtype=torch.int32))
+
+
 # -- mechanism: kernels, cache key ---------------------------------------------------
 
 

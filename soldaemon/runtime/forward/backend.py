@@ -31,8 +31,8 @@ from soldaemon.policy.kernel_plan import KernelPlan
 from soldaemon.runtime.forward.kernels import KERNEL_FNS, ROW_COPIES, Kernel, compute_dtype_for, embed_rows, pack
 from soldaemon.runtime.forward.rotation import (INNER_BLOCK, RESIDUAL_BLOCK, Rotations, rotation_applies,
                                                row_exact)
-from soldaemon.runtime.forward.layer import (CAUSAL, GROUPED, STEPWISE, Shape, causal_mask, decoder_layer, group_mask,
-                                             rms_norm, rope)
+from soldaemon.runtime.forward.layer import (CAUSAL, GROUPED, STEPWISE, Shape, additive_mask, causal_mask,
+                                             decoder_layer, group_mask, rms_norm, rope)
 
 if TYPE_CHECKING:
     from soldaemon.runtime.memory.weightstore import WeightStore
@@ -443,7 +443,9 @@ class LeanBackend:
         if short and self.stepwise_short:
             return STEPWISE, None
         # new token i (at pos+i) sees cache positions 0 … pos+i, tiled for the grouped queries
-        return GROUPED, group_mask(causal_mask(pos, T, pos + T, self.device), self.n_heads // self.n_kv)
+        mask = group_mask(causal_mask(pos, T, pos + T, self.device), self.n_heads // self.n_kv)
+        # on a CPU, as the scores' addend once per forward (SDPA would convert it in every layer)
+        return GROUPED, additive_mask(mask, self.dtype) if self.device.type == "cpu" else mask
 
     def _block(self, x: torch.Tensor, w: LayerWeights, i: int, pos: int, end: int, cos: torch.Tensor,
                sin: torch.Tensor, mask: torch.Tensor | None, attention: str, lin: Kernel,
