@@ -225,8 +225,8 @@ class OneDNNInt8(Int8Dynamic):
     def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         q, sx = self.quantize(x)
         # q + 128 as bytes: the int8 values' bytes plus 128, wrapping (the same
-        # bits as float q + 128 cast to uint8; torch's float -> int8 cast is ~10x
-        # its float -> uint8 cast on a prompt's rows: docs/kernels.md, session 22)
+        # bytes as float q + 128 cast to uint8, which torch does ~10x slower than
+        # the cast to int8 on a prompt's rows: docs/kernels.md, session 22)
         return q.to(torch.int8).view(torch.uint8).add_(128), sx
 
     def multiply(self, p: tuple[torch.Tensor, torch.Tensor], w: torch.Tensor, b: torch.Tensor | None,
