@@ -73,9 +73,8 @@ def server_vscode(server: Any, hole: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from soldaemon import paths
     from soldaemon.config import load_config
-    from soldaemon.measure.functional import cached_holes
+    from soldaemon.measure.functional import cached_holes, holes_cache_path
     from soldaemon.measure.quality.llama_server import LlamaServer
     from soldaemon.measure.quality.llama_server_build import build_server
     from soldaemon.runtime.engine.local import load_engine
@@ -89,8 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", dest="json_out")
     args = ap.parse_args(argv)
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    cache = paths.cache_dir() / f"functional-holes-py{sys.version_info[0]}{sys.version_info[1]}.json"
-    holes = [fh.hole for fh in cached_holes(max(args.holes * 3, 12), args.seed, cache, say=say)
+    holes = [fh.hole for fh in cached_holes(max(args.holes * 3, 12), args.seed, holes_cache_path(), say=say)
              if fh.hole.kind == "block"][: args.holes]
     config = load_config(None)
     base = {"model.path": None, "model.name": args.model, "model.draft": "off"}

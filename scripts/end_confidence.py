@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -38,17 +37,16 @@ def main() -> int:
     import torch
 
     import soldaemon.runtime.decode.generate as generate_module
-    from soldaemon import paths
     from soldaemon.config import load_config
-    from soldaemon.measure.functional import cached_holes
+    from soldaemon.measure.functional import cached_holes, holes_cache_path
     from soldaemon.measure.quality.columns import run_sol
     from soldaemon.runtime.engine.local import load_engine
 
     run = json.loads(args.src.read_text(encoding="utf-8"))
     column = args.column or next(iter(run["summary"]))
     ended = {(h["path"], h["line"]): h for h in run["holes"] if h["out"][column]["end"] == "model"}
-    cache = paths.cache_dir() / f"functional-holes-py{sys.version_info[0]}{sys.version_info[1]}-block.json"
-    holes = [fh.hole for fh in cached_holes(len(run["holes"]), run.get("seed", 0), cache, kinds=("block",))
+    holes = [fh.hole for fh in cached_holes(len(run["holes"]), run.get("seed", 0), holes_cache_path(("block",)),
+                                            kinds=("block",))
              if (fh.hole.path, fh.hole.line) in ended][:args.limit]
     config = load_config().with_overrides({"model.path": None, "model.name": args.model, "model.draft": "off",
                                            "completion.hold_end": True}, source="end_confidence")

@@ -23,10 +23,9 @@ import collections
 import json
 from pathlib import Path
 
-from soldaemon import paths
 from soldaemon.api import CompletionRequest
 from soldaemon.config.loader import load_config
-from soldaemon.measure.functional import cached_holes
+from soldaemon.measure.functional import cached_holes, holes_cache_path
 from soldaemon.policy.draft import DraftLength, PromptLookup
 from soldaemon.runtime.engine.local import load_engine
 
@@ -43,7 +42,7 @@ def main() -> int:
                                        source="bench")
     engine = load_engine(cfg)
     holes = cached_holes(len(run["holes"]), run.get("seed", 0),
-                         paths.cache_dir() / "functional-holes-py311-block.json", kinds=("block",))
+                         holes_cache_path(("block",)), kinds=("block",))
     pairs = []
     for fh in holes:
         text = texts.get((fh.hole.path, fh.hole.line))

@@ -254,6 +254,13 @@ def find_holes(n: int, seed: int = 0, *, modules: Iterable[str] = ALL_MODULES, p
     return found
 
 
+def holes_cache_path(kinds: tuple[str, ...] = ("line", "block")) -> Path:
+    """Where :func:`cached_holes` keeps the holes of these kinds for this
+    Python (one file per Python version and kinds: ``bench --quality`` and
+    the scripts share it)."""
+    return paths.cache_dir() / f"functional-holes-py{sys.version_info[0]}{sys.version_info[1]}-{'+'.join(kinds)}.json"
+
+
 def cached_holes(n: int, seed: int, cache: Path, *, modules: Iterable[str] = ALL_MODULES,
                  kinds: tuple[str, ...] = ("line", "block"),
                  say: Callable[[str], None] = lambda _m: None) -> list[FunctionalHole]:

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from soldaemon import paths
 from soldaemon.config import Config
 from soldaemon.errors import BadRequest
 from soldaemon.measure.header import engine_label
@@ -50,12 +49,10 @@ def run(args: argparse.Namespace, config: Config) -> int:
     say = lambda msg: print("  " + msg, file=sys.stderr, flush=True)  # noqa: E731
     functional = None
     if getattr(args, "functional", False):
-        from soldaemon.measure.functional import cached_holes
+        from soldaemon.measure.functional import cached_holes, holes_cache_path
 
         hole_kinds = tuple(getattr(args, "hole_kinds", None) or ("line", "block"))
-        cache = (paths.cache_dir() / f"functional-holes-py{sys.version_info[0]}{sys.version_info[1]}"
-                 f"-{'+'.join(hole_kinds)}.json")
-        functional = cached_holes(n_holes, args.seed, cache, kinds=hole_kinds, say=say)
+        functional = cached_holes(n_holes, args.seed, holes_cache_path(hole_kinds), kinds=hole_kinds, say=say)
         holes = [fh.hole for fh in functional]
         files = sorted({Path(h.file) for h in holes})
     else:
