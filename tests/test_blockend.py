@@ -62,6 +62,8 @@ PY_NESTED_MIDDLE = ("return True\n    out = []\n    for i in range(2, n):\n     
 JS_NESTED_PREFIX = ("function primes(n) {\n  function isPrime(k) {\n    for (let d = 2; d < k; d++) {\n"
                     "      if (k % d === 0) return false;\n    }\n    ")
 JS_NESTED_MIDDLE = "return true;\n  }\n  const out = [];\n  for (let i = 2; i < n; i++) if (isPrime(i)) out.push(i);"
+PY_CLASS_PREFIX = "class Cache:\n    def __init__(self, key):\n        self._data = {}\n        "
+PY_CLASS_SUFFIX = "\n\n    def __len__(self):\n        return len(self._data)\n"
 
 CASES = [
     # -- Python ---------------------------------------------------------------
@@ -86,6 +88,10 @@ CASES = [
          "total = 0\n    items = [x * x for x in xs", "length", "total = 0", "parse"),
     Case("py: an unclosed string", "python",
          "def f():\n    ", "\n    return msg\n", "x = 1\n    msg = 'hello\n", "stop", "x = 1", "parse"),
+    Case("py: past the block, a name like a definition word is the outer scope's code", "python",
+         PY_NESTED_PREFIX, "\n    return out\n",
+         "return True\n    func = is_prime\n    out = [i for i in range(n) if func(i)]\n", "stop",
+         "return True\n    func = is_prime\n    out = [i for i in range(n) if func(i)]", "model"),
     Case("py: an unfinished statement is multi-line", "python",
          "def f(a, b):\n    total = (a +", "\n    return total\n", " b +\n             1)\n", "stop",
          " b +\n             1)", "model"),
@@ -141,6 +147,16 @@ SAME = [
          "y = x * 2\n", "stop", "y = x * 2", "model"),
     Case("js: the closer the suffix lacks is kept", "javascript", "function f() {\n  ", "",
          "return 1;\n}\n", "stop", "return 1;\n}", "model"),
+    # past the cursor's block, the model writing the next definition: the
+    # answer ends with the block, whether or not the model ends afterwards
+    Case("py: past the block, the next method is not waited for", "python", PY_CLASS_PREFIX, PY_CLASS_SUFFIX,
+         "self._key = key\n\n    def seek(self, i):\n        return i\n", "stop", "self._key = key", "scope"),
+    Case("py: past the block, a decorator starts the next definition", "python", PY_CLASS_PREFIX, PY_CLASS_SUFFIX,
+         "self._key = key\n\n    @property\n    def key(self):\n        return self._key\n", "stop",
+         "self._key = key", "scope"),
+    Case("js: past the nested function, the next one is not waited for", "javascript", JS_NESTED_PREFIX,
+         "\n  return out;\n}\n", "return true;\n  }\n  function helper(x) {\n    return x;\n  }\n", "stop",
+         "return true;\n  }", "scope"),
     Case("c: a language without a grammar here keeps the text rules", "cobol", "PROCEDURE DIVISION.\n    ",
          "\n", "DISPLAY 'X'.\n\nSTOP RUN.\n", "stop", "DISPLAY 'X'.", "scope"),
 ]
@@ -199,7 +215,8 @@ def test_done_carries_the_ends_over_the_wire() -> None:
     assert "ends" not in server_to_json(Done("2", ("a",), "stop"))
 
 
-_PIECES = ["a", "b()", "return y", "}", ")", "x = 1", "if x:", "{", "(", "'", "else:", "for i in x:"]
+_PIECES = ["a", "b()", "return y", "}", ")", "x = 1", "if x:", "{", "(", "'", "else:", "for i in x:",
+           "def g():", "@d", "fn(x)"]
 
 
 @st.composite
@@ -224,6 +241,22 @@ def test_early_stop_with_a_floor_never_changes_the_result(prefix: str, suffix: s
     for q in range(stop, len(text) + 1):
         assert postprocess_why(text[:q], prefix=prefix, suffix=suffix, multiline=True, max_lines=5,
                                floor=floor)[0] == final
+
+
+def test_generation_stops_where_the_next_definition_begins() -> None:
+    """The early stop: once a line past the cursor's block has begun a
+    definition (its word and the first letter of its name), decoding stops,
+    before the model writes that definition's body."""
+    raw = "self._key = key\n\n    def seek(self, i):\n        return i\n"
+    plan = blockend.plan(PY_CLASS_PREFIX, PY_CLASS_SUFFIX, "python", "auto", MAX_LINES, "model")
+    checker = blockend.stop_checker(plan)
+    stop = next(n for n in range(1, len(raw) + 1) if checker.check(raw[:n]))
+    assert raw[:stop].endswith("    def s")
+    assert blockend.finish(plan, raw[:stop], "stop", checker) == blockend.Answer("self._key = key", "scope")
+    # a line inside the block that defines (a nested helper) goes on
+    inner = "def helper():\n            return 1\n        self._key = helper()\n"
+    checker = blockend.stop_checker(plan)
+    assert not any(checker.check(inner[:n]) for n in range(1, len(inner) + 1))
 
 
 def test_a_line_at_column_0_inside_a_docstring_starts_no_window() -> None:

@@ -18,7 +18,11 @@ Here, for a language with a tree-sitter grammar (:mod:`.syntax`) and with
   suffix's statement already has), a line indented less than both the cursor's block and the
   suffix's next line (the hole's code cannot leave the scope the suffix
   goes on in), a line past ``max_lines``, a line's third repetition; not at
-  the end of the cursor's block;
+  the end of the cursor's block, but at a line past it that starts a new
+  definition (``def``/``class``/a decorator, ``function``, ``func``,
+  ``fn``...): there the model is writing the next function, not the hole's
+  code, and waiting for its end token cost half the decoded tokens of the
+  0.5B's scope-cut answers (docs/quality.md, session 23);
 * **at the end** (:func:`finish`): when the model ended with its own end
   token, its text stands, cut only by those rules; when it did not (a rule
   above stopped it, or ``max_tokens`` or the budget did), the text rules

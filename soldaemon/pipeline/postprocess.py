@@ -241,6 +241,27 @@ _CONTINUES: dict[str, tuple[str, ...]] = {
 }
 # Brace languages: ``} else {``, ``} catch (e) {``, ``} finally {``, ``} while (x);``.
 _BRACE_CONTINUES = ("else", "catch", "finally", "except", "while")
+# A line that starts a new definition (a decorator too). Past the end of the
+# cursor's block, where a floor lets the text go on (a nested function's end,
+# then the outer function's code), such a line is not the hole's code going
+# on but the model writing the next function: the answer ends before it.
+_DEFINES = ("def", "async def", "class", "function", "async function", "func", "fn", "pub fn", "impl", "export")
+
+
+def _starts_definition(line: str) -> bool:
+    """``line`` (complete or not) starts a definition: a word of
+    :data:`_DEFINES` then a space and a name (``def f``, ``func (r T)``,
+    ``function* g``; not ``fn(x)``, a call, nor ``function = 1``), or a
+    decorator ``@name``. An incomplete line is not one until that much of
+    it is there, so the answer cannot change when the line goes on."""
+    lead = line.lstrip()
+    if lead.startswith("@"):
+        return len(lead) > 1 and (lead[1].isalpha() or lead[1] == "_")
+    word = _keyword(lead, _DEFINES)
+    if word is None or lead[len(word):len(word) + 1] not in (" ", "\t"):
+        return False
+    name = lead[len(word):].lstrip()
+    return bool(name) and (name[0].isalpha() or name[0] in "_(*")
 
 
 def _keyword(stripped: str, words: tuple[str, ...] | Iterable[str]) -> str | None:
@@ -430,6 +451,8 @@ class LineScanner:
                     return ("before", i, "suffix")
                 return ("after", i, "scope")
             return ("before", i, "scope")
+        if ind < self.base and _starts_definition(line):
+            return ("before", i, "scope")   # past the block (above the floor): a new definition
         if not complete:
             return None
         text = line.rstrip()
