@@ -259,6 +259,57 @@ def test_generation_stops_where_the_next_definition_begins() -> None:
     assert not any(checker.check(inner[:n]) for n in range(1, len(inner) + 1))
 
 
+BODYLESS_PREFIX = "def total(xs):\n    t = 0\n    "
+BODYLESS_SUFFIX = "\n    return t\n"
+
+
+def test_an_opener_without_its_body_inside_the_answer_is_cut() -> None:
+    """tree-sitter's Python grammar takes ``while True:`` followed by a line
+    at its own indentation without an error; Python does not. The answer
+    is cut before that opener (the parse alone showed all of it), and
+    generation stops as soon as the line after it shows its indentation."""
+    raw = "for x in xs:\n        t += x\n    while True:\n    t += 1\n    t -= 1\n"
+    plan = blockend.plan(BODYLESS_PREFIX, BODYLESS_SUFFIX, "python", "auto", MAX_LINES, "model")
+    assert plan.window is not None and plan.window.longest_fit(raw)[0] == "for x in xs:\n        t += x\n"
+    checker = blockend.stop_checker(plan)
+    stop = next(n for n in range(1, len(raw) + 1) if checker.check(raw[:n]))
+    assert raw[:stop].endswith("while True:\n    t") and checker.rule == "opener"
+    early = blockend.finish(plan, raw[:stop], "stop", checker)
+    assert early == blockend.Answer("for x in xs:\n        t += x", "opener")
+    plain = StopChecker(plan.prefix, plan.suffix, plan.multiline, plan.max_lines, floor=plan.floor)
+    assert not any(plain.check(raw[:n]) for n in range(1, len(raw) + 1))
+    assert blockend.finish(plan, raw, "stop", plain) == early      # the answer of the whole generation
+    # an opener inside a string, or one with its body, goes on
+    for ok in ('s = """Note:\n    t is a sum\n    """\n    t = 1\n', "if xs:\n        t = 1\n    t += 1\n"):
+        checker = blockend.stop_checker(plan)
+        assert not any(checker.check(ok[:n]) for n in range(1, len(ok) + 1)), ok
+        assert plan.window.fits(ok)
+
+
+_PY_PIECES = ["t += 1", "if t:", "while True:", "for x in xs:", "return t", "else:", "# c", "s = '''a:",
+              "''' ", "d = {1:", "2}", "def g():"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=st.lists(st.tuples(st.sampled_from(["", "    ", "        ", "            "]),
+                                st.sampled_from(_PY_PIECES)), min_size=1, max_size=7),
+       suffix=st.sampled_from(["\n    return t\n", "\n", "\n\ndef h():\n    pass\n"]))
+def test_the_early_stop_at_a_bare_opener_never_changes_the_answer(lines: list[tuple[str, str]], suffix: str) -> None:
+    """Stopping at an opener without its body shows what the whole
+    generation, ended by the model, would have shown."""
+    raw = "\n".join(ind + piece for ind, piece in lines)
+    plan = blockend.plan(BODYLESS_PREFIX, suffix, "python", "auto", MAX_LINES, "model")
+    checker = blockend.stop_checker(plan)
+    stop = next((n for n in range(1, len(raw) + 1) if checker.check(raw[:n])), None)
+    if stop is None or checker.rule != "opener":
+        return
+    plain = StopChecker(plan.prefix, plan.suffix, plan.multiline, plan.max_lines, floor=plan.floor)
+    whole = next((n for n in range(1, len(raw) + 1) if plain.check(raw[:n])), None)
+    end = raw if whole is None else raw[:whole]
+    assert blockend.finish(plan, raw[:stop], "stop", checker).text == \
+        blockend.finish(plan, end, "stop", plain).text
+
+
 def test_a_line_at_column_0_inside_a_docstring_starts_no_window() -> None:
     prefix = 'def f(s):\n    """Collapse blanks:\n\nbecomes one line.\n    """\n    '
     w = window_at(prefix, "\n    return s\n", "python")

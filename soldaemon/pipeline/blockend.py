@@ -22,7 +22,10 @@ Here, for a language with a tree-sitter grammar (:mod:`.syntax`) and with
   definition (``def``/``class``/a decorator, ``function``, ``func``,
   ``fn``...): there the model is writing the next function, not the hole's
   code, and waiting for its end token cost half the decoded tokens of the
-  0.5B's scope-cut answers (docs/quality.md, session 23);
+  0.5B's scope-cut answers (docs/quality.md, session 23); and, in
+  Python, once a line inside the block opens a block and the next line
+  with code is not deeper (an opener without its body: the answer is cut
+  before it whatever follows);
 * **at the end** (:func:`finish`): when the model ended with its own end
   token, its text stands, cut only by those rules; when it did not (a rule
   above stopped it, or ``max_tokens`` or the budget did), the text rules
@@ -44,10 +47,10 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from soldaemon.api import Multiline
-from soldaemon.pipeline.postprocess import next_indent, postprocess_why
+from soldaemon.pipeline.postprocess import _indent, next_indent, postprocess_why
 from soldaemon.pipeline.stopcheck import StopChecker
 from soldaemon.pipeline.postprocess import decide_multiline as decide_by_text
-from soldaemon.pipeline.syntax import Window, window_at
+from soldaemon.pipeline.syntax import INDENTED, Window, bodies_fit, window_at
 
 # Ends that name how generation stopped rather than a cut.
 _STOPPED = ("length", "budget", "cancelled", "superseded", "error")
@@ -151,7 +154,33 @@ def plan(prefix: str, suffix: str, language: str | None, mode: Multiline, max_li
 
 def stop_checker(p: EndPlan) -> StopChecker:
     """The early stop for this plan (module doc: "during decoding")."""
+    if p.window is not None and p.window.language in INDENTED:
+        return _BodylessStop(p.prefix, p.suffix, p.multiline, p.max_lines, floor=p.floor, before=p.window.before)
     return StopChecker(p.prefix, p.suffix, p.multiline, p.max_lines, floor=p.floor)
+
+
+class _BodylessStop(StopChecker):
+    """Also stops (rule ``opener``) once a line inside the cursor's block
+    opens a block (``...:``) and the next line with code is not deeper: the
+    answer is cut before that opener whatever follows (:meth:`Window.fits`
+    rejects every longer line-prefix), and, the text not having left the
+    block before it, both of :func:`finish`'s cuts keep the same lines up to
+    it -- so the shown answer is the one a longer generation would give."""
+
+    def __init__(self, *args: Any, before: str, **kwargs: Any) -> None:
+        self._before = before
+        super().__init__(*args, **kwargs)
+
+    def check(self, text_so_far: str) -> bool:
+        if super().check(text_so_far):
+            return True
+        head = text_so_far[:text_so_far.rfind("\n") + 1]
+        if not self._multiline or "\n" not in head or not _in_block(head, self._scanner.base):
+            return False
+        if bodies_fit(self._before, text_so_far):
+            return False
+        self._stopped, self.rule = True, "opener"
+        return True
 
 
 def finish(p: EndPlan, raw: str, finish_reason: str, checker: StopChecker) -> Answer:
@@ -177,7 +206,19 @@ def finish(p: EndPlan, raw: str, finish_reason: str, checker: StopChecker) -> An
     return Answer(text, end)
 
 
+def _in_block(text: str, base: int) -> bool:
+    """Every line of ``text`` with code after its first is indented at least
+    ``base`` (the text has not left the cursor's block)."""
+    return all(_indent(ln) >= base for ln in text.split("\n")[1:] if ln.strip())
+
+
 def _opens(text: str, shown: str) -> bool:
-    """The cut dropped a last line that opens a block (``:`` ``{`` ``(``...)."""
-    dropped = text[len(shown):].rstrip().split("\n")[-1].split("#", 1)[0].rstrip()
-    return dropped.endswith((":", "{", "(", "[")) and not dropped.endswith("::")
+    """The cut dropped a line that opens a block (``:`` ``{`` ``(``...)
+    without its body: its last line, or its first line with code when that
+    ends with ``:`` and the next line with code is not deeper."""
+    lines = [ln.split("#", 1)[0].rstrip() for ln in text[len(shown):].rstrip().split("\n")]
+    if lines[-1].endswith((":", "{", "(", "[")) and not lines[-1].endswith("::"):
+        return True
+    code = [ln for ln in lines if ln.strip()]
+    return (len(code) > 1 and code[0].endswith(":") and not code[0].endswith("::")
+            and _indent(code[1]) <= _indent(code[0]))

@@ -140,7 +140,8 @@ class Window:
         opener without a body and no unexpected indent before ``after``)."""
         if not insert:
             return True
-        if self.language in INDENTED and not _indent_fits(self.before, insert, self.after):
+        if self.language in INDENTED and not (bodies_fit(self.before, insert)
+                                              and _indent_fits(self.before, insert, self.after)):
             return False
         head, ins = self.before.encode(), insert.encode()
         tree = self.tree.copy()
@@ -204,10 +205,51 @@ def _indent_fits(before: str, insert: str, after: str) -> bool:
     return ok(before + insert)
 
 
+def bodies_fit(before: str, insert: str) -> bool:
+    """Python's block rule inside the insertion: a line that opens a block
+    (``...:`` outside brackets and strings) is followed, within the
+    insertion, by a deeper line with code or by none. tree-sitter's Python
+    grammar takes ``while x:`` followed by a line at its own indentation
+    without an error (an IndentationError to Python), so the parse alone
+    let such an answer through. Not judged when the cursor is inside a
+    bracket or a string (the parse does)."""
+    lines = insert.split("\n")
+    if len(lines) < 2 or _scan_before(before) != (0, False):
+        return True
+    cursor_line = before[before.rfind("\n") + 1:]
+    head = cursor_line
+    for j, line in enumerate(lines[:-1]):
+        text = (cursor_line if j == 0 else "") + line
+        head += line + "\n"
+        code = text.split("#", 1)[0].rstrip()
+        if not code.endswith(":") or code.endswith("::"):
+            continue
+        nxt = next((ln for ln in lines[j + 1:] if ln.strip() and not ln.lstrip().startswith("#")), None)
+        if nxt is None:
+            return True
+        if _scan(head) == (0, False) and _indent(nxt) <= _indent(text):
+            return False
+    return True
+
+
+@lru_cache(maxsize=8)
+def _scan_before(before: str) -> tuple[int, bool]:
+    """:func:`_scan` of the text before the cursor's line (a window's,
+    scanned once for the many answers judged against it)."""
+    return _scan(before[:before.rfind("\n") + 1])
+
+
 def _open_brackets(text: str) -> int:
     """Brackets left open at the end of ``text`` (Python): those inside
     string literals and comments do not count (a regex's ``'[^'`` in the
     window once let a bare ``def f():`` through as "inside a bracket")."""
+    return _scan(text)[0]
+
+
+def _scan(text: str) -> tuple[int, bool]:
+    """(brackets left open at the end of ``text``, whether it ends inside
+    an unclosed triple-quoted string) -- Python's lexing, roughly: comments
+    and string literals skipped."""
     depth = 0
     i, n = 0, len(text)
     while i < n:
@@ -217,14 +259,17 @@ def _open_brackets(text: str) -> int:
             i = n if end < 0 else end
             continue
         if ch in "'\"":
-            i = _string_end(text, i)
+            j = _string_end(text, i)
+            if j >= n and text[i:i + 3] in ('"""', "\'\'\'") and not text.endswith(text[i:i + 3], i + 3):
+                return depth, True
+            i = j
             continue
         if ch in "([{":
             depth += 1
         elif ch in ")]}" and depth:
             depth -= 1
         i += 1
-    return depth
+    return depth, False
 
 
 def _string_end(text: str, i: int) -> int:
