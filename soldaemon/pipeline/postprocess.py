@@ -26,9 +26,10 @@ tab counted as 4.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Literal
+from typing import Literal
 
 from soldaemon.api import Multiline
+from soldaemon.pipeline.keywords import BRACE_CONTINUES, CONTINUES, header_word, keyword, starts_definition
 
 _CLOSE_TO_OPEN = {")": "(", "]": "[", "}": "{"}
 _OPENERS = "([{"
@@ -229,56 +230,6 @@ def first_repeats(cur: Cursor, line: str) -> bool:
 # "repeat" (a line came a third time in a row).
 _Cut = tuple[Literal["before", "after"], int, str]
 
-# A dedented line that goes on with the statement the cursor is inside, not
-# after it: keyword -> the header keywords it may follow (``elif`` after the
-# body of an ``if``/``elif`` ...). Such a line is not the end of the block.
-_CONTINUES: dict[str, tuple[str, ...]] = {
-    "elif": ("if", "elif"),
-    "else": ("if", "elif", "for", "while", "try", "except", "async for", "async while"),
-    "except": ("try", "except"),
-    "finally": ("try", "except", "else"),
-    "case": ("case",),
-}
-# Brace languages: ``} else {``, ``} catch (e) {``, ``} finally {``, ``} while (x);``.
-_BRACE_CONTINUES = ("else", "catch", "finally", "except", "while")
-# A line that starts a new definition (a decorator too). Past the end of the
-# cursor's block, where a floor lets the text go on (a nested function's end,
-# then the outer function's code), such a line is not the hole's code going
-# on but the model writing the next function: the answer ends before it.
-_DEFINES = ("def", "async def", "class", "function", "async function", "func", "fn", "pub fn", "impl", "export")
-
-
-def _starts_definition(line: str) -> bool:
-    """``line`` (complete or not) starts a definition: a word of
-    :data:`_DEFINES` then a space and a name (``def f``, ``func (r T)``,
-    ``function* g``; not ``fn(x)``, a call, nor ``function = 1``), or a
-    decorator ``@name``. An incomplete line is not one until that much of
-    it is there, so the answer cannot change when the line goes on."""
-    lead = line.lstrip()
-    if lead.startswith("@"):
-        return len(lead) > 1 and (lead[1].isalpha() or lead[1] == "_")
-    word = _keyword(lead, _DEFINES)
-    if word is None or lead[len(word):len(word) + 1] not in (" ", "\t"):
-        return False
-    name = lead[len(word):].lstrip()
-    return bool(name) and (name[0].isalpha() or name[0] in "_(*")
-
-
-def _keyword(stripped: str, words: tuple[str, ...] | Iterable[str]) -> str | None:
-    """The word of ``words`` that ``stripped`` starts with as a whole word."""
-    for w in words:
-        if stripped.startswith(w) and (len(stripped) == len(w) or not (stripped[len(w)].isalnum()
-                                                                        or stripped[len(w)] == "_")):
-            return w
-    return None
-
-
-def _header_word(header: str) -> str | None:
-    stripped = header.strip()
-    return _keyword(stripped, ("async for", "async while", "if", "elif", "else", "for", "while", "try", "except",
-                               "case"))
-
-
 class LineScanner:
     """The line-by-line cut rules (see :func:`postprocess`), fed one line at a
     time: :meth:`decide` for line ``i`` (pure), then :meth:`advance` when it
@@ -372,14 +323,14 @@ class LineScanner:
                 return False
             after = stripped[1:].lstrip()
             if not complete:
-                return None if not after or _keyword(after, _BRACE_CONTINUES) or any(
-                    w.startswith(after) for w in _BRACE_CONTINUES) else False
-            return bool(_keyword(after, _BRACE_CONTINUES)) and (after.endswith("{") or after.endswith(";"))
-        head = _header_word(text)
+                return None if not after or keyword(after, BRACE_CONTINUES) or any(
+                    w.startswith(after) for w in BRACE_CONTINUES) else False
+            return bool(keyword(after, BRACE_CONTINUES)) and (after.endswith("{") or after.endswith(";"))
+        head = header_word(text)
         if head is None:
             return False
-        allowed = [w for w, after in _CONTINUES.items() if head in after]
-        if _keyword(stripped, allowed):
+        allowed = [w for w, after in CONTINUES.items() if head in after]
+        if keyword(stripped, allowed):
             return True
         if not complete and any(w.startswith(stripped) for w in allowed):
             return None
@@ -399,14 +350,14 @@ class LineScanner:
         ``elif x:`` is dead code and a second ``else:`` a syntax error,
         however far below the suffix holds the first."""
         stripped = text.strip()
-        if _keyword(stripped, _CONTINUES) is None:
+        if keyword(stripped, CONTINUES) is None:
             return False
         indent = _indent(text)
         for line in self.cur.suffix.split("\n")[1:]:
             if not line.strip():
                 continue
             ind = _indent(line)
-            if ind < indent or (ind == indent and _keyword(line.strip(), _CONTINUES) is None):
+            if ind < indent or (ind == indent and keyword(line.strip(), CONTINUES) is None):
                 return False
             if line.rstrip() == text:
                 return True
@@ -451,7 +402,7 @@ class LineScanner:
                     return ("before", i, "suffix")
                 return ("after", i, "scope")
             return ("before", i, "scope")
-        if ind < self.base and _starts_definition(line):
+        if ind < self.base and starts_definition(line):
             return ("before", i, "scope")   # past the block (above the floor): a new definition
         if not complete:
             return None
