@@ -280,7 +280,8 @@ def test_an_opener_without_its_body_inside_the_answer_is_cut() -> None:
     assert not any(plain.check(raw[:n]) for n in range(1, len(raw) + 1))
     assert blockend.finish(plan, raw, "stop", plain) == early      # the answer of the whole generation
     # an opener inside a string, or one with its body, goes on
-    for ok in ('s = """Note:\n    t is a sum\n    """\n    t = 1\n', "if xs:\n        t = 1\n    t += 1\n"):
+    for ok in ('s = """Note:\n    t is a sum\n    """\n    t = 1\n', "if xs:\n        t = 1\n    t += 1\n",
+               "if (xs and\n        t):\n        t = 1\n"):    # the body is deeper than the `if` line
         checker = blockend.stop_checker(plan)
         assert not any(checker.check(ok[:n]) for n in range(1, len(ok) + 1)), ok
         assert plan.window.fits(ok)

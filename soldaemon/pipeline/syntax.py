@@ -218,8 +218,11 @@ def bodies_fit(before: str, insert: str) -> bool:
         return True
     cursor_line = before[before.rfind("\n") + 1:]
     head = cursor_line
+    start = ""          # the first physical line of the statement being read
     for j, line in enumerate(lines[:-1]):
         text = (cursor_line if j == 0 else "") + line
+        if j == 0 or _scan(head) == (0, False):
+            start = text
         head += line + "\n"
         code = text.split("#", 1)[0].rstrip()
         if not code.endswith(":") or code.endswith("::"):
@@ -227,7 +230,9 @@ def bodies_fit(before: str, insert: str) -> bool:
         nxt = next((ln for ln in lines[j + 1:] if ln.strip() and not ln.lstrip().startswith("#")), None)
         if nxt is None:
             return True
-        if _scan(head) == (0, False) and _indent(nxt) <= _indent(text):
+        # the body is deeper than the statement's first line (``if (a and`` /
+        # ``        b):`` / ``    body`` is Python)
+        if _scan(head) == (0, False) and _indent(nxt) <= _indent(start):
             return False
     return True
 
