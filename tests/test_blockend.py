@@ -279,6 +279,11 @@ def test_an_opener_without_its_body_inside_the_answer_is_cut() -> None:
     plain = StopChecker(plan.prefix, plan.suffix, plan.multiline, plan.max_lines, floor=plan.floor)
     assert not any(plain.check(raw[:n]) for n in range(1, len(raw) + 1))
     assert blockend.finish(plan, raw, "stop", plain) == early      # the answer of the whole generation
+    # the opener on the answer's first line, after the cursor's indentation
+    first = "while True:\n    t += 1\n"
+    checker = blockend.stop_checker(plan)
+    stop = next(n for n in range(1, len(first) + 1) if checker.check(first[:n]))
+    assert blockend.finish(plan, first[:stop], "stop", checker) == blockend.Answer("", "opener")
     # an opener inside a string, or one with its body, goes on
     for ok in ('s = """Note:\n    t is a sum\n    """\n    t = 1\n', "if xs:\n        t = 1\n    t += 1\n",
                "if (xs and\n        t):\n        t = 1\n"):    # the body is deeper than the `if` line

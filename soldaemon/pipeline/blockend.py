@@ -201,7 +201,7 @@ def finish(p: EndPlan, raw: str, finish_reason: str, checker: StopChecker) -> An
     if p.window is not None and text:
         shown, whole = p.window.longest_fit(text)
         if not whole:
-            end = "opener" if _opens(text, shown) else "parse"
+            end = "opener" if _opens(text, shown, p.prefix[p.prefix.rfind("\n") + 1:]) else "parse"
             text = shown
     return Answer(text, end)
 
@@ -212,11 +212,15 @@ def _in_block(text: str, base: int) -> bool:
     return all(_indent(ln) >= base for ln in text.split("\n")[1:] if ln.strip())
 
 
-def _opens(text: str, shown: str) -> bool:
+def _opens(text: str, shown: str, cursor_line: str = "") -> bool:
     """The cut dropped a line that opens a block (``:`` ``{`` ``(``...)
     without its body: its last line, or its first line with code when that
-    ends with ``:`` and the next line with code is not deeper."""
-    lines = [ln.split("#", 1)[0].rstrip() for ln in text[len(shown):].rstrip().split("\n")]
+    ends with ``:`` and the next line with code is not deeper
+    (``cursor_line``: what precedes the answer on its first line)."""
+    dropped = text[len(shown):].rstrip()
+    if not shown:
+        dropped = cursor_line + dropped
+    lines = [ln.split("#", 1)[0].rstrip() for ln in dropped.split("\n")]
     if lines[-1].endswith((":", "{", "(", "[")) and not lines[-1].endswith("::"):
         return True
     code = [ln for ln in lines if ln.strip()]
