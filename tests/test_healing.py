@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from soldaemon.fim import detect_template, encode_text, make_prompt
+from soldaemon.fim import detect_template, encode_text, heal_tokens, make_prompt
 from soldaemon.runtime.decode.healing import HealingSampler, TokenTexts
 from soldaemon.runtime.decode.sampling import Greedy
 from soldaemon.testing.tiny import build_tokenizer
@@ -102,17 +102,50 @@ def test_make_prompt_heals_a_cursor_after_text_and_only_then(tok) -> None:
     plain = make_prompt(template, tok, prefix, "\n", **kw)
     healed = make_prompt(template, tok, prefix, "\n", heal=True, **kw)
     ids = encode_text(tok, prefix)
-    last = tok.decode([ids[-1]])
-    assert plain.heal == "" and healed.heal == last and prefix.endswith(last)
-    assert len(healed.ids) == len(plain.ids) - 1
-    assert healed.n_prefix_tokens == plain.n_prefix_tokens - 1
-    # the healed prompt is the plain one without the prefix's last token
+    # `resu` is three pieces here (" re", "s", "u"): healing goes back to the word's start
+    assert [tok.decode([i]) for i in ids[-3:]] == [" re", "s", "u"]
+    assert plain.heal == "" and healed.heal == " resu"
+    assert len(healed.ids) == len(plain.ids) - 3
+    assert healed.n_prefix_tokens == plain.n_prefix_tokens - 3
+    # the healed prompt is the plain one without the word's pieces
     s = plain.ids.index(template.suffix_id)
-    assert healed.ids == plain.ids[: s - 1] + plain.ids[s:]
+    assert healed.ids == plain.ids[: s - 3] + plain.ids[s:]
     # nothing to heal: the cursor at the start of a line or after its indentation
     # nor a token with non-ASCII text (its bytes may not be tokens of their own)
     for p in ["def f(items):\n", "def f(items):\n    ", "", "x = caf\u00e9"]:
         assert make_prompt(template, tok, p, "\n", heal=True, **kw).heal == ""
+
+
+@pytest.mark.parametrize("prefix, healed", [
+    ("    retu", " retu"),                    # " ret" + "u": back to the word's start
+    ("    result = ite", " ite"),             # " i" + "te"
+    ("def f(items):\n    resu", " resu"),      # three pieces
+    ("    return os.pa", "pa"),               # the token before ends the word ("."): one piece
+    ("x = self.appe", "appe"),
+    ("foo(a, b", " b"),                       # a whole word token: itself only
+    ("x = caf\u00e9", ""),                     # not ASCII: nothing
+    ("def f(items):\n    ", ""),              # after indentation: nothing
+])
+def test_healing_goes_back_to_the_start_of_the_word(tok, prefix: str, healed: str) -> None:
+    ids = encode_text(tok, prefix)
+    text, n = heal_tokens(tok, ids, prefix)
+    assert text == healed
+    assert prefix.endswith(text) and tok.decode(ids[len(ids) - n:]) == text if n else text == ""
+
+
+def test_healing_stops_at_its_bounds(tok) -> None:
+    """A long identifier is healed at most HEAL_MAX_TOKENS pieces (or
+    HEAL_MAX_CHARS characters) back, never the whole prefix."""
+    from soldaemon.fim.prompt import HEAL_MAX_CHARS, HEAL_MAX_TOKENS
+
+    prefix = "x = " + "abcdefghij" * 5
+    ids = encode_text(tok, prefix)
+    text, n = heal_tokens(tok, ids, prefix)
+    assert 1 <= n <= HEAL_MAX_TOKENS and len(text) <= HEAL_MAX_CHARS and prefix.endswith(text)
+    word = "abcdefghij"
+    ids = encode_text(tok, word)
+    text, n = heal_tokens(tok, ids, word)
+    assert len(text) < len(word)
 
 
 @pytest.mark.slow
@@ -168,7 +201,9 @@ def test_healing_off_by_config_gives_an_unhealed_prompt(tmp_path: Path) -> None:
         done = engine.complete_all(req)
         assert done.finish_reason in ("stop", "length")
     assert prompts[True].heal and not prompts[False].heal
-    assert len(prompts[True].ids) == len(prompts[False].ids) - 1
+    assert req.prefix.endswith(prompts[True].heal)
+    # the word's pieces (`ba`: here two) are left out of the healed prompt
+    assert len(prompts[True].ids) < len(prompts[False].ids)
 
 
 def test_a_blank_cursor_line_is_tokenized_as_the_code_after_it_would_be(tok) -> None:

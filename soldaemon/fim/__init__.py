@@ -59,7 +59,7 @@ from soldaemon.fim.comments import DEFAULT_LINE_COMMENT, comment_header
 from soldaemon.fim.encoding import encode_text
 from soldaemon.fim.layout import build_prompt
 from soldaemon.fim.outline import below_outline, fit_outlines, scope_outline
-from soldaemon.fim.prompt import FimPrompt, heal_token, lead_reserve, line_anchor, make_prompt
+from soldaemon.fim.prompt import FimPrompt, heal_token, heal_tokens, lead_reserve, line_anchor, make_prompt
 from soldaemon.fim.templates import SUPPORTED_FAMILIES, Family, FimOrder, FimTemplate, detect_template
 from soldaemon.fim.windows import WindowMemo, window_prefix, window_suffix
 
@@ -78,6 +78,7 @@ __all__ = [
     "encode_text",
     "fit_outlines",
     "heal_token",
+    "heal_tokens",
     "lead_reserve",
     "line_anchor",
     "make_prompt",

@@ -61,6 +61,42 @@ def heal_token(tokenizer: Any, prefix_ids: Sequence[int], prefix_text: str, *, b
         return ""
     return text
 
+# Healing inside a word goes back to the word's start, at most this far: a
+# word split into pieces (``" ret" + "u"`` for ``retu``) leaves the model after
+# a piece it never saw there (``" return"`` is one token), and dropping only the
+# last piece still leaves it after ``" ret"`` (docs/quality.md, session 24).
+HEAL_MAX_TOKENS = 4
+HEAL_MAX_CHARS = 32
+
+
+def _word_char(c: str) -> bool:
+    return c.isalnum() or c == "_"
+
+
+def heal_tokens(tokenizer: Any, ids: Sequence[int], prefix_text: str, *, blank: bool = False) -> tuple[str, int]:
+    """``(text, n)``: the prompt's last ``n`` tokens, whose text ``text``
+    ends ``prefix_text``, for token healing to drop. The last token as
+    :func:`heal_token` decides; then, while the text dropped so far starts
+    inside a word (the token before it ends with a letter, digit or ``_``
+    and so does not end the word), that token too: the prompt then ends
+    where the word starts, at a boundary the model saw in training, and
+    the first generated tokens must agree with the whole dropped text. At
+    most :data:`HEAL_MAX_TOKENS` tokens and :data:`HEAL_MAX_CHARS`
+    characters, on the cursor line only, never all of ``prefix_text``.
+    ``("", 0)``: nothing to heal."""
+    text = heal_token(tokenizer, ids, prefix_text, blank=blank)
+    n = 1 if text else 0
+    while text and n < min(HEAL_MAX_TOKENS, len(ids)) and _word_char(text[0]):
+        before = tokenizer.decode([ids[-n - 1]])
+        longer = before + text
+        if (not before or not before.isascii() or "\n" in before or not _word_char(before[-1])
+                or len(longer) > HEAL_MAX_CHARS or len(longer) >= len(prefix_text)
+                or not prefix_text.endswith(longer)):
+            break
+        text, n = longer, n + 1
+    return text, n
+
+
 def lead_reserve(max_prefix_tokens: int) -> int:
     """The most tokens a lead (:func:`make_prompt`'s ``lead_from``) may
     take, on top of the prefix window: a quarter of ``max_prefix_tokens``,
@@ -162,8 +198,9 @@ def make_prompt(
     the suffix's cached keys with them); ``memo`` keeps them too.
 
     ``heal``: token healing (:mod:`soldaemon.runtime.decode.healing`) -- when the
-    cursor is after text on its line, the prefix's last token is left out
-    of ``ids`` and its text returned as ``FimPrompt.heal``; the generation
+    cursor is after text on its line, the prefix's last token (inside a
+    word: its pieces back to the word's start, :func:`heal_tokens`) is left
+    out of ``ids`` and its text returned as ``FimPrompt.heal``; the generation
     must then start with that text (families whose tokens decode alone
     faithfully only: not SentencePiece's dummy-prefix ones).
 
@@ -289,12 +326,12 @@ def make_prompt(
         lead_ids = enc_plain(lead[:-1]) if len(lead) > 1 else []
         healed = lead[-1]
     elif can_heal:
-        healed = heal_token(tokenizer, lead_ids or prefix_ids, prefix_text, blank=bool(lead_ids))
+        healed, n_healed = heal_tokens(tokenizer, lead_ids or prefix_ids, prefix_text, blank=bool(lead_ids))
         if healed and lead_ids:
-            lead_ids = lead_ids[:-1]
+            lead_ids = lead_ids[:-n_healed]
         elif healed:
-            prefix_ids = prefix_ids[:-1]
-            n_window -= 1
+            prefix_ids = prefix_ids[:-n_healed]
+            n_window -= n_healed
     n_window += len(lead_ids)
 
     if repo and (chunks or repo_name is not None):
