@@ -130,7 +130,10 @@ def test_healing_goes_back_to_the_start_of_the_word(tok, prefix: str, healed: st
     ids = encode_text(tok, prefix)
     text, n = heal_tokens(tok, ids, prefix)
     assert text == healed
-    assert prefix.endswith(text) and tok.decode(ids[len(ids) - n:]) == text if n else text == ""
+    if n:
+        assert prefix.endswith(text) and tok.decode(ids[len(ids) - n:]) == text
+    else:
+        assert text == ""
 
 
 def test_healing_stops_at_its_bounds(tok) -> None:
