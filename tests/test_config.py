@@ -72,7 +72,7 @@ def test_defaults() -> None:
     )
     assert c.model.path is None and c.model.draft_model is None
     assert (c.model.dtype, c.model.max_context) == ("auto", 4096)
-    assert (c.model.max_prefix_tokens, c.model.max_suffix_tokens) == (1024, 256)
+    assert (c.model.max_prefix_tokens, c.model.max_suffix_tokens, c.model.max_outline_tokens) == ("auto",) * 3
     assert c.device == DeviceConfig(device="auto", threads=None)
     assert c.server.host == "127.0.0.1" and c.server.port == 8765
     assert c.server.allow_remote is False and c.server.allowed_origins == ()
@@ -232,6 +232,8 @@ BAD_VALUES: list[tuple[str, str, Any, str]] = [
     ("model", "max_context", 131073, "131073"),
     ("model", "max_prefix_tokens", 0, "0"),
     ("model", "max_suffix_tokens", -1, "-1"),
+    ("model", "max_suffix_tokens", "big", '"big"'),
+    ("model", "max_prefix_tokens", 1.5, "1.5"),
     ("model", "draft_model", ["a"], "['a']"),
     ("model", "cache_reuse", -1, "-1"),
     ("model", "fim_order", "pms", "\"pms\""),
@@ -685,3 +687,37 @@ def test_with_overrides_validates_and_keeps_source(tmp_path: Path) -> None:
         c.with_overrides({"sol.prefetch_dept": 1})
     with pytest.raises(ConfigError, match="section.key"):
         c.with_overrides({"prefetch_depth": 1})
+
+
+def test_prompt_windows_are_the_served_models_where_auto() -> None:
+    from soldaemon.config.sections import GENERIC_WINDOWS, WINDOWS_BY_MODEL, PromptWindows
+
+    default = Config.default().model
+    # before a model is chosen (name auto) and for a path or remote model: the generic (widest) windows
+    assert default.windows() == GENERIC_WINDOWS == PromptWindows(1024, 256, 128)
+    assert default.windows("qwen2.5-coder-0.5b") == WINDOWS_BY_MODEL["qwen2.5-coder-0.5b"] == PromptWindows(768, 256, 0)
+    assert default.windows("qwen2.5-coder-1.5b") == PromptWindows(1024, 256, 128)
+    named = config_from_dict({"model": {"name": "qwen2.5-coder-0.5b"}}).model
+    assert named.windows() == PromptWindows(768, 256, 0)
+    path = config_from_dict({"model": {"name": "qwen2.5-coder-0.5b", "path": "/m.gguf"}}).model
+    assert path.windows() == GENERIC_WINDOWS
+    # a number set wins, key by key; "auto" written out is the default
+    mixed = config_from_dict({"model": {"max_prefix_tokens": 900, "max_suffix_tokens": "auto",
+                                        "max_outline_tokens": 64}}).model
+    assert mixed.windows("qwen2.5-coder-0.5b") == PromptWindows(900, 256, 64)
+    # served_by fixes the auto keys to numbers (load_engine, once the model is chosen); a round trip keeps them
+    served = default.served_by("qwen2.5-coder-0.5b")
+    assert (served.max_prefix_tokens, served.max_suffix_tokens, served.max_outline_tokens) == (768, 256, 0)
+    assert served.windows("qwen2.5-coder-1.5b") == PromptWindows(768, 256, 0)
+    again = Config(model=served).with_overrides({"model.draft": "off"}).model
+    assert again.windows() == PromptWindows(768, 256, 0)
+    # switching the model of an unresolved config switches its windows (the bench's --models columns)
+    switched = Config.default().with_overrides({"model.name": "qwen2.5-coder-1.5b"}).model
+    assert switched.windows() == PromptWindows(1024, 256, 128)
+
+
+def test_auto_windows_are_checked_at_their_widest() -> None:
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"model": {"max_context": 1300}, "completion": {"max_tokens": 64}})
+    assert "model.max_prefix_tokens (1024)" in err.value.message
+    config_from_dict({"model": {"max_context": 1300, "max_prefix_tokens": 768}, "completion": {"max_tokens": 64}})

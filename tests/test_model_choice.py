@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from soldaemon.doctor import plan as plan_check
-from soldaemon.config import config_from_dict
+from soldaemon.config import Config, config_from_dict
 from soldaemon.weights.embedded import EMBEDDED_MODELS, QWEN25_CODER_05B, QWEN25_CODER_15B
 from soldaemon.policy.kernel_plan import KernelPlan, TimingTable, choose_plan
 from soldaemon.runtime.engine import autoselect as model_choice
@@ -108,3 +108,36 @@ def test_a_named_model_is_served_without_measuring(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(model_choice, "candidates", never)
     config = config_from_dict({"model": {"name": "qwen2.5-coder-0.5b"}})
     assert model_choice.choose_embedded(config) == ("qwen2.5-coder-0.5b", None)
+
+
+@pytest.mark.parametrize("served, file, windows", [
+    ("qwen2.5-coder-0.5b", {}, (768, 256, 0)),
+    ("qwen2.5-coder-1.5b", {}, (1024, 256, 128)),
+    ("qwen2.5-coder-0.5b", {"max_prefix_tokens": 900, "max_outline_tokens": 32}, (900, 256, 32)),
+])
+def test_load_engine_gives_the_served_model_its_windows(monkeypatch: pytest.MonkeyPatch, served: str,
+                                                        file: dict[str, object], windows: tuple[int, ...]) -> None:
+    """``model.name: auto`` is decided inside load_engine: the engine (and so
+    its pipeline and the bench's columns) gets the chosen model's windows as
+    numbers, a number from the file kept."""
+    from soldaemon.runtime.engine import local
+
+    seen: dict[str, Config] = {}
+
+    class Engine:
+        def __init__(self, _loaded: object, config: Config, **_k: object) -> None:
+            seen["config"] = config
+
+        def warmup(self) -> None:
+            pass
+
+    monkeypatch.setattr(local, "choose_embedded", lambda config, progress=False: (served, None))
+    monkeypatch.setattr(local, "load_model", lambda *a, **k: object())
+    monkeypatch.setattr(local, "choose_kernels", lambda *a, **k: (None, None))
+    monkeypatch.setattr(local, "may_keep_blocked_copy", lambda *a: False)
+    monkeypatch.setattr(local, "choose_draft", lambda *a, **k: (None, "off"))
+    monkeypatch.setattr(local, "LocalEngine", Engine)
+    local.load_engine(config_from_dict({"model": file}), progress=False)
+    mc = seen["config"].model
+    assert (mc.max_prefix_tokens, mc.max_suffix_tokens, mc.max_outline_tokens) == windows
+    assert mc.name == "auto"          # the name stays as configured; only the windows are fixed

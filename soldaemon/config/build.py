@@ -224,12 +224,13 @@ def _cross_checks(config: Config, problems: _Problems) -> None:
             f"smaller than backend.backoff_s ({backend.backoff_s:g}); expected max_backoff_s >= backoff_s"
         )
     model, completion = config.model, config.completion
-    needed = model.max_prefix_tokens + model.max_suffix_tokens + completion.max_tokens
+    windows = model.windows()     # "auto" before a model is chosen: the widest (GENERIC_WINDOWS)
+    needed = windows.prefix + windows.suffix + completion.max_tokens
     if needed > model.max_context:
         problems.items.append(
             f"{problems.where('model.max_context')}: model.max_context = {model.max_context}: "
-            f"too small for model.max_prefix_tokens ({model.max_prefix_tokens}) + "
-            f"model.max_suffix_tokens ({model.max_suffix_tokens}) + "
+            f"too small for model.max_prefix_tokens ({windows.prefix}) + "
+            f"model.max_suffix_tokens ({windows.suffix}) + "
             f"completion.max_tokens ({completion.max_tokens}) = {needed}; "
             "expected max_context >= their sum"
         )

@@ -46,6 +46,21 @@ def _int(lo: int, hi: int | None = None) -> _Check:
     return check
 
 
+def _int_or_auto(lo: int) -> _Check:
+    """An integer >= ``lo``, or ``"auto"`` (the value is decided elsewhere)."""
+    inner = _int(lo)
+
+    def check(value: object, base: Path | None) -> object:
+        if value == "auto":
+            return "auto"
+        try:
+            return inner(value, base)
+        except _Bad:
+            raise _Bad(f'"auto" or an integer >= {lo}') from None
+
+    return check
+
+
 def _float(lo: float, *, lo_open: bool = False, hi: float | None = None) -> _Check:
     """A finite number (int or float) with ``value > lo`` (``lo_open``) or
     ``value >= lo``, and ``value <= hi`` when ``hi`` is given."""

@@ -3,7 +3,7 @@ default and its check."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -11,8 +11,8 @@ from soldaemon.api import Multiline
 from soldaemon.discovery import Fallback, default_token_path, ws_url
 
 from soldaemon.config.budget import MemoryBudget
-from soldaemon.config.checks import (_bool, _choice, _device, _env_name, _float, _int, _memory_budget, _optional, _path,
-                     _setting, _str_list, _text, _url)
+from soldaemon.config.checks import (_bool, _choice, _device, _env_name, _float, _int, _int_or_auto, _memory_budget,
+                                     _optional, _path, _setting, _str_list, _text, _url)
 
 OffloadPolicy = Literal["layer", "block"]
 Dtype = Literal["auto", "float32", "float16", "bfloat16"]
@@ -26,6 +26,34 @@ ModelName = Literal["auto", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
 DraftChoice = Literal["auto", "off", "qwen2.5-coder-0.5b"]
 ContextChoice = Literal["relevance", "order"]
 FimAnchor = Literal["cursor", "line", "sticky"]
+Auto = Literal["auto"]
+
+
+@dataclass(frozen=True)
+class PromptWindows:
+    """How much of the document a prompt keeps, in tokens: the prefix window
+    before the cursor, the suffix window after it, and the outline of what
+    both leave out (0: no outline)."""
+
+    prefix: int
+    suffix: int
+    outline: int
+
+
+# The windows a model gets where model.max_prefix_tokens / max_suffix_tokens /
+# max_outline_tokens say "auto" (the default), by the embedded model served.
+# The 0.5B: llama.cpp's own /infill split (768 before, 256 after), no outline:
+# on 128 block holes each same-run comparison found the outline worth no pass
+# (15/15, 4/6, 13/14) and 1024 -> 768 at most 1-2 holes, for ~20 % (window)
+# and ~13 % (outline) of a cold prompt's time (docs/quality.md, sessions 21-25).
+# The 1.5B keeps the wider prompt: the outline won it a pass and it is the
+# model chosen for quality. Any other model (a path, a remote server) gets
+# GENERIC_WINDOWS.
+WINDOWS_BY_MODEL: dict[str, PromptWindows] = {
+    "qwen2.5-coder-0.5b": PromptWindows(768, 256, 0),
+    "qwen2.5-coder-1.5b": PromptWindows(1024, 256, 128),
+}
+GENERIC_WINDOWS = PromptWindows(1024, 256, 128)
 
 
 @dataclass(frozen=True)
@@ -108,10 +136,13 @@ class ModelConfig:
     decode_dtype: DecodeDtype = _setting("auto", _choice(get_args(DecodeDtype)))
     # Longest prompt + completion the engine allocates for; tokens, 256..131072.
     max_context: int = _setting(4096, _int(256, 131072))
-    # Document text before the cursor kept in the prompt; tokens, >= 1.
-    max_prefix_tokens: int = _setting(1024, _int(1))
-    # Document text after the cursor kept in the prompt; tokens, >= 0.
-    max_suffix_tokens: int = _setting(256, _int(0))
+    # Document text before the cursor kept in the prompt; tokens, >= 1, or
+    # "auto": the served model's own (WINDOWS_BY_MODEL: the 0.5B 768, the
+    # 1.5B and any other model 1024). Read through windows().
+    max_prefix_tokens: int | Auto = _setting("auto", _int_or_auto(1))
+    # Document text after the cursor kept in the prompt; tokens, >= 0, or
+    # "auto" (256 for every model today).
+    max_suffix_tokens: int | Auto = _setting("auto", _int_or_auto(0))
     # A smaller model for speculative decoding; None: no draft model.
     draft_model: Path | None = _setting(None, _optional(_path()))
     # Moved-chunk KV reuse (like llama.cpp's --cache-reuse): the text after the
@@ -137,10 +168,28 @@ class ModelConfig:
     context: ContextChoice = _setting("relevance", _choice(get_args(ContextChoice)))
     # Context from other files in the prompt; tokens, >= 0.
     max_context_tokens: int = _setting(1024, _int(0))
-    # Outline of what the prefix and suffix windows cut off, kept from the context budget; tokens, >= 0 (0: off).
-    max_outline_tokens: int = _setting(128, _int(0))
+    # Outline of what the prefix and suffix windows cut off, kept from the
+    # context budget; tokens, >= 0 (0: off), or "auto": the served model's
+    # own (the 0.5B 0, the 1.5B and any other model 128).
+    max_outline_tokens: int | Auto = _setting("auto", _int_or_auto(0))
     # Documents whose KV cache is kept (an LRU, one cache of max_context each).
     kv_sessions: int = _setting(4, _int(1, 64))
+
+    def windows(self, served: str | None = None) -> PromptWindows:
+        """The prompt's windows: each key as set, an ``"auto"`` one the
+        model ``served``'s (an embedded model's name; None: ``name``). A
+        ``path``, and ``name: auto`` before the daemon has chosen, get
+        :data:`GENERIC_WINDOWS`."""
+        own = GENERIC_WINDOWS if self.path is not None else WINDOWS_BY_MODEL.get(served or self.name, GENERIC_WINDOWS)
+        return PromptWindows(own.prefix if self.max_prefix_tokens == "auto" else self.max_prefix_tokens,
+                             own.suffix if self.max_suffix_tokens == "auto" else self.max_suffix_tokens,
+                             own.outline if self.max_outline_tokens == "auto" else self.max_outline_tokens)
+
+    def served_by(self, served: str | None) -> ModelConfig:
+        """This section with every ``"auto"`` window replaced by the model
+        ``served``'s (``load_engine`` calls it once the model is chosen)."""
+        w = self.windows(served)
+        return replace(self, max_prefix_tokens=w.prefix, max_suffix_tokens=w.suffix, max_outline_tokens=w.outline)
 
 
 @dataclass(frozen=True)

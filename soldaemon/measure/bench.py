@@ -84,7 +84,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ablate", nargs="*", choices=("outline", "healing", "anchor", "speculation", "hold_end",
                                                    "second_choice"),
                    help="--quality: also run the daemon (with --models: the first model) with these parts toggled "
-                        "(outline: off where model.max_outline_tokens is set, as by default, else on; healing: off; anchor: the middle starts at the "
+                        "(outline: toggled from the served model's model.max_outline_tokens -- by default off for the 0.5B, on "
+                        "for the 1.5B; healing: off; anchor: the middle starts at the "
                         "cursor; speculation: off, for decode tok/s with and without on the same holes; hold_end: on, "
                         "the model's end token refused while its answer ends on a bare block opener; second_choice: off, "
                         "a first line that repeats the line below dropped, not decoded again)")

@@ -322,8 +322,8 @@ def run_llama_cpp(engine: Any, gguf: Path, trace: list[Keystroke], threads: int,
             ids = build_fim_prompt(engine.template, engine.tokenizer, model_config, req, engine.backend.n_ctx)[0].ids
         else:   # the cursor line after the middle token, without healing (llama.cpp has none)
             ids = make_prompt(engine.template, engine.tokenizer, ks.prefix, ks.suffix,
-                              max_prefix_tokens=model_config.max_prefix_tokens,
-                              max_suffix_tokens=model_config.max_suffix_tokens, order=model_config.fim_order,
+                              max_prefix_tokens=model_config.windows().prefix,
+                              max_suffix_tokens=model_config.windows().suffix, order=model_config.fim_order,
                               lead_from=line_anchor(ks.prefix)).ids
         if ks.jump == JUMP_PAUSE:      # the same warm as the daemon gets: the prompt evaluated during the pause
             built = time.perf_counter_ns() - t0

@@ -95,18 +95,19 @@ def build_fim_prompt(template: FimTemplate, tokenizer: Any, model: ModelConfig, 
     # inside the middle (without healing llama.cpp matched the typed rest of
     # the line on 8/88 keystrokes instead of 13/88, docs/bench.md).
     start = lead_from(model, req, anchors) if heal else None
-    lead = lead_reserve(model.max_prefix_tokens) if start is not None else 0
+    windows = model.windows()
+    lead = lead_reserve(windows.prefix) if start is not None else 0
     # context gets what the window budgets, the lead and the completion leave of n_ctx
     ctx_tokens = max(0, min(model.max_context_tokens,
-                            n_ctx - model.max_prefix_tokens - lead - model.max_suffix_tokens - req.max_tokens - 16))
+                            n_ctx - windows.prefix - lead - windows.suffix - req.max_tokens - 16))
     if selector is not None and context:
         context = selector.select(req.uri, req.prefix, req.suffix, context)
     prompt = make_prompt(
         template, tokenizer, req.prefix, req.suffix,
-        max_prefix_tokens=model.max_prefix_tokens, max_suffix_tokens=model.max_suffix_tokens,
+        max_prefix_tokens=windows.prefix, max_suffix_tokens=windows.suffix,
         context=context, max_context_tokens=ctx_tokens, language=req.language, current_path=path_of(req.uri),
         order=model.fim_order, heal=heal, lead_from=start, memo=memo,
-        max_outline_tokens=model.max_outline_tokens,
+        max_outline_tokens=windows.outline,
     )
     if len(prompt.ids) + req.max_tokens + 1 >= n_ctx:
         raise BadRequest(

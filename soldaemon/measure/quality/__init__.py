@@ -18,7 +18,8 @@ docstring), seeded. Every hole goes, in the same run, to these columns:
   (no model run of its own, so no latency): what post-processing alone adds;
 - ``sol +outline`` / ``sol -outline`` (``--ablate outline``): the daemon
   with the outline of what the prefix window left out
-  (:func:`soldaemon.fim.scope_outline`) toggled from ``model.max_outline_tokens`` (default 128: on, so the column is ``-outline``);
+  (:func:`soldaemon.fim.scope_outline`) toggled from the served model's ``model.max_outline_tokens``
+  (by default off for the 0.5B, so its column is ``+outline``; 128 for the 1.5B: ``-outline``);
 - ``sol -healing`` (``--ablate healing``): the daemon without token
   healing (``completion.token_healing: false``);
 - ``sol -anchor`` (``--ablate anchor``): the daemon with the middle

@@ -22,11 +22,11 @@ def plain_prompt(engine: Any, hole: Hole) -> list[int]:
     anywhere, even mid-line; no path, no context)."""
     from soldaemon.fim import build_prompt, encode_text
 
-    mc = engine.config.model
+    w = engine.config.model.windows()
     tok = engine.tokenizer
     # a generous character cut first, so a huge file is not tokenized whole
-    pre = encode_text(tok, hole.prefix[-12 * mc.max_prefix_tokens:])[-mc.max_prefix_tokens:]
-    suf = encode_text(tok, hole.suffix[: 12 * mc.max_suffix_tokens])[: mc.max_suffix_tokens]
+    pre = encode_text(tok, hole.prefix[-12 * w.prefix:])[-w.prefix:]
+    suf = encode_text(tok, hole.suffix[: 12 * w.suffix])[: w.suffix]
     return build_prompt(engine.template, pre, suf)
 
 
@@ -115,7 +115,7 @@ def toggled_outline(config: Config) -> Config:
     """``config`` with the outline of what the prefix window left out
     toggled (``--ablate outline``): off when ``model.max_outline_tokens`` is
     on, :data:`OUTLINE_TOKENS` when off."""
-    tokens = 0 if config.model.max_outline_tokens > 0 else OUTLINE_TOKENS
+    tokens = 0 if config.model.windows().outline > 0 else OUTLINE_TOKENS
     return config.with_overrides({"model.max_outline_tokens": tokens}, source="bench")
 
 

@@ -137,7 +137,7 @@ def _run_holes(args: argparse.Namespace, config: Config, engine: Any, holes: lis
     first: tuple[str, Config] | None = (sol_configs[0] if sol_configs
                                         else (by_model[0][0].name, own_config) if by_model else None)
     outline_config = toggled_outline(first[1]) if "outline" in ablate and first else None
-    sign = "-" if first and first[1].model.max_outline_tokens > 0 else "+"
+    sign = "-" if first and first[1].model.windows().outline > 0 else "+"
     no_outline = Column(f"{first[0]} {sign}outline") if outline_config is not None and first else None
     # the config ablations: (column, the first config with the part off)
     without = [(Column(f"{first[0]} {ABLATION_SIGN.get(a, '-')}{a}"),
@@ -208,11 +208,11 @@ def _run_holes(args: argparse.Namespace, config: Config, engine: Any, holes: lis
                        + ("" if c.scores[-1].passed is None else "P" if c.scores[-1].passed else "F") for c in columns)
             + f"  ({time.time() - t_start:.0f} s)")
     info = engine.info()
-    mc = config.model
+    w = engine.config.model.windows()     # as the (first) engine serves them: "auto" resolved
     head = (f"soldaemon bench --quality — {engine_label(info)}, "
             f"{info['threads']} threads, {platform.processor() or platform.machine()}; {len(holes)} holes "
             f"({kinds.count('line')} line, {kinds.count('block')} block) from {len(files)} files, seed {args.seed}; "
-            f"max_tokens {max_tokens}; prefix/suffix budget {mc.max_prefix_tokens}/{mc.max_suffix_tokens} tokens")
+            f"max_tokens {max_tokens}; prefix/suffix/outline budget {w.prefix}/{w.suffix}/{w.outline} tokens")
     peers = "; ".join(f"{col.name}: {vsc.binary.describe()}" for col, vsc in vscodes)
     head += f"; {peers}" if peers else ""
     lines = [head, ""] + table(columns, kinds) + agreement(columns) + ratios(columns, kinds)

@@ -334,6 +334,8 @@ def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:
     for notice in notices:
         log.warning("config: %s", notice)
     name, auto = (None, None) if mc.path else choose_embedded(config, progress=progress)
+    # the prompt's "auto" windows are the served model's (model.name auto is decided only now)
+    config = replace(config, model=mc.served_by(name))
     loaded = load_model(str(mc.path) if mc.path else None, name=name, device=config.device.device,
                         dtype="stored", progress=progress)
     plan, table = choose_kernels(loaded, precision, progress=progress,
