@@ -56,10 +56,15 @@ AVX512_BASE = ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw")
 AVX512_EXTRAS = (("avx512_vnni", "GGML_AVX512_VNNI"), ("avx512_bf16", "GGML_AVX512_BF16"),
                  ("avx512vbmi", "GGML_AVX512_VBMI"))
 AVX2_BASE = ("avx2", "fma", "f16c")
-# Intel's AMX tiles (Sapphire Rapids and later): ggml's AMX kernels (Q4_0/Q4_1/
-# Q8_0/Q4_K/Q5_K/Q6_K/IQ4_XS weights) build on AVX-512 and ask the kernel for
-# the tile state at start (``ggml_amx_init``), falling back when refused. A
-# ``-march=native`` build on such a CPU has them, so the peer gets them too.
+# Intel's AMX tiles stay off even where /proc/cpuinfo lists them: this
+# llama.cpp's AMX kernels die of SIGILL at their first tile instruction
+# (``tilezero`` in ``tinygemm_kernel_amx``, at the server's warm-up) on a
+# Xeon KVM guest whose kernel grants the tile state (a C test of
+# ldtilecfg/tilezero there ran): the tile config ends up invalid and the
+# worker threads never ask for the state (llama.cpp PR 26954, open). A
+# ``-march=native`` build crashes the same way, so llama.cpp's users on such
+# a CPU run without AMX. AVX-VNNI (-mavxvnni) is on where listed, as in a
+# native build.
 AMX_EXTRAS = (("amx_tile", "GGML_AMX_TILE"), ("amx_int8", "GGML_AMX_INT8"), ("amx_bf16", "GGML_AMX_BF16"))
 
 
@@ -100,10 +105,11 @@ def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
 def isa_flags(flags: frozenset[str]) -> tuple[str, ...]:
     """The GGML cmake flags matched to a CPU's cpuinfo ``flags``.
 
-    AVX-512 (with the VNNI/BF16/VBMI extensions present, and AMX's tiles
-    where listed) when the base AVX-512 set is there; the portable
-    AVX2+FMA+F16C build (with AVX-VNNI where listed) when AVX2 is; otherwise
-    nothing beyond ``GGML_NATIVE=OFF`` (ggml's generic build)."""
+    AVX-512 (with the VNNI/BF16/VBMI extensions present) when the base
+    AVX-512 set is there; the portable AVX2+FMA+F16C build when AVX2 is
+    (either with AVX-VNNI where listed); otherwise nothing beyond
+    ``GGML_NATIVE=OFF`` (ggml's generic build). AMX never (see
+    :data:`AMX_EXTRAS`)."""
     out: list[str] = []
     if all(f in flags for f in AVX2_BASE):
         out += ["-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON"]
@@ -112,9 +118,6 @@ def isa_flags(flags: frozenset[str]) -> tuple[str, ...]:
         if all(f in flags for f in AVX512_BASE):
             out.append("-DGGML_AVX512=ON")
             out += [f"-D{opt}={'ON' if cpu in flags else 'OFF'}" for cpu, opt in AVX512_EXTRAS]
-            if "amx_tile" in flags:
-                out += [f"-D{opt}={'ON' if cpu in flags else 'OFF'}" for cpu, opt in AMX_EXTRAS]
-                return tuple(out)
         else:
             out.append("-DGGML_AVX512=OFF")
     out += [f"-D{opt}=OFF" for _, opt in AMX_EXTRAS]
