@@ -187,3 +187,25 @@ def test_columns_against_float32_give_the_kernel_plans_quality_record() -> None:
     assert lines[1] == ("sol: 2/5 completions identical to sol[float32]; "
                         "+20.0 points against float32 on 5 holes (2 lost, 1 won, sign test p 0.50)")
     assert agreement([sol]) == []
+
+
+def test_bench_windows_default_to_what_the_daemon_serves() -> None:
+    """Without --max-prefix-tokens / --max-suffix-tokens every bench mode
+    measures the served model's own windows (they were 384/128 whatever the
+    daemon served, so `bench --quality` measured a smaller prompt than an
+    editor gets)."""
+    import argparse
+
+    from soldaemon.config import Config
+    from soldaemon.measure.bench import add_arguments
+    from soldaemon.measure.header import with_windows
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    config = Config.default()
+    assert with_windows(config, parser.parse_args([])) is config
+    assert config.model.windows("qwen2.5-coder-0.5b").prefix == 768
+    one = with_windows(config, parser.parse_args(["--max-prefix-tokens", "512"])).model
+    assert (one.max_prefix_tokens, one.max_suffix_tokens) == (512, "auto")
+    both = with_windows(config, parser.parse_args(["--max-prefix-tokens", "900", "--max-suffix-tokens", "64"]))
+    assert both.model.windows("qwen2.5-coder-1.5b") == type(both.model.windows())(900, 64, 128)

@@ -35,7 +35,7 @@ from typing import Any
 
 from soldaemon.api import CancelToken, CompletionRequest, Done
 from soldaemon.measure.baselines import baseline_model, bench_generate
-from soldaemon.measure.header import engine_label
+from soldaemon.measure.header import engine_label, with_windows
 from soldaemon.config import Config
 from soldaemon.measure.holes import cut_line_holes, default_corpus
 
@@ -45,8 +45,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, help="tokens generated per hole (default 24; --quality: at most 48)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--corpus", nargs="*", help="source files (default: modules of Python's standard library)")
-    p.add_argument("--max-prefix-tokens", type=int, default=384)
-    p.add_argument("--max-suffix-tokens", type=int, default=128)
+    p.add_argument("--max-prefix-tokens", type=int,
+                   help="the prompt's prefix window in tokens (default: the served model's, as the daemon serves it: "
+                        "model.max_prefix_tokens auto, the 0.5B 768, the 1.5B 1024)")
+    p.add_argument("--max-suffix-tokens", type=int,
+                   help="the prompt's suffix window in tokens (default: the served model's, 256)")
     p.add_argument("--json", dest="json_out", help="write the raw results here")
     p.add_argument("--trace", action="store_true",
                    help="replay keystrokes typing real lines (one request per keystroke) instead")
@@ -181,8 +184,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     args.holes = 6 if args.holes is None else args.holes
     args.tokens = 24 if args.tokens is None else args.tokens
 
-    config = config.with_overrides({"model.max_prefix_tokens": args.max_prefix_tokens,
-                                    "model.max_suffix_tokens": args.max_suffix_tokens}, source="bench")
+    config = with_windows(config, args)
     files = [Path(p) for p in args.corpus] if args.corpus else default_corpus()
     holes = cut_line_holes(files, args.holes, args.seed)
     engine = load_engine(config)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 from typing import Any, Mapping
+
+from soldaemon.config import Config
 
 
 def arithmetic(info: Mapping[str, Any]) -> str:
@@ -22,3 +25,14 @@ def arithmetic(info: Mapping[str, Any]) -> str:
 def engine_label(info: Mapping[str, Any]) -> str:
     """``<model> (<arithmetic>, <backend>) on <device>`` for a bench's header."""
     return f"{info['model']} ({arithmetic(info)}, {info['backend']}) on {info['device']}"
+
+
+def with_windows(config: Config, args: argparse.Namespace) -> Config:
+    """``config`` with the prompt windows that ``--max-prefix-tokens`` /
+    ``--max-suffix-tokens`` name; a flag not given leaves the key as
+    configured (by default ``auto``: the served model's windows, what the
+    daemon gives an editor)."""
+    overrides = {f"model.max_{side}_tokens": value
+                 for side, value in (("prefix", getattr(args, "max_prefix_tokens", None)),
+                                     ("suffix", getattr(args, "max_suffix_tokens", None))) if value is not None}
+    return config.with_overrides(overrides, source="bench") if overrides else config

@@ -48,7 +48,7 @@ import torch
 from soldaemon.api import CancelToken, CompletionRequest, Done, Timings
 from soldaemon.config import Config
 from soldaemon.errors import BadRequest
-from soldaemon.measure.header import engine_label
+from soldaemon.measure.header import engine_label, with_windows
 from soldaemon.measure.holes import default_corpus, statement_lines
 from soldaemon.measure.jumps import JUMP_KEYS, JUMP_KINDS, JUMP_PAUSE, jump_targets
 
@@ -502,8 +502,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
     if not float(getattr(args, "pace_ms", 0.0)) >= 0:
         raise BadRequest(f"--pace-ms must be >= 0 (got {args.pace_ms})")
-    config = config.with_overrides({"model.max_prefix_tokens": args.max_prefix_tokens,
-                                    "model.max_suffix_tokens": args.max_suffix_tokens}, source="bench")
+    config = with_windows(config, args)
     files = [Path(p) for p in args.corpus] if args.corpus else default_corpus()
     jumps = bool(getattr(args, "jumps", False))
     trace = make_trace(files, args.lines, args.seed, jumps=jumps)

@@ -12,7 +12,7 @@ from typing import Any
 
 from soldaemon.config import Config
 from soldaemon.errors import BadRequest
-from soldaemon.measure.header import engine_label
+from soldaemon.measure.header import engine_label, with_windows
 from soldaemon.measure.holes import cut_holes, default_corpus
 from soldaemon.pipeline.relevance import ContextSelector
 from soldaemon.measure.quality.columns import (ABLATION_SIGN, ABLATIONS, CONFIG_ABLATIONS, LLAMA_VSCODE, MODEL_ALONE, LlamaCpp, LlamaVscode,
@@ -35,13 +35,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     max_tokens = DEFAULT_TOKENS if args.tokens is None else args.tokens
     if n_holes < 1 or max_tokens < 1:
         raise BadRequest(f"--holes and --tokens must be >= 1 (got {n_holes}, {max_tokens})")
-    overrides: dict[str, Any] = {}
-    if args.max_prefix_tokens is not None:
-        overrides["model.max_prefix_tokens"] = args.max_prefix_tokens
-    if args.max_suffix_tokens is not None:
-        overrides["model.max_suffix_tokens"] = args.max_suffix_tokens
-    if overrides:
-        config = config.with_overrides(overrides, source="bench")
+    config = with_windows(config, args)
     files = [Path(p) for p in args.corpus] if args.corpus else default_corpus()
     for f in files:
         if not f.is_file():
