@@ -442,3 +442,69 @@ def test_one_resident_copy_after_release(tiny_model_path: Path) -> None:
     ids = torch.arange(3, 40)
     assert torch.equal(a.forward(ids, 0), b.forward(ids, 0))
     assert b.weight_bytes() < sum(p.numel() * 4 for p in kept.parameters()) / 3
+
+
+# -- decode steps on the blocked copy (measured in the forward) --------------------------------
+
+
+def test_steps_move_to_the_blocked_copy_only_where_real_steps_measured_faster() -> None:
+    from soldaemon.policy.kernel_plan import steps_on_blocked_copy
+
+    # recorded: the 0.5B's real decode steps after a 1,000-token prompt, medians of rounds of 12,
+    # alternating (session 25): a 2-core Xeon KVM guest with AMX -- the blocked copy ~20 % faster
+    xeon_one, xeon_blocked = [81.1, 70.1, 64.1, 82.3, 79.7, 79.7], [59.7, 52.3, 66.7, 69.0, 65.4, 63.2]
+    assert steps_on_blocked_copy(xeon_one, xeon_blocked)
+    # Zen 4 (session 14, docs/kernels.md): the blocked copy's step 17 % slower in the forward,
+    # although the cache-hot table ranked it ahead at one row
+    zen_one, zen_blocked = [24.6, 25.1, 24.2], [28.9, 28.4, 29.6]
+    assert not steps_on_blocked_copy(zen_one, zen_blocked)
+    assert choose_plan(_table(AVX512_ONEDNN)).rows == "int8-onednn"     # the table alone would not tell them apart
+    # within the margin, or faster in too few rounds, or too few rounds: stay on the one copy
+    assert not steps_on_blocked_copy([50.0, 50.0, 50.0], [46.0, 46.0, 46.0])
+    assert not steps_on_blocked_copy([50.0, 50.0, 50.0, 50.0], [30.0, 30.0, 60.0, 60.0])
+    assert not steps_on_blocked_copy([50.0, 50.0], [20.0, 20.0])
+    assert not steps_on_blocked_copy([50.0, 50.0, 50.0], [20.0, 20.0])
+
+
+def test_a_step_on_the_blocked_copy_gives_the_one_copys_bits(tiny_model) -> None:
+    """The one-row forward (layers and output layer) read from the blocked
+    copy equals the one copy's to the bit, so the warm-up may pick either by
+    time alone; the engine's warm-up records its choice in info()."""
+    import torch
+
+    from soldaemon.runtime.forward.backend import LeanBackend
+    from soldaemon.runtime.forward.kernels import onednn_int8_exact
+    from soldaemon.runtime.kv.session import KVSession
+
+    if not onednn_int8_exact():
+        pytest.skip("oneDNN's int8 product is not available or not exact here")
+    model, tok = tiny_model
+    plan = KernelPlan("int8", "int8-dynamic", "int8-dynamic", "int8", "int8-dynamic", rows="int8-onednn")
+    backend = LeanBackend(model, 512, plan=plan)
+    assert backend.rows_layers is not None
+    session = KVSession(backend)
+    ids = tok("def parse(self, text):\n    return self.rules.match(text, pos=0)\n" * 3).input_ids
+    first = int(session.prefill(ids).logits.argmax())
+    out = {}
+    for on in (False, True):
+        backend.steps_on_rows = on
+        session.truncate(len(ids))
+        out[on] = session.decode_step(first).clone()
+    assert torch.equal(out[False], out[True])
+
+    class OneCopy:
+        """Any use of the one copy's kernels fails the step."""
+
+        def __getattr__(self, name: str) -> object:
+            raise AssertionError("a one-row forward read the one copy")
+
+        def __call__(self, *_a: object) -> object:
+            raise AssertionError("a one-row forward read the one copy")
+
+    backend.short_linear = backend.head_linear = OneCopy()
+    session.truncate(len(ids))
+    assert torch.equal(session.decode_step(first), out[False])   # served by the blocked copy alone
+    backend.steps_on_rows = False
+    session.truncate(len(ids))
+    with pytest.raises(AssertionError, match="one copy"):
+        session.decode_step(first)

@@ -387,3 +387,28 @@ def speculation_pays(plan: KernelPlan, limit: float = 2.0) -> bool:
     if plan.step_ms is None or plan.verify_ms is None:
         return False
     return plan.verify_ms <= limit * plan.step_ms
+
+
+# A decode step moves to the blocked copy only when measured at least this
+# much faster there (a tenth: rounds on a 2-core host vary by ~10 %).
+STEP_COPY_MARGIN = 0.9
+
+
+def steps_on_blocked_copy(one_copy_ms: list[float], blocked_ms: list[float],
+                          margin: float = STEP_COPY_MARGIN) -> bool:
+    """Whether one-row forwards (decode steps, the prompt's last row through
+    the output layer) should read the blocked copy too, from real decode
+    steps timed both ways in alternating rounds (each list: one median per
+    round). The kernel plan's table cannot say: it times one layer
+    cache-hot, and ranked oneDNN ahead at one row on Zen 4, where the real
+    step, reading 24 layers from memory, was 17 % slower (docs/kernels.md);
+    on an AMX Xeon the real step is ~20 % faster. The bits are the same
+    either way (ROW_KERNELS), so only time decides. Needs >= 3 rounds each;
+    the blocked copy wins when its median is below ``margin`` times the
+    one copy's and it is faster in most rounds."""
+    if len(one_copy_ms) < 3 or len(one_copy_ms) != len(blocked_ms):
+        return False
+    ordered = sorted(one_copy_ms), sorted(blocked_ms)
+    mid = len(one_copy_ms) // 2
+    wins = sum(b < a for a, b in zip(one_copy_ms, blocked_ms))
+    return ordered[1][mid] < margin * ordered[0][mid] and 2 * wins > len(one_copy_ms)

@@ -30,7 +30,7 @@ from soldaemon.pipeline.completion import Pipeline
 from soldaemon.pipeline.prompt import LeadAnchors
 from soldaemon.pipeline.relevance import ContextSelector
 from soldaemon.runtime.forward.backend import LEAN_ARCHITECTURES, Backend, LeanBackend, make_backend
-from soldaemon.policy.kernel_plan import KernelPlan, TimingTable
+from soldaemon.policy.kernel_plan import KernelPlan, TimingTable, steps_on_blocked_copy
 from soldaemon.runtime.forward.kernels import trim_heap
 from soldaemon.runtime.engine.autoselect import choose_draft, choose_embedded
 from soldaemon.runtime.forward.precision import choose_kernels, lean_or_float32, may_keep_blocked_copy, precision_info
@@ -199,6 +199,7 @@ class LocalEngine:
             self.backend.graphs = self.graphs
             self.graphs.warm_up()
             self.complete_all(req)               # one step through the graphs before the first user
+        self.choose_step_copy()
         part = self.part
         if self.config.completion.speculative:
             costs = self.measure_forward_costs()
@@ -263,6 +264,36 @@ class LocalEngine:
         done = events[-1]
         assert isinstance(done, Done)
         return done
+
+    def choose_step_copy(self, rounds: int = 4, steps: int = 4) -> None:
+        """Decode steps on the blocked copy too where real steps, after a
+        256-token context, measured faster there in alternating rounds
+        (:func:`steps_on_blocked_copy`; the same bits either way). CPU only,
+        and only where the plan keeps the copy."""
+        b = self.backend
+        if not isinstance(b, LeanBackend) or b.rows_layers is None or b.device.type != "cpu":
+            return
+        n = 256
+        ids = [int(t) for t in torch.randint(0, min(b.vocab_size, 30000), (n + 1,))]
+        session = self.pool.acquire(SCRATCH_URI)
+        session.truncate(0)
+        session.prefill(ids[:n])
+        medians: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(rounds):
+            for on in (False, True):
+                b.steps_on_rows = on
+                samples = []
+                for _ in range(steps):
+                    t0 = time.perf_counter_ns()
+                    session.verify(ids[n:n + 1])
+                    samples.append(elapsed_ms(t0, b.device))
+                    session.truncate(n)
+                medians[on].append(sorted(samples)[steps // 2])
+        b.steps_on_rows = steps_on_blocked_copy(medians[False], medians[True])
+        session.truncate(0)
+        log.info("decode step on the one copy %s ms, on the blocked copy %s ms: steps read the %s",
+                 [round(m, 1) for m in medians[False]], [round(m, 1) for m in medians[True]],
+                 "blocked copy" if b.steps_on_rows else "one copy")
 
     def measure_forward_costs(self, sizes: tuple[int, ...] = (1, 2, 3, 5, 9)) -> dict[int, float]:
         """ms of one forward of T tokens after a 64-token context, per T

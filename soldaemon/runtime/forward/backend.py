@@ -214,6 +214,9 @@ class LeanBackend:
         self.rows_layers: list[LayerWeights] | None = None
         self.rows_head_w: torch.Tensor | None = None
         self.rows_bytes = 0                              # ≈ bytes of that copy (its tensors are opaque)
+        # one-row forwards on that copy too (the same bits): set by the
+        # engine's warm-up where real decode steps measured faster there
+        self.steps_on_rows = False
         if self.plan.rows is not None:
             self._make_row_copy(self.plan.rows)
         self.released = False
@@ -391,7 +394,7 @@ class LeanBackend:
     def head_logits(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, D] after the final norm → logits [T, V] float32 (more than
         one row: from the blocked copy where there is one)."""
-        if x.shape[0] > 1 and self.rows_linear is not None and self.rows_head_w is not None:
+        if (x.shape[0] > 1 or self.steps_on_rows) and self.rows_linear is not None and self.rows_head_w is not None:
             return self.rows_linear(x, self.rows_head_w, None, self.head_s).float()
         return self.head_linear(x, self.head_w, None, self.head_s).float()
 
@@ -408,10 +411,11 @@ class LeanBackend:
         attention, mask = self._attention(T, pos, short)
         x = self.embed_tokens(tokens)                    # [T, D]
         store = self.residency
-        # more than one row: the blocked copy where there is one (the same
-        # bits: KernelPlan.rows), unless the store serves offloaded layers
+        # more than one row (one too, with steps_on_rows): the blocked copy
+        # where there is one (the same bits: KernelPlan.rows), unless the
+        # store serves offloaded layers
         layers, lin = self.layers, self.short_linear if short else self.prefill_linear
-        if T > 1 and self.rows_layers is not None and self.rows_linear is not None and (
+        if (T > 1 or self.steps_on_rows) and self.rows_layers is not None and self.rows_linear is not None and (
                 store is None or store.all_resident):
             layers, lin = self.rows_layers, self.rows_linear
         kind = "prompt" if attention == CAUSAL else ("step" if T == 1 else ("verify" if short else "prefill"))

@@ -92,5 +92,6 @@ def precision_info(backend: Any, loaded_dtype: torch.dtype, table: TimingTable |
     return {"plan": backend.plan.to_dict(),
             "summary": backend.plan.describe() + ("; activations rotated before int8" if rotated else ""),
             "rotated": rotated, "weight_bytes": backend.weight_bytes(),
+            "steps_on_blocked_copy": backend.steps_on_rows,
             "timings_ms": None if table is None else {"blocks": table.blocks, "head": table.head},
             "machine": None if table is None else table.machine, "notices": list(notices)}
