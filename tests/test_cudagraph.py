@@ -203,14 +203,28 @@ def test_graph_steps_record_the_query_kv_folding_scores_by(graph_hf: tuple[objec
     assert graphs.captures == captures + 1
 
 
-def test_invalidate_drops_captured_graphs(tiny_hf: object) -> None:
-    backend = LeanBackend(tiny_hf, 600)
-    graphs = GraphDecoder(backend, emulate=True)
+def test_invalidate_drops_captured_graphs(graph_hf: tuple[object, bool]) -> None:
+    """An idle release or restore drops every graph; the recapture after it
+    replays the same logits, cycle after cycle. On CUDA this once died in
+    the recapture: the shared pool's handle outlived its last graph (the
+    allocator's ``use_count > 0`` assert, H200, session 26)."""
+    model, emulate = graph_hf
+    backend = LeanBackend(model, 600)
+    graphs = GraphDecoder(backend, emulate=emulate)
     assert graphs.step(5, 0) is not None and graphs.info()["graphs"] == 1
-    graphs.invalidate()
-    assert graphs.info()["graphs"] == 0
-    # stale (issue 27.6): eager steps, nothing captured inside the request ...
-    assert graphs.step(6, 1) is None and graphs.captures == 1
-    # ... until the recapture after it
-    assert graphs.recapture() >= 1 and not graphs.stale
-    assert graphs.step(6, 1) is not None
+    before = graphs.step(6, 1)
+    assert before is not None
+    before = before.clone()
+    captures = graphs.captures
+    for cycle in range(2):
+        graphs.invalidate()
+        assert graphs.info()["graphs"] == 0
+        # stale (issue 27.6): eager steps, nothing captured inside the request ...
+        assert graphs.step(6, 1) is None and graphs.captures == captures
+        # ... until the recapture after it
+        assert graphs.recapture() >= 1 and not graphs.stale, (cycle, graphs.failure)
+        assert graphs.failure is None and graphs.enabled
+        again = graphs.step(6, 1)
+        assert again is not None
+        torch.testing.assert_close(again, before, rtol=0, atol=0)
+        captures = graphs.captures

@@ -224,8 +224,13 @@ class GraphDecoder:
 
     def invalidate(self) -> None:
         """The weights moved (idle release, restore): drop every captured
-        graph; steps run eagerly until :meth:`recapture`."""
+        graph; steps run eagerly until :meth:`recapture`. The shared memory
+        pool goes with them: once its last graph is gone the CUDA caching
+        allocator counts the pool unused (``use_count`` 0) and a capture
+        into the same handle dies of an internal assert (seen on the H200,
+        torch 2.11, session 26), so the next capture takes a new pool."""
         self._graphs.clear()
+        self._pool = None
         self.stale = True
 
     def recapture(self) -> int:
