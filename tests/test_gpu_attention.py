@@ -17,7 +17,8 @@ import torch
 from soldaemon.runtime.forward import layer
 from soldaemon.runtime.forward.backend import LeanBackend
 from soldaemon.runtime.forward.cudagraph import GraphDecoder
-from soldaemon.runtime.forward.layer import ATTENTION_LOG, causal_mask, group_mask, grouped_attention
+from soldaemon.runtime.forward.layer import (ATTENTION_LOG, causal_mask, group_mask, grouped_attention,
+                                             plan_free_attention)
 from soldaemon.runtime.kv.session import KVSession
 from soldaemon.testing.tiny import build_tiny_model
 
@@ -176,3 +177,29 @@ def test_the_layer_is_written_once() -> None:
                   for n in ast.walk(ast.parse((root / name).read_text())) if isinstance(n, ast.Call)}
         assert "decoder_layer" in called, name
         assert not called & layer_math, (name, called & layer_math)
+
+
+def test_cuda_attention_takes_cudnn_out_of_the_order() -> None:
+    """cuDNN plans per shape (~0.4-1 s each new prompt length, H200 session
+    26): a CUDA backend turns it off once, a CPU one leaves the flag alone."""
+    kept = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        assert not plan_free_attention(torch.device("cpu")) and torch.backends.cuda.cudnn_sdp_enabled()
+        assert plan_free_attention(torch.device("cuda")) and not torch.backends.cuda.cudnn_sdp_enabled()
+        assert not plan_free_attention(torch.device("cuda"))            # once
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(kept)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_backend_attends_without_cudnn(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path), dtype=torch.bfloat16).to("cuda").eval()
+    backend = LeanBackend(hf, 1024)
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
+    backend.forward(torch.arange(5, 40, device="cuda"), 0)
+    backend.forward(torch.tensor([7], device="cuda"), 35)
+    assert all(c != "cudnn" for c in ATTENTION_LOG.choices.values()), ATTENTION_LOG.choices

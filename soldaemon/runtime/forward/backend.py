@@ -32,7 +32,7 @@ from soldaemon.runtime.forward.kernels import KERNEL_FNS, ROW_COPIES, Kernel, co
 from soldaemon.runtime.forward.rotation import (INNER_BLOCK, RESIDUAL_BLOCK, Rotations, rotation_applies,
                                                row_exact)
 from soldaemon.runtime.forward.layer import (CAUSAL, GROUPED, STEPWISE, Shape, additive_mask, causal_mask,
-                                             decoder_layer, group_mask, rms_norm, rope)
+                                             decoder_layer, group_mask, plan_free_attention, rms_norm, rope)
 
 if TYPE_CHECKING:
     from soldaemon.runtime.memory.weightstore import WeightStore
@@ -167,6 +167,7 @@ class LeanBackend:
         theta = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)) if isinstance(rope, dict) else getattr(cfg, "rope_theta", 10000.0))
         inner = hf_model.model
         self.device = inner.embed_tokens.weight.device
+        plan_free_attention(self.device)                 # CUDA: no cuDNN plan per prompt length
         model_dtype = inner.embed_tokens.weight.dtype
         self.dtype = compute_dtype_for(self.device, model_dtype)
         self.reference = plan is None                    # dense in the model's dtype: the model's own math

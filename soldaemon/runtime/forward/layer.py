@@ -132,6 +132,25 @@ def _choose(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, causal:
     return name
 
 
+def plan_free_attention(device: torch.device) -> bool:
+    """On CUDA, take cuDNN out of SDPA's backend order (flash, then
+    memory-efficient attention serve instead); True when this call turned
+    it off. torch 2.11 sends masked calls to cuDNN first on Hopper, and
+    cuDNN builds an execution plan for every new shape: the first device
+    run (H200, session 26) chose cuDNN for the eager steps, verifies and
+    masked prefill chunks, and the eager path's cold TTFT was 0.99 and
+    1.09 s on two of four prompts against 28 ms once the shapes had been
+    seen. Every keystroke's prompt has a new length, so planning per shape
+    is paid by the user; the graph steps' fixed buckets do not need it
+    either. Process-wide (the daemon owns its process)."""
+    if device.type != "cuda" or not torch.backends.cuda.cudnn_sdp_enabled():
+        return False
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    ATTENTION_LOG.choices.clear()        # re-probe: the order changed
+    log.info("attention: cuDNN SDPA off (it plans per shape); flash / memory-efficient attention serve")
+    return True
+
+
 def grouped_attention(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, scale: float,
                       mask: torch.Tensor | None, *, kind: str = "", bucket: int = 0) -> torch.Tensor:
     """q [H, T, hd] attends to keys/vals [KV, S, hd] (H a multiple of KV)
