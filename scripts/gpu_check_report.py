@@ -66,6 +66,9 @@ def shape_figures(lat: dict[str, Any] | None, mem: dict[str, Any] | None, shape:
         "graph_free_running_identical": f"{check.get('free_equal')}/{check.get('documents')}" if check else None,
         "eager_vs_transformers_max_abs_diff": check.get("ref_max_abs_diff"),
         "eager_vs_transformers_agreement": f"{check.get('ref_agree')}/{check.get('ref_steps')}" if check else None,
+        # per path against a float32 copy (half precision only): mean and max of max|logit diff|
+        "vs_float32_anchor": {path: {k: a.get(k) for k in ("mean_err", "max_err", "decisive_agree", "decisive_steps")}
+                              for path, a in (check.get("anchor") or {}).items()},
         "graph_captures": graphs.get("captures"), "graph_capture_ms": graphs.get("capture_ms"),
         "reuse_ttft_ms": trace.get("reuse_ttft_p50"), "reuse_keystrokes": trace.get("reuse_keystrokes"),
         "prefill_tokens": prefill.get("tokens"), "prefill_ms": prefill.get("ms"),
@@ -211,7 +214,10 @@ def summary_text(result: dict[str, Any]) -> str:
                   f"{_n(f['graph_argmax_agreement'])}, free-running identical {f['graph_free_running_identical']}; "
                   f"{f['graph_captures']} captures, {_n(f['graph_capture_ms'])} ms; eager vs transformers' "
                   f"forward: max |logit diff| {_n(f['eager_vs_transformers_max_abs_diff'])}, argmax agreement "
-                  f"{f['eager_vs_transformers_agreement']}",
+                  f"{f['eager_vs_transformers_agreement']}"
+                  + "".join(f"; vs float32: {p} mean {_n(a['mean_err'])} max {_n(a['max_err'])}"
+                            f" (decisive argmax {a['decisive_agree']}/{a['decisive_steps']})"
+                            for p, a in f.get("vs_float32_anchor", {}).items()),
                   f"- keystroke TTFT p50 on the reuse path {_n(f['reuse_ttft_ms'])} ms "
                   f"({f['reuse_keystrokes']} keystrokes); cold prefill of {f['prefill_tokens']} tokens "
                   f"{_n(f['prefill_ms'])} ms",

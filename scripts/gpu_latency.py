@@ -52,7 +52,7 @@ from soldaemon.config import Config  # noqa: E402
 from soldaemon.measure.holes import cut_line_holes, default_corpus  # noqa: E402
 from soldaemon.runtime.forward.cudagraph import GraphDecoder  # noqa: E402
 from soldaemon.runtime.engine.local import SCRATCH_URI, LocalEngine, load_engine  # noqa: E402
-from soldaemon.measure.graphcheck import compare_graphs, transformers_reference  # noqa: E402
+from soldaemon.measure.graphcheck import compare_graphs, float32_anchor, transformers_reference  # noqa: E402
 from soldaemon.runtime.forward.layer import ATTENTION_LOG  # noqa: E402
 from soldaemon.runtime.forward.timing import synchronize  # noqa: E402
 from soldaemon.measure.trace import make_trace, run_sol  # noqa: E402
@@ -332,7 +332,11 @@ def main(argv: list[str] | None = None) -> int:
     if graphs is not None:
         # a quantized plan differs from the dense module by its rounding: compared only when dense
         reference = transformers_reference(baseline) if baseline is not None and dense else None
-        check = compare_graphs(backend, graphs, prompts, args.check_steps, reference=reference)
+        # in half precision, every path against a float32 copy too (graphcheck's module doc)
+        anchor = (float32_anchor(baseline) if baseline is not None and dense and backend.dtype != torch.float32
+                  else None)
+        check = compare_graphs(backend, graphs, prompts, args.check_steps, reference=reference, anchor=anchor)
+        del anchor
         engine.pool.acquire(SCRATCH_URI).truncate(0)   # the comparison wrote the session's cache
         failures += [f"graphs vs eager: {f}" for f in check.failures()]
         print(f"\ngraphs vs eager ({check.dtype}, {check.documents} holes x {check.steps // max(1, check.documents)} "
@@ -341,6 +345,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{check.free_equal}/{check.documents} (first divergence {check.first_divergence}); eager vs "
               f"transformers' forward: max |logit diff| {check.ref_max_abs_diff:.4g} (strain {check.ref_strain:.2f}), "
               f"argmax agreement {check.ref_agree}/{check.ref_steps}")
+        for path, dev_ in check.anchor.items():
+            print(f"  {path} vs the float32 anchor: max|logit diff| mean {dev_.mean_err:.4g}, max {dev_.max_err:.4g}; "
+                  f"argmax on decisive steps {dev_.decisive_agree}/{dev_.decisive_steps}")
 
     read_gbs = measure_read_bandwidth(dev, (args.bandwidth_mb or (2048 if dev.type == "cuda" else 128)) << 20)
     step_bytes = decode_bytes(backend, int(statistics.median(len(i) for i in prompts)) + args.tokens // 2)

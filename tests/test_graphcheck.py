@@ -12,7 +12,8 @@ import torch
 
 from soldaemon.runtime.forward.backend import LeanBackend
 from soldaemon.runtime.forward.cudagraph import GraphDecoder
-from soldaemon.measure.graphcheck import TOLERANCES, compare_graphs, tolerance_for, transformers_reference
+from soldaemon.measure.graphcheck import (TOLERANCES, AnchorDeviation, GraphAgreement, compare_graphs, tolerance_for,
+                                          transformers_reference)
 from soldaemon.testing.tiny import build_tiny_model
 
 
@@ -72,6 +73,46 @@ def test_a_wrong_static_step_is_caught(backend: LeanBackend) -> None:
     result = compare_graphs(backend, OnePositionEarly(backend, emulate=True), _prompts(backend.vocab_size), 10)
     assert result.failures(), result.to_dict()
     assert result.max_abs_diff > 1e-2
+
+
+def test_every_path_is_measured_against_the_float32_anchor(backend: LeanBackend, tmp_path: Path) -> None:
+    """With an anchor each path's deviation from it is counted; a graph
+    step one position early stays a failure under the half-precision
+    rule, since it moves the graphs away from the anchor and not eager."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "same"), dtype=torch.float32).eval()
+    anchor = transformers_reference(hf)
+    prompts = _prompts(backend.vocab_size)
+    good = compare_graphs(backend, GraphDecoder(backend, emulate=True), prompts, 10,
+                          reference=transformers_reference(hf), anchor=anchor)
+    assert set(good.anchor) == {"eager", "graphs", "reference"} and good.failures() == [], good.to_dict()
+    assert all(a.steps == 20 and a.max_err < 1e-3 for a in good.anchor.values())
+    assert good.to_dict()["anchor"]["graphs"]["mean_err"] < 1e-3
+    wrong = compare_graphs(backend, OnePositionEarly(backend, emulate=True), prompts, 10,
+                           tolerance=TOLERANCES[torch.bfloat16], anchor=anchor)
+    assert wrong.anchor["graphs"].mean_err > 10 * wrong.anchor["eager"].mean_err
+    assert any(f.startswith("logits differ") and "float32 anchor" in f for f in wrong.failures()), wrong.to_dict()
+
+
+def _half(strain: float, graphs_err: float, eager_err: float, graphs_agree: int = 19) -> GraphAgreement:
+    r = GraphAgreement("bfloat16", TOLERANCES[torch.bfloat16], documents=1, steps=20, agree=20, strain=strain,
+                       max_abs_diff=0.9, decisive_steps=20, decisive_agree=20, replays=20, free_equal=1)
+    r.anchor = {"graphs": AnchorDeviation(20, 20 * graphs_err, graphs_err, 20, graphs_agree),
+                "eager": AnchorDeviation(20, 20 * eager_err, eager_err, 20, 20)}
+    return r
+
+
+def test_half_precision_over_the_tolerance_passes_only_as_close_to_the_anchor() -> None:
+    assert _half(1.3, graphs_err=0.5, eager_err=0.45).failures() == []        # rounding: both as far
+    assert _half(1.3, graphs_err=0.9, eager_err=0.45).failures()              # graphs twice as far: a bug
+    assert _half(1.3, graphs_err=0.5, eager_err=0.45, graphs_agree=15).failures()   # argmax off the anchor
+    exact = _half(1.3, graphs_err=0.5, eager_err=0.45)
+    exact.tolerance = TOLERANCES[torch.float32]                               # float32: the tolerance alone
+    assert exact.failures()
+    plain = _half(1.3, graphs_err=0.5, eager_err=0.45)
+    plain.anchor = {}                                                         # no anchor measured
+    assert plain.failures()
 
 
 def test_no_graph_step_is_a_failure(backend: LeanBackend) -> None:
