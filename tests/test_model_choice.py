@@ -141,3 +141,29 @@ def test_load_engine_gives_the_served_model_its_windows(monkeypatch: pytest.Monk
     mc = seen["config"].model
     assert (mc.max_prefix_tokens, mc.max_suffix_tokens, mc.max_outline_tokens) == windows
     assert mc.name == "auto"          # the name stays as configured; only the windows are fixed
+
+
+def _triple(config: Config) -> tuple[int, int, int]:
+    w = config.model.windows()
+    return w.prefix, w.suffix, w.outline
+
+
+def test_a_config_given_to_a_running_engine_gets_the_served_models_windows(tmp_path: Path) -> None:
+    """A bench column or a reload sets a config whose windows may be
+    ``auto``; the engine reads them as its served model's (the trace's
+    speculation-off column and ``bench --quality`` without ``--models`` ran
+    the 0.5B at the generic 1024/256/128 until session 26)."""
+    from soldaemon.runtime.engine.local import LocalEngine
+    from soldaemon.testing.tiny import build_tiny_model
+    from soldaemon.weights.loader import load_model
+
+    loaded = load_model(str(build_tiny_model(tmp_path / "tiny")), device="cpu", dtype="auto", progress=False)
+    engine = LocalEngine(loaded, Config.default(), served="qwen2.5-coder-0.5b")
+    assert _triple(engine.config) == (768, 256, 0)
+    engine.config = Config.default().with_overrides({"completion.speculative": False}, source="test")
+    assert _triple(engine.config) == (768, 256, 0)
+    assert engine.pipeline.config is engine.config and not engine.config.completion.speculative
+    engine.config = Config.default().with_overrides({"model.max_suffix_tokens": 64}, source="test")
+    assert _triple(engine.config) == (768, 64, 0)            # a number set wins
+    unnamed = LocalEngine(loaded, Config.default(), release=False)         # a path model: generic
+    assert _triple(unnamed.config) == (1024, 256, 128)

@@ -241,7 +241,8 @@ def _precision_engines(engine: Any, config: Config, precisions: list[str],
     for p in precisions:
         plan = choose_plan(table, p)
         say(f"sol[{p}]: {plan.describe()}")
-        eng = LocalEngine(loaded, config, plan=plan, timings=table, release=False)
+        eng = LocalEngine(loaded, config, plan=plan, timings=table, release=False,
+                          served=getattr(engine, "served_model", None))
         eng.warmup()
         out.append((p, eng))
     return out

@@ -56,7 +56,7 @@ class LocalEngine:
 
     def __init__(self, loaded: LoadedModel, config: Config, *, plan: KernelPlan | None = None,
                  timings: TimingTable | None = None, notices: tuple[str, ...] = (),
-                 release: bool | None = None) -> None:
+                 release: bool | None = None, served: str | None = None) -> None:
         """``plan``: the lean backend's kernels and weight storage (from
         :func:`load_engine`'s measurement); None: dense in the model's
         dtype, the HF module's own tensors (the reference math). With a
@@ -65,7 +65,10 @@ class LocalEngine:
         chosen from (shown by info()); ``notices``: config notices;
         ``release`` (default: when a plan is given) empties the module's
         parameters the packed weights do not share (False: several engines
-        over one loaded module, as ``bench --quality --precisions`` builds)."""
+        over one loaded module, as ``bench --quality --precisions`` builds).
+        ``served``: the embedded model's name (None: a path): an ``"auto"``
+        prompt window in any config given to this engine is that model's."""
+        self.served_model = served
         self.loaded = loaded
         self.config = config
         self.tokenizer = loaded.tokenizer
@@ -332,7 +335,14 @@ class LocalEngine:
     @config.setter
     def config(self, config: Config) -> None:
         """A new config applies from the next request on (the pipeline and
-        the model part read it too)."""
+        the model part read it too). Its ``"auto"`` prompt windows become
+        the served model's: a bench column or a reload that swaps the config
+        of a running engine measures the windows the daemon serves (before,
+        ``bench --quality`` without ``--models`` and the trace's
+        ``--compare-spec`` column set the config load_engine had started
+        from, and ran the 0.5B at the generic 1024/256/128)."""
+        if self.served_model is not None:
+            config = replace(config, model=config.model.served_by(self.served_model))
         self._config = config
         pipeline: Pipeline | None = getattr(self, "pipeline", None)
         if pipeline is not None:
@@ -371,7 +381,7 @@ def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:
                         dtype="stored", progress=progress)
     plan, table = choose_kernels(loaded, precision, progress=progress,
                                  row_copy=may_keep_blocked_copy(loaded, config))
-    engine = LocalEngine(loaded, config, plan=plan, timings=table, notices=tuple(notices))
+    engine = LocalEngine(loaded, config, plan=plan, timings=table, notices=tuple(notices), served=name)
     trim_heap()       # the module's released parameters and the timing runs' tensors
     draft_name, why = (None, "model.draft_model") if mc.draft_model else choose_draft(config, name or "",
                                                                                      progress=progress)
