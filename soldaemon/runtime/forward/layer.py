@@ -139,10 +139,11 @@ def plan_free_attention(device: torch.device) -> bool:
     cuDNN builds an execution plan for every new shape: the first device
     run (H200, session 26) chose cuDNN for the eager steps, verifies and
     masked prefill chunks, and the eager path's cold TTFT was 0.99 and
-    1.09 s on two of four prompts against 28 ms once the shapes had been
-    seen. Every keystroke's prompt has a new length, so planning per shape
-    is paid by the user; the graph steps' fixed buckets do not need it
-    either. Process-wide (the daemon owns its process)."""
+    1.09 s on two of four prompts against 72-74 ms on the other two (the
+    cause read from those figures; the effect of this switch is not yet
+    measured on a device). Every keystroke's prompt has a new length, so
+    planning per shape is paid by the user; the graph steps' fixed buckets
+    do not need it either. Process-wide (the daemon owns its process)."""
     if device.type != "cuda" or not torch.backends.cuda.cudnn_sdp_enabled():
         return False
     torch.backends.cuda.enable_cudnn_sdp(False)
