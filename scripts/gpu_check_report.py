@@ -81,6 +81,8 @@ def shape_figures(lat: dict[str, Any] | None, mem: dict[str, Any] | None, shape:
                                               "eager_verify9_ms", "graphs_verify9_ms", "step_max_abs_diff",
                                               "verify_max_abs_diff")} for r in lat.get("attention") or []],
         "attention_kernels": lat.get("attention_kernels"),
+        "attention_cudnn": (lat.get("attention_cudnn") or {}).get("reason"),
+        "cudnn_kept": (lat.get("attention_cudnn") or {}).get("cudnn"),
         "kv_park": mem.get("kv_park"),
     }
     fig["prefill_1k_ms"] = fig["prefill_ms"] if shape == "0.5b" and fig["prefill_tokens"] == 1024 else None
@@ -226,6 +228,7 @@ def summary_text(result: dict[str, Any]) -> str:
                   f"- idle release/restore: {f['idle_release']}",
                   f"- graph replays: {f['graph_replays']} steps, {f['graph_verify_replays']} verifies; attention "
                   "kernels: " + "; ".join(f"{a['kind']}@{a['bucket']}={a['backend']}" for a in (f["attention_kernels"] or [])),
+                  f"- cuDNN attention {'kept' if f.get('cudnn_kept') else 'off'}: {f.get('attention_cudnn')}",
                   "- attention rows (position, bucket: eager/graph step ms, eager/graph 9-row verify ms, max |diff|): "
                   + "; ".join(f"{r['position']}, {r['bucket']}: {_n(r['eager_step_ms'])}/{_n(r['graphs_step_ms'])}, "
                               f"{_n(r['eager_verify9_ms'])}/{_n(r['graphs_verify9_ms'])}, {_n(r['step_max_abs_diff'])}"

@@ -401,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
             "graph_check": check.to_dict() if check is not None else None,
             "decode": decode, "prefill": {"tokens": args.prefill_tokens, "ms": prefill_ms},
             "idle_release": idle, "attention": attention, "attention_kernels": ATTENTION_LOG.summary(),
+            "attention_cudnn": ATTENTION_LOG.cudnn.summary() if ATTENTION_LOG.cudnn is not None else None,
             "trace": {"keystrokes": len(trace), "ttft_p50": every.pct("ttft_ms", .5),
                       "ttft_p95": every.pct("ttft_ms", .95), "model_ttft_p50": computed.pct("ttft_ms", .5),
                       "model_ttft_p95": computed.pct("ttft_ms", .95), "model_keystrokes": len(computed.ttft_ms),

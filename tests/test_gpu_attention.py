@@ -18,7 +18,7 @@ from soldaemon.runtime.forward import layer
 from soldaemon.runtime.forward.backend import LeanBackend
 from soldaemon.runtime.forward.cudagraph import GraphDecoder
 from soldaemon.runtime.forward.layer import (ATTENTION_LOG, causal_mask, group_mask, grouped_attention,
-                                             plan_free_attention)
+                                             plan_attention)
 from soldaemon.runtime.kv.session import KVSession
 from soldaemon.testing.tiny import build_tiny_model
 
@@ -179,27 +179,53 @@ def test_the_layer_is_written_once() -> None:
         assert not called & layer_math, (name, called & layer_math)
 
 
-def test_cuda_attention_takes_cudnn_out_of_the_order() -> None:
-    """cuDNN plans per shape (~0.4-1 s each new prompt length, H200 session
-    26): a CUDA backend turns it off once, a CPU one leaves the flag alone."""
+def test_a_cpu_backend_measures_nothing_and_leaves_the_cudnn_flag_alone() -> None:
     kept = torch.backends.cuda.cudnn_sdp_enabled()
     try:
-        torch.backends.cuda.enable_cudnn_sdp(True)
-        assert not plan_free_attention(torch.device("cpu")) and torch.backends.cuda.cudnn_sdp_enabled()
-        assert plan_free_attention(torch.device("cuda")) and not torch.backends.cuda.cudnn_sdp_enabled()
-        assert not plan_free_attention(torch.device("cuda"))            # once
+        for flag in (True, False):
+            torch.backends.cuda.enable_cudnn_sdp(flag)
+            assert plan_attention(torch.device("cpu"), kv_heads=2, groups=7, head_dim=64, dtype=torch.float32,
+                                  layers=24) is None
+            assert torch.backends.cuda.cudnn_sdp_enabled() is flag
     finally:
         torch.backends.cuda.enable_cudnn_sdp(kept)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_a_cuda_backend_attends_without_cudnn(tmp_path: Path) -> None:
+def test_cuda_measures_whether_cudnn_serves_once_and_sets_the_flag_to_the_choice() -> None:
+    """cuDNN plans per shape (several hundred ms each new prompt length on the
+    H200 of session 26): whether it serves is measured once per process,
+    both options timed, and SDPA's order set to the choice."""
+    kept, saved = torch.backends.cuda.cudnn_sdp_enabled(), ATTENTION_LOG.cudnn
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        ATTENTION_LOG.cudnn = None
+        choice = plan_attention(torch.device("cuda"), kv_heads=2, groups=7, head_dim=64, dtype=torch.bfloat16,
+                                layers=24)
+        assert choice is not None and ATTENTION_LOG.cudnn is choice
+        assert len(choice.with_cudnn.cold_ms) == len(choice.without_cudnn.cold_ms) == 2, choice
+        assert all(t > 0 for t in choice.with_cudnn.cold_ms + choice.without_cudnn.warm_ms)
+        assert torch.backends.cuda.cudnn_sdp_enabled() is choice.cudnn
+        print(choice.reason)
+        assert plan_attention(torch.device("cuda"), kv_heads=2, groups=7, head_dim=64, dtype=torch.bfloat16,
+                              layers=24) is choice                     # once per process
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(kept)
+        ATTENTION_LOG.cudnn = saved
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_backend_attends_as_measured(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path), dtype=torch.bfloat16).to("cuda").eval()
     backend = LeanBackend(hf, 1024)
-    assert not torch.backends.cuda.cudnn_sdp_enabled()
+    choice = backend.attention_choice or ATTENTION_LOG.cudnn
+    assert choice is not None, "a CUDA backend measures whether cuDNN serves"
+    assert torch.backends.cuda.cudnn_sdp_enabled() is choice.cudnn
     backend.forward(torch.arange(5, 40, device="cuda"), 0)
     backend.forward(torch.tensor([7], device="cuda"), 35)
-    assert all(c != "cudnn" for c in ATTENTION_LOG.choices.values()), ATTENTION_LOG.choices
+    if not choice.cudnn:
+        assert all(c != "cudnn" for c in ATTENTION_LOG.choices.values()), ATTENTION_LOG.choices

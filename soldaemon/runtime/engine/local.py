@@ -126,6 +126,8 @@ class LocalEngine:
             "drafter": ("off" if not self.config.completion.speculative else
                         "draft model" if self.part.draft_model is not None else "prompt lookup"),
             "cuda_graphs": self.graphs.info() if self.graphs is not None else None,
+            "attention_cudnn": (choice.summary() if (choice := getattr(self.backend, "attention_choice", None))
+                                else None),
             "forward_ms_by_tokens": ({t: round(c, 2) for t, c in self.part.draft_length.costs_ms.items()}
                                      if self.part.draft_length else None),
         }

@@ -32,7 +32,7 @@ from soldaemon.runtime.forward.kernels import KERNEL_FNS, ROW_COPIES, Kernel, co
 from soldaemon.runtime.forward.rotation import (INNER_BLOCK, RESIDUAL_BLOCK, Rotations, rotation_applies,
                                                row_exact)
 from soldaemon.runtime.forward.layer import (CAUSAL, GROUPED, STEPWISE, Shape, additive_mask, causal_mask,
-                                             decoder_layer, group_mask, plan_free_attention, rms_norm, rope)
+                                             decoder_layer, group_mask, plan_attention, rms_norm, rope)
 
 if TYPE_CHECKING:
     from soldaemon.runtime.memory.weightstore import WeightStore
@@ -167,7 +167,6 @@ class LeanBackend:
         theta = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)) if isinstance(rope, dict) else getattr(cfg, "rope_theta", 10000.0))
         inner = hf_model.model
         self.device = inner.embed_tokens.weight.device
-        plan_free_attention(self.device)                 # CUDA: no cuDNN plan per prompt length
         model_dtype = inner.embed_tokens.weight.dtype
         self.dtype = compute_dtype_for(self.device, model_dtype)
         self.reference = plan is None                    # dense in the model's dtype: the model's own math
@@ -178,6 +177,10 @@ class LeanBackend:
         self.n_kv = int(cfg.num_key_value_heads)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads)
         self.eps = float(cfg.rms_norm_eps)
+        # CUDA: whether cuDNN may serve attention (it plans per prompt length), measured once
+        self.attention_choice = plan_attention(self.device, kv_heads=self.n_kv, groups=self.n_heads // self.n_kv,
+                                               head_dim=self.head_dim, dtype=self.dtype,
+                                               layers=int(cfg.num_hidden_layers))
         self.short_max_tokens = short_max_tokens
         self.decode_max_tokens = short_max_tokens        # KVSession reads this name
         # Short forwards of several rows (a verify, the typed line) attend

@@ -26,11 +26,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from soldaemon.policy.attention import AttentionChoice, AttentionTimings, choose_cudnn
 
 log = logging.getLogger("soldaemon.attention")
 
@@ -86,10 +89,12 @@ def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor
 class AttentionLog:
     """Which attention kernel ran for which (kind, bucket): ``choices`` maps
     (device type, dtype, masked) to the backend chosen once; ``calls``
-    counts forwards per (kind, bucket, backend)."""
+    counts forwards per (kind, bucket, backend); ``cudnn``: whether cuDNN
+    may serve, as :func:`plan_attention` measured it."""
 
     choices: dict[tuple[str, str, bool], str] = field(default_factory=dict)
     calls: dict[tuple[str, int, str], int] = field(default_factory=dict)
+    cudnn: AttentionChoice | None = None      # plan_attention's measured choice (CUDA)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def note(self, kind: str, bucket: int, backend: str) -> None:
@@ -132,24 +137,71 @@ def _choose(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, causal:
     return name
 
 
-def plan_free_attention(device: torch.device) -> bool:
-    """On CUDA, take cuDNN out of SDPA's backend order (flash, then
-    memory-efficient attention serve instead); True when this call turned
-    it off. torch 2.11 sends masked calls to cuDNN first on Hopper, and
-    cuDNN builds an execution plan for every new shape: the first device
-    run (H200, session 26) chose cuDNN for the eager steps, verifies and
-    masked prefill chunks, and the eager path's cold TTFT was 0.99 and
-    1.09 s on two of four prompts against 72-74 ms on the other two (the
-    cause read from those figures; the effect of this switch is not yet
-    measured on a device). Every keystroke's prompt has a new length, so
-    planning per shape is paid by the user; the graph steps' fixed buckets
-    do not need it either. Process-wide (the daemon owns its process)."""
-    if device.type != "cuda" or not torch.backends.cuda.cudnn_sdp_enabled():
-        return False
-    torch.backends.cuda.enable_cudnn_sdp(False)
-    ATTENTION_LOG.choices.clear()        # re-probe: the order changed
-    log.info("attention: cuDNN SDPA off (it plans per shape); flash / memory-efficient attention serve")
-    return True
+def plan_attention(device: torch.device, *, kv_heads: int, groups: int, head_dim: int, dtype: torch.dtype,
+                   layers: int, shapes: tuple[tuple[int, int], ...] = ((16, 1103), (128, 1201))) -> AttentionChoice | None:
+    """On CUDA, whether cuDNN stays in SDPA's backend order, measured once
+    per process (:mod:`soldaemon.policy.attention`): masked grouped calls of
+    ``shapes`` (rows, positions: a typed line and a prefill chunk), each a
+    shape the process has not met, timed with cuDNN allowed and not,
+    interleaved, each option's kernels loaded by an untimed call first;
+    cuDNN is turned off unless a new prompt shape costs less with it. cuDNN
+    plans per shape: on the first device run (H200, torch 2.11, session 26)
+    the eager path's cold TTFT was 0.99-1.31 s on some prompts against
+    72-84 ms on others, and a keystroke's prompt has a new length. None on a
+    CPU, or when cuDNN attention was already off (nothing to choose).
+    Process-wide (the daemon owns its process): the choice is in
+    ``ATTENTION_LOG.cudnn``."""
+    if device.type != "cuda":
+        return None
+    with _PLAN_LOCK:
+        if ATTENTION_LOG.cudnn is not None:
+            return ATTENTION_LOG.cudnn
+        if not torch.backends.cuda.cudnn_sdp_enabled():
+            return None
+        t0 = time.perf_counter()
+        timed: dict[bool, tuple[list[float], list[float]]] = {True: ([], []), False: ([], [])}
+        try:
+            for enabled in (True, False):             # each option's kernels and handles loaded, untimed
+                _attention_call(device, kv_heads, groups, head_dim, dtype, 8, 64 + enabled, enabled)
+            for i, (rows, positions) in enumerate(shapes):
+                for enabled in (True, False):
+                    # a shape of its own per option and call: each first call plans anew
+                    n = positions + 2 * i + enabled
+                    cold = _attention_call(device, kv_heads, groups, head_dim, dtype, rows, n, enabled)
+                    warm = _attention_call(device, kv_heads, groups, head_dim, dtype, rows, n, enabled)
+                    timed[enabled][0].append(cold)
+                    timed[enabled][1].append(warm)
+            choice = choose_cudnn(AttentionTimings(tuple(timed[True][0]), tuple(timed[True][1])),
+                                  AttentionTimings(tuple(timed[False][0]), tuple(timed[False][1])), layers)
+        except RuntimeError as exc:                   # a cuDNN call that fails: it does not serve
+            choice = AttentionChoice(False, AttentionTimings((), ()), AttentionTimings((), ()), layers,
+                                     f"measuring failed: {exc}".splitlines()[0][:200])
+        torch.backends.cuda.enable_cudnn_sdp(choice.cudnn)
+        ATTENTION_LOG.choices.clear()             # re-probe: the order may have changed
+        ATTENTION_LOG.cudnn = choice
+        log.info("attention: cuDNN SDPA %s: %s (measured in %.0f ms)", "kept" if choice.cudnn else "off",
+                 choice.reason, (time.perf_counter() - t0) * 1000)
+        return choice
+
+
+def _attention_call(device: torch.device, kv_heads: int, groups: int, head_dim: int, dtype: torch.dtype,
+                    rows: int, positions: int, cudnn: bool) -> float:
+    """One masked grouped SDPA call as a prompt's forward makes it (the last
+    ``rows`` of ``positions``), cuDNN allowed or not; its time in ms."""
+    torch.backends.cuda.enable_cudnn_sdp(cudnn)
+    gen = torch.Generator(device=device).manual_seed(positions)
+    q = torch.randn(1, kv_heads, groups * rows, head_dim, device=device, dtype=dtype, generator=gen)
+    k = torch.randn(1, kv_heads, positions, head_dim, device=device, dtype=dtype, generator=gen)
+    v = torch.randn(1, kv_heads, positions, head_dim, device=device, dtype=dtype, generator=gen)
+    mask = additive_mask(group_mask(causal_mask(positions - rows, rows, positions, device), groups), dtype)
+    torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=head_dim ** -0.5)
+    torch.cuda.synchronize(device)
+    return (time.perf_counter() - t0) * 1000
+
+
+_PLAN_LOCK = threading.Lock()
 
 
 def grouped_attention(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, scale: float,

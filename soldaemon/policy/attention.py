@@ -1,0 +1,66 @@
+"""Whether cuDNN may serve attention on a CUDA device: chosen from timings
+measured when the model loads, not fixed. Pure policy: no torch here (the
+measuring is :func:`soldaemon.runtime.forward.layer.plan_attention`), so it
+is tested over recorded tables.
+
+Why measure: cuDNN builds an execution plan for every new shape of a
+masked attention call. On the first device run (H200, torch 2.11, session
+26) that planning cost several hundred milliseconds per new prompt length
+(eager cold TTFT 0.99-1.31 s on some prompts against 72-84 ms on others),
+and a daemon meets a new prompt length at nearly every keystroke. Where
+planning is cheap, or cuDNN's kernels are faster once planned, the other
+answer is right; a driver, cuDNN or torch version may move it.
+
+What a keystroke costs with an option: its attention meets one new shape
+(planned once, then every layer reuses the plan), so
+``cold + (layers - 1) * warm``, each the median of the shapes measured.
+cuDNN stays in SDPA's order only when that is lower with it than without.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class AttentionTimings:
+    """One option's measured calls, ms: the first call of each new shape
+    (``cold``) and a second call of the same shape (``warm``)."""
+
+    cold_ms: tuple[float, ...]
+    warm_ms: tuple[float, ...]
+
+    def keystroke_ms(self, layers: int) -> float:
+        """What one new prompt shape costs over ``layers`` layers."""
+        if not self.cold_ms or not self.warm_ms:
+            raise ValueError("no timings")
+        return statistics.median(self.cold_ms) + max(layers - 1, 0) * statistics.median(self.warm_ms)
+
+
+@dataclass(frozen=True)
+class AttentionChoice:
+    """The choice and what it was made from (for the engine's info)."""
+
+    cudnn: bool
+    with_cudnn: AttentionTimings
+    without_cudnn: AttentionTimings
+    layers: int
+    reason: str
+
+    def summary(self) -> dict[str, object]:
+        return {"cudnn": self.cudnn, "reason": self.reason, "layers": self.layers,
+                "with_cudnn_ms": {"cold": list(self.with_cudnn.cold_ms), "warm": list(self.with_cudnn.warm_ms)},
+                "without_cudnn_ms": {"cold": list(self.without_cudnn.cold_ms),
+                                     "warm": list(self.without_cudnn.warm_ms)}}
+
+
+def choose_cudnn(with_cudnn: AttentionTimings, without_cudnn: AttentionTimings, layers: int) -> AttentionChoice:
+    """Keep cuDNN in SDPA's order only when a new prompt shape costs less
+    with it (:meth:`AttentionTimings.keystroke_ms`); without it on a tie."""
+    on, off = with_cudnn.keystroke_ms(layers), without_cudnn.keystroke_ms(layers)
+    keep = on < off
+    reason = (f"a new prompt shape over {layers} layers: {on:.2f} ms with cuDNN, {off:.2f} ms without "
+              f"(first call {statistics.median(with_cudnn.cold_ms):.2f} vs "
+              f"{statistics.median(without_cudnn.cold_ms):.2f} ms)")
+    return AttentionChoice(keep, with_cudnn, without_cudnn, layers, reason)
