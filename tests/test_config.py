@@ -285,6 +285,8 @@ BAD_VALUES: list[tuple[str, str, Any, str]] = [
     ("completion", "block_end", "parser", '"parser"'),
     ("completion", "hold_end", "yes", '"yes"'),
     ("completion", "second_choice", 1, "1"),
+    ("completion", "candidates", 0, "0"),
+    ("completion", "candidates", 9, "9"),
     ("backend", "kind", "cloud", '"cloud"'),
     ("backend", "url", "ftp://x", '"ftp://x"'),
     ("backend", "model_name", 3, "3"),

@@ -280,6 +280,11 @@ class CompletionConfig:
     # from the model's closest other choice in that line (local backend;
     # docs/config.md).
     second_choice: bool = _setting(True, _bool())
+    # A greedy single multi-line answer: decode this many candidates (the
+    # greedy one, the others sampled) and show the one the model is surest
+    # of (mean log-probability per token; local backend; docs/config.md);
+    # 1..8, 1 = the greedy answer alone.
+    candidates: int = _setting(1, _int(1, 8))
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterator, MutableMapping, NamedTuple, Protocol
 
 from soldaemon.api import CancelToken, CompletionRequest, Delta, Done, Event, FinishReason, Timings
@@ -28,7 +28,7 @@ from soldaemon.pipeline.postprocess import postprocess
 from soldaemon.pipeline.stopcheck import StopChecker, may_repeat_below
 from soldaemon.protocol import validate_request
 from soldaemon.pipeline.relevance import ContextSelector
-from soldaemon.pipeline import blockend
+from soldaemon.pipeline import blockend, candidates
 from soldaemon.pipeline.prompt import LeadAnchors, build_fim_prompt, context_selector
 
 log = logging.getLogger("soldaemon.pipeline")
@@ -73,6 +73,7 @@ class Generation:
     finish: FinishReason = "stop"     # how it ended ("cancelled": see the request's cancel reason)
     tokens: int = 0                   # tokens generated for this request (0: the model part does not count)
     info: Any = None                  # the model part's own record (stats, usage), for its timings
+    ids: list[int] = field(default_factory=list)   # its tokens, where the model part has them (the local one)
 
 
 class Early(NamedTuple):
@@ -261,10 +262,54 @@ class Pipeline:
                 ends.append(answer.end)
                 if finish in ("cancelled", "budget", "superseded"):
                     break
+            if self._may_sample(req, plan, gens, model):
+                items[0], ends[0] = self._chosen(req, prompt, plan, gens[0], items[0], ends[0],
+                                                 model, cancel, deadline)
         if finish == "cancelled":
             finish = cancel.reason
         yield self._finish(req, items, finish, model.timings(req, gens, prompt, prompt_ms, clock), memory,
                            counter, ends)
+
+    def _may_sample(self, req: CompletionRequest, plan: blockend.EndPlan, gens: list[Generation],
+                    model: ModelPart) -> bool:
+        """Block candidates (:mod:`.candidates`) for this answer: a greedy
+        single multi-line answer that ended whole (not cancelled, superseded
+        or past the budget), a model part that scores."""
+        return (self.config.completion.candidates > 1 and plan.multiline and req.n == 1 and req.temperature == 0
+                and len(gens) == 1 and gens[0].finish in ("stop", "length") and bool(gens[0].ids)
+                and hasattr(model, "score"))
+
+    def _chosen(self, req: CompletionRequest, prompt: FimPrompt, plan: blockend.EndPlan, gen: Generation,
+                text: str, end: str, model: ModelPart, cancel: CancelToken,
+                deadline: int | None) -> tuple[str, str]:
+        """The shown answer and its end among the greedy one (``text``,
+        ``end``) and the sampled candidates: the one the model is surest of."""
+        scorer: candidates.Scorer = model  # type: ignore[assignment]   # _may_sample: it has score
+        text_of = candidates.texts(self.tokenizer, prompt.heal)
+        best = candidates.confidence(scorer.score(req, prompt, gen.ids), candidates.shown_tokens(text_of, gen.ids, text))
+        best_text, best_end, seen = text, end, {text}
+        for c in range(1, self.config.completion.candidates):
+            if cancel.cancelled or (deadline is not None and time.perf_counter_ns() >= deadline):
+                break
+            checker = blockend.stop_checker(plan)
+            other = Generation()
+            for _ in model.generate(candidates.sampled(req, c), prompt, 0, checker, True, plan.max_lines, cancel,
+                                    deadline, other):
+                pass
+            gen.tokens += other.tokens
+            if other.finish not in ("stop", "length"):
+                break
+            answer = blockend.finish(plan, other.raw, other.finish, checker)
+            if answer.text in seen:
+                continue
+            seen.add(answer.text)
+            sure = candidates.confidence(scorer.score(req, prompt, other.ids),
+                                         candidates.shown_tokens(text_of, other.ids, answer.text))
+            log.info("candidate id=%s #%d: mean log-p %.3f against %.3f%s", req.id, c, sure, best,
+                     ", shown" if sure > best else "")
+            if sure > best:
+                best, best_text, best_end = sure, answer.text, answer.end
+        return best_text, best_end
 
     def _resumed(self, req: CompletionRequest, run: Resumed, cancel: CancelToken, clock: Clock, memory: Memory,
                  counter: ModelPart | None) -> Iterator[Event]:

@@ -100,9 +100,10 @@ CONFIG_ABLATIONS: dict[str, dict[str, Any]] = {
     "speculation": {"completion.speculative": False},   # decode tok/s with and without, same answers
     "hold_end": {"completion.hold_end": True},          # off by default: the column turns it on
     "second_choice": {"completion.second_choice": False},
+    "candidates": {"completion.candidates": 4},          # off by default: the column ranks 4 block candidates
 }
 # The column's sign: "-" a part taken out, "+" one put in (default "-").
-ABLATION_SIGN = {"hold_end": "+"}
+ABLATION_SIGN = {"hold_end": "+", "candidates": "+"}
 
 
 ABLATIONS = ("outline", *CONFIG_ABLATIONS)

@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Generator, Iterator
+from typing import Any, Generator, Iterator, Sequence
 
 from soldaemon.api import CancelToken, CompletionRequest, Event, Timings
 from soldaemon.config import Config
@@ -41,7 +41,7 @@ from soldaemon.runtime.decode.draft import DraftModel
 from soldaemon.runtime.decode.generate import GenStats, TokenEvent, generate
 from soldaemon.runtime.decode.healing import HealingSampler, TokenTexts
 from soldaemon.runtime.decode.sampling import Sampler, make_sampler
-from soldaemon.runtime.decode.second import Replay, second_choice
+from soldaemon.runtime.decode.second import Replay, TokenScores, second_choice, token_scores
 from soldaemon.runtime.kv.session import KVSession, PrefillResult, SessionPool
 from soldaemon.runtime.memory.scheduler import MemoryScheduler
 
@@ -256,6 +256,12 @@ class LocalModelPart:
         out.tokens += len(first.tokens)
         out.info = _both(stats, again.stats)
 
+    def score(self, req: CompletionRequest, prompt: FimPrompt, ids: Sequence[int]) -> TokenScores:
+        """The scores of ``ids`` generated after ``prompt`` on ``req``'s
+        session (:func:`token_scores`; the pipeline's block candidates,
+        :mod:`soldaemon.pipeline.candidates`). Called inside :meth:`generating`."""
+        return token_scores(self._session(req.uri), prompt.ids, ids, self.template.stop_ids, precise_until(prompt))
+
     def _sampler(self, req: CompletionRequest, prompt: FimPrompt, candidate: int) -> Sampler:
         sampler = make_sampler(req.temperature, req.top_p, None if req.seed is None else req.seed + candidate)
         if prompt.heal:
@@ -309,6 +315,7 @@ class LocalModelPart:
         finally:
             session.chunk = chunk
             out.raw, out.finish, out.info, out.tokens = decode.current, run.finish, run.stats, len(decode.tokens)  # type: ignore[assignment]
+            out.ids = list(decode.tokens)
             self._park_or_close(run, session)
         return run
 

@@ -1,0 +1,92 @@
+"""A block answer chosen among several: the greedy one and sampled ones,
+ranked by the model's own confidence (``completion.candidates``).
+
+Greedy decoding commits to the likeliest token at every step; taken whole,
+another answer may be one the model is surer of. For a greedy single
+multi-line answer with ``completion.candidates`` = N > 1 (local backend),
+after the greedy answer is done:
+
+* N - 1 more answers are sampled (temperature :data:`SAMPLE_TEMPERATURE`,
+  seeds :data:`SAMPLE_SEED` + 1 ... N - 1: the same request gets the same
+  answer), each under the same stop check and end rules as the greedy one,
+  on the same cached prompt;
+* each answer is scored by one forward over its tokens: the mean
+  log-probability per token of what it shows (:func:`confidence`; tokens a
+  cut rule dropped do not count);
+* the surest is shown, the greedy one on a tie.
+
+The greedy answer streams as it is decoded (its first line at single-line
+speed); the shown answer may differ from it once all are done. A cancel or
+the budget stops the sampling and the greedy answer stands. Each candidate
+costs a decode without speculation (sampling does not verify drafts) and
+one forward; on a 2-core CPU that is several times the greedy answer's
+decode, which is why the default is 1 (off). Measured in docs/quality.md
+("Block candidates", session 27).
+
+Nothing here imports torch: the model part scores (:class:`Scorer`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Protocol, Sequence
+
+from soldaemon.api import CompletionRequest
+from soldaemon.fim import FimPrompt
+
+SAMPLE_TEMPERATURE = 0.4
+SAMPLE_SEED = 1000
+
+
+class Scores(Protocol):
+    """Per generated token, its log-probability (``runtime.decode.second.TokenScores``)."""
+
+    logp: list[float]
+
+
+class Scorer(Protocol):
+    """What a model part supplies to rank candidates (the local one does)."""
+
+    def score(self, req: CompletionRequest, prompt: FimPrompt, ids: Sequence[int]) -> Scores:
+        """The scores of ``ids`` generated after ``prompt``."""
+
+
+def sampled(req: CompletionRequest, candidate: int) -> CompletionRequest:
+    """``req`` as candidate ``candidate`` (>= 1) is sampled."""
+    return dataclasses.replace(req, temperature=SAMPLE_TEMPERATURE, seed=SAMPLE_SEED + candidate, n=1)
+
+
+def texts(tokenizer: Any, heal: str) -> Callable[[Sequence[int]], str]:
+    """The text of generated tokens as the answer has it: with token
+    healing, without the prompt text they re-write (``heal``)."""
+    def text(ids: Sequence[int]) -> str:
+        whole = tokenizer.decode(list(ids), skip_special_tokens=True)
+        if heal:
+            return whole[len(heal):] if whole.startswith(heal) else ""
+        return whole
+    return text
+
+
+def shown_tokens(text: Callable[[Sequence[int]], str], ids: Sequence[int], shown: str) -> int:
+    """How many of ``ids`` the shown answer ``shown`` is made of: the
+    longest run of them whose text, leading and trailing white space aside,
+    is no longer than ``shown``'s (post-processing may re-indent the first
+    line and cuts at the end; the white space before a cut line counts)."""
+    body = shown.strip()
+    if not body:
+        return 0
+    raw = text(ids)
+    limit = len(raw) - len(raw.lstrip()) + len(body)
+    n = 0
+    for i in range(1, len(ids) + 1):
+        if len(text(ids[:i]).rstrip()) > limit:
+            break
+        n = i
+    return n
+
+
+def confidence(scores: Scores, shown: int) -> float:
+    """The mean log-probability of the first ``shown`` tokens (-inf: none)."""
+    if shown <= 0:
+        return float("-inf")
+    return sum(scores.logp[:shown]) / shown

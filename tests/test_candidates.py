@@ -1,0 +1,206 @@
+"""A block answer chosen among the greedy one and sampled ones by the model's
+confidence (pipeline/candidates.py, completion.candidates;
+runtime/decode/second.py's token_scores)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import pytest
+import torch
+
+from soldaemon.api import CancelToken, CompletionRequest, Done
+from soldaemon.config import config_from_dict
+from soldaemon.pipeline import blockend, candidates
+from soldaemon.runtime.decode.second import token_scores
+from soldaemon.runtime.engine.local import LocalEngine, load_engine
+from soldaemon.runtime.forward.backend import LeanBackend
+from soldaemon.runtime.kv.session import KVSession
+from soldaemon.testing.tiny import build_tiny_model
+
+# -- the ranking, over a tokenizer of one character per token ---------------------
+
+CHARS = "abcdefgh \n:()xyz"
+
+
+def text(ids: Sequence[int]) -> str:
+    return "".join(CHARS[i] for i in ids)
+
+
+def ids_of(s: str) -> list[int]:
+    return [CHARS.index(c) for c in s]
+
+
+@dataclass
+class S:
+    logp: list[float]
+
+
+class CharTokenizer:
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return text(ids)
+
+
+def test_shown_tokens_counts_the_tokens_the_shown_answer_is_made_of() -> None:
+    ids = ids_of("  ab\n  cd\n  ef")
+    assert candidates.shown_tokens(text, ids, "ab\n  cd\n  ef") == len(ids)     # re-indented first line
+    # cut at the end: up to the next line's code (the white space before it counts)
+    assert candidates.shown_tokens(text, ids, "ab\n  cd") == len(ids_of("  ab\n  cd\n  "))
+    assert candidates.shown_tokens(text, ids, "ab\n  cd\n") == len(ids_of("  ab\n  cd\n  "))
+    assert candidates.shown_tokens(text, ids, "ab\n  c") == len(ids_of("  ab\n  c"))
+    assert candidates.shown_tokens(text, ids, "") == 0
+    assert candidates.shown_tokens(text, ids, "  \n") == 0
+
+
+def test_the_text_of_healed_tokens_leaves_out_what_they_re_write() -> None:
+    assert candidates.texts(CharTokenizer(), "ab")(ids_of("abcd")) == "cd"
+    assert candidates.texts(CharTokenizer(), "ab")(ids_of("a")) == ""          # not yet past the healed text
+    assert candidates.texts(CharTokenizer(), "")(ids_of("abcd")) == "abcd"
+
+
+def test_confidence_is_the_mean_log_probability_of_the_shown_tokens() -> None:
+    s = S([-1.0, -3.0, -8.0])
+    assert candidates.confidence(s, 2) == pytest.approx(-2.0)
+    assert candidates.confidence(s, 0) == float("-inf")
+
+
+def test_a_candidate_is_the_request_sampled_with_its_own_seed() -> None:
+    req = CompletionRequest(id="a", prefix="x", suffix="", n=1)
+    one, two = candidates.sampled(req, 1), candidates.sampled(req, 2)
+    assert one.temperature == two.temperature == candidates.SAMPLE_TEMPERATURE > 0
+    assert (one.seed, two.seed) == (candidates.SAMPLE_SEED + 1, candidates.SAMPLE_SEED + 2)
+    assert one.prefix == req.prefix and one.id == req.id
+
+
+# -- the scores, on the tiny model ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+def test_token_scores_are_the_models_own_log_probabilities(tiny_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_path)).eval()
+    prompt, tokens = [5, 17, 42, 9, 77], [13, 88, 4]
+    stop = frozenset({3, 13})
+    session = KVSession(LeanBackend(model, 64))
+    got = token_scores(session, prompt, tokens, stop)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:].float()
+    logp = torch.log_softmax(logits, -1)
+    for i, t in enumerate(tokens):
+        assert got.logp[i] == pytest.approx(float(logp[i, t]), abs=1e-4)
+        other = logp[i].clone()
+        other[[t, 3, 13]] = float("-inf")
+        assert got.alt[i] == int(other.argmax()) and got.alt_logp[i] == pytest.approx(float(other.max()), abs=1e-4)
+        assert got.end_logp[i] == pytest.approx(float(torch.logsumexp(logp[i, [3, 13]], 0)), abs=1e-4)
+    assert len(got.end_logp) == len(tokens) + 1
+    assert session.tokens == prompt + tokens
+
+
+# -- in the pipeline ---------------------------------------------------------------
+
+# The tiny model (random weights) writes three lines here, cut by max_lines.
+PREFIX = "class A:\n    def g(self):\n        "
+
+
+def _engine(path: Path, n: int) -> LocalEngine:
+    config = config_from_dict({"model": {"path": str(path), "max_context": 2048, "precision": "float32",
+                                         "max_suffix_tokens": 0},
+                               "device": {"device": "cpu"},
+                               "completion": {"candidates": n, "speculative_fim": False, "max_lines": 3}})
+    return load_engine(config, progress=False)
+
+
+def _done(engine: LocalEngine, req: CompletionRequest, cancel: CancelToken | None = None) -> Done:
+    events = list(engine.complete(req, cancel or CancelToken()))
+    assert isinstance(events[-1], Done)
+    return events[-1]
+
+
+def _req(rid: str, **kw) -> CompletionRequest:
+    return CompletionRequest(id=rid, prefix=PREFIX, suffix="\n    return 1\n", max_tokens=64,
+                             **{"multiline": "multi", **kw})
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_path: Path) -> tuple[LocalEngine, LocalEngine]:
+    return _engine(tiny_path, 1), _engine(tiny_path, 3)
+
+
+def test_candidates_are_decoded_and_the_one_the_model_is_surest_of_is_shown(engines, monkeypatch) -> None:
+    off, on = engines
+    greedy = _done(off, _req("a"))
+    assert greedy.items[0].count("\n") == 2, greedy        # a multi-line answer
+    sure: list[float] = []
+    shown: list[str] = []
+    confidence, finish = candidates.confidence, blockend.finish
+    monkeypatch.setattr(candidates, "confidence", lambda *a: sure.append(confidence(*a)) or sure[-1])
+    monkeypatch.setattr(blockend, "finish", lambda *a: shown.append(finish(*a).text) or finish(*a))
+    done = _done(on, _req("b"))
+    assert shown[0] == greedy.items[0] and 2 <= len(shown) <= 3
+    texts = [t for i, t in enumerate(shown) if t not in shown[:i]]    # the same text is scored once
+    assert len(sure) == len(texts)
+    assert done.items[0] == texts[sure.index(max(sure))]      # the surest; greedy's on a tie
+    assert done.timings.generated_tokens > greedy.timings.generated_tokens
+    monkeypatch.undo()
+    assert _done(on, _req("c")).items == done.items            # seeded: the same request, the same answer
+
+
+def test_a_surer_candidate_is_shown_and_greedy_stands_otherwise(engines, monkeypatch) -> None:
+    off, on = engines
+    greedy = _done(off, _req("d"))
+    score = type(on.part).score
+    calls = {"n": 0}
+
+    def favour(first_wins: bool):
+        def scored(self, req, prompt, ids):
+            s = score(self, req, prompt, ids)
+            calls["n"] += 1
+            if (calls["n"] == 1) == first_wins:
+                s.logp[:] = [lp + 50.0 for lp in s.logp]
+            return s
+        return scored
+
+    monkeypatch.setattr(type(on.part), "score", favour(first_wins=True))
+    assert _done(on, _req("e")).items == greedy.items
+    calls["n"] = 0
+    monkeypatch.setattr(type(on.part), "score", favour(first_wins=False))
+    assert _done(on, _req("f")).items != greedy.items
+
+
+def test_no_candidates_for_one_line_a_sampled_request_candidates_1_or_a_cancel(engines, monkeypatch) -> None:
+    off, on = engines
+    scored: list[int] = []
+    score = type(on.part).score
+
+    def counted(self, *a, **k):
+        scored.append(1)
+        return score(self, *a, **k)
+
+    monkeypatch.setattr(type(on.part), "score", counted)
+    _done(on, _req("g", multiline="single"))
+    _done(on, _req("h", temperature=0.7, seed=1))
+    assert scored == []
+    on.config = on.config.with_overrides({"completion.candidates": 1}, source="test")
+    try:
+        _done(on, _req("i"))
+        assert scored == []
+    finally:
+        on.config = on.config.with_overrides({"completion.candidates": 3}, source="test")
+    # a cancel while ranking: the greedy answer stands, nothing more is decoded
+    greedy = _done(off, _req("j"))
+    cancel = CancelToken()
+
+    def cancelling(self, *a, **k):
+        cancel.cancel("superseded")
+        return score(self, *a, **k)
+
+    monkeypatch.setattr(type(on.part), "score", cancelling)
+    done = _done(on, _req("k"), cancel)
+    assert done.items == greedy.items and done.timings.generated_tokens == greedy.timings.generated_tokens
