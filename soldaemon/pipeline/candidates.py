@@ -56,15 +56,19 @@ def sampled(req: CompletionRequest, candidate: int) -> CompletionRequest:
     return dataclasses.replace(req, temperature=SAMPLE_TEMPERATURE, seed=SAMPLE_SEED + candidate, n=1)
 
 
-def texts(tokenizer: Any, heal: str) -> Callable[[Sequence[int]], str]:
+def generated_text(tokenizer: Any, ids: Sequence[int], heal: str) -> str:
     """The text of generated tokens as the answer has it: with token
-    healing, without the prompt text they re-write (``heal``)."""
-    def text(ids: Sequence[int]) -> str:
-        whole = tokenizer.decode(list(ids), skip_special_tokens=True)
-        if heal:
-            return whole[len(heal):] if whole.startswith(heal) else ""
-        return whole
-    return text
+    healing, without the prompt text they re-write (``heal``; "" until they
+    are past it)."""
+    whole = tokenizer.decode(list(ids), skip_special_tokens=True)
+    if heal:
+        return whole[len(heal):] if whole.startswith(heal) else ""
+    return whole
+
+
+def texts(tokenizer: Any, heal: str) -> Callable[[Sequence[int]], str]:
+    """:func:`generated_text` for one request's ``tokenizer`` and ``heal``."""
+    return lambda ids: generated_text(tokenizer, ids, heal)
 
 
 def shown_tokens(text: Callable[[Sequence[int]], str], ids: Sequence[int], shown: str) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from soldaemon.pipeline.candidates import generated_text
 from soldaemon.pipeline.syntax import opens_without_body
 from soldaemon.pipeline.stopcheck import StopChecker
 
@@ -19,10 +20,7 @@ class Detok:
         self.current = ""
 
     def text(self, tokens: list[int]) -> str:
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        if self.skip:
-            return text[len(self.skip):] if text.startswith(self.skip) else ""
-        return text
+        return generated_text(self.tokenizer, tokens, self.skip)
 
     def push(self, tokens: list[int]) -> None:
         self.tokens.extend(tokens)

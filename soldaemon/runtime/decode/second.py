@@ -15,8 +15,7 @@ line that was missing above the one it repeated), so instead:
 Only for a greedy single candidate (completion.second_choice).
 
 :func:`token_scores` is the same forward for a whole answer: each token's
-log-probability (and the model's best other token at each position), what
-the pipeline's block candidates (completion.candidates,
+log-probability, what the pipeline's block candidates (completion.candidates,
 :mod:`soldaemon.pipeline.candidates`) are ranked by.
 """
 
@@ -77,42 +76,21 @@ def second_choice(session: KVSession, prompt: Sequence[int], line: Sequence[int]
 
 @dataclass(frozen=True)
 class TokenScores:
-    """Per generated token: its log-probability (``logp``), the model's best
-    other token there (``alt``; -1 when every other is an end token) and
-    that token's log-probability (``alt_logp``); ``end_logp[i]``: the
-    log-probability of an end token instead of token ``i`` (one more: after
-    the last)."""
+    """Per generated token, its log-probability (``logp``)."""
 
     logp: list[float]
-    alt: list[int]
-    alt_logp: list[float]
-    end_logp: list[float]
 
 
-def token_scores(session: KVSession, prompt: Sequence[int], tokens: Sequence[int], stop_ids: frozenset[int],
+def token_scores(session: KVSession, prompt: Sequence[int], tokens: Sequence[int],
                  precise_until: int | None = None) -> TokenScores:
     """:class:`TokenScores` of ``tokens`` generated after ``prompt``: one
     forward over them (the prompt is in the KV cache)."""
-    pre = session.prefill(prompt, precise_until=precise_until)
-    rows = pre.logits.float()[None]
-    if tokens:
-        rows = torch.cat([rows, session.verify(list(tokens)).float()])
-    logp = torch.log_softmax(rows, dim=-1)
-    stops = sorted(stop_ids)
-    end = (torch.logsumexp(logp[:, stops], dim=-1).tolist() if stops
-           else [float("-inf")] * (len(tokens) + 1))
     if not tokens:
-        return TokenScores([], [], [], end)
-    body = logp[:len(tokens)]
-    taken = torch.tensor(list(tokens))
-    mine = body.gather(1, taken[:, None])[:, 0]
-    other = body.clone()
-    other.scatter_(1, taken[:, None], float("-inf"))
-    if stops:
-        other[:, stops] = float("-inf")
-    best, alt = other.max(dim=-1)
-    alt = torch.where(torch.isfinite(best), alt, torch.full_like(alt, -1))
-    return TokenScores(mine.tolist(), alt.tolist(), best.tolist(), end)
+        return TokenScores([])
+    pre = session.prefill(prompt, precise_until=precise_until)
+    rows = torch.cat([pre.logits.float()[None], session.verify(list(tokens)).float()])[:len(tokens)]
+    taken = torch.tensor(list(tokens))[:, None]
+    return TokenScores(torch.log_softmax(rows, dim=-1).gather(1, taken)[:, 0].tolist())   # as measured (session 27)
 
 
 class Replay:

@@ -260,7 +260,7 @@ class LocalModelPart:
         """The scores of ``ids`` generated after ``prompt`` on ``req``'s
         session (:func:`token_scores`; the pipeline's block candidates,
         :mod:`soldaemon.pipeline.candidates`). Called inside :meth:`generating`."""
-        return token_scores(self._session(req.uri), prompt.ids, ids, self.template.stop_ids, precise_until(prompt))
+        return token_scores(self._session(req.uri), prompt.ids, ids, precise_until(prompt))
 
     def _sampler(self, req: CompletionRequest, prompt: FimPrompt, candidate: int) -> Sampler:
         sampler = make_sampler(req.temperature, req.top_p, None if req.seed is None else req.seed + candidate)
