@@ -150,35 +150,33 @@ def test_candidates_are_decoded_and_the_one_the_model_is_surest_of_is_shown(engi
 def test_a_surer_candidate_is_shown_and_greedy_stands_otherwise(engines, monkeypatch) -> None:
     off, on = engines
     greedy = _done(off, _req("d"))
-    score = type(on.part).score
+    confidence = candidates.confidence
     calls = {"n": 0}
 
     def favour(first_wins: bool):
-        def scored(self, req, prompt, ids):
-            s = score(self, req, prompt, ids)
+        def sure(scores, shown):
             calls["n"] += 1
-            if (calls["n"] == 1) == first_wins:
-                s.logp[:] = [lp + 50.0 for lp in s.logp]
-            return s
-        return scored
+            return confidence(scores, shown) + (50.0 if (calls["n"] == 1) == first_wins else 0.0)
+        return sure
 
-    monkeypatch.setattr(type(on.part), "score", favour(first_wins=True))
+    monkeypatch.setattr(candidates, "confidence", favour(first_wins=True))
     assert _done(on, _req("e")).items == greedy.items
+    assert calls["n"] >= 2
     calls["n"] = 0
-    monkeypatch.setattr(type(on.part), "score", favour(first_wins=False))
+    monkeypatch.setattr(candidates, "confidence", favour(first_wins=False))
     assert _done(on, _req("f")).items != greedy.items
 
 
 def test_no_candidates_for_one_line_a_sampled_request_candidates_1_or_a_cancel(engines, monkeypatch) -> None:
     off, on = engines
     scored: list[int] = []
-    score = type(on.part).score
+    confidence = candidates.confidence
 
-    def counted(self, *a, **k):
+    def counted(*a):
         scored.append(1)
-        return score(self, *a, **k)
+        return confidence(*a)
 
-    monkeypatch.setattr(type(on.part), "score", counted)
+    monkeypatch.setattr(candidates, "confidence", counted)
     _done(on, _req("g", multiline="single"))
     _done(on, _req("h", temperature=0.7, seed=1))
     assert scored == []
@@ -188,14 +186,77 @@ def test_no_candidates_for_one_line_a_sampled_request_candidates_1_or_a_cancel(e
         assert scored == []
     finally:
         on.config = on.config.with_overrides({"completion.candidates": 3}, source="test")
+    _done(on, _req("i2"))
+    assert scored                                    # the same request with candidates: ranked
     # a cancel while ranking: the greedy answer stands, nothing more is decoded
     greedy = _done(off, _req("j"))
     cancel = CancelToken()
 
-    def cancelling(self, *a, **k):
+    def cancelling(*a):
         cancel.cancel("superseded")
-        return score(self, *a, **k)
+        return confidence(*a)
 
-    monkeypatch.setattr(type(on.part), "score", cancelling)
+    monkeypatch.setattr(candidates, "confidence", cancelling)
     done = _done(on, _req("k"), cancel)
     assert done.items == greedy.items and done.timings.generated_tokens == greedy.timings.generated_tokens
+
+
+def test_scores_kept_while_decoding_are_the_forwards(tiny_path: Path) -> None:
+    """The log-probabilities a decode records (greedy with drafts, sampled
+    with drafts along a reference) are what token_scores' own forward says."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from soldaemon.policy.draft import AlongReference, PromptLookup
+    from soldaemon.runtime.decode.generate import generate
+    from soldaemon.runtime.decode.sampling import Greedy, TopP
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_path)).eval()
+    tok = AutoTokenizer.from_pretrained(str(tiny_path))
+    ids = tok("def f(a, b):\n    return a + b\n\ndef g(a, b):\n", add_special_tokens=False).input_ids * 3
+    session = KVSession(LeanBackend(model, 2048))
+    greedy: list[int] = []
+    for sampler in (Greedy(), TopP(0.8, seed=5)):
+        logp: list[float] = []
+        out: list[int] = []
+        drafter = AlongReference(greedy) if greedy else PromptLookup()
+        last = None
+        for ev in generate(session, ids, sampler=sampler, stop_ids=frozenset(), max_tokens=24, drafter=drafter,
+                           logp=logp):
+            out.extend(ev.tokens)
+            last = ev
+        assert last is not None and last.stats.draft_tokens > 0
+        greedy = greedy or out
+        assert len(logp) == len(out) == 24
+        assert logp == pytest.approx(token_scores(session, ids, out).logp, abs=1e-4)
+
+
+def test_candidates_are_drafted_along_the_greedy_answer_with_their_own_rates(engines, monkeypatch) -> None:
+    """The sampled candidates draft from the greedy answer's tokens (verified
+    by speculative sampling); their acceptance is kept apart from the greedy
+    decodes' draft sizing."""
+    import soldaemon.runtime.engine.part as part_module
+    from soldaemon.policy.draft import AlongReference
+
+    off, on = engines
+    greedy = _done(off, _req("m"))
+    references: list[list[int]] = []
+    proposed: list[int] = []
+
+    class Spy(AlongReference):
+        def __init__(self, reference, *a, **k) -> None:
+            references.append(list(reference))
+            super().__init__(reference, *a, **k)
+
+        def propose(self, k: int) -> list[int]:
+            out = super().propose(k)
+            proposed.append(len(out))
+            return out
+
+    monkeypatch.setattr(part_module, "AlongReference", Spy)
+    _done(on, _req("n"))
+    assert 1 <= len(references) <= 2 and sum(proposed) > 0
+    first_line = greedy.items[0].splitlines()[0].strip()
+    assert all(first_line in on.part.tokenizer.decode(r) for r in references)   # the greedy answer's tokens
+    assert on.part.draft_length is not None and on.part._sampled_length is not None
+    assert all(kind < AlongReference.REFERENCE for kind in on.part.draft_length.rates())
+    assert any(kind > AlongReference.REFERENCE for kind in on.part._sampled_length[1].rates())

@@ -46,9 +46,10 @@ def _int(lo: int, hi: int | None = None) -> _Check:
     return check
 
 
-def _int_or_auto(lo: int) -> _Check:
-    """An integer >= ``lo``, or ``"auto"`` (the value is decided elsewhere)."""
-    inner = _int(lo)
+def _int_or_auto(lo: int, hi: int | None = None) -> _Check:
+    """An integer >= ``lo`` (and <= ``hi``), or ``"auto"`` (the value is
+    decided elsewhere)."""
+    inner = _int(lo, hi)
 
     def check(value: object, base: Path | None) -> object:
         if value == "auto":
@@ -56,7 +57,8 @@ def _int_or_auto(lo: int) -> _Check:
         try:
             return inner(value, base)
         except _Bad:
-            raise _Bad(f'"auto" or an integer >= {lo}') from None
+            raise _Bad(f'"auto" or an integer in {lo}..{hi}' if hi is not None
+                       else f'"auto" or an integer >= {lo}') from None
 
     return check
 

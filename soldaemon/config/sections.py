@@ -55,6 +55,14 @@ WINDOWS_BY_MODEL: dict[str, PromptWindows] = {
 }
 GENERIC_WINDOWS = PromptWindows(1024, 256, 128)
 
+# Block candidates (completion.candidates "auto", the default), by the
+# embedded model served: the 1.5B, the model chosen for quality, ranks 4
+# (greedy 29 -> 34 of 128 block holes passing, at 1.6-1.8x its block e2e with
+# the samples drafted along the greedy answer; docs/quality.md, sessions
+# 27-28). The 0.5B, chosen for speed, gained 1 of 64 at 4x and stays at 1;
+# so does any other model (a path, a remote server).
+CANDIDATES_BY_MODEL: dict[str, int] = {"qwen2.5-coder-1.5b": 4}
+
 
 @dataclass(frozen=True)
 class SolConfig:
@@ -283,8 +291,21 @@ class CompletionConfig:
     # A greedy single multi-line answer: decode this many candidates (the
     # greedy one, the others sampled) and show the one the model is surest
     # of (mean log-probability per token; local backend; docs/config.md);
-    # 1..8, 1 = the greedy answer alone.
-    candidates: int = _setting(1, _int(1, 8))
+    # 1..8, 1 = the greedy answer alone; "auto": the served model's
+    # (CANDIDATES_BY_MODEL: 4 for the 1.5B, 1 for any other).
+    candidates: int | Auto = _setting("auto", _int_or_auto(1, 8))
+
+    def candidate_count(self, served: str | None = None) -> int:
+        """How many block candidates: the number set, or for ``"auto"`` the
+        model ``served``'s (1 when none is known yet)."""
+        if self.candidates != "auto":
+            return self.candidates
+        return CANDIDATES_BY_MODEL.get(served or "", 1)
+
+    def served_by(self, served: str | None) -> CompletionConfig:
+        """This section with ``"auto"`` settings replaced by the model
+        ``served``'s (``load_engine`` calls it once the model is chosen)."""
+        return replace(self, candidates=self.candidate_count(served))
 
 
 @dataclass(frozen=True)

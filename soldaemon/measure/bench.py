@@ -91,8 +91,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "for the 1.5B; healing: off; anchor: the middle starts at the "
                         "cursor; speculation: off, for decode tok/s with and without on the same holes; hold_end: on, "
                         "the model's end token refused while its answer ends on a bare block opener; second_choice: off, "
-                        "a first line that repeats the line below dropped, not decoded again; candidates: on, each block answer "
-                        "the surest of 4, completion.candidates)")
+                        "a first line that repeats the line below dropped, not decoded again; candidates: toggled from the served "
+                        "model's completion.candidates -- the greedy answer alone for the 1.5B, which ranks 4 block "
+                        "candidates by default, 4 for the 0.5B)")
     p.add_argument("--baselines-only", action="store_true",
                    help="--quality: only the --baselines columns (e.g. to add llama.vscode to an earlier run's holes)")
     p.add_argument("--models", nargs="*",

@@ -18,10 +18,13 @@ after the greedy answer is done:
 The greedy answer streams as it is decoded (its first line at single-line
 speed); the shown answer may differ from it once all are done. A cancel or
 the budget stops the sampling and the greedy answer stands. Each candidate
-costs a decode without speculation (sampling does not verify drafts) and
-one forward; on a 2-core CPU that is several times the greedy answer's
-decode, which is why the default is 1 (off). Measured in docs/quality.md
-("Block candidates", session 27).
+costs a decode and one forward. The decode drafts along the greedy
+answer's tokens (:class:`soldaemon.policy.draft.AlongReference`: a sample
+at a low temperature follows it most of the way) and keeps each draft
+token with its probability (speculative sampling,
+:meth:`soldaemon.runtime.decode.sampling.TopP.accept`: the same
+distribution as one step at a time). Measured in docs/quality.md ("Block
+candidates", sessions 27-28).
 
 Nothing here imports torch: the model part scores (:class:`Scorer`).
 """
@@ -29,7 +32,7 @@ Nothing here imports torch: the model part scores (:class:`Scorer`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from soldaemon.api import CompletionRequest
 from soldaemon.fim import FimPrompt
@@ -44,11 +47,25 @@ class Scores(Protocol):
     logp: list[float]
 
 
+@dataclasses.dataclass
+class Decoded:
+    """Scores the model part recorded as it decoded (``Generation.logp``)."""
+
+    logp: list[float]
+
+
 class Scorer(Protocol):
-    """What a model part supplies to rank candidates (the local one does)."""
+    """What a model part supplies to sample and rank candidates (the local
+    one does)."""
 
     def score(self, req: CompletionRequest, prompt: FimPrompt, ids: Sequence[int]) -> Scores:
         """The scores of ``ids`` generated after ``prompt``."""
+
+    def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, checker: Any,
+                 multiline: bool, max_lines: int, cancel: Any, deadline: int | None,
+                 out: Any, reference: Sequence[int] = ()) -> Iterator[str]:
+        """A decode as :meth:`ModelPart.generate`, drafting from the
+        ``reference`` answer's tokens first (the greedy one's)."""
 
 
 def sampled(req: CompletionRequest, candidate: int) -> CompletionRequest:

@@ -74,6 +74,9 @@ class Generation:
     tokens: int = 0                   # tokens generated for this request (0: the model part does not count)
     info: Any = None                  # the model part's own record (stats, usage), for its timings
     ids: list[int] = field(default_factory=list)   # its tokens, where the model part has them (the local one)
+    # asked for (a list) by the pipeline: each of ``ids``' log-probability, where
+    # the model part can say (the local one, as it decodes); left as it was otherwise
+    logp: list[float] | None = None
 
 
 class Early(NamedTuple):
@@ -241,7 +244,7 @@ class Pipeline:
         with model.generating(req):
             for candidate in range(req.n):
                 checker = blockend.stop_checker(plan)
-                gen = Generation()
+                gen = Generation(logp=[] if self._may_rank(req, plan) else None)
                 try:
                     for raw in model.generate(req, prompt, candidate, checker, multiline, max_lines,
                                               cancel, deadline, gen):
@@ -275,9 +278,12 @@ class Pipeline:
         """Block candidates (:mod:`.candidates`) for this answer: a greedy
         single multi-line answer that ended whole (not cancelled, superseded
         or past the budget), a model part that scores."""
-        return (self.config.completion.candidates > 1 and plan.multiline and req.n == 1 and req.temperature == 0
-                and len(gens) == 1 and gens[0].finish in ("stop", "length") and bool(gens[0].ids)
-                and hasattr(model, "score"))
+        return (self._may_rank(req, plan) and len(gens) == 1 and gens[0].finish in ("stop", "length")
+                and bool(gens[0].ids) and hasattr(model, "score"))
+
+    def _may_rank(self, req: CompletionRequest, plan: blockend.EndPlan) -> bool:
+        """Whether this request's answer may be chosen among candidates."""
+        return self.config.completion.candidate_count() > 1 and plan.multiline and req.n == 1 and req.temperature == 0
 
     def _chosen(self, req: CompletionRequest, prompt: FimPrompt, plan: blockend.EndPlan, gen: Generation,
                 text: str, end: str, model: ModelPart, cancel: CancelToken,
@@ -286,15 +292,20 @@ class Pipeline:
         ``end``) and the sampled candidates: the one the model is surest of."""
         scorer: candidates.Scorer = model  # type: ignore[assignment]   # _may_sample: it has score
         text_of = candidates.texts(self.tokenizer, prompt.heal)
-        best = candidates.confidence(scorer.score(req, prompt, gen.ids), candidates.shown_tokens(text_of, gen.ids, text))
+
+        def scores(g: Generation) -> candidates.Scores:   # as decoded, or one forward more
+            return candidates.Decoded(g.logp) if g.logp is not None and len(g.logp) == len(g.ids) \
+                else scorer.score(req, prompt, g.ids)
+
+        best = candidates.confidence(scores(gen), candidates.shown_tokens(text_of, gen.ids, text))
         best_text, best_end, seen = text, end, {text}
-        for c in range(1, self.config.completion.candidates):
+        for c in range(1, self.config.completion.candidate_count()):
             if cancel.cancelled or (deadline is not None and time.perf_counter_ns() >= deadline):
                 break
             checker = blockend.stop_checker(plan)
-            other = Generation()
-            for _ in model.generate(candidates.sampled(req, c), prompt, 0, checker, True, plan.max_lines, cancel,
-                                    deadline, other):
+            other = Generation(logp=[])
+            for _ in scorer.generate(candidates.sampled(req, c), prompt, 0, checker, True, plan.max_lines, cancel,
+                                     deadline, other, reference=gen.ids):
                 pass
             gen.tokens += other.tokens
             if other.finish not in ("stop", "length"):
@@ -303,8 +314,7 @@ class Pipeline:
             if answer.text in seen:
                 continue
             seen.add(answer.text)
-            sure = candidates.confidence(scorer.score(req, prompt, other.ids),
-                                         candidates.shown_tokens(text_of, other.ids, answer.text))
+            sure = candidates.confidence(scores(other), candidates.shown_tokens(text_of, other.ids, answer.text))
             log.info("candidate id=%s #%d: mean log-p %.3f against %.3f%s", req.id, c, sure, best,
                      ", shown" if sure > best else "")
             if sure > best:

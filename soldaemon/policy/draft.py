@@ -65,7 +65,12 @@ class PromptLookup:
     def _match(self) -> tuple[int, int]:
         """(n, start): the longest n-gram ending the history seen before,
         and the position after its last occurrence; (0, 0) when none."""
-        toks = self.tokens
+        return self.match_of(self.tokens)
+
+    def match_of(self, toks: Sequence[int]) -> tuple[int, int]:
+        """(n, start): the longest n-gram ending ``toks`` that this history
+        holds with a token after it, and the position of that token; (0, 0)
+        when none."""
         for n in range(self.max_n, self.min_n - 1, -1):
             if len(toks) < n:
                 continue
@@ -85,6 +90,47 @@ class PromptLookup:
         single token (docs/bench.md): one acceptance rate for all would
         price the good guesses by the poor ones."""
         return self._match()[0]
+
+
+class AlongReference:
+    """Prompt lookup that looks first in a reference answer: the tokens of
+    another answer to the same prompt (the greedy one, when block
+    candidates are sampled: :mod:`soldaemon.pipeline.candidates`). A sample
+    at a low temperature follows it most of the way, leaves it for a few
+    tokens and often comes back; an n-gram of what was generated, matched
+    in the reference (which starts with the prompt's last ``max_n`` tokens,
+    so the first tokens match too), proposes what the reference has next.
+    Where the history's own match is longer, it proposes (:class:`PromptLookup`).
+    A reference proposal's kind is ``REFERENCE`` + n: its acceptance rate is
+    kept apart from the history's."""
+
+    REFERENCE = 16
+
+    def __init__(self, reference: Sequence[int], max_n: int = 3, min_n: int = 1) -> None:
+        self.reference = list(reference)
+        self.own = PromptLookup(max_n, min_n)
+        self.along = PromptLookup(max_n, min_n)
+
+    def reset(self, history: Sequence[int]) -> None:
+        self.own.reset(history)
+        self.along.reset([*history[max(0, len(history) - self.own.max_n):], *self.reference])
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        self.own.extend(tokens)
+
+    def _choice(self) -> tuple[PromptLookup, int, int]:
+        """Which history proposes (the reference on a tie), its n and start."""
+        n, start = self.along.match_of(self.own.tokens)
+        own_n, own_start = self.own.match_of(self.own.tokens)
+        return (self.along, n, start) if n and n >= own_n else (self.own, own_n, own_start)
+
+    def propose(self, k: int) -> list[int]:
+        source, n, start = self._choice()
+        return source.tokens[start:start + k] if n else []
+
+    def kind(self) -> int:
+        source, n, _ = self._choice()
+        return self.REFERENCE + n if source is self.along else n
 
 
 class DraftLength:
@@ -128,6 +174,14 @@ class DraftLength:
         self._counts: dict[int, list[float]] = {}
         self._all = [prior, 1.0 - prior]               # every kind together: ``rate``
         self._declined: dict[int, int] = {}
+
+    def fresh(self) -> DraftLength:
+        """The same costs (a copy) and settings, acceptance rates from the
+        prior: for drafts whose acceptance differs in kind (sampled
+        decodes keep a draft token with its probability, not when it is
+        the argmax)."""
+        return DraftLength(dict(self.costs_ms), self.max_k, prior=self.prior, weight=self.weight,
+                           draft_ms=self.draft_ms, explore_every=self.explore_every)
 
     @property
     def rate(self) -> float:

@@ -25,9 +25,11 @@ docstring), seeded. Every hole goes, in the same run, to these columns:
 - ``sol -anchor`` (``--ablate anchor``): the daemon with the middle
   starting at the cursor (``model.fim_anchor: cursor``) instead of at the
   cursor line's start;
-- ``sol +candidates`` (``--ablate candidates``): the daemon choosing each
-  block answer among 4 candidates (``completion.candidates: 4``,
-  :mod:`soldaemon.pipeline.candidates`; off by default);
+- ``sol -candidates`` / ``sol +candidates`` (``--ablate candidates``):
+  block candidates (:mod:`soldaemon.pipeline.candidates`) toggled from the
+  served model's ``completion.candidates``: the greedy answer alone where it
+  ranks several (the 1.5B: ``-candidates``), 4 where it does not (the 0.5B:
+  ``+candidates``);
 - ``sol+ctx`` / ``sol+ctx[order]`` (``--context siblings``): the daemon
   with the other source files of the hole's directory as context chunks
   (:func:`sibling_context`), chosen by relevance to the cursor

@@ -15,9 +15,9 @@ from soldaemon.errors import BadRequest
 from soldaemon.measure.header import engine_label, with_windows
 from soldaemon.measure.holes import cut_holes, default_corpus
 from soldaemon.pipeline.relevance import ContextSelector
-from soldaemon.measure.quality.columns import (ABLATION_SIGN, ABLATIONS, CONFIG_ABLATIONS, LLAMA_VSCODE, MODEL_ALONE, LlamaCpp, LlamaVscode,
+from soldaemon.measure.quality.columns import (ABLATIONS, CONFIG_ABLATIONS, LLAMA_VSCODE, MODEL_ALONE, LlamaCpp, LlamaVscode,
                       _precision_engines, _sol_configs, llama_cpp_column, llama_vscode_column, model_configs,
-                      model_label, postprocessed, run_raw, run_sol, sibling_context, toggled_outline)
+                      ablation, model_label, postprocessed, run_raw, run_sol, sibling_context, toggled_outline)
 from soldaemon.measure.quality.report import _write_json, agreement, plot, ratios, table
 from soldaemon.measure.quality.scores import Column
 
@@ -134,9 +134,8 @@ def _run_holes(args: argparse.Namespace, config: Config, engine: Any, holes: lis
     sign = "-" if first and first[1].model.windows().outline > 0 else "+"
     no_outline = Column(f"{first[0]} {sign}outline") if outline_config is not None and first else None
     # the config ablations: (column, the first config with the part off)
-    without = [(Column(f"{first[0]} {ABLATION_SIGN.get(a, '-')}{a}"),
-                first[1].with_overrides(CONFIG_ABLATIONS[a], source="bench"))
-               for a in ABLATIONS if a in ablate and a in CONFIG_ABLATIONS and first]
+    ablated = [(a, *ablation(a, first[1])) for a in ABLATIONS if a in ablate and a in CONFIG_ABLATIONS and first]
+    without = [(Column(f"{first[0]} {sign}{a}"), config) for a, sign, config in ablated if first]
     siblings = getattr(args, "context", "none") == "siblings" and bool(sol_configs)
     ctx_rel = Column(f"{sol_configs[0][0]}+ctx") if siblings else None
     ctx_order = Column(f"{sol_configs[0][0]}+ctx[order]") if siblings else None

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-import torch
 
 from soldaemon.policy.draft import DraftLength, DraftProposer
-from soldaemon.runtime.decode.sampling import Sampler, refuse_end
+from soldaemon.runtime.decode.sampling import Sampler, accept_draft, refuse_end
 from soldaemon.runtime.kv.session import KVSession
 from soldaemon.runtime.forward.timing import elapsed_ms
 
@@ -54,18 +53,24 @@ def generate(
     draft_length: DraftLength | None = None,
     precise_until: int | None = None,
     hold_end: Callable[[list[int]], bool] | None = None,
+    logp: list[float] | None = None,
 ) -> Iterator[TokenEvent]:
     """Prefill ``prompt`` (reusing the cache) and decode up to ``max_tokens``.
 
     ``should_stop(generated)`` lets the caller end early (post-processing
     would cut the rest); ``deadline_ns`` is a ``perf_counter_ns`` budget.
-    Speculation runs only with a greedy sampler; its output is the greedy
-    output. ``draft_length`` (when given) picks the draft size per step from
+    Speculation keeps the sampler's output: a greedy one keeps the draft
+    while it is the argmax, a sampling one draws each token from the same
+    distribution a step would (:meth:`sampling.TopP.accept`). ``draft_length`` (when given) picks the draft size per step from
     measured costs, at most ``draft_k``; 0 skips speculation for that step.
     Raises session.Cancelled if cancelled during prefill. ``precise_until``:
     see :meth:`KVSession.prefill`. ``hold_end(generated)`` (when given) is
     asked when the model picks an end token: True refuses it, and the best other
     token is taken (:func:`sampling.refuse_end`; completion.hold_end).
+    ``logp`` (when given) gets each generated token's log-probability under
+    the model's own distribution (temperature 1, nothing masked), in step
+    with the tokens: what :func:`second.token_scores` computes in a forward
+    of its own (the block candidates' ranking).
 
     The generator may be left suspended after any event and resumed later
     (the engine does that to keep a generation the user is typing along):
@@ -77,7 +82,7 @@ def generate(
     pre = session.prefill(prompt, cancelled=cancelled, precise_until=precise_until)
     stats.prefill_ms = elapsed_ms(t0, session.backend.device)   # to the end of its kernels (CUDA runs async)
     stats.cached_tokens, stats.computed_tokens = pre.cached, pre.computed
-    speculate = drafter is not None and sampler.greedy and draft_k > 0
+    speculate = drafter is not None and draft_k > 0
     if speculate:
         assert drafter is not None
         drafter.reset(prompt)
@@ -89,6 +94,7 @@ def generate(
     token = sampler(pre.logits)
     if hold_end is not None:
         token = refuse_end(token, pre.logits, stop_ids, sampler, holding)
+    token_logp = _logp(pre.logits, token) if logp is not None else 0.0
     stats.first_token_ns = time.perf_counter_ns()
     stats.first_token_wall_ns = time.time_ns()
     while True:
@@ -98,7 +104,7 @@ def generate(
         new = [token]
         # `token` is sampled but not yet in the cache. Draft what follows it
         # and run [token, *draft] in one forward: row i predicts the token
-        # after draft[:i]; accept while the draft matches greedy.
+        # after draft[:i]; the sampler keeps what it would have drawn.
         next_token: int | None = None
         budget = max_tokens - len(generated) - 1
         draft: list[int] = []
@@ -114,26 +120,29 @@ def generate(
                 k = min(k, draft_length.choose(budget, kind))
             draft = _until_stop(drafter.propose(k), stop_ids) if k > 0 else []
         generated.extend(new)
+        if logp is not None:
+            logp.append(token_logp)
         if draft:
             base = len(session.tokens)
             t_fwd = time.perf_counter_ns()
             logits = session.verify([token, *draft])                       # [1+k, V]
-            greedy = torch.argmax(logits, dim=-1).tolist()                 # one host sync
+            verdict = accept_draft(sampler, logits, draft)                 # one host sync (greedy)
             if draft_length is not None:
                 draft_length.observe(1 + len(draft), (time.perf_counter_ns() - t_fwd) / 1e6)
             stats.steps += 1
             stats.draft_tokens += len(draft)
-            accepted = 0
-            while accepted < len(draft) and draft[accepted] == greedy[accepted]:
-                accepted += 1
+            accepted = verdict.kept
             stats.accepted_tokens += accepted
             if draft_length is not None:
                 draft_length.update(len(draft), accepted, kind)
             generated.extend(draft[:accepted])
             session.truncate(base + 1 + accepted, logits[accepted])
-            next_token = greedy[accepted]
+            next_token = verdict.token
             if hold_end is not None:
-                next_token = refuse_end(next_token, logits[accepted], stop_ids, sampler, holding)
+                next_token = refuse_end(next_token, verdict.row, stop_ids, sampler, holding)
+            if logp is not None:
+                logp.extend(_logp(logits[i], draft[i]) for i in range(accepted))
+                token_logp = _logp(logits[accepted], next_token)
             assert drafter is not None
             drafter.extend(draft[:accepted])
             yield TokenEvent(new + draft[:accepted], None, stats)
@@ -150,9 +159,17 @@ def generate(
             next_token = sampler(logits1)
             if hold_end is not None:
                 next_token = refuse_end(next_token, logits1, stop_ids, sampler, holding)
+            if logp is not None:
+                token_logp = _logp(logits1, next_token)
             if draft_length is not None and speculate:
                 draft_length.observe(1, (time.perf_counter_ns() - t_fwd) / 1e6)
         token = next_token
+
+
+def _logp(logits: Any, token: int) -> float:
+    """``token``'s log-probability in a row of logits [V]."""
+    row = logits.float()
+    return float(row[token] - row.logsumexp(-1))
 
 
 def _until_stop(draft: list[int], stop_ids: frozenset[int]) -> list[int]:

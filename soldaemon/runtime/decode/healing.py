@@ -18,11 +18,11 @@ quality benchmark's first 40 holes went from 3/20 to 9/20 exact.
 from __future__ import annotations
 
 import bisect
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
-from soldaemon.runtime.decode.sampling import Sampler
+from soldaemon.runtime.decode.sampling import Accepted, Sampler, accept_draft
 
 
 class TokenTexts:
@@ -94,6 +94,10 @@ class HealingSampler:
         token = self.inner(masked)
         self.take(token)
         return token
+
+    def accept(self, logits: torch.Tensor, draft: Sequence[int]) -> Accepted:
+        """``inner``'s verification (drafts wait until healing is done)."""
+        return accept_draft(self.inner, logits, draft)
 
     def take(self, token: int) -> None:
         """``token`` was generated (chosen here or replayed): what of

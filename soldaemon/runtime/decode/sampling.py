@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Callable, NamedTuple, Protocol, Sequence
 
 import torch
 
@@ -15,11 +15,30 @@ class Sampler(Protocol):
         ...
 
 
+class Accepted(NamedTuple):
+    """What a sampler keeps of a verified draft: the first ``kept`` draft
+    tokens, then ``token``, drawn from ``row`` (the logits an end token
+    would be refused from: :func:`refuse_end`)."""
+
+    kept: int
+    token: int
+    row: torch.Tensor
+
+
 class Greedy:
     greedy = True
 
     def __call__(self, logits: torch.Tensor) -> int:
         return int(torch.argmax(logits))
+
+    def accept(self, logits: torch.Tensor, draft: Sequence[int]) -> Accepted:
+        """Greedy verification: the draft's tokens while each is the argmax
+        of its row, then the argmax after them (one host sync)."""
+        greedy = torch.argmax(logits, dim=-1).tolist()
+        kept = 0
+        while kept < len(draft) and draft[kept] == greedy[kept]:
+            kept += 1
+        return Accepted(kept, greedy[kept], logits[kept])
 
 
 class TopP:
@@ -45,13 +64,49 @@ class TopP:
             return self._on_device(logits)
         probs = torch.softmax(logits.float().cpu() / self.temperature, dim=-1)
         if self.top_p < 1.0:
-            sorted_p, order = torch.sort(probs, descending=True)
-            keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < self.top_p  # always keeps the top token
-            sorted_p = sorted_p * keep
+            sorted_p, order = self._nucleus(probs)
             choice = torch.multinomial(sorted_p / sorted_p.sum(), 1, generator=self.gen)
             return int(order[choice])
         return int(torch.multinomial(probs, 1, generator=self.gen))
 
+    def _nucleus(self, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``probs`` sorted (descending) with the tail past ``top_p`` zeroed,
+        and the order."""
+        sorted_p, order = torch.sort(probs, descending=True)
+        keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < self.top_p  # always keeps the top token
+        return sorted_p * keep, order
+
+    def accept(self, logits: torch.Tensor, draft: Sequence[int]) -> Accepted:
+        """Speculative sampling of a deterministic draft: ``logits`` [1+k,
+        V] from one forward over [token, *draft] (row i is the distribution
+        of the token after ``draft[:i]``). Draft token d at row i is kept
+        with probability p(d) (temperature, top_p); at the first one that
+        is not, the token is drawn from p without d, renormalized; past a
+        kept draft, from the last row. Each token so comes from p exactly,
+        as one step at a time would draw it (a draft that always proposes
+        one token is a proposal q = 1 for it: accept min(1, p/q) = p, the
+        residual max(0, p - q) is p without d). One uniform per tested row
+        from the seeded generator: the same request, the same answer."""
+        for i, d in enumerate(draft):
+            probs = self._probs(logits[i])
+            if float(torch.rand((), generator=self.gen)) < float(probs[d]):
+                continue
+            probs[d] = 0.0
+            row = logits[i].clone()
+            row[d] = float("-inf")
+            return Accepted(i, int(torch.multinomial(probs / probs.sum(), 1, generator=self.gen)), row)
+        last = logits[len(draft)]
+        return Accepted(len(draft), int(torch.multinomial(self._probs(last), 1, generator=self.gen)), last)
+
+    def _probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """The distribution a step draws from (:meth:`__call__`), on the
+        host, in vocabulary order: [V]."""
+        probs = torch.softmax(logits.float().cpu() / self.temperature, dim=-1)
+        if self.top_p < 1.0:
+            sorted_p, order = self._nucleus(probs)
+            probs = torch.zeros_like(probs).index_copy_(0, order, sorted_p)
+            probs = probs / probs.sum()
+        return probs
 
     # how many of the most likely tokens a device-side nucleus looks at first
     # (a top-p of a code model's distribution is almost always inside them)
@@ -81,6 +136,14 @@ class TopP:
             gen.manual_seed(int(torch.randint(0, 2**62, (1,), generator=self.gen)))   # from the seeded host generator
             self._dev_gen = gen
         return gen
+
+
+def accept_draft(sampler: Sampler, logits: torch.Tensor, draft: Sequence[int]) -> Accepted:
+    """``sampler``'s verification of ``draft`` (see :meth:`TopP.accept`):
+    greedy keeps the argmaxes, a sampler draws as it would step by step.
+    A sampler without ``accept`` (none here) is verified greedily."""
+    accept = getattr(sampler, "accept", None)
+    return accept(logits, draft) if accept is not None else Greedy().accept(logits, draft)
 
 
 def make_sampler(temperature: float, top_p: float = 1.0, seed: int | None = None) -> Sampler:

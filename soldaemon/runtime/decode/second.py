@@ -27,7 +27,7 @@ from typing import Sequence
 
 import torch
 
-from soldaemon.runtime.decode.sampling import Greedy, Sampler
+from soldaemon.runtime.decode.sampling import Accepted, Greedy, Sampler, accept_draft
 from soldaemon.runtime.kv.session import KVSession
 
 
@@ -118,3 +118,7 @@ class Replay:
                 take(token)
             return token
         return self.inner(logits)
+
+    def accept(self, logits: torch.Tensor, draft: Sequence[int]) -> Accepted:
+        """``inner``'s verification (drafts wait until the replay is done)."""
+        return accept_draft(self.inner, logits, draft)

@@ -344,7 +344,8 @@ class LocalEngine:
         ``--compare-spec`` column set the config load_engine had started
         from, and ran the 0.5B at the generic 1024/256/128)."""
         if self.served_model is not None:
-            config = replace(config, model=config.model.served_by(self.served_model))
+            config = replace(config, model=config.model.served_by(self.served_model),
+                             completion=config.completion.served_by(self.served_model))
         self._config = config
         pipeline: Pipeline | None = getattr(self, "pipeline", None)
         if pipeline is not None:
@@ -378,7 +379,7 @@ def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:
         log.warning("config: %s", notice)
     name, auto = (None, None) if mc.path else choose_embedded(config, progress=progress)
     # the prompt's "auto" windows are the served model's (model.name auto is decided only now)
-    config = replace(config, model=mc.served_by(name))
+    config = replace(config, model=mc.served_by(name), completion=config.completion.served_by(name))
     loaded = load_model(str(mc.path) if mc.path else None, name=name, device=config.device.device,
                         dtype="stored", progress=progress)
     plan, table = choose_kernels(loaded, precision, progress=progress,

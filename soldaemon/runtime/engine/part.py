@@ -35,7 +35,7 @@ from soldaemon.pipeline.completion import Generation, Precomputed, Resumed
 from soldaemon.pipeline.postprocess import decide_multiline
 from soldaemon.pipeline.stopcheck import StopChecker, repeats_below
 from soldaemon.runtime.decode.detok import Detok, end_holder, stopper
-from soldaemon.policy.draft import DraftLength, DraftProposer, PromptLookup
+from soldaemon.policy.draft import AlongReference, DraftLength, DraftProposer, PromptLookup
 from soldaemon.runtime.engine.foresight import Foreseen, precise_until
 from soldaemon.runtime.decode.draft import DraftModel
 from soldaemon.runtime.decode.generate import GenStats, TokenEvent, generate
@@ -173,6 +173,8 @@ class LocalModelPart:
         # model.draft_model (LocalEngine.attach_draft_model), with its own draft sizing
         self.draft_model: DraftModel | None = None
         self.draft_model_length: DraftLength | None = None
+        # draft sizing of sampled decodes (_decode): (made from, its own)
+        self._sampled_length: tuple[DraftLength, DraftLength] | None = None
         self._pool = pool
         self._lock = lock
         self._memory = memory
@@ -221,19 +223,21 @@ class LocalModelPart:
 
     def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, checker: StopChecker,
                  multiline: bool, max_lines: int, cancel: CancelToken, deadline: int | None,
-                 out: Generation) -> Iterator[str]:
+                 out: Generation, reference: Sequence[int] = ()) -> Iterator[str]:
         """Prefill and decode one candidate on the KV session of ``req``'s
         document (drafts, healing, stop checks); yields the decoded text
         after each step. A greedy single candidate superseded mid-decode is
         parked. When its first line, on a line of its own, is the line below
         the cursor, it is decoded again from the model's closest other
         choice in that line (completion.second_choice;
-        :mod:`soldaemon.runtime.decode.second`). Called inside
+        :mod:`soldaemon.runtime.decode.second`). ``reference``: another
+        answer's tokens to draft from first (:class:`AlongReference`; the
+        greedy answer, for a sampled block candidate). Called inside
         :meth:`generating`."""
         session = self._session(req.uri)
         sampler = self._sampler(req, prompt, candidate)
         run = yield from self._decode(req, prompt, session, sampler, checker, multiline, max_lines, cancel,
-                                      deadline, out)
+                                      deadline, out, reference=reference)
         if not (self.config.completion.second_choice and run.finish == "stop" and not run.parked
                 and req.n == 1 and sampler.greedy and repeats_below(req.prefix, req.suffix, run.decode.current)):
             return
@@ -278,17 +282,31 @@ class LocalModelPart:
 
     def _decode(self, req: CompletionRequest, prompt: FimPrompt, session: KVSession, sampler: Sampler,
                 checker: StopChecker, multiline: bool, max_lines: int, cancel: CancelToken, deadline: int | None,
-                out: Generation, max_tokens: int | None = None) -> Generator[str, None, Run]:
+                out: Generation, max_tokens: int | None = None,
+                reference: Sequence[int] = ()) -> Generator[str, None, Run]:
         """One decode of ``prompt`` on ``session``; yields its text after each
-        step, fills ``out`` and returns its run (parked or closed)."""
+        step, fills ``out`` and returns its run (parked or closed). Drafts:
+        along ``reference`` when given, else the draft model for a greedy
+        decode when there is one, else prompt lookup; verified so that the
+        sampler's output stands (:func:`generate`)."""
         decode = Detok(self.tokenizer, prompt.heal)
+        logp: list[float] | None = [] if out.logp is not None else None   # asked for: as it decodes
         drafter: DraftProposer | None = None
         draft_length = self.draft_length
         cc = self.config.completion
-        if cc.speculative and sampler.greedy:
-            drafter = self.draft_model or PromptLookup()
-            if self.draft_model is not None:
-                draft_length = self.draft_model_length
+        if cc.speculative:
+            if reference:
+                drafter = AlongReference(reference)
+            elif sampler.greedy and self.draft_model is not None:
+                drafter, draft_length = self.draft_model, self.draft_model_length
+            else:
+                drafter = PromptLookup()
+            if not sampler.greedy and draft_length is not None:
+                # a sampled decode keeps a draft token with its probability:
+                # its acceptance rates are its own
+                if self._sampled_length is None or self._sampled_length[0] is not draft_length:
+                    self._sampled_length = (draft_length, draft_length.fresh())
+                draft_length = self._sampled_length[1]
         # A single greedy generation survives being superseded once it
         # decodes: parked, the next keystroke may resume it (early).
         run = Run(req, cancel, deadline, decode, multiline, max_lines, len(prompt.ids), checker,
@@ -302,6 +320,7 @@ class LocalModelPart:
             # the middle token and the typed line: at decode cost (session.prefill)
             precise_until=precise_until(prompt),
             hold_end=end_holder(req.prefix, req.suffix, decode) if multiline and cc.hold_end else None,
+            logp=logp,
         )
         chunk = session.chunk
         if self._prefill_chunk is not None:
@@ -316,6 +335,8 @@ class LocalModelPart:
             session.chunk = chunk
             out.raw, out.finish, out.info, out.tokens = decode.current, run.finish, run.stats, len(decode.tokens)  # type: ignore[assignment]
             out.ids = list(decode.tokens)
+            if logp is not None:
+                out.logp = logp
             self._park_or_close(run, session)
         return run
 
