@@ -235,7 +235,7 @@ def test_candidates_are_drafted_along_the_greedy_answer_with_their_own_rates(eng
     by speculative sampling); their acceptance is kept apart from the greedy
     decodes' draft sizing."""
     import soldaemon.runtime.engine.part as part_module
-    from soldaemon.policy.draft import AlongReference
+    from soldaemon.policy.draft import AlongReference, DraftLength
 
     off, on = engines
     greedy = _done(off, _req("m"))
@@ -253,6 +253,11 @@ def test_candidates_are_drafted_along_the_greedy_answer_with_their_own_rates(eng
             return out
 
     monkeypatch.setattr(part_module, "AlongReference", Spy)
+    class Flat(DraftLength):   # forwards of more rows as cheap as one (a device's), whatever is timed here
+        def observe(self, t: int, ms: float) -> None:
+            pass
+
+    monkeypatch.setattr(on.part, "draft_length", Flat({1: 10.0, 2: 10.1, 9: 10.5}, 8))
     _done(on, _req("n"))
     assert 1 <= len(references) <= 2 and sum(proposed) > 0
     first_line = greedy.items[0].splitlines()[0].strip()

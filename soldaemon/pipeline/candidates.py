@@ -10,20 +10,22 @@ after the greedy answer is done:
   seeds :data:`SAMPLE_SEED` + 1 ... N - 1: the same request gets the same
   answer), each under the same stop check and end rules as the greedy one,
   on the same cached prompt;
-* each answer is scored by one forward over its tokens: the mean
-  log-probability per token of what it shows (:func:`confidence`; tokens a
-  cut rule dropped do not count);
+* each answer is scored by the mean log-probability per token of what it
+  shows (:func:`confidence`; tokens a cut rule dropped do not count);
 * the surest is shown, the greedy one on a tie.
 
 The greedy answer streams as it is decoded (its first line at single-line
 speed); the shown answer may differ from it once all are done. A cancel or
-the budget stops the sampling and the greedy answer stands. Each candidate
-costs a decode and one forward. The decode drafts along the greedy
+the budget stops the sampling and the greedy answer stands. Each sample
+costs a decode. It drafts along the greedy
 answer's tokens (:class:`soldaemon.policy.draft.AlongReference`: a sample
-at a low temperature follows it most of the way) and keeps each draft
-token with its probability (speculative sampling,
-:meth:`soldaemon.runtime.decode.sampling.TopP.accept`: the same
-distribution as one step at a time). Measured in docs/quality.md ("Block
+at a low temperature follows it most of the way) and verifies a draft by
+drawing row by row as a step would
+(:meth:`soldaemon.runtime.decode.sampling.TopP.accept`): the sample is the
+one a decode without drafts draws from the same seed, sooner. The
+candidates' scores are the log-probabilities kept as they decode
+(``Generation.logp``); a model part that keeps none scores with one
+forward (:meth:`Scorer.score`). Measured in docs/quality.md ("Block
 candidates", sessions 27-28).
 
 Nothing here imports torch: the model part scores (:class:`Scorer`).

@@ -180,8 +180,8 @@ class DraftLength:
         prior: for drafts whose acceptance differs in kind (sampled
         decodes keep a draft token with its probability, not when it is
         the argmax)."""
-        return DraftLength(dict(self.costs_ms), self.max_k, prior=self.prior, weight=self.weight,
-                           draft_ms=self.draft_ms, explore_every=self.explore_every)
+        return type(self)(dict(self.costs_ms), self.max_k, prior=self.prior, weight=self.weight,
+                          draft_ms=self.draft_ms, explore_every=self.explore_every)
 
     @property
     def rate(self) -> float:

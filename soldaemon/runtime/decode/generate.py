@@ -59,9 +59,9 @@ def generate(
 
     ``should_stop(generated)`` lets the caller end early (post-processing
     would cut the rest); ``deadline_ns`` is a ``perf_counter_ns`` budget.
-    Speculation keeps the sampler's output: a greedy one keeps the draft
-    while it is the argmax, a sampling one draws each token from the same
-    distribution a step would (:meth:`sampling.TopP.accept`). ``draft_length`` (when given) picks the draft size per step from
+    Speculation keeps the sampler's output: the draft is kept while the
+    sampler, drawing row by row as it would step by step, picks it (the
+    argmax for greedy; a seeded sampler's very draws, :meth:`sampling.TopP.accept`). ``draft_length`` (when given) picks the draft size per step from
     measured costs, at most ``draft_k``; 0 skips speculation for that step.
     Raises session.Cancelled if cancelled during prefill. ``precise_until``:
     see :meth:`KVSession.prefill`. ``hold_end(generated)`` (when given) is
@@ -139,7 +139,7 @@ def generate(
             session.truncate(base + 1 + accepted, logits[accepted])
             next_token = verdict.token
             if hold_end is not None:
-                next_token = refuse_end(next_token, verdict.row, stop_ids, sampler, holding)
+                next_token = refuse_end(next_token, logits[accepted], stop_ids, sampler, holding)
             if logp is not None:
                 logp.extend(_logp(logits[i], draft[i]) for i in range(accepted))
                 token_logp = _logp(logits[accepted], next_token)

@@ -17,12 +17,10 @@ class Sampler(Protocol):
 
 class Accepted(NamedTuple):
     """What a sampler keeps of a verified draft: the first ``kept`` draft
-    tokens, then ``token``, drawn from ``row`` (the logits an end token
-    would be refused from: :func:`refuse_end`)."""
+    tokens, then ``token`` (drawn from row ``kept``)."""
 
     kept: int
     token: int
-    row: torch.Tensor
 
 
 class Greedy:
@@ -38,7 +36,7 @@ class Greedy:
         kept = 0
         while kept < len(draft) and draft[kept] == greedy[kept]:
             kept += 1
-        return Accepted(kept, greedy[kept], logits[kept])
+        return Accepted(kept, greedy[kept])
 
 
 class TopP:
@@ -64,49 +62,28 @@ class TopP:
             return self._on_device(logits)
         probs = torch.softmax(logits.float().cpu() / self.temperature, dim=-1)
         if self.top_p < 1.0:
-            sorted_p, order = self._nucleus(probs)
+            sorted_p, order = torch.sort(probs, descending=True)
+            keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < self.top_p  # always keeps the top token
+            sorted_p = sorted_p * keep
             choice = torch.multinomial(sorted_p / sorted_p.sum(), 1, generator=self.gen)
             return int(order[choice])
         return int(torch.multinomial(probs, 1, generator=self.gen))
 
-    def _nucleus(self, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``probs`` sorted (descending) with the tail past ``top_p`` zeroed,
-        and the order."""
-        sorted_p, order = torch.sort(probs, descending=True)
-        keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < self.top_p  # always keeps the top token
-        return sorted_p * keep, order
-
     def accept(self, logits: torch.Tensor, draft: Sequence[int]) -> Accepted:
-        """Speculative sampling of a deterministic draft: ``logits`` [1+k,
-        V] from one forward over [token, *draft] (row i is the distribution
-        of the token after ``draft[:i]``). Draft token d at row i is kept
-        with probability p(d) (temperature, top_p); at the first one that
-        is not, the token is drawn from p without d, renormalized; past a
-        kept draft, from the last row. Each token so comes from p exactly,
-        as one step at a time would draw it (a draft that always proposes
-        one token is a proposal q = 1 for it: accept min(1, p/q) = p, the
-        residual max(0, p - q) is p without d). One uniform per tested row
-        from the seeded generator: the same request, the same answer."""
+        """Speculative sampling, coupled: ``logits`` [1+k, V] from one
+        forward over [token, *draft] (row i is the distribution of the token
+        after ``draft[:i]``). Row by row, the token is drawn as one step would
+        draw it (this sampler, its generator); the draft is kept while each
+        draw equals it, and the first draw that does not is the next token.
+        A draft token is so kept with its probability, and the tokens are
+        the very ones a decode without drafts draws from the same seed
+        (each draw consumes the generator as a step does): drafting changes
+        the time, never the answer."""
         for i, d in enumerate(draft):
-            probs = self._probs(logits[i])
-            if float(torch.rand((), generator=self.gen)) < float(probs[d]):
-                continue
-            probs[d] = 0.0
-            row = logits[i].clone()
-            row[d] = float("-inf")
-            return Accepted(i, int(torch.multinomial(probs / probs.sum(), 1, generator=self.gen)), row)
-        last = logits[len(draft)]
-        return Accepted(len(draft), int(torch.multinomial(self._probs(last), 1, generator=self.gen)), last)
-
-    def _probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """The distribution a step draws from (:meth:`__call__`), on the
-        host, in vocabulary order: [V]."""
-        probs = torch.softmax(logits.float().cpu() / self.temperature, dim=-1)
-        if self.top_p < 1.0:
-            sorted_p, order = self._nucleus(probs)
-            probs = torch.zeros_like(probs).index_copy_(0, order, sorted_p)
-            probs = probs / probs.sum()
-        return probs
+            token = self(logits[i])
+            if token != d:
+                return Accepted(i, token)
+        return Accepted(len(draft), self(logits[len(draft)]))
 
     # how many of the most likely tokens a device-side nucleus looks at first
     # (a top-p of a code model's distribution is almost always inside them)
@@ -139,11 +116,18 @@ class TopP:
 
 
 def accept_draft(sampler: Sampler, logits: torch.Tensor, draft: Sequence[int]) -> Accepted:
-    """``sampler``'s verification of ``draft`` (see :meth:`TopP.accept`):
-    greedy keeps the argmaxes, a sampler draws as it would step by step.
-    A sampler without ``accept`` (none here) is verified greedily."""
+    """``sampler``'s verification of ``draft`` (:meth:`Greedy.accept`,
+    :meth:`TopP.accept`): the tokens it would pick step by step, the draft
+    kept while they equal it. A sampler without ``accept`` is called row
+    by row."""
     accept = getattr(sampler, "accept", None)
-    return accept(logits, draft) if accept is not None else Greedy().accept(logits, draft)
+    if accept is not None:
+        return accept(logits, draft)
+    for i, d in enumerate(draft):
+        token = sampler(logits[i])
+        if token != d:
+            return Accepted(i, token)
+    return Accepted(len(draft), sampler(logits[len(draft)]))
 
 
 def make_sampler(temperature: float, top_p: float = 1.0, seed: int | None = None) -> Sampler:
