@@ -16,7 +16,7 @@ from soldaemon.runtime.decode.generate import generate
 from soldaemon.runtime.decode.sampling import Greedy, TopP, accept_draft
 from soldaemon.runtime.forward.backend import LeanBackend
 from soldaemon.runtime.kv.session import KVSession
-from soldaemon.testing.tiny import build_tiny_model
+from tests.test_runtime import tiny  # noqa: F401  (the fixture: the tiny model and its tokenizer)
 
 ROWS = torch.tensor([[2.0, 1.5, 0.5, -1.0, -3.0],
                      [0.0, 1.0, 2.0, 0.3, -2.0],
@@ -90,16 +90,6 @@ def test_a_fresh_draft_length_keeps_the_costs_not_the_rates() -> None:
 
 
 # -- in a decode, on the tiny model ------------------------------------------------
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = build_tiny_model(tmp_path_factory.mktemp("tiny"))
-    model = AutoModelForCausalLM.from_pretrained(str(path))
-    model.eval()
-    return model, AutoTokenizer.from_pretrained(str(path))
-
 
 def _decode(session: KVSession, ids: list[int], sampler, n: int, drafter=None) -> tuple[list[int], object]:
     toks: list[int] = []

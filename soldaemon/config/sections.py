@@ -57,9 +57,9 @@ GENERIC_WINDOWS = PromptWindows(1024, 256, 128)
 
 # Block candidates (completion.candidates "auto", the default), by the
 # embedded model served: the 1.5B, the model chosen for quality, ranks 4
-# (greedy 29 -> 34 of 128 block holes passing, at 1.6-1.8x its block e2e with
-# the samples drafted along the greedy answer; docs/quality.md, sessions
-# 27-28). The 0.5B, chosen for speed, gained 1 of 64 at 4x and stays at 1;
+# (greedy 29 -> 34 of 128 block holes passing, its block e2e 1.72x with the
+# samples drafted along the greedy answer, on a 2-core CPU; docs/quality.md,
+# sessions 27-28). The 0.5B, chosen for speed, gained 1 of 64 at 4x and stays at 1;
 # so does any other model (a path, a remote server).
 CANDIDATES_BY_MODEL: dict[str, int] = {"qwen2.5-coder-1.5b": 4}
 

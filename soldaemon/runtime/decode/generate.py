@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
-
 from soldaemon.policy.draft import DraftLength, DraftProposer
 from soldaemon.runtime.decode.sampling import Sampler, accept_draft, refuse_end
 from soldaemon.runtime.kv.session import KVSession
@@ -61,8 +60,9 @@ def generate(
     would cut the rest); ``deadline_ns`` is a ``perf_counter_ns`` budget.
     Speculation keeps the sampler's output: the draft is kept while the
     sampler, drawing row by row as it would step by step, picks it (the
-    argmax for greedy; a seeded sampler's very draws, :meth:`sampling.TopP.accept`). ``draft_length`` (when given) picks the draft size per step from
-    measured costs, at most ``draft_k``; 0 skips speculation for that step.
+    argmax for greedy; a seeded sampler's very draws,
+    :meth:`sampling.TopP.accept`). ``draft_length`` (when given) picks the
+    draft size per step from measured costs, at most ``draft_k``; 0 skips speculation for that step.
     Raises session.Cancelled if cancelled during prefill. ``precise_until``:
     see :meth:`KVSession.prefill`. ``hold_end(generated)`` (when given) is
     asked when the model picks an end token: True refuses it, and the best other
