@@ -79,11 +79,7 @@ class TopP:
         the very ones a decode without drafts draws from the same seed
         (each draw consumes the generator as a step does): drafting changes
         the time, never the answer."""
-        for i, d in enumerate(draft):
-            token = self(logits[i])
-            if token != d:
-                return Accepted(i, token)
-        return Accepted(len(draft), self(logits[len(draft)]))
+        return row_by_row(self, logits, draft)
 
     # how many of the most likely tokens a device-side nucleus looks at first
     # (a top-p of a code model's distribution is almost always inside them)
@@ -121,8 +117,13 @@ def accept_draft(sampler: Sampler, logits: torch.Tensor, draft: Sequence[int]) -
     kept while they equal it. A sampler without ``accept`` is called row
     by row."""
     accept = getattr(sampler, "accept", None)
-    if accept is not None:
-        return accept(logits, draft)
+    return accept(logits, draft) if accept is not None else row_by_row(sampler, logits, draft)
+
+
+def row_by_row(sampler: Sampler, logits: torch.Tensor, draft: Sequence[int]) -> Accepted:
+    """``draft`` verified by ``sampler``'s own picks, one row after another:
+    kept while each pick equals it; the first pick that does not (or the
+    one after the whole draft) is the next token."""
     for i, d in enumerate(draft):
         token = sampler(logits[i])
         if token != d:
