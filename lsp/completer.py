@@ -45,6 +45,9 @@ Contracts of :meth:`Completer.suggest`:
   answer typing is served from, the next request at that same place is
   answered from it once, and :attr:`Completer.on_rest_ready` is called with
   the uri (the server sends ``sol/completionReady``) when it adds anything.
+  When the daemon chose a block candidate that starts otherwise than the
+  lines shown (``done.streamed``), the streamed answer is kept after it:
+  typing along the lines shown goes on from them, not from a new request.
   Accepting all the early lines while the rest is still being written waits
   for the rest instead of asking again.
 """
@@ -463,9 +466,11 @@ class Completer:
             return
         items, _ = tidy_items(answer.items, self.settings.max_lines)
         more = bool(items) and items[0] != rest.early
-        self._answers[uri] = _Answer(rest.request_id, prev.prefix, prev.suffix, tuple(answer.items),
-                                     (rest.request_id,) * len(answer.items), tuple(range(len(answer.items))),
-                                     again=more)
+        kept = answer.items
+        if answer.streamed is not None and answer.streamed not in kept:
+            kept += (answer.streamed,)     # a candidate replaced the lines shown: typing along them goes on
+        self._answers[uri] = _Answer(rest.request_id, prev.prefix, prev.suffix, kept,
+                                     (rest.request_id,) * len(kept), tuple(range(len(kept))), again=more)
         log.info("lsp: the rest of %s is there (%d line(s)%s)", rest.request_id,
                  items[0].count("\n") + 1 if items else 0, "" if more else ", nothing more than shown")
         if more and self.on_rest_ready is not None:

@@ -98,6 +98,10 @@ class Done:
     # per item, why it ends where it does: "model" (its end token) or a cut
     # rule (soldaemon.pipeline.blockend); () when not known
     ends: tuple[str, ...] = ()
+    # the streamed answer (what the deltas previewed), post-processed, when
+    # item 0 is another one: a block candidate chosen over it
+    # (soldaemon.pipeline.candidates); None otherwise
+    streamed: str | None = None
 
 
 Event = Delta | Done

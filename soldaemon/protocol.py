@@ -472,6 +472,8 @@ def server_to_json(msg: ServerMessage) -> dict[str, Any]:
                                 "finish_reason": msg.finish_reason, "timings": timings_to_json(msg.timings)}
         if msg.ends:
             done["ends"] = list(msg.ends)
+        if msg.streamed is not None:
+            done["streamed"] = msg.streamed
         return done
     if isinstance(msg, ErrorFrame):
         out: dict[str, Any] = {"type": "error", "id": msg.id, "code": msg.code,
@@ -554,7 +556,8 @@ def decode_server(data: bytes | str) -> ServerMessage:
             if reason not in FINISH_REASONS:
                 raise BadField(f"unknown finish reason {reason!r}")
             return Done(str(obj["id"]), tuple(str(i) for i in obj["items"]), reason,
-                        timings_from_json(obj.get("timings") or {}), tuple(str(e) for e in obj.get("ends") or ()))
+                        timings_from_json(obj.get("timings") or {}), tuple(str(e) for e in obj.get("ends") or ()),
+                        None if obj.get("streamed") is None else str(obj["streamed"]))
         if kind == "error":
             return ErrorFrame(obj.get("id"), str(obj["code"]), str(obj["message"]),
                               bool(obj.get("retryable", False)), obj.get("hint"))

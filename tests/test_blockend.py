@@ -213,6 +213,11 @@ def test_done_carries_the_ends_over_the_wire() -> None:
     assert wire["ends"] == ["model", "suffix"]
     assert decode_server(encode_server(done)) == done
     assert "ends" not in server_to_json(Done("2", ("a",), "stop"))
+    # a block candidate shown instead of the streamed answer: that one travels too
+    replaced = Done("3", ("b = 2",), "stop", ends=("model",), streamed="a = 1")
+    assert server_to_json(replaced)["streamed"] == "a = 1"
+    assert decode_server(encode_server(replaced)) == replaced
+    assert "streamed" not in server_to_json(done)
 
 
 _PIECES = ["a", "b()", "return y", "}", ")", "x = 1", "if x:", "{", "(", "'", "else:", "for i in x:",

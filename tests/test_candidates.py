@@ -11,7 +11,7 @@ from typing import Sequence
 import pytest
 import torch
 
-from soldaemon.api import CancelToken, CompletionRequest, Done
+from soldaemon.api import CancelToken, CompletionRequest, Delta, Done
 from soldaemon.config import config_from_dict
 from soldaemon.pipeline import blockend, candidates
 from soldaemon.runtime.decode.second import token_scores
@@ -119,8 +119,8 @@ def _done(engine: LocalEngine, req: CompletionRequest, cancel: CancelToken | Non
 
 
 def _req(rid: str, **kw) -> CompletionRequest:
-    return CompletionRequest(id=rid, prefix=PREFIX, suffix="\n    return 1\n", max_tokens=64,
-                             **{"multiline": "multi", **kw})
+    return CompletionRequest(id=rid, **{"prefix": PREFIX, "suffix": "\n    return 1\n", "max_tokens": 64,
+                                        "multiline": "multi", **kw})
 
 
 @pytest.fixture(scope="module")
@@ -160,11 +160,23 @@ def test_a_surer_candidate_is_shown_and_greedy_stands_otherwise(engines, monkeyp
         return sure
 
     monkeypatch.setattr(candidates, "confidence", favour(first_wins=True))
-    assert _done(on, _req("e")).items == greedy.items
+    stands = _done(on, _req("e"))
+    assert stands.items == greedy.items and stands.streamed is None
     assert calls["n"] >= 2
     calls["n"] = 0
     monkeypatch.setattr(candidates, "confidence", favour(first_wins=False))
-    assert _done(on, _req("f")).items != greedy.items
+    events = list(on.complete(_req("f", uri="file:///f.py"), CancelToken()))
+    done = events[-1]
+    assert isinstance(done, Done) and done.items != greedy.items
+    # the deltas streamed the greedy answer; the Done says so, and typing along it goes on from it
+    assert done.streamed == greedy.items[0]
+    deltas = "".join(e.text for e in events if isinstance(e, Delta))
+    assert deltas.strip().startswith(greedy.items[0].split("\n")[0].strip())
+    shown, kept = done.items[0], greedy.items[0]
+    k = next(i for i in range(len(kept)) if i >= len(shown) or shown[i] != kept[i])   # where they part
+    assert kept[k + 1:].strip(), (shown, kept)
+    typed = _done(on, _req("f2", uri="file:///f.py", prefix=PREFIX + kept[:k + 1]))
+    assert typed.timings.source == "type-through" and typed.items == (kept[k + 1:],)
 
 
 def test_no_candidates_for_one_line_a_sampled_request_candidates_1_or_a_cancel(engines, monkeypatch) -> None:

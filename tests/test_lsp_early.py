@@ -44,10 +44,12 @@ class StreamingClient(ScriptedClient):
     """Streams ``chunks`` as deltas, ``gap`` seconds apart, then answers
     ``done`` with ``final`` (default: the chunks joined)."""
 
-    def __init__(self, chunks: list[str], gap: float = 0.05, final: str | None = None) -> None:
+    def __init__(self, chunks: list[str], gap: float = 0.05, final: str | None = None,
+                 streamed: str | None = None) -> None:
         super().__init__()
         self.chunks, self.gap = chunks, gap
         self.final = "".join(chunks) if final is None else final
+        self.streamed = streamed
         self.finished: list[str] = []
 
     async def complete(self, req: CompletionRequest, *, timeout_s: float | None = None,
@@ -67,7 +69,7 @@ class StreamingClient(ScriptedClient):
         if req.id in self.cancelled:
             return Done(req.id, (), "cancelled")
         self.finished.append(req.id)
-        return Done(req.id, (self.final,), "stop")
+        return Done(req.id, (self.final,), "stop", streamed=self.streamed)
 
 
 def _completer(client: ScriptedClient, **settings: Any) -> tuple[Completer, Any, list[str]]:
@@ -139,6 +141,37 @@ async def test_accepting_the_early_lines_waits_for_the_rest() -> None:
     after = await completer.suggest("file:///a", P(3, 18), automatic=True, early=True)
     assert after is not None and after.items == ("\n        if total > 9:\n            break",)
     assert len(client.requests) == 1 and client.cancelled == []
+
+
+OTHER = "total = sum(xs)\n        if total > 9:\n            return 0"   # a candidate that starts otherwise
+
+
+@pytest.mark.asyncio
+async def test_a_candidate_shown_later_keeps_the_streamed_answer_as_second_item() -> None:
+    client = StreamingClient(BLOCK, final=OTHER, streamed="".join(BLOCK))
+    completer, _, ready = _completer(client)
+    got = await completer.suggest("file:///a", CURSOR, automatic=True, early=True)
+    assert got is not None and got.items == ("for x in xs:\n        total += x",)
+    while not client.finished:
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0)
+    assert ready == ["file:///a"]
+    again = await completer.suggest("file:///a", CURSOR, automatic=True, early=True)
+    assert again is not None and again.cached and again.items == (OTHER, "".join(BLOCK))
+    assert again.indices == (0, 1) and len(client.requests) == 1
+
+
+@pytest.mark.parametrize("streamed, asked", [("".join(BLOCK), 1), (None, 2)])
+@pytest.mark.asyncio
+async def test_accepting_early_lines_a_candidate_replaced_goes_on_from_them(streamed: str | None,
+                                                                             asked: int) -> None:
+    # with done.streamed the rest of the lines shown is served; without it the daemon is asked again
+    client = StreamingClient(BLOCK, gap=0.05, final=OTHER, streamed=streamed)
+    completer, _, early = await _early_then_typed(client)
+    after = await completer.suggest("file:///a", P(3, 18), automatic=True, early=True)
+    assert len(client.requests) == asked
+    if streamed is not None:
+        assert after is not None and after.cached and after.items == ("\n        if total > 9:\n            break",)
 
 
 @pytest.mark.asyncio

@@ -41,7 +41,7 @@ HOLD_BACK = " \t)]}>\"'`;,"
 # completion shown there. The inputs (context, multiline, language) are part
 # of the key: a request from another client with other context for the same
 # uri must not be answered with text made from this one's context.
-Shown = MutableMapping[str, tuple[str, str, str, tuple[Any, ...]]]
+Shown = MutableMapping[str, tuple[str, str, tuple[str, ...], tuple[Any, ...]]]
 MAX_SHOWN = 64  # documents remembered for type-through
 
 
@@ -265,13 +265,16 @@ class Pipeline:
                 ends.append(answer.end)
                 if finish in ("cancelled", "budget", "superseded"):
                     break
+            streamed: str | None = None
             if self._may_sample(req, plan, gens, model):
+                greedy = items[0]
                 items[0], ends[0] = self._chosen(req, prompt, plan, gens[0], items[0], ends[0],
                                                  model, cancel, deadline)
+                streamed = greedy if greedy.strip() and items[0] != greedy else None
         if finish == "cancelled":
             finish = cancel.reason
         yield self._finish(req, items, finish, model.timings(req, gens, prompt, prompt_ms, clock), memory,
-                           counter, ends)
+                           counter, ends, streamed)
 
     def _may_sample(self, req: CompletionRequest, plan: blockend.EndPlan, gens: list[Generation],
                     model: ModelPart) -> bool:
@@ -362,19 +365,21 @@ class Pipeline:
         yield self._finish(req, list(done.items), done.finish_reason, timings, memory, counter)
 
     def _finish(self, req: CompletionRequest, items: list[str], finish: str, timings: Timings, memory: Memory,
-                counter: ModelPart | None, ends: list[str] | None = None) -> Done:
+                counter: ModelPart | None, ends: list[str] | None = None, streamed: str | None = None) -> Done:
         """The request's Done; counted by ``counter`` (None: not counted), its
-        first item remembered for type-through when it finished whole."""
+        first item remembered for type-through when it finished whole, and
+        the ``streamed`` answer a candidate replaced after it (typing along
+        the lines the deltas showed goes on from it)."""
         if counter is not None:
             counter.account(timings)
         if finish in ("stop", "length") and items:
-            remember(memory.shown, req, items[0])
+            remember(memory.shown, req, items[0], streamed)
         log.info("complete id=%s finish=%s source=%s prompt=%d cached=%d gen=%d prompt_ms=%.1f prefill_ms=%.1f "
                  "ttft_ms=%.1f decode_ms=%.1f total_ms=%.1f accept=%d/%d", req.id, finish, timings.source,
                  timings.prompt_tokens, timings.cached_tokens, timings.generated_tokens, timings.prompt_ms,
                  timings.prefill_ms, timings.ttft_ms, timings.decode_ms, timings.total_ms,
                  timings.accepted_tokens, timings.draft_tokens)
-        return Done(req.id, tuple(items), finish, timings, tuple(ends or ()))  # type: ignore[arg-type]
+        return Done(req.id, tuple(items), finish, timings, tuple(ends or ()), streamed)  # type: ignore[arg-type]
 
     def _relay(self, req: CompletionRequest, early: Early, memory: Memory,
                counter: ModelPart | None) -> Iterator[Event]:
@@ -383,9 +388,9 @@ class Pipeline:
             if isinstance(event, Done):
                 if early.counted:
                     event = self._finish(req, list(event.items), event.finish_reason, event.timings, memory,
-                                         counter, list(event.ends))
+                                         counter, list(event.ends), event.streamed)
                 elif event.finish_reason in ("stop", "length") and event.items:
-                    remember(memory.shown, req, event.items[0])
+                    remember(memory.shown, req, event.items[0], event.streamed)
             yield event
 
 
@@ -430,26 +435,29 @@ def prompt_inputs(req: CompletionRequest) -> tuple[Any, ...]:
 def type_through(shown: Shown, req: CompletionRequest) -> str | None:
     """The rest of the last completion for this document when the user
     typed its beginning (same suffix and other prompt inputs, greedy, one
-    candidate), else None."""
+    candidate), else None; of the shown text first, else of the streamed
+    one it replaced."""
     last = shown.get(req.uri)
     if last is None or req.n != 1 or req.temperature > 0:
         return None
-    prefix, suffix, text, inputs = last
+    prefix, suffix, texts, inputs = last
     if req.suffix != suffix or inputs != prompt_inputs(req) or not req.prefix.startswith(prefix):
         return None
     typed = req.prefix[len(prefix):]
-    if not typed or not text.startswith(typed) or len(typed) >= len(text):
-        return None
-    rest = text[len(typed):]
-    return rest if rest.strip() else None
+    for text in texts:
+        if typed and text.startswith(typed) and len(typed) < len(text) and text[len(typed):].strip():
+            return text[len(typed):]
+    return None
 
 
-def remember(shown: Shown, req: CompletionRequest, text: str) -> None:
-    """Record ``text`` as the completion shown for ``req`` (the newest of at
-    most :data:`MAX_SHOWN` documents)."""
+def remember(shown: Shown, req: CompletionRequest, text: str, streamed: str | None = None) -> None:
+    """Record ``text`` as the completion shown for ``req``, and the
+    ``streamed`` one it replaced (the newest of at most :data:`MAX_SHOWN`
+    documents)."""
     shown.pop(req.uri, None)
     if text:
-        shown[req.uri] = (req.prefix, req.suffix, text, prompt_inputs(req))
+        shown[req.uri] = (req.prefix, req.suffix, (text,) if streamed is None else (text, streamed),
+                          prompt_inputs(req))
         while len(shown) > MAX_SHOWN:
             shown.pop(next(iter(shown)))
 
