@@ -4,6 +4,7 @@ runtime/decode/second.py's token_scores)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -277,3 +278,19 @@ def test_candidates_are_drafted_along_the_greedy_answer_with_their_own_rates(eng
     assert on.part.draft_length is not None and on.part._sampled_length is not None
     assert all(kind < AlongReference.REFERENCE for kind in on.part.draft_length.rates())
     assert any(kind > AlongReference.REFERENCE for kind in on.part._sampled_length[1].rates())
+
+
+def test_type_through_goes_on_along_either_the_shown_or_the_streamed_answer() -> None:
+    from soldaemon.pipeline.completion import remember, type_through
+
+    shown: dict = {}
+    first = CompletionRequest(id="t0", uri="file:///t.py", prefix="def f():\n    ", suffix="\n")
+    remember(shown, first, "x = 1\n    return x", "x = 2\n    return x + 1")
+    at = lambda typed: dataclasses.replace(first, id=typed, prefix=first.prefix + typed)   # noqa: E731
+    assert type_through(shown, at("")) == ()
+    assert type_through(shown, at("x = ")) == ("1\n    return x", "2\n    return x + 1")   # the shown one first
+    remember(shown, at("x = "), *type_through(shown, at("x = ")))
+    # typing on along the streamed answer after a beginning both share: still answered from memory
+    assert type_through(shown, at("x = 2")) == ("\n    return x + 1",)
+    assert type_through(shown, at("x = 3")) == ()
+    assert type_through(shown, dataclasses.replace(at("x = 2"), suffix="\n\n")) == ()   # another suffix

@@ -94,6 +94,7 @@ async def test_streaming_order_and_done(daemon: Daemon) -> None:
     assert all(f["type"] == "delta" and f["id"] == "s1" for f in deltas)
     assert done["finish_reason"] in ("stop", "length")
     assert len(done["items"]) == 1
+    assert len(done["ends"]) == 1 and "streamed" not in done     # why it ends travels; one answer, the streamed one
     streamed = "".join(f["text"] for f in deltas)
     assert "\ufffd" not in streamed  # no character split across deltas
     assert all(f["text"] for f in deltas)

@@ -5,6 +5,7 @@ mapping; the rate limiter; the metrics exposition."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from typing import Any, Iterator
@@ -278,3 +279,25 @@ async def test_a_client_that_does_not_read_is_closed_1008(tmp_path: Any) -> None
     await asyncio.sleep(0)
     assert not conn.open and ws.closed_with == 1008
     conn.send(Status("health"))  # dropped, no error
+
+
+class SaysMoreEngine(FakeEngine):
+    """Its Done says why the answer ends and which answer it streamed."""
+
+    def complete(self, req: CompletionRequest, cancel: CancelToken) -> Iterator[Event]:
+        for event in super().complete(req, cancel):
+            yield dataclasses.replace(event, ends=("model",), streamed="a = 1") if isinstance(event, Done) else event
+
+
+@pytest.mark.asyncio
+async def test_the_worker_passes_on_everything_the_engine_says_in_its_done() -> None:
+    # the worker re-times the Done from the request's arrival; its ends and streamed answer travel as they are
+    worker = await started_worker(SaysMoreEngine(step_ms=1.0))
+    c = Collector()
+    try:
+        worker.submit(c.job("complete", "m1", max_tokens=2))
+        done = await c.end("m1")
+        assert isinstance(done, Done) and done.ends == ("model",) and done.streamed == "a = 1"
+        assert done.timings.queue_ms >= 0 and done.finish_reason in ("stop", "length")
+    finally:
+        worker.stop()

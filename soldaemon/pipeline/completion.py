@@ -216,11 +216,11 @@ class Pipeline:
         (None: not counted)."""
         clock = Clock.now(req)
         validate_request(req)
-        rest = type_through(memory.shown, req)
-        early = model.early(req, cancel, clock, rest is not None)
-        if rest is not None:
-            remember(memory.shown, req, rest)
-            yield from type_through_events(req, rest, clock)
+        rests = type_through(memory.shown, req)
+        early = model.early(req, cancel, clock, bool(rests))
+        if rests:
+            remember(memory.shown, req, *rests)
+            yield from type_through_events(req, rests[0], clock)
             return
         if isinstance(early, Resumed):
             yield from self._resumed(req, early, cancel, clock, memory, counter)
@@ -432,22 +432,22 @@ def prompt_inputs(req: CompletionRequest) -> tuple[Any, ...]:
     return (req.context, req.multiline, req.language)
 
 
-def type_through(shown: Shown, req: CompletionRequest) -> str | None:
-    """The rest of the last completion for this document when the user
+def type_through(shown: Shown, req: CompletionRequest) -> tuple[str, ...]:
+    """The rests of the last completion for this document when the user
     typed its beginning (same suffix and other prompt inputs, greedy, one
-    candidate), else None; of the shown text first, else of the streamed
-    one it replaced."""
+    candidate): of the shown text first, then of the streamed one it
+    replaced where that was typed too; () when none."""
     last = shown.get(req.uri)
     if last is None or req.n != 1 or req.temperature > 0:
-        return None
+        return ()
     prefix, suffix, texts, inputs = last
     if req.suffix != suffix or inputs != prompt_inputs(req) or not req.prefix.startswith(prefix):
-        return None
+        return ()
     typed = req.prefix[len(prefix):]
-    for text in texts:
-        if typed and text.startswith(typed) and len(typed) < len(text) and text[len(typed):].strip():
-            return text[len(typed):]
-    return None
+    if not typed:
+        return ()
+    return tuple(text[len(typed):] for text in texts
+                 if text.startswith(typed) and len(typed) < len(text) and text[len(typed):].strip())
 
 
 def remember(shown: Shown, req: CompletionRequest, text: str, streamed: str | None = None) -> None:

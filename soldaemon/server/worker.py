@@ -204,7 +204,9 @@ class Worker:
         reason = done.finish_reason
         if job.cancel.cancelled and reason in ("cancelled", "superseded"):
             reason = job.cancel.reason
-        return Done(job.id, done.items, reason, _with_arrival(done.timings, job, queue_ms))
+        # everything else the engine said (its ends, the streamed answer) travels as it is
+        return dataclasses.replace(done, id=job.id, finish_reason=reason,
+                                   timings=_with_arrival(done.timings, job, queue_ms))
 
 
 def _with_arrival(t: Timings, job: Job, queue_ms: float) -> Timings:
