@@ -1,6 +1,6 @@
 """What the parser-based block end adds per completion, against the text
 rules alone, on holes cut from the standard library (docs/quality.md,
-"Where a block ends, and who ends it"). No model runs: each hole's model
+"Where an answer ends, and why"). No model runs: each hole's model
 text is simulated as its answer followed by the suffix's next lines, fed to
 the stop check about one token (4 characters) at a time, then finished.
 

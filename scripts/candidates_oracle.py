@@ -1,6 +1,6 @@
 """Block candidates, every one tested: how often some candidate passes (the
 oracle) and how often the ranking's choice does, per number of candidates
-(docs/quality.md, "Block candidates", session 27).
+(docs/quality.md, "Block candidates").
 
 ``bench --quality`` with ``completion.candidates: N`` shows only the chosen
 answer. This decodes each candidate as the pipeline does
@@ -11,7 +11,7 @@ pipeline on the same cached prompt), scores each with the model part's
 greedy figure, the oracle and the ranking rules for 1..N candidates.
 
     python scripts/candidates_oracle.py --model qwen2.5-coder-1.5b --candidates 4 \
-        --holes 128 --json docs/quality/candidates-128-1.5b-s27.json
+        --holes 128 --json oracle.json
 
 Timings are not recorded (the tests of every candidate run in between).
 """

@@ -1,5 +1,5 @@
 """When the model ends a block answer by its own token, how sure was it?
-(docs/quality.md, "How sure the model is where it ends (session 22)".)
+(the ends of the block runs in docs/quality.md, "Where an answer ends, and why".)
 
 Reruns, through the daemon's pipeline as ``bench --quality`` runs it
 (``run_sol``: the editor's cut of the file, a cold cache), the holes of a
@@ -10,7 +10,7 @@ as it is (the end is taken); each rerun answer is checked against the
 JSON's text, so a changed answer shows.
 
     PYTHONPATH=. python scripts/end_confidence.py --model qwen2.5-coder-1.5b \\
-        --from docs/quality/block-128-1.5b-outline-s21.json --json out.json
+        --from docs/results/2026-12-03-block-128-1.5b-outline.json --json out.json
 
 Prints one row per hole, lowest end probability first: pass/short/fail
 (short: fewer lines than the code cut out), lines written/expected.

@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${1:-.whl}
 PY=${PYTHON:-python3}
-# seen missing on the H200 image (session 26); tests/test_gpu_check.py keeps this list
+# seen missing on the H200 image (2026-12-04); tests/test_gpu_check.py keeps this list
 # and the image's package list (docs/gpu.md) covering every runtime dependency
 PACKAGES=(platformdirs detect-secrets)
 mkdir -p "$DIR"

@@ -1,5 +1,5 @@
 """How far each kernel plan's next-token distribution is from float32's on
-real code (docs/kernels.md, "Rotated activations"): teacher forced over four
+real code (docs/kernels.md, "Design decisions", rotated activations): teacher forced over four
 standard-library files (a 384-token prompt, then 8-token verifies up to 512
 more tokens each), the same runtime in float32 as the reference. Prints, per
 plan, the positions whose top token differs and the mean KL(float32 || plan).

@@ -1,5 +1,5 @@
 """Where the int8 plan's error lives, layer by layer (docs/kernels.md,
-"Rotated activations"): the int8 plan with one decoder layer's products in
+"Design decisions", rotated activations): the int8 plan with one decoder layer's products in
 float32 (its rotated weights, the same model in exact arithmetic), and the
 mean KL(float32 || that) over real code, teacher forced in one forward per
 file. A layer whose float32 copy removes much of the plan's KL would be

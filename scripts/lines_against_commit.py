@@ -1,6 +1,6 @@
 """Single-line exact match of this checkout against an earlier commit, on
-the same machine and the same holes (docs/quality.md, "Single lines against
-the code the issue was filed on").
+the same machine and the same holes (docs/quality.md, "Precision
+and answers"; the float32 line record in docs/results/).
 
 A figure measured on another CPU cannot say whether a change cost single
 lines: the int8 plan's rounding moves answers at near-ties, and machines

@@ -1,5 +1,5 @@
 """How often is prompt lookup's guess right, by the n-gram it rests on?
-(docs/quality.md, "Speculation on block answers".)
+(docs/bench.md, "Tried and not kept": one acceptance rate for every draft.)
 
 Replays the daemon's own answers from a ``bench --quality --functional``
 JSON (the ``--column``'s text on each block hole) through
@@ -13,7 +13,7 @@ decoded tokens per ms against no drafting: what the policy would gain if
 every accepted guess were free of timing noise (no model runs here but the
 start-up measurement).
 
-    PYTHONPATH=. python scripts/lookup_acceptance.py --json docs/quality/block-functional-128-s12.json
+    PYTHONPATH=. python scripts/lookup_acceptance.py --json docs/results/2026-12-02-block-128-0.5b-exact-speculation.json
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ per-row scales, float32 output.
 
     python scripts/onednn_int8.py
 
-docs/kernels.md, "oneDNN's prepacked int8: tried, not adopted (session 13)".
+docs/kernels.md, "Design decisions": the blocked copy (kept as the
+second copy; as the one copy: "Tried and not kept").
 """
 import torch, time
 torch.set_num_threads(2)

@@ -1,6 +1,6 @@
 """Would FBGEMM's packed int8 product serve the decoder layers better than
-``torch._int_mm``? (docs/kernels.md, "FBGEMM's packed int8: tried, not
-adopted".)
+``torch._int_mm``? (docs/kernels.md, "Tried and not
+kept".)
 
 The plan's ``int8-dynamic`` kernel multiplies per-row-quantized activations
 by a plain int8 weight with ``torch._int_mm``. FBGEMM (``quantized::

@@ -95,7 +95,7 @@ def test_the_report_fails_on_a_failed_check_and_not_on_the_doctors_verdict(tmp_p
 
 
 def test_every_runtime_dependency_reaches_the_device() -> None:
-    """The first device run (session 26) died at `import platformdirs`: a
+    """The first device run (2026-12-04) died at `import platformdirs`: a
     dependency added after the check was written, absent from the image.
     Every runtime dependency is on the image, fetched as a wheel by
     scripts/gpu_wheels.sh, or kept off the device path (blocked above)."""

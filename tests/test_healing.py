@@ -1,4 +1,4 @@
-"""Token healing (runtime/healing.py, fim.make_prompt(heal=True)): the
+"""Token healing (runtime/decode/healing.py, fim.make_prompt(heal=True)): the
 vocabulary index, the constrained sampler, the healed prompt, and — on the
 real model — a cursor inside a word completed without repeating what was
 typed."""

@@ -152,7 +152,7 @@ def test_a_config_given_to_a_running_engine_gets_the_served_models_windows(tmp_p
     """A bench column or a reload sets a config whose windows may be
     ``auto``; the engine reads them as its served model's (the trace's
     speculation-off column and ``bench --quality`` without ``--models`` ran
-    the 0.5B at the generic 1024/256/128 until session 26)."""
+    the 0.5B at the generic 1024/256/128 until 2026-12-04, b77bf1e)."""
     from soldaemon.runtime.engine.local import LocalEngine
     from soldaemon.testing.tiny import build_tiny_model
     from soldaemon.weights.loader import load_model

@@ -10,7 +10,7 @@ from soldaemon.policy.attention import AttentionTimings, choose_cudnn
 # A new prompt shape's first call and a second call, ms: tables of both kinds,
 # modelled on what was seen, not per-call measurements (the first device run
 # recorded whole TTFTs, not attention calls). The H200 kind (torch 2.11,
-# session 26: 0.9-1.2 s more cold TTFT on the prompts where cuDNN planned):
+# 2026-12-04: 0.9-1.2 s more cold TTFT on the prompts where cuDNN planned):
 # each new shape planned for several hundred ms, the planned kernel about
 # as fast as flash attention's.
 H200_WITH = AttentionTimings((420.0, 610.0), (0.031, 0.044))

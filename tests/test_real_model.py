@@ -118,7 +118,7 @@ def test_rotated_activations_bring_the_int8_plan_closer_to_float32(reference) ->
     forced, the int8-dynamic plan with rotated activations diverges from
     float32 less than without (measured on four standard-library files:
     KL 0.0067 → 0.0023, top-1 disagreements 75 → 40 of 2,048 positions;
-    docs/kernels.md "Rotated activations")."""
+    docs/kernels.md "Design decisions")."""
     import sysconfig
 
     from soldaemon.policy.kernel_plan import KernelPlan
