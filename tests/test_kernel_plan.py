@@ -143,8 +143,8 @@ def test_the_shipped_quality_table_and_the_plan_says_it() -> None:
     assert {"float16", "int4"}.isdisjoint(QUALITY) and {"float16", "int4"}.isdisjoint(auto_kernels())
     assert QUALITY["int8-onednn"] == QUALITY["int8-dynamic"]      # the same bits
     assert all(q.n and q.lost + q.won <= q.n for q in QUALITY.values())
-    # int8-dynamic with the output layer rotated (docs/quality.md, "The output
-    # layer rotated too"): 4 lost, 0 won of 248: +1.6 points, p 0.06, not
+    # int8-dynamic with the output layer rotated (docs/kernels.md, "Quality per
+    # precision"): 4 lost, 0 won of 248: +1.6 points, p 0.06, not
     # beyond chance; the record before (5 lost) was, and needed the 2.5 limit
     int8 = QUALITY["int8-dynamic"]
     assert (int8.lost, int8.won, int8.n) == (4, 0, 248) and int8.points <= MAX_QUALITY_LOSS

@@ -83,7 +83,7 @@ def test_the_machines_plan_agrees_with_float32(engine, reference) -> None:
     """The plan ``model.precision: auto`` picks on this machine (int8 or
     bfloat16 kernels where they are fast) gives the float32 greedy tokens on
     real code on most tokens (measured, not assumed; the 60-hole quality
-    run is in docs/quality.md). Measured here: 4 of 6 holes identical over
+    run is docs/results/2026-12-01-precision-60.json). Measured here: 4 of 6 holes identical over
     10 tokens, 48 of 60 tokens equal."""
     from soldaemon.api import CompletionRequest
     from soldaemon.measure.holes import cut_line_holes, default_corpus
@@ -108,7 +108,7 @@ def test_the_machines_plan_agrees_with_float32(engine, reference) -> None:
         same += a == b
         agree += sum(x == y for x, y in zip(a, b))
     # int8 products change the greedy text on some holes (42 of 60 completions
-    # identical on the quality run, exact match equal or better: docs/quality.md);
+    # identical on the 60-hole precision run, docs/results/2026-12-01-precision-60.json);
     # most tokens agree, and a broken kernel would agree on almost none
     assert same >= len(holes) // 2 and agree >= 0.7 * 10 * len(holes), (same, agree)
 
