@@ -67,12 +67,11 @@ def python_text(source: str) -> list[tuple[int, str]]:
         return [(n + 1, line) for n, line in enumerate(source.splitlines())]
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                    and isinstance(body[0].value.value, str):
-                doc = body[0].value
-                for k, line in enumerate(doc.value.splitlines()):
-                    found.append((doc.lineno + k, line))
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                for k, line in enumerate(first.value.value.splitlines()):
+                    found.append((first.value.lineno + k, line))
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
             found.append((node.lineno, node.name))
     return found
