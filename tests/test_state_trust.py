@@ -11,8 +11,10 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -51,11 +53,26 @@ class Listener:
         self.sock.close()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def daemon_pid() -> Iterator[int]:
+    """A live process of ours whose command line is a daemon's (``… soldaemon serve``):
+    a planted record names it, so it is judged by what else it says."""
+    global DAEMON_PID
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "soldaemon", "serve"])
+    DAEMON_PID = proc.pid
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+DAEMON_PID = 0
+
+
 def _plant(state: Path, url: str, token_file: Path, *, dir_mode: int = 0o777, file_mode: int = 0o644) -> None:
     state.mkdir(parents=True, exist_ok=True)
     os.chmod(state, dir_mode)
     record = state / "daemon.json"
-    record.write_text(json.dumps({"pid": os.getpid(), "url": url, "token_file": str(token_file)}))
+    record.write_text(json.dumps({"pid": DAEMON_PID, "url": url, "token_file": str(token_file)}))
     os.chmod(record, file_mode)
 
 
