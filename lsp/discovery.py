@@ -73,9 +73,38 @@ def daemon_log_path() -> Path:
 
 
 def doctor_command(settings: Settings) -> list[str]:
-    """``soldaemon [--config FILE] doctor``, found as the daemon command is."""
-    argv = default_daemon_command(settings)
-    return argv[:argv.index("serve")] + ["doctor"]
+    """``soldaemon [--config FILE] doctor`` run as ``python -I``: isolated
+    (no current directory, script directory, ``$PYTHONPATH`` or user site on
+    ``sys.path``), with the directory this soldaemon was imported from put
+    first, so the doctor is this soldaemon whatever the environment says.
+    :func:`run_doctor` runs it in the state directory."""
+    root = str(Path(soldaemon.__file__).resolve().parent.parent)
+    boot = f"import sys; sys.path.insert(0, {root!r}); from soldaemon.cli import main; sys.exit(main())"
+    argv = [sys.executable, "-I", "-c", boot]
+    if settings.config:
+        argv += ["--config", str(Path(settings.config).expanduser().absolute())]
+    return argv + ["doctor"]
+
+
+async def run_doctor(settings: Settings, *, timeout_s: float = 120.0) -> tuple[list[str], str, int | None]:
+    """Run :func:`doctor_command` with the private state directory as its
+    current directory (never the project's) and stdin closed: ``(argv,
+    output, exit status)``. Raises ``OSError`` when it cannot start and
+    ``TimeoutError`` after ``timeout_s``."""
+    import asyncio
+
+    argv = doctor_command(settings)
+    directory = state_dir()
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, cwd=directory,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    return argv, out.decode(errors="replace"), proc.returncode
 
 
 def read_last_error(since: float) -> str | None:
