@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Sequence
 
 import soldaemon
-from soldaemon.discovery import Fallback, StartLock, Target, check_private_dir, find_daemon, read_daemon_record
+from soldaemon.discovery import Fallback, StartLock, Target, find_daemon, make_private_dir, read_daemon_record
 from soldaemon.errors import ConfigError
 from soldaemon.paths import state_dir
 
@@ -94,8 +94,7 @@ async def run_doctor(settings: Settings, *, timeout_s: float = 120.0) -> tuple[l
     import asyncio
 
     argv = doctor_command(settings)
-    directory = state_dir()
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    directory = make_private_dir(state_dir())
     proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, cwd=directory,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     try:
@@ -230,8 +229,7 @@ class DaemonLauncher:
         self.log_path = log_path
         t0 = time.perf_counter()
         try:
-            log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            check_private_dir(log_path.parent)   # a planted daemon.log link must not be followed
+            make_private_dir(log_path.parent)   # a planted daemon.log link must not be followed
             if not self.lock.acquire():
                 log.info("another sol-lsp is starting the daemon; waiting for it")
                 return False

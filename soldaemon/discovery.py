@@ -44,6 +44,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 import json
+import logging
 import os
 import re
 import stat
@@ -54,9 +55,11 @@ from pathlib import Path
 from soldaemon.errors import ConfigError, Unavailable
 from soldaemon.paths import state_dir
 
-__all__ = ["DaemonRecord", "Fallback", "StartLock", "Target", "check_private_dir", "check_token_file",
+__all__ = ["DaemonRecord", "Fallback", "StartLock", "Target", "check_private_dir", "check_token_file", "make_private_dir",
            "default_token_path", "find_daemon", "is_loopback_host", "is_our_daemon", "pid_exists", "read_daemon_record",
            "read_token", "record_path", "ws_url"]
+
+log = logging.getLogger("soldaemon.discovery")
 
 RECORD_NAME = "daemon.json"
 TOKEN_NAME = "token"
@@ -139,6 +142,21 @@ def check_private_dir(path: Path) -> None:
     if not stat.S_ISDIR(info.st_mode):
         raise ConfigError(f"the state directory {path} is not a directory", hint=f"remove {path}")
     refuse_unless_ours(path, info, "the state directory")
+
+
+def make_private_dir(path: Path) -> Path:
+    """The state directory ``path``, created 0700 when missing and checked
+    (:func:`check_private_dir`). One that others may read or enter (0755:
+    the rotated ``daemon.log`` and ``doctor.txt`` readable by every local
+    user) is tightened to 0700, with a warning that says so."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    check_private_dir(path)
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        os.chmod(path, mode & 0o700)
+        log.warning("the state directory %s was readable by other users (mode %o); it is now mode %o",
+                    path, mode, mode & 0o700)
+    return path
 
 
 def pid_exists(pid: int) -> bool:
@@ -341,8 +359,7 @@ class StartLock:
 
         if self._fd is not None:
             return True
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        check_private_dir(self.path.parent)
+        make_private_dir(self.path.parent)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

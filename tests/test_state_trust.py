@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -178,3 +179,16 @@ def test_sol_lsp_never_follows_a_planted_daemon_log(tmp_path: Path, monkeypatch:
     launcher = DaemonLauncher(["sh", "-c", f"echo ran > {marker}; echo output"])
     assert launcher.start() is False
     assert launcher.error is not None and victim.read_text() == "keep me\n" and not marker.exists()
+
+
+def test_a_state_dir_others_can_read_is_tightened(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 57, finding 9: a state directory of mode 0755 let every local
+    user read the rotated ``daemon.log`` and ``doctor.txt``. On 2026-12-05's
+    main (92a3951) it was accepted as it was."""
+    state = tmp_path / "state"
+    state.mkdir()
+    os.chmod(state, 0o755)
+    with caplog.at_level("WARNING"):
+        statefiles.ensure_state_dir(state)
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    assert "readable by other users (mode 755); it is now mode 700" in caplog.text
