@@ -356,6 +356,9 @@ class BackendConfig:
     # Send untitled buffers (never saved, no file name) to the remote engine;
     # off: completing in one is refused there (the local backend still may).
     send_untitled: bool = _setting(False, _bool())
+    # Allow a plain http:// url to a host that is not loopback (the API key
+    # and every prompt cross the network in clear text); off: refused.
+    allow_insecure: bool = _setting(False, _bool())
 
 
 _SECTIONS: dict[str, type[Any]] = {
