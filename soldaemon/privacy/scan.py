@@ -216,8 +216,7 @@ def _pieces(line: str) -> Iterator[tuple[int, str]]:
 
 def _scan_lines(lines: Sequence[str], filename: str) -> list[tuple[Span, ...]]:
     """Findings of each line (its own offsets), from the cache or the detectors."""
-    pieces = {piece for line in lines for _, piece in _pieces(line)}
-    missing = [piece for piece in pieces if piece not in _LINE_CACHE]
+    missing = [piece for line in dict.fromkeys(lines) for _, piece in _pieces(line) if piece not in _LINE_CACHE]
     if missing:
         settings = _load_detector()
         if settings is not None:
@@ -231,7 +230,10 @@ def _scan_lines(lines: Sequence[str], filename: str) -> list[tuple[Span, ...]]:
         _LINE_CACHE.update(found)
     out: list[tuple[Span, ...]] = []
     for line in lines:
-        out.append(tuple((at + s, at + e, kind) for at, piece in _pieces(line) for s, e, kind in _LINE_CACHE[piece]))
+        if len(line) <= _MAX_LINE:
+            out.append(_LINE_CACHE[line])
+        else:
+            out.append(tuple((at + s, at + e, kind) for at, piece in _pieces(line) for s, e, kind in _LINE_CACHE[piece]))
     return out
 
 
@@ -293,29 +295,26 @@ def _open_string(line: str) -> str | None:
     return quote
 
 
-def _cursor_spans(text: str, cursor: int, filename: str) -> list[Span]:
-    """Findings on the cursor's line as if a string left open before the
-    cursor closed there (``TOKEN = "abc…|``)."""
+def _closed_at_cursor(text: str, cursor: int) -> tuple[int, str] | None:
+    """``(start, line)``: the cursor's line up to the cursor with the string
+    it leaves open closed there (``TOKEN = "abc…|`` → ``TOKEN = "abc…"``),
+    ``start`` its offset in ``text``; ``None`` when no string is open."""
     start = text.rfind("\n", 0, cursor) + 1
     before = text[start:cursor]
     quote = _open_string(before)
-    if quote is None:
-        return []
-    closed = before + quote
-    spans: list[Span] = []
-    for s, e, kind in _scan_lines([closed], filename)[0]:
-        s, e = _widen(text, start + s, min(start + e, cursor))
-        spans.append((s, e, kind))
-    return spans
+    return None if quote is None else (start, before + quote)
 
 
 def _find(text: str, filename: str, cursor: int | None = None) -> list[Span]:
     spans = _key_spans(text)
     lines = text.split("\n")
+    closed = _closed_at_cursor(text, cursor) if cursor is not None else None
     with _lock:
-        per_line = _scan_lines(lines, filename)
-        if cursor is not None:
-            spans += _cursor_spans(text, cursor, filename)
+        per_line = _scan_lines(lines + [closed[1]] if closed else lines, filename)
+    if closed is not None and cursor is not None:
+        start = closed[0]
+        for s, e, kind in per_line.pop():
+            spans.append((*_widen(text, start + s, min(start + e, cursor)), kind))
     offset = 0
     for line, found in zip(lines, per_line):
         spans.extend((offset + s, offset + e, kind) for s, e, kind in found)
