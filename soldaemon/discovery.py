@@ -55,9 +55,9 @@ from pathlib import Path
 from soldaemon.errors import ConfigError, Unavailable
 from soldaemon.paths import state_dir
 
-__all__ = ["DaemonRecord", "Fallback", "StartLock", "Target", "check_private_dir", "check_token_file", "make_private_dir",
-           "default_token_path", "find_daemon", "is_loopback_host", "is_our_daemon", "pid_exists", "read_daemon_record",
-           "read_token", "record_path", "ws_url"]
+__all__ = ["DaemonRecord", "Fallback", "StartLock", "Target", "check_private_dir", "check_token_file",
+           "default_token_path", "find_daemon", "is_loopback_host", "is_our_daemon", "make_private_dir", "pid_exists",
+           "read_daemon_record", "read_token", "record_path", "ws_url"]
 
 log = logging.getLogger("soldaemon.discovery")
 

@@ -36,14 +36,15 @@ def probe_running_daemon(config: Any, port: int | None) -> DaemonReading:
     import urllib.request
 
     from soldaemon.config import load_config
-    from soldaemon.discovery import find_daemon
-    from soldaemon.errors import SolError
+    from soldaemon.discovery import find_daemon, record_path
+    from soldaemon.errors import SolError, Unavailable
 
     try:
         config = config if config is not None else load_config()
         target = find_daemon(config.server.fallback())
     except (SolError, OSError) as exc:
-        why = getattr(exc, "message", str(exc))
+        why = (f"no live daemon record at {record_path()}" if isinstance(exc, Unavailable)
+               else getattr(exc, "message", str(exc)))
         ports = dict.fromkeys(p for p in (config.server.port if config is not None else None, port) if p is not None)
         return DaemonReading("", False, None, why + "".join(_port_note(p) for p in ports))
     url = "http" + target.url[2:].rstrip("/") + "/healthz"

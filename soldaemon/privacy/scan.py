@@ -233,7 +233,8 @@ def _scan_lines(lines: Sequence[str], filename: str) -> list[tuple[Span, ...]]:
         if len(line) <= _MAX_LINE:
             out.append(_LINE_CACHE[line])
         else:
-            out.append(tuple((at + s, at + e, kind) for at, piece in _pieces(line) for s, e, kind in _LINE_CACHE[piece]))
+            out.append(tuple((at + s, at + e, kind)
+                             for at, piece in _pieces(line) for s, e, kind in _LINE_CACHE[piece]))
     return out
 
 
