@@ -67,6 +67,8 @@ START_LOCK_NAME = "start.lock"
 # a token is one line of URL-safe base64: a private key or any other private
 # file named as the token file is never sent as one
 _TOKEN_CHARS = re.compile(r"[A-Za-z0-9_\-]{32,512}")
+# an argv word that runs soldaemon: the script, ``soldaemon.cli``, ``-c`` code importing it
+_NAMES_US = re.compile(r"(?<![\w-])soldaemon(?![\w-])")
 
 
 # --------------------------------------------------------------------------
@@ -195,7 +197,8 @@ def _process(pid: int) -> tuple[int, list[str]] | None:
 def is_our_daemon(pid: int) -> bool:
     """Whether ``pid`` is a live ``soldaemon … serve`` process of this user:
     its owner is us, and its command line runs ``soldaemon`` (the console
-    script or ``-m soldaemon.cli``) with ``serve``. A pid reused by another
+    script, ``-m soldaemon.cli``, or ``-c`` code importing it) with
+    ``serve``. A pid reused by another
     user's process, or by any process that is not a daemon, is not."""
     if pid <= 1:
         return False
@@ -205,8 +208,8 @@ def is_our_daemon(pid: int) -> bool:
     uid, argv = found
     if hasattr(os, "getuid") and uid != os.getuid():
         return False
-    names = {os.path.basename(a) for a in argv}
-    return "serve" in argv and bool(names & {"soldaemon", "soldaemon.cli", "soldaemon.exe"})
+    # a path by its last part (a checkout named soldaemon/ holds other programs), code whole
+    return "serve" in argv and any(_NAMES_US.search(a if " " in a else os.path.basename(a)) for a in argv)
 
 
 def read_daemon_record(*, allow_remote: bool = False) -> DaemonRecord | None:

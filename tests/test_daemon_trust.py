@@ -179,3 +179,18 @@ def test_stop_never_signals_a_pid_the_listener_names(tmp_path: Path, state: Path
 def test_a_real_daemons_pid_is_ours(start_daemon: Any) -> None:
     daemon = start_daemon(args=["--engine", FAKE_ENGINE])
     assert discovery.is_our_daemon(daemon.proc.pid)
+
+
+@pytest.mark.parametrize("argv,ours", [
+    (["/venv/bin/python", "/venv/bin/soldaemon", "serve"], True),
+    (["/venv/bin/python", "-I", "-m", "soldaemon.cli", "--config", "/c.yaml", "serve", "--idle-exit-s", "0"], True),
+    (["python3", "-c", "import sys; from soldaemon.cli import main; sys.exit(main())", "serve"], True),
+    (["/venv/bin/python", "/venv/bin/soldaemon", "status"], False),
+    (["/home/me/soldaemon/.venv/bin/python", "-m", "http.server", "serve"], False),
+    (["/usr/bin/sleep", "600"], False),
+])
+def test_what_counts_as_our_daemon(monkeypatch: pytest.MonkeyPatch, argv: list[str], ours: bool) -> None:
+    monkeypatch.setattr(discovery, "_process", lambda pid: (os.getuid(), argv))
+    assert discovery.is_our_daemon(4242) is ours
+    monkeypatch.setattr(discovery, "_process", lambda pid: (os.getuid() + 1, argv))
+    assert not discovery.is_our_daemon(4242)
