@@ -137,9 +137,9 @@ def test_a_record_naming_a_process_that_is_no_daemon_is_stale(tmp_path: Path, st
 
 
 def test_another_users_pid_is_not_alive_and_ours(state: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """EPERM (pid 1, root's init) is not "alive and ours"."""
-    if os.getuid() == 0:
-        pytest.skip("root owns pid 1")
+    """pid 1 (init: another user's, EPERM, where the tests do not run as
+    root) is not "alive and ours"; another uid is not either
+    (``test_what_counts_as_our_daemon``)."""
     monkeypatch.setenv("SOLDAEMON_STATE_DIR", str(state))
     _plant(state, 1, 9)
     assert discovery.read_daemon_record() is None
@@ -194,3 +194,43 @@ def test_what_counts_as_our_daemon(monkeypatch: pytest.MonkeyPatch, argv: list[s
     assert discovery.is_our_daemon(4242) is ours
     monkeypatch.setattr(discovery, "_process", lambda pid: (os.getuid() + 1, argv))
     assert not discovery.is_our_daemon(4242)
+
+
+def test_complete_through_a_daemon_follows_the_secret_rule(tmp_path: Path, state: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """``soldaemon complete`` sends a daemon what sol-lsp would: secrets
+    redacted, nothing of a secret file. On 2026-12-05's main (92a3951) the
+    whole text went as it was."""
+    from websockets.asyncio.server import serve
+
+    from soldaemon.cli import _complete_on_daemon
+    from soldaemon.privacy.rules import SecretDocument
+    from soldaemon.protocol import ErrorFrame, encode_server
+
+    frames: list[str] = []
+
+    async def handler(ws: Any) -> None:
+        async for msg in ws:
+            frames.append(str(msg))
+            await ws.send(encode_server(ErrorFrame("c", "unavailable", "loading")))
+
+    fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "soldaemon", "serve"])
+    monkeypatch.setenv("SOLDAEMON_STATE_DIR", str(state))
+    config = config_from_dict({})
+    key = "AKIAIOSFODNN7EXAMPLE"
+    secret = CompletionRequest(id="c", prefix=f"aws = '{key}'\nx = ", suffix="\n", uri=(tmp_path / "a.py").as_uri())
+
+    async def scenario() -> None:
+        async with serve(handler, "127.0.0.1", 0) as server:
+            _plant(state, fake.pid, server.sockets[0].getsockname()[1])
+            assert await asyncio.to_thread(_complete_on_daemon, config, secret, lambda ev: None) is None
+            with pytest.raises(SecretDocument):
+                env_file = CompletionRequest(id="c", prefix="A=", suffix="", uri=(tmp_path / ".env").as_uri())
+                await asyncio.to_thread(_complete_on_daemon, config, env_file, lambda ev: None)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        fake.kill()
+        fake.wait()
+    assert len(frames) == 1 and key not in frames[0] and "<redacted>" in frames[0]
