@@ -107,7 +107,9 @@ def test_env_content_under_another_name(tiny_tokenizer: Any, scripted: ScriptedE
 
 @pytest.mark.parametrize("code", ["API_KEY = os.environ['API_KEY']", "primary_key=True", "TOKEN = None",
                                   "cache_key = f'{user}:{page}'", "getUserAccountSettingsForId42 = 1",
-                                  "sort_key = lambda row: row.name"])
+                                  "sort_key = lambda row: row.name", "    token: str", "    token = next_token",
+                                  "self.password = password", 'EOS_TOKEN = "<|endoftext|>"', "MAX_TOKEN = 512",
+                                  'model = load("acme/Chat-7B-Instruct")'])
 def test_code_that_names_secrets_is_kept(code: str) -> None:
     assert redact(code + "\n", "app.py").text == code + "\n"
 

@@ -56,16 +56,23 @@ _BODY_LINE = re.compile(r"[A-Za-z0-9+/]{40,100}={0,2}")
 _BODY_TAIL = re.compile(r"[A-Za-z0-9+/]{1,100}={0,2}|(?:Proc-Type|DEK-Info|Comment):.*|")
 _TOKEN_CHARS = re.compile(r"[A-Za-z0-9_\-+/=.~]")
 # NAME=value / name: value whose name says it holds a secret
-_SECRET_NAME = (r"[A-Z][A-Z0-9_.\-]*[_.\-](?:KEY|SECRET|TOKEN|PASSWORD|PASSWD|PASSPHRASE|PASS|PWD|CREDENTIALS?)"
-                r"|PASSWORD|PASSWD|PASSPHRASE|SECRET|TOKEN|APIKEY|API_KEY"
-                r"|(?:[a-z][a-z0-9_.\-]*[_.\-])?(?:password|passwd|passphrase|secret|token|api[_-]?key|apikey"
-                r"|secret[_-]?key|access[_-]?key|private[_-]?key|client[_-]?secret)")
+# NAME=value / name: value whose name says it holds a secret: an upper-case
+# (environment) name ending in KEY, SECRET, TOKEN, PASSWORD…, or a lower-case
+# name that can mean nothing else (``token`` alone is a model's token in code)
+_SECRET_NAME = (r"(?P<name>[A-Z][A-Z0-9_.\-]*[_.\-](?:KEY|SECRET|TOKEN|PASSWORD|PASSWD|PASSPHRASE|PASS|PWD"
+                r"|CREDENTIALS?)|PASSWORD|PASSWD|PASSPHRASE|SECRET|TOKEN|APIKEY|API_KEY"
+                r"|(?:[a-z][a-z0-9_.\-]*[_.\-])?(?:password|passwd|passphrase|secret|api[_-]?key|apikey|secret[_-]?key"
+                r"|access[_-]?key|private[_-]?key|client[_-]?secret|auth[_-]?token|access[_-]?token"
+                r"|refresh[_-]?token|bearer[_-]?token|api[_-]?token))")
 _ASSIGNMENT = re.compile(
     r"^\s*(?:export\s+|set\s+|const\s+|let\s+|var\s+|define\(\s*)?[\"']?(?:" + _SECRET_NAME + r")[\"']?"
     r"(?:\s*:\s*[A-Za-z_][\w\[\], .|]*?)?\s*(?::=|=>|=|:|,)\s*"
     r"(?:\"(?P<dq>(?:[^\"\\]|\\.){3,})\"|'(?P<sq>[^']{3,})'|(?P<bare>[^\s\"'#;,()\[\]{}<>$%`]{3,}))"
     r"\s*[,;)]?\s*(?:(?:#|//).*)?$")
-_NOT_A_VALUE = re.compile(r"(?:None|null|nil|true|false|True|False|undefined|\w+(?:\.\w+)+|.*\$\{.*|.*\{\{.*)")
+# a value that names or builds one instead of holding it: a constant, a dotted
+# or type name, a template, a placeholder or special token (``<|endoftext|>``), a small number
+_NOT_A_VALUE = re.compile(r"None|null|nil|true|false|True|False|undefined|str|int|float|bytes|bool|Any|object"
+                          r"|string|number|boolean|\w+(?:\.\w+)+|.*\$\{.*|.*\{\{.*|<.*>|\d{1,5}")
 _UNQUOTED = re.compile(r"(?<![A-Za-z0-9_\-+/=])[A-Za-z0-9_\-+/]{20,}={0,2}(?![A-Za-z0-9_\-+/=])")
 _MAX_LINE = 4000            # a longer line (minified code, data) is scanned in pieces this long
 _OVERLAP = 200              # characters two pieces of a long line share: a token across the cut is whole in one
@@ -167,13 +174,17 @@ def _entropy(word: str) -> float:
     return -sum(n / len(word) * math.log2(n / len(word)) for n in counts.values())
 
 
+_ALNUM_RUN = re.compile(r"[A-Za-z0-9]{16,}")
+
+
 def _looks_random(word: str) -> bool:
-    """Upper case, lower case and digits, and an entropy near the most its
-    length allows: a key, not an identifier (``getUserSettingsForId42``)
-    nor a hex digest."""
+    """Upper case, lower case and digits, a run of 16 letters and digits,
+    and an entropy near the most its length allows: a key, not an
+    identifier (``getUserSettingsForId42``), a model name
+    (``acme/Chat-7B-Instruct``) nor a hex digest."""
     if not (any(c.isupper() for c in word) and any(c.islower() for c in word) and any(c.isdigit() for c in word)):
         return False
-    return _entropy(word) >= 0.85 * math.log2(min(len(word), 64))
+    return _ALNUM_RUN.search(word) is not None and _entropy(word) >= 0.85 * math.log2(min(len(word), 64))
 
 
 def _own_rules(line: str) -> list[Span]:
@@ -182,7 +193,9 @@ def _own_rules(line: str) -> list[Span]:
     m = _ASSIGNMENT.match(line)
     if m is not None:
         group = next(g for g in ("dq", "sq", "bare") if m.group(g) is not None)
-        if not _NOT_A_VALUE.fullmatch(m.group(group)):
+        value = m.group(group)
+        echo = group == "bare" and value.isidentifier() and value.lower() in m.group("name").lower()
+        if not echo and not _NOT_A_VALUE.fullmatch(value):        # ``PASSWORD = password``: a variable
             spans.append((m.start(group), m.end(group), "Secret-named Value"))
     for word in _UNQUOTED.finditer(line):
         if _looks_random(word.group().rstrip("=")):
