@@ -177,12 +177,17 @@ def _entropy(word: str) -> float:
 _ALNUM_RUN = re.compile(r"[A-Za-z0-9]{16,}")
 
 
+def _mixed(word: str) -> bool:
+    """Upper case, lower case and digits: random base64 has all three, a hex digest not."""
+    return any(c.isupper() for c in word) and any(c.islower() for c in word) and any(c.isdigit() for c in word)
+
+
 def _looks_random(word: str) -> bool:
     """Upper case, lower case and digits, a run of 16 letters and digits,
     and an entropy near the most its length allows: a key, not an
     identifier (``getUserSettingsForId42``), a model name
     (``acme/Chat-7B-Instruct``) nor a hex digest."""
-    if not (any(c.isupper() for c in word) and any(c.islower() for c in word) and any(c.isdigit() for c in word)):
+    if not _mixed(word):
         return False
     return _ALNUM_RUN.search(word) is not None and _entropy(word) >= 0.85 * math.log2(min(len(word), 64))
 
@@ -260,7 +265,10 @@ def _key_spans(text: str) -> list[Span]:
     """Private keys: whole blocks, an ``END`` line with the body above it,
     a body alone (a window that starts and ends inside a block)."""
     spans: list[Span] = [(m.start(), m.end(), "Private Key") for m in _KEY_BLOCK.finditer(text)]
-    inside = lambda at: any(s <= at < e for s, e, _ in spans)     # noqa: E731
+
+    def inside(at: int) -> bool:
+        return any(s <= at < e for s, e, _ in spans)
+
     for m in _KEY_END.finditer(text):
         if inside(m.start()):
             continue
@@ -273,7 +281,7 @@ def _key_spans(text: str) -> list[Span]:
         spans.append((start, m.end(), "Private Key"))
     offset, run_start, run_lines = 0, -1, 0
     for line in text.split("\n") + [""]:
-        body = _BODY_LINE.fullmatch(line.strip()) is not None and _looks_like_base64(line.strip())
+        body = _BODY_LINE.fullmatch(line.strip()) is not None and _mixed(line.strip())
         if body and not inside(offset):
             if run_lines == 0:
                 run_start = offset
@@ -285,10 +293,6 @@ def _key_spans(text: str) -> list[Span]:
             run_lines = 0
         offset += len(line) + 1
     return spans
-
-
-def _looks_like_base64(word: str) -> bool:
-    return any(c.isupper() for c in word) and any(c.islower() for c in word) and any(c.isdigit() for c in word)
 
 
 def _open_string(line: str) -> str | None:
