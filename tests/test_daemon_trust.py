@@ -2,9 +2,7 @@
 while the daemon is down any local user can listen on its configured port;
 a client that falls back to that port sends them ``Authorization: Bearer
 <token>``, and ``soldaemon stop`` signals whatever pid they report. Real
-``soldaemon`` processes; a loopback listener stands in for the attacker.
-On 2026-12-05's main (92a3951) the listener received the status, stop and
-doctor requests with the token, and the foreign pid was signalled."""
+``soldaemon`` processes; a loopback listener stands in for the attacker."""
 
 from __future__ import annotations
 
@@ -199,8 +197,7 @@ def test_what_counts_as_our_daemon(monkeypatch: pytest.MonkeyPatch, argv: list[s
 def test_complete_through_a_daemon_follows_the_secret_rule(tmp_path: Path, state: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """``soldaemon complete`` sends a daemon what sol-lsp would: secrets
-    redacted, nothing of a secret file. On 2026-12-05's main (92a3951) the
-    whole text went as it was."""
+    redacted, nothing of a secret file."""
     from websockets.asyncio.server import serve
 
     from soldaemon.cli import _complete_on_daemon

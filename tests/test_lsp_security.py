@@ -273,8 +273,7 @@ def test_doctor_from_sol_lsp_never_imports_a_project_package(tmp_path: Path,
     """Finding 8: "Run soldaemon doctor" with the project as the current
     directory, a ``PYTHONPATH`` with an empty entry (the current directory)
     and ``.`` on ``PATH``: neither the project's ``soldaemon``, ``lsp`` or
-    ``sitecustomize`` is imported, nor its ``nvidia-smi`` run. On
-    2026-12-05's main (92a3951) the project's ``soldaemon`` ran instead."""
+    ``sitecustomize`` is imported, nor its ``nvidia-smi`` run."""
     import asyncio
     import os
     from types import SimpleNamespace
@@ -308,8 +307,7 @@ def test_doctor_from_sol_lsp_never_imports_a_project_package(tmp_path: Path,
 
 def test_doctor_never_runs_a_projects_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Finding 8: with ``.`` (and an empty entry) on ``PATH``, the current
-    directory's ``nvidia-smi`` is not the one run. On 2026-12-05's main
-    (92a3951) it ran."""
+    directory's ``nvidia-smi`` is not the one run."""
     import os
 
     from soldaemon.gpuprobe.smi import SMI_BANNER_ARGV, run_nvidia_smi

@@ -1,7 +1,6 @@
 """A remote engine over plain ``http://`` on another host (issue 57,
 finding 9): the API key and every prompt would cross the network in clear
-text, so it is refused unless ``backend.allow_insecure: true``. On
-2026-12-05's main (92a3951) it was accepted."""
+text, so it is refused unless ``backend.allow_insecure: true``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The bench's llama-cpp-python sdist is pinned by sha256 (issue 57,
 finding 9): pip is asked with ``--require-hashes`` (it refuses another file
 before running any of its code), and a file of another hash is refused and
-removed. On 2026-12-05's main (92a3951) any file pip fetched was used."""
+removed."""
 
 from __future__ import annotations
 

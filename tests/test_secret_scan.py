@@ -1,8 +1,7 @@
 """The content scan as what is sent (issue 57, findings 1-5): each case goes
 through the remote engine's outbound request (a loopback engine written in
 tests/test_remote.py records the bodies) or, for file names and links, the
-secret-file rule. Each failed on 2026-12-05's main (92a3951); the failure is
-in the test's docstring."""
+secret-file rule."""
 
 from __future__ import annotations
 
@@ -57,8 +56,7 @@ def _sent(tokenizer: Any, engine: ScriptedEngine, **fields: Any) -> str:
 @pytest.mark.parametrize("after", ['"\nprint(1)\n', "\nprint(1)\n"], ids=["closed-after", "open"])
 def test_a_string_open_at_the_cursor_is_scanned(tiny_tokenizer: Any, scripted: ScriptedEngine,
                                                 kind: str, after: str) -> None:
-    """Finding 1. Before: the body held the token for base64, hex, openai and
-    password, with the quote after the cursor or none."""
+    """Finding 1: the token being typed, the quote after the cursor or none."""
     name = "PASSWORD" if kind == "password" else "API_TOKEN"
     body = _sent(tiny_tokenizer, scripted, prefix=f'import os\n{name} = "{TOKENS[kind]}', suffix=after)
     assert TOKENS[kind] not in body and TOKENS[kind][:12] not in body, body
@@ -66,13 +64,13 @@ def test_a_string_open_at_the_cursor_is_scanned(tiny_tokenizer: Any, scripted: S
 
 
 def test_a_token_split_at_the_cursor_is_one_token(tiny_tokenizer: Any, scripted: ScriptedEngine) -> None:
-    """Finding 2. Before: ``AKIAIOSFOD`` and ``NN7EXAMPLE`` both in the body."""
+    """Finding 2: ``AKIAIOSFOD`` before the cursor, ``NN7EXAMPLE`` after it."""
     body = _sent(tiny_tokenizer, scripted, prefix="aws_id = AKIAIOSFOD", suffix="NN7EXAMPLE\nx = 1\n")
     assert "AKIAIOSFOD" not in body and "NN7EXAMPLE" not in body and "x = 1" in body
 
 
 def test_a_key_body_without_its_header(tiny_tokenizer: Any, scripted: ScriptedEngine) -> None:
-    """Finding 3. Before: the body lines of all three chunks were sent."""
+    """Finding 3: key bodies with an ``END`` line and none, no header."""
     context = (ContextChunk("file:///w/proj/a.py", "KEY = '''\n" + KEY_BODY + "-----END RSA PRIVATE KEY-----\n'''\n"),
                ContextChunk("file:///w/proj/b.py", KEY_BODY),
                ContextChunk("file:///w/proj/c.py", "def helper_function_name():\n    return 42\n"))
@@ -85,7 +83,7 @@ def test_a_key_body_without_its_header(tiny_tokenizer: Any, scripted: ScriptedEn
 
 def test_a_key_split_across_chunks_of_one_file(tiny_tokenizer: Any, scripted: ScriptedEngine) -> None:
     """Finding 3, two chunks of one file: the header in one, one body line
-    in the next. Before: the body line was sent."""
+    in the next."""
     context = (ContextChunk("file:///w/proj/k.py", "K = '''\n-----BEGIN RSA PRIVATE KEY-----"),
                ContextChunk("file:///w/proj/k.py", KEY_BODY.splitlines()[0] + "\nrest = 1\n"))
     body = _sent(tiny_tokenizer, scripted, prefix="x = ", suffix="\n", context=context)
@@ -100,7 +98,7 @@ def test_a_key_split_across_chunks_of_one_file(tiny_tokenizer: Any, scripted: Sc
     ("db_password: s3cr3t-pass", "s3cr3t-pass"),
 ])
 def test_env_content_under_another_name(tiny_tokenizer: Any, scripted: ScriptedEngine, line: str, value: str) -> None:
-    """Finding 4, content. Before: each value was sent from ``config.txt``."""
+    """Finding 4, content: ``.env`` lines in ``config.txt``."""
     body = _sent(tiny_tokenizer, scripted, uri="file:///w/proj/config.txt", prefix=f"DEBUG=1\n{line}\n", suffix="")
     assert value not in body and "DEBUG=1" in body
 
@@ -117,13 +115,12 @@ def test_code_that_names_secrets_is_kept(code: str) -> None:
 @pytest.mark.parametrize("name", [".env-prod", ".env_prod", "env.production", "#.env#", ".#.env", ".terraformrc",
                                   "creds.json", "private.key.txt", "database.yml", "wp-config.php"])
 def test_the_secret_names_of_the_third_audit(name: str) -> None:
-    """Finding 4, names. Before: every one was allowed."""
+    """Finding 4, names."""
     assert ContextPolicy().refusal(f"file:///w/proj/{name.replace('#', '%23')}") is not None, name
 
 
 def test_a_long_line_and_an_unquoted_token(tiny_tokenizer: Any, scripted: ScriptedEngine) -> None:
-    """Finding 5. Before: the token on a 5,000-character line and the
-    unquoted one were sent."""
+    """Finding 5: a token on a 5,000-character line, an unquoted one."""
     long = "data = [" + ", ".join(["1"] * 1700) + f", 'AKIAIOSFODNN7EXAMPLE', 2]"
     assert len(long) > 4000
     unquoted = "curl -H X-Api:Zm9vYmFyYmF6cXV4MTIzNDU2Nzg5MGFiY2Rl https://x"
@@ -132,7 +129,7 @@ def test_a_long_line_and_an_unquoted_token(tiny_tokenizer: Any, scripted: Script
 
 
 def test_links_are_resolved_before_dotdot(tmp_path: Path) -> None:
-    """Finding 5. Before: ``proj/link/../config`` was judged as ``proj/config``."""
+    """Finding 5: ``proj/link/../config`` is where ``link`` points, not ``proj/config``."""
     aws = tmp_path / "home" / ".aws"
     (aws / "cli").mkdir(parents=True)
     (aws / "config").write_text("[default]\n")

@@ -182,9 +182,8 @@ def test_sol_lsp_never_follows_a_planted_daemon_log(tmp_path: Path, monkeypatch:
 
 
 def test_a_state_dir_others_can_read_is_tightened(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """Issue 57, finding 9: a state directory of mode 0755 let every local
-    user read the rotated ``daemon.log`` and ``doctor.txt``. On 2026-12-05's
-    main (92a3951) it was accepted as it was."""
+    """Issue 57, finding 9: a state directory of mode 0755 would let every
+    local user read the rotated ``daemon.log`` and ``doctor.txt``."""
     state = tmp_path / "state"
     state.mkdir()
     os.chmod(state, 0o755)

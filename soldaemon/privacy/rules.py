@@ -58,7 +58,7 @@ SECRET_PATTERNS: tuple[str, ...] = (
     ".netrc", "_netrc", ".npmrc", ".pypirc", ".pgpass", ".git-credentials", ".htpasswd",
     "credentials", "credentials.*", "*credentials*.json", "secrets.*", "*.secret", "*.secrets",
     "token", "*.token", "service-account*.json", "terraform.tfstate*", "*.tfvars",
-    # second pass (docs/security.md): cluster, cloud, CI and package-manager credentials
+    # cluster, cloud, CI and package-manager credentials
     "kubeconfig", "*.kubeconfig", "kubeconfig.*", "secret.*", "*-secret.y*ml", "*-secrets.y*ml", "*_secrets.y*ml",
     "*secrets*.json", "client_secret*.json", "*-firebase-adminsdk-*.json", "*.tfstate", "*.tfstate.*",
     ".vault-token", ".s3cfg", ".boto", ".my.cnf", ".mylogin.cnf", "pip.conf", ".yarnrc", ".yarnrc.yml",
@@ -66,7 +66,7 @@ SECRET_PATTERNS: tuple[str, ...] = (
     "gh/hosts.yml", "gcloud/*.db", "gcloud/legacy_credentials", "application_default_credentials.json",
     "token.*", "*_token", "*-token", "auth.json", ".dev.vars", "local.settings.json", ".pgpass", ".dockercfg",
     "*.jwk", "*.age", ".htaccess", "*.sqlite-credentials",
-    # third pass: dotenv files under other names, editor lock files of them, tool and app credentials
+    # dotenv files under other names, tool and app credentials (Emacs' copies: _EDITOR_COPY)
     ".env-*", ".env_*", "env.production", "env.prod", "env.prod.*", "env.staging", "env.development", "env.dev",
     "env.local", "env.test", "*.env.txt", ".terraformrc", "terraform.rc", "creds.*", "*-creds.*", "*_creds.*",
     "private.key*", "private-key*", "private_key*", "*.key.txt", "*.pem.txt", "database.yml", "database.yaml",

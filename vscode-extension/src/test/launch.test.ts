@@ -3,8 +3,7 @@
 // Python extension selects for the workspace, is not started unless the
 // user confirms it once for the workspace; `soldaemon.python` runs
 // `python -I -m lsp.server` in a fixed directory, so a folder's own `lsp/`
-// package is never imported. On 2026-12-05's main (92a3951) the planted
-// sol-lsp ran at activation and the planted `lsp/` was imported.
+// package is never imported.
 
 import { strict as assert } from "node:assert";
 import * as fs from "node:fs";
