@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Sequence
 
 import soldaemon
-from soldaemon.discovery import Fallback, StartLock, Target, check_private_dir, find_daemon, read_daemon_record
+from soldaemon.discovery import Fallback, StartLock, Target, find_daemon, make_private_dir, read_daemon_record
 from soldaemon.errors import ConfigError
 from soldaemon.paths import state_dir
 
@@ -73,9 +73,37 @@ def daemon_log_path() -> Path:
 
 
 def doctor_command(settings: Settings) -> list[str]:
-    """``soldaemon [--config FILE] doctor``, found as the daemon command is."""
-    argv = default_daemon_command(settings)
-    return argv[:argv.index("serve")] + ["doctor"]
+    """``soldaemon [--config FILE] doctor`` run as ``python -I``: isolated
+    (no current directory, script directory, ``$PYTHONPATH`` or user site on
+    ``sys.path``), with the directory this soldaemon was imported from put
+    first, so the doctor is this soldaemon whatever the environment says.
+    :func:`run_doctor` runs it in the state directory."""
+    root = str(Path(soldaemon.__file__).resolve().parent.parent)
+    boot = f"import sys; sys.path.insert(0, {root!r}); from soldaemon.cli import main; sys.exit(main())"
+    argv = [sys.executable, "-I", "-c", boot]
+    if settings.config:
+        argv += ["--config", str(Path(settings.config).expanduser().absolute())]
+    return argv + ["doctor"]
+
+
+async def run_doctor(settings: Settings, *, timeout_s: float = 120.0) -> tuple[list[str], str, int | None]:
+    """Run :func:`doctor_command` with the private state directory as its
+    current directory (never the project's) and stdin closed: ``(argv,
+    output, exit status)``. Raises ``OSError`` when it cannot start and
+    ``TimeoutError`` after ``timeout_s``."""
+    import asyncio
+
+    argv = doctor_command(settings)
+    directory = make_private_dir(state_dir())
+    proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, cwd=directory,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    return argv, out.decode(errors="replace"), proc.returncode
 
 
 def read_last_error(since: float) -> str | None:
@@ -201,8 +229,7 @@ class DaemonLauncher:
         self.log_path = log_path
         t0 = time.perf_counter()
         try:
-            log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            check_private_dir(log_path.parent)   # a planted daemon.log link must not be followed
+            make_private_dir(log_path.parent)   # a planted daemon.log link must not be followed
             if not self.lock.acquire():
                 log.info("another sol-lsp is starting the daemon; waiting for it")
                 return False

@@ -86,7 +86,7 @@ from lsp.context import ContextRing
 from lsp.daemon_client import DaemonClient
 from lsp.events import ACCEPT_COMMAND, NOTIFICATIONS, SOL_DID_PARTIALLY_ACCEPT, SOL_DID_SHOW, to_event
 from lsp.events import event_target as _event_target  # noqa: F401 (tests import it from here)
-from lsp.discovery import DaemonLauncher, daemon_log_path, default_daemon_command, doctor_command, resolve_target
+from lsp.discovery import DaemonLauncher, daemon_log_path, default_daemon_command, resolve_target, run_doctor
 from lsp.documents import DocumentStore, normalize_encoding, units
 from lsp.framing import run_strict
 from lsp.settings import OPTIONS, Launch, Settings, SettingsError, parse_args
@@ -403,18 +403,13 @@ class SolLanguageServer(LanguageServer):
             asyncio.get_running_loop().create_task(self._run_doctor(), name="sol-doctor")
 
     async def _run_doctor(self) -> None:
-        argv = doctor_command(self.settings)
         report = daemon_log_path().with_name("doctor.txt")
         try:
-            proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
-                                                        stdout=asyncio.subprocess.PIPE,
-                                                        stderr=asyncio.subprocess.STDOUT)
-            out, _ = await asyncio.wait_for(proc.communicate(), 120)
-            report.write_text(f"$ {' '.join(argv)}\n{out.decode(errors='replace')}"
-                              f"(exit status {proc.returncode})\n")
+            argv, out, status = await run_doctor(self.settings)
+            report.write_text(f"$ {' '.join(argv)}\n{out}(exit status {status})\n")
         except (OSError, TimeoutError) as exc:
             self.window_show_message(types.ShowMessageParams(
-                type=types.MessageType.Error, message=f"soldaemon: could not run {' '.join(argv)}: {exc}"))
+                type=types.MessageType.Error, message=f"soldaemon: could not run soldaemon doctor: {exc}"))
             return
         self.show_file(report)
 

@@ -8,8 +8,8 @@ one). ``--config`` may come before or after the subcommand.
 Exit codes (README, "Command line"): 0 success; 1 an internal error, or
 ``doctor`` found a failing check; 2 bad configuration or arguments; 3 a
 model error (parts missing, hash mismatch, no FIM tokens, out of memory);
-4 no daemon answering (``status``, ``stop``) or it is unavailable; 130
-interrupted.
+4 no daemon running (no live daemon record: ``status``, ``stop``, nothing
+sent), none answering, or it is unavailable; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -109,15 +109,30 @@ def cmd_complete(args: argparse.Namespace, config: Config) -> int:
 
 
 def _complete_on_daemon(config: Config, req: CompletionRequest, stream: Callable[[Delta], None]) -> Done | None:
-    """The running daemon's answer, or ``None`` when no daemon answers."""
+    """The running daemon's answer, or ``None`` when no daemon runs (its
+    record names none: nothing is sent) or none answers. What is sent
+    follows sol-lsp's secret rule: a secret file is not sent (raises
+    :class:`~soldaemon.privacy.rules.SecretDocument`), secrets in the text
+    are redacted."""
     import asyncio
 
     from soldaemon.discovery import find_daemon
     from soldaemon.errors import Unavailable
+    from soldaemon.privacy.rules import ContextPolicy, SecretDocument, describe, redact_request
     from soldaemon.server.status import ask_complete
 
     try:
         target = find_daemon(config.server.fallback())
+    except Unavailable:
+        return None
+    why = ContextPolicy().refusal(req.uri)
+    if why is not None:
+        raise SecretDocument(f"this file {why}; it is not sent to the daemon", hint="complete it with --local")
+    req, withheld = redact_request(req)
+    if withheld:
+        print(f"soldaemon: withheld from the daemon: {describe([w.split(': ', 1)[1] for w in withheld])}",
+              file=sys.stderr)
+    try:
         return asyncio.run(ask_complete(target.url, target.token, req, on_delta=stream))
     except Unavailable:
         return None

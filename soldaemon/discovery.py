@@ -6,17 +6,18 @@ the *read* side of the state files the daemon writes.
 
 1. the URL given (``--url``, or sol-lsp's ``url`` setting), when given;
 2. else the running daemon's record, ``daemon.json`` in the state directory
-   (written by ``soldaemon serve`` once ready; ignored when its pid is gone;
+   (written by ``soldaemon serve`` once ready; ignored unless its pid is a
+   live ``soldaemon … serve`` process of this user, :func:`is_our_daemon`;
    refused when another user could have written it, or it names a
    non-loopback URL without ``allow_remote``);
-3. else the caller's :class:`Fallback`: ``soldaemon status`` and ``doctor``
-   pass ``server.host``/``port`` of the config they loaded
-   (:meth:`soldaemon.config.ServerConfig.fallback`); sol-lsp passes none, so
-   without a record it reports no daemon (and starts one, when configured
-   to, then waits for the record).
+3. else no daemon runs: :class:`~soldaemon.errors.Unavailable` ("no daemon
+   running"), and nothing is sent anywhere. A configured port is not an
+   address to send the token to: while the daemon is down any local user
+   can listen there. (:class:`Fallback` carries the caller's token file and
+   ``allow_remote``; its ``url`` is for callers that name one on purpose.)
 
 The token comes from the token file given, else the record's, else the
-fallback's — read with :func:`read_token`, so an unsafe token file is refused.
+caller's — read with :func:`read_token`, so an unsafe token file is refused.
 
 The state directory and ``daemon.json`` are trusted only when nobody else
 could have written them: another local user who can write the state
@@ -33,8 +34,9 @@ directory, the record and the token) is :mod:`soldaemon.server.statefiles`
 and :mod:`soldaemon.server.auth`.
 
 Light on purpose: sol-lsp imports it, so it loads no config (no YAML
-reader), no websocket server, prometheus, psutil or torch — only
-:mod:`soldaemon.errors` and :mod:`soldaemon.paths`.
+reader), no websocket server, prometheus or torch — only
+:mod:`soldaemon.errors` and :mod:`soldaemon.paths` (and psutil where
+``/proc`` is missing, when a record is read).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 import json
+import logging
 import os
 import re
 import stat
@@ -53,8 +56,10 @@ from soldaemon.errors import ConfigError, Unavailable
 from soldaemon.paths import state_dir
 
 __all__ = ["DaemonRecord", "Fallback", "StartLock", "Target", "check_private_dir", "check_token_file",
-           "default_token_path", "find_daemon", "is_loopback_host", "pid_exists", "read_daemon_record",
-           "read_token", "record_path", "ws_url"]
+           "default_token_path", "find_daemon", "is_loopback_host", "is_our_daemon", "make_private_dir", "pid_exists",
+           "read_daemon_record", "read_token", "record_path", "ws_url"]
+
+log = logging.getLogger("soldaemon.discovery")
 
 RECORD_NAME = "daemon.json"
 TOKEN_NAME = "token"
@@ -62,6 +67,8 @@ START_LOCK_NAME = "start.lock"
 # a token is one line of URL-safe base64: a private key or any other private
 # file named as the token file is never sent as one
 _TOKEN_CHARS = re.compile(r"[A-Za-z0-9_\-]{32,512}")
+# an argv word that runs soldaemon: the script, ``soldaemon.cli``, ``-c`` code importing it
+_NAMES_US = re.compile(r"(?<![\w-])soldaemon(?![\w-])")
 
 
 # --------------------------------------------------------------------------
@@ -139,21 +146,76 @@ def check_private_dir(path: Path) -> None:
     refuse_unless_ours(path, info, "the state directory")
 
 
+def make_private_dir(path: Path) -> Path:
+    """The state directory ``path``, created 0700 when missing and checked
+    (:func:`check_private_dir`). One that others may read or enter (0755:
+    the rotated ``daemon.log`` and ``doctor.txt`` readable by every local
+    user) is tightened to 0700, with a warning that says so."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    check_private_dir(path)
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        os.chmod(path, mode & 0o700)
+        log.warning("the state directory %s was readable by other users (mode %o); it is now mode %o",
+                    path, mode, mode & 0o700)
+    return path
+
+
 def pid_exists(pid: int) -> bool:
-    """Whether a process ``pid`` exists (signal 0 checks without sending).
-    Not psutil: sol-lsp reads the record, and stays light."""
+    """Whether a process ``pid`` exists (signal 0 checks without sending;
+    EPERM: it exists, another user's). Not a reason to trust or signal it:
+    :func:`is_our_daemon` is."""
     if pid <= 0:
         return pid == 0
     try:
         os.kill(pid, 0)
     except OSError as exc:
-        return exc.errno == errno.EPERM     # exists, but another user's
+        return exc.errno == errno.EPERM
     return True
 
 
+def _process(pid: int) -> tuple[int, list[str]] | None:
+    """``(uid, argv)`` of a live process, ``None`` when there is none (or
+    it cannot be read). ``/proc`` where there is one, else psutil."""
+    proc = Path(f"/proc/{pid}")
+    if Path("/proc/self").exists():
+        try:
+            uid = proc.stat().st_uid
+            argv = (proc / "cmdline").read_bytes().decode("utf-8", "replace").split("\0")
+        except OSError:
+            return None
+        return uid, [a for a in argv if a]
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        return int(p.uids().real), list(p.cmdline())
+    except (psutil.Error, OSError):
+        return None
+
+
+def is_our_daemon(pid: int) -> bool:
+    """Whether ``pid`` is a live ``soldaemon … serve`` process of this user:
+    its owner is us, and its command line runs ``soldaemon`` (the console
+    script, ``-m soldaemon.cli``, or ``-c`` code importing it) with
+    ``serve``. A pid reused by another
+    user's process, or by any process that is not a daemon, is not."""
+    if pid <= 1:
+        return False
+    found = _process(pid)
+    if found is None:
+        return False
+    uid, argv = found
+    if hasattr(os, "getuid") and uid != os.getuid():
+        return False
+    # a path by its last part (a checkout named soldaemon/ holds other programs), code whole
+    return "serve" in argv and any(_NAMES_US.search(a if " " in a else os.path.basename(a)) for a in argv)
+
+
 def read_daemon_record(*, allow_remote: bool = False) -> DaemonRecord | None:
-    """The record of a daemon whose process still exists; ``None`` when
-    there is none (or it is stale or unreadable). Raises
+    """The record of a daemon whose process is still ours
+    (:func:`is_our_daemon`); ``None`` when there is none (or it is stale:
+    its pid gone or reused, or it is unreadable). Raises
     :class:`ConfigError` when the directory or the file could have been
     written by someone else, or the URL is not loopback and
     ``allow_remote`` is off."""
@@ -171,7 +233,7 @@ def read_daemon_record(*, allow_remote: bool = False) -> DaemonRecord | None:
         record = DaemonRecord(str(data["url"]), Path(data["token_file"]), int(data["pid"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if not pid_exists(record.pid):
+    if not is_our_daemon(record.pid):
         return None
     if not allow_remote and not url_is_loopback(record.url):
         raise ConfigError(f"{path} names a daemon at {record.url}, which is not a loopback address",
@@ -227,10 +289,10 @@ def read_token(path: Path) -> str:
 
 @dataclass(frozen=True)
 class Fallback:
-    """What the caller knows when no record names a daemon: the address to
-    try (``None``: none, so no record means no daemon), the token file, and
-    whether a record may name a non-loopback URL. ``source`` names where it
-    came from, for messages."""
+    """What the caller knows besides the record: an address it names on
+    purpose (``None``, what every command-line client and sol-lsp pass: no
+    record means no daemon), the token file, and whether a record may name
+    a non-loopback URL. ``source`` names where it came from, for messages."""
 
     url: str | None = None
     token_path: Path | None = None          # None: default_token_path()
@@ -266,7 +328,7 @@ def find_daemon(fallback: Fallback = Fallback(), *, url: str | None = None,
         elif fallback.url is not None:
             url, source, pid = fallback.url, fallback.source, None
         else:
-            raise Unavailable(f"no running soldaemon (no daemon record at {record_path()})",
+            raise Unavailable(f"no daemon running (no live daemon record at {record_path()})",
                               hint="start the daemon: soldaemon serve")
     if token_path is None:
         token_path = fallback.token_path or default_token_path()
@@ -300,8 +362,7 @@ class StartLock:
 
         if self._fd is not None:
             return True
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        check_private_dir(self.path.parent)
+        make_private_dir(self.path.parent)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

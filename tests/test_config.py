@@ -302,6 +302,7 @@ BAD_VALUES: list[tuple[str, str, Any, str]] = [
     ("backend", "health_interval_s", "5s", '"5s"'),
     ("backend", "fallback_local", "yes", '"yes"'),
     ("backend", "send_untitled", "no", '"no"'),
+    ("backend", "allow_insecure", "no", '"no"'),
 ]
 
 

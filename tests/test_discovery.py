@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -23,17 +24,30 @@ from soldaemon.server.auth import load_or_create_token
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(scope="module")
+def daemon_pid() -> Iterator[int]:
+    """A live process of ours whose command line is a daemon's (``… soldaemon serve``)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "soldaemon", "serve"])
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
 @pytest.fixture
-def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, daemon_pid: int) -> Path:
     directory = tmp_path / "state"
     directory.mkdir(mode=0o700)
     monkeypatch.setenv("SOLDAEMON_STATE_DIR", str(directory))
     load_or_create_token(directory / "token")
+    monkeypatch.setattr(sys.modules[__name__], "DAEMON_PID", daemon_pid)
     return directory
 
 
+DAEMON_PID = 0
+
+
 def _record(state: Path, url: str) -> None:
-    (state / "daemon.json").write_text(json.dumps({"pid": os.getpid(), "url": url,
+    (state / "daemon.json").write_text(json.dumps({"pid": DAEMON_PID, "url": url,
                                                    "token_file": str(state / "token")}))
     os.chmod(state / "daemon.json", 0o600)
 
@@ -48,7 +62,7 @@ def test_sol_lsp_without_a_record_finds_no_daemon_whatever_the_config_says(state
     assert "daemon.json" in info.value.message
     _record(state, "ws://127.0.0.1:9999")
     target = resolve_target(Settings(config=str(config)))
-    assert (target.url, target.pid, target.token_path) == ("ws://127.0.0.1:9999", os.getpid(), state / "token")
+    assert (target.url, target.pid, target.token_path) == ("ws://127.0.0.1:9999", DAEMON_PID, state / "token")
 
 
 def test_sol_lsp_settings_name_the_daemon_and_its_token(state: Path, tmp_path: Path) -> None:
@@ -59,14 +73,17 @@ def test_sol_lsp_settings_name_the_daemon_and_its_token(state: Path, tmp_path: P
     assert resolve_target(Settings(url="ws://127.0.0.1:7")).token_path == state / "token"
 
 
-def test_status_falls_back_to_the_configs_address(state: Path, tmp_path: Path) -> None:
+def test_status_never_falls_back_to_the_configs_address(state: Path, tmp_path: Path) -> None:
+    """Whatever listens on the configured port while the daemon is down is
+    not sent the token: without a record, no daemon runs."""
     token = tmp_path / "my-token"
     load_or_create_token(token)
     server = config_from_dict({"server": {"host": "::1", "port": 4567, "token_file": str(token)}}).server
+    with pytest.raises(Unavailable, match="no daemon running"):
+        find_daemon(server.fallback())
+    _record(state, "ws://127.0.0.1:9999")
     target = find_daemon(server.fallback())
-    assert (target.url, target.token_path, target.source) == ("ws://[::1]:4567", token, "sol_config.yaml")
-    _record(state, "ws://127.0.0.1:9999")           # a record wins over the config
-    assert find_daemon(server.fallback()).url == "ws://127.0.0.1:9999"
+    assert (target.url, target.token_path) == ("ws://127.0.0.1:9999", state / "token")   # the record's token file
 
 
 def test_a_remote_record_needs_the_callers_allow_remote(state: Path) -> None:

@@ -9,6 +9,7 @@ send what no well-behaved client would."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import subprocess
@@ -265,3 +266,58 @@ def test_policy_folders_and_globs() -> None:
     assert ContextPolicy(include=(".env.example",)).allows("file:///w/.env.example")
     assert not ContextPolicy(exclude=("*.generated.py",)).allows("file:///w/x.generated.py")
     assert ContextPolicy().may_complete("untitled:Untitled-1") and not ContextPolicy().allows("untitled:Untitled-1")
+
+
+def test_doctor_from_sol_lsp_never_imports_a_project_package(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding 8: "Run soldaemon doctor" with the project as the current
+    directory, a ``PYTHONPATH`` with an empty entry (the current directory)
+    and ``.`` on ``PATH``: neither the project's ``soldaemon``, ``lsp`` or
+    ``sitecustomize`` is imported, nor its ``nvidia-smi`` run."""
+    import asyncio
+    import os
+    from types import SimpleNamespace
+
+    from lsp.server import SolLanguageServer
+    from lsp.settings import Settings
+
+    project, state = tmp_path / "project", tmp_path / "state"
+    state.mkdir(mode=0o700)
+    marker = tmp_path / "ran"
+    for package in ("soldaemon", "lsp"):
+        (project / package).mkdir(parents=True)
+        (project / package / "__init__.py").write_text(f"open({str(marker)!r}, 'a').write('{package} ')\n")
+    (project / "soldaemon" / "cli.py").write_text("def main(): return 0\n")
+    (project / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'a').write('sitecustomize ')\n")
+    smi = project / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\necho nvidia-smi >> {marker}\n")
+    smi.chmod(0o755)
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep)           # two empty entries: the current directory
+    monkeypatch.setenv("PATH", "." + os.pathsep + os.environ["PATH"])
+    monkeypatch.setenv("SOLDAEMON_STATE_DIR", str(state))
+    shown: list[Path] = []
+    server = SimpleNamespace(settings=Settings(), show_file=shown.append,
+                             window_show_message=lambda params: pytest.fail(params.message))
+    asyncio.run(SolLanguageServer._run_doctor(server))     # type: ignore[arg-type]
+    assert not marker.exists(), marker.read_text()
+    report = shown[0].read_text()
+    assert shown[0].parent == state and "daemon" in report and "exit status" in report, report
+
+
+def test_doctor_never_runs_a_projects_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding 8: with ``.`` (and an empty entry) on ``PATH``, the current
+    directory's ``nvidia-smi`` is not the one run."""
+    import os
+
+    from soldaemon.gpuprobe.smi import SMI_BANNER_ARGV, run_nvidia_smi
+
+    marker = tmp_path / "ran"
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\necho ran > {marker}\n")
+    smi.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", os.pathsep.join([".", "", os.environ.get("PATH", "")]))
+    with contextlib.suppress(Exception):     # none on this machine's PATH, or a real one failing: not the project's
+        run_nvidia_smi(list(SMI_BANNER_ARGV))
+    assert not marker.exists()

@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import subprocess
+import sys
 import threading
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -51,11 +54,26 @@ class Listener:
         self.sock.close()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def daemon_pid() -> Iterator[int]:
+    """A live process of ours whose command line is a daemon's (``… soldaemon serve``):
+    a planted record names it, so it is judged by what else it says."""
+    global DAEMON_PID
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "soldaemon", "serve"])
+    DAEMON_PID = proc.pid
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+DAEMON_PID = 0
+
+
 def _plant(state: Path, url: str, token_file: Path, *, dir_mode: int = 0o777, file_mode: int = 0o644) -> None:
     state.mkdir(parents=True, exist_ok=True)
     os.chmod(state, dir_mode)
     record = state / "daemon.json"
-    record.write_text(json.dumps({"pid": os.getpid(), "url": url, "token_file": str(token_file)}))
+    record.write_text(json.dumps({"pid": DAEMON_PID, "url": url, "token_file": str(token_file)}))
     os.chmod(record, file_mode)
 
 
@@ -161,3 +179,15 @@ def test_sol_lsp_never_follows_a_planted_daemon_log(tmp_path: Path, monkeypatch:
     launcher = DaemonLauncher(["sh", "-c", f"echo ran > {marker}; echo output"])
     assert launcher.start() is False
     assert launcher.error is not None and victim.read_text() == "keep me\n" and not marker.exists()
+
+
+def test_a_state_dir_others_can_read_is_tightened(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 57, finding 9: a state directory of mode 0755 would let every
+    local user read the rotated ``daemon.log`` and ``doctor.txt``."""
+    state = tmp_path / "state"
+    state.mkdir()
+    os.chmod(state, 0o755)
+    with caplog.at_level("WARNING"):
+        statefiles.ensure_state_dir(state)
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    assert "readable by other users (mode 755); it is now mode 700" in caplog.text

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from soldaemon.api import Multiline
-from soldaemon.discovery import Fallback, default_token_path, ws_url
+from soldaemon.discovery import Fallback, default_token_path
 
 from soldaemon.config.budget import MemoryBudget
 from soldaemon.config.checks import (_bool, _choice, _device, _env_name, _float, _int, _int_or_auto, _memory_budget,
@@ -242,10 +242,11 @@ class ServerConfig:
         return self.token_file if self.token_file is not None else default_token_path()
 
     def fallback(self) -> Fallback:
-        """What :func:`soldaemon.discovery.find_daemon` uses when no daemon
-        record names a daemon: this section's address, token file and
-        ``allow_remote``."""
-        return Fallback(ws_url(self.host, self.port), self.token_path(), self.allow_remote, "sol_config.yaml")
+        """What :func:`soldaemon.discovery.find_daemon` takes from this
+        section: the token file and ``allow_remote``. No address: a client
+        sends the token only to a daemon its record names, never to
+        whatever listens on ``port`` while the daemon is down."""
+        return Fallback(None, self.token_path(), self.allow_remote, "sol_config.yaml")
 
 
 @dataclass(frozen=True)
@@ -355,6 +356,9 @@ class BackendConfig:
     # Send untitled buffers (never saved, no file name) to the remote engine;
     # off: completing in one is refused there (the local backend still may).
     send_untitled: bool = _setting(False, _bool())
+    # Allow a plain http:// url to a host that is not loopback (the API key
+    # and every prompt cross the network in clear text); off: refused.
+    allow_insecure: bool = _setting(False, _bool())
 
 
 _SECTIONS: dict[str, type[Any]] = {

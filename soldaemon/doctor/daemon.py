@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from soldaemon import gpuprobe
 from soldaemon.gpuprobe import DaemonReading
 
 
@@ -29,20 +28,25 @@ def configured_plan_key(config: Any) -> tuple[int | None, int | None]:
 
 
 def probe_running_daemon(config: Any, port: int | None) -> DaemonReading:
-    """``GET /healthz`` of the running daemon with its token (found as
-    ``soldaemon status`` finds it), else of ``port`` without one. A
-    soldaemon answering with our token is recognised as such."""
+    """``GET /healthz`` of the running daemon with its token (found through
+    its record, as ``soldaemon status`` finds it). Without a record nothing
+    is sent: whatever listens on ``port`` then is not ours, so the reading
+    only says whether the port is free (tried by binding it)."""
     import urllib.error
     import urllib.request
 
     from soldaemon.config import load_config
-    from soldaemon.discovery import find_daemon
-    from soldaemon.errors import SolError
+    from soldaemon.discovery import find_daemon, record_path
+    from soldaemon.errors import SolError, Unavailable
 
     try:
-        target = find_daemon((config if config is not None else load_config()).server.fallback())
-    except (SolError, OSError):
-        return gpuprobe.probe_daemon(port) if port is not None else DaemonReading("", False, None, "not probed")
+        config = config if config is not None else load_config()
+        target = find_daemon(config.server.fallback())
+    except (SolError, OSError) as exc:
+        why = (f"no live daemon record at {record_path()}" if isinstance(exc, Unavailable)
+               else getattr(exc, "message", str(exc)))
+        ports = dict.fromkeys(p for p in (config.server.port if config is not None else None, port) if p is not None)
+        return DaemonReading("", False, None, why + "".join(_port_note(p) for p in ports))
     url = "http" + target.url[2:].rstrip("/") + "/healthz"
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {target.token}"})
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -53,6 +57,19 @@ def probe_running_daemon(config: Any, port: int | None) -> DaemonReading:
         return DaemonReading(url, True, int(exc.code), exc.read(65536).decode("utf-8", "replace"))
     except (urllib.error.URLError, OSError, ValueError) as exc:
         return DaemonReading(url, False, None, str(getattr(exc, "reason", exc))[:200])
+
+
+def _port_note(port: int) -> str:
+    """``; port N is held by another program`` when binding it on loopback
+    fails (nothing is sent to it), else ``""``."""
+    import socket
+
+    try:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", port))
+    except OSError:
+        return f"; port {port} is held by another program (ss -ltnp 'sport = :{port}')"
+    return ""
 
 
 def _health(body: str) -> dict[str, Any] | None:
@@ -67,7 +84,8 @@ def _health(body: str) -> dict[str, Any] | None:
 def daemon_report(d: DaemonReading) -> dict[str, Any]:
     """The ``daemon`` line of ``soldaemon doctor``: verdict, detail, cost, fix."""
     if not d.reachable:
-        return _line("info", f"no daemon answering at {d.url} ({d.detail})")
+        return _line("info", f"no daemon answering at {d.url} ({d.detail})" if d.url
+                     else f"no daemon answering ({d.detail})")
     health = _health(d.detail)
     if health is not None and d.status in (200, 503):
         proc = health.get("process") or {}

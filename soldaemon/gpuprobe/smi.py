@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -52,12 +53,17 @@ _NA = {"", "n/a", "[n/a]", "not supported", "[not supported]", "unknown error",
 def run_nvidia_smi(argv: list[str], *, timeout_s: float = 5.0) -> str:
     """Run one of :data:`READ_ONLY_ARGVS` (never a shell) and return stdout.
 
+    ``nvidia-smi`` is run by its absolute path, found in the absolute
+    entries of ``PATH`` only: a relative entry (``.``, an empty one) would
+    find the current directory's, a project's own ``nvidia-smi``.
+
     Raises ``ValueError`` for any other argv, ``FileNotFoundError`` if
     ``nvidia-smi`` is not on ``PATH``, :class:`CommandFailed` on a non-zero
     exit or after ``timeout_s``."""
     if tuple(argv) not in READ_ONLY_ARGVS:
         raise ValueError(f"refusing to run {argv!r}: doctor runs only read-only queries")
-    exe = shutil.which(argv[0])
+    search = [p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if os.path.isabs(p)]
+    exe = shutil.which(argv[0], path=os.pathsep.join(search))
     if exe is None:
         raise FileNotFoundError(argv[0])
     try:

@@ -33,16 +33,18 @@ import dataclasses
 import fnmatch
 import os
 import posixpath
+import re
 import urllib.parse
 from dataclasses import dataclass
 from typing import Sequence
 
-from soldaemon.api import CompletionRequest
+from soldaemon.api import CompletionRequest, ContextChunk
 from soldaemon.errors import BadRequest
-from soldaemon.privacy.scan import REDACTED_MARK, Redacted, describe, redact
+from soldaemon.privacy.scan import REDACTED_MARK, Redacted, describe, redact, redact_around, redact_chunks
 
 __all__ = ["PATH_SCHEMES", "REDACTED_MARK", "SECRET_PATTERNS", "ContextPolicy", "Redacted", "SecretDocument",
-           "describe", "folder_paths", "is_secret_path", "outbound", "redact", "redact_request", "uri_path"]
+           "describe", "folder_paths", "is_secret_path", "outbound", "redact", "redact_around", "redact_chunks",
+           "redact_request", "uri_path"]
 
 # Files that hold credentials: dotenv files, keys and certificates, SSH and
 # GPG homes, VCS internals, cloud and package-manager credential stores.
@@ -56,7 +58,7 @@ SECRET_PATTERNS: tuple[str, ...] = (
     ".netrc", "_netrc", ".npmrc", ".pypirc", ".pgpass", ".git-credentials", ".htpasswd",
     "credentials", "credentials.*", "*credentials*.json", "secrets.*", "*.secret", "*.secrets",
     "token", "*.token", "service-account*.json", "terraform.tfstate*", "*.tfvars",
-    # second pass (docs/security.md): cluster, cloud, CI and package-manager credentials
+    # cluster, cloud, CI and package-manager credentials
     "kubeconfig", "*.kubeconfig", "kubeconfig.*", "secret.*", "*-secret.y*ml", "*-secrets.y*ml", "*_secrets.y*ml",
     "*secrets*.json", "client_secret*.json", "*-firebase-adminsdk-*.json", "*.tfstate", "*.tfstate.*",
     ".vault-token", ".s3cfg", ".boto", ".my.cnf", ".mylogin.cnf", "pip.conf", ".yarnrc", ".yarnrc.yml",
@@ -64,6 +66,11 @@ SECRET_PATTERNS: tuple[str, ...] = (
     "gh/hosts.yml", "gcloud/*.db", "gcloud/legacy_credentials", "application_default_credentials.json",
     "token.*", "*_token", "*-token", "auth.json", ".dev.vars", "local.settings.json", ".pgpass", ".dockercfg",
     "*.jwk", "*.age", ".htaccess", "*.sqlite-credentials",
+    # dotenv files under other names, tool and app credentials (Emacs' copies: _EDITOR_COPY)
+    ".env-*", ".env_*", "env.production", "env.prod", "env.prod.*", "env.staging", "env.development", "env.dev",
+    "env.local", "env.test", "*.env.txt", ".terraformrc", "terraform.rc", "creds.*", "*-creds.*", "*_creds.*",
+    "private.key*", "private-key*", "private_key*", "*.key.txt", "*.pem.txt", "database.yml", "database.yaml",
+    "wp-config.php", "master.key", "*.pkcs12",
 )
 
 # URI schemes whose path names a file (elsewhere than this machine's disk for
@@ -73,16 +80,35 @@ PATH_SCHEMES: frozenset[str] = frozenset({
     "vsls", "remote", "ssh", "sftp", "wsl", "zipfile",
 })
 _BACKUP_SUFFIXES = ("~", ".bak", ".orig", ".old", ".swp", ".swo", ".tmp")
+# an editor's copies of a file: Emacs' auto-save ``#.env#`` and lock ``.#.env``
+_EDITOR_COPY = re.compile(r"^#(.+)#$|^\.#(.+)$")
 
 
 def uri_path(uri: str) -> str | None:
     """The POSIX path of a ``file:`` URI, else ``None``."""
-    parts = _split(uri)
-    return parts[2] if parts is not None and parts[0] == "file" else None
+    where = _split(uri)
+    return where.path if where is not None and where.scheme == "file" else None
 
 
-def _split(uri: str) -> tuple[str, str, str] | None:
-    """``(scheme, authority, normalized path)`` of a URI whose scheme is in
+@dataclass(frozen=True)
+class _Where:
+    """A URI of a :data:`PATH_SCHEMES` scheme, split: ``path`` with ``..``
+    folded (for the name rule), ``real`` the file it is on this machine
+    (links resolved *before* ``..`` is folded, as the kernel does: with
+    ``link -> ~/.aws/cli``, ``proj/link/../config`` is ``~/.aws/config``)."""
+
+    scheme: str
+    authority: str
+    path: str
+    raw: str            # the path as the URI spells it
+
+    @property
+    def real(self) -> str:
+        return _real(self.scheme, self.raw, self.path)
+
+
+def _split(uri: str) -> _Where | None:
+    """``uri`` split (:class:`_Where`) when its scheme is in
     :data:`PATH_SCHEMES`, else ``None``. Never raises."""
     try:
         parsed = urllib.parse.urlsplit(uri)
@@ -91,23 +117,28 @@ def _split(uri: str) -> tuple[str, str, str] | None:
     scheme = parsed.scheme.lower()
     if scheme not in PATH_SCHEMES:
         return None
-    path = urllib.parse.unquote(parsed.path)
-    if not path.startswith("/"):
+    raw = urllib.parse.unquote(parsed.path)
+    if not raw.startswith("/"):
         return None
-    return scheme, parsed.netloc.lower(), posixpath.normpath(path)
+    path = posixpath.normpath(raw)
+    return _Where(scheme, parsed.netloc.lower(), path, raw)
 
 
-def _real(scheme: str, path: str) -> str:
-    """The real path of a local file (symlinks resolved); a remote path as is."""
+def _real(scheme: str, raw: str, path: str) -> str:
+    """The real path of a local file (``raw``'s links resolved, then
+    ``..``); a remote file's folded ``path`` as is."""
     if scheme not in ("file", "vscode-notebook-cell", "vscode-notebook"):
         return path
     try:
-        return os.path.realpath(path)
+        return os.path.realpath(raw)
     except (OSError, ValueError):
         return path
 
 
 def _strip_backup(name: str) -> str:
+    copy = _EDITOR_COPY.match(name)
+    if copy is not None:
+        name = copy.group(1) or copy.group(2)
     for suffix in _BACKUP_SUFFIXES:
         if name.endswith(suffix) and len(name) > len(suffix):
             return name[: -len(suffix)]
@@ -147,12 +178,11 @@ class ContextPolicy:
 
     def refusal(self, uri: str) -> str | None:
         """Why ``uri`` may not be sent, or ``None`` when it may."""
-        split = _split(uri)
-        if split is None:
+        where = _split(uri)
+        if where is None:
             scheme = uri.split(":", 1)[0].lower() if ":" in uri else ""
             return "not a file on disk" if scheme == "untitled" else f"a {scheme or 'scheme-less'}: URI, not a file"
-        scheme, authority, path = split
-        real = _real(scheme, path)
+        authority, path, real = where.authority, where.path, where.real
         if self.folders is not None and not any(_inside(authority, p, f) for f in self.folders for p in {path, real}):
             return "outside the workspace folders"
         if self.include and _matches(path, self.include) and _matches(real, self.include):
@@ -189,11 +219,10 @@ def folder_paths(uris: Sequence[str]) -> tuple[str, ...]:
     and, for a local folder, its real path). Unknown schemes are dropped."""
     keys: list[str] = []
     for uri in uris:
-        split = _split(uri)
-        if split is None:
+        where = _split(uri)
+        if where is None:
             continue
-        scheme, authority, path = split
-        keys += [f"{authority}|{p}" for p in dict.fromkeys((path, _real(scheme, path)))]
+        keys += [f"{where.authority}|{p}" for p in dict.fromkeys((where.path, where.real))]
     return tuple(keys)
 
 
@@ -223,32 +252,42 @@ def outbound(req: CompletionRequest, *, send_untitled: bool = False) -> Completi
         raise SecretDocument(f"this document {why}; it is not sent to the remote backend",
                              hint="rename it, or complete it with the local backend"
                              + ("" if send_untitled else " (untitled buffers: backend.send_untitled)"))
-    context = []
-    for chunk in req.context:
-        if _outbound_refusal(chunk.uri, send_untitled) is None:
-            context.append(dataclasses.replace(chunk, uri=_project_relative(chunk.uri),
-                                               text=redact(chunk.text, _base(chunk.uri)).text))
+    context = tuple(chunk for chunk in req.context if _outbound_refusal(chunk.uri, send_untitled) is None)
+    clean, _withheld = _redacted(dataclasses.replace(req, context=context))
+    return dataclasses.replace(clean, uri=_project_relative(req.uri),
+                               context=tuple(dataclasses.replace(c, uri=_project_relative(c.uri)) for c in clean.context))
+
+
+def _redacted(req: CompletionRequest) -> tuple[CompletionRequest, tuple[str, ...]]:
+    """``req`` with its secrets redacted, scanned as what is sent: the text
+    before and after the cursor as one text (:func:`redact_around`), each
+    file's context chunks joined (:func:`redact_chunks`); and what was
+    withheld, ``"notes.py: Private Key"``."""
+    withheld: list[str] = []
     name = _base(req.uri)
-    return dataclasses.replace(req, uri=_project_relative(req.uri), prefix=redact(req.prefix, name).text,
-                               suffix=redact(req.suffix, name).text, context=tuple(context))
+    before, after = redact_around(req.prefix, req.suffix, name)
+    withheld += [f"{name}: {kind}" for kind in (*before.kinds, *after.kinds)]
+    by_file: dict[str, list[int]] = {}
+    for i, chunk in enumerate(req.context):
+        by_file.setdefault(chunk.uri, []).append(i)
+    texts: list[str] = [c.text for c in req.context]
+    for uri, at in by_file.items():
+        for i, found in zip(at, redact_chunks([texts[i] for i in at], _base(uri))):
+            texts[i] = found.text
+            withheld += [f"{_base(uri)}: {kind}" for kind in found.kinds]
+    if not withheld:
+        return req, ()
+    context: tuple[ContextChunk, ...] = tuple(dataclasses.replace(c, text=t) for c, t in zip(req.context, texts))
+    return dataclasses.replace(req, prefix=before.text, suffix=after.text, context=context), tuple(withheld)
 
 
 def redact_request(req: CompletionRequest) -> tuple[CompletionRequest, tuple[str, ...]]:
     """``req`` with the secrets in its prefix, suffix and context texts
-    replaced (:func:`redact`), and what was withheld (``"notes.py: Private
-    Key"``, …). sol-lsp applies it to every request it sends; URIs stay."""
-    withheld: list[str] = []
-
-    def clean(text: str, uri: str) -> str:
-        found = redact(text, _base(uri))
-        withheld.extend(f"{_base(uri)}: {kind}" for kind in found.kinds)
-        return found.text
-
-    context = tuple(dataclasses.replace(c, text=clean(c.text, c.uri)) for c in req.context)
-    prefix, suffix = clean(req.prefix, req.uri), clean(req.suffix, req.uri)
-    if not withheld:
-        return req, ()
-    return dataclasses.replace(req, prefix=prefix, suffix=suffix, context=context), tuple(withheld)
+    replaced (scanned as what is sent, see :func:`_redacted`), and what was
+    withheld (``"notes.py: Private Key"``, …). sol-lsp applies it to every
+    request it sends, ``soldaemon complete`` to what it sends a daemon; URIs
+    stay."""
+    return _redacted(req)
 
 
 def _outbound_refusal(uri: str, send_untitled: bool) -> str | None:
@@ -256,11 +295,10 @@ def _outbound_refusal(uri: str, send_untitled: bool) -> str | None:
         # "untitled:" alone is the protocol's default: a client that names no
         # document (the API, the benchmarks); an editor's buffer has a name
         return None if send_untitled or uri.lower() == "untitled:" else "is an untitled buffer"
-    split = _split(uri)
-    if split is None:
+    where = _split(uri)
+    if where is None:
         return "is not a file (unknown URI scheme)"
-    scheme, _authority, path = split
-    if is_secret_path(path) or is_secret_path(_real(scheme, path)):
+    if is_secret_path(where.path) or is_secret_path(where.real):
         return "matches a secret-file pattern"
     return None
 
@@ -276,10 +314,10 @@ def _project_relative(uri: str) -> str:
     """``src/app/main.py`` for ``file:///home/me/proj/src/app/main.py`` in
     the repository ``/home/me/proj`` (see :func:`outbound`); an untitled URI
     as is."""
-    split = _split(uri)
-    if split is None:
+    where = _split(uri)
+    if where is None:
         return uri
-    scheme, _authority, path = split
+    scheme, path = where.scheme, where.path
     folder = posixpath.dirname(path)
     root = _ROOTS.get(folder)
     if root is None:

@@ -1,61 +1,147 @@
 """Secrets in the text itself: the content half of the secret rule.
 
 :mod:`soldaemon.privacy.rules` refuses files by name; this module looks at the
-text that would be sent (a context chunk, a prefix or suffix) and replaces
-each secret with ``REDACTED_MARK``, so the rest of the file still helps the
-completion. What it finds:
+text that would be sent and replaces each secret with ``REDACTED_MARK``, so
+the rest of the file still helps the completion. It scans what is sent as
+one text: the text before and after the cursor joined (:func:`redact_around`,
+so a token split at the cursor is one token), a file's context chunks joined
+(:func:`redact_chunks`), and maps what it found back to the pieces. What it
+finds:
 
 - private-key blocks (``-----BEGIN … PRIVATE KEY-----`` through the matching
-  ``END`` line, or to the end of the text when the block is cut off): the
-  whole block goes;
+  ``END`` line, or to the end of the text when the block is cut off), an
+  ``END`` line without its header with the key body above it, and a key
+  body alone (two or more full-width base64 lines, as PEM writes them);
 - everything the maintained detector `detect-secrets` (Yelp) finds on a line
   with its default plugins and filters: well-known token shapes (AWS, GitHub,
   Slack, Stripe, JWT, …), keyword assignments (``password = "…"``) and
-  high-entropy strings. The span it reports is widened to the whole token
-  around it (``ghp`` → the full ``ghp_…`` token).
+  quoted high-entropy strings. The span it reports is widened to the whole
+  token around it (``ghp`` → the full ``ghp_…`` token);
+- the value of a ``NAME=value`` / ``name: value`` line whose name says it
+  holds a secret (``*_KEY``, ``*_SECRET``, ``*_TOKEN``, ``PASSWORD``,
+  ``api_key``, …), in any file: ``.env`` content under any name;
+- unquoted high-entropy tokens (mixed case and digits, entropy near the
+  most the length allows);
+- at the cursor, a string left open (``TOKEN = "abc…|`` with nothing
+  after): the line is scanned as if the string closed at the cursor.
+
+A line longer than :data:`_MAX_LINE` is scanned in overlapping pieces.
 
 Speed: detect-secrets costs ~0.3–1 ms per line (every plugin's regexes), too
 much for a whole document on every keystroke, so findings are cached per
 line text (:data:`_LINE_CACHE`, bounded): typing re-scans only the edited
-line. Contract: :func:`redact` never raises; without detect-secrets
-installed only the private-key blocks are found (and :data:`DETECTOR` says
-so). detect-secrets is imported on the first scan, not with this module.
+line. Contract: the ``redact*`` functions never raise; without
+detect-secrets installed the rules of this module still run (and
+:data:`DETECTOR` says so). detect-secrets is imported on the first scan,
+not with this module.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Iterator, Sequence
 
 REDACTED_MARK = "<redacted>"
 
+Span = tuple[int, int, str]     # (start, end, kind): characters [start, end) of a text
+
 _KEY_BLOCK = re.compile(
     r"-----BEGIN ([A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?)-----.*?(?:-----END \1-----|\Z)", re.DOTALL)
+_KEY_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----")
+# a PEM body line (64 wide; OpenSSH 70) or its armour headers
+_BODY_LINE = re.compile(r"[A-Za-z0-9+/]{40,100}={0,2}")
+_BODY_TAIL = re.compile(r"[A-Za-z0-9+/]{1,100}={0,2}|(?:Proc-Type|DEK-Info|Comment):.*|")
 _TOKEN_CHARS = re.compile(r"[A-Za-z0-9_\-+/=.~]")
-_MAX_LINE = 4000            # a longer line (minified code, data) is scanned by key blocks only
+# NAME=value / name: value whose name says it holds a secret
+# NAME=value / name: value whose name says it holds a secret: an upper-case
+# (environment) name ending in KEY, SECRET, TOKEN, PASSWORD…, or a lower-case
+# name that can mean nothing else (``token`` alone is a model's token in code)
+_SECRET_NAME = (r"(?P<name>[A-Z][A-Z0-9_.\-]*[_.\-](?:KEY|SECRET|TOKEN|PASSWORD|PASSWD|PASSPHRASE|PASS|PWD"
+                r"|CREDENTIALS?)|PASSWORD|PASSWD|PASSPHRASE|SECRET|TOKEN|APIKEY|API_KEY"
+                r"|(?:[a-z][a-z0-9_.\-]*[_.\-])?(?:password|passwd|passphrase|secret|api[_-]?key|apikey|secret[_-]?key"
+                r"|access[_-]?key|private[_-]?key|client[_-]?secret|auth[_-]?token|access[_-]?token"
+                r"|refresh[_-]?token|bearer[_-]?token|api[_-]?token))")
+_ASSIGNMENT = re.compile(
+    r"^\s*(?:export\s+|set\s+|const\s+|let\s+|var\s+|define\(\s*)?[\"']?(?:" + _SECRET_NAME + r")[\"']?"
+    r"(?:\s*:\s*[A-Za-z_][\w\[\], .|]*?)?\s*(?::=|=>|=|:|,)\s*"
+    r"(?:\"(?P<dq>(?:[^\"\\]|\\.){3,})\"|'(?P<sq>[^']{3,})'|(?P<bare>[^\s\"'#;,()\[\]{}<>$%`]{3,}))"
+    r"\s*[,;)]?\s*(?:(?:#|//).*)?$")
+# a value that names or builds one instead of holding it: a constant, a dotted
+# or type name, a template, a placeholder or special token (``<|endoftext|>``), a small number
+_NOT_A_VALUE = re.compile(r"None|null|nil|true|false|True|False|undefined|str|int|float|bytes|bool|Any|object"
+                          r"|string|number|boolean|\w+(?:\.\w+)+|.*\$\{.*|.*\{\{.*|<.*>|\d{1,5}")
+_UNQUOTED = re.compile(r"(?<![A-Za-z0-9_\-+/=])[A-Za-z0-9_\-+/]{20,}={0,2}(?![A-Za-z0-9_\-+/=])")
+_MAX_LINE = 4000            # a longer line (minified code, data) is scanned in pieces this long
+_OVERLAP = 200              # characters two pieces of a long line share: a token across the cut is whole in one
 _CACHE_LINES = 50_000
 
-_LINE_CACHE: dict[str, tuple[tuple[int, int, str], ...]] = {}
+_LINE_CACHE: dict[str, tuple[Span, ...]] = {}
 _lock = threading.Lock()
 
 DETECTOR = "detect-secrets"
-_detector: tuple[Any, Any] | None = None     # (scan function, settings context), loaded on first use
+_settings: Any = None       # detect-secrets' default_settings, loaded on first use; False: not installed
 
 
-def _load_detector() -> tuple[Any, Any] | None:
-    """detect-secrets, imported on first use (≈0.2 s: sol-lsp starts without it)."""
-    global _detector, DETECTOR
-    if _detector is None:
+def _load_detector() -> Any:
+    """detect-secrets' settings context, imported on first use (≈0.2 s:
+    sol-lsp starts without it); ``None`` when it is not installed."""
+    global _settings, DETECTOR
+    if _settings is None:
         try:
-            from detect_secrets.core.scan import _process_line_based_plugins
             from detect_secrets.settings import default_settings
-            _detector = (_process_line_based_plugins, default_settings)
-        except ImportError:      # a dependency; a broken install still redacts key blocks
-            DETECTOR = "private-key blocks only (detect-secrets is not installed)"
-            _detector = (None, None)
-    return _detector if _detector[0] is not None else None
+            _settings = default_settings
+        except ImportError:      # a dependency; a broken install still runs this module's own rules
+            DETECTOR = "this module's rules only (detect-secrets is not installed)"
+            _settings = False
+    return _settings or None
+
+
+class _Plugins:
+    """detect-secrets' default plugins and filters, run on one line through
+    their public interfaces (``plugin.analyze_line``, the filter functions
+    of ``get_filters``). Built and used inside ``default_settings()``: no
+    verification filter is configured there, so no plugin calls out to a
+    network service to verify what it found. Its ad hoc ``scan_line`` is
+    not used: it runs the eager search (``'pw'`` as a secret) at ~4 ms a
+    line."""
+
+    def __init__(self) -> None:
+        from detect_secrets.settings import get_filters, get_plugins
+        from detect_secrets.util.code_snippet import get_code_snippet
+        from detect_secrets.util.inject import call_function_with_arguments
+
+        self.plugins = get_plugins()
+        self.filters = get_filters()
+        self.call = call_function_with_arguments
+        self.snippet = get_code_snippet
+
+    def _filtered(self, stage: str, **kwargs: Any) -> bool:
+        """A filter that takes ``stage`` (and only what is given) says skip."""
+        for check in self.filters:
+            wants = check.injectable_variables
+            if stage in wants and wants <= kwargs.keys():
+                try:
+                    if self.call(check, **kwargs):
+                        return True
+                except TypeError:
+                    continue
+        return False
+
+    def scan(self, line: str, filename: str) -> Iterator[tuple[str, str]]:
+        """``(kind, value)`` of each secret on ``line``."""
+        line = line.rstrip()
+        context = self.snippet(lines=[line], line_number=1)
+        if self._filtered("line", filename=filename, line=line, context=context):
+            return
+        for plugin in self.plugins:
+            for secret in plugin.analyze_line(filename=filename, line=line, line_number=1, context=context):
+                value = secret.secret_value or ""
+                common = {"filename": filename, "secret": value, "plugin": plugin, "line": line}
+                if not self._filtered("secret", **common) and not self._filtered("context", context=context, **common):
+                    yield secret.type, value
 
 
 @dataclass(frozen=True)
@@ -67,43 +153,195 @@ class Redacted:
     kinds: tuple[str, ...] = ()
 
 
-def _widen(line: str, start: int, end: int) -> tuple[int, int]:
-    while start > 0 and _TOKEN_CHARS.match(line[start - 1]):
+# --------------------------------------------------------------------------
+# One line
+# --------------------------------------------------------------------------
+
+
+def _widen(text: str, start: int, end: int) -> tuple[int, int]:
+    while start > 0 and _TOKEN_CHARS.match(text[start - 1]):
         start -= 1
-    while end < len(line) and _TOKEN_CHARS.match(line[end]):
+    while end < len(text) and _TOKEN_CHARS.match(text[end]):
         end += 1
     return start, end
 
 
-def _scan_lines(lines: list[str], filename: str) -> list[tuple[tuple[int, int, str], ...]]:
-    """Findings ``(start, end, kind)`` of each line, from the cache or the detector."""
-    out: list[tuple[tuple[int, int, str], ...]] = []
-    missing = [line for line in dict.fromkeys(lines) if line not in _LINE_CACHE]
-    detector = _load_detector() if missing else None
-    if missing and detector is not None:
-        scan, settings = detector
-        found: dict[str, list[tuple[int, int, str]]] = {line: [] for line in missing}
-        with settings():
-            for line in missing:
-                if len(line) > _MAX_LINE or len(line.strip()) < 8:
-                    continue
-                for secret in scan([(1, line)], filename=filename):
-                    value = secret.secret_value or ""
-                    at = line.find(value) if value else -1
-                    if at < 0:
-                        continue
-                    start, end = _widen(line, at, at + len(value))
-                    found[line].append((start, end, secret.type))
-        if len(_LINE_CACHE) + len(missing) > _CACHE_LINES:
+def _entropy(word: str) -> float:
+    """Shannon entropy of ``word``'s characters; bits per character."""
+    counts: dict[str, int] = {}
+    for ch in word:
+        counts[ch] = counts.get(ch, 0) + 1
+    return -sum(n / len(word) * math.log2(n / len(word)) for n in counts.values())
+
+
+_ALNUM_RUN = re.compile(r"[A-Za-z0-9]{16,}")
+
+
+def _mixed(word: str) -> bool:
+    """Upper case, lower case and digits: random base64 has all three, a hex digest not."""
+    return any(c.isupper() for c in word) and any(c.islower() for c in word) and any(c.isdigit() for c in word)
+
+
+def _looks_random(word: str) -> bool:
+    """Upper case, lower case and digits, a run of 16 letters and digits,
+    and an entropy near the most its length allows: a key, not an
+    identifier (``getUserSettingsForId42``), a model name
+    (``acme/Chat-7B-Instruct``) nor a hex digest."""
+    if not _mixed(word):
+        return False
+    return _ALNUM_RUN.search(word) is not None and _entropy(word) >= 0.85 * math.log2(min(len(word), 64))
+
+
+def _own_rules(line: str) -> list[Span]:
+    """This module's line rules: a secret-named assignment's value, unquoted random tokens."""
+    spans: list[Span] = []
+    m = _ASSIGNMENT.match(line)
+    if m is not None:
+        group = next(g for g in ("dq", "sq", "bare") if m.group(g) is not None)
+        value = m.group(group)
+        echo = group == "bare" and value.isidentifier() and value.lower() in m.group("name").lower()
+        if not echo and not _NOT_A_VALUE.fullmatch(value):        # ``PASSWORD = password``: a variable
+            spans.append((m.start(group), m.end(group), "Secret-named Value"))
+    for word in _UNQUOTED.finditer(line):
+        if _looks_random(word.group().rstrip("=")):
+            spans.append((word.start(), word.end(), "High Entropy Token"))
+    return spans
+
+
+def _detect(line: str, filename: str, plugins: _Plugins | None) -> list[Span]:
+    """What detect-secrets (``plugins``) and this module's rules find on one
+    line of at most :data:`_MAX_LINE` characters."""
+    spans = _own_rules(line)
+    if plugins is None or len(line.strip()) < 8:
+        return spans
+    for kind, value in plugins.scan(line, filename):
+        at = line.find(value) if value else -1
+        if at >= 0:
+            start, end = _widen(line, at, at + len(value))
+            spans.append((start, end, kind))
+    return spans
+
+
+def _pieces(line: str) -> Iterator[tuple[int, str]]:
+    """``line`` as ``(offset, piece)``: itself, or overlapping pieces of
+    :data:`_MAX_LINE` characters."""
+    if len(line) <= _MAX_LINE:
+        yield 0, line
+        return
+    for at in range(0, len(line) - _OVERLAP, _MAX_LINE - _OVERLAP):
+        yield at, line[at: at + _MAX_LINE]
+
+
+def _scan_lines(lines: Sequence[str], filename: str) -> list[tuple[Span, ...]]:
+    """Findings of each line (its own offsets), from the cache or the detectors."""
+    missing = [piece for line in dict.fromkeys(lines) for _, piece in _pieces(line) if piece not in _LINE_CACHE]
+    if missing:
+        settings = _load_detector()
+        if settings is not None:
+            with settings():
+                plugins = _Plugins()
+                found = {piece: tuple(_detect(piece, filename, plugins)) for piece in missing}
+        else:
+            found = {piece: tuple(_detect(piece, filename, None)) for piece in missing}
+        if len(_LINE_CACHE) + len(found) > _CACHE_LINES:
             _LINE_CACHE.clear()
-        _LINE_CACHE.update({line: tuple(spans) for line, spans in found.items()})
+        _LINE_CACHE.update(found)
+    out: list[tuple[Span, ...]] = []
     for line in lines:
-        out.append(_LINE_CACHE.get(line, ()))
+        if len(line) <= _MAX_LINE:
+            out.append(_LINE_CACHE[line])
+        else:
+            out.append(tuple((at + s, at + e, kind)
+                             for at, piece in _pieces(line) for s, e, kind in _LINE_CACHE[piece]))
     return out
 
 
-def _merge(spans: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
-    merged: list[tuple[int, int, str]] = []
+# --------------------------------------------------------------------------
+# A whole text
+# --------------------------------------------------------------------------
+
+
+def _key_spans(text: str) -> list[Span]:
+    """Private keys: whole blocks, an ``END`` line with the body above it,
+    a body alone (a window that starts and ends inside a block)."""
+    spans: list[Span] = [(m.start(), m.end(), "Private Key") for m in _KEY_BLOCK.finditer(text)]
+
+    def inside(at: int) -> bool:
+        return any(s <= at < e for s, e, _ in spans)
+
+    for m in _KEY_END.finditer(text):
+        if inside(m.start()):
+            continue
+        start = m.start()
+        while start > 0:          # walk up the body lines above the END line
+            above = text.rfind("\n", 0, start - 1) + 1
+            if not _BODY_TAIL.fullmatch(text[above: start - 1].strip()):
+                break
+            start = above
+        spans.append((start, m.end(), "Private Key"))
+    offset, run_start, run_lines = 0, -1, 0
+    for line in text.split("\n") + [""]:
+        body = _BODY_LINE.fullmatch(line.strip()) is not None and _mixed(line.strip())
+        if body and not inside(offset):
+            if run_lines == 0:
+                run_start = offset
+            run_lines += 1
+        else:
+            if run_lines >= 2:
+                end = offset + len(line) if _BODY_TAIL.fullmatch(line.strip()) and line.strip() else offset - 1
+                spans.append((run_start, max(end, run_start), "Private Key"))
+            run_lines = 0
+        offset += len(line) + 1
+    return spans
+
+
+def _open_string(line: str) -> str | None:
+    """The quote of a string ``line`` leaves open at its end, else ``None``."""
+    quote: str | None = None
+    escaped = False
+    for ch in line:
+        if escaped:
+            escaped = False
+        elif ch == "\\" and quote is not None:
+            escaped = True
+        elif quote is None and ch in "\"'`":
+            quote = ch
+        elif ch == quote:
+            quote = None
+        elif quote is None and ch == "#":
+            break
+    return quote
+
+
+def _closed_at_cursor(text: str, cursor: int) -> tuple[int, str] | None:
+    """``(start, line)``: the cursor's line up to the cursor with the string
+    it leaves open closed there (``TOKEN = "abc…|`` → ``TOKEN = "abc…"``),
+    ``start`` its offset in ``text``; ``None`` when no string is open."""
+    start = text.rfind("\n", 0, cursor) + 1
+    before = text[start:cursor]
+    quote = _open_string(before)
+    return None if quote is None else (start, before + quote)
+
+
+def _find(text: str, filename: str, cursor: int | None = None) -> list[Span]:
+    spans = _key_spans(text)
+    lines = text.split("\n")
+    closed = _closed_at_cursor(text, cursor) if cursor is not None else None
+    with _lock:
+        per_line = _scan_lines(lines + [closed[1]] if closed else lines, filename)
+    if closed is not None and cursor is not None:
+        start = closed[0]
+        for s, e, kind in per_line.pop():
+            spans.append((*_widen(text, start + s, min(start + e, cursor)), kind))
+    offset = 0
+    for line, found in zip(lines, per_line):
+        spans.extend((offset + s, offset + e, kind) for s, e, kind in found)
+        offset += len(line) + 1
+    return _merge(spans)
+
+
+def _merge(spans: list[Span]) -> list[Span]:
+    merged: list[Span] = []
     for start, end, kind in sorted(spans):
         if merged and start <= merged[-1][1]:
             prev = merged[-1]
@@ -113,36 +351,59 @@ def _merge(spans: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
     return merged
 
 
-def redact(text: str, filename: str = "document") -> Redacted:
-    """``text`` with every secret found replaced by :data:`REDACTED_MARK`.
-    ``filename`` (a base name) lets the detector's filters skip lock files
-    and the like."""
-    try:
-        return _redact(text, filename)
-    except Exception as exc:  # noqa: BLE001 - a detector bug must not pass the text unchecked
-        return Redacted(REDACTED_MARK, (f"the whole text (the secret scan failed: {type(exc).__name__})",))
-
-
-def _redact(text: str, filename: str) -> Redacted:
-    spans: list[tuple[int, int, str]] = [(m.start(), m.end(), "Private Key") for m in _KEY_BLOCK.finditer(text)]
-    lines = text.split("\n")
-    with _lock:
-        per_line = _scan_lines(lines, filename)
-    offset = 0
-    for line, found in zip(lines, per_line):
-        spans.extend((offset + s, offset + e, kind) for s, e, kind in found)
-        offset += len(line) + 1
-    if not spans:
-        return Redacted(text)
-    merged = _merge(spans)
+def _replace(text: str, spans: Sequence[Span]) -> str:
     parts: list[str] = []
     last = 0
-    for start, end, _kind in merged:
+    for start, end, _kind in spans:
         parts.append(text[last:start])
         parts.append(REDACTED_MARK)
         last = end
     parts.append(text[last:])
-    return Redacted("".join(parts), tuple(kind for _s, _e, kind in merged))
+    return "".join(parts)
+
+
+def _split_back(pieces: Sequence[str], sep: str, spans: Sequence[Span]) -> tuple[Redacted, ...]:
+    """The findings ``spans`` of ``sep.join(pieces)`` applied to each piece:
+    a span across two pieces is redacted in both, named in the first."""
+    out: list[Redacted] = []
+    at = 0
+    for piece in pieces:
+        end = at + len(piece)
+        mine = [(max(s, at) - at, min(e, end) - at, kind) for s, e, kind in spans if s < end and e > at]
+        named = tuple(kind for s, _e, kind in spans if at <= s < end)
+        out.append(Redacted(_replace(piece, [m for m in mine if m[1] > m[0]]), named) if mine else Redacted(piece))
+        at = end + len(sep)
+    return tuple(out)
+
+
+def _safely(fallback: int, work: Callable[[], tuple[Redacted, ...]]) -> tuple[Redacted, ...]:
+    try:
+        return work()
+    except Exception as exc:  # noqa: BLE001 - a detector bug must not pass the text unchecked
+        why = f"the whole text (the secret scan failed: {type(exc).__name__})"
+        return tuple(Redacted(REDACTED_MARK, (why,)) for _ in range(fallback))
+
+
+def redact(text: str, filename: str = "document") -> Redacted:
+    """``text`` with every secret found replaced by :data:`REDACTED_MARK`.
+    ``filename`` (a base name) lets the detector's filters skip lock files
+    and the like."""
+    return _safely(1, lambda: _split_back([text], "", _find(text, filename)))[0]
+
+
+def redact_around(prefix: str, suffix: str, filename: str = "document") -> tuple[Redacted, Redacted]:
+    """The text before and after a cursor, scanned as the one text they are
+    (a token split at the cursor is found) with a string open at the cursor
+    read as closed there; what was found, redacted in each."""
+    found = _safely(2, lambda: _split_back([prefix, suffix], "", _find(prefix + suffix, filename, len(prefix))))
+    return found[0], found[1]
+
+
+def redact_chunks(texts: Sequence[str], filename: str = "document") -> tuple[Redacted, ...]:
+    """Chunks of one file (context around its edits), scanned joined by
+    newlines, so a key whose header is in one chunk and body in the next is
+    found; what was found, redacted in each."""
+    return _safely(len(texts), lambda: _split_back(texts, "\n", _find("\n".join(texts), filename)))
 
 
 def describe(kinds: tuple[str, ...] | list[str]) -> str:
@@ -151,4 +412,3 @@ def describe(kinds: tuple[str, ...] | list[str]) -> str:
     for kind in kinds:
         counts[kind] = counts.get(kind, 0) + 1
     return ", ".join(f"{n} × {kind}" for kind, n in counts.items())
-

@@ -4,6 +4,7 @@ its API key, and the back-off over consecutive failures."""
 from __future__ import annotations
 
 import functools
+import ipaddress
 import os
 import ssl
 import threading
@@ -50,6 +51,27 @@ class Endpoint:
         if parts.username is not None:
             userinfo = urllib.parse.unquote(parts.username) + ":" + urllib.parse.unquote(parts.password or "")
         return cls(parts.scheme == "https", host, port, base, f"{parts.scheme}://{netloc}{base}", userinfo)
+
+    @property
+    def loopback(self) -> bool:
+        """The host is this machine: ``localhost`` or a loopback address."""
+        name = self.host.lower().rstrip(".")
+        if name == "localhost" or name.endswith(".localhost"):
+            return True
+        try:
+            return ipaddress.ip_address(name).is_loopback
+        except ValueError:
+            return False
+
+    def refuse_clear_text(self, allow_insecure: bool) -> None:
+        """Raise :class:`ConfigError` for plain ``http://`` to another host
+        (the API key and the prompts would cross the network unencrypted)
+        unless ``allow_insecure`` (``backend.allow_insecure``)."""
+        if not self.https and not self.loopback and not allow_insecure:
+            raise ConfigError(
+                f"backend.url {self.shown} is plain http:// to another host: the API key and every prompt "
+                "would cross the network in clear text",
+                hint="use https://, or set backend.allow_insecure: true for a network you trust")
 
     def url(self, route: str) -> str:
         """The URL of an API route, e.g. ``url("/completions")``."""

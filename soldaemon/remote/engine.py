@@ -134,6 +134,7 @@ class RemoteEngine:
             raise ConfigError("backend.kind is \"remote\" but backend.url is not set")
         self.config = config
         self.endpoint = Endpoint.parse(bc.url)
+        self.endpoint.refuse_clear_text(bc.allow_insecure)
         self.tokenizer = tokenizer
         self.tokenizer_name = tokenizer_name
         self.template: FimTemplate = detect_template(tokenizer)

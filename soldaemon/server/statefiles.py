@@ -4,8 +4,8 @@ removed. Reading them, with the checks that refuse what another user could
 have written, is :mod:`soldaemon.discovery` (sol-lsp and ``soldaemon
 status`` read them; only the daemon writes them).
 
-- the state directory is created 0700 and checked either way
-  (:func:`ensure_state_dir`);
+- the state directory is created 0700, checked, and tightened to 0700
+  when others may read it (:func:`ensure_state_dir`);
 - ``daemon.json`` is written through a fresh ``O_EXCL | O_NOFOLLOW``
   temporary file, fsynced, then renamed (:func:`write_daemon_record`), and
   removed at shutdown only by the process it names.
@@ -19,16 +19,14 @@ import os
 import secrets
 from pathlib import Path
 
-from soldaemon.discovery import check_private_dir, record_path
+from soldaemon.discovery import make_private_dir, record_path
 from soldaemon.paths import state_dir
 
 
 def ensure_state_dir(path: Path | None = None) -> Path:
-    """The state directory, created 0700 when missing; checked either way."""
-    directory = path or state_dir()
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    check_private_dir(directory)
-    return directory
+    """The state directory, created 0700 when missing; checked and
+    tightened either way (:func:`soldaemon.discovery.make_private_dir`)."""
+    return make_private_dir(path or state_dir())
 
 
 def write_daemon_record(url: str, token_path: Path) -> Path:

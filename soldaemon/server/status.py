@@ -2,7 +2,9 @@
 the running daemon for its health, to exit, or for a completion.
 
 Light on purpose (a websocket client, no server, no torch): the daemon is
-found by :mod:`soldaemon.discovery`, as sol-lsp finds it.
+found by :mod:`soldaemon.discovery`, as sol-lsp finds it: through its
+record, never the configured port (the token goes only to our own daemon),
+and a pid is signalled only when it is ours (:func:`is_our_daemon`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from soldaemon.discovery import find_daemon
 from soldaemon.api import CompletionRequest, Delta, Done
 from soldaemon.errors import ProtocolError, SolError, Unavailable
 from soldaemon.protocol import Complete, ErrorFrame, Health, Status, decode_server, encode_client
-from soldaemon.discovery import pid_exists
+from soldaemon.discovery import is_our_daemon, pid_exists
 from soldaemon.server.settings import SOL_DIAGNOSIS_KEYS
 
 if TYPE_CHECKING:
@@ -102,16 +104,19 @@ async def ask_complete(url: str, token: str, req: CompletionRequest, *, timeout:
 def stop_daemon(config: Config, *, url: str | None = None, timeout: float = 20.0) -> int:
     """``soldaemon stop``: find the running daemon, check that the process
     to signal is the one answering with our token (its health names its
-    pid), send SIGTERM (a graceful drain), wait for it to exit. Returns its
-    pid. Raises :class:`Unavailable` when none answers or it does not exit."""
+    pid, the record's when there is one) and is a ``soldaemon serve`` of
+    this user, send SIGTERM (a graceful drain), wait for it to exit.
+    Returns its pid. Raises :class:`Unavailable` when none answers, the pid
+    is not our daemon's, or it does not exit."""
     target = find_daemon(config.server.fallback(), url=url)
     body = asyncio.run(query_health(target.url, target.token, min(timeout, 5.0)))
     pid = (body.get("process") or {}).get("pid")
     if not isinstance(pid, int) or pid <= 1 or (target.pid is not None and pid != target.pid):
         raise Unavailable(f"the daemon at {target.url} reports pid {pid!r}, its record says {target.pid}",
                           hint="stop it by hand (kill PID), after checking which process it is")
-    if target.pid is None and body.get("daemon") is None:
-        raise Unavailable(f"{target.url} does not look like a soldaemon")
+    if not is_our_daemon(pid):
+        raise Unavailable(f"{target.url} reports pid {pid}, which is not a soldaemon of this user; nothing signalled",
+                          hint="stop the daemon by hand (kill PID), after checking which process it is")
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while pid_exists(pid) and not _zombie(pid):

@@ -13,7 +13,7 @@ import {
     CloseAction, DidChangeConfigurationNotification, ErrorAction, LanguageClient, LanguageClientOptions, State,
 } from "vscode-languageclient/node";
 import { ACCEPT_COMMAND, CompletionEvents } from "./events";
-import { installCommand, installPython, serverCommand, spawnServer } from "./serverProcess";
+import { ServerCommand, installCommand, installPython, serverCommand, spawnServer } from "./serverProcess";
 import { Settings, languageEnabled, launchChanged, readSettings, serverOptions } from "./settings";
 import { ServerPhase, SolStatus, computeStatus, formatMs } from "./status";
 
@@ -28,6 +28,9 @@ const RESTART_WINDOW_MS = 3 * 60_000;
 const PYTHON_EXTENSION = "ms-python.python";
 const INSTALL = "Install soldaemon…";
 const CHOOSE_PYTHON = "Choose Python…";
+const RUN_WORKSPACE_SERVER = "Run It";
+/** workspaceState: the sol-lsp inside this workspace the user confirmed. */
+const CONFIRMED_SERVER = "soldaemon.confirmedWorkspaceServer";
 
 export class Controller implements vscode.Disposable {
     readonly output: vscode.LogOutputChannel;
@@ -187,8 +190,34 @@ export class Controller implements vscode.Disposable {
         await vscode.commands.executeCommand("workbench.action.openSettings", "soldaemon.python");
     }
 
+    private folders(): string[] {
+        const folders = (vscode.workspace.workspaceFolders ?? []) as ReadonlyArray<{ uri: { scheme?: string; fsPath: string } }>;
+        return folders.filter((f) => (f.uri.scheme ?? "file") === "file").map((f) => f.uri.fsPath);
+    }
+
+    /** The sol-lsp to run (`serverCommand`). One inside a workspace folder
+     * (the selected interpreter's, in a repository's `.venv`) is a program
+     * the project chose: it runs only when the user confirms it, once per
+     * workspace and path; otherwise `sol-lsp` on PATH runs. */
+    async launchCommand(): Promise<ServerCommand> {
+        const cmd = serverCommand(this.settings, this.activePython, this.folders());
+        if (!cmd.inWorkspace) return cmd;
+        const state = this.context.workspaceState;
+        if (state?.get<string>(CONFIRMED_SERVER) === cmd.command) return cmd;
+        const choice = await vscode.window.showWarningMessage(
+            `soldaemon: the selected Python environment's sol-lsp is inside this workspace (${cmd.command}). `
+            + "A repository can put any program there. Run it for this workspace?",
+            { modal: true }, RUN_WORKSPACE_SERVER);
+        if (choice === RUN_WORKSPACE_SERVER) {
+            await state?.update(CONFIRMED_SERVER, cmd.command);
+            return cmd;
+        }
+        this.output.warn(`not running ${cmd.command} (inside the workspace, not confirmed); sol-lsp from PATH instead`);
+        return serverCommand(this.settings, undefined, []);
+    }
+
     private async spawn(): Promise<ChildProcess> {
-        const cmd = serverCommand(this.settings, this.activePython);
+        const cmd = await this.launchCommand();
         this.output.info(`starting sol-lsp: ${cmd.command} ${cmd.args.join(" ")}`);
         try {
             const child = await spawnServer(cmd);
@@ -322,7 +351,7 @@ export class Controller implements vscode.Disposable {
 
     diagnosis(): string {
         const s = this.settings;
-        const cmd = serverCommand(s, this.activePython);
+        const cmd = serverCommand(s, this.activePython, this.folders());
         const editor = vscode.window.activeTextEditor;
         const lang = editor?.document.languageId;
         const version = (this.context.extension?.packageJSON as { version?: string } | undefined)?.version ?? "?";
@@ -331,7 +360,8 @@ export class Controller implements vscode.Disposable {
             `  completions:  ${s.enabled ? "on" : "off (soldaemon.enable)"}`
             + (lang ? `; ${lang} is ${languageEnabled(s.languages, lang) ? "on" : "off (soldaemon.languages)"}` : ""),
             `  status:       ${this.statusKind}`,
-            `  sol-lsp:      ${cmd.command} ${cmd.args.join(" ")}`,
+            `  sol-lsp:      ${cmd.command} ${cmd.args.join(" ")}`
+            + (cmd.inWorkspace ? ` (inside the workspace: runs only when confirmed)` : ""),
             `  process:      ${this.process ? `pid ${this.process.pid}` : "none"}, ${this.phase}`
             + (this.serverError ? `; ${this.serverError}` : ""),
             `  daemon:       ${this.sol ? `${this.sol.state}${this.sol.url ? ` at ${this.sol.url}` : ""}${this.sol.message ? `: ${this.sol.message}` : ""}` : "no status yet"}`,

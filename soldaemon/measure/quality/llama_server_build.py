@@ -35,6 +35,9 @@ from pathlib import Path
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
+# The sdist's sha256: pip checks it (--require-hashes) before the sdist's
+# build backend runs for its metadata, and a cached copy is checked again.
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 
 # Always on: a release build of the server only, statically linked, nothing
 # fetched at build time (no web UI download, no curl/openssl).
@@ -132,17 +135,26 @@ def cache_root() -> Path:
 
 
 def fetch_sdist(root: Path) -> Path:
-    """The llama-cpp-python sdist, downloaded once with pip into ``root/sdist``."""
+    """The llama-cpp-python sdist, downloaded once with pip into
+    ``root/sdist``, its sha256 :data:`SDIST_SHA256` (pip refuses another
+    file before running any of its code). Raises BuildError when the
+    download fails or a file of another hash is there (it is removed)."""
     target = root / "sdist" / SDIST_NAME
-    if target.is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-           f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", "-d", str(target.parent)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0 or not target.is_file():
-        raise BuildError(f"pip download of llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} failed "
-                         f"(rc {proc.returncode}): {proc.stderr.strip()[-500:]}")
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="sol-sdist-") as tmp:
+            pinned = Path(tmp, "requirements.txt")
+            pinned.write_text(f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} --hash=sha256:{SDIST_SHA256}\n")
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                   "--require-hashes", "-r", str(pinned), "-d", str(target.parent)]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0 or not target.is_file():
+            raise BuildError(f"pip download of llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} failed "
+                             f"(rc {proc.returncode}): {proc.stderr.strip()[-500:]}")
+    found = _sha256(target)
+    if found != SDIST_SHA256:
+        target.unlink()
+        raise BuildError(f"{target} has sha256 {found}, not the pinned {SDIST_SHA256}; removed")
     return target
 
 

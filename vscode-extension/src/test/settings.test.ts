@@ -69,7 +69,7 @@ describe("settings → sol-lsp", () => {
     });
 
     it("the interpreter: soldaemon.python runs `python -m lsp.server`; else the Python extension's env's sol-lsp if present", () => {
-        assert.deepEqual(serverCommand(settings({ python: "/venv/bin/python", autoStart: false })).args.slice(0, 2), ["-m", "lsp.server"]);
+        assert.deepEqual(serverCommand(settings({ python: "/venv/bin/python", autoStart: false })).args.slice(0, 3), ["-I", "-m", "lsp.server"]);
         assert.equal(serverCommand(settings({}), "/nonexistent/env/bin/python").command, "sol-lsp");
         assert.equal(installPython(settings({}), "/env/bin/python"), "/env/bin/python");
         assert.equal(installPython(settings({ python: "/v/bin/python" }), "/env/bin/python"), "/v/bin/python");
