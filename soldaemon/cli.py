@@ -175,8 +175,13 @@ def cmd_doctor(args: argparse.Namespace, config: Config) -> int:
     return doctor.run(args, config)
 
 
+# the benchmarks are their own distribution (bench/pyproject.toml), not in this wheel
+BENCH_MISSING = ("the benchmarks are a separate package, soldaemon-bench: "
+                 "pip install -e ./bench (in a soldaemon checkout)")
+
+
 def cmd_bench(args: argparse.Namespace, config: Config) -> int:
-    from soldaemon.measure import bench
+    from soldaemon_bench import bench
 
     config = apply_model_options(config, args)
     return bench.run(args, config)
@@ -208,8 +213,12 @@ class _Command(argparse.ArgumentParser):
 
 
 def _bench_options(p: argparse.ArgumentParser) -> None:
-    from soldaemon.measure import bench
-
+    try:
+        from soldaemon_bench import bench
+    except ModuleNotFoundError as exc:
+        if exc.name != "soldaemon_bench":
+            raise
+        p.error(BENCH_MISSING)    # exits 2
     _add_model_options(p)
     bench.add_arguments(p)
 

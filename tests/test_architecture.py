@@ -320,6 +320,8 @@ PUBLIC_UNDERSCORE = frozenset({"_asdict", "_replace", "_fields", "_make", "_fiel
 # torch's packed int8/int4 CPU matmuls and its fused-attention choice have no
 # public name (see soldaemon/runtime/forward/kernels.py)
 THIRD_PARTY_PRIVATE_OK = frozenset({"torch"})
+# the benchmarks' package (bench/: a distribution of its own, not in the daemon's wheel)
+BENCH_PACKAGE = "soldaemon_bench"
 
 
 def _graph_with_type_checking() -> dict[str, set[str]]:
@@ -427,24 +429,37 @@ def test_lsp_loads_no_config_reader_when_run() -> None:
 
 
 def test_measurement_stays_out_of_the_products_import_path() -> None:
-    """soldaemon/measure/ (benchmarks, quality, traces) is imported by nothing
-    outside it but the CLI, and there only inside the command that runs it."""
+    """The benchmarks (bench/soldaemon_bench/) are imported by nothing of the
+    product but the CLI, and there only inside the command that runs them."""
     sources = _sources()
     bad: list[str] = []
     for name, path in sources.items():
-        if name.startswith("soldaemon.measure") or name.split(".")[0] != "soldaemon":
-            continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         top_level = {id(n) for n in tree.body}
         for node in _import_nodes(tree):
             targets = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
             if isinstance(node, ast.ImportFrom) and node.level:
                 continue   # relative imports stay inside their package
-            if not any(t == "soldaemon.measure" or t.startswith("soldaemon.measure.") for t in targets):
+            if not any(t.split(".")[0] == BENCH_PACKAGE for t in targets):
                 continue
             if name != "soldaemon.cli" or id(node) in top_level:
                 bad.append(f"{name}:{node.lineno} imports {', '.join(targets)}")
     assert not bad, "the product imports measurement code:\n" + "\n".join(bad)
+
+
+def test_the_products_wheel_holds_no_measurement_code() -> None:
+    """The daemon's wheel packs soldaemon/ and lsp/ only: no measurement
+    package inside them, and the package patterns of pyproject.toml do not
+    reach the benchmarks' own distribution (bench/pyproject.toml)."""
+    import fnmatch
+    import tomllib
+
+    found = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert not [p for p in found["include"] if fnmatch.fnmatch(BENCH_PACKAGE, p)], found["include"]
+    assert not (REPO / "soldaemon" / "measure").exists()
+    bench = tomllib.loads((REPO / "bench" / "pyproject.toml").read_text())
+    assert bench["project"]["name"] == "soldaemon-bench"
+    assert bench["tool"]["setuptools"]["packages"]["find"]["include"] == [f"{BENCH_PACKAGE}*"]
 
 
 def test_no_module_is_only_a_re_export() -> None:

@@ -131,7 +131,7 @@ def test_a_bench_header_names_the_plans_arithmetic_not_the_modules_dtype(tiny128
     """A model under an int8 plan is held in float32 but computes its
     products in int8: the benches' first line (measure/header.py) says so,
     and says rotated only where the plan rotates."""
-    from soldaemon.measure.header import engine_label
+    from soldaemon_bench.header import engine_label
     from soldaemon.runtime.forward.precision import precision_info
 
     def label(plan: KernelPlan, rotate: bool = True) -> str:

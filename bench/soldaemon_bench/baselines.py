@@ -1,5 +1,5 @@
 """The baselines the benchmarks compare against, shared by ``soldaemon bench``
-(:mod:`soldaemon.measure.bench`) and its keystroke trace (:mod:`soldaemon.measure.trace`):
+(:mod:`soldaemon_bench.bench`) and its keystroke trace (:mod:`soldaemon_bench.trace`):
 plain transformers ``generate()`` and the model it runs on.
 
 torch is imported inside the functions that use it, so importing this module

@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from soldaemon.api import CancelToken, CompletionRequest, Done
-from soldaemon.measure.baselines import baseline_model, bench_generate
-from soldaemon.measure.header import engine_label, with_windows
+from soldaemon_bench.baselines import baseline_model, bench_generate
+from soldaemon_bench.header import engine_label, with_windows
 from soldaemon.config import Config
-from soldaemon.measure.holes import cut_line_holes, default_corpus
+from soldaemon_bench.holes import cut_line_holes, default_corpus
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -103,7 +103,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--functional", action="store_true",
                    help="--quality: holes their own project's tests can judge (pass@1 beside exact match): cut "
                         "from more-itertools (its PyPI sdist's tests) and standard-library modules (CPython's "
-                        "tests), each checked to matter (soldaemon/measure/functional.py)")
+                        "tests), each checked to matter (bench/soldaemon_bench/functional.py)")
     p.add_argument("--hole-kinds", nargs="+", choices=("line", "block"),
                    help="--quality: the kinds of hole to cut, taken in turn (default: line block)")
     p.add_argument("--hole-ids", nargs="+", metavar="FILE:LINE",
@@ -176,11 +176,11 @@ def run(args: argparse.Namespace, config: Config) -> int:
     from soldaemon.runtime.engine.local import SCRATCH_URI, load_engine
 
     if args.trace:
-        from soldaemon.measure import trace
+        from soldaemon_bench import trace
 
         return trace.run(args, config)
     if args.quality:
-        from soldaemon.measure import quality
+        from soldaemon_bench import quality
 
         return quality.run(args, config)
     args.holes = 6 if args.holes is None else args.holes

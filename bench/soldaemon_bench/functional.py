@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from soldaemon import paths
-from soldaemon.measure.holes import Hole, cut_holes
+from soldaemon_bench.holes import Hole, cut_holes
 
 # Single-file modules of the standard library with a fast test module, none
 # of them imported when the interpreter starts (a module already imported

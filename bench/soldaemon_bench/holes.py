@@ -259,6 +259,6 @@ def cut_holes(files: list[Path], n: int, seed: int = 0, *, min_rest: int = 6,
     return holes
 
 
-if __name__ == "__main__":  # quick look: python -m soldaemon.measure.holes
+if __name__ == "__main__":  # quick look: python -m soldaemon_bench.holes
     for h in cut_line_holes(default_corpus(), 5):
         sys.stdout.write(f"{h.path}:{h.line}: …{h.prefix[-30:]!r} ⟨{h.expected!r}⟩\n")

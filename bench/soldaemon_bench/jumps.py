@@ -4,10 +4,10 @@ the same file and types there -- once straight away (``jump``), once after
 a pause (``jump+pause``) in which an editor plugin warms the new spot (sol-lsp
 sends ``warm`` when the cursor stays put). The first keystroke at the new
 place is where a completion engine meets its cold path; the trace reports
-those keystrokes on their own (see :mod:`soldaemon.measure.trace`).
+those keystrokes on their own (see :mod:`soldaemon_bench.trace`).
 
 Pure: which lines to jump to. Building keystrokes and running them is
-:mod:`soldaemon.measure.trace`'s.
+:mod:`soldaemon_bench.trace`'s.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 against without, and what a parked session stores at each context length.
 
 Measurement, not product: nothing on the daemon's path imports this. Run
-``python -m soldaemon.measure.kvfold [--holes N] [--thresholds ...]`` (the
+``python -m soldaemon_bench.kvfold [--holes N] [--thresholds ...]`` (the
 agreement table behind the default threshold, docs/memory.md) or with
 ``--context N ...`` for the bytes table.
 """
@@ -80,13 +80,13 @@ def _greedy(session: Any, ids: list[int], n: int) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m soldaemon.measure.kvfold [--holes N] [--thresholds ...]:
+    """python -m soldaemon_bench.kvfold [--holes N] [--thresholds ...]:
     the agreement table on the embedded model (the default threshold's
     evidence)."""
     import argparse
 
     from soldaemon.config import config_from_dict
-    from soldaemon.measure.holes import cut_line_holes, default_corpus
+    from soldaemon_bench.holes import cut_line_holes, default_corpus
     from soldaemon.weights.loader import load_model
     from soldaemon.runtime.engine.local import LocalEngine
 
@@ -132,7 +132,7 @@ def _bytes_table(contexts: list[int], thresholds: list[float], max_context: int,
     one), decode one token, fold at each threshold: bytes stored, measured,
     and the median over ``repeats`` of the time to score the blocks, fold
     and unfold (what a document switch pays)."""
-    from soldaemon.measure.holes import default_corpus
+    from soldaemon_bench.holes import default_corpus
     from soldaemon.weights.loader import load_model
     from soldaemon.runtime.forward.backend import LeanBackend
     from soldaemon.runtime.kv.session import KVSession

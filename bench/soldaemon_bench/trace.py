@@ -25,7 +25,7 @@ decode tokens per second with and without speculation on the same keystrokes.
 
 ``--jumps``: after each line, the cursor jumps to another function of the
 file and types a few characters there, once at once and once after a pause
-in which the new spot is warmed (:mod:`soldaemon.measure.jumps`); the first
+in which the new spot is warmed (:mod:`soldaemon_bench.jumps`); the first
 keystroke of each jump is also reported on its own (rows ``NAME:jump`` and
 ``NAME:jump+pause``).
 """
@@ -48,9 +48,9 @@ import torch
 from soldaemon.api import CancelToken, CompletionRequest, Done, Timings
 from soldaemon.config import Config
 from soldaemon.errors import BadRequest
-from soldaemon.measure.header import engine_label, with_windows
-from soldaemon.measure.holes import default_corpus, statement_lines
-from soldaemon.measure.jumps import JUMP_KEYS, JUMP_KINDS, JUMP_PAUSE, jump_targets
+from soldaemon_bench.header import engine_label, with_windows
+from soldaemon_bench.holes import default_corpus, statement_lines
+from soldaemon_bench.jumps import JUMP_KEYS, JUMP_KINDS, JUMP_PAUSE, jump_targets
 
 
 # llama-cpp-python baselines: (--baselines key, row name, FIM order, where the middle starts)
@@ -75,7 +75,7 @@ def make_trace(files: list[Path], lines: int, seed: int = 0, *, min_len: int = 1
                jumps: bool = False) -> list[Keystroke]:
     """Keystrokes that type ``lines`` real lines, one after another;
     ``jumps``: after each line, :data:`JUMP_KEYS` keystrokes at each of two
-    lines in other functions of its file (see :mod:`soldaemon.measure.jumps`). The
+    lines in other functions of its file (see :mod:`soldaemon_bench.jumps`). The
     lines typed are the same with or without jumps."""
     rng = random.Random(seed)
     picks = [(path, text, ln) for path, text, ln in statement_lines(files)
@@ -260,11 +260,11 @@ def run_generate(engine: Any, trace: list[Keystroke], every: int, progress: Call
                  model: Any = None) -> Series:
     """Plain transformers generate() on the same prompt ids, no reuse;
     ``model``: the module to run (default the engine's; under an offloading
-    ``sol.memory_budget`` :func:`soldaemon.measure.baselines.baseline_model` gives one
+    ``sol.memory_budget`` :func:`soldaemon_bench.baselines.baseline_model` gives one
     that can)."""
     from transformers import StoppingCriteriaList
 
-    from soldaemon.measure.baselines import FirstToken
+    from soldaemon_bench.baselines import FirstToken
     from soldaemon.pipeline.postprocess import postprocess
 
     model, tok = model if model is not None else engine.loaded.model, engine.tokenizer
@@ -357,7 +357,7 @@ def run_llama_vscode(engine: Any, trace: list[Keystroke], threads: int,
                      progress: Callable[[str], None], pace_ms: float = 0.0) -> tuple[Series, Series, str] | None:
     """The keystrokes through llama.vscode's client against llama.cpp's
     ``llama-server`` on the engine's GGUF, started with llama.vscode's
-    documented flags (:mod:`soldaemon.measure.quality.llama_server`): its request and
+    documented flags (:mod:`soldaemon_bench.quality.llama_server`): its request and
     post-processing, its completion cache (typing into a shown suggestion is
     answered from it: counted as type-through) and its speculative FIM after
     a shown suggestion (a background request the next keystroke does not
@@ -368,9 +368,9 @@ def run_llama_vscode(engine: Any, trace: list[Keystroke], threads: int,
     description; or None (said why) when there is no GGUF or the server
     cannot be built or started. Keys arrive ``pace_ms`` apart at the
     fastest (:class:`Typist`), as for the daemon."""
-    from soldaemon.measure.quality.llama_server import LlamaServer, ServerError
-    from soldaemon.measure.quality.llama_server_build import BuildError, build_server
-    from soldaemon.measure.quality.llama_vscode import LlamaVscodeClient
+    from soldaemon_bench.quality.llama_server import LlamaServer, ServerError
+    from soldaemon_bench.quality.llama_server_build import BuildError, build_server
+    from soldaemon_bench.quality.llama_vscode import LlamaVscodeClient
 
     gguf = engine.loaded.gguf_path
     if gguf is None:
@@ -520,7 +520,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
                                            pace_ms=pace)
         engine.config = config
     if "generate" in args.baselines:
-        from soldaemon.measure.baselines import baseline_model
+        from soldaemon_bench.baselines import baseline_model
 
         model, why = baseline_model(engine, config)
         if why:
@@ -539,7 +539,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
         lc = (run_llama_cpp(engine, gguf, trace, torch.get_num_threads(), say, interrupt=interrupt, order=order,
                             anchor=anchor, name=name) if gguf else None)
         if lc is None:
-            say(f"{name}: llama-cpp-python not installed (pip install '.[bench]' with llama-cpp-python) "
+            say(f"{name}: llama-cpp-python not installed (pip install -e ./bench) "
                 "or the model has no GGUF; skipped")
             break
         results[name] = lc

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from soldaemon import gpuprobe
-from soldaemon.gpuprobe import DaemonReading
+from soldaemon.doctor import readers
+from soldaemon.doctor.readers import DaemonReading
 
 
 def _line(verdict: str, detail: str, *, cost: str | None = None, fix: str | None = None) -> dict[str, Any]:
@@ -42,7 +42,7 @@ def probe_running_daemon(config: Any, port: int | None) -> DaemonReading:
     try:
         target = find_daemon((config if config is not None else load_config()).server.fallback())
     except (SolError, OSError):
-        return gpuprobe.probe_daemon(port) if port is not None else DaemonReading("", False, None, "not probed")
+        return readers.probe_daemon(port) if port is not None else DaemonReading("", False, None, "not probed")
     url = "http" + target.url[2:].rstrip("/") + "/healthz"
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {target.token}"})
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))

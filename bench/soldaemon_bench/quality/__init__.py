@@ -1,7 +1,7 @@
 """``soldaemon bench --quality``: how often the completion is right, measured
 on holes cut from real code, for this daemon and for the model alone.
 
-Holes come from :func:`soldaemon.measure.holes.cut_holes` (one-line holes at a random
+Holes come from :func:`soldaemon_bench.holes.cut_holes` (one-line holes at a random
 column inside function bodies and blocks of 2-6 whole lines; never inside a
 docstring), seeded. Every hole goes, in the same run, to these columns:
 
@@ -55,12 +55,12 @@ on a cold KV cache (no reuse from the previous hole), p50 per column."""
 
 from __future__ import annotations
 
-from soldaemon.measure.quality.columns import (ABLATIONS, CONFIG_ABLATIONS, LLAMA_VSCODE, MODEL_ALONE, OUTLINE_TOKENS, LlamaCpp, LlamaVscode,
+from soldaemon_bench.quality.columns import (ABLATIONS, CONFIG_ABLATIONS, LLAMA_VSCODE, MODEL_ALONE, OUTLINE_TOKENS, LlamaCpp, LlamaVscode,
                       llama_cpp_column, llama_vscode_column, plain_prompt, postprocessed, run_raw, run_sol,
                       sibling_context, toggled_outline)
-from soldaemon.measure.quality.command import DEFAULT_HOLES, DEFAULT_TOKENS, run
-from soldaemon.measure.quality.report import agreement, plot, ratios, table
-from soldaemon.measure.quality.scores import Column, Score, edit_similarity, exact_match, first_line_match, levenshtein, normalize, parses, score
+from soldaemon_bench.quality.command import DEFAULT_HOLES, DEFAULT_TOKENS, run
+from soldaemon_bench.quality.report import agreement, plot, ratios, table
+from soldaemon_bench.quality.scores import Column, Score, edit_similarity, exact_match, first_line_match, levenshtein, normalize, parses, score
 
 __all__ = ["ABLATIONS", "CONFIG_ABLATIONS", "DEFAULT_HOLES", "DEFAULT_TOKENS", "LLAMA_VSCODE", "MODEL_ALONE",
            "OUTLINE_TOKENS", "Column", "LlamaCpp", "LlamaVscode", "llama_vscode_column", "ratios",

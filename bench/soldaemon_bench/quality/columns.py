@@ -12,7 +12,7 @@ from typing import Any, Callable
 from soldaemon.api import CancelToken, CompletionRequest, ContextChunk, Done, document_window
 from soldaemon.config import Config
 from soldaemon.errors import BadRequest
-from soldaemon.measure.holes import Hole
+from soldaemon_bench.holes import Hole
 
 
 def plain_prompt(engine: Any, hole: Hole) -> list[int]:
@@ -191,9 +191,9 @@ class LlamaVscode:
     latency is the whole request (``stream: false``: nothing shows before)."""
 
     def __init__(self, engine: Any, threads: int, say: Callable[[str], None]) -> None:
-        from soldaemon.measure.quality.llama_server import LlamaServer
-        from soldaemon.measure.quality.llama_server_build import build_server
-        from soldaemon.measure.quality.llama_vscode import LlamaVscodeClient
+        from soldaemon_bench.quality.llama_server import LlamaServer
+        from soldaemon_bench.quality.llama_server_build import build_server
+        from soldaemon_bench.quality.llama_vscode import LlamaVscodeClient
 
         self.binary = build_server(log=say)
         gguf = Path(engine.loaded.gguf_path)
@@ -216,8 +216,8 @@ class LlamaVscode:
 def llama_vscode_column(engine: Any, threads: int, say: Callable[[str], None]) -> LlamaVscode | None:
     """The llama.vscode column, or None (said why) when the model has no
     GGUF or the server cannot be built or started."""
-    from soldaemon.measure.quality.llama_server import ServerError
-    from soldaemon.measure.quality.llama_server_build import BuildError
+    from soldaemon_bench.quality.llama_server import ServerError
+    from soldaemon_bench.quality.llama_server_build import BuildError
 
     if engine.loaded.gguf_path is None:
         say(f"{LLAMA_VSCODE}: the model has no GGUF; column skipped")

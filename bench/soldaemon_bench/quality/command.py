@@ -12,14 +12,14 @@ from typing import Any
 
 from soldaemon.config import Config
 from soldaemon.errors import BadRequest
-from soldaemon.measure.header import engine_label, with_windows
-from soldaemon.measure.holes import cut_holes, default_corpus
+from soldaemon_bench.header import engine_label, with_windows
+from soldaemon_bench.holes import cut_holes, default_corpus
 from soldaemon.pipeline.relevance import ContextSelector
-from soldaemon.measure.quality.columns import (ABLATIONS, CONFIG_ABLATIONS, LLAMA_VSCODE, MODEL_ALONE, LlamaCpp, LlamaVscode,
+from soldaemon_bench.quality.columns import (ABLATIONS, CONFIG_ABLATIONS, LLAMA_VSCODE, MODEL_ALONE, LlamaCpp, LlamaVscode,
                       _precision_engines, _sol_configs, llama_cpp_column, llama_vscode_column, model_configs,
                       ablation, model_label, postprocessed, run_raw, run_sol, sibling_context, toggled_outline)
-from soldaemon.measure.quality.report import _write_json, agreement, plot, ratios, table
-from soldaemon.measure.quality.scores import Column
+from soldaemon_bench.quality.report import _write_json, agreement, plot, ratios, table
+from soldaemon_bench.quality.scores import Column
 
 
 DEFAULT_HOLES = 40
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     say = lambda msg: print("  " + msg, file=sys.stderr, flush=True)  # noqa: E731
     functional = None
     if getattr(args, "functional", False):
-        from soldaemon.measure.functional import cached_holes, holes_cache_path
+        from soldaemon_bench.functional import cached_holes, holes_cache_path
 
         hole_kinds = tuple(getattr(args, "hole_kinds", None) or ("line", "block"))
         functional = cached_holes(n_holes, args.seed, holes_cache_path(hole_kinds), kinds=hole_kinds, say=say)
@@ -186,7 +186,7 @@ def _run_holes(args: argparse.Namespace, config: Config, engine: Any, holes: lis
         for col, vsc in vscodes:
             col.add(hole, *vsc(hole, max_tokens), python=True)
         if functional is not None:   # pass@1: CPython's own tests on the filled module
-            from soldaemon.measure.functional import passes
+            from soldaemon_bench.functional import passes
 
             verdicts: dict[str, bool] = {}     # columns that wrote the same text: the tests run once
             for c in columns:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from soldaemon.measure.quality.scores import Column, normalize
+from soldaemon_bench.quality.scores import Column, normalize
 
 
 def _right(column: Column, i: int) -> bool:

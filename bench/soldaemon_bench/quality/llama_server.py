@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from soldaemon.measure.quality.llama_server_build import ServerBinary
+from soldaemon_bench.quality.llama_server_build import ServerBinary
 
 
 class ServerError(RuntimeError):

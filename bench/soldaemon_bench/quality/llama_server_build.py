@@ -15,7 +15,7 @@ the root), the key being the sdist's version and hash plus the flags; a
 ``build.json`` beside it records the flags, the CPU flags seen and the
 ``--version`` output, and every report names them.
 
-Command line: ``python -m soldaemon.measure.quality.llama_server_build`` builds (or
+Command line: ``python -m soldaemon_bench.quality.llama_server_build`` builds (or
 finds) it and prints the binary's path.
 """
 

@@ -10,7 +10,7 @@ reading, not copied. ``docs/bench.md`` ("The llama.vscode column") lists
 each behaviour and where it comes from.
 
 Pure logic except :class:`LlamaVscodeClient`, which talks HTTP to a running
-``llama-server`` (:mod:`soldaemon.measure.quality.llama_server`).
+``llama-server`` (:mod:`soldaemon_bench.quality.llama_server`).
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from soldaemon.measure.holes import Hole
-from soldaemon.measure.quality import ends
-from soldaemon.measure.quality.scores import Column, Score
+from soldaemon_bench.holes import Hole
+from soldaemon_bench.quality import ends
+from soldaemon_bench.quality.scores import Column, Score
 from soldaemon.policy.kernel_plan import Quality
 
 

@@ -6,7 +6,7 @@ import ast
 import statistics
 from dataclasses import dataclass, field
 
-from soldaemon.measure.holes import Hole
+from soldaemon_bench.holes import Hole
 from soldaemon.pipeline.syntax import opens_without_body
 
 

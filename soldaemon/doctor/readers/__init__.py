@@ -31,16 +31,16 @@ from typing import Any, Callable
 
 from soldaemon.errors import ProbeUnavailable
 
-# Re-exported: callers and tests use ``gpuprobe.<name>``. read_gpus and
+# Re-exported: callers and tests use ``readers.<name>``. read_gpus and
 # read_machine below look the readers up here, so patching
-# ``gpuprobe.read_torch`` (or load_nvml, run_nvidia_smi, read_cpu,
+# ``readers.read_torch`` (or load_nvml, run_nvidia_smi, read_cpu,
 # probe_daemon) changes what they call.
-from soldaemon.gpuprobe.host import (DEFAULT_PORT, VECTOR_FLAGS, parse_cpuinfo, probe_daemon, read_cache, read_cpu,
+from soldaemon.doctor.readers.host import (DEFAULT_PORT, VECTOR_FLAGS, parse_cpuinfo, probe_daemon, read_cache, read_cpu,
                                      read_torch)
-from soldaemon.gpuprobe.nvml import cuda_version_from_int, load_nvml, read_nvml
-from soldaemon.gpuprobe.readings import (CachedModel, CacheReading, CpuReading, DaemonReading, GpuProbe, GpuProcess,
+from soldaemon.doctor.readers.nvml import cuda_version_from_int, load_nvml, read_nvml
+from soldaemon.doctor.readers.readings import (CachedModel, CacheReading, CpuReading, DaemonReading, GpuProbe, GpuProcess,
                                          GpuReading, GpuSource, MachineReading, Runner, TorchReading)
-from soldaemon.gpuprobe.smi import (READ_ONLY_ARGVS, SMI_APP_FIELDS, SMI_APPS_ARGV, SMI_BANNER_ARGV, SMI_CORE_ARGV,
+from soldaemon.doctor.readers.smi import (READ_ONLY_ARGVS, SMI_APP_FIELDS, SMI_APPS_ARGV, SMI_BANNER_ARGV, SMI_CORE_ARGV,
                                     SMI_CORE_FIELDS, SMI_FIELDS, SMI_QUERY_ARGV, read_nvidia_smi, run_nvidia_smi)
 
 __all__ = [

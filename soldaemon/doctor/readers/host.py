@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from soldaemon import paths
-from soldaemon.gpuprobe.readings import CacheReading, CachedModel, CpuReading, DaemonReading, TorchReading
+from soldaemon.doctor.readers.readings import CacheReading, CachedModel, CpuReading, DaemonReading, TorchReading
 
 
 # ---------------------------------------------------------------------------- CPU

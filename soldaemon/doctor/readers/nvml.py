@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 from soldaemon.errors import ProbeUnavailable
-from soldaemon.gpuprobe.readings import GpuProcess, GpuReading
+from soldaemon.doctor.readers.readings import GpuProcess, GpuReading
 
 
 _NVML_ALLOWED = re.compile(r"^nvml(Init|Shutdown|SystemGet\w+|DeviceGet\w+)$")

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 
 from soldaemon.errors import CommandFailed, ProbeUnavailable
-from soldaemon.gpuprobe.readings import GpuProcess, GpuReading, Runner
+from soldaemon.doctor.readers.readings import GpuProcess, GpuReading, Runner
 
 
 SMI_FIELDS: tuple[str, ...] = (
