@@ -201,7 +201,7 @@ def attention_rows(engine: LocalEngine, graphs: GraphDecoder | None, positions: 
                 row[f"{name}_step_ms"], results[f"{name}_step"] = _timed(backend.device, one, repeats)
                 row[f"{name}_verify{rows}_ms"], results[f"{name}_verify"] = _timed(backend.device, verify, repeats)
             if graphs is not None:
-                row["bucket"] = graphs._bucket(pos)
+                row["bucket"] = graphs.bucket(pos)
                 for what in ("step", "verify"):
                     e, g = results[f"eager_{what}"].reshape(-1, backend.vocab_size), results[f"graphs_{what}"].reshape(-1, backend.vocab_size)
                     diff = float((g - e).abs().max())
