@@ -32,8 +32,8 @@ LSP_MAY_IMPORT = frozenset({
 TORCH = frozenset({"torch", "transformers", "accelerate"})
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(REPO).with_suffix("").parts)
+def _module_name(path: Path, base: Path = REPO) -> str:
+    parts = list(path.relative_to(base).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -45,6 +45,17 @@ def _sources() -> dict[str, Path]:
     for root in ROOTS:
         for path in sorted((REPO / root).rglob("*.py")):
             found[_module_name(path)] = path
+    return found
+
+
+def _all_sources() -> dict[str, Path]:
+    """Every module of the project's Python: soldaemon/ and lsp/, the
+    benchmarks' package (bench/soldaemon_bench/) and the scripts."""
+    found = _sources()
+    for path in sorted((REPO / "bench" / BENCH_PACKAGE).rglob("*.py")):
+        found[_module_name(path, REPO / "bench")] = path
+    for path in sorted((REPO / "scripts").glob("*.py")):
+        found[_module_name(path)] = path
     return found
 
 
@@ -254,7 +265,7 @@ def test_policy_imports_no_torch_when_run() -> None:
 
 def test_no_source_file_over_600_lines() -> None:
     too_long: list[str] = []
-    for root in ("soldaemon", "lsp", "scripts"):
+    for root in ("soldaemon", "lsp", "scripts", "bench"):
         for path in sorted((REPO / root).rglob("*.py")):
             n = len(path.read_text(encoding="utf-8").splitlines())
             if n > MAX_LINES:
@@ -370,9 +381,10 @@ def _private_reads(tree: ast.AST) -> list[tuple[int, str]]:
 
 def test_nothing_reads_another_objects_private_attributes() -> None:
     """One owner per piece of state: outside tests, an underscore attribute is
-    read only through ``self``/``cls`` (issue 29)."""
+    read only through ``self``/``cls`` (issue 29), in the scripts and the
+    benchmarks too (issue 55)."""
     found = [f"{path.relative_to(REPO)}:{line}: {text}"
-             for path in _sources().values()
+             for path in _all_sources().values()
              for line, text in _private_reads(ast.parse(path.read_text(encoding="utf-8")))]
     assert not found, "another object's private attribute read:\n" + "\n".join(found)
 
@@ -487,3 +499,37 @@ def test_the_private_reads_check_sees_what_it_must() -> None:
             "        self._a; cls._b; super()._c; other.__dict__; torch._int_mm; row._asdict()\n"
             "        return other._lock, self.engine._parked\n")
     assert [t for _, t in _private_reads(ast.parse(text))] == ["other._lock", "self.engine._parked"]
+
+
+# --- issue 55: rooms ------------------------------------------------------------
+
+OUR_TOPS = frozenset({*ROOTS, BENCH_PACKAGE, "scripts"})
+
+
+def _private_imports(name: str, path: Path) -> list[str]:
+    """``from x import _y`` where ``x`` is another of our modules (any depth,
+    ``if TYPE_CHECKING:`` included)."""
+    found = _imports(name, path.name == "__init__.py", path.read_text(encoding="utf-8"), type_checking=True)
+    return [f"{path.relative_to(REPO)}: from {target} import {alias}" for target, alias in found
+            if alias is not None and alias.startswith("_") and not alias.startswith("__")
+            and target.split(".")[0] in OUR_TOPS and target != name]
+
+
+def test_no_module_imports_another_modules_private_name() -> None:
+    """A leading underscore says "this module's own": a name another module
+    needs is part of its owner's interface and is named so. Over soldaemon/,
+    lsp/, the benchmarks and the scripts; tests may reach in."""
+    found = [hit for name, path in _all_sources().items() for hit in _private_imports(name, path)]
+    assert not found, "private names imported from another module:\n" + "\n".join(found)
+
+
+def test_the_rules_see_the_scripts_and_the_benchmarks() -> None:
+    """The scripts and the benchmarks are read by the rules above (a rule
+    that skipped them would pass on anything)."""
+    names = set(_all_sources())
+    assert "scripts.request_walk" in names and f"{BENCH_PACKAGE}.bench" in names
+    assert f"{BENCH_PACKAGE}.quality.command" in names
+    text = "from soldaemon.fim.windows import _split_lines, WindowMemo\nfrom .sib import _x\nfrom os import _exit\n"
+    found = _imports("soldaemon.fim.prompt", False, text, type_checking=True)
+    assert {(t, a) for t, a in found if a and a.startswith("_") and t.split(".")[0] in OUR_TOPS} == {
+        ("soldaemon.fim.windows", "_split_lines"), ("soldaemon.fim.sib", "_x")}

@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from soldaemon.api import CancelToken, CompletionRequest, Done
+from soldaemon.config import Config
 from soldaemon_bench.baselines import baseline_model, bench_generate
 from soldaemon_bench.header import engine_label, with_windows
-from soldaemon.config import Config
 from soldaemon_bench.holes import cut_line_holes, default_corpus
 
 

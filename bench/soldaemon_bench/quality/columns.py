@@ -229,7 +229,7 @@ def llama_vscode_column(engine: Any, threads: int, say: Callable[[str], None]) -
         return None
 
 
-def _precision_engines(engine: Any, config: Config, precisions: list[str],
+def make_precision_engines(engine: Any, config: Config, precisions: list[str],
                        say: Callable[[str], None]) -> list[tuple[str, Any]]:
     """One engine per ``--precisions`` entry, each with the plan that
     ``model.precision`` would give it on this machine (from the main
@@ -260,7 +260,7 @@ def _precision_engines(engine: Any, config: Config, precisions: list[str],
     return out
 
 
-def _sol_configs(config: Config, orders: list[str] | None) -> list[tuple[str, Config]]:
+def sol_variants(config: Config, orders: list[str] | None) -> list[tuple[str, Config]]:
     if not orders:
         return [("sol", config)]
     out = []

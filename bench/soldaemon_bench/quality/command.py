@@ -12,13 +12,14 @@ from typing import Any
 
 from soldaemon.config import Config
 from soldaemon.errors import BadRequest
+from soldaemon.pipeline.relevance import ContextSelector
 from soldaemon_bench.header import engine_label, with_windows
 from soldaemon_bench.holes import cut_holes, default_corpus
-from soldaemon.pipeline.relevance import ContextSelector
-from soldaemon_bench.quality.columns import (ABLATIONS, CONFIG_ABLATIONS, LLAMA_VSCODE, MODEL_ALONE, LlamaCpp, LlamaVscode,
-                      _precision_engines, _sol_configs, llama_cpp_column, llama_vscode_column, model_configs,
-                      ablation, model_label, postprocessed, run_raw, run_sol, sibling_context, toggled_outline)
-from soldaemon_bench.quality.report import _write_json, agreement, plot, ratios, table
+from soldaemon_bench.quality.columns import (ABLATIONS, CONFIG_ABLATIONS, LLAMA_VSCODE, MODEL_ALONE, LlamaCpp,
+                                             LlamaVscode, ablation, llama_cpp_column, llama_vscode_column,
+                                             make_precision_engines, model_configs, model_label, postprocessed, run_raw,
+                                             run_sol, sibling_context, sol_variants, toggled_outline)
+from soldaemon_bench.quality.report import agreement, plot, ratios, table, write_json
 from soldaemon_bench.quality.scores import Column
 
 
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     holes, functional = _chosen(holes, functional, getattr(args, "hole_ids", None))
     models = model_configs(config, list(getattr(args, "models", None) or []))
     sol_configs = ([] if getattr(args, "baselines_only", False) or models
-                   else _sol_configs(config, getattr(args, "fim_orders", None)))
+                   else sol_variants(config, getattr(args, "fim_orders", None)))
     ablate = list(getattr(args, "ablate", None) or [])
     for a in ablate:
         if a not in ABLATIONS:
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
         say(f"{col.name}: {eng.info()['precision']['summary']}; draft: {choice.get('draft') or 'none'} "
             f"({choice.get('draft_reason')})")
     engine = by_model[0][2] if by_model else load_engine(config)
-    precision_engines = _precision_engines(engine, config, getattr(args, "precisions", None) or [], say)
+    precision_engines = make_precision_engines(engine, config, getattr(args, "precisions", None) or [], say)
     baselines = args.baselines or []
     want_raw = "raw" in baselines or "generate" in baselines  # generate: the model alone, as in the speed bench
     threads = engine.info()["threads"]
@@ -195,7 +196,7 @@ def _run_holes(args: argparse.Namespace, config: Config, engine: Any, holes: lis
                     verdicts[text] = passes(functional[i], text)
                 c.scores[-1] = dataclasses.replace(c.scores[-1], passed=verdicts[text])
         if args.json_out:  # after every hole: a long run that is stopped still leaves its results
-            _write_json(Path(args.json_out), engine.info(), args.seed, max_tokens, files, holes[: i + 1], columns)
+            write_json(Path(args.json_out), engine.info(), args.seed, max_tokens, files, holes[: i + 1], columns)
         say(f"hole {i + 1}/{len(holes)} {hole.kind} {hole.path}:{hole.line} "
             + " ".join(f"{c.name}={'✓' if c.scores[-1].exact else '·'}"
                        + ("" if c.scores[-1].passed is None else "P" if c.scores[-1].passed else "F") for c in columns)
@@ -214,5 +215,5 @@ def _run_holes(args: argparse.Namespace, config: Config, engine: Any, holes: lis
         plot(columns, kinds, Path(args.png), head)
         print(f"wrote {args.png}")
     if args.json_out:
-        _write_json(Path(args.json_out), info, args.seed, max_tokens, files, holes, columns)
+        write_json(Path(args.json_out), info, args.seed, max_tokens, files, holes, columns)
     return 0

@@ -7,10 +7,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from soldaemon.policy.kernel_plan import Quality
 from soldaemon_bench.holes import Hole
 from soldaemon_bench.quality import ends
 from soldaemon_bench.quality.scores import Column, Score
-from soldaemon.policy.kernel_plan import Quality
 
 
 _METRICS = (("exact", "exact match"), ("first_line", "first-line EM"), ("edit_sim", "edit sim"),
@@ -72,7 +72,7 @@ def plot(columns: list[Column], kinds: list[str], path: Path, title: str) -> Non
     plt.close(fig)
 
 
-def _write_json(path: Path, info: dict[str, Any], seed: int, max_tokens: int, files: list[Path],
+def write_json(path: Path, info: dict[str, Any], seed: int, max_tokens: int, files: list[Path],
                 holes: list[Hole], columns: list[Column]) -> None:
     kinds = [h.kind for h in holes]
     path.write_text(json.dumps({

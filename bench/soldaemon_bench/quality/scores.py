@@ -6,8 +6,8 @@ import ast
 import statistics
 from dataclasses import dataclass, field
 
-from soldaemon_bench.holes import Hole
 from soldaemon.pipeline.syntax import opens_without_body
+from soldaemon_bench.holes import Hole
 
 
 def normalize(text: str) -> str:
