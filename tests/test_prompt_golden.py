@@ -116,14 +116,12 @@ def cases() -> list[dict[str, Any]]:
 
 
 def make(template: fim.FimTemplate, tok: Any, case: dict[str, Any]) -> fim.FimPrompt:
-    return fim.make_prompt(
-        template, tok, case["prefix"], case["suffix"],
-        max_prefix_tokens=case["prefix_tokens"], max_suffix_tokens=case["suffix_tokens"],
-        context=case.get("context", ()), max_context_tokens=case.get("context_tokens", 1024),
-        language=case.get("language"), current_path=case.get("current_path"), repo_name=case.get("repo_name"),
-        grain_lines=case.get("grain_lines", 16), order=case.get("order", "psm"),
-        max_outline_tokens=case.get("outline_tokens", 0), heal=case.get("heal", False),
-        lead_from=case["lead_from"])
+    place = fim.Place(case["prefix"], case["suffix"], context=case.get("context", ()), language=case.get("language"),
+                      current_path=case.get("current_path"), repo_name=case.get("repo_name"),
+                      lead_from=case["lead_from"])
+    budget = fim.Budget(case["prefix_tokens"], case["suffix_tokens"], context=case.get("context_tokens", 1024),
+                        outline=case.get("outline_tokens", 0), grain_lines=case.get("grain_lines", 16))
+    return fim.make_prompt(template, tok, place, budget, order=case.get("order", "psm"), heal=case.get("heal", False))
 
 
 def digest(prompt: fim.FimPrompt) -> str:

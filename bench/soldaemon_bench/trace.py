@@ -302,7 +302,7 @@ def run_llama_cpp(engine: Any, gguf: Path, trace: list[Keystroke], threads: int,
     suffix only), ``line`` (the cursor line in ``/infill``'s ``prompt``
     field, after the middle token). ``interrupt``: stop at the first token
     (the next keystroke arrives)."""
-    from soldaemon.fim import line_anchor, make_prompt
+    from soldaemon.fim import Budget, Place, line_anchor, make_prompt
     from soldaemon.pipeline.prompt import build_fim_prompt
 
     try:
@@ -321,10 +321,10 @@ def run_llama_cpp(engine: Any, gguf: Path, trace: list[Keystroke], threads: int,
         if anchor == "cursor":
             ids = build_fim_prompt(engine.template, engine.tokenizer, model_config, req, engine.backend.n_ctx)[0].ids
         else:   # the cursor line after the middle token, without healing (llama.cpp has none)
-            ids = make_prompt(engine.template, engine.tokenizer, ks.prefix, ks.suffix,
-                              max_prefix_tokens=model_config.windows().prefix,
-                              max_suffix_tokens=model_config.windows().suffix, order=model_config.fim_order,
-                              lead_from=line_anchor(ks.prefix)).ids
+            windows = model_config.windows()
+            place = Place(ks.prefix, ks.suffix, lead_from=line_anchor(ks.prefix))
+            ids = make_prompt(engine.template, engine.tokenizer, place, Budget(windows.prefix, windows.suffix),
+                              order=model_config.fim_order).ids
         if ks.jump == JUMP_PAUSE:      # the same warm as the daemon gets: the prompt evaluated during the pause
             built = time.perf_counter_ns() - t0
             for _ in llm.generate(ids, temp=0.0, top_k=1):

@@ -119,14 +119,15 @@ def _effective_grain(grain_lines: int, max_tokens: int) -> int:
     return max(1, min(grain_lines, max_tokens // 64))
 
 
-def _window_prefix(
+def fit_prefix(
     prefix: str,
     tokenizer: Any,
     max_tokens: int,
     grain_lines: int,
     encode: Callable[[str], list[int]],
 ) -> tuple[str, list[int]]:
-    """``window_prefix`` that also returns ``encode(text)`` (verified to fit)."""
+    """``(text, encode(text))``: :func:`window_prefix` with the ids, through
+    ``encode`` (verified to fit)."""
     if max_tokens <= 0 or not prefix:
         return "", encode("")
     grain = _effective_grain(grain_lines, max_tokens)
@@ -178,18 +179,20 @@ def window_prefix(
     max_tokens``. Returns the whole prefix when it fits, "" when
     ``max_tokens <= 0``.
     """
-    text, _ = _window_prefix(
+    text, _ = fit_prefix(
         prefix, tokenizer, max_tokens, grain_lines, lambda t: encode_text(tokenizer, t)
     )
     return text
 
 
-def _window_suffix(
+def fit_suffix(
     suffix: str,
     tokenizer: Any,
     max_tokens: int,
     encode: Callable[[str], list[int]],
 ) -> tuple[str, list[int]]:
+    """``(text, encode(text))``: :func:`window_suffix` with the ids, through
+    ``encode`` (verified to fit)."""
     if max_tokens <= 0 or not suffix:
         return "", encode("")
     lines = split_lines(suffix)
@@ -220,7 +223,7 @@ def window_suffix(suffix: str, tokenizer: PreTrainedTokenizerBase, max_tokens: i
     end (the kept lines keep their newlines). If the first line alone does not
     fit, it is cut at a token boundary. ``len(encode_text(result)) <=
     max_tokens`` always holds."""
-    text, _ = _window_suffix(suffix, tokenizer, max_tokens, lambda t: encode_text(tokenizer, t))
+    text, _ = fit_suffix(suffix, tokenizer, max_tokens, lambda t: encode_text(tokenizer, t))
     return text
 
 
@@ -249,14 +252,11 @@ class WindowMemo:
         while len(self._entries) > self.size:
             self._entries.pop(next(iter(self._entries)))
 
-
-def _memoized(memo: WindowMemo | None, key: tuple[Any, ...],
-              compute: Callable[[], tuple[str, list[int]]]) -> tuple[str, list[int]]:
-    if memo is None:
-        return compute()
-    found = memo.get(key)
-    if found is not None:
-        return found
-    text, ids = compute()
-    memo.put(key, text, ids)
-    return text, list(ids)
+    def through(self, key: tuple[Any, ...], compute: Callable[[], tuple[str, list[int]]]) -> tuple[str, list[int]]:
+        """The entry of ``key``, else ``compute()``'s result, kept."""
+        found = self.get(key)
+        if found is not None:
+            return found
+        text, ids = compute()
+        self.put(key, text, ids)
+        return text, list(ids)

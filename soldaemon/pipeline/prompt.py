@@ -12,7 +12,7 @@ from typing import Any
 from soldaemon.api import CompletionRequest
 from soldaemon.config import ModelConfig
 from soldaemon.errors import BadRequest
-from soldaemon.fim import FimPrompt, FimTemplate, WindowMemo, lead_reserve, line_anchor, make_prompt
+from soldaemon.fim import Budget, FimPrompt, FimTemplate, Place, WindowMemo, lead_reserve, line_anchor, make_prompt
 from soldaemon.pipeline.relevance import ContextSelector
 
 MAX_LEAD_LINES = 8       # lines a sticky anchor spans before it moves to the cursor line
@@ -35,7 +35,7 @@ def context_selector(model: ModelConfig) -> ContextSelector | None:
 
 class LeadAnchors:
     """Where the middle of each document's prompt starts (``model.fim_anchor:
-    sticky``; :func:`soldaemon.fim.make_prompt`'s ``lead_from``).
+    sticky``; :attr:`soldaemon.fim.Place.lead_from`).
 
     The anchor is where the user began typing on a line (after its
     indentation, :func:`soldaemon.fim.line_anchor`): it stays put while
@@ -102,13 +102,10 @@ def build_fim_prompt(template: FimTemplate, tokenizer: Any, model: ModelConfig, 
                             n_ctx - windows.prefix - lead - windows.suffix - req.max_tokens - 16))
     if selector is not None and context:
         context = selector.select(req.uri, req.prefix, req.suffix, context)
-    prompt = make_prompt(
-        template, tokenizer, req.prefix, req.suffix,
-        max_prefix_tokens=windows.prefix, max_suffix_tokens=windows.suffix,
-        context=context, max_context_tokens=ctx_tokens, language=req.language, current_path=path_of(req.uri),
-        order=model.fim_order, heal=heal, lead_from=start, memo=memo,
-        max_outline_tokens=windows.outline,
-    )
+    place = Place(req.prefix, req.suffix, context=context, language=req.language, current_path=path_of(req.uri),
+                  lead_from=start)
+    budget = Budget(windows.prefix, windows.suffix, context=ctx_tokens, outline=windows.outline)
+    prompt = make_prompt(template, tokenizer, place, budget, order=model.fim_order, heal=heal, memo=memo)
     if len(prompt.ids) + req.max_tokens + 1 >= n_ctx:
         raise BadRequest(
             f"prompt of {len(prompt.ids)} tokens + max_tokens {req.max_tokens} does not fit "
