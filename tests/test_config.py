@@ -71,7 +71,7 @@ def test_defaults() -> None:
         idle_release_s=300.0,
     )
     assert c.model.path is None and c.model.draft_model is None
-    assert (c.model.dtype, c.model.max_context) == ("auto", 4096)
+    assert (c.model.precision, c.model.max_context) == ("auto", 4096)
     assert (c.model.max_prefix_tokens, c.model.max_suffix_tokens, c.model.max_outline_tokens) == ("auto",) * 3
     assert c.device == DeviceConfig(device="auto", threads=None)
     assert c.server.host == "127.0.0.1" and c.server.port == 8765
@@ -227,7 +227,6 @@ BAD_VALUES: list[tuple[str, str, Any, str]] = [
     ("sol", "idle_release_s", -1, "-1"),
     ("model", "path", 5, "5"),
     ("model", "path", "", '""'),
-    ("model", "dtype", "fp16", '"fp16"'),
     ("model", "max_context", 255, "255"),
     ("model", "max_context", 131073, "131073"),
     ("model", "max_prefix_tokens", 0, "0"),
@@ -247,10 +246,8 @@ BAD_VALUES: list[tuple[str, str, Any, str]] = [
     ("model", "draft", "big", '"big"'),
     ("device", "cuda_graphs", "yes", "\"yes\""),
     ("model", "kv_sessions", 0, "0"),
-    ("model", "decode_dtype", "int4", '"int4"'),
     ("model", "precision", "int3", '"int3"'),
     ("model", "blocked_copy", "sometimes", "\"sometimes\""),
-    ("model", "rotate", "maybe", "\"maybe\""),
     ("device", "device", "gpu", '"gpu"'),
     ("device", "device", "cuda:x", '"cuda:x"'),
     ("device", "threads", 0, "0"),
@@ -338,8 +335,8 @@ def test_string_is_not_a_number_and_says_so() -> None:
 
 
 def test_choice_error_lists_options_and_suggests() -> None:
-    message = config_error({"model": {"dtype": "float61"}})
-    assert '"auto", "float32", "float16", "bfloat16"' in message
+    message = config_error({"model": {"precision": "float61"}})
+    assert '"auto", "float32", "bfloat16", "float16", "int8", "int4"' in message
     assert "did you mean 'float16'?" in message
 
 
@@ -378,7 +375,7 @@ sol:
   idle_release_s: 0
 model:
   path: models/coder.gguf
-  dtype: bfloat16
+  precision: bfloat16
   max_context: 8192
   max_prefix_tokens: 4000
   max_suffix_tokens: 0

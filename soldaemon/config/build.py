@@ -187,23 +187,6 @@ def _build_section(
     return cls(**values)
 
 
-def effective_precision(model: ModelConfig) -> tuple[str, list[str]]:
-    """``model.precision`` after the keys it replaced (``model.dtype``,
-    ``model.decode_dtype``), and the notices to show for those keys."""
-    notices: list[str] = []
-    precision: str = model.precision
-    if model.dtype != "auto":
-        if precision == "auto":
-            precision = model.dtype
-            notices.append(f"model.dtype is replaced by model.precision: read as model.precision: {model.dtype}")
-        else:
-            notices.append(f"model.dtype ({model.dtype}) is ignored: model.precision ({precision}) is set")
-    if model.decode_dtype != "auto":
-        notices.append(f"model.decode_dtype ({model.decode_dtype}) no longer applies: the weights are kept once, "
-                       "and the kernel for decode steps is chosen by measurement (model.precision)")
-    return precision, notices
-
-
 def _cross_checks(config: Config, problems: _Problems) -> None:
     server = config.server
     if not server.allow_remote and not is_loopback_host(server.host):

@@ -15,9 +15,7 @@ from soldaemon.config.checks import (boolean, budget_spec, device_spec, env_name
                                      int_or_auto, nonempty_text, one_of, optional, setting, str_list)
 
 OffloadPolicy = Literal["layer", "block"]
-Dtype = Literal["auto", "float32", "float16", "bfloat16"]
 BlockEnd = Literal["model", "rules"]
-DecodeDtype = Literal["auto", "same", "float16", "bfloat16"]
 Precision = Literal["auto", "float32", "bfloat16", "float16", "int8", "int4"]
 BackendKind = Literal["local", "remote"]
 PromptFormat = Literal["text", "tokens"]
@@ -132,16 +130,6 @@ class ModelConfig:
     # line) with the same bits: true where the kernel plan measures it
     # faster and free RAM holds it (never under sol.memory_budget); false.
     blocked_copy: bool = setting(True, boolean())
-    # Where the plan quantizes activations to int8 (int8-dynamic), rotate the
-    # residual stream and the MLP's inner product first (Hadamard blocks, the
-    # same model in exact arithmetic) so that outlier channels quantize
-    # well; false: unrotated, as before session 15.
-    rotate: bool = setting(True, boolean())
-    # Replaced by precision (accepted with a notice): dtype "float32",
-    # "float16" or "bfloat16" reads as that precision when precision is
-    # "auto"; decode_dtype no longer applies (one weight copy).
-    dtype: Dtype = setting("auto", one_of(get_args(Dtype)))
-    decode_dtype: DecodeDtype = setting("auto", one_of(get_args(DecodeDtype)))
     # Longest prompt + completion the engine allocates for; tokens, 256..131072.
     max_context: int = setting(4096, int_in(256, 131072))
     # Document text before the cursor kept in the prompt; tokens, >= 1, or
