@@ -237,7 +237,6 @@ BAD_VALUES: list[tuple[str, str, Any, str]] = [
     ("model", "cache_reuse", -1, "-1"),
     ("model", "fim_order", "pms", "\"pms\""),
     ("model", "fim_anchor", "word", "\"word\""),
-    ("model", "context", "recent", "\"recent\""),
     ("model", "max_context_tokens", -1, "-1"),
     ("model", "max_outline_tokens", -1, "-1"),
     ("model", "name", "qwen-7b", '"qwen-7b"'),

@@ -22,7 +22,6 @@ PromptFormat = Literal["text", "tokens"]
 FimOrder = Literal["psm", "spm"]
 ModelName = Literal["auto", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
 DraftChoice = Literal["auto", "off", "qwen2.5-coder-0.5b"]
-ContextChoice = Literal["relevance", "order"]
 FimAnchor = Literal["cursor", "line", "sticky"]
 Auto = Literal["auto"]
 
@@ -157,11 +156,6 @@ class ModelConfig:
     # where the user started typing, for up to 8 lines, while the text
     # around is unchanged: Enter does not recompute the suffix either).
     fim_anchor: FimAnchor = setting("sticky", one_of(get_args(FimAnchor)))
-    # Context from other files (a request's context chunks): "relevance" cuts
-    # them into snippets and keeps those that share the most names with the
-    # code around the cursor (soldaemon/pipeline/relevance.py); "order" keeps the
-    # chunks as sent, in order, until the budget is spent.
-    context: ContextChoice = setting("relevance", one_of(get_args(ContextChoice)))
     # Context from other files in the prompt; tokens, >= 0.
     max_context_tokens: int = setting(1024, int_in(0))
     # Outline of what the prefix and suffix windows cut off, kept from the

@@ -26,10 +26,9 @@ def path_of(uri: str) -> str | None:
     return None if uri.startswith("untitled:") else uri
 
 
-def context_selector(model: ModelConfig) -> ContextSelector | None:
-    """The engine's context chooser for ``model.context`` (None: as sent)."""
-    if model.context != "relevance":
-        return None
+def context_selector(model: ModelConfig) -> ContextSelector:
+    """The engine's context chooser: snippets of the request's chunks by
+    relevance to the cursor (soldaemon/pipeline/relevance.py)."""
     return ContextSelector(max_chars=4 * model.max_context_tokens)  # ~4 characters a token in code
 
 
@@ -83,7 +82,7 @@ def build_fim_prompt(template: FimTemplate, tokenizer: Any, model: ModelConfig, 
     """Window, tokenize and template ``req`` (``model``'s budgets and FIM
     order, outline budget) with :func:`soldaemon.fim.make_prompt`; ``heal``: token healing (a local engine only: it
     needs to constrain the first token); ``selector``: context chosen by
-    relevance to the cursor (``model.context: relevance``), else the
+    relevance to the cursor, else the
     request's chunks in order; ``anchors``: the per-document anchors of
     ``model.fim_anchor: sticky`` (see :class:`LeadAnchors`); the anchor
     applies only with ``heal`` (else the middle starts at the cursor);

@@ -33,9 +33,8 @@ docstring), seeded. Every hole goes, in the same run, to these columns:
 - ``sol+ctx`` / ``sol+ctx[order]`` (``--context siblings``): the daemon
   with the other source files of the hole's directory as context chunks
   (:func:`sibling_context`), chosen by relevance to the cursor
-  (:mod:`soldaemon.pipeline.relevance`, ``model.context: relevance``) and, as the
-  ablation, as sent (``model.context: order``: by file name, each from its
-  start, until the budget is spent);
+  (:mod:`soldaemon.pipeline.relevance`) and, as the ablation, as sent (no
+  selector: by file name, each from its start, until the budget is spent);
 - ``model alone (llama-cpp-python)`` (``--baselines`` naming ``llama.cpp``
   or ``model-alone``, as by default): llama.cpp's raw output through
   ``llama-cpp-python`` on the model's GGUF with the same plain prompt ids,

@@ -171,7 +171,7 @@ def _run_holes(args: argparse.Namespace, config: Config, engine: Any, holes: lis
             selector = engine.context_selector
             engine.context_selector = ContextSelector(max_chars=4 * sol_configs[0][1].model.max_context_tokens)
             ctx_rel.add(hole, *run_sol(engine, hole, uri, max_tokens, chunks), python=True)
-            engine.context_selector = None          # model.context: order -- the chunks as sent
+            engine.context_selector = None          # the chunks as sent
             ctx_order.add(hole, *run_sol(engine, hole, uri, max_tokens, chunks), python=True)
             engine.context_selector = selector
         engine.config = own_config
