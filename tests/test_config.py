@@ -565,6 +565,26 @@ def test_docs_mention_every_key() -> None:
     assert missing == []
 
 
+def test_docs_give_each_key_one_row_with_a_reason() -> None:
+    """docs/config.md's section tables have one row per key, none for a key
+    that is gone, and each row says why a user would set it."""
+    import re
+
+    rows: dict[str, list[str]] = {}
+    section = None
+    for line in (REPO / "docs" / "config.md").read_text(encoding="utf-8").splitlines():
+        if heading := re.match(r"## `(\w+):`", line):
+            section = heading.group(1)
+        elif line.startswith("## "):
+            section = None
+        elif section and line.startswith("| `"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            assert f"{section}.{cells[0].strip('`')}" not in rows, line
+            rows[f"{section}.{cells[0].strip('`')}"] = cells
+    assert set(rows) == _all_keys()
+    assert [k for k, cells in rows.items() if len(cells) != 5 or not cells[2]] == []
+
+
 # --------------------------------------------------------------------------
 # Loopback policy
 # --------------------------------------------------------------------------
