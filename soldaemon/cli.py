@@ -175,11 +175,6 @@ def cmd_doctor(args: argparse.Namespace, config: Config) -> int:
     return doctor.run(args, config)
 
 
-# the benchmarks are their own distribution (bench/pyproject.toml), not in this wheel
-BENCH_MISSING = ("the benchmarks are a separate package, soldaemon-bench: "
-                 "pip install -e ./bench (in a soldaemon checkout)")
-
-
 def cmd_bench(args: argparse.Namespace, config: Config) -> int:
     from soldaemon_bench import bench
 
@@ -218,7 +213,9 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
     except ModuleNotFoundError as exc:
         if exc.name != "soldaemon_bench":
             raise
-        p.error(BENCH_MISSING)    # exits 2
+        # the benchmarks are their own distribution (bench/pyproject.toml), not in this wheel
+        p.error("the benchmarks are a separate package, soldaemon-bench: pip install -e ./bench "
+                "(in a soldaemon checkout)")    # exits 2
     _add_model_options(p)
     bench.add_arguments(p)
 

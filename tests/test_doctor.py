@@ -27,7 +27,7 @@ from soldaemon.doctor import checks as doctor
 from soldaemon.doctor.checks import Check, judge, judge_machine
 from soldaemon.errors import CommandFailed, ProbeUnavailable
 from soldaemon.doctor.readers import (READ_ONLY_ARGVS, SMI_APPS_ARGV, SMI_BANNER_ARGV, SMI_CORE_ARGV, SMI_QUERY_ARGV,
-                                CacheReading, CpuReading, GpuProbe, GpuReading, MachineReading, TorchReading)
+                                      CacheReading, CpuReading, GpuProbe, GpuReading, MachineReading, TorchReading)
 from soldaemon.doctor.readers.nvml import ReadOnlyNvml
 
 DATA = Path(__file__).parent / "data" / "doctor"

@@ -29,16 +29,8 @@ from typing import Any, Iterable, Literal, Sequence
 from soldaemon.doctor import readers
 from soldaemon.doctor.daemon import configured_plan_key, daemon_report, probe_running_daemon
 from soldaemon.doctor.plan import model_report, plan_report
-from soldaemon.doctor.readers import (
-    DEFAULT_PORT,
-    CacheReading,
-    CpuReading,
-    DaemonReading,
-    GpuProbe,
-    GpuReading,
-    MachineReading,
-    TorchReading,
-)
+from soldaemon.doctor.readers import (DEFAULT_PORT, CacheReading, CpuReading, DaemonReading, GpuProbe, GpuReading,
+                                      MachineReading, TorchReading)
 
 Verdict = Literal["ok", "info", "warn", "fail"]
 VERDICTS: tuple[Verdict, ...] = ("ok", "info", "warn", "fail")

@@ -35,21 +35,14 @@ from soldaemon.errors import ProbeUnavailable
 # read_machine below look the readers up here, so patching
 # ``readers.read_torch`` (or load_nvml, run_nvidia_smi, read_cpu,
 # probe_daemon) changes what they call.
-from soldaemon.doctor.readers.host import (DEFAULT_PORT, VECTOR_FLAGS, parse_cpuinfo, probe_daemon, read_cache, read_cpu,
-                                     read_torch)
+from soldaemon.doctor.readers.host import (DEFAULT_PORT, VECTOR_FLAGS, parse_cpuinfo, probe_daemon, read_cache,
+                                           read_cpu, read_torch)
 from soldaemon.doctor.readers.nvml import cuda_version_from_int, load_nvml, read_nvml
-from soldaemon.doctor.readers.readings import (CachedModel, CacheReading, CpuReading, DaemonReading, GpuProbe, GpuProcess,
-                                         GpuReading, GpuSource, MachineReading, Runner, TorchReading)
-from soldaemon.doctor.readers.smi import (READ_ONLY_ARGVS, SMI_APP_FIELDS, SMI_APPS_ARGV, SMI_BANNER_ARGV, SMI_CORE_ARGV,
-                                    SMI_CORE_FIELDS, SMI_FIELDS, SMI_QUERY_ARGV, read_nvidia_smi, run_nvidia_smi)
-
-__all__ = [
-    "CacheReading", "CachedModel", "CpuReading", "DEFAULT_PORT", "DaemonReading", "GpuProbe", "GpuProcess",
-    "GpuReading", "GpuSource", "MachineReading", "READ_ONLY_ARGVS", "Runner", "SMI_APPS_ARGV", "SMI_APP_FIELDS",
-    "SMI_BANNER_ARGV", "SMI_CORE_ARGV", "SMI_CORE_FIELDS", "SMI_FIELDS", "SMI_QUERY_ARGV", "TorchReading",
-    "VECTOR_FLAGS", "cuda_version_from_int", "load_nvml", "parse_cpuinfo", "probe_daemon", "read_cache",
-    "read_cpu", "read_gpus", "read_machine", "read_nvidia_smi", "read_nvml", "read_torch", "run_nvidia_smi",
-]
+from soldaemon.doctor.readers.readings import (CachedModel, CacheReading, CpuReading, DaemonReading, GpuProbe,
+                                               GpuProcess, GpuReading, GpuSource, MachineReading, Runner, TorchReading)
+from soldaemon.doctor.readers.smi import (READ_ONLY_ARGVS, SMI_APP_FIELDS, SMI_APPS_ARGV, SMI_BANNER_ARGV,
+                                          SMI_CORE_ARGV, SMI_CORE_FIELDS, SMI_FIELDS, SMI_QUERY_ARGV, read_nvidia_smi,
+                                          run_nvidia_smi)
 
 
 def read_gpus(nvml_loader: Callable[[], Any] | None = None, run: Runner | None = None) -> GpuProbe:
