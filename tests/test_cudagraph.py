@@ -207,7 +207,7 @@ def test_invalidate_drops_captured_graphs(graph_hf: tuple[object, bool]) -> None
     """An idle release or restore drops every graph; the recapture after it
     replays the same logits, cycle after cycle. On CUDA this once died in
     the recapture: the shared pool's handle outlived its last graph (the
-    allocator's ``use_count > 0`` assert, H200, session 26)."""
+    allocator's ``use_count > 0`` assert on an H200, docs/gpu.md)."""
     model, emulate = graph_hf
     backend = LeanBackend(model, 600)
     graphs = GraphDecoder(backend, emulate=emulate)

@@ -195,7 +195,7 @@ def test_a_cpu_backend_measures_nothing_and_leaves_the_cudnn_flag_alone() -> Non
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_measures_whether_cudnn_serves_once_and_sets_the_flag_to_the_choice() -> None:
     """cuDNN plans per shape (several hundred ms each new prompt length on the
-    H200 of session 26): whether it serves is measured once per process,
+    H200 of docs/gpu.md): whether it serves is measured once per process,
     both options timed, and SDPA's order set to the choice."""
     kept, saved = torch.backends.cuda.cudnn_sdp_enabled(), ATTENTION_LOG.cudnn
     try:

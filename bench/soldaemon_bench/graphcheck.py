@@ -19,7 +19,7 @@ measured, not assumed:
   differ by their rounding, which a deep model amplifies layer by layer
   (random weights of Qwen2.5-Coder-1.5B's shape on the H200 in bfloat16:
   graphs vs eager 0.90, eager vs transformers' own bfloat16 forward 0.84,
-  both over the fixed tolerance; session 26). A bug (a wrong position, a
+  both over the fixed tolerance; docs/gpu.md). A bug (a wrong position, a
   mask off by one, a stale cache) takes a path *away from the float32
   truth*; rounding does not take one path much further than the other.
   So where the fixed tolerance is exceeded in half precision, the pair

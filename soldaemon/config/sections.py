@@ -42,7 +42,7 @@ class PromptWindows:
 # The 0.5B: llama.cpp's own /infill split (768 before, 256 after), no outline:
 # on 128 block holes each same-run comparison found the outline worth no pass
 # (15/15, 4/6, 13/14) and 1024 -> 768 at most 1-2 holes, for ~20 % (window)
-# and ~13 % (outline) of a cold prompt's time (docs/quality.md, sessions 21-25).
+# and ~13 % (outline) of a cold prompt's time (docs/quality.md).
 # The 1.5B keeps the wider prompt: the outline won it a pass and it is the
 # model chosen for quality. Any other model (a path, a remote server) gets
 # GENERIC_WINDOWS.
@@ -56,7 +56,7 @@ GENERIC_WINDOWS = PromptWindows(1024, 256, 128)
 # embedded model served: the 1.5B, the model chosen for quality, ranks 4
 # (greedy 29 -> 34 of 128 block holes passing, its block e2e 1.72x with the
 # samples drafted along the greedy answer, on a 2-core CPU; docs/quality.md,
-# sessions 27-28). The 0.5B, chosen for speed, gained 1 of 64 at 4x and stays at 1;
+# "Block candidates"). The 0.5B, chosen for speed, gained 1 of 64 at 4x and stays at 1;
 # so does any other model (a path, a remote server).
 CANDIDATES_BY_MODEL: dict[str, int] = {"qwen2.5-coder-1.5b": 4}
 

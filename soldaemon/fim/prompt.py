@@ -104,7 +104,7 @@ def heal_token(tokenizer: Any, prefix_ids: Sequence[int], prefix_text: str, *, b
 # Healing inside a word goes back to the word's start, at most this far: a
 # word split into pieces (``" ret" + "u"`` for ``retu``) leaves the model after
 # a piece it never saw there (``" return"`` is one token), and dropping only the
-# last piece still leaves it after ``" ret"`` (docs/quality.md, session 24).
+# last piece still leaves it after ``" ret"`` (docs/quality.md).
 HEAL_MAX_TOKENS = 4
 HEAL_MAX_CHARS = 32
 
