@@ -372,17 +372,17 @@ def heal_end(tokenizer: Any, lead: Lead, prefix_ids: list[int], prefix_text: str
     generation must have. A lead ending in indentation (a blank cursor line)
     keeps its blanks but the last, tokenized as the code after them would
     be, and heals that one."""
-    blank_end = lead.text[lead.text.rfind("\n") + 1:]
     if not can_heal:
         return Healed("", prefix_ids, lead.ids, 0)
+    blank_end = lead.text[lead.text.rfind("\n") + 1:]
     if blank_end and not blank_end.strip():
         return Healed(lead.text[-1], prefix_ids, encode(lead.text[:-1]) if len(lead.text) > 1 else [], 0)
     text, n = heal_tokens(tokenizer, lead.ids or prefix_ids, prefix_text, blank=bool(lead.ids))
-    if text and lead.ids:
+    if not text:
+        return Healed("", prefix_ids, lead.ids, 0)
+    if lead.ids:
         return Healed(text, prefix_ids, lead.ids[:-n], 0)
-    if text:
-        return Healed(text, prefix_ids[:-n], lead.ids, n)
-    return Healed("", prefix_ids, lead.ids, 0)
+    return Healed(text, prefix_ids[:-n], lead.ids, n)
 
 
 def lay_out(template: FimTemplate, tokenizer: Any, place: Place, context: Context, healed: Healed,
