@@ -62,7 +62,8 @@ else
 fi
 
 PY=${PYTHON:-python3}
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# the daemon and its benchmarks (bench/: tests/test_graphcheck.py, gpu_latency.py use them)
+export PYTHONPATH="$ROOT:$ROOT/bench${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)

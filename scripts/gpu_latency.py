@@ -11,7 +11,7 @@ Checks (the exit status is 1 when one fails, with the reasons printed and
 in the JSON's ``failures``):
 
 - graphs against eager steps directly, in the precision the device decodes
-  in (:mod:`soldaemon.measure.graphcheck`: teacher-forced logits within the
+  in (:mod:`soldaemon_bench.graphcheck`: teacher-forced logits within the
   stated tolerance, argmax agreement; in float32 also identical free-running
   tokens), over ``--check-steps`` steps on every hole, and the eager steps
   against transformers' own forward of the same tokens, same tolerance;
@@ -45,17 +45,18 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]   # the daemon and its benchmarks, from this checkout
 
-from soldaemon.measure.bench import baseline_model, bench_generate, bench_sol  # noqa: E402
 from soldaemon.config import Config  # noqa: E402
-from soldaemon.measure.holes import cut_line_holes, default_corpus  # noqa: E402
-from soldaemon.runtime.forward.cudagraph import GraphDecoder  # noqa: E402
 from soldaemon.runtime.engine.local import SCRATCH_URI, LocalEngine, load_engine  # noqa: E402
-from soldaemon.measure.graphcheck import compare_graphs, float32_anchor, transformers_reference  # noqa: E402
+from soldaemon.runtime.forward.cudagraph import GraphDecoder  # noqa: E402
 from soldaemon.runtime.forward.layer import ATTENTION_LOG  # noqa: E402
 from soldaemon.runtime.forward.timing import synchronize  # noqa: E402
-from soldaemon.measure.trace import make_trace, run_sol  # noqa: E402
+from soldaemon_bench.bench import baseline_model, bench_generate, bench_sol  # noqa: E402
+from soldaemon_bench.graphcheck import compare_graphs, float32_anchor, transformers_reference  # noqa: E402
+from soldaemon_bench.holes import cut_line_holes, default_corpus  # noqa: E402
+from soldaemon_bench.trace import make_trace, run_sol  # noqa: E402
 
 
 def measure_read_bandwidth(device: torch.device, nbytes: int, reps: int = 5) -> float:
@@ -200,7 +201,7 @@ def attention_rows(engine: LocalEngine, graphs: GraphDecoder | None, positions: 
                 row[f"{name}_step_ms"], results[f"{name}_step"] = _timed(backend.device, one, repeats)
                 row[f"{name}_verify{rows}_ms"], results[f"{name}_verify"] = _timed(backend.device, verify, repeats)
             if graphs is not None:
-                row["bucket"] = graphs._bucket(pos)
+                row["bucket"] = graphs.bucket(pos)
                 for what in ("step", "verify"):
                     e, g = results[f"eager_{what}"].reshape(-1, backend.vocab_size), results[f"graphs_{what}"].reshape(-1, backend.vocab_size)
                     diff = float((g - e).abs().max())

@@ -173,16 +173,15 @@ def main(argv: list[str] | None = None) -> int:
         ttft, per_tok, toks = best
         # predicted: copies of the offloaded layers at the measured bandwidth,
         # overlapped with the all-resident compute when prefetching
-        offl = [i for i in range(store.n_layers) if i in store._rank]
-        copy_prefill = sum(store._layer_copy_bytes(i, 0) for i in offl) / (bw * 1e9) * 1e3
-        copy_decode = sum(store._layer_copy_bytes(i, decode_variant) for i in offl) / (bw * 1e9) * 1e3
+        copy_prefill = store.offloaded_copy_bytes(0) / (bw * 1e9) * 1e3
+        copy_decode = store.offloaded_copy_bytes(decode_variant) / (bw * 1e9) * 1e3
 
         def predict(compute: float, copy: float) -> float:
             return max(compute, copy) if args.depth > 0 else compute + copy
 
         s = store.stats
         row = {
-            "resident_pct": pct, "resident_layers": store.n_layers - len(offl), "offloaded_layers": len(offl),
+            "resident_pct": pct, "resident_layers": store.n_layers - store.offloaded_layers, "offloaded_layers": store.offloaded_layers,
             "budget_mb": None if budget is None else round(budget / 2**20, 1),
             "device_mb": round(store.device_bytes() / 2**20, 1),
             "cuda_allocated_mb": None if alloc0 is None else round(alloc0 / 2**20, 1),

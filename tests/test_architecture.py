@@ -32,8 +32,8 @@ LSP_MAY_IMPORT = frozenset({
 TORCH = frozenset({"torch", "transformers", "accelerate"})
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(REPO).with_suffix("").parts)
+def _module_name(path: Path, base: Path = REPO) -> str:
+    parts = list(path.relative_to(base).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -45,6 +45,17 @@ def _sources() -> dict[str, Path]:
     for root in ROOTS:
         for path in sorted((REPO / root).rglob("*.py")):
             found[_module_name(path)] = path
+    return found
+
+
+def _all_sources() -> dict[str, Path]:
+    """Every module of the project's Python: soldaemon/ and lsp/, the
+    benchmarks' package (bench/soldaemon_bench/) and the scripts."""
+    found = _sources()
+    for path in sorted((REPO / "bench" / BENCH_PACKAGE).rglob("*.py")):
+        found[_module_name(path, REPO / "bench")] = path
+    for path in sorted((REPO / "scripts").glob("*.py")):
+        found[_module_name(path)] = path
     return found
 
 
@@ -254,7 +265,7 @@ def test_policy_imports_no_torch_when_run() -> None:
 
 def test_no_source_file_over_600_lines() -> None:
     too_long: list[str] = []
-    for root in ("soldaemon", "lsp", "scripts"):
+    for root in ("soldaemon", "lsp", "scripts", "bench"):
         for path in sorted((REPO / root).rglob("*.py")):
             n = len(path.read_text(encoding="utf-8").splitlines())
             if n > MAX_LINES:
@@ -320,6 +331,8 @@ PUBLIC_UNDERSCORE = frozenset({"_asdict", "_replace", "_fields", "_make", "_fiel
 # torch's packed int8/int4 CPU matmuls and its fused-attention choice have no
 # public name (see soldaemon/runtime/forward/kernels.py)
 THIRD_PARTY_PRIVATE_OK = frozenset({"torch"})
+# the benchmarks' package (bench/: a distribution of its own, not in the daemon's wheel)
+BENCH_PACKAGE = "soldaemon_bench"
 
 
 def _graph_with_type_checking() -> dict[str, set[str]]:
@@ -368,9 +381,10 @@ def _private_reads(tree: ast.AST) -> list[tuple[int, str]]:
 
 def test_nothing_reads_another_objects_private_attributes() -> None:
     """One owner per piece of state: outside tests, an underscore attribute is
-    read only through ``self``/``cls`` (issue 29)."""
+    read only through ``self``/``cls`` (issue 29), in the scripts and the
+    benchmarks too (issue 55)."""
     found = [f"{path.relative_to(REPO)}:{line}: {text}"
-             for path in _sources().values()
+             for path in _all_sources().values()
              for line, text in _private_reads(ast.parse(path.read_text(encoding="utf-8")))]
     assert not found, "another object's private attribute read:\n" + "\n".join(found)
 
@@ -427,24 +441,37 @@ def test_lsp_loads_no_config_reader_when_run() -> None:
 
 
 def test_measurement_stays_out_of_the_products_import_path() -> None:
-    """soldaemon/measure/ (benchmarks, quality, traces) is imported by nothing
-    outside it but the CLI, and there only inside the command that runs it."""
+    """The benchmarks (bench/soldaemon_bench/) are imported by nothing of the
+    product but the CLI, and there only inside the command that runs them."""
     sources = _sources()
     bad: list[str] = []
     for name, path in sources.items():
-        if name.startswith("soldaemon.measure") or name.split(".")[0] != "soldaemon":
-            continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         top_level = {id(n) for n in tree.body}
         for node in _import_nodes(tree):
             targets = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
             if isinstance(node, ast.ImportFrom) and node.level:
                 continue   # relative imports stay inside their package
-            if not any(t == "soldaemon.measure" or t.startswith("soldaemon.measure.") for t in targets):
+            if not any(t.split(".")[0] == BENCH_PACKAGE for t in targets):
                 continue
             if name != "soldaemon.cli" or id(node) in top_level:
                 bad.append(f"{name}:{node.lineno} imports {', '.join(targets)}")
     assert not bad, "the product imports measurement code:\n" + "\n".join(bad)
+
+
+def test_the_products_wheel_holds_no_measurement_code() -> None:
+    """The daemon's wheel packs soldaemon/ and lsp/ only: no measurement
+    package inside them, and the package patterns of pyproject.toml do not
+    reach the benchmarks' own distribution (bench/pyproject.toml)."""
+    import fnmatch
+    import tomllib
+
+    found = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert not [p for p in found["include"] if fnmatch.fnmatch(BENCH_PACKAGE, p)], found["include"]
+    assert not (REPO / "soldaemon" / "measure").exists()
+    bench = tomllib.loads((REPO / "bench" / "pyproject.toml").read_text())
+    assert bench["project"]["name"] == "soldaemon-bench"
+    assert bench["tool"]["setuptools"]["packages"]["find"]["include"] == [f"{BENCH_PACKAGE}*"]
 
 
 def test_no_module_is_only_a_re_export() -> None:
@@ -472,3 +499,37 @@ def test_the_private_reads_check_sees_what_it_must() -> None:
             "        self._a; cls._b; super()._c; other.__dict__; torch._int_mm; row._asdict()\n"
             "        return other._lock, self.engine._parked\n")
     assert [t for _, t in _private_reads(ast.parse(text))] == ["other._lock", "self.engine._parked"]
+
+
+# --- issue 55: rooms ------------------------------------------------------------
+
+OUR_TOPS = frozenset({*ROOTS, BENCH_PACKAGE, "scripts"})
+
+
+def _private_imports(name: str, path: Path) -> list[str]:
+    """``from x import _y`` where ``x`` is another of our modules (any depth,
+    ``if TYPE_CHECKING:`` included)."""
+    found = _imports(name, path.name == "__init__.py", path.read_text(encoding="utf-8"), type_checking=True)
+    return [f"{path.relative_to(REPO)}: from {target} import {alias}" for target, alias in found
+            if alias is not None and alias.startswith("_") and not alias.startswith("__")
+            and target.split(".")[0] in OUR_TOPS and target != name]
+
+
+def test_no_module_imports_another_modules_private_name() -> None:
+    """A leading underscore says "this module's own": a name another module
+    needs is part of its owner's interface and is named so. Over soldaemon/,
+    lsp/, the benchmarks and the scripts; tests may reach in."""
+    found = [hit for name, path in _all_sources().items() for hit in _private_imports(name, path)]
+    assert not found, "private names imported from another module:\n" + "\n".join(found)
+
+
+def test_the_rules_see_the_scripts_and_the_benchmarks() -> None:
+    """The scripts and the benchmarks are read by the rules above (a rule
+    that skipped them would pass on anything)."""
+    names = set(_all_sources())
+    assert "scripts.request_walk" in names and f"{BENCH_PACKAGE}.bench" in names
+    assert f"{BENCH_PACKAGE}.quality.command" in names
+    text = "from soldaemon.fim.windows import _split_lines, WindowMemo\nfrom .sib import _x\nfrom os import _exit\n"
+    found = _imports("soldaemon.fim.prompt", False, text, type_checking=True)
+    assert {(t, a) for t, a in found if a and a.startswith("_") and t.split(".")[0] in OUR_TOPS} == {
+        ("soldaemon.fim.windows", "_split_lines"), ("soldaemon.fim.sib", "_x")}

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from soldaemon.cli import main
-from soldaemon.measure.holes import cut_line_holes, default_corpus
 from soldaemon.testing.tiny import build_tiny_model
-from soldaemon.measure.trace import Typist, make_trace
+from soldaemon_bench.holes import cut_line_holes, default_corpus
+from soldaemon_bench.trace import Typist, make_trace
 
 
 @pytest.fixture(scope="module")

@@ -71,7 +71,7 @@ def test_defaults() -> None:
         idle_release_s=300.0,
     )
     assert c.model.path is None and c.model.draft_model is None
-    assert (c.model.dtype, c.model.max_context) == ("auto", 4096)
+    assert (c.model.precision, c.model.max_context) == ("auto", 4096)
     assert (c.model.max_prefix_tokens, c.model.max_suffix_tokens, c.model.max_outline_tokens) == ("auto",) * 3
     assert c.device == DeviceConfig(device="auto", threads=None)
     assert c.server.host == "127.0.0.1" and c.server.port == 8765
@@ -227,7 +227,6 @@ BAD_VALUES: list[tuple[str, str, Any, str]] = [
     ("sol", "idle_release_s", -1, "-1"),
     ("model", "path", 5, "5"),
     ("model", "path", "", '""'),
-    ("model", "dtype", "fp16", '"fp16"'),
     ("model", "max_context", 255, "255"),
     ("model", "max_context", 131073, "131073"),
     ("model", "max_prefix_tokens", 0, "0"),
@@ -238,7 +237,6 @@ BAD_VALUES: list[tuple[str, str, Any, str]] = [
     ("model", "cache_reuse", -1, "-1"),
     ("model", "fim_order", "pms", "\"pms\""),
     ("model", "fim_anchor", "word", "\"word\""),
-    ("model", "context", "recent", "\"recent\""),
     ("model", "max_context_tokens", -1, "-1"),
     ("model", "max_outline_tokens", -1, "-1"),
     ("model", "name", "qwen-7b", '"qwen-7b"'),
@@ -247,10 +245,8 @@ BAD_VALUES: list[tuple[str, str, Any, str]] = [
     ("model", "draft", "big", '"big"'),
     ("device", "cuda_graphs", "yes", "\"yes\""),
     ("model", "kv_sessions", 0, "0"),
-    ("model", "decode_dtype", "int4", '"int4"'),
     ("model", "precision", "int3", '"int3"'),
     ("model", "blocked_copy", "sometimes", "\"sometimes\""),
-    ("model", "rotate", "maybe", "\"maybe\""),
     ("device", "device", "gpu", '"gpu"'),
     ("device", "device", "cuda:x", '"cuda:x"'),
     ("device", "threads", 0, "0"),
@@ -339,8 +335,8 @@ def test_string_is_not_a_number_and_says_so() -> None:
 
 
 def test_choice_error_lists_options_and_suggests() -> None:
-    message = config_error({"model": {"dtype": "float61"}})
-    assert '"auto", "float32", "float16", "bfloat16"' in message
+    message = config_error({"model": {"precision": "float61"}})
+    assert '"auto", "float32", "bfloat16", "float16", "int8", "int4"' in message
     assert "did you mean 'float16'?" in message
 
 
@@ -379,7 +375,7 @@ sol:
   idle_release_s: 0
 model:
   path: models/coder.gguf
-  dtype: bfloat16
+  precision: bfloat16
   max_context: 8192
   max_prefix_tokens: 4000
   max_suffix_tokens: 0
@@ -568,6 +564,26 @@ def test_docs_mention_every_key() -> None:
     docs = (REPO / "docs" / "config.md").read_text(encoding="utf-8")
     missing = [k for k in _all_keys() if f"`{k.split('.', 1)[1]}`" not in docs]
     assert missing == []
+
+
+def test_docs_give_each_key_one_row_with_a_reason() -> None:
+    """docs/config.md's section tables have one row per key, none for a key
+    that is gone, and each row says why a user would set it."""
+    import re
+
+    rows: dict[str, list[str]] = {}
+    section = None
+    for line in (REPO / "docs" / "config.md").read_text(encoding="utf-8").splitlines():
+        if heading := re.match(r"## `(\w+):`", line):
+            section = heading.group(1)
+        elif line.startswith("## "):
+            section = None
+        elif section and line.startswith("| `"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            assert f"{section}.{cells[0].strip('`')}" not in rows, line
+            rows[f"{section}.{cells[0].strip('`')}"] = cells
+    assert set(rows) == _all_keys()
+    assert [k for k, cells in rows.items() if len(cells) != 5 or not cells[2]] == []
 
 
 # --------------------------------------------------------------------------

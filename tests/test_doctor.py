@@ -22,13 +22,13 @@ from typing import Any, Iterator
 import pynvml
 import pytest
 
-from soldaemon import gpuprobe
+from soldaemon.doctor import readers
 from soldaemon.doctor import checks as doctor
 from soldaemon.doctor.checks import Check, judge, judge_machine
 from soldaemon.errors import CommandFailed, ProbeUnavailable
-from soldaemon.gpuprobe import (READ_ONLY_ARGVS, SMI_APPS_ARGV, SMI_BANNER_ARGV, SMI_CORE_ARGV, SMI_QUERY_ARGV,
-                                CacheReading, CpuReading, GpuProbe, GpuReading, MachineReading, TorchReading)
-from soldaemon.gpuprobe.nvml import ReadOnlyNvml
+from soldaemon.doctor.readers import (READ_ONLY_ARGVS, SMI_APPS_ARGV, SMI_BANNER_ARGV, SMI_CORE_ARGV, SMI_QUERY_ARGV,
+                                      CacheReading, CpuReading, GpuProbe, GpuReading, MachineReading, TorchReading)
+from soldaemon.doctor.readers.nvml import ReadOnlyNvml
 
 DATA = Path(__file__).parent / "data" / "doctor"
 GiB = 1024 ** 3
@@ -147,14 +147,14 @@ def nvml(name: str, **kw: Any) -> FakeNvml:
 
 def nvml_readings(name: str) -> list[GpuReading]:
     fake = nvml(name)
-    out = gpuprobe.read_nvml(fake)
+    out = readers.read_nvml(fake)
     assert_read_only_nvml(fake)
     return out
 
 
 def smi_readings(folder: str) -> list[GpuReading]:
     fake = FakeSmi(folder)
-    out = gpuprobe.read_nvidia_smi(fake)
+    out = readers.read_nvidia_smi(fake)
     assert_read_only_argvs(fake.argvs)
     return out
 
@@ -234,7 +234,7 @@ def test_read_nvml_decodes_bytes_from_old_bindings() -> None:
         return value.encode() if isinstance(value, str) else value
 
     fake._call = bytes_call  # type: ignore[method-assign]
-    (g,) = gpuprobe.read_nvml(fake)
+    (g,) = readers.read_nvml(fake)
     assert g.name == "NVIDIA GeForce RTX 4090" and g.driver_version == "560.35.03"
     assert g.processes and g.processes[0].name == "/usr/lib/xorg/Xorg"
 
@@ -246,7 +246,7 @@ def test_read_nvml_decodes_bytes_from_old_bindings() -> None:
 def test_read_nvml_init_failure_is_probe_unavailable(code: int, reason: str) -> None:
     fake = FakeNvml(init_error=code)
     with pytest.raises(ProbeUnavailable, match=reason):
-        gpuprobe.read_nvml(fake)
+        readers.read_nvml(fake)
     assert fake.calls == ["nvmlInit"]
 
 
@@ -261,7 +261,7 @@ def test_read_nvml_with_a_foreign_error_type() -> None:
             raise OtherError("no driver here")
 
     with pytest.raises(ProbeUnavailable, match="no driver here"):
-        gpuprobe.read_nvml(Broken())
+        readers.read_nvml(Broken())
 
 
 def test_read_nvml_refuses_setters() -> None:
@@ -273,7 +273,7 @@ def test_read_nvml_refuses_setters() -> None:
 
 
 def test_real_pynvml_on_this_machine_never_raises() -> None:
-    probe = gpuprobe.read_gpus(run=FakeSmi(error=FileNotFoundError("nvidia-smi")))
+    probe = readers.read_gpus(run=FakeSmi(error=FileNotFoundError("nvidia-smi")))
     if probe.source is None:
         assert probe.nvml_error and probe.smi_error == "not found"
     else:                                           # a GPU machine: the readings are real
@@ -301,7 +301,7 @@ def test_nvidia_smi_reads_the_same_machine_as_nvml() -> None:
 
 def test_nvidia_smi_runs_only_the_read_only_queries() -> None:
     fake = FakeSmi("smi_h200")
-    gpuprobe.read_nvidia_smi(fake)
+    readers.read_nvidia_smi(fake)
     assert fake.argvs == [list(SMI_QUERY_ARGV), list(SMI_BANNER_ARGV), list(SMI_APPS_ARGV)]
     assert_read_only_argvs(fake.argvs)
     assert SMI_QUERY_ARGV[2] == "--format=csv,noheader,nounits"
@@ -319,7 +319,7 @@ def test_nvidia_smi_not_applicable_values() -> None:
 
 def test_nvidia_smi_old_driver_falls_back_to_basic_fields() -> None:
     fake = FakeSmi("smi_p100_old_driver")
-    (g,) = gpuprobe.read_nvidia_smi(fake)
+    (g,) = readers.read_nvidia_smi(fake)
     assert fake.argvs[:2] == [list(SMI_QUERY_ARGV), list(SMI_CORE_ARGV)]
     assert_read_only_argvs(fake.argvs)
     assert g.name == "Tesla P100-PCIE-16GB" and g.driver_version == "418.226.00"
@@ -339,24 +339,24 @@ def test_nvidia_smi_old_driver_falls_back_to_basic_fields() -> None:
 ])
 def test_nvidia_smi_unusable(error: BaseException, reason: str) -> None:
     with pytest.raises(ProbeUnavailable, match=reason):
-        gpuprobe.read_nvidia_smi(FakeSmi(error=error))
+        readers.read_nvidia_smi(FakeSmi(error=error))
 
 
 def test_nvidia_smi_no_devices_is_an_empty_list() -> None:
-    assert gpuprobe.read_nvidia_smi(FakeSmi(error=CommandFailed(6, "No devices were found\n"))) == []
+    assert readers.read_nvidia_smi(FakeSmi(error=CommandFailed(6, "No devices were found\n"))) == []
 
 
 def test_real_runner_refuses_anything_but_the_queries() -> None:
     for argv in (["nvidia-smi", "-pm", "1"], ["nvidia-smi", "-r", "-i", "0"], ["sh", "-c", "nvidia-smi"],
                  ["nvidia-smi", "-e", "0"], ["nvidia-smi", "--query-gpu=name"]):
         with pytest.raises(ValueError, match="read-only"):
-            gpuprobe.run_nvidia_smi(argv)
+            readers.run_nvidia_smi(argv)
 
 
 def test_real_runner_missing_binary(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(FileNotFoundError):
-        gpuprobe.run_nvidia_smi(list(SMI_BANNER_ARGV))
+        readers.run_nvidia_smi(list(SMI_BANNER_ARGV))
 
 
 FAKE_SMI_SCRIPT = """#!{python}
@@ -393,7 +393,7 @@ def fake_smi_binary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_real_runner_through_a_fake_binary(fake_smi_binary: Path) -> None:
-    readings = gpuprobe.read_nvidia_smi(gpuprobe.run_nvidia_smi)
+    readings = readers.read_nvidia_smi(readers.run_nvidia_smi)
     assert [g.name for g in readings] == ["NVIDIA H200", "NVIDIA H200"]
     logged = [json.loads(line) for line in fake_smi_binary.read_text().splitlines()]
     assert_read_only_argvs([["nvidia-smi", *a] for a in logged])
@@ -405,9 +405,9 @@ def test_doctor_run_end_to_end_only_queries(fake_smi_binary: Path, monkeypatch: 
     """NVML fails, so the doctor falls back to the (fake) nvidia-smi binary:
     every command it ran is a read-only query, although its output is full of
     fix commands like ``nvidia-smi -pm 1``."""
-    monkeypatch.setattr(gpuprobe, "load_nvml",
+    monkeypatch.setattr(readers, "load_nvml",
                         lambda: FakeNvml(init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
-    monkeypatch.setattr(gpuprobe, "read_torch", lambda: TorchReading(*TORCH_CU124))
+    monkeypatch.setattr(readers, "read_torch", lambda: TorchReading(*TORCH_CU124))
     monkeypatch.setenv("SOLDAEMON_CACHE_DIR", str(tmp_path / "cache"))
     assert doctor.run(argparse.Namespace(json=False, port=closed_port())) == 0
     out = capsys.readouterr().out
@@ -569,7 +569,7 @@ def test_pcie_idle_note_needs_the_idle_reason() -> None:
 def test_unreadable_gpu_fails() -> None:
     rec = json.loads((DATA / "nvml_h200.json").read_text())
     fake = FakeNvml(rec, handle_error={1: pynvml.NVML_ERROR_GPU_IS_LOST})
-    g0, g1 = gpuprobe.read_nvml(fake)
+    g0, g1 = readers.read_nvml(fake)
     assert g0.name == "NVIDIA H200" and g1.name == "(unreadable)"
     checks = by_name(judge(g1, "12.4", torch_version="2.5.1", include_driver=False))
     assert list(checks) == ["gpu1"] and checks["gpu1"].verdict == "fail"
@@ -592,7 +592,7 @@ def test_arch_names() -> None:
 
 
 def no_gpu_probe() -> GpuProbe:
-    return gpuprobe.read_gpus(lambda: FakeNvml(init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND),
+    return readers.read_gpus(lambda: FakeNvml(init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND),
                               FakeSmi(error=FileNotFoundError("nvidia-smi")))
 
 
@@ -624,7 +624,7 @@ def test_no_gpu_says_so_plainly_and_checks_what_applies() -> None:
 
 
 def test_no_gpu_when_nvml_loads_but_sees_none() -> None:
-    probe = gpuprobe.read_gpus(lambda: FakeNvml(), FakeSmi(error=CommandFailed(6, "No devices were found")))
+    probe = readers.read_gpus(lambda: FakeNvml(), FakeSmi(error=CommandFailed(6, "No devices were found")))
     assert (probe.nvml_error, probe.smi_error) == ("no devices", "no devices")
 
 
@@ -633,7 +633,7 @@ def test_pynvml_missing_falls_back_to_nvidia_smi() -> None:
         raise ProbeUnavailable("pynvml not importable (No module named 'pynvml')")
 
     fake = FakeSmi("smi_gtx1080ti")
-    probe = gpuprobe.read_gpus(no_pynvml, fake)
+    probe = readers.read_gpus(no_pynvml, fake)
     assert probe.source == "nvidia-smi" and probe.nvml_error and "pynvml" in probe.nvml_error
     assert [g.name for g in probe.gpus] == ["NVIDIA GeForce GTX 1080 Ti"]
     assert_read_only_argvs(fake.argvs)
@@ -641,7 +641,7 @@ def test_pynvml_missing_falls_back_to_nvidia_smi() -> None:
 
 def test_nvml_working_means_nvidia_smi_is_not_run() -> None:
     fake = FakeSmi(error=AssertionError("must not run"))
-    probe = gpuprobe.read_gpus(lambda: nvml("nvml_t4_degraded"), fake)
+    probe = readers.read_gpus(lambda: nvml("nvml_t4_degraded"), fake)
     assert probe.source == "nvml" and fake.argvs == []
 
 
@@ -657,11 +657,11 @@ def test_nvml_working_means_nvidia_smi_is_not_run() -> None:
     ("cpuinfo_graviton3.txt", None, ("asimd", "asimddp", "i8mm", "bf16", "sve")),
 ])
 def test_parse_cpuinfo(name: str, model: str | None, flags: tuple[str, ...]) -> None:
-    assert gpuprobe.parse_cpuinfo((DATA / name).read_text()) == (model, flags)
+    assert readers.parse_cpuinfo((DATA / name).read_text()) == (model, flags)
 
 
 def test_read_cpu_here() -> None:
-    c = gpuprobe.read_cpu()
+    c = readers.read_cpu()
     assert c.logical_cores and c.logical_cores >= 1
     assert c.ram_total_bytes and c.ram_available_bytes is not None
     if Path("/proc/cpuinfo").exists():
@@ -669,7 +669,7 @@ def test_read_cpu_here() -> None:
 
 
 def test_read_cpu_without_proc(tmp_path: Path) -> None:
-    c = gpuprobe.read_cpu(str(tmp_path / "missing"))
+    c = readers.read_cpu(str(tmp_path / "missing"))
     assert c.vector_flags is None and c.flags_source is None
     assert by_name(doctor.judge_cpu(c, has_gpu=False))["cpu.vector"].verdict == "info"
 
@@ -685,13 +685,13 @@ def test_cpu_verdicts() -> None:
     assert j(cpu(ram_available_bytes=3 * GiB))["cpu.ram"].verdict == "warn"
     assert j(cpu(ram_available_bytes=GiB))["cpu.ram"].verdict == "fail"
     assert j(cpu(ram_available_bytes=None))["cpu.ram"].verdict == "info"
-    spr = gpuprobe.parse_cpuinfo((DATA / "cpuinfo_sapphire_rapids.txt").read_text())[1]
+    spr = readers.parse_cpuinfo((DATA / "cpuinfo_sapphire_rapids.txt").read_text())[1]
     c = j(cpu(vector_flags=spr))["cpu.vector"]
     assert c.verdict == "ok" and "amx_bf16" in c.detail and "(no" not in c.detail
     c = j(cpu())["cpu.vector"]
     assert c.verdict == "ok" and c.detail == "avx2, fma (no avx512f, no amx_bf16)"
     assert j(cpu(vector_flags=()))["cpu.vector"].verdict == "warn"
-    arm = gpuprobe.parse_cpuinfo((DATA / "cpuinfo_graviton3.txt").read_text())[1]
+    arm = readers.parse_cpuinfo((DATA / "cpuinfo_graviton3.txt").read_text())[1]
     assert j(cpu(arch="aarch64", vector_flags=arm))["cpu.vector"].verdict == "ok"
 
 
@@ -703,7 +703,7 @@ def test_torch_verdicts() -> None:
 
 
 def test_read_torch_here() -> None:
-    t = gpuprobe.read_torch()
+    t = readers.read_torch()
     import torch
     assert t.version == torch.__version__ and t.cuda == torch.version.cuda
 
@@ -712,7 +712,7 @@ def test_read_torch_here() -> None:
 
 
 def test_cache_empty_and_missing(tmp_path: Path) -> None:
-    r = gpuprobe.read_cache(tmp_path / "nope")
+    r = readers.read_cache(tmp_path / "nope")
     assert (r.exists, r.models) == (False, ()) and r.disk_free_bytes
     c = doctor.judge_cache(r)
     assert c.verdict == "info" and "first start will convert the embedded model (~80 s)" in c.detail
@@ -731,7 +731,7 @@ def test_cache_finds_converted_models(tmp_path: Path) -> None:
     (sharded / "model.safetensors.index.json").write_text("{}")
     (tmp_path / "half-done").mkdir()
     (tmp_path / "half-done" / "model.safetensors").write_bytes(b"\0")   # no config: not a model
-    r = gpuprobe.read_cache(tmp_path)
+    r = readers.read_cache(tmp_path)
     assert [m.name for m in r.models] == ["other", "qwen2.5-coder-0.5b/bf16"]
     assert r.models[1].size_bytes == 4096 + 2
     c = doctor.judge_cache(r)
@@ -740,7 +740,7 @@ def test_cache_finds_converted_models(tmp_path: Path) -> None:
 
 def test_cache_default_is_paths_cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SOLDAEMON_CACHE_DIR", str(tmp_path))
-    assert gpuprobe.read_cache().path == str(tmp_path)
+    assert readers.read_cache().path == str(tmp_path)
 
 
 # ---------------------------------------------------------------------- daemon
@@ -780,15 +780,15 @@ def http_server() -> Iterator[Any]:
 
 def test_daemon_probe_verdicts(http_server: Any) -> None:
     port = http_server(200)
-    r = gpuprobe.probe_daemon(port)
+    r = readers.probe_daemon(port)
     assert (r.reachable, r.status, r.url) == (True, 200, f"http://127.0.0.1:{port}/healthz")
     assert doctor.judge_daemon(r) == Check("daemon", "ok", f"daemon answering at {r.url}")
     port = http_server(404)
-    r = gpuprobe.probe_daemon(port)
+    r = readers.probe_daemon(port)
     assert (r.reachable, r.status) == (True, 404)
     c = doctor.judge_daemon(r)
     assert c.verdict == "warn" and c.fix == f"ss -ltnp 'sport = :{port}'"
-    down = gpuprobe.probe_daemon(closed_port())
+    down = readers.probe_daemon(closed_port())
     assert not down.reachable
     c = doctor.judge_daemon(down)
     assert c.verdict == "info" and c.detail.startswith("no daemon answering")
@@ -797,7 +797,7 @@ def test_daemon_probe_verdicts(http_server: Any) -> None:
 def test_daemon_probe_ignores_proxy_settings(http_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{closed_port()}")
     monkeypatch.setenv("no_proxy", "")
-    assert gpuprobe.probe_daemon(http_server(200)).status == 200
+    assert readers.probe_daemon(http_server(200)).status == 200
 
 
 def test_daemon_probe_times_out_in_a_second() -> None:
@@ -805,14 +805,14 @@ def test_daemon_probe_times_out_in_a_second() -> None:
         s.bind(("127.0.0.1", 0))
         s.listen(1)
         t0 = time.monotonic()
-        r = gpuprobe.probe_daemon(int(s.getsockname()[1]), timeout_s=0.3)
+        r = readers.probe_daemon(int(s.getsockname()[1]), timeout_s=0.3)
         assert time.monotonic() - t0 < 2.0
     assert not r.reachable and doctor.judge_daemon(r).verdict == "info"
 
 
 def test_daemon_judge_both_statuses() -> None:
-    ok = gpuprobe.DaemonReading("http://127.0.0.1:8765/healthz", True, 200, "{}")
-    bad = gpuprobe.DaemonReading("http://127.0.0.1:8765/healthz", True, 404, "Not Found")
+    ok = readers.DaemonReading("http://127.0.0.1:8765/healthz", True, 200, "{}")
+    bad = readers.DaemonReading("http://127.0.0.1:8765/healthz", True, 404, "Not Found")
     assert doctor.judge_daemon(ok).verdict == "ok"
     assert doctor.judge_daemon(bad).verdict == "warn" and doctor.judge_daemon(bad).fix == "ss -ltnp 'sport = :8765'"
 
@@ -846,15 +846,15 @@ def patch_machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, recording: st
                   torch: tuple[str | None, str | None] = TORCH_CU121) -> FakeSmi:
     """Route doctor.run's readers to recordings; returns the nvidia-smi fake."""
     if recording is None:
-        monkeypatch.setattr(gpuprobe, "load_nvml",
+        monkeypatch.setattr(readers, "load_nvml",
                             lambda: FakeNvml(init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
         smi = FakeSmi(error=FileNotFoundError("nvidia-smi"))
     else:
-        monkeypatch.setattr(gpuprobe, "load_nvml", lambda: nvml(recording))
+        monkeypatch.setattr(readers, "load_nvml", lambda: nvml(recording))
         smi = FakeSmi(error=AssertionError("NVML worked; nvidia-smi must not run"))
-    monkeypatch.setattr(gpuprobe, "run_nvidia_smi", smi)
-    monkeypatch.setattr(gpuprobe, "read_torch", lambda: TorchReading(*torch))
-    monkeypatch.setattr(gpuprobe, "read_cpu", lambda: cpu())
+    monkeypatch.setattr(readers, "run_nvidia_smi", smi)
+    monkeypatch.setattr(readers, "read_torch", lambda: TorchReading(*torch))
+    monkeypatch.setattr(readers, "read_cpu", lambda: cpu())
     monkeypatch.setenv("SOLDAEMON_CACHE_DIR", str(tmp_path / "cache"))
     return smi
 
@@ -902,7 +902,7 @@ def test_add_arguments_defaults() -> None:
 
 def test_startup_checks_skip_the_daemon_probe(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     patch_machine(monkeypatch, tmp_path, "nvml_h200", torch=TORCH_CU124)
-    monkeypatch.setattr(gpuprobe, "probe_daemon", lambda *a, **k: pytest.fail("probed the daemon"))
+    monkeypatch.setattr(readers, "probe_daemon", lambda *a, **k: pytest.fail("probed the daemon"))
     checks = doctor.startup_checks()
     names = [c.name for c in checks]
     assert "daemon" not in names and "gpu0.persistence" in names and "model_cache" in names
@@ -913,7 +913,7 @@ def test_startup_checks_never_raise(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(**_: Any) -> MachineReading:
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(gpuprobe, "read_machine", boom)
+    monkeypatch.setattr(readers, "read_machine", boom)
     assert doctor.startup_checks() == [
         Check("doctor", "warn", "start-up checks failed: RuntimeError: disk on fire")]
 

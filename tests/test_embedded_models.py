@@ -162,7 +162,7 @@ def test_real_05b_drafting_for_the_15b_is_token_identical() -> None:
     greedy token (seen in issue 30's busy runs: configparser.py)."""
     from soldaemon.api import CancelToken, CompletionRequest, Done
     from soldaemon.config import config_from_dict
-    from soldaemon.measure.holes import cut_holes, default_corpus
+    from soldaemon_bench.holes import cut_holes, default_corpus
     from soldaemon.policy.draft import DraftLength
     from soldaemon.runtime.engine.local import load_engine
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from soldaemon.measure.functional import FunctionalHole, available_modules, cached_holes, find_holes, passes
+from soldaemon_bench.functional import FunctionalHole, available_modules, cached_holes, find_holes, passes
 
 
 def test_textwrap_holes_tell_right_from_wrong() -> None:
@@ -42,7 +42,7 @@ def test_the_hole_list_is_cached(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_tested_project_from_pypi_judges_its_own_holes(tmp_path: Path, monkeypatch) -> None:
     """more-itertools' own tests (its sdist, fetched once) tell a right block from a wrong one."""
-    from soldaemon.measure import functional
+    from soldaemon_bench import functional
 
     monkeypatch.setenv("SOLDAEMON_CACHE_DIR", str(tmp_path))
     holes = find_holes(2, modules=["more_itertools.recipes"], kinds=("block",))
@@ -76,7 +76,7 @@ def test_a_looping_completion_dies_with_the_bench(tmp_path: Path) -> None:
 
     script = tmp_path / "bench.py"
     script.write_text(
-        "from soldaemon.measure import functional as f\n"
+        "from soldaemon_bench import functional as f\n"
         "src = open(f.module_path('colorsys')).read().replace(\n"
         "    'def rgb_to_yiq(r, g, b):', 'def rgb_to_yiq(r, g, b):\\n    while True: pass', 1)\n"
         "f.run_tests('colorsys', src, timeout_s=600)\n")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from soldaemon.measure.graphcheck import GraphAgreement, _margin, _noise, tolerance_for
+from soldaemon_bench.graphcheck import GraphAgreement, _margin, _noise, tolerance_for
 
 
 def _judge(flips_near_ties: int, flips_decisive: int, steps: int = 40) -> list[str]:

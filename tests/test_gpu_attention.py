@@ -158,7 +158,7 @@ def test_eager_and_graph_paths_match_transformers_at_every_bucket(tiny_hf: objec
             assert float((step - ref[pos]).abs().max()) < tol, (name, pos)
             if g is not None:                    # the graph path really ran, at this bucket
                 assert (graphs.replays, graphs.verify_replays) == (replays[0] + 1, replays[1] + 1)
-                seen_buckets.add(graphs._bucket(pos + 15))   # the 9 rows pad to 16
+                seen_buckets.add(graphs.bucket(pos + 15))   # the 9 rows pad to 16
     assert seen_buckets == {256, 1024, 4096}
     kinds = {(r["kind"], r["bucket"]) for r in ATTENTION_LOG.summary()}
     assert {("graph-step", 4096), ("graph-verify", 4096)} <= kinds

@@ -12,7 +12,7 @@ import torch
 
 from soldaemon.runtime.forward.backend import LeanBackend
 from soldaemon.runtime.forward.cudagraph import GraphDecoder
-from soldaemon.measure.graphcheck import (TOLERANCES, AnchorDeviation, GraphAgreement, compare_graphs, tolerance_for,
+from soldaemon_bench.graphcheck import (TOLERANCES, AnchorDeviation, GraphAgreement, compare_graphs, tolerance_for,
                                           transformers_reference)
 from soldaemon.testing.tiny import build_tiny_model
 
@@ -145,7 +145,7 @@ def test_the_tolerance_follows_the_decode_kernel(backend: LeanBackend) -> None:
     """A plan whose decode kernel rounds coarser than the compute dtype (a
     float32 CPU running bfloat16 or int8 products) is judged by the
     coarser precision."""
-    from soldaemon.measure.graphcheck import decode_precision
+    from soldaemon_bench.graphcheck import decode_precision
     from soldaemon.policy.kernel_plan import KernelPlan
 
     assert decode_precision(backend) == torch.float32                  # the reference plan

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from soldaemon.fim import detect_template, encode_text, heal_tokens, make_prompt
+from soldaemon.fim import Budget, Place, detect_template, encode_text, heal_tokens, make_prompt
 from soldaemon.runtime.decode.healing import HealingSampler, TokenTexts
 from soldaemon.runtime.decode.sampling import Greedy
 from soldaemon.testing.tiny import build_tokenizer
@@ -97,10 +97,10 @@ def test_healed_indentation_is_followed_by_code_not_more_blanks(texts: TokenText
 
 def test_make_prompt_heals_a_cursor_after_text_and_only_then(tok) -> None:
     template = detect_template(tok)
-    kw = dict(max_prefix_tokens=256, max_suffix_tokens=64)
+    budget = Budget(256, 64)
     prefix = "def f(items):\n    resu"
-    plain = make_prompt(template, tok, prefix, "\n", **kw)
-    healed = make_prompt(template, tok, prefix, "\n", heal=True, **kw)
+    plain = make_prompt(template, tok, Place(prefix, "\n"), budget)
+    healed = make_prompt(template, tok, Place(prefix, "\n"), budget, heal=True)
     ids = encode_text(tok, prefix)
     # `resu` is three pieces here (" re", "s", "u"): healing goes back to the word's start
     assert [tok.decode([i]) for i in ids[-3:]] == [" re", "s", "u"]
@@ -113,7 +113,7 @@ def test_make_prompt_heals_a_cursor_after_text_and_only_then(tok) -> None:
     # nothing to heal: the cursor at the start of a line or after its indentation
     # nor a token with non-ASCII text (its bytes may not be tokens of their own)
     for p in ["def f(items):\n", "def f(items):\n    ", "", "x = caf\u00e9"]:
-        assert make_prompt(template, tok, p, "\n", heal=True, **kw).heal == ""
+        assert make_prompt(template, tok, Place(p, "\n"), budget, heal=True).heal == ""
 
 
 @pytest.mark.parametrize("prefix, healed", [
@@ -220,8 +220,8 @@ def test_a_blank_cursor_line_is_tokenized_as_the_code_after_it_would_be(tok) -> 
     template = detect_template(tok)
     head = "def f(items):\n    total = 0\n"
     prefix = head + "    "
-    p = make_prompt(template, tok, prefix, "\n    return total\n", max_prefix_tokens=256, max_suffix_tokens=64,
-                    heal=True, lead_from=line_anchor(prefix))
+    place = Place(prefix, "\n    return total\n", lead_from=line_anchor(prefix))
+    p = make_prompt(template, tok, place, Budget(256, 64), heal=True)
     assert p.heal == " "
     middle = p.ids[p.ids.index(template.middle_id) + 1:]
     code = encode_text(tok, "    return total")

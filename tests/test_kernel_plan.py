@@ -361,18 +361,13 @@ def test_plan_for_measures_once_then_reads_the_cache(tmp_path: Path, monkeypatch
 # -- config ----------------------------------------------------------------------------
 
 
-def test_model_precision_is_validated_and_replaces_the_old_keys() -> None:
-    from soldaemon.config import config_from_dict, effective_precision
+def test_model_precision_is_validated() -> None:
+    from soldaemon.config import config_from_dict
     from soldaemon.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"model\.precision.*int3"):
         config_from_dict({"model": {"precision": "int3"}})
-    assert effective_precision(config_from_dict({}).model) == ("auto", [])
-    p, notes = effective_precision(config_from_dict({"model": {"dtype": "bfloat16"}}).model)
-    assert p == "bfloat16" and "model.precision" in notes[0]
-    p, notes = effective_precision(config_from_dict({"model": {"precision": "int8", "dtype": "float32",
-                                                               "decode_dtype": "float16"}}).model)
-    assert p == "int8" and len(notes) == 2 and "decode_dtype" in notes[1]
+    assert config_from_dict({}).model.precision == "auto"
 
 
 # -- reuse = recompute under every plan (tiny model) -----------------------------------------

@@ -173,15 +173,15 @@ def test_engine_quantizes_parked_kv_only_when_memory_is_short(tiny: Path) -> Non
 def test_folding_agrees_with_unfolded_on_real_code() -> None:
     """Real agreement on real code at the default threshold: the first 10
     holes of the 40-hole run in docs/memory.md (``python -m
-    soldaemon.measure.kvfold --holes 40 --tokens 8 --prefix-tokens 256
+    soldaemon_bench.kvfold --holes 40 --tokens 8 --prefix-tokens 256
     --thresholds 0.1``), 8 greedy tokens each; folded must equal unfolded on
     at least 9 of 10. The 95 % bar itself is shown by that 40-hole run; 10
     holes keep this test at half the CPU time of the 20 it used to run."""
     from soldaemon.config import config_from_dict
-    from soldaemon.measure.holes import cut_line_holes, default_corpus
+    from soldaemon_bench.holes import cut_line_holes, default_corpus
     from soldaemon.weights.loader import load_model
     from soldaemon.runtime.engine.local import LocalEngine
-    from soldaemon.measure.kvfold import measure_agreement
+    from soldaemon_bench.kvfold import measure_agreement
 
     default = SolConfig().kv_folding_entropy_threshold
     assert default > 0

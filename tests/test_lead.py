@@ -29,9 +29,11 @@ def qwen() -> PreTrainedTokenizerFast:
     return byte_tokenizer(QWEN_SPECIALS, eos="<|im_end|>", name="tiny-qwen")
 
 
-def _prompt(tok: PreTrainedTokenizerFast, prefix: str, suffix: str = SUFFIX, **kw: object) -> fim.FimPrompt:
-    kw = {"max_prefix_tokens": 1024, "max_suffix_tokens": 256, **kw}
-    return fim.make_prompt(fim.detect_template(tok), tok, prefix, suffix, **kw)  # type: ignore[arg-type]
+def _prompt(tok: PreTrainedTokenizerFast, prefix: str, suffix: str = SUFFIX, *, lead_from: int | None = None,
+            max_prefix_tokens: int = 1024, **kw: object) -> fim.FimPrompt:
+    place = fim.Place(prefix, suffix, lead_from=lead_from)
+    budget = fim.Budget(max_prefix_tokens, 256)
+    return fim.make_prompt(fim.detect_template(tok), tok, place, budget, **kw)  # type: ignore[arg-type]
 
 
 def test_the_cursor_line_goes_after_the_middle_token(qwen: PreTrainedTokenizerFast) -> None:

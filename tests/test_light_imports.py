@@ -84,23 +84,41 @@ main(["doctor", "--port", "{port}"])
 def test_the_products_import_path_loads_no_measurement_code() -> None:
     """``serve``, ``status``, ``stop``, ``complete`` and ``doctor`` parse their
     arguments, and the server and sol-lsp import, without loading
-    soldaemon.measure (only ``bench`` does, when it is parsed)."""
+    soldaemon_bench (only ``bench`` does, when it is parsed)."""
     code = """
 import sys
 from soldaemon.cli import build_parser
 for argv in (["serve", "--port", "0"], ["status"], ["stop"], ["complete", "a.py:1:1"], ["doctor", "--json"]):
     build_parser().parse_args(argv)
 import soldaemon.server.command, soldaemon.server.daemon, soldaemon.server.status, lsp.server
-print(sorted(m for m in sys.modules if m.startswith("soldaemon.measure")))
+print(sorted(m for m in sys.modules if m.startswith("soldaemon_bench")))
 build_parser().parse_args(["bench", "--holes", "1"])
-print(sorted(m for m in sys.modules if m.startswith("soldaemon.measure")))
+print(sorted(m for m in sys.modules if m.startswith("soldaemon_bench")))
 """
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'bench'}"},
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     product, bench = out.stdout.strip().splitlines()[-2:]
     assert product == "[]"
-    assert "soldaemon.measure.bench" in bench      # the probe sees the package when it is loaded
+    assert "soldaemon_bench.bench" in bench      # the probe sees the package when it is loaded
+
+
+def test_bench_without_its_package_says_what_to_install(tmp_path: Path) -> None:
+    """The benchmarks are their own distribution (bench/): where it is not
+    installed, ``soldaemon bench`` exits 2 with the command that installs it."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class NoBench:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'soldaemon_bench':\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, NoBench())\n")
+    out = subprocess.run([sys.executable, "-m", "soldaemon.cli", "bench", "--holes", "1"], cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "pip install -e ./bench" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_status_client_loads_no_websocket_server() -> None:

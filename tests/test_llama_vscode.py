@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from soldaemon.measure.quality.llama_server import server_args
-from soldaemon.measure.quality.llama_server_build import BASE_FLAGS, cpu_flags, isa_flags
-from soldaemon.measure.quality.llama_vscode import (ClientSettings, LlamaVscodeClient, ResultCache, future_requests,
+from soldaemon_bench.quality.llama_server import server_args
+from soldaemon_bench.quality.llama_server_build import BASE_FLAGS, cpu_flags, isa_flags
+from soldaemon_bench.quality.llama_vscode import (ClientSettings, LlamaVscodeClient, ResultCache, future_requests,
                                             read_context, remove_leading_spaces, request_body, shown_text,
                                             suggestion_lines, update_suggestion)
 from tests.fixtures.require import require
@@ -191,14 +191,14 @@ def test_server_args_are_llama_vscodes_cpu_command() -> None:
 def real_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from soldaemon import paths
     from soldaemon.weights.embedded import QWEN25_CODER_05B, assemble_gguf
-    from soldaemon.measure.quality.llama_server import LlamaServer
-    from soldaemon.measure.quality.llama_server_build import BuildError, build_server
+    from soldaemon_bench.quality.llama_server import LlamaServer
+    from soldaemon_bench.quality.llama_server_build import BuildError, build_server
 
     try:
         binary = build_server()
     except BuildError as exc:
         require(False, f"llama-server ({exc})", "apt-get install cmake g++; python -m "
-                "soldaemon.measure.quality.llama_server_build")
+                "soldaemon_bench.quality.llama_server_build")
     gguf = assemble_gguf(paths.cache_dir() / "models" / "gguf" / f"{QWEN25_CODER_05B.name}.gguf", progress=False)
     server = LlamaServer(binary, gguf, threads=2, cold=True, log_path=tmp_path_factory.mktemp("llama") / "server.log")
     with server:

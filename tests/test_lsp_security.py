@@ -310,7 +310,7 @@ def test_doctor_never_runs_a_projects_nvidia_smi(tmp_path: Path, monkeypatch: py
     directory's ``nvidia-smi`` is not the one run."""
     import os
 
-    from soldaemon.gpuprobe.smi import SMI_BANNER_ARGV, run_nvidia_smi
+    from soldaemon.doctor.readers.smi import SMI_BANNER_ARGV, run_nvidia_smi
 
     marker = tmp_path / "ran"
     smi = tmp_path / "nvidia-smi"

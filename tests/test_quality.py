@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from soldaemon.cli import main
-from soldaemon.measure.holes import Hole, cut_holes, default_corpus
-from soldaemon.measure.quality import edit_similarity, exact_match, first_line_match, levenshtein, parses, score
 from soldaemon.testing.tiny import build_tiny_model
+from soldaemon_bench.holes import Hole, cut_holes, default_corpus
+from soldaemon_bench.quality import edit_similarity, exact_match, first_line_match, levenshtein, parses, score
 
 SRC = '''\
 def area(w, h):
@@ -143,7 +143,7 @@ def test_bench_quality_functional_holes_report_pass_at_1(tiny_dir: Path, tmp_pat
 def test_model_columns_are_parsed_and_named() -> None:
     from soldaemon.config import Config
     from soldaemon.errors import BadRequest
-    from soldaemon.measure.quality.columns import model_configs
+    from soldaemon_bench.quality.columns import model_configs
 
     cols = model_configs(Config.default(), ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b+qwen2.5-coder-0.5b"])
     assert [(label, target) for label, target, _ in cols] == [("sol[0.5b]", "qwen2.5-coder-0.5b"),
@@ -154,7 +154,7 @@ def test_model_columns_are_parsed_and_named() -> None:
 
 
 def test_decode_rate_counts_tokens_after_the_first() -> None:
-    from soldaemon.measure.quality import Column
+    from soldaemon_bench.quality import Column
 
     col = Column("c")
     hole = Hole("f.py", 1, "x = ", "\n", "1")
@@ -167,8 +167,8 @@ def test_columns_against_float32_give_the_kernel_plans_quality_record() -> None:
     """`bench --quality --precisions float32` prints, per column, the holes
     right only on one side: pass@1 where a hole ran its tests, exact match
     elsewhere — the record kernel_plan.QUALITY holds."""
-    from soldaemon.measure.quality.report import agreement, paired
-    from soldaemon.measure.quality.scores import Column, Score
+    from soldaemon_bench.quality.report import agreement, paired
+    from soldaemon_bench.quality.scores import Column, Score
 
     def col(name: str, right: list[tuple[bool, bool | None]]) -> Column:
         c = Column(name)
@@ -197,8 +197,8 @@ def test_bench_windows_default_to_what_the_daemon_serves() -> None:
     import argparse
 
     from soldaemon.config import Config
-    from soldaemon.measure.bench import add_arguments
-    from soldaemon.measure.header import with_windows
+    from soldaemon_bench.bench import add_arguments
+    from soldaemon_bench.header import with_windows
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -1,4 +1,4 @@
-"""End-of-answer statistics of ``bench --quality`` (soldaemon.measure.quality.ends)
+"""End-of-answer statistics of ``bench --quality`` (soldaemon_bench.quality.ends)
 on hand-made columns."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 
 pytest.importorskip("tree_sitter_python")
 
-from soldaemon.measure.holes import Hole  # noqa: E402
-from soldaemon.measure.quality import Column  # noqa: E402
-from soldaemon.measure.quality import ends  # noqa: E402
-from soldaemon.measure.quality.report import table  # noqa: E402
+from soldaemon_bench.holes import Hole  # noqa: E402
+from soldaemon_bench.quality import Column  # noqa: E402
+from soldaemon_bench.quality import ends  # noqa: E402
+from soldaemon_bench.quality.report import table  # noqa: E402
 
 PREFIX = "def primes(n):\n    out = []\n    "
 SUFFIX = "\n    return out\n"
@@ -71,7 +71,7 @@ def test_each_model_is_compared_with_its_own_raw_answers() -> None:
 def test_each_target_model_gets_its_first_engine_in_order() -> None:
     """--models qwen-1.5b+qwen-0.5b qwen-0.5b qwen-1.5b: one raw and one
     llama.vscode column per target, on the first engine loaded for it."""
-    from soldaemon.measure.quality.command import _per_target
+    from soldaemon_bench.quality.command import _per_target
 
     a1, b, a2 = object(), object(), object()
     by_model = [(Column("sol[1.5b+0.5b]"), "1.5b", a1), (Column("sol[0.5b]"), "0.5b", b),
@@ -84,7 +84,7 @@ def test_hole_ids_keep_the_named_holes_in_order_and_refuse_unknown_ones() -> Non
     """--hole-ids path:line: the chosen holes (and their functional twins)
     in the run's order; an id that names no hole is an error naming it."""
     from soldaemon.errors import BadRequest
-    from soldaemon.measure.quality.command import _chosen
+    from soldaemon_bench.quality.command import _chosen
 
     holes = [Hole("a.py", 2, "", "", "x", "block"), Hole("b.py", 7, "", "", "y", "block"),
              Hole("a.py", 9, "", "", "z", "line")]

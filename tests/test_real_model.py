@@ -86,7 +86,7 @@ def test_the_machines_plan_agrees_with_float32(engine, reference) -> None:
     run is docs/results/2026-12-01-precision-60.json). Measured here: 4 of 6 holes identical over
     10 tokens, 48 of 60 tokens equal."""
     from soldaemon.api import CompletionRequest
-    from soldaemon.measure.holes import cut_line_holes, default_corpus
+    from soldaemon_bench.holes import cut_line_holes, default_corpus
     from soldaemon.runtime.forward.backend import LeanBackend
     from soldaemon.runtime.decode.generate import generate
     from soldaemon.runtime.forward.kernels import plan_for

@@ -1,5 +1,5 @@
 """Context chosen by relevance to the cursor (soldaemon/pipeline/relevance.py) and its
-use in the prompt (pipeline.build_fim_prompt, model.context)."""
+use in the prompt (pipeline.build_fim_prompt, pipeline.context_selector)."""
 
 from __future__ import annotations
 
@@ -137,9 +137,6 @@ def test_the_prompt_carries_the_relevant_snippet_only() -> None:
     text = tok.decode(prompt.ids)
     assert "def circle_area" in text and "class Canvas" in text
     assert "parse_header" not in text
-    # model.context: order keeps the chunks as sent
-    ordered = config_from_dict({"model": {"max_prefix_tokens": 256, "max_suffix_tokens": 64,
-                                          "max_context_tokens": 512, "max_context": 2048, "context": "order"}})
-    assert context_selector(ordered.model) is None
-    prompt2, _ = build_fim_prompt(template, tok, ordered.model, req, 2048, selector=None)
+    # without a selector (the quality bench's sol+ctx[order]) the chunks go as sent
+    prompt2, _ = build_fim_prompt(template, tok, config.model, req, 2048, selector=None)
     assert "parse_header" in tok.decode(prompt2.ids)

@@ -730,7 +730,7 @@ def test_engine_killed_mid_request_then_restarted(remote_daemon: Any, llama_serv
 
 def test_trace_bench_replays_keystrokes_through_the_remote_backend(tiny_tokenizer: Any, scripted: ScriptedEngine,
                                                                    tmp_path: Path) -> None:
-    from soldaemon.measure.trace import make_trace, run_remote
+    from soldaemon_bench.trace import make_trace, run_remote
 
     source = tmp_path / "shapes.py"
     source.write_text("def area(width, height):\n    result = width * height\n    return result\n")

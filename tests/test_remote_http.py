@@ -20,7 +20,7 @@ import pytest
 from soldaemon.errors import RemoteBadResponse, RemoteHttpError
 from soldaemon.remote.endpoint import Endpoint
 from soldaemon.remote.probe import Probe
-from soldaemon.remote.stream import MAX_LINE, UpstreamStream, _CouldNotConnect
+from soldaemon.remote.stream import MAX_LINE, CouldNotConnect, UpstreamStream
 
 EVENT = b'data: {"choices": [{"text": "ok", "index": 0, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n'
 
@@ -241,7 +241,7 @@ def _tls(tmp_path: Path) -> tuple[ssl.SSLContext, Path]:
 def test_tls_checks_the_certificate_against_the_system_store(serve: Callable[..., Engine], tmp_path: Path) -> None:
     ctx, _ = _tls(tmp_path)
     engine = serve(_ok, ctx)
-    with pytest.raises(_CouldNotConnect, match="CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
+    with pytest.raises(CouldNotConnect, match="CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
         _stream(engine.url).open()
 
 

@@ -122,7 +122,7 @@ def test_a_rotated_verify_is_its_decode_steps_bit_for_bit(tiny128) -> None:
 def test_nothing_is_rotated_where_nothing_is_quantized_or_when_asked(tiny128) -> None:
     assert LeanBackend(tiny128, 256, plan=WEIGHT_ONLY).rotations is None
     assert LeanBackend(tiny128, 256).rotations is None                  # the reference math
-    assert make_backend(tiny128, 256, plan=INT8, rotate=False).rotations is None   # model.rotate: false
+    assert make_backend(tiny128, 256, plan=INT8, rotate=False).rotations is None   # rotate=False
     rot = Rotations.for_shapes(128, 384)
     assert rot.residual.m.shape == (128, 128) and rot.inner.m.shape[0] == 32
 
@@ -131,13 +131,13 @@ def test_a_bench_header_names_the_plans_arithmetic_not_the_modules_dtype(tiny128
     """A model under an int8 plan is held in float32 but computes its
     products in int8: the benches' first line (measure/header.py) says so,
     and says rotated only where the plan rotates."""
-    from soldaemon.measure.header import engine_label
+    from soldaemon_bench.header import engine_label
     from soldaemon.runtime.forward.precision import precision_info
 
     def label(plan: KernelPlan, rotate: bool = True) -> str:
         be = make_backend(tiny128, 256, plan=plan, rotate=rotate)
         info = {"model": "tiny", "device": "cpu", "dtype": "float32", "backend": "lean",
-                "precision": precision_info(be, torch.float32, None, ())}
+                "precision": precision_info(be, torch.float32, None)}
         return engine_label(info)
 
     assert label(INT8) == "tiny (float32 activations, int8 weights, int8-dynamic kernels, rotated, lean) on cpu"

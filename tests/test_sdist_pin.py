@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from soldaemon.measure.quality import llama_server_build as build
+from soldaemon_bench.quality import llama_server_build as build
 
 
 def test_a_fetched_sdist_of_another_hash_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

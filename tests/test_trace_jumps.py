@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from soldaemon.cli import main
-from soldaemon.measure.holes import default_corpus
-from soldaemon.measure.jumps import JUMP, JUMP_KEYS, JUMP_PAUSE, function_of, jump_targets
 from soldaemon.testing.tiny import build_tiny_model
-from soldaemon.measure.trace import make_trace
+from soldaemon_bench.holes import default_corpus
+from soldaemon_bench.jumps import JUMP, JUMP_KEYS, JUMP_PAUSE, function_of, jump_targets
+from soldaemon_bench.trace import make_trace
 
 TEXT = "def f():\n    a = 1\n    return a\n\n\ndef g():\n    def inner():\n        return 2\n    return inner\n"
 

@@ -43,16 +43,13 @@ and :mod:`.loader` (finding the file, YAML with line numbers).
 from __future__ import annotations
 
 from soldaemon.config.budget import MemoryBudget
-from soldaemon.config.build import Config, config_from_dict, effective_precision
+from soldaemon.config.build import Config, config_from_dict
 from soldaemon.config.loader import CONFIG_FILENAME, ENV_VAR, find_config_file, load_config
 from soldaemon.config.sections import (
     BackendConfig,
     BackendKind,
     CompletionConfig,
-    ContextChoice,
-    DecodeDtype,
     DeviceConfig,
-    Dtype,
     FimAnchor,
     FimOrder,
     ModelConfig,
@@ -69,16 +66,12 @@ __all__ = [
     "BackendConfig",
     "BackendKind",
     "CompletionConfig",
-    "ContextChoice",
-    "DecodeDtype",
     "Config",
     "DeviceConfig",
-    "Dtype",
     "FimAnchor",
     "FimOrder",
     "Precision",
     "PromptFormat",
-    "effective_precision",
     "MemoryBudget",
     "ModelConfig",
     "OffloadPolicy",

@@ -14,9 +14,9 @@ from soldaemon.discovery import is_loopback_host
 from soldaemon.errors import ConfigError
 
 from soldaemon.config.budget import MemoryBudget
-from soldaemon.config.checks import _Bad
-from soldaemon.config.sections import (BackendConfig, CompletionConfig, DeviceConfig, ModelConfig, ServerConfig, SolConfig,
-                       _SECTIONS)
+from soldaemon.config.checks import Bad
+from soldaemon.config.sections import (SECTIONS, BackendConfig, CompletionConfig, DeviceConfig, ModelConfig,
+                                       ServerConfig, SolConfig)
 
 _HINT = "see docs/config.md or sol_config.example.yaml for every key and its allowed values"
 _T = TypeVar("_T")
@@ -45,7 +45,7 @@ class Config:
         memory budget as an int MB or a float fraction) such that
         ``config_from_dict(c.to_dict())`` equals ``c`` apart from ``source``."""
         out: dict[str, dict[str, Any]] = {}
-        for name in _SECTIONS:
+        for name in SECTIONS:
             section = getattr(self, name)
             out[name] = {f.name: _plain(getattr(section, f.name)) for f in dataclasses.fields(section)}
         return out
@@ -64,7 +64,7 @@ class Config:
             if not sep or not key or "." in key:
                 problems.append(
                     f"{source}: {dotted}: expected a key of the form section.key "
-                    f"(sections: {', '.join(_SECTIONS)})"
+                    f"(sections: {', '.join(SECTIONS)})"
                 )
                 continue
             target = data.setdefault(section, {})
@@ -72,7 +72,7 @@ class Config:
                 target[key] = value
         if problems:
             raise ConfigError("\n".join(problems), hint=_HINT)
-        return _build(data, source, {}, None, self.source)
+        return build_config(data, source, {}, None, self.source)
 
 
 def _plain(value: object) -> object:
@@ -157,7 +157,7 @@ class _Problems:
 def _elsewhere(key: str, exclude: str | None) -> list[str]:
     """Dotted names of sections or keys elsewhere that are exactly ``key``."""
     found: list[str] = []
-    for name, cls in _SECTIONS.items():
+    for name, cls in SECTIONS.items():
         if name == exclude:
             continue
         if key in {f.name for f in dataclasses.fields(cls)}:
@@ -182,26 +182,9 @@ def _build_section(
             continue
         try:
             values[key] = fields[key].metadata["check"](value, base)
-        except _Bad as bad:
+        except Bad as bad:
             problems.invalid(dotted, value, bad.expected)
     return cls(**values)
-
-
-def effective_precision(model: ModelConfig) -> tuple[str, list[str]]:
-    """``model.precision`` after the keys it replaced (``model.dtype``,
-    ``model.decode_dtype``), and the notices to show for those keys."""
-    notices: list[str] = []
-    precision: str = model.precision
-    if model.dtype != "auto":
-        if precision == "auto":
-            precision = model.dtype
-            notices.append(f"model.dtype is replaced by model.precision: read as model.precision: {model.dtype}")
-        else:
-            notices.append(f"model.dtype ({model.dtype}) is ignored: model.precision ({precision}) is set")
-    if model.decode_dtype != "auto":
-        notices.append(f"model.decode_dtype ({model.decode_dtype}) no longer applies: the weights are kept once, "
-                       "and the kernel for decode steps is chosen by measurement (model.precision)")
-    return precision, notices
 
 
 def _cross_checks(config: Config, problems: _Problems) -> None:
@@ -236,28 +219,31 @@ def _cross_checks(config: Config, problems: _Problems) -> None:
         )
 
 
-def _build(
+def build_config(
     data: object,
     source: str,
     lines: Mapping[str, int],
     base: Path | None,
     source_path: Path | None,
 ) -> Config:
+    """The Config of ``data`` (the parsed file); ``lines`` maps a dotted key to
+    its line in ``source``, for messages. Raises ConfigError naming every
+    problem found."""
     problems = _Problems(source, lines)
     if data is None:
         return Config(source=source_path)
     if not isinstance(data, dict):
         raise ConfigError(
             f"{source}: the top level must be a mapping of sections "
-            f"({', '.join(_SECTIONS)}), got {_kind(data)} {_show(data)}",
+            f"({', '.join(SECTIONS)}), got {_kind(data)} {_show(data)}",
             hint=_HINT,
         )
     sections: dict[str, Any] = {}
     for key, raw in data.items():
-        if not isinstance(key, str) or key not in _SECTIONS:
-            problems.unknown(str(key), key, list(_SECTIONS), _elsewhere(str(key), None))
+        if not isinstance(key, str) or key not in SECTIONS:
+            problems.unknown(str(key), key, list(SECTIONS), _elsewhere(str(key), None))
             continue
-        sections[key] = _build_section(key, _SECTIONS[key], raw, problems, base)
+        sections[key] = _build_section(key, SECTIONS[key], raw, problems, base)
     problems.raise_if_any()
     config = Config(**sections, source=source_path)
     _cross_checks(config, problems)
@@ -275,4 +261,4 @@ def config_from_dict(
     the defaults. The result's ``source`` is None. Raises ConfigError.
     """
     plain = dict(data) if isinstance(data, Mapping) else data
-    return _build(plain, source, {}, base_dir, None)
+    return build_config(plain, source, {}, base_dir, None)

@@ -12,7 +12,7 @@ import yaml
 from soldaemon.errors import ConfigError
 from soldaemon.paths import config_home
 
-from soldaemon.config.build import Config, _build
+from soldaemon.config.build import Config, build_config
 
 CONFIG_FILENAME = "sol_config.yaml"
 ENV_VAR = "SOLDAEMON_CONFIG"
@@ -143,4 +143,4 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
     except OSError as err:
         raise ConfigError(f"{found}: cannot read: {err.strerror or err}") from None
     data, lines = _parse_yaml(text, str(found))
-    return _build(data, str(found), lines, found.parent, found)
+    return build_config(data, str(found), lines, found.parent, found)

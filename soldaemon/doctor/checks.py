@@ -1,6 +1,6 @@
 """``soldaemon doctor``: is this machine ready for low-latency completions?
 
-Reading lives in :mod:`soldaemon.gpuprobe`; this module only judges readings
+Reading lives in :mod:`soldaemon.doctor.readers`; this module only judges readings
 and prints the verdicts. Every :class:`Check` says what was found, what it
 costs, and the command a user could run to fix it. Contracts:
 
@@ -26,19 +26,11 @@ import sys
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Iterable, Literal, Sequence
 
-from soldaemon import gpuprobe
+from soldaemon.doctor import readers
 from soldaemon.doctor.daemon import configured_plan_key, daemon_report, probe_running_daemon
 from soldaemon.doctor.plan import model_report, plan_report
-from soldaemon.gpuprobe import (
-    DEFAULT_PORT,
-    CacheReading,
-    CpuReading,
-    DaemonReading,
-    GpuProbe,
-    GpuReading,
-    MachineReading,
-    TorchReading,
-)
+from soldaemon.doctor.readers import (DEFAULT_PORT, CacheReading, CpuReading, DaemonReading, GpuProbe, GpuReading,
+                                      MachineReading, TorchReading)
 
 Verdict = Literal["ok", "info", "warn", "fail"]
 VERDICTS: tuple[Verdict, ...] = ("ok", "info", "warn", "fail")
@@ -358,7 +350,7 @@ def _judge_processes(p: str, r: GpuReading, own_pid: int | None) -> Check:
     compute = [x for x in others if x.kind == "compute"]
     graphics = [x for x in others if x.kind == "graphics"]
 
-    def fmt(xs: Sequence[gpuprobe.GpuProcess]) -> str:
+    def fmt(xs: Sequence[readers.GpuProcess]) -> str:
         return ", ".join(f"{x.name or '?'} (pid {x.pid}, {_mib(x.used_bytes)})" for x in xs)
 
     if compute:
@@ -541,8 +533,8 @@ def startup_checks() -> list[Check]:
     torch, the CPU and the cache folder; well under a second once torch is
     imported. Never raises."""
     try:
-        machine = gpuprobe.read_machine(
-            port=None, run=lambda argv: gpuprobe.run_nvidia_smi(argv, timeout_s=2.0))
+        machine = readers.read_machine(
+            port=None, run=lambda argv: readers.run_nvidia_smi(argv, timeout_s=2.0))
         return judge_machine(machine, own_pid=os.getpid())
     except Exception as exc:                      # health must never take the daemon down
         return [Check("doctor", "warn", f"start-up checks failed: {type(exc).__name__}: {exc}")]
@@ -561,7 +553,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, config: Any = None) -> int:
     """Read the machine, judge, print. Returns 1 if any check fails, else 0.
     Changes nothing on the machine."""
-    machine = gpuprobe.read_machine(port=None)
+    machine = readers.read_machine(port=None)
     machine = replace(machine, daemon=probe_running_daemon(config, args.port))
     layers, threads = configured_plan_key(config)
     checks = judge_machine(machine, own_pid=os.getpid(), layers=layers, threads=threads)

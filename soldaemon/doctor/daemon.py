@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from soldaemon.gpuprobe import DaemonReading
+from soldaemon.doctor.readers import DaemonReading
 
 
 def _line(verdict: str, detail: str, *, cost: str | None = None, fix: str | None = None) -> dict[str, Any]:

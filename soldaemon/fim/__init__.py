@@ -4,8 +4,8 @@ A FIM model is prompted with the text before the cursor (the *prefix*), the text
 after it (the *suffix*) and three special tokens that mark them; it then
 generates the *middle*. Each model family spells those tokens differently.
 :func:`detect_template` finds the family from the tokenizer's special tokens;
-:func:`make_prompt` windows the document to a token budget and builds the
-prompt ids.
+:func:`make_prompt` windows the document (a :class:`Place`) to a token
+:class:`Budget` and builds the prompt ids.
 
 Contracts that the rest of the daemon relies on:
 
@@ -59,17 +59,20 @@ from soldaemon.fim.comments import DEFAULT_LINE_COMMENT, comment_header
 from soldaemon.fim.encoding import encode_text
 from soldaemon.fim.layout import build_prompt
 from soldaemon.fim.outline import below_outline, fit_outlines, scope_outline
-from soldaemon.fim.prompt import FimPrompt, heal_token, heal_tokens, lead_reserve, line_anchor, make_prompt
+from soldaemon.fim.prompt import (Budget, FimPrompt, Place, heal_token, heal_tokens, lead_reserve, line_anchor,
+                                  make_prompt)
 from soldaemon.fim.templates import SUPPORTED_FAMILIES, Family, FimOrder, FimTemplate, detect_template
 from soldaemon.fim.windows import WindowMemo, window_prefix, window_suffix
 
 __all__ = [
+    "Budget",
     "DEFAULT_LINE_COMMENT",
     "SUPPORTED_FAMILIES",
     "Family",
     "FimOrder",
     "FimPrompt",
     "FimTemplate",
+    "Place",
     "WindowMemo",
     "below_outline",
     "build_prompt",

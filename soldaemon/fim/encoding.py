@@ -66,7 +66,7 @@ def encode_text(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return out
 
 
-def _adds_dummy_prefix(tokenizer: Any) -> bool:
+def adds_dummy_prefix(tokenizer: Any) -> bool:
     """True when encoding "a" yields a first token starting with "▁"."""
     try:
         ids = encode_text(tokenizer, "a")

@@ -25,14 +25,14 @@ def _encode_no_dummy(template: FimTemplate, tokenizer: Any, text: str) -> list[i
     return encode_text(tokenizer, text)
 
 
-def _prefix_encoder(template: FimTemplate, tokenizer: Any) -> Callable[[str], list[int]]:
+def prefix_encoder(template: FimTemplate, tokenizer: Any) -> Callable[[str], list[int]]:
     """The encoder for the first text after the PRE token."""
     if template.family == "codellama":
         return lambda text: _encode_no_dummy(template, tokenizer, " " + text)
     return lambda text: encode_text(tokenizer, text)
 
 
-def _plain_encoder(template: FimTemplate, tokenizer: Any) -> Callable[[str], list[int]]:
+def plain_encoder(template: FimTemplate, tokenizer: Any) -> Callable[[str], list[int]]:
     """The encoder for text that follows other tokens (suffix, later pieces)."""
     if template.family == "codellama":
         return lambda text: _encode_no_dummy(template, tokenizer, text)

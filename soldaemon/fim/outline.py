@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from soldaemon.fim.windows import _count_tokens, _split_lines
+from soldaemon.fim.windows import count_tokens, split_lines
 
 
 _IMPORT = re.compile(r"^(import\s|from\s+\S+\s+import\s|#include\s|use\s|using\s|require\b|package\s)")
@@ -59,8 +59,8 @@ def scope_outline(prefix: str, n_cut: int, suffix: str, *, near_lines: int = 12)
 
     Pure; each returned text ends with a newline.
     """
-    lines = _split_lines(prefix)
-    cut_lines = len(_split_lines(prefix[:n_cut])) - 1  # lines wholly in the cut part
+    lines = split_lines(prefix)
+    cut_lines = len(split_lines(prefix[:n_cut])) - 1  # lines wholly in the cut part
     if cut_lines <= 0:
         return []
     in_string = _string_lines(lines[:cut_lines])
@@ -75,7 +75,7 @@ def scope_outline(prefix: str, n_cut: int, suffix: str, *, near_lines: int = 12)
             limit = _indent_width(line)
             if i < cut_lines and _looks_like_header(line):
                 pri[i] = 0
-    near = "".join(lines[-near_lines:]) + "".join(_split_lines(suffix)[:near_lines // 2])
+    near = "".join(lines[-near_lines:]) + "".join(split_lines(suffix)[:near_lines // 2])
     names = set(_IDENT.findall(near))
     for i in range(cut_lines):
         line = lines[i]
@@ -150,19 +150,19 @@ def below_outline(prefix: str, suffix: str, n_kept: int, visible: str, *,
     ``max_lines`` lines below the window are read (the cost per keystroke
     stays bounded in a long file); lines longer than ``max_line_chars`` are
     left out (a long literal is no outline)."""
-    kept_lines = len(_split_lines(suffix[:n_kept])) - 1 if n_kept > 0 else 0
-    lines = _split_lines(suffix)[:kept_lines + max_lines]
+    kept_lines = len(split_lines(suffix[:n_kept])) - 1 if n_kept > 0 else 0
+    lines = split_lines(suffix)[:kept_lines + max_lines]
     if kept_lines >= len(lines):
         return []
     in_string = _string_lines(lines)
-    headers = _enclosing(_split_lines(prefix))
+    headers = _enclosing(split_lines(prefix))
     if not headers:
         return []
     cls = next(((ind, h) for ind, h in headers if h.lstrip().startswith("class ")), None)
     depths = {ind for ind, _ in headers} | {0}
-    near = "".join(_split_lines(prefix)[-near_lines:]) + "".join(lines[:min(kept_lines, near_lines // 2)])
+    near = "".join(split_lines(prefix)[-near_lines:]) + "".join(lines[:min(kept_lines, near_lines // 2)])
     names = set(_IDENT.findall(near)) - set(_IDENT.findall(" ".join(
-        m.group(1) for m in map(_DEF.match, _split_lines(visible)) if m)))
+        m.group(1) for m in map(_DEF.match, split_lines(visible)) if m)))
     seen_attrs = set(_SELF_ATTR.findall(visible))
     in_class = cls is not None and any(ind > cls[0] and _DEF.match(h) for ind, h in headers)
     pri: dict[int, int] = {}
@@ -244,7 +244,7 @@ def fit_outlines(tokenizer: Any, above: list[tuple[int, str]], below: list[tuple
         return "", ""
     items = [(p, len(above) - k, 0, k, t) for k, (p, t) in enumerate(above)] + \
             [(p, k, 1, k, t) for k, (p, t) in enumerate(below)]
-    counts = _count_tokens(tokenizer, [t for *_, t in items])
+    counts = count_tokens(tokenizer, [t for *_, t in items])
     keep: set[tuple[int, int]] = set()
     total = 0
     for n in sorted(range(len(items)), key=lambda n: items[n][:2]):

@@ -1,22 +1,62 @@
-"""The whole prompt: windows, context, outline, lead and healing put
-together (:func:`make_prompt`)."""
+"""The whole prompt (:func:`make_prompt`): a place in a document and a token
+budget in, the ids out, in small steps that each return a small record:
+context, lead, windows, outline, healing, layout."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 from soldaemon.fim.comments import comment_header
 from soldaemon.fim.encoding import encode_text
-from soldaemon.fim.layout import _plain_encoder, _prefix_encoder, build_prompt
+from soldaemon.fim.layout import build_prompt, plain_encoder, prefix_encoder
 from soldaemon.fim.outline import below_outline, fit_outlines, scope_outline
 from soldaemon.fim.templates import FimOrder, FimTemplate
-from soldaemon.fim.windows import WindowMemo, _memoized, _window_prefix, _window_suffix
+from soldaemon.fim.windows import WindowMemo, fit_prefix, fit_suffix
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from soldaemon.api import ContextChunk
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where the completion goes: the document around the cursor and what
+    else the prompt may show."""
+
+    prefix: str                            # the document before the cursor
+    suffix: str                            # the document after the cursor
+    # other files, best first: each kept from its start while the budget lasts
+    context: Sequence[ContextChunk | tuple[str, str]] = ()
+    language: str | None = None            # the comment syntax of context headers (families without file separators)
+    current_path: str | None = None        # this file's path, shown with other files (families with file separators)
+    repo_name: str | None = None           # the repository's name, likewise
+    # where the middle starts, an index into ``prefix`` (None: the cursor): the
+    # lead ``prefix[lead_from:]`` goes after the middle token (llama.cpp's
+    # /infill ``prompt``), so typing only appends to the prompt
+    lead_from: int | None = None
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Token budgets. A prompt is at most ``prefix + suffix + context`` tokens,
+    plus a lead's reserve (:func:`lead_reserve`), the control tokens, the bos
+    and, with file separators, the path and repository-name tokens."""
+
+    prefix: int              # tokens: the prefix window (the text before a lead's anchor)
+    suffix: int              # tokens: the suffix window
+    context: int = 1024      # tokens: the outline and the context chunks
+    outline: int = 0         # tokens of ``context`` the outline takes first (0: none)
+    grain_lines: int = 16    # lines: the grid the prefix window's start moves on (windows.window_prefix)
+
+    @property
+    def outline_tokens(self) -> int:
+        return min(max(0, self.outline), max(0, self.context))
+
+    @property
+    def chunk_tokens(self) -> int:
+        return max(0, self.context) - self.outline_tokens
 
 
 @dataclass(frozen=True)
@@ -64,7 +104,7 @@ def heal_token(tokenizer: Any, prefix_ids: Sequence[int], prefix_text: str, *, b
 # Healing inside a word goes back to the word's start, at most this far: a
 # word split into pieces (``" ret" + "u"`` for ``retu``) leaves the model after
 # a piece it never saw there (``" return"`` is one token), and dropping only the
-# last piece still leaves it after ``" ret"`` (docs/quality.md, session 24).
+# last piece still leaves it after ``" ret"`` (docs/quality.md).
 HEAL_MAX_TOKENS = 4
 HEAL_MAX_CHARS = 32
 
@@ -98,7 +138,7 @@ def heal_tokens(tokenizer: Any, ids: Sequence[int], prefix_text: str, *, blank: 
 
 
 def lead_reserve(max_prefix_tokens: int) -> int:
-    """The most tokens a lead (:func:`make_prompt`'s ``lead_from``) may
+    """The most tokens a lead (:attr:`Place.lead_from`) may
     take, on top of the prefix window: a quarter of ``max_prefix_tokens``,
     between 16 and 192."""
     return max(16, min(192, max_prefix_tokens // 4))
@@ -110,7 +150,7 @@ def line_anchor(prefix: str) -> int:
     cursor after Enter). Measured on the embedded model, a typed line
     anchored after its indentation matches more often (docs/quality.md); a
     blank line's indentation goes into the middle, tokenized as the code
-    after it would be, its last blank healed (:func:`make_prompt`): the
+    after it would be, its last blank healed (:func:`heal_end`): the
     prefix then ends at a line's end, as the model mostly saw it."""
     start = prefix.rfind("\n") + 1
     line = prefix[start:]
@@ -119,27 +159,64 @@ def line_anchor(prefix: str) -> int:
     return start + len(line) - len(line.lstrip(" \t"))
 
 
-def _split_lead(prefix: str, lead_from: int | None, max_prefix_tokens: int,
-                encode: Callable[[str], list[int]]) -> tuple[str, str, list[int]]:
-    """``(head, lead, lead ids)``: ``prefix`` split at ``lead_from``, or at
-    the cursor line's anchor (:func:`line_anchor`) when the lead does not
-    fit its reserve; not
-    split (lead "") when ``lead_from`` is None, the budget is too small to
-    spare a reserve, or not even the cursor line fits."""
-    reserve = lead_reserve(max_prefix_tokens)
-    if lead_from is None or max_prefix_tokens < 2 * reserve:
-        return prefix, "", []
-    if not 0 <= lead_from <= len(prefix):
-        raise ValueError(f"lead_from {lead_from} is outside the prefix (0..{len(prefix)})")
-    for start in dict.fromkeys((lead_from, max(lead_from, line_anchor(prefix)))):
-        lead = prefix[start:]
-        if not lead:
-            return prefix, "", []
-        if len(lead) <= 16 * reserve:   # a cheap bound first: tokens are rarely longer than 16 characters
-            ids = encode(lead)
-            if len(ids) <= reserve:
-                return prefix[:start], lead, ids
-    return prefix, "", []
+class Encoders(NamedTuple):
+    first: Callable[[str], list[int]]    # the first text after the prefix token
+    plain: Callable[[str], list[int]]    # text after other tokens
+
+
+class Context(NamedTuple):
+    chunks: list[tuple[str, list[int]]]  # (path, code ids) for families with file separators
+    header_ids: list[int]                # comment headers in front of the prefix, for the others
+
+
+class Lead(NamedTuple):
+    head: str                            # the prefix before the lead: windowed
+    text: str                            # the lead ("": the middle starts at the cursor)
+    ids: list[int]
+
+
+class Windows(NamedTuple):
+    head_text: str                       # the kept end of ``Lead.head``
+    prefix_ids: list[int]
+    suffix_text: str                     # the kept start of the suffix
+    suffix_ids: list[int]
+
+
+class Outlined(NamedTuple):
+    prefix_ids: list[int]                # the outline of what the window left out above, then the window
+    below_ids: list[int]                 # after the suffix window: the outline of what it left out below
+
+
+class Healed(NamedTuple):
+    text: str                            # what the generation must start with ("": no healing)
+    prefix_ids: list[int]
+    lead_ids: list[int]
+    from_window: int                     # tokens healed off the window (not the lead)
+
+
+def make_prompt(template: FimTemplate, tokenizer: PreTrainedTokenizerBase, place: Place, budget: Budget, *,
+                order: FimOrder = "psm", heal: bool = False, memo: WindowMemo | None = None) -> FimPrompt:
+    """The prompt of ``place`` within ``budget`` in ``order``. ``heal``: token
+    healing (:func:`heal_end`) where the family allows it. ``memo``: the
+    caller's recent windows and outlines (typing on a line changes neither)."""
+    enc = Encoders(prefix_encoder(template, tokenizer), plain_encoder(template, tokenizer))
+    memo = memo if memo is not None else WindowMemo(size=0)
+    context = pack_context(template, tokenizer, place, budget.chunk_tokens, enc)
+    can_heal = heal and not template.dummy_prefix
+    lead = split_lead(place, budget.prefix, enc.plain, can_heal)
+    if context.header_ids:     # the window no longer starts right after the prefix token
+        enc = Encoders(enc.plain, enc.plain)
+    windows = cut_windows(tokenizer, place, lead, budget, enc, memo)
+    outlined = add_outlines(tokenizer, place, lead, windows, budget, enc, memo)
+    healed = heal_end(tokenizer, lead, outlined.prefix_ids, windows.head_text + lead.text, can_heal, enc.plain)
+    ids = lay_out(template, tokenizer, place, context, healed, windows.suffix_ids + outlined.below_ids, order)
+    n_window = len(windows.prefix_ids) - healed.from_window + len(healed.lead_ids)
+    fixed = 3 + (1 if template.bos_id is not None else 0)
+    return FimPrompt(
+        ids=ids, prefix_text=windows.head_text + lead.text, suffix_text=windows.suffix_text,
+        n_prefix_tokens=n_window, n_suffix_tokens=len(windows.suffix_ids),
+        n_context_tokens=len(ids) - fixed - n_window - len(windows.suffix_ids), heal=healed.text,
+        n_middle=1 + len(healed.lead_ids) if order == "psm" and place.lead_from is not None else 0)
 
 
 def _chunk_fields(chunk: ContextChunk | tuple[str, str]) -> tuple[str, str]:
@@ -148,212 +225,174 @@ def _chunk_fields(chunk: ContextChunk | tuple[str, str]) -> tuple[str, str]:
     return chunk.uri, chunk.text
 
 
-def make_prompt(
-    template: FimTemplate,
-    tokenizer: PreTrainedTokenizerBase,
-    prefix: str,
-    suffix: str,
-    *,
-    max_prefix_tokens: int,
-    max_suffix_tokens: int,
-    context: Sequence[ContextChunk | tuple[str, str]] = (),
-    max_context_tokens: int = 1024,
-    language: str | None = None,
-    current_path: str | None = None,
-    repo_name: str | None = None,
-    grain_lines: int = 16,
-    order: FimOrder = "psm",
-    max_outline_tokens: int = 0,
-    heal: bool = False,
-    lead_from: int | None = None,
-    memo: WindowMemo | None = None,
-) -> FimPrompt:
-    """Window ``prefix``/``suffix`` to their budgets and build the prompt ids.
+def pack_context(template: FimTemplate, tokenizer: Any, place: Place, tokens: int, enc: Encoders) -> Context:
+    """``place.context`` within ``tokens``, in order, each chunk kept from its
+    start to a line end (one with no room left is dropped): files after
+    separators where the family has them, else comment headers in
+    ``place.language`` in front of the prefix."""
+    if template.has_repo_tokens:
+        return Context(_file_chunks(tokenizer, place.context, tokens), [])
+    return Context([], _comment_headers(tokenizer, place, tokens, enc))
 
-    ``context`` items are ``ContextChunk`` or ``(path, text)``; they are used in
-    order, each kept from its start (cut at a line end) until
-    ``max_context_tokens`` is spent (a chunk that would get no room is
-    dropped). With file separators they are laid out as the family documents;
-    otherwise each becomes a :func:`comment_header` in ``language`` in front
-    of the prefix. ``current_path``/``repo_name`` only matter for families
-    with file separators, and only when there is other context (chunks or a
-    ``repo_name``): a lone file gets the plain FIM layout.
 
-    When the window leaves out the start of the prefix, an *outline* of what
-    it left out (:func:`scope_outline`: the headers of the scopes enclosing
-    the cursor, the definitions of names used near the cursor, the imports)
-    goes right in front of the window, in file order, within
-    ``max_outline_tokens`` (kept from ``max_context_tokens`` before the
-    chunks take theirs: the file's own structure comes first): the model
-    then knows which class and function it is in even when their first
-    lines are far above (measured in docs/quality.md).
-    When the suffix window leaves out the end of the suffix, the same budget
-    also holds an outline of what it left out (:func:`below_outline`: the
-    attributes the methods below use that the windows never name, the
-    definitions below of names used near the cursor, the nearest other
-    definitions), right after the suffix window; the two sides' items are
-    ranked together (:func:`fit_outlines`). Both count as context. With a
-    lead they are taken from the lines above the anchor's and the cursor
-    line's indentation only, so typing after the anchor keeps them (and
-    the suffix's cached keys with them); ``memo`` keeps them too.
-
-    ``heal``: token healing (:mod:`soldaemon.runtime.decode.healing`) -- when the
-    cursor is after text on its line, the prefix's last token (inside a
-    word: its pieces back to the word's start, :func:`heal_tokens`) is left
-    out of ``ids`` and its text returned as ``FimPrompt.heal``; the generation
-    must then start with that text (families whose tokens decode alone
-    faithfully only: not SentencePiece's dummy-prefix ones).
-
-    ``lead_from``: where the middle starts, an index into ``prefix`` at or
-    before the cursor (None: at the cursor). The *lead*, ``prefix[lead_from:]``
-    (the cursor line so far after its indentation, :func:`line_anchor`, or
-    the lines typed since the anchor), goes
-    after the middle token as the start of the middle, and the generation
-    continues it -- the layout of llama.cpp's ``/infill`` ``prompt`` field.
-    Typing then only appends to the prompt: the text before the anchor and
-    the whole suffix stay in the KV cache, where with the middle starting at
-    the cursor every keystroke recomputes the suffix. The text before the
-    anchor is windowed to ``max_prefix_tokens``; the lead comes on top, up
-    to :func:`lead_reserve` tokens: a longer lead moves the anchor to the
-    cursor line's (:func:`line_anchor`), and a line longer than that puts
-    the middle at the cursor. SPM keeps the lead at the end of the prefix
-    (typing only appends there anyway).
-
-    ``memo``: the caller's :class:`WindowMemo`; the windows of a text
-    before the anchor and of a suffix seen by a recent call are taken from
-    it instead of tokenized again (while typing on a line both are
-    unchanged).
-
-    The prompt is at most ``max_prefix_tokens + max_suffix_tokens +
-    max_context_tokens`` tokens (plus the lead's reserve with ``lead_from``)
-    plus the control tokens, the bos and (with
-    file separators) the tokens of ``current_path`` and ``repo_name``.
-    ``n_prefix_tokens`` counts the window only; the outline counts as
-    context.
-    """
-    enc_first = _prefix_encoder(template, tokenizer)
-    enc_plain = _plain_encoder(template, tokenizer)
-
-    # the outline's part of the context budget is kept from the chunks: the file's own structure first
-    outline_budget = min(max(0, max_outline_tokens), max(0, max_context_tokens))
-    ctx_budget = max(0, max_context_tokens) - outline_budget
-    repo = template.has_repo_tokens
+def _file_chunks(tokenizer: Any, context: Sequence[ContextChunk | tuple[str, str]],
+                 tokens: int) -> list[tuple[str, list[int]]]:
     chunks: list[tuple[str, list[int]]] = []
-    header_ids: list[int] = []
     for item in context:
-        if ctx_budget <= 0:
+        if tokens <= 0:
             break
         path, text = _chunk_fields(item)
-        if repo:
-            overhead = 1 + len(encode_text(tokenizer, path + "\n"))
-            room = ctx_budget - overhead
+        overhead = 1 + len(encode_text(tokenizer, path + "\n"))
+        room = tokens - overhead
+        if room <= 0:
+            break
+        # One token of room is kept for the newline a cut chunk may need.
+        kept, _ = fit_suffix(text, tokenizer, room - 1, lambda t: encode_text(tokenizer, t))
+        if not kept.strip():
+            continue
+        if not kept.endswith("\n"):
+            kept += "\n"
+        code = encode_text(tokenizer, kept)
+        if len(code) > room:
+            continue
+        chunks.append((path, code))
+        tokens -= overhead + len(code)
+    return chunks
+
+
+def _comment_headers(tokenizer: Any, place: Place, tokens: int, enc: Encoders) -> list[int]:
+    ids: list[int] = []
+    for item in place.context:
+        if tokens <= 0:
+            break
+        path, text = _chunk_fields(item)
+        encode = enc.first if not ids else enc.plain
+        room = tokens
+        for _ in range(8):  # comment markers cost tokens: shrink and retry
             if room <= 0:
                 break
-            # One token of room is kept for the newline a cut chunk may need.
-            kept, _ = _window_suffix(text, tokenizer, room - 1, lambda t: encode_text(tokenizer, t))
+            kept, _ = fit_suffix(text, tokenizer, room, enc.plain)
             if not kept.strip():
-                continue
-            if not kept.endswith("\n"):
-                kept += "\n"
-            code = encode_text(tokenizer, kept)
-            if len(code) > room:
-                continue
-            chunks.append((path, code))
-            ctx_budget -= overhead + len(code)
-        else:
-            enc = enc_first if not header_ids else enc_plain
-            room = ctx_budget
-            for _ in range(8):  # comment markers cost tokens: shrink and retry
-                if room <= 0:
-                    break
-                kept, _ = _window_suffix(text, tokenizer, room, enc_plain)
-                if not kept.strip():
-                    break
-                hids = enc(comment_header(language, path, kept))
-                if len(hids) <= ctx_budget:
-                    header_ids.extend(hids)
-                    ctx_budget -= len(hids)
-                    break
-                room -= len(hids) - ctx_budget
+                break
+            header = encode(comment_header(place.language, path, kept))
+            if len(header) <= tokens:
+                ids.extend(header)
+                tokens -= len(header)
+                break
+            room -= len(header) - tokens
+    return ids
 
-    enc_prefix = enc_plain if header_ids else enc_first
-    can_heal = heal and not template.dummy_prefix
+
+def split_lead(place: Place, max_prefix_tokens: int, encode: Callable[[str], list[int]], can_heal: bool) -> Lead:
+    """``place.prefix`` split at ``place.lead_from``, or at the cursor line's
+    anchor (:func:`line_anchor`) when the lead does not fit its reserve
+    (:func:`lead_reserve`); not split when there is no lead, the budget
+    cannot spare a reserve, or not even the cursor line fits. A blank
+    line's indentation starts a middle only where it can be healed."""
+    prefix, lead_from = place.prefix, place.lead_from
     if not can_heal and lead_from is not None and 0 <= lead_from <= len(prefix) and not prefix[lead_from:].strip():
-        lead_from = len(prefix)   # a blank line's indentation is a middle's start only when it can be healed
-    head, lead, lead_ids = _split_lead(prefix, lead_from, max_prefix_tokens, enc_plain)
-    head_key = ("prefix", id(tokenizer), head, max_prefix_tokens, grain_lines, bool(header_ids))
-    head_text, prefix_ids = _memoized(memo, head_key, lambda: _window_prefix(
-        head, tokenizer, max_prefix_tokens, grain_lines, enc_prefix))
-    prefix_text = head_text + lead
-    suffix_text, suffix_ids = _memoized(memo, ("suffix", id(tokenizer), suffix, max_suffix_tokens),
-                                        lambda: _window_suffix(suffix, tokenizer, max_suffix_tokens, enc_plain))
-    cut = head[: len(head) - len(head_text)]
-    n_window = len(prefix_ids)
+        lead_from = len(prefix)
+    reserve = lead_reserve(max_prefix_tokens)
+    if lead_from is None or max_prefix_tokens < 2 * reserve:
+        return Lead(prefix, "", [])
+    if not 0 <= lead_from <= len(prefix):
+        raise ValueError(f"lead_from {lead_from} is outside the prefix (0..{len(prefix)})")
+    for start in dict.fromkeys((lead_from, max(lead_from, line_anchor(prefix)))):
+        lead = prefix[start:]
+        if not lead:
+            return Lead(prefix, "", [])
+        if len(lead) <= 16 * reserve:   # a cheap bound first: tokens are rarely longer than 16 characters
+            ids = encode(lead)
+            if len(ids) <= reserve:
+                return Lead(prefix[:start], lead, ids)
+    return Lead(prefix, "", [])
+
+
+def cut_windows(tokenizer: Any, place: Place, lead: Lead, budget: Budget, enc: Encoders,
+                memo: WindowMemo) -> Windows:
+    """The end of the text before the lead within ``budget.prefix``, on the
+    stable grid (:func:`window_prefix`), and the start of the suffix within
+    ``budget.suffix``, cut at line ends (:func:`window_suffix`)."""
+    after_headers = enc.first is enc.plain       # the window's encoder: part of its key
+    head_key = ("prefix", id(tokenizer), lead.head, budget.prefix, budget.grain_lines, after_headers)
+    head_text, prefix_ids = memo.through(head_key, lambda: fit_prefix(
+        lead.head, tokenizer, budget.prefix, budget.grain_lines, enc.first))
+    suffix_text, suffix_ids = memo.through(("suffix", id(tokenizer), place.suffix, budget.suffix),
+                                           lambda: fit_suffix(place.suffix, tokenizer, budget.suffix, enc.plain))
+    return Windows(head_text, prefix_ids, suffix_text, suffix_ids)
+
+
+def add_outlines(tokenizer: Any, place: Place, lead: Lead, windows: Windows, budget: Budget, enc: Encoders,
+                 memo: WindowMemo) -> Outlined:
+    """Within ``budget.outline_tokens``: in front of the window, an outline of
+    what it left out above (:func:`scope_outline`: the enclosing scopes'
+    headers, definitions of names used near the cursor, imports); after the
+    suffix window, one of what it left out below (:func:`below_outline`);
+    ranked together (:func:`fit_outlines`). With a lead, read from the
+    lines above the anchor's and the cursor line's indentation only, so
+    typing after the anchor keeps them."""
+    prefix, head, suffix = place.prefix, lead.head, place.suffix
+    outline_tokens = budget.outline_tokens
+    cut = head[: len(head) - len(windows.head_text)]
+    cut_below = suffix.startswith(windows.suffix_text) and suffix[len(windows.suffix_text):].strip()
+    if outline_tokens <= 0 or not (cut.strip() or cut_below):
+        return Outlined(windows.prefix_ids, [])
+    seen = prefix
+    if lead.text:
+        line = prefix[prefix.rfind("\n") + 1:]
+        seen = head[: head.rfind("\n") + 1] + line[: len(line) - len(line.lstrip(" \t"))]
+
+    def outlines() -> tuple[str, list[int]]:
+        above, below = fit_outlines(
+            tokenizer, scope_outline(seen, len(cut), windows.suffix_text) if cut.strip() else [],
+            below_outline(seen, suffix, len(windows.suffix_text), windows.head_text + windows.suffix_text)
+            if cut_below else [], outline_tokens)
+        return above + below, [len(above)]     # (the memo holds a text and ids: the split as the one id)
+
+    both, (split,) = memo.through(("outline", id(tokenizer), seen, head, suffix, budget.prefix, budget.suffix,
+                                   budget.grain_lines, outline_tokens), outlines)
+    above, below = both[:split], both[split:]
     below_ids: list[int] = []
-    cut_below = suffix.startswith(suffix_text) and suffix[len(suffix_text):].strip()
-    if outline_budget > 0 and (cut.strip() or cut_below):
-        # with a lead: the lines above the anchor's and the cursor line's indentation -- typing after the
-        # anchor (on the line, or on the lines of a typing run) changes nothing
-        seen = prefix
-        if lead:
-            line = prefix[prefix.rfind("\n") + 1:]
-            seen = head[: head.rfind("\n") + 1] + line[: len(line) - len(line.lstrip(" \t"))]
+    if below:
+        below_ids = enc.plain(("" if not windows.suffix_text or windows.suffix_text.endswith("\n") else "\n") + below)
+        if len(below_ids) > outline_tokens:       # (estimates can be off by a token)
+            below_ids = []
+    prefix_ids = windows.prefix_ids
+    if above:
+        with_outline = enc.first(above + windows.head_text)
+        if len(with_outline) <= len(prefix_ids) + outline_tokens - len(below_ids):
+            prefix_ids = with_outline
+    return Outlined(prefix_ids, below_ids)
 
-        def outlines() -> tuple[str, list[int]]:
-            above, below = fit_outlines(
-                tokenizer, scope_outline(seen, len(cut), suffix_text) if cut.strip() else [],
-                below_outline(seen, suffix, len(suffix_text), head_text + suffix_text) if cut_below else [],
-                outline_budget)
-            return above + below, [len(above)]     # (the memo holds a text and ids: the split as the one id)
 
-        both, (split,) = _memoized(memo, ("outline", id(tokenizer), seen, head, suffix, max_prefix_tokens,
-                                          max_suffix_tokens, grain_lines, outline_budget), outlines)
-        above, below = both[:split], both[split:]
-        if below:
-            below_ids = enc_plain(("" if not suffix_text or suffix_text.endswith("\n") else "\n") + below)
-            if len(below_ids) > outline_budget:       # (estimates can be off by a token)
-                below_ids = []
-        if above:
-            with_outline = enc_prefix(above + head_text)
-            if len(with_outline) <= len(prefix_ids) + outline_budget - len(below_ids):
-                prefix_ids = with_outline
-    healed = ""
-    blank_end = lead[lead.rfind("\n") + 1:]
-    if can_heal and blank_end and not blank_end.strip():
-        # the lead ends in indentation (a blank cursor line): its blanks but
-        # the last one, as the code that follows would tokenize them, and the
-        # last one healed -- the first token is that blank and a word
-        lead_ids = enc_plain(lead[:-1]) if len(lead) > 1 else []
-        healed = lead[-1]
-    elif can_heal:
-        healed, n_healed = heal_tokens(tokenizer, lead_ids or prefix_ids, prefix_text, blank=bool(lead_ids))
-        if healed and lead_ids:
-            lead_ids = lead_ids[:-n_healed]
-        elif healed:
-            prefix_ids = prefix_ids[:-n_healed]
-            n_window -= n_healed
-    n_window += len(lead_ids)
+def heal_end(tokenizer: Any, lead: Lead, prefix_ids: list[int], prefix_text: str, can_heal: bool,
+             encode: Callable[[str], list[int]]) -> Healed:
+    """Token healing (:mod:`soldaemon.runtime.decode.healing`): the prompt's
+    last tokens (:func:`heal_tokens`) left out, their text the start the
+    generation must have. A lead ending in indentation (a blank cursor line)
+    keeps its blanks but the last, tokenized as the code after them would
+    be, and heals that one."""
+    if not can_heal:
+        return Healed("", prefix_ids, lead.ids, 0)
+    blank_end = lead.text[lead.text.rfind("\n") + 1:]
+    if blank_end and not blank_end.strip():
+        return Healed(lead.text[-1], prefix_ids, encode(lead.text[:-1]) if len(lead.text) > 1 else [], 0)
+    text, n = heal_tokens(tokenizer, lead.ids or prefix_ids, prefix_text, blank=bool(lead.ids))
+    if not text:
+        return Healed("", prefix_ids, lead.ids, 0)
+    if lead.ids:
+        return Healed(text, prefix_ids, lead.ids[:-n], 0)
+    return Healed(text, prefix_ids[:-n], lead.ids, n)
 
-    if repo and (chunks or repo_name is not None):
-        ids = build_prompt(
-            template, prefix_ids, suffix_ids + below_ids, chunks,
-            current_path=current_path, repo_name=repo_name, tokenizer=tokenizer, order=order, lead_ids=lead_ids,
-        )
-    elif repo:
-        # The file's own path alone, without other files, is left out: measured
-        # on the embedded model, ``<|file_sep|>path`` in front of a lone file
-        # turned right answers wrong (docs/quality.md).
-        ids = build_prompt(template, prefix_ids, suffix_ids + below_ids, order=order, lead_ids=lead_ids)
-    else:
-        ids = build_prompt(template, header_ids + prefix_ids, suffix_ids + below_ids, order=order, lead_ids=lead_ids)
-    fixed = 3 + (1 if template.bos_id is not None else 0)
-    return FimPrompt(
-        ids=ids,
-        prefix_text=prefix_text,
-        suffix_text=suffix_text,
-        n_prefix_tokens=n_window,
-        n_suffix_tokens=len(suffix_ids),
-        n_context_tokens=len(ids) - fixed - n_window - len(suffix_ids),
-        heal=healed,
-        n_middle=1 + len(lead_ids) if order == "psm" and lead_from is not None else 0,
-    )
+
+def lay_out(template: FimTemplate, tokenizer: Any, place: Place, context: Context, healed: Healed,
+            suffix_ids: list[int], order: FimOrder) -> list[int]:
+    """The ids in the family's layout (:func:`build_prompt`). The file's own
+    path alone, without other files, is left out: measured on the embedded
+    model, ``<|file_sep|>path`` in front of a lone file turned right answers
+    wrong (docs/quality.md)."""
+    if template.has_repo_tokens and (context.chunks or place.repo_name is not None):
+        return build_prompt(template, healed.prefix_ids, suffix_ids, context.chunks, current_path=place.current_path,
+                            repo_name=place.repo_name, tokenizer=tokenizer, order=order, lead_ids=healed.lead_ids)
+    return build_prompt(template, context.header_ids + healed.prefix_ids, suffix_ids, order=order,
+                        lead_ids=healed.lead_ids)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 from soldaemon.errors import NoFimTokens
 
-from soldaemon.fim.encoding import _adds_dummy_prefix
+from soldaemon.fim.encoding import adds_dummy_prefix
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -162,7 +162,7 @@ def detect_template(tokenizer: PreTrainedTokenizerBase) -> FimTemplate:
             repo_name_id=_lookup(vocab, spec.repo_name),
             file_sep_id=_lookup(vocab, spec.file_sep),
             bos_id=int(bos) if isinstance(bos, int) else None,
-            dummy_prefix=_adds_dummy_prefix(tokenizer),
+            dummy_prefix=adds_dummy_prefix(tokenizer),
         )
         return template
     name = _tokenizer_name(tokenizer)

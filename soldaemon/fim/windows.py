@@ -11,14 +11,14 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 
-def _split_lines(text: str) -> list[str]:
+def split_lines(text: str) -> list[str]:
     """Lines of ``text`` split on "\\n" only, each keeping its "\\n"; the last
     element is the text after the last newline (possibly empty)."""
     parts = text.split("\n")
     return [p + "\n" for p in parts[:-1]] + [parts[-1]]
 
 
-def _count_tokens(tokenizer: Any, texts: Sequence[str]) -> list[int]:
+def count_tokens(tokenizer: Any, texts: Sequence[str]) -> list[int]:
     """Estimated token counts of ``texts`` (special tokens may or may not be
     parsed; it does not matter for a budget estimate). Uses the Rust backend
     directly when there is one, one text at a time: ``encode_batch``'s thread
@@ -62,7 +62,7 @@ def _tail_fit(tokenizer: Any, lines: list[str], max_tokens: int, grain: int) -> 
             "".join(lines[starts[j]: starts[j + 1] if j + 1 < len(starts) else len(lines)])
             for j in range(lo, k)
         ]
-        counts = _count_tokens(tokenizer, texts)
+        counts = count_tokens(tokenizer, texts)
         for j in range(k - 1, lo - 1, -1):
             total += counts[j - lo]
             if total > max_tokens:
@@ -74,7 +74,7 @@ def _tail_fit(tokenizer: Any, lines: list[str], max_tokens: int, grain: int) -> 
     if best is not None:
         return best
     first = starts[-1]
-    counts = _count_tokens(tokenizer, lines[first:])
+    counts = count_tokens(tokenizer, lines[first:])
     total = 0
     fine: int | None = None
     for j in range(last, first - 1, -1):
@@ -97,10 +97,10 @@ def _head_fit(tokenizer: Any, lines: list[str], max_tokens: int, grain: int) -> 
             for a in range(pos, min(len(lines), pos + grain * batch), grain)
         ]
         batch = min(2 * batch, _BATCH)
-        counts = _count_tokens(tokenizer, ["".join(lines[a:b]) for a, b in bounds])
+        counts = count_tokens(tokenizer, ["".join(lines[a:b]) for a, b in bounds])
         for (a, b), n in zip(bounds, counts):
             if total + n > max_tokens:
-                line_counts = _count_tokens(tokenizer, lines[a:b])
+                line_counts = count_tokens(tokenizer, lines[a:b])
                 for j, m in zip(range(a, b), line_counts):
                     if total + m > max_tokens:
                         return j
@@ -119,18 +119,19 @@ def _effective_grain(grain_lines: int, max_tokens: int) -> int:
     return max(1, min(grain_lines, max_tokens // 64))
 
 
-def _window_prefix(
+def fit_prefix(
     prefix: str,
     tokenizer: Any,
     max_tokens: int,
     grain_lines: int,
     encode: Callable[[str], list[int]],
 ) -> tuple[str, list[int]]:
-    """``window_prefix`` that also returns ``encode(text)`` (verified to fit)."""
+    """``(text, encode(text))``: :func:`window_prefix` with the ids, through
+    ``encode`` (verified to fit)."""
     if max_tokens <= 0 or not prefix:
         return "", encode("")
     grain = _effective_grain(grain_lines, max_tokens)
-    lines = _split_lines(prefix)
+    lines = split_lines(prefix)
     last = len(lines) - 1
     cut = _tail_fit(tokenizer, lines, max_tokens, grain)
     if cut is not None:
@@ -178,21 +179,23 @@ def window_prefix(
     max_tokens``. Returns the whole prefix when it fits, "" when
     ``max_tokens <= 0``.
     """
-    text, _ = _window_prefix(
+    text, _ = fit_prefix(
         prefix, tokenizer, max_tokens, grain_lines, lambda t: encode_text(tokenizer, t)
     )
     return text
 
 
-def _window_suffix(
+def fit_suffix(
     suffix: str,
     tokenizer: Any,
     max_tokens: int,
     encode: Callable[[str], list[int]],
 ) -> tuple[str, list[int]]:
+    """``(text, encode(text))``: :func:`window_suffix` with the ids, through
+    ``encode`` (verified to fit)."""
     if max_tokens <= 0 or not suffix:
         return "", encode("")
-    lines = _split_lines(suffix)
+    lines = split_lines(suffix)
     if lines[-1] == "":
         lines.pop()
     k = _head_fit(tokenizer, lines, max_tokens, 16)
@@ -220,7 +223,7 @@ def window_suffix(suffix: str, tokenizer: PreTrainedTokenizerBase, max_tokens: i
     end (the kept lines keep their newlines). If the first line alone does not
     fit, it is cut at a token boundary. ``len(encode_text(result)) <=
     max_tokens`` always holds."""
-    text, _ = _window_suffix(suffix, tokenizer, max_tokens, lambda t: encode_text(tokenizer, t))
+    text, _ = fit_suffix(suffix, tokenizer, max_tokens, lambda t: encode_text(tokenizer, t))
     return text
 
 
@@ -249,14 +252,11 @@ class WindowMemo:
         while len(self._entries) > self.size:
             self._entries.pop(next(iter(self._entries)))
 
-
-def _memoized(memo: WindowMemo | None, key: tuple[Any, ...],
-              compute: Callable[[], tuple[str, list[int]]]) -> tuple[str, list[int]]:
-    if memo is None:
-        return compute()
-    found = memo.get(key)
-    if found is not None:
-        return found
-    text, ids = compute()
-    memo.put(key, text, ids)
-    return text, list(ids)
+    def through(self, key: tuple[Any, ...], compute: Callable[[], tuple[str, list[int]]]) -> tuple[str, list[int]]:
+        """The entry of ``key``, else ``compute()``'s result, kept."""
+        found = self.get(key)
+        if found is not None:
+            return found
+        text, ids = compute()
+        self.put(key, text, ids)
+        return text, list(ids)

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from soldaemon.api import Multiline
-from soldaemon.pipeline.postprocess import _indent, next_indent, postprocess_why
+from soldaemon.pipeline.postprocess import indent_width, next_indent, postprocess_why
 from soldaemon.pipeline.stopcheck import StopChecker
 from soldaemon.pipeline.postprocess import decide_multiline as decide_by_text
 from soldaemon.pipeline.syntax import INDENTED, Window, bodies_fit, window_at
@@ -209,7 +209,7 @@ def finish(p: EndPlan, raw: str, finish_reason: str, checker: StopChecker) -> An
 def _in_block(text: str, base: int) -> bool:
     """Every line of ``text`` with code after its first is indented at least
     ``base`` (the text has not left the cursor's block)."""
-    return all(_indent(ln) >= base for ln in text.split("\n")[1:] if ln.strip())
+    return all(indent_width(ln) >= base for ln in text.split("\n")[1:] if ln.strip())
 
 
 def _opens(text: str, shown: str, cursor_line: str = "") -> bool:
@@ -225,4 +225,4 @@ def _opens(text: str, shown: str, cursor_line: str = "") -> bool:
         return True
     code = [ln for ln in lines if ln.strip()]
     return (len(code) > 1 and code[0].endswith(":") and not code[0].endswith("::")
-            and _indent(code[1]) <= _indent(code[0]))
+            and indent_width(code[1]) <= indent_width(code[0]))

@@ -52,7 +52,7 @@ class Memory:
 
     shown: Shown                          # uri → the last completion shown and its prompt inputs (type-through)
     anchors: LeadAnchors                  # model.fim_anchor: sticky
-    selector: ContextSelector | None      # model.context: relevance (None: the chunks as sent)
+    selector: ContextSelector | None      # by relevance (None: the chunks as sent)
     memo: WindowMemo                      # windows unchanged while typing (a pure cache)
 
     @classmethod

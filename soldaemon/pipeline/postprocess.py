@@ -44,7 +44,7 @@ _COMMENT_STARTS = ("#", "//", "--", "/*", "*", "<!--", ";", "%", "'''", '"""')
 _OPENER_WORDS = ("do", "then", "else", "begin")
 
 
-def _indent(line: str) -> int:
+def indent_width(line: str) -> int:
     """Indentation width of ``line`` in columns (a tab counts as 4)."""
     n = len(line) - len(line.lstrip(" \t"))
     return len(line[:n].expandtabs(4))
@@ -178,7 +178,7 @@ def cursor_at(prefix: str, suffix: str) -> Cursor:
         if end < 0:
             break
         pos = end + 1
-    indent = _indent(before) if before.strip() else len(before.expandtabs(4))
+    indent = indent_width(before) if before.strip() else len(before.expandtabs(4))
     column0 = _column0(before, rest)
     if column0:
         found.insert(0, rest.rstrip())
@@ -192,7 +192,7 @@ def cursor_at(prefix: str, suffix: str) -> Cursor:
         next_line=found[0] if found else None,
         later_lines=tuple(found[1:1 + _LATER_LINES]),
         column0=column0,
-        next_indent=_indent(found[0]) if found else 0,
+        next_indent=indent_width(found[0]) if found else 0,
     )
 
 
@@ -266,8 +266,8 @@ class LineScanner:
             while end >= 0:
                 start = prefix.rfind("\n", 0, end) + 1
                 line = prefix[start:end]
-                if line.strip() and _indent(line) < self.base:
-                    found = (line, _indent(line))
+                if line.strip() and indent_width(line) < self.base:
+                    found = (line, indent_width(line))
                     break
                 end = start - 1
         self._header = found
@@ -285,7 +285,7 @@ class LineScanner:
             end = suffix.find("\n", pos)
             line = suffix[pos:] if end < 0 else suffix[pos:end]
             stripped = line.strip()
-            if stripped and _indent(line) <= indent:
+            if stripped and indent_width(line) <= indent:
                 return stripped.startswith(closer)
             if end < 0:
                 break
@@ -352,11 +352,11 @@ class LineScanner:
         stripped = text.strip()
         if keyword(stripped, CONTINUES) is None:
             return False
-        indent = _indent(text)
+        indent = indent_width(text)
         for line in self.cur.suffix.split("\n")[1:]:
             if not line.strip():
                 continue
-            ind = _indent(line)
+            ind = indent_width(line)
             if ind < indent or (ind == indent and keyword(line.strip(), CONTINUES) is None):
                 return False
             if line.rstrip() == text:
@@ -385,7 +385,7 @@ class LineScanner:
         stripped = line.strip()
         if not stripped:
             return None
-        ind = _indent(line)
+        ind = indent_width(line)
         if ind < self.base and (self.floor is None or ind < self.floor):
             goes_on = self.continues(stripped, ind, complete)
             if goes_on is None:
@@ -422,7 +422,7 @@ class LineScanner:
             if self.cur.opener:
                 self.base = self.cur.indent + 1
             elif not self.cur.before.strip() and full.strip():
-                self.base = _indent(full)
+                self.base = indent_width(full)
             else:
                 self.base = self.cur.indent
             text = full.rstrip()

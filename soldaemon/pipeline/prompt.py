@@ -12,7 +12,7 @@ from typing import Any
 from soldaemon.api import CompletionRequest
 from soldaemon.config import ModelConfig
 from soldaemon.errors import BadRequest
-from soldaemon.fim import FimPrompt, FimTemplate, WindowMemo, lead_reserve, line_anchor, make_prompt
+from soldaemon.fim import Budget, FimPrompt, FimTemplate, Place, WindowMemo, lead_reserve, line_anchor, make_prompt
 from soldaemon.pipeline.relevance import ContextSelector
 
 MAX_LEAD_LINES = 8       # lines a sticky anchor spans before it moves to the cursor line
@@ -26,16 +26,15 @@ def path_of(uri: str) -> str | None:
     return None if uri.startswith("untitled:") else uri
 
 
-def context_selector(model: ModelConfig) -> ContextSelector | None:
-    """The engine's context chooser for ``model.context`` (None: as sent)."""
-    if model.context != "relevance":
-        return None
+def context_selector(model: ModelConfig) -> ContextSelector:
+    """The engine's context chooser: snippets of the request's chunks by
+    relevance to the cursor (soldaemon/pipeline/relevance.py)."""
     return ContextSelector(max_chars=4 * model.max_context_tokens)  # ~4 characters a token in code
 
 
 class LeadAnchors:
     """Where the middle of each document's prompt starts (``model.fim_anchor:
-    sticky``; :func:`soldaemon.fim.make_prompt`'s ``lead_from``).
+    sticky``; :attr:`soldaemon.fim.Place.lead_from`).
 
     The anchor is where the user began typing on a line (after its
     indentation, :func:`soldaemon.fim.line_anchor`): it stays put while
@@ -83,7 +82,7 @@ def build_fim_prompt(template: FimTemplate, tokenizer: Any, model: ModelConfig, 
     """Window, tokenize and template ``req`` (``model``'s budgets and FIM
     order, outline budget) with :func:`soldaemon.fim.make_prompt`; ``heal``: token healing (a local engine only: it
     needs to constrain the first token); ``selector``: context chosen by
-    relevance to the cursor (``model.context: relevance``), else the
+    relevance to the cursor, else the
     request's chunks in order; ``anchors``: the per-document anchors of
     ``model.fim_anchor: sticky`` (see :class:`LeadAnchors`); the anchor
     applies only with ``heal`` (else the middle starts at the cursor);
@@ -102,13 +101,10 @@ def build_fim_prompt(template: FimTemplate, tokenizer: Any, model: ModelConfig, 
                             n_ctx - windows.prefix - lead - windows.suffix - req.max_tokens - 16))
     if selector is not None and context:
         context = selector.select(req.uri, req.prefix, req.suffix, context)
-    prompt = make_prompt(
-        template, tokenizer, req.prefix, req.suffix,
-        max_prefix_tokens=windows.prefix, max_suffix_tokens=windows.suffix,
-        context=context, max_context_tokens=ctx_tokens, language=req.language, current_path=path_of(req.uri),
-        order=model.fim_order, heal=heal, lead_from=start, memo=memo,
-        max_outline_tokens=windows.outline,
-    )
+    place = Place(req.prefix, req.suffix, context=context, language=req.language, current_path=path_of(req.uri),
+                  lead_from=start)
+    budget = Budget(windows.prefix, windows.suffix, context=ctx_tokens, outline=windows.outline)
+    prompt = make_prompt(template, tokenizer, place, budget, order=model.fim_order, heal=heal, memo=memo)
     if len(prompt.ids) + req.max_tokens + 1 >= n_ctx:
         raise BadRequest(
             f"prompt of {len(prompt.ids)} tokens + max_tokens {req.max_tokens} does not fit "

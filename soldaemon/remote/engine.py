@@ -52,7 +52,7 @@ from soldaemon.pipeline.stopcheck import StopChecker
 from soldaemon.privacy.rules import outbound
 from soldaemon.remote.endpoint import Backoff, Endpoint, read_api_key
 from soldaemon.remote.probe import Probe
-from soldaemon.remote.stream import UpstreamStream, _CouldNotConnect
+from soldaemon.remote.stream import CouldNotConnect, UpstreamStream
 
 log = logging.getLogger("soldaemon.remote")
 
@@ -395,7 +395,7 @@ class RemoteEngine:
             watch.follow(stream)
             try:
                 stream.open()
-            except _CouldNotConnect as exc:
+            except CouldNotConnect as exc:
                 cancelled = stream.closed  # closed by the watch, not by the engine
                 stream.release()
                 if cancelled:

@@ -41,7 +41,7 @@ class Piece:
     usage: dict[str, Any] | None = None
 
 
-class _CouldNotConnect(Exception):
+class CouldNotConnect(Exception):
     """Connecting or sending failed before the engine answered (retry-safe)."""
 
 
@@ -69,7 +69,7 @@ class UpstreamStream:
         self._lock = threading.Lock()
 
     def open(self) -> None:
-        """Connect, send, read the status line. Raises _CouldNotConnect
+        """Connect, send, read the status line. Raises CouldNotConnect
         (nothing reached the engine, or it dropped the connection before
         answering), RemoteTimeout, RemoteHttpError."""
         if self.closed:
@@ -82,22 +82,22 @@ class UpstreamStream:
         try:
             resp = client.send(request, stream=True)
         except (httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            raise _CouldNotConnect(f"connect timed out after {self.connect_timeout_s:g} s") from exc
+            raise CouldNotConnect(f"connect timed out after {self.connect_timeout_s:g} s") from exc
         except httpx.TimeoutException:
             if self.closed:
                 return
             raise RemoteTimeout(f"the engine at {self.endpoint.shown} did not answer within {self.timeout_s:g} s",
                                 hint="it may be overloaded; raise backend.timeout_s or check the engine") from None
         except httpx.ConnectError as exc:
-            raise _CouldNotConnect(failure_reason(exc)) from exc
+            raise CouldNotConnect(failure_reason(exc)) from exc
         except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
             if self.closed:
                 return
-            raise _CouldNotConnect(f"the connection was dropped before an answer ({failure_reason(exc)})") from exc
+            raise CouldNotConnect(f"the connection was dropped before an answer ({failure_reason(exc)})") from exc
         except httpx.TransportError as exc:
             if self.closed:
                 return
-            raise _CouldNotConnect(failure_reason(exc)) from exc
+            raise CouldNotConnect(failure_reason(exc)) from exc
         self._resp = resp
         if resp.status_code != 200:
             raise _http_error(self.endpoint, resp)

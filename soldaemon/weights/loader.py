@@ -309,7 +309,7 @@ def check_memory(directory: Path, device: torch.device, dtype: torch.dtype) -> N
         raise OutOfMemory(
             f"the model needs about {need / 2**30:.1f} GiB in {str(dtype).removeprefix('torch.')} "
             f"but only {free / 2**30:.1f} GiB of {where} is free",
-            hint="close other programs, choose a smaller dtype (model.dtype: bfloat16) or a smaller model, "
+            hint="close other programs, choose a smaller precision (model.precision: int8) or a smaller model, "
             "or set sol.memory_budget to offload layers",
         )
 

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-from soldaemon.config import Config, effective_precision
+from soldaemon.config import Config
 from soldaemon.policy.model_choice import LatencyBudget, ModelChoice, ModelFigures, choose_model
 from soldaemon.weights.embedded import EMBEDDED_MODELS, EmbeddedModel, is_installed
 from soldaemon.weights.loader import resolve_device
@@ -56,7 +56,7 @@ def available_bytes(device: torch.device) -> int:
 def candidates(config: Config, device: torch.device, *, progress: bool = False) -> list[Candidate]:
     """Every installed embedded model with the kernel plan it would run
     (timings measured now when this machine never timed its shapes)."""
-    precision, _ = effective_precision(config.model)
+    precision = config.model.precision
     compute = compute_dtype_for(device, torch.float16)   # the embedded models are stored in float16
     out = []
     for name, model in EMBEDDED_MODELS.items():

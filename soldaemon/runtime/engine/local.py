@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from soldaemon.api import CancelToken, CompletionRequest, Done, Event, Timings
-from soldaemon.config import Config, effective_precision
+from soldaemon.config import Config
 from soldaemon.errors import ConfigError, ModelError
 from soldaemon.fim import FimPrompt, FimTemplate, detect_template
 from soldaemon.weights.loader import LoadedModel, load_model
@@ -55,14 +55,14 @@ class LocalEngine:
     """The Sol runtime on a local model (see module doc)."""
 
     def __init__(self, loaded: LoadedModel, config: Config, *, plan: KernelPlan | None = None,
-                 timings: TimingTable | None = None, notices: tuple[str, ...] = (),
+                 timings: TimingTable | None = None,
                  release: bool | None = None, served: str | None = None) -> None:
         """``plan``: the lean backend's kernels and weight storage (from
         :func:`load_engine`'s measurement); None: dense in the model's
         dtype, the HF module's own tensors (the reference math). With a
         plan, the module's parameters are released after packing: one
         resident copy of the weights. ``timings``: the table the plan was
-        chosen from (shown by info()); ``notices``: config notices;
+        chosen from (shown by info());
         ``release`` (default: when a plan is given) empties the module's
         parameters the packed weights do not share (False: several engines
         over one loaded module, as ``bench --quality --precisions`` builds).
@@ -76,10 +76,8 @@ class LocalEngine:
         if config.device.threads:
             torch.set_num_threads(config.device.threads)
         self.backend: Backend = make_backend(loaded.model, config.model.max_context, plan=plan,
-                                             release=plan is not None if release is None else release,
-                                             rotate=config.model.rotate)
+                                             release=plan is not None if release is None else release)
         self.kernel_timings = timings
-        self.notices = notices
         min_move = config.model.cache_reuse if isinstance(self.backend, LeanBackend) else 0
         # KV folding of parked sessions (runtime/kvfold.py) needs the lean backend's queries
         fold = config.sol.kv_folding_entropy_threshold if isinstance(self.backend, LeanBackend) else 0.0
@@ -117,7 +115,7 @@ class LocalEngine:
             # the compute dtype (residual stream, attention, KV); the weights' format is precision.plan
             "dtype": str(getattr(self.backend, "dtype", self.loaded.dtype)).removeprefix("torch."),
             "backend": "lean" if isinstance(self.backend, LeanBackend) else "transformers",
-            "precision": precision_info(self.backend, self.loaded.dtype, self.kernel_timings, self.notices),
+            "precision": precision_info(self.backend, self.loaded.dtype, self.kernel_timings),
             "fim": self.template.family,
             "n_ctx": self.backend.n_ctx,
             "threads": torch.get_num_threads(),
@@ -251,8 +249,7 @@ class LocalEngine:
         plan = self.backend.plan if isinstance(self.backend, LeanBackend) and self.backend.released else None
         if plan is not None and plan.rows is not None:
             plan = replace(plan, rows=None)      # the draft keeps one copy: its forwards are mostly steps
-        backend = make_backend(draft.model, self.backend.n_ctx, plan=plan, release=plan is not None,
-                                rotate=self.config.model.rotate)
+        backend = make_backend(draft.model, self.backend.n_ctx, plan=plan, release=plan is not None)
         if self.memory is not None and isinstance(backend, LeanBackend):
             # the residency planner keeps room for the pair (sol.memory_budget)
             try:
@@ -374,17 +371,14 @@ def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:
     """Prepare, load and warm the configured model: weights read in their
     stored dtype, packed once into the kernel plan's format."""
     mc = config.model
-    precision, notices = effective_precision(mc)
-    for notice in notices:
-        log.warning("config: %s", notice)
     name, auto = (None, None) if mc.path else choose_embedded(config, progress=progress)
     # the prompt's "auto" windows are the served model's (model.name auto is decided only now)
     config = replace(config, model=mc.served_by(name), completion=config.completion.served_by(name))
     loaded = load_model(str(mc.path) if mc.path else None, name=name, device=config.device.device,
                         dtype="stored", progress=progress)
-    plan, table = choose_kernels(loaded, precision, progress=progress,
+    plan, table = choose_kernels(loaded, mc.precision, progress=progress,
                                  row_copy=may_keep_blocked_copy(loaded, config))
-    engine = LocalEngine(loaded, config, plan=plan, timings=table, notices=tuple(notices), served=name)
+    engine = LocalEngine(loaded, config, plan=plan, timings=table, served=name)
     trim_heap()       # the module's released parameters and the timing runs' tensors
     draft_name, why = (None, "model.draft_model") if mc.draft_model else choose_draft(config, name or "",
                                                                                      progress=progress)

@@ -122,7 +122,8 @@ class GraphDecoder:
 
     # -- the step in static form --------------------------------------------
 
-    def _bucket(self, pos: int) -> int:
+    def bucket(self, pos: int) -> int:
+        """The captured window (a KV length) a step at ``pos`` runs in."""
         for b in self.buckets:
             if pos < b:
                 return b
@@ -184,7 +185,7 @@ class GraphDecoder:
         holds this step's queries and ``last_q_cache`` is the cache."""
         if not self.usable():
             return None
-        window = self._bucket(pos)
+        window = self.bucket(pos)
         graph = self._graph(window, 1)
         if graph is None:
             return None
@@ -206,7 +207,7 @@ class GraphDecoder:
         rows = next((r for r in self.verify_rows if r >= T), None)
         if rows is None or not self.usable() or pos + rows > self.b.n_ctx:
             return None
-        window = self._bucket(pos + rows - 1)
+        window = self.bucket(pos + rows - 1)
         graph = self._graph(window, rows)
         if graph is None:
             return None
@@ -228,7 +229,7 @@ class GraphDecoder:
         pool goes with them: once its last graph is gone the CUDA caching
         allocator counts the pool unused (``use_count`` 0) and a capture
         into the same handle dies of an internal assert (seen on the H200,
-        torch 2.11, session 26), so the next capture takes a new pool."""
+        torch 2.11, docs/gpu.md), so the next capture takes a new pool."""
         self._graphs.clear()
         self._pool = None
         self.stale = True

@@ -81,17 +81,16 @@ def choose_kernels(loaded: LoadedModel, precision: str, *, progress: bool = True
     return plan, table
 
 
-def precision_info(backend: Any, loaded_dtype: torch.dtype, table: TimingTable | None,
-                   notices: tuple[str, ...]) -> dict[str, Any]:
+def precision_info(backend: Any, loaded_dtype: torch.dtype, table: TimingTable | None) -> dict[str, Any]:
     """``info()["precision"]``: the plan (what runs each phase, why), the
     bytes of the one weight copy, the timing table and the machine."""
     if not isinstance(backend, LeanBackend):
         return {"plan": None, "summary": "transformers fallback: the module in "
-                + str(loaded_dtype).removeprefix("torch."), "notices": list(notices)}
+                + str(loaded_dtype).removeprefix("torch.")}
     rotated = backend.rotations is not None
     return {"plan": backend.plan.to_dict(),
             "summary": backend.plan.describe() + ("; activations rotated before int8" if rotated else ""),
             "rotated": rotated, "weight_bytes": backend.weight_bytes(),
             "steps_on_blocked_copy": backend.steps_on_rows,
             "timings_ms": None if table is None else {"blocks": table.blocks, "head": table.head},
-            "machine": None if table is None else table.machine, "notices": list(notices)}
+            "machine": None if table is None else table.machine}

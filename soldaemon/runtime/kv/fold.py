@@ -19,7 +19,7 @@ block, near 0 for blocks nobody looks at. Threshold 0 folds nothing;
 threshold 1 folds every block but the most attended one. Which blocks fold
 is policy (:mod:`soldaemon.policy.fold`); this module scores, folds and
 unfolds. The quality measurement and its command line are in
-:mod:`soldaemon.measure.kvfold`.
+:mod:`soldaemon_bench.kvfold`.
 """
 
 from __future__ import annotations

@@ -213,6 +213,11 @@ class WeightStore:
     def offloaded_layers(self) -> int:
         return len(self._order)
 
+    def offloaded_copy_bytes(self, variant: int) -> int:
+        """Bytes one forward in weight variant ``variant`` copies to the device:
+        every offloaded layer's host copy."""
+        return sum(self._layer_copy_bytes(i, variant) for i in self._order)
+
     def _offload(self, u: _Unit) -> None:
         if not u.resident:
             return

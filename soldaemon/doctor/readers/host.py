@@ -1,0 +1,206 @@
+"""Reading the rest of the machine: the CPU, torch (without importing it),
+the model cache, a running daemon."""
+
+from __future__ import annotations
+
+import ast
+import importlib.machinery
+import importlib.util
+import os
+import platform
+import shutil
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from soldaemon import paths
+from soldaemon.doctor.readers.readings import CacheReading, CachedModel, CpuReading, DaemonReading, TorchReading
+
+
+# ---------------------------------------------------------------------------- CPU
+
+# The vector extensions that matter to torch's CPU kernels, x86 then Arm.
+VECTOR_FLAGS: tuple[str, ...] = (
+    "avx", "avx2", "fma", "avx_vnni", "avx512f", "avx512bw", "avx512_vnni",
+    "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8",
+    "asimd", "asimddp", "i8mm", "bf16", "sve", "sve2",
+)
+
+
+def parse_cpuinfo(text: str) -> tuple[str | None, tuple[str, ...]]:
+    """The CPU model and the :data:`VECTOR_FLAGS` present, from the text of
+    ``/proc/cpuinfo`` (x86 "flags", Arm "Features"; the first CPU counts)."""
+    model: str | None = None
+    flags: set[str] = set()
+    seen_flags = False
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            continue
+        key = key.strip().lower()
+        if model is None and key in {"model name", "cpu model", "hardware"}:
+            model = value.strip() or None
+        elif not seen_flags and key in {"flags", "features"}:
+            flags = set(value.split())
+            seen_flags = True
+    return model, tuple(f for f in VECTOR_FLAGS if f in flags)
+
+
+def read_cpu(cpuinfo_path: str = "/proc/cpuinfo") -> CpuReading:
+    """Cores, RAM (psutil) and vector extensions (``/proc/cpuinfo`` where it
+    exists; elsewhere ``vector_flags`` is ``None``)."""
+    import psutil
+
+    model: str | None = None
+    flags: tuple[str, ...] | None = None
+    source: str | None = None
+    try:
+        with open(cpuinfo_path, encoding="utf-8", errors="replace") as fh:
+            model, flags = parse_cpuinfo(fh.read())
+        source = cpuinfo_path
+    except OSError:
+        pass
+    if model is None:
+        model = platform.processor() or None
+    total: int | None = None
+    avail: int | None = None
+    try:
+        vm = psutil.virtual_memory()
+        total, avail = int(vm.total), int(vm.available)
+    except Exception:                            # psutil raises per-platform types
+        pass
+    physical = psutil.cpu_count(logical=False)
+    return CpuReading(
+        arch=platform.machine() or "unknown",
+        model=model,
+        logical_cores=os.cpu_count(),
+        physical_cores=int(physical) if physical else None,
+        ram_total_bytes=total,
+        ram_available_bytes=avail,
+        vector_flags=flags,
+        flags_source=source,
+    )
+
+
+# -------------------------------------------------------------------------- torch
+
+
+def read_torch() -> TorchReading:
+    """torch's version and the CUDA runtime it was built for, read from the
+    installed ``torch/version.py`` without importing torch (``soldaemon
+    doctor`` starts in a fraction of the second torch's import takes); from
+    the module itself when it is already imported, or when that file cannot
+    be read. Does not initialise CUDA."""
+    if "torch" not in sys.modules:
+        try:
+            spec = importlib.util.find_spec("torch")   # a top-level name: finds, does not import
+        except (ImportError, ValueError) as exc:
+            return TorchReading(version=None, cuda=None, error=f"{type(exc).__name__}: {exc}")
+        if spec is None:
+            return TorchReading(version=None, cuda=None, error="ModuleNotFoundError: No module named 'torch'")
+        fields = _version_fields(spec)
+        if fields is not None:
+            return TorchReading(version=fields.get("__version__"), cuda=fields.get("cuda"))
+    try:
+        import torch
+    except Exception as exc:                     # ImportError, or a broken install
+        return TorchReading(version=None, cuda=None, error=f"{type(exc).__name__}: {exc}")
+    version = getattr(torch, "__version__", None)
+    cuda = getattr(getattr(torch, "version", None), "cuda", None)
+    return TorchReading(version=str(version) if version else None,
+                        cuda=str(cuda) if cuda else None)
+
+
+def _version_fields(spec: importlib.machinery.ModuleSpec) -> dict[str, str] | None:
+    """The string constants ``__version__`` and ``cuda`` of torch's
+    ``version.py`` (a generated file of plain assignments); ``None`` when it
+    cannot be read."""
+    for folder in spec.submodule_search_locations or ():
+        try:
+            tree = ast.parse((Path(folder) / "version.py").read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, ValueError):
+            continue
+        found: dict[str, str] = {}
+        for node in tree.body:
+            target = node.target if isinstance(node, ast.AnnAssign) else (
+                node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+            value = getattr(node, "value", None)
+            if isinstance(target, ast.Name) and target.id in ("__version__", "cuda") \
+                    and isinstance(value, ast.Constant) and isinstance(value.value, str) and value.value:
+                found[target.id] = value.value
+        if "__version__" in found:
+            return found
+    return None
+
+
+# -------------------------------------------------------------------- model cache
+
+
+def _dir_size(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += (Path(root) / f).stat().st_size
+            except OSError:
+                pass
+    return total
+
+
+def _is_model_dir(path: Path) -> bool:
+    return (path / "config.json").is_file() and (
+        (path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file())
+
+
+def read_cache(root: Path | None = None, *, max_depth: int = 3) -> CacheReading:
+    """Converted models under ``root`` (default :func:`paths.cache_dir`): any
+    folder, at most ``max_depth`` below, holding ``config.json`` and
+    ``model.safetensors`` (or its shard index); plus free disk space there."""
+    root = root if root is not None else paths.cache_dir()
+    models: list[CachedModel] = []
+    if root.is_dir():
+        stack: list[tuple[Path, int]] = [(root, 0)]
+        while stack:
+            here, depth = stack.pop()
+            if depth > 0 and _is_model_dir(here):
+                models.append(CachedModel(name=here.relative_to(root).as_posix(),
+                                          size_bytes=_dir_size(here)))
+                continue
+            if depth >= max_depth:
+                continue
+            try:
+                children = sorted(p for p in here.iterdir() if p.is_dir() and not p.is_symlink())
+            except OSError:
+                continue
+            stack.extend((c, depth + 1) for c in reversed(children))
+    probe = root
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    try:
+        free: int | None = shutil.disk_usage(probe).free
+    except OSError:
+        free = None
+    return CacheReading(path=str(root), exists=root.is_dir(),
+                        models=tuple(sorted(models, key=lambda m: m.name)), disk_free_bytes=free)
+
+
+# ------------------------------------------------------------------------- daemon
+
+DEFAULT_PORT = 8765
+
+
+def probe_daemon(port: int = DEFAULT_PORT, *, host: str = "127.0.0.1", timeout_s: float = 1.0) -> DaemonReading:
+    """``GET http://host:port/healthz`` with a ``timeout_s`` timeout, ignoring
+    proxy settings. Never raises."""
+    url = f"http://{host}:{port}/healthz"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=timeout_s) as resp:
+            body = resp.read(2048).decode("utf-8", "replace")
+            return DaemonReading(url=url, reachable=True, status=int(resp.status), detail=body.strip()[:200])
+    except urllib.error.HTTPError as exc:
+        return DaemonReading(url=url, reachable=True, status=int(exc.code), detail=str(exc.reason)[:200])
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return DaemonReading(url=url, reachable=False, status=None, detail=str(reason)[:200])
