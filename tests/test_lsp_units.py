@@ -264,10 +264,12 @@ class ScriptedClient:
     """Stands in for DaemonClient: answers every complete with ``answer``
     after ``delay`` seconds."""
 
-    def __init__(self, answer: Any = None, delay: float = 0.0, ready: bool = True) -> None:
+    def __init__(self, answer: Any = None, delay: float = 0.0, ready: bool = True,
+                 ready_after: float | None = None) -> None:
         self.answer = answer
         self.delay = delay
         self.ready = ready
+        self.ready_after = ready_after      # s: a daemon on its way, ready after this long (None: none comes)
         self.requests: list[CompletionRequest] = []
         self.cancelled: list[str] = []
         self.pokes = 0
@@ -280,6 +282,12 @@ class ScriptedClient:
 
     def poke(self) -> None:
         self.pokes += 1
+
+    async def wait_ready(self) -> bool:
+        if not self.ready and self.ready_after is not None:
+            await asyncio.sleep(self.ready_after)
+            self.ready = True
+        return self.ready
 
     def in_flight(self, kind: str = "complete") -> list[str]:
         return sorted(self._in_flight)
@@ -370,6 +378,18 @@ async def test_completer_debounce_not_ready_and_errors() -> None:
     # empty at once: the answer comes without waiting for anything (no debounce, no daemon)
     assert answered_without_waiting(completer.suggest("file:///a", P(1, 11), automatic=False)) is None
     assert down.pokes == 1 and not down.requests
+
+    # a daemon on its way: the request waits for it and is answered; one overtaken meanwhile is not
+    coming = ScriptedClient(["a"], ready=False, ready_after=0.05)
+    completer, _ = _completer(coming)
+    found = await completer.suggest("file:///a", P(1, 11), automatic=False)
+    assert found is not None and found.items == ("a",) and coming.pokes == 1
+    coming = ScriptedClient(["a"], ready=False, ready_after=0.05)
+    completer, _ = _completer(coming)
+    older = asyncio.ensure_future(completer.suggest("file:///a", P(1, 11), automatic=False))
+    await asyncio.sleep(0.01)
+    newer = await completer.suggest("file:///a", P(1, 11), automatic=False)
+    assert await older is None and newer is not None and len(coming.requests) == 1
 
     failing = ScriptedClient(ErrorFrame("x", "bad_request", "the prompt is empty", False, None))
     completer, _ = _completer(failing)
