@@ -347,15 +347,81 @@ def test_plan_for_measures_once_then_reads_the_cache(tmp_path: Path, monkeypatch
     monkeypatch.setenv("SOLDAEMON_CACHE_DIR", str(tmp_path))
     cfg = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2)
-    plan, table, cached = kernels.plan_for(cfg, torch.device("cpu"), torch.float32)
+    quiet = lambda: (0.1, 2)          # noqa: E731 (the machine's load, as plan_for reads it)
+    plan, table, cached = kernels.plan_for(cfg, torch.device("cpu"), torch.float32, load=quiet)
     assert not cached and set(table.blocks) >= {"float32"} and table.blocks["float32"][1] > 0
+    assert (table.load_1m, table.cores, table.model) == (0.1, 2, {"layers": 2, "hidden": 64, "vocab": 512})
     files = list((tmp_path / "kernel-plans").glob("*.json"))
     assert len(files) == 1
-    again, table2, cached2 = kernels.plan_for(cfg, torch.device("cpu"), torch.float32)
+    again, table2, cached2 = kernels.plan_for(cfg, torch.device("cpu"), torch.float32, load=quiet)
     assert cached2 and table2 == table and again == plan
     files[0].write_text("{not json")                     # a damaged cache is measured again, not trusted
-    _, _, cached3 = kernels.plan_for(cfg, torch.device("cpu"), torch.float32)
+    _, _, cached3 = kernels.plan_for(cfg, torch.device("cpu"), torch.float32, load=quiet)
     assert not cached3
+
+
+def _loaded(table: TimingTable, load: float | None, cores: int | None = 2) -> TimingTable:
+    import dataclasses
+
+    return dataclasses.replace(table, load_1m=load, cores=cores, measured_at=1_790_000_000.0)
+
+
+def test_a_table_timed_under_load_is_timed_again_only_on_a_quiet_start() -> None:
+    from soldaemon.policy.kernel_plan import retime_reason, timed_under_load
+
+    busy = _loaded(_table(AVX512), 12.0)              # the issue-58 bench: load 12 on 2 cores
+    assert timed_under_load(busy)
+    why = retime_reason(busy, 0.4, 2)
+    assert why is not None and "load 12 on 2 cores" in why and "load 0.4" in why
+    assert retime_reason(busy, 3.0, 2) is None         # still busy: keep it (a new timing would be no better)
+    assert retime_reason(busy, None, 2) is None        # no load average on this OS: keep it
+    quiet = _loaded(_table(AVX512), 0.3)
+    assert not timed_under_load(quiet) and retime_reason(quiet, 0.0, 2) is None
+    unknown = _loaded(_table(AVX512), None, None)     # recorded before the load was
+    assert retime_reason(unknown, 0.0, 2) is None
+    # an old table's load, read after its timing, still counts (per thread when cores are unknown)
+    old = TimingTable.from_dict({**_table(AVX512).to_dict(), "load_1m": None,
+                                 "machine": {**_table(AVX512).machine, "load_avg_1m": 7.99, "threads": 2}})
+    assert old.load_1m == 7.99 and retime_reason(old, 0.2, 2) is not None
+    assert TimingTable.from_dict(busy.to_dict()) == busy
+
+
+def test_plan_for_times_a_loaded_table_again_on_a_quiet_start(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Recorded tables stand in for the timing: what is checked is which
+    table plan_for keeps, replaces and caches."""
+    import dataclasses
+
+    import torch
+    from transformers import Qwen2Config
+
+    from soldaemon.runtime.forward import kernels
+
+    monkeypatch.setenv("SOLDAEMON_CACHE_DIR", str(tmp_path))
+    timings = {"busy": _table(AVX512), "quiet": _table(AVX512_ONEDNN)}
+    measured: list[float | None] = []
+
+    def fake_measure(cfg: object, device: object, dtype: object, *, load: object, **_: object) -> TimingTable:
+        now, cores = load()                           # type: ignore[operator]
+        measured.append(now)
+        return _loaded(timings["busy" if now > 2 else "quiet"], now, cores)
+
+    monkeypatch.setattr(kernels, "measure_table", fake_measure)
+    cfg = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                      num_attention_heads=14, num_key_value_heads=2)
+    cpu = torch.device("cpu")
+    busy_plan, table, cached = kernels.plan_for(cfg, cpu, torch.float32, load=lambda: (12.0, 2))
+    assert not cached and table.load_1m == 12.0
+    # a later start, still busy: the cached table stays
+    _, table, cached = kernels.plan_for(cfg, cpu, torch.float32, load=lambda: (5.0, 2))
+    assert cached and table.load_1m == 12.0 and measured == [12.0]
+    # a quiet start: timed again, and the new table replaces the loaded one in the cache
+    quiet_plan, table, cached = kernels.plan_for(cfg, cpu, torch.float32, load=lambda: (0.3, 2))
+    assert not cached and measured == [12.0, 0.3]
+    assert (table.load_1m, table.replaced_load_1m) == (0.3, 12.0)
+    assert quiet_plan == choose_plan(dataclasses.replace(table, replaced_load_1m=None)) != busy_plan
+    _, again, cached = kernels.plan_for(cfg, cpu, torch.float32, load=lambda: (0.3, 2))
+    assert cached and again == table and measured == [12.0, 0.3]
 
 
 # -- config ----------------------------------------------------------------------------

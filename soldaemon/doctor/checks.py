@@ -81,13 +81,16 @@ TORCH_CUDA_TAGS: tuple[tuple[int, int], ...] = (
 class Check:
     """One verdict. ``name`` is a stable id ("gpu0.persistence", "cpu.ram");
     ``cost`` says what the finding costs (``None`` when nothing); ``fix`` is a
-    command for the user to run (``None`` when there is none to give)."""
+    command for the user to run (``None`` when there is none to give);
+    ``facts``: the figures behind the detail, for ``--json`` (the kernel
+    plan's table: its load, cores, age and why it is the one in use)."""
 
     name: str
     verdict: Verdict
     detail: str
     cost: str | None = None
     fix: str | None = None
+    facts: dict[str, Any] | None = None
 
 
 # ----------------------------------------------------------------------- helpers
@@ -476,11 +479,24 @@ def judge_machine(m: MachineReading, *, own_pid: int | None = None,
     checks.append(judge_torch(m.torch, has_gpu))
     checks += judge_cpu(m.cpu, has_gpu)
     checks.append(judge_cache(m.cache))
-    checks.append(Check("kernel_plan", **plan_report(m.cpu.vector_flags, layers=layers, threads=threads)))
+    checks.append(Check("kernel_plan", **plan_report(m.cpu.vector_flags, layers=layers, threads=threads,
+                                                     served=_served(m.daemon))))
     checks.append(Check("model_choice", **model_report(m.cpu.vector_flags)))
     if m.daemon is not None:
         checks.append(judge_daemon(m.daemon))
     return checks
+
+
+def _served(d: DaemonReading | None) -> dict[str, Any] | None:
+    """The running daemon's health document, when the probe got one (its
+    plan is the one in use)."""
+    if d is None or not d.reachable or d.status not in (200, 503):
+        return None
+    try:
+        doc = json.loads(d.detail)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) and "daemon" in doc else None
 
 
 # ------------------------------------------------------------------ reporting

@@ -162,28 +162,86 @@ class TimingTable:
 
     ``blocks[kernel][rows]``: the seven products of one decoder layer (q, k,
     v, o, gate, up, down) on ``rows`` rows; ``head[kernel][rows]``: the
-    output layer. A kernel this device cannot run is absent."""
+    output layer. A kernel this device cannot run is absent. Beside the
+    times, how busy the machine was when they were taken (a table timed
+    under load is re-timed on a later, quiet start: :func:`retime_reason`)."""
 
     blocks: dict[str, dict[int, float]]
     head: dict[str, dict[int, float]]
     n_layers: int
     machine: dict[str, Any] = field(default_factory=dict)   # flags, torch, device: shown beside the plan
+    load_1m: float | None = None      # the 1-minute load average as the timing began (None: not recorded)
+    cores: int | None = None          # logical cores of the machine then
+    measured_at: float | None = None  # when the timing began (Unix seconds)
+    model: dict[str, int] = field(default_factory=dict)     # the shapes timed: layers, hidden, vocab
+    replaced_load_1m: float | None = None   # the load of the table timed under load that this one replaced
 
     def to_dict(self) -> dict[str, Any]:
         return {"blocks": {k: {str(r): ms for r, ms in v.items()} for k, v in self.blocks.items()},
                 "head": {k: {str(r): ms for r, ms in v.items()} for k, v in self.head.items()},
-                "n_layers": self.n_layers, "machine": self.machine}
+                "n_layers": self.n_layers, "machine": self.machine, "load_1m": self.load_1m,
+                "cores": self.cores, "measured_at": self.measured_at, "model": self.model,
+                "replaced_load_1m": self.replaced_load_1m}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TimingTable:
-        """Raises ValueError on a malformed table (a damaged cache file)."""
+        """Raises ValueError on a malformed table (a damaged cache file).
+        A table recorded before the load had its own field keeps the load
+        read after its timing (``machine["load_avg_1m"]``)."""
         try:
+            machine = dict(d.get("machine") or {})
+            load = d.get("load_1m") if d.get("load_1m") is not None else machine.get("load_avg_1m")
             return cls(
                 blocks={str(k): {int(r): float(ms) for r, ms in v.items()} for k, v in d["blocks"].items()},
                 head={str(k): {int(r): float(ms) for r, ms in v.items()} for k, v in d["head"].items()},
-                n_layers=int(d["n_layers"]), machine=dict(d.get("machine") or {}))
+                n_layers=int(d["n_layers"]), machine=machine,
+                load_1m=None if load is None else float(load),
+                cores=None if d.get("cores") is None else int(d["cores"]),
+                measured_at=None if d.get("measured_at") is None else float(d["measured_at"]),
+                model={str(k): int(v) for k, v in (d.get("model") or {}).items()},
+                replaced_load_1m=None if d.get("replaced_load_1m") is None else float(d["replaced_load_1m"]))
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"malformed timing table: {exc!r}") from None
+
+    def facts(self) -> dict[str, Any]:
+        """How and when it was timed (what ``doctor`` shows beside the plan)."""
+        return {"load_1m": self.load_1m, "cores": self.cores, "threads": self.threads,
+                "measured_at": self.measured_at, "model": self.model, "replaced_load_1m": self.replaced_load_1m,
+                "timed_under_load": timed_under_load(self)}
+
+    @property
+    def threads(self) -> int:
+        """The threads the kernels were timed with (1 when not recorded)."""
+        return max(1, int(self.machine.get("threads") or 1))
+
+
+# How busy is too busy to time kernels, as a 1-minute load average per
+# logical core: above BUSY the kernels' threads shared the cores with other
+# work (the issue-58 bench: load 12 on 2 cores timed bfloat16 ahead of the
+# quiet plan's int8); at or below QUIET a new timing is worth taking. The gap
+# keeps a machine that hovers near one figure from re-timing at every start.
+BUSY_LOAD_PER_CORE = 1.0
+QUIET_LOAD_PER_CORE = 0.5
+
+
+def timed_under_load(table: TimingTable) -> bool:
+    """The table was timed while other work held the cores: its 1-minute
+    load average was above BUSY_LOAD_PER_CORE per core (the cores recorded,
+    else its thread count). False when no load was recorded."""
+    if table.load_1m is None:
+        return False
+    return table.load_1m > BUSY_LOAD_PER_CORE * (table.cores or table.threads)
+
+
+def retime_reason(table: TimingTable, load_1m: float | None, cores: int) -> str | None:
+    """Why a cached ``table`` should be timed again now, with the machine
+    at ``load_1m`` (its 1-minute load average; ``None``: unknown) on
+    ``cores`` logical cores: it was timed under load and the machine is
+    quiet now (at most QUIET_LOAD_PER_CORE per core). ``None``: keep it."""
+    if not timed_under_load(table) or load_1m is None or load_1m > QUIET_LOAD_PER_CORE * max(1, cores):
+        return None
+    return (f"the cached timings were taken at load {table.load_1m:g} on {table.cores or table.threads} "
+            f"cores; the machine is quiet now (load {load_1m:g} on {cores} cores)")
 
 
 @dataclass(frozen=True)
