@@ -960,6 +960,15 @@ def test_daemon_health_reports_the_startup_checks(start_daemon, engine_args) -> 
     assert machine["status"] in ("ok", "warn", "fail", "info")
     names = {c["name"] for c in machine["checks"]}
     assert any(n.startswith("cpu.") for n in names)
+    # the table its plan came from, with its load and age: what doctor shows of a running daemon
+    from soldaemon.doctor.plan import plan_report
+
+    health = json.loads(raw)
+    table = health["engine"]["precision"]["table"]
+    assert table["cores"] == os.cpu_count() and table["measured_at"] > time.time() - 3600
+    assert table["model"]["layers"] == 4                       # the tiny model's own shapes
+    report = plan_report(None, served=health)
+    assert report["facts"]["source"] == "daemon" and "in use by the running daemon" in report["detail"]
 
 
 # ------------------------------------------------------------- the kernel plan's table

@@ -89,18 +89,22 @@ def _served_plan(health: Mapping[str, Any] | None, now: float) -> dict[str, Any]
     from its health document; ``None`` when it has none (no daemon, a
     transformers fallback, a remote engine)."""
     engine = (health or {}).get("engine")
-    precision = engine.get("precision") if isinstance(engine, dict) else None
+    if not isinstance(engine, dict):
+        return None
+    precision = engine.get("precision")
     if not isinstance(precision, dict) or not isinstance(precision.get("plan"), dict):
         return None
     try:
         plan = KernelPlan.from_dict(precision["plan"])
     except ValueError:
         return None
-    table = precision.get("table") if isinstance(precision.get("table"), dict) else {}
+    raw = precision.get("table")
+    table: dict[str, Any] = raw if isinstance(raw, dict) else {}
     model = (health or {}).get("model") or engine.get("model") or "?"
     measured = table.get("measured_at")
-    age = f", timed {_age(now - measured)} ago" if isinstance(measured, (int, float)) else ""
-    facts = {"source": "daemon", "model": model, "age_s": round(max(0.0, now - measured)) if age else None,
+    age_s = round(max(0.0, now - measured)) if isinstance(measured, (int, float)) else None
+    age = f", timed {_age(age_s)} ago" if age_s is not None else ""
+    facts = {"source": "daemon", "model": model, "age_s": age_s,
              **table, "why": f"in use by the running daemon: {plan.reason}"}
     detail = f"{plan.describe()} — in use by the running daemon ({model}){age}{_load(table)}"
     return _judged(detail, facts, None)
