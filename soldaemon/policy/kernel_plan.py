@@ -20,13 +20,15 @@ What is chosen (one :class:`KernelPlan`):
   weights whether it ran alone or in a batch (reuse = recompute);
 - ``head_storage`` / ``head``: the output layer (151,936 rows for Qwen2.5,
   unlike the blocks), whose storage also serves the embedding lookup;
-- ``rows``: None, or a kernel that reads a *second*, blocked copy of the
-  int8 weights (layers and output layer) for every forward of more than one
-  row — prompts, verifications, the typed line — where ``torch._int_mm``
-  re-lays the weight out on every call (docs/kernels.md, "A blocked copy
-  for forwards of more than one row"). Only a kernel that gives its twin's
-  bits (:data:`ROW_KERNELS`) may: a verify then still equals the decode
-  steps bit for bit, and a prompt's logits do not change.
+- ``rows``: None (one layout for every forward: the default), or a kernel
+  that reads a *second*, blocked copy of the int8 weights (layers and
+  output layer) — kept only where it is measured at least ROW_COPY_GAIN
+  faster for one-row steps *and* for forwards of more rows (prompts,
+  verifications, the typed line), where ``torch._int_mm`` re-lays the
+  weight out on every call (docs/kernels.md, "One copy of the weights by
+  default"). Only a kernel that gives its twin's bits (:data:`ROW_KERNELS`)
+  may: a verify then still equals the decode steps bit for bit, and a
+  prompt's logits do not change.
 
 Kernels (``KERNELS``: kernel → storage it reads):
 
@@ -74,6 +76,14 @@ PLAN_NOTE = ("ms: the fastest of N runs after a warm-up; blocks: one decoder lay
              "head: the output layer; rows: tokens in the forward")
 SHORT_ROWS = (1, 2, 5, 9, 17)             # decode and verify sizes measured
 PREFILL_ROWS = (64, 512)                  # prefill sizes measured (512: the session's chunk)
+# The blocked second copy costs the int8 weights' memory again (0.5B: +532 MB
+# after load, 1,742 against 1,210 MB; docs/kernels.md). One layout serves
+# every forward unless the copy is measured at least this much faster (a
+# fraction of the one copy's time) for one-row steps and for forwards of
+# more rows alike: the table's prediction first (choose_plan), then real
+# decode steps at warm-up (steps_on_blocked_copy; the engine drops the copy
+# when they are not).
+ROW_COPY_GAIN = 0.15
 
 @dataclass(frozen=True)
 class Quality:
@@ -373,9 +383,10 @@ def choose_plan(table: TimingTable, precision: str = "auto", *, allowed: frozens
     completion (prompt + decode steps) wins. Then, with ``row_copy`` (the
     engine's word that memory holds a second copy), a kernel of
     :data:`ROW_KERNELS` becomes ``rows`` when its twin runs every phase and
-    it is predicted faster for a verification and for the prompt together,
-    neither by more than a tenth slower. Raises ValueError for an unknown
-    precision or when no measured kernel is left."""
+    it is predicted at least ROW_COPY_GAIN faster for the prompt, for a
+    verification *and* for a decode step; otherwise one layout serves
+    every forward. Raises ValueError for an unknown precision or when no
+    measured kernel is left."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r} (expected one of {', '.join(PRECISIONS)})")
     usable = (set(KERNELS) if precision != "auto" else set(allowed if allowed is not None else auto_kernels()))
@@ -425,12 +436,16 @@ def choose_plan(table: TimingTable, precision: str = "auto", *, allowed: frozens
         # a prompt keeps only its last row's logits: the head runs one row, on the one copy
         r_cold = prefill_ms(table, rk, workload.prompt_tokens) + head_ms(table, head, 1)
         r_verify = short_ms(table, rk, v) + head_ms(table, rk, v)
-        if r_cold + r_verify < cold + verify and r_cold <= 1.1 * cold and r_verify <= 1.1 * verify:
-            reason += (f"; with a blocked copy for forwards of more rows ({rk}) "
-                       f"{r_cold + workload.decode_steps * step:.0f} ms: prompt {r_cold:.0f} vs {cold:.0f} ms, "
-                       f"{v}-row verify {r_verify:.1f} vs {verify:.1f} ms")
+        r_step = short_ms(table, rk, 1) + head_ms(table, rk, 1)
+        figures = (f"prompt {r_cold:.0f} vs {cold:.0f} ms, {v}-row verify {r_verify:.1f} vs {verify:.1f} ms, "
+                   f"step {r_step:.1f} vs {step:.1f} ms")
+        keep = 1.0 - ROW_COPY_GAIN
+        if r_cold <= keep * cold and r_verify <= keep * verify and r_step <= keep * step:
+            reason += (f"; with a blocked second copy ({rk}, {ROW_COPY_GAIN:.0%} faster or more for steps and "
+                       f"forwards of more rows) {r_cold + workload.decode_steps * step:.0f} ms: {figures}")
             rows, cold, verify = rk, r_cold, r_verify
             break
+        reason += f"; one copy of the weights ({rk} not {ROW_COPY_GAIN:.0%} faster throughout: {figures})"
     # each record once (int8-onednn shares int8-dynamic's)
     records = {QUALITY[k]: k for k in (pre, sh, head, rows) if k in QUALITY and k != "float32"}
     if records:
@@ -447,9 +462,9 @@ def speculation_pays(plan: KernelPlan, limit: float = 2.0) -> bool:
     return plan.verify_ms <= limit * plan.step_ms
 
 
-# A decode step moves to the blocked copy only when measured at least this
-# much faster there (a tenth: rounds on a 2-core host vary by ~10 %).
-STEP_COPY_MARGIN = 0.9
+# A decode step moves to the blocked copy only when measured at least
+# ROW_COPY_GAIN faster there (rounds on a 2-core host vary by ~10 %).
+STEP_COPY_MARGIN = 1.0 - ROW_COPY_GAIN
 
 
 def steps_on_blocked_copy(one_copy_ms: list[float], blocked_ms: list[float],
@@ -457,16 +472,18 @@ def steps_on_blocked_copy(one_copy_ms: list[float], blocked_ms: list[float],
     """Whether one-row forwards (decode steps, the prompt's last row through
     the output layer) should read the blocked copy too, from real decode
     steps timed both ways in alternating rounds (each list: one median per
-    round). The kernel plan's table cannot say: it times one layer
+    round); when not, the engine drops the copy (one layout for every
+    forward: the copy stays only where it pays for steps and forwards of
+    more rows alike). The kernel plan's table cannot say: it times one layer
     cache-hot, and ranked oneDNN ahead at one row on Zen 4, where the real
     step, reading 24 layers from memory, was 17 % slower (docs/kernels.md);
     on an AMX Xeon the real step is ~20 % faster. The bits are the same
     either way (ROW_KERNELS), so only time decides. Needs >= 3 rounds each;
-    the blocked copy wins when its median is below ``margin`` times the
+    the blocked copy wins when its median is at most ``margin`` times the
     one copy's and it is faster in most rounds."""
     if len(one_copy_ms) < 3 or len(one_copy_ms) != len(blocked_ms):
         return False
     ordered = sorted(one_copy_ms), sorted(blocked_ms)
     mid = len(one_copy_ms) // 2
     wins = sum(b < a for a, b in zip(one_copy_ms, blocked_ms))
-    return ordered[1][mid] < margin * ordered[0][mid] and 2 * wins > len(one_copy_ms)
+    return ordered[1][mid] <= margin * ordered[0][mid] and 2 * wins > len(one_copy_ms)
