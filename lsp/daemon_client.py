@@ -330,13 +330,13 @@ class DaemonClient:
                 launcher.start()
             problem = launcher.check() or launcher.error
             if launcher.starting:
-                self._status("connecting", f"starting soldaemon… ({launcher.stage() or 'preparing the model'})",
+                self._status("connecting", f"starting soldaemon… {launcher.stage() or 'preparing the model'}",
                              busy=True)
                 return min(delay, 0.5)
             if not problem and launcher.other_starting:
                 stage = launcher.stage()
                 self._status("connecting", "another editor window is starting soldaemon…"
-                             + (f" ({stage})" if stage else ""), busy=True)
+                             + (f" {stage}" if stage else ""), busy=True)
                 return min(delay, 0.5)
             if problem:
                 self._status("error", problem, persistent=True)

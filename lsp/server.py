@@ -49,7 +49,8 @@ LSP surface (docs/editors.md has the editor set-ups):
   its ``last-error.json``; actions open the daemon log or run
   ``soldaemon doctor``, shown with ``window/showDocument``), and ``$/progress`` while the daemon starts or loads its model
   (:mod:`lsp.status`); while the daemon starts, the message names its
-  first-start work ("starting soldaemon… (measuring the linear kernels …)").
+  first-start work ("starting soldaemon… measuring the linear kernels on
+  this machine (once)…").
 - The daemon is started (``--start-daemon``) when the first document in an
   enabled language opens, never for a disabled one; a completion asked
   while it starts waits for it (until the editor cancels the request).

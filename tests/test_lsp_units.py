@@ -23,7 +23,7 @@ from soldaemon.protocol import ErrorFrame
 from lsp.completer import Completer, DaemonRequestFailed, tidy_items
 from lsp.context import ContextRing
 from lsp.daemon_client import DaemonClient, StatusUpdate
-from lsp.discovery import Target
+from lsp.discovery import DaemonLauncher, Target
 from lsp.documents import Document, DocumentStore, line_starts, units
 from lsp.server import StatusReporter, _event_target
 from lsp.settings import Settings, SettingsError, parse_args
@@ -618,3 +618,17 @@ def test_progress_begins_once_created_reports_and_ends() -> None:
     progress.show("again")
     proto.created[1].set_exception(RuntimeError("refused"))
     assert not progress.active and len(proto.sent) == 3      # a refused token: no bar
+
+
+def test_the_launchers_stage_is_the_daemons_last_progress_line(tmp_path: Path) -> None:
+    """What a starting daemon prints as ``soldaemon: ...`` on its stdout
+    (daemon.out) is the stage sol-lsp shows; its error line is not."""
+    launcher = DaemonLauncher(["soldaemon", "serve"], log_path=tmp_path / "daemon.log")
+    assert launcher.stage() is None                           # nothing started: no daemon.out
+    (tmp_path / "daemon.out").write_text(
+        "soldaemon: assembling qwen2.5-coder-0.5b from its parts (once)…\nsome library's noise\n"
+        "soldaemon: measuring the linear kernels on this machine (once)…\n"
+        "soldaemon: error [model_error]: the model could not load\n")
+    assert launcher.stage() == "measuring the linear kernels on this machine (once)…"
+    (tmp_path / "daemon.out").write_bytes(b"x" * 10_000 + b"\nsoldaemon: converting a.gguf once\n")
+    assert launcher.stage() == "converting a.gguf once"       # read from the file's end only
