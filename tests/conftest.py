@@ -39,7 +39,10 @@ def pytest_configure(config: pytest.Config) -> None:
     for name in sorted(names - set(PRIVATE_CACHE_PARTS)):
         target = shared / name
         if name in SHARED_CACHE_PARTS:
-            target.mkdir(parents=True, exist_ok=True)
+            try:
+                target.mkdir(parents=True, exist_ok=True)
+            except OSError:             # a read-only home: the run converts into its own cache
+                continue
         if target.exists():
             (cache / name).symlink_to(target, target_is_directory=target.is_dir())
     os.environ["SOL_TESTS_USER_CACHE"] = str(shared)
