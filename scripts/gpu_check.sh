@@ -7,11 +7,11 @@
 # machine that has torch, transformers, safetensors, tokenizers, psutil,
 # pyyaml, tqdm, pytest and nvidia-ml-py (no websockets, pygls, gguf or
 # tree-sitter needed). The H200 image lacks platformdirs and detect-secrets
-# (seen session 26): scripts/gpu_wheels.sh fetches them here as wheels,
+# (seen 2026-12-04 (0f0a0b6)): scripts/gpu_wheels.sh fetches them here as wheels,
 # and --wheels DIR installs those into a temporary folder on the path.
 #
 #   bash scripts/gpu_wheels.sh                    # here, once: .whl/ <- the wheels the device image lacks
-#   bash scripts/gpu_check.sh --out "$OUT" --wheels .whl   # on a CUDA machine (~4.5 min on an H200, session 26)
+#   bash scripts/gpu_check.sh --out "$OUT" --wheels .whl   # on a CUDA machine (~4.5 min on an H200, 2026-12-04 (0f0a0b6))
 #   bash scripts/gpu_check.sh --cpu --out DIR     # the same end to end on the tiny model (CI; 20-60 s here)
 #
 # The report cannot be lost: every step writes its JSON into OUT/steps/ as
@@ -86,7 +86,7 @@ T_START=$(date +%s)
 read -r -a shape_list <<<"$SHAPES"
 
 # The plan, with an estimate per step on one H200 (seconds: the first device
-# run, session 26, took env 6, nvidia-smi 0, pytest 19, build 13/16, latency
+# run, 2026-12-04 (0f0a0b6), took env 6, nvidia-smi 0, pytest 19, build 13/16, latency
 # 69/92, memory 18/29, doctor 0; the float32 anchor adds a little to the
 # latency steps). Total ~270 s plus the machine's start (~30 s). CPU mode:
 # the tiny model, 20-60 s on a loaded 2-core VM.

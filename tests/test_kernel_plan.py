@@ -40,7 +40,7 @@ def _table(name: str) -> TimingTable:
 
 AVX512 = "zen4_avx512_bf16.json"       # measured on the project's 2-core EPYC with AVX-512 BF16/VNNI
 AVX2 = "avx2_only.json"                # the same machine with oneDNN/MKL/ATen capped at AVX2 (see its note)
-# session 14, with oneDNN's blocked int8 (int8-onednn) measured beside the rest: a Zen 4 with
+# 2026-12-02 (0a3020c), with oneDNN's blocked int8 (int8-onednn) measured beside the rest: a Zen 4 with
 # avx512_vp2intersect, and the same machine capped at AVX2 as above
 AVX512_ONEDNN = "zen4_avx512_onednn.json"
 AVX2_ONEDNN = "avx2_only_onednn.json"
@@ -548,10 +548,10 @@ def test_steps_move_to_the_blocked_copy_only_where_real_steps_measured_faster() 
     from soldaemon.policy.kernel_plan import steps_on_blocked_copy
 
     # recorded: the 0.5B's real decode steps after a 1,000-token prompt, medians of rounds of 12,
-    # alternating (session 25): a 2-core Xeon KVM guest with AMX -- the blocked copy ~20 % faster
+    # alternating (2026-12-04, 5e4849b): a 2-core Xeon KVM guest with AMX -- the blocked copy ~20 % faster
     xeon_one, xeon_blocked = [81.1, 70.1, 64.1, 82.3, 79.7, 79.7], [59.7, 52.3, 66.7, 69.0, 65.4, 63.2]
     assert steps_on_blocked_copy(xeon_one, xeon_blocked)
-    # Zen 4 (session 14, docs/kernels.md): the blocked copy's step 17 % slower in the forward,
+    # Zen 4 (2026-12-02, 0a3020c, docs/kernels.md): the blocked copy's step 17 % slower in the forward,
     # although the cache-hot table ranked it ahead at one row
     zen_one, zen_blocked = [24.6, 25.1, 24.2], [28.9, 28.4, 29.6]
     assert not steps_on_blocked_copy(zen_one, zen_blocked)

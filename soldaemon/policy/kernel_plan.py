@@ -135,14 +135,14 @@ class Quality:
 #   (2026-12-03, docs/quality/line-120-head-rotated-s19.json and
 #   block-128-head-rotated-s19.json): 3 line holes and 1 block hole lost,
 #   none won. Before the output layer was rotated: 5 lost, 0 won.
-# - int8 (weight-only): only ever measured inside session 5's plan (int8
+# - int8 (weight-only): only ever measured inside the plan of 2026-12-01 (74df3e1) (int8
 #   decode, int8-dynamic prefill and head), 60 holes (docs/quality/precision.json).
 # float16 and int4 were not measured (float16's CPU products are the slowest),
 # so auto never picks them; model.precision: float16 / int4 still can.
 QUALITY: dict[str, Quality] = {
     "float32": Quality(0, 0, 248, "the reference"),
     "bfloat16": Quality(2, 0, 248, "0.5B, 120 line + 128 block holes, 2026-12-02/03"),
-    "int8": Quality(0, 1, 60, "0.5B, 60 holes, 2026-12-01 (session 5's plan)"),
+    "int8": Quality(0, 1, 60, "0.5B, 60 holes, 2026-12-01 (the plan of 74df3e1)"),
     "int8-dynamic": Quality(4, 0, 248, "0.5B, rotated with the output layer, 120 line + 128 block holes, 2026-12-03"),
 }
 QUALITY["int8-onednn"] = QUALITY["int8-dynamic"]    # int8-dynamic's bits (ROW_KERNELS)

@@ -231,7 +231,7 @@ class OneDNNInt8(Int8Dynamic):
         q, sx = self.quantize(x)
         # q + 128 as bytes: the int8 values' bytes plus 128, wrapping (the same
         # bytes as float q + 128 cast to uint8, which torch does ~10x slower than
-        # the cast to int8 on a prompt's rows: docs/kernels.md, session 22)
+        # the cast to int8 on a prompt's rows: docs/kernels.md, 2026-12-03 (aa62a5e))
         return q.to(torch.int8).view(torch.uint8).add_(128), sx
 
     def multiply(self, p: tuple[torch.Tensor, torch.Tensor], w: torch.Tensor, b: torch.Tensor | None,
