@@ -323,7 +323,8 @@ class DaemonClient:
         to wait before the next attempt."""
         launcher = self._launcher
         if launcher is not None and refused and not self.wanted and not launcher.other_starting:
-            self._status("connecting", "soldaemon is not running; it starts when a document in an enabled language opens")
+            self._status("connecting",
+                         "soldaemon is not running; it starts when a document in an enabled language opens")
             return delay
         if launcher is not None:
             if refused:

@@ -64,6 +64,7 @@ async def serve(settings: ServerSettings, load: Callable[[], Engine], model_labe
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+
     def listen(port: int) -> Any:
         return ws_serve(
             daemon.handler, settings.host, port,
