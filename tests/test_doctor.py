@@ -1026,3 +1026,8 @@ def test_doctor_shows_the_plan_the_running_daemon_serves_with(tmp_path: Path) ->
            "re-timed on a quiet start (the table it replaced: load 12)" in report["detail"]
     assert report["facts"]["why"].startswith("in use by the running daemon: fastest measured")
     assert plan_report(("avx2",), root=tmp_path, served={"daemon": "0.1", "state": "ready"})["verdict"] == "info"
+    # a model of the user's own (model.path), no daemon running: no other model's table stands in for it
+    _plan_table(tmp_path / "kernel-plans", "half.json", layers=24, load=0.1, age_s=10, flags=["avx2"])
+    assert plan_report(("avx2",), root=tmp_path)["facts"]["file"].endswith("half.json")
+    own = plan_report(("avx2",), root=tmp_path, model_path="/models/mine.gguf")
+    assert own["verdict"] == "info" and own["facts"] is None and "/models/mine.gguf" in own["detail"]

@@ -465,7 +465,7 @@ def judge_daemon(d: DaemonReading) -> Check:
 
 def judge_machine(m: MachineReading, *, own_pid: int | None = None,
                   needed_bytes: int = MODEL_GPU_BYTES, layers: int | None = None,
-                  threads: int | None = None) -> list[Check]:
+                  threads: int | None = None, model_path: str | None = None) -> list[Check]:
     """All checks, GPU first. Without a GPU: one ``gpu`` info check with
     :func:`no_gpu_line`, then what applies (torch, CPU, cache, daemon)."""
     checks: list[Check] = []
@@ -480,7 +480,7 @@ def judge_machine(m: MachineReading, *, own_pid: int | None = None,
     checks += judge_cpu(m.cpu, has_gpu)
     checks.append(judge_cache(m.cache))
     checks.append(Check("kernel_plan", **plan_report(m.cpu.vector_flags, layers=layers, threads=threads,
-                                                     served=_served(m.daemon))))
+                                                     served=_served(m.daemon), model_path=model_path)))
     checks.append(Check("model_choice", **model_report(m.cpu.vector_flags)))
     if m.daemon is not None:
         checks.append(judge_daemon(m.daemon))
@@ -580,7 +580,8 @@ def run(args: argparse.Namespace, config: Any = None) -> int:
     machine = gpuprobe.read_machine(port=None)
     machine = replace(machine, daemon=probe_running_daemon(config, args.port))
     layers, threads = configured_plan_key(config)
-    checks = judge_machine(machine, own_pid=os.getpid(), layers=layers, threads=threads)
+    path = str(config.model.path) if config is not None and config.model.path else None
+    checks = judge_machine(machine, own_pid=os.getpid(), layers=layers, threads=threads, model_path=path)
     if args.json:
         doc = {"schema": 1, **summarize(checks), "reading": asdict(machine)}
         print(json.dumps(doc, indent=2))

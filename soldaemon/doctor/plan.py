@@ -36,7 +36,7 @@ def read_tables(root: Path | None = None) -> list[tuple[Path, TimingTable]]:
 
 def plan_report(cpu_flags: tuple[str, ...] | None, root: Path | None = None, *,
                 layers: int | None = None, threads: int | None = None, served: Mapping[str, Any] | None = None,
-                now: float | None = None) -> dict[str, Any]:
+                model_path: str | None = None, now: float | None = None) -> dict[str, Any]:
     """The ``kernel_plan`` line: (verdict, detail, cost, fix, facts) for the
     table in use and why it is that one.
 
@@ -46,14 +46,19 @@ def plan_report(cpu_flags: tuple[str, ...] | None, root: Path | None = None, *,
     the daemon would serve -- ``layers`` (the configured model) when
     given, else the one ``model.name: auto`` would choose, else any
     embedded model's (never a table of another model, such as the test
-    suite's tiny one) -- timed with ``threads`` threads when given.
-    ``facts``: the table's load, cores, age and when it was timed; a
+    suite's tiny one) -- timed with ``threads`` threads when given; for a
+    ``model_path`` (a model of the user's, shapes unknown here) an
+    ``info`` line rather than a guess. ``facts``: the table's load, cores, age and when it was timed; a
     table timed under load warns (the next quiet start times it again).
     An ``info`` line when none was measured yet."""
     now = time.time() if now is None else now
     in_use = _served_plan(served, now)
     if in_use is not None:
         return in_use
+    if model_path is not None and layers is None:
+        return {"verdict": "info", "detail": f"model.path {model_path}: its kernel table is the daemon's to time "
+                "at its start; doctor shows the plan in use while the daemon runs", "cost": None, "fix": None,
+                "facts": None}
     mine = _relevant(cpu_flags)
     why = "the configured model's"
     if layers is None:
