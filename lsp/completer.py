@@ -4,7 +4,9 @@ LSP wiring (lsp.server) and the daemon (lsp.daemon_client). No LSP I/O here.
 Contracts of :meth:`Completer.suggest`:
 
 - returns ``None`` (the editor shows nothing) when the document is unknown,
-  the daemon is not ready (at once: no waiting), the request was overtaken by
+  the daemon is not ready and none is on its way (at once; while one is
+  starting or loading its model the request waits for it, until the
+  caller cancels it: the first pause gets a suggestion), the request was overtaken by
   a newer one, the daemon cancelled or superseded it, it timed out, or the
   daemon had nothing; raises :class:`DaemonRequestFailed` only for a daemon
   error that retrying cannot fix (a bug to surface, as a typed JSON-RPC
@@ -304,8 +306,12 @@ class Completer:
             return cached
         if not self.client.ready:
             self.client.poke()
-            log.debug("lsp %s: daemon not ready; empty", tag)
-            return None
+            if not await self.client.wait_ready():
+                log.debug("lsp %s: daemon not ready; empty", tag)
+                return None
+            log.info("lsp %s: waited %.0f ms for the daemon to start", tag, (time.perf_counter() - t0) * 1000)
+            if self._generation.get(uri) != generation or doc.version != version:
+                return None             # overtaken while the daemon started
         if automatic and self.settings.debounce_ms > 0:
             await asyncio.sleep(self.settings.debounce_ms / 1000)
             if self._generation.get(uri) != generation or doc.version != version:

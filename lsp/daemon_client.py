@@ -20,10 +20,16 @@ Contracts:
   ``unavailable`` error; nothing waits for a frame that cannot come.
 - ``warm`` and ``event`` are fire and forget; both are dropped while not
   connected.
-- A daemon is started (``launcher``) only once something wanted it: a
-  completion or a warm asked while none answered (:meth:`poke`); until then
-  sol-lsp only looks for a running one, so a window whose documents are all
-  switched off never loads a model.
+- A daemon is started (``launcher``) only once something wanted it: an
+  enabled document opened, or a completion or a warm asked while none
+  answered (:meth:`poke`); until then sol-lsp only looks for a running one,
+  so a window whose documents are all switched off never loads a model.
+- :meth:`wait_ready` waits while a daemon is on its way (started by us or
+  another window, or loading its model) and answers whether it became
+  ready: a completion asked during the start waits for it instead of
+  coming back empty (bounded by the caller's cancellation and the
+  launcher's ``timeout_s``). While it starts, the status names the stage
+  of its first-start work (:meth:`DaemonLauncher.stage`).
 - Status changes go to ``on_status`` as :class:`StatusUpdate` (``connecting``,
   ``ready``, ``slow``, ``error``); a failure that lasted
   ``failure_message_after_s`` (or a daemon we started that died) is marked
@@ -123,6 +129,8 @@ class DaemonClient:
         self._slow = False
         self._closing = False
         self.wanted = False                              # a request needed the daemon: may start one
+        self._unanswered_poke = False                    # poked; the connection loop has not reported since
+        self._changed = asyncio.Event()                  # set (and replaced) on every status change
         self.url: str | None = None
         self.last_status = StatusUpdate("connecting")
 
@@ -161,7 +169,24 @@ class DaemonClient:
         second, or at once the first time)."""
         first, self.wanted = not self.wanted, True
         if self._ws is None and (first or time.monotonic() - self._last_attempt >= 1.0):
+            self._unanswered_poke = self._launcher is not None
             self._wake.set()
+
+    @property
+    def coming(self) -> bool:
+        """A daemon is on its way: starting (ours or another window's),
+        loading its model, or about to be started after :meth:`poke`."""
+        return not self.ready and (self.last_status.busy or self._unanswered_poke)
+
+    async def wait_ready(self) -> bool:
+        """Wait while a daemon is :attr:`coming`; True once it is ready,
+        False as soon as none is coming (a start failed, or nothing starts
+        one). Cancelling the caller ends the wait."""
+        while not self.ready:
+            if not self.coming:
+                return False
+            await self._changed.wait()
+        return True
 
     # -- requests ------------------------------------------------------------
 
@@ -260,6 +285,9 @@ class DaemonClient:
     # -- the connection loop -------------------------------------------------
 
     def _status(self, state: StatusState, message: str, *, persistent: bool = False, busy: bool = False) -> None:
+        self._unanswered_poke = False
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()                                    # wait_ready looks again (also when nothing changed)
         update = StatusUpdate(state, message, self.url, persistent, busy)
         if update == self.last_status:
             return
@@ -295,17 +323,21 @@ class DaemonClient:
         to wait before the next attempt."""
         launcher = self._launcher
         if launcher is not None and refused and not self.wanted and not launcher.other_starting:
-            self._status("connecting", "soldaemon is not running; it starts with the first completion")
+            self._status("connecting",
+                         "soldaemon is not running; it starts when a document in an enabled language opens")
             return delay
         if launcher is not None:
             if refused:
                 launcher.start()
             problem = launcher.check() or launcher.error
             if launcher.starting:
-                self._status("connecting", "starting soldaemon (preparing the model)", busy=True)
+                self._status("connecting", f"starting soldaemon… {launcher.stage() or 'preparing the model'}",
+                             busy=True)
                 return min(delay, 0.5)
             if not problem and launcher.other_starting:
-                self._status("connecting", "another editor window is starting soldaemon", busy=True)
+                stage = launcher.stage()
+                self._status("connecting", "another editor window is starting soldaemon…"
+                             + (f" {stage}" if stage else ""), busy=True)
                 return min(delay, 0.5)
             if problem:
                 self._status("error", problem, persistent=True)

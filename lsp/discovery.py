@@ -17,7 +17,11 @@ started it (it exits by itself after ``idle_exit_s`` without a connection,
 passed as ``SOLDAEMON_IDLE_EXIT_S`` whatever the command). A daemon that
 cannot start leaves ``last-error.json`` in the state directory; its reason
 becomes the launcher's message. It never blocks: the client keeps trying to connect while the
-daemon prepares its model, for at most ``timeout_s``.
+daemon prepares its model, for at most ``timeout_s``; meanwhile :meth:`DaemonLauncher.stage`
+reads the daemon's first-start work (assembling, converting, timing the kernels) from the
+``soldaemon: ...`` lines it prints to ``daemon.out``. A daemon the launcher starts takes a
+free port when the configured one is held (``SOLDAEMON_PORT_FALLBACK``): clients find it
+through its record, never its port.
 
 Two sol-lsp starting at once start one daemon: the starter holds
 ``start.lock`` in the state directory (:class:`soldaemon.discovery.StartLock`)
@@ -61,6 +65,8 @@ def resolve_target(settings: Settings) -> Target:
     return find_daemon(Fallback(), url=settings.url or None, token_path=settings.token_file)
 
 
+STAGE_PREFIX = "soldaemon: "          # a daemon's progress line on its stdout (daemon.out)
+STAGE_TAIL_BYTES = 4096                 # how much of daemon.out's end is read for it
 LAST_ERROR_NAME = "last-error.json"    # written by `soldaemon serve` when it cannot start (server/command.py)
 # the exit statuses of `soldaemon` (docs/doctor.md, "Exit codes")
 EXIT_MEANINGS = {1: "an internal error", 2: "a configuration error", 3: "a model error (missing parts, "
@@ -209,6 +215,21 @@ class DaemonLauncher:
             return f"the daemon started by sol-lsp was not ready within {self.timeout_s:.0f} s{where}"
         return None
 
+    def stage(self) -> str | None:
+        """What the daemon being started is doing, from the last
+        ``soldaemon: ...`` line of ``daemon.out`` in the state directory
+        (a start by another window too: the file is shared), or ``None``."""
+        out_path = (self.log_path or state_dir() / "daemon.log").with_suffix(".out")
+        try:
+            with open(out_path, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - STAGE_TAIL_BYTES))
+                tail = f.read().decode("utf-8", "replace")
+        except OSError:
+            return None
+        lines = [ln.strip() for ln in tail.splitlines()
+                 if ln.startswith(STAGE_PREFIX) and not ln.startswith(STAGE_PREFIX + "error")]
+        return lines[-1][len(STAGE_PREFIX):][:200] if lines else None
+
     def ready(self) -> None:
         """A connection succeeded: forget the process (the daemon lives on,
         detached). ``started_at`` stays, so a daemon that dies again is
@@ -239,9 +260,11 @@ class DaemonLauncher:
             # The daemon writes (and rotates) its own log; what it prints
             # outside its logging (a crash before that is set up) goes to
             # daemon.out, emptied at each start. Whatever command starts it,
-            # the daemon exits after idle_exit_s unused (SOLDAEMON_IDLE_EXIT_S).
+            # the daemon exits after idle_exit_s unused (SOLDAEMON_IDLE_EXIT_S)
+            # and listens on a free port when the configured one is held
+            # (SOLDAEMON_PORT_FALLBACK; its record says where).
             out_path = log_path.with_suffix(".out")
-            env = dict(os.environ, SOLDAEMON_LOG_FILE=str(log_path))
+            env = dict(os.environ, SOLDAEMON_LOG_FILE=str(log_path), SOLDAEMON_PORT_FALLBACK="1")
             if self.idle_exit_s is not None:
                 env["SOLDAEMON_IDLE_EXIT_S"] = f"{self.idle_exit_s:g}"
             nofollow = getattr(os, "O_NOFOLLOW", 0)

@@ -48,7 +48,12 @@ LSP surface (docs/editors.md has the editor set-ups):
   failure persists (a daemon that could not start names the reason from
   its ``last-error.json``; actions open the daemon log or run
   ``soldaemon doctor``, shown with ``window/showDocument``), and ``$/progress`` while the daemon starts or loads its model
-  (:mod:`lsp.status`).
+  (:mod:`lsp.status`); while the daemon starts, the message names its
+  first-start work ("starting soldaemon… measuring the linear kernels on
+  this machine (once)…").
+- The daemon is started (``--start-daemon``) when the first document in an
+  enabled language opens, never for a disabled one; a completion asked
+  while it starts waits for it (until the editor cancels the request).
 - ``workspace/didChangeConfiguration`` ``{"settings": {"soldaemon": {...}}}``
   (the ``initializationOptions`` keys) applies at once; an invalid value is
   named in a ``window/showMessage`` and the old settings stay.
@@ -459,6 +464,8 @@ def build_server(settings: Settings) -> SolLanguageServer:
         doc = ls.documents.open(params.text_document)
         if ls.completer is not None:
             ls.completer.opened(doc)
+            if ls.daemon is not None and ls.completer.enabled(doc) and ls.completer.may_send(doc.uri):
+                ls.daemon.poke()        # the first pause gets a suggestion: start the daemon now
 
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     def did_change(ls: SolLanguageServer, params: types.DidChangeTextDocumentParams) -> None:

@@ -77,6 +77,9 @@ STEPS=$OUTDIR/steps                      # each step's JSON, as it finishes
 rm -rf "$STEPS"
 mkdir -p "$STEPS"
 MODELS=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")   # random-weight models: never copied back
+# their kernel plans (and any state) stay in that folder, never in the user's
+# cache: a random or tiny model's table there is not the user's model's
+export SOLDAEMON_CACHE_DIR="$MODELS/cache" SOLDAEMON_STATE_DIR="$MODELS/state"
 LOG=$OUTDIR/log.txt
 : >"$LOG"
 : >"$STEPS/steps.tsv"

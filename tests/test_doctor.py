@@ -836,7 +836,7 @@ def test_summarize_shape() -> None:
     s = doctor.summarize(checks)
     assert set(s) == {"status", "counts", "checks"} and s["status"] == "fail"
     assert set(s["counts"]) == {"ok", "info", "warn", "fail"} and sum(s["counts"].values()) == len(checks)
-    assert set(s["checks"][0]) == {"name", "verdict", "detail", "cost", "fix"}
+    assert set(s["checks"][0]) == {"name", "verdict", "detail", "cost", "fix", "facts"}
     json.dumps(s)
     assert doctor.worst([Check("a", "info", "x")]) == "ok"
     assert doctor.worst([Check("a", "warn", "x"), Check("b", "ok", "y")]) == "warn"
@@ -960,3 +960,74 @@ def test_daemon_health_reports_the_startup_checks(start_daemon, engine_args) -> 
     assert machine["status"] in ("ok", "warn", "fail", "info")
     names = {c["name"] for c in machine["checks"]}
     assert any(n.startswith("cpu.") for n in names)
+    # the table its plan came from, with its load and age: what doctor shows of a running daemon
+    from soldaemon.doctor.plan import plan_report
+
+    health = json.loads(raw)
+    table = health["engine"]["precision"]["table"]
+    assert table["cores"] == os.cpu_count() and table["measured_at"] > time.time() - 3600
+    assert table["model"]["layers"] == 4                       # the tiny model's own shapes
+    report = plan_report(None, served=health)
+    assert report["facts"]["source"] == "daemon" and "in use by the running daemon" in report["detail"]
+
+
+# ------------------------------------------------------------- the kernel plan's table
+
+
+def _plan_table(folder: Path, name: str, *, layers: int, load: float, age_s: float,
+                flags: list[str]) -> Path:
+    """A recorded 0.5B table (tests/data/kernel_tables) as a cache file, with
+    ``layers``, the load it was timed at and its age."""
+    doc = json.loads((Path(__file__).parent / "data" / "kernel_tables" / "avx2_only.json").read_text())
+    table = doc["table"]
+    table.update(n_layers=layers, load_1m=load, cores=2, measured_at=time.time() - age_s)
+    table["machine"] = {**table["machine"], "cpu_flags": flags}
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_doctor_json_shows_the_tables_load_and_age_never_the_tiny_models(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The 0.5B's table, timed 3 h ago at load 7.99 on 2 cores (warn: the
+    next quiet start re-times it); a newer table of the tiny model (4
+    layers, the test suite's) in the same cache is never the one shown."""
+    patch_machine(monkeypatch, tmp_path, None, torch=("2.13.0+cpu", None))
+    plans = tmp_path / "cache" / "kernel-plans"
+    real = _plan_table(plans, "half.json", layers=24, load=7.99, age_s=3 * 3600, flags=["avx2", "fma"])
+    _plan_table(plans, "tiny.json", layers=4, load=0.1, age_s=10, flags=["avx2", "fma"])
+    assert doctor.main(["--json", "--port", str(closed_port())]) == 0
+    check = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}["kernel_plan"]
+    facts = check["facts"]
+    assert facts["file"] == str(real) and facts["source"] == "cache"
+    assert (facts["load_1m"], facts["cores"], facts["timed_under_load"]) == (7.99, 2, True)
+    assert abs(facts["age_s"] - 3 * 3600) < 60 and facts["why"]
+    assert check["verdict"] == "warn" and "timed 3 h ago at load 7.99 on 2 cores" in check["detail"]
+
+
+def test_doctor_shows_the_plan_the_running_daemon_serves_with(tmp_path: Path) -> None:
+    """With a daemon running, its own plan and table are the ones in use,
+    whatever else the cache holds."""
+    from soldaemon.doctor.plan import plan_report
+    from soldaemon.policy.kernel_plan import TimingTable, choose_plan
+
+    _plan_table(tmp_path / "kernel-plans", "tiny.json", layers=4, load=0.1, age_s=10, flags=["avx2"])
+    doc = json.loads((Path(__file__).parent / "data" / "kernel_tables" / "zen4_avx512_bf16.json").read_text())
+    table = dataclasses.replace(TimingTable.from_dict(doc["table"]), load_1m=0.2, cores=2,
+                                measured_at=time.time() - 600, replaced_load_1m=12.0)
+    plan = choose_plan(table)
+    health = {"daemon": "0.1", "state": "ready", "model": "qwen2.5-coder-0.5b",
+              "engine": {"precision": {"plan": plan.to_dict(), "table": table.facts()}}}
+    report = plan_report(("avx2",), root=tmp_path, served=health)
+    assert report["verdict"] == "ok" and report["facts"]["source"] == "daemon"
+    assert report["detail"].startswith(plan.describe())
+    assert "in use by the running daemon (qwen2.5-coder-0.5b), timed 10 min ago at load 0.2 on 2 cores, " \
+           "re-timed on a quiet start (the table it replaced: load 12)" in report["detail"]
+    assert report["facts"]["why"].startswith("in use by the running daemon: fastest measured")
+    assert plan_report(("avx2",), root=tmp_path, served={"daemon": "0.1", "state": "ready"})["verdict"] == "info"
+    # a model of the user's own (model.path), no daemon running: no other model's table stands in for it
+    _plan_table(tmp_path / "kernel-plans", "half.json", layers=24, load=0.1, age_s=10, flags=["avx2"])
+    assert plan_report(("avx2",), root=tmp_path)["facts"]["file"].endswith("half.json")
+    own = plan_report(("avx2",), root=tmp_path, model_path="/models/mine.gguf")
+    assert own["verdict"] == "info" and own["facts"] is None and "/models/mine.gguf" in own["detail"]

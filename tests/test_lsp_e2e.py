@@ -303,8 +303,8 @@ async def test_start_daemon_when_none_is_running(start: Starter, tmp_path: Path)
                                        state_dir=state, wait_ready=False)
         uri = "file:///w/started.py"
         open_doc(client, uri, "x = 1\n")
-        # the first completion starts it (not the window): empty at once, ready soon after
-        await asyncio.wait_for(client.text_document_inline_completion_async(inline_params(uri, 1, 0)), 30)
+        # the open document starts it (not the window); the first completion waits for it
+        await asyncio.wait_for(client.text_document_inline_completion_async(inline_params(uri, 1, 0)), 60)
         await wait_for(lambda: last_state(statuses) == "ready", 60, f"the started daemon; got {statuses}")
         assert any("starting soldaemon" in s.get("message", "") for s in statuses), statuses
         record = json.loads((state / "daemon.json").read_text())

@@ -23,7 +23,7 @@ from soldaemon.protocol import ErrorFrame
 from lsp.completer import Completer, DaemonRequestFailed, tidy_items
 from lsp.context import ContextRing
 from lsp.daemon_client import DaemonClient, StatusUpdate
-from lsp.discovery import Target
+from lsp.discovery import DaemonLauncher, Target
 from lsp.documents import Document, DocumentStore, line_starts, units
 from lsp.server import StatusReporter, _event_target
 from lsp.settings import Settings, SettingsError, parse_args
@@ -264,10 +264,12 @@ class ScriptedClient:
     """Stands in for DaemonClient: answers every complete with ``answer``
     after ``delay`` seconds."""
 
-    def __init__(self, answer: Any = None, delay: float = 0.0, ready: bool = True) -> None:
+    def __init__(self, answer: Any = None, delay: float = 0.0, ready: bool = True,
+                 ready_after: float | None = None) -> None:
         self.answer = answer
         self.delay = delay
         self.ready = ready
+        self.ready_after = ready_after      # s: a daemon on its way, ready after this long (None: none comes)
         self.requests: list[CompletionRequest] = []
         self.cancelled: list[str] = []
         self.pokes = 0
@@ -280,6 +282,12 @@ class ScriptedClient:
 
     def poke(self) -> None:
         self.pokes += 1
+
+    async def wait_ready(self) -> bool:
+        if not self.ready and self.ready_after is not None:
+            await asyncio.sleep(self.ready_after)
+            self.ready = True
+        return self.ready
 
     def in_flight(self, kind: str = "complete") -> list[str]:
         return sorted(self._in_flight)
@@ -370,6 +378,18 @@ async def test_completer_debounce_not_ready_and_errors() -> None:
     # empty at once: the answer comes without waiting for anything (no debounce, no daemon)
     assert answered_without_waiting(completer.suggest("file:///a", P(1, 11), automatic=False)) is None
     assert down.pokes == 1 and not down.requests
+
+    # a daemon on its way: the request waits for it and is answered; one overtaken meanwhile is not
+    coming = ScriptedClient(["a"], ready=False, ready_after=0.05)
+    completer, _ = _completer(coming)
+    found = await completer.suggest("file:///a", P(1, 11), automatic=False)
+    assert found is not None and found.items == ("a",) and coming.pokes == 1
+    coming = ScriptedClient(["a"], ready=False, ready_after=0.05)
+    completer, _ = _completer(coming)
+    older = asyncio.ensure_future(completer.suggest("file:///a", P(1, 11), automatic=False))
+    await asyncio.sleep(0.01)
+    newer = await completer.suggest("file:///a", P(1, 11), automatic=False)
+    assert await older is None and newer is not None and len(coming.requests) == 1
 
     failing = ScriptedClient(ErrorFrame("x", "bad_request", "the prompt is empty", False, None))
     completer, _ = _completer(failing)
@@ -598,3 +618,17 @@ def test_progress_begins_once_created_reports_and_ends() -> None:
     progress.show("again")
     proto.created[1].set_exception(RuntimeError("refused"))
     assert not progress.active and len(proto.sent) == 3      # a refused token: no bar
+
+
+def test_the_launchers_stage_is_the_daemons_last_progress_line(tmp_path: Path) -> None:
+    """What a starting daemon prints as ``soldaemon: ...`` on its stdout
+    (daemon.out) is the stage sol-lsp shows; its error line is not."""
+    launcher = DaemonLauncher(["soldaemon", "serve"], log_path=tmp_path / "daemon.log")
+    assert launcher.stage() is None                           # nothing started: no daemon.out
+    (tmp_path / "daemon.out").write_text(
+        "soldaemon: assembling qwen2.5-coder-0.5b from its parts (once)…\nsome library's noise\n"
+        "soldaemon: measuring the linear kernels on this machine (once)…\n"
+        "soldaemon: error [model_error]: the model could not load\n")
+    assert launcher.stage() == "measuring the linear kernels on this machine (once)…"
+    (tmp_path / "daemon.out").write_bytes(b"x" * 10_000 + b"\nsoldaemon: converting a.gguf once\n")
+    assert launcher.stage() == "converting a.gguf once"       # read from the file's end only

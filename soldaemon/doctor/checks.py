@@ -73,13 +73,16 @@ TORCH_CUDA_TAGS: tuple[tuple[int, int], ...] = (
 class Check:
     """One verdict. ``name`` is a stable id ("gpu0.persistence", "cpu.ram");
     ``cost`` says what the finding costs (``None`` when nothing); ``fix`` is a
-    command for the user to run (``None`` when there is none to give)."""
+    command for the user to run (``None`` when there is none to give);
+    ``facts``: the figures behind the detail, for ``--json`` (the kernel
+    plan's table: its load, cores, age and why it is the one in use)."""
 
     name: str
     verdict: Verdict
     detail: str
     cost: str | None = None
     fix: str | None = None
+    facts: dict[str, Any] | None = None
 
 
 # ----------------------------------------------------------------------- helpers
@@ -454,7 +457,7 @@ def judge_daemon(d: DaemonReading) -> Check:
 
 def judge_machine(m: MachineReading, *, own_pid: int | None = None,
                   needed_bytes: int = MODEL_GPU_BYTES, layers: int | None = None,
-                  threads: int | None = None) -> list[Check]:
+                  threads: int | None = None, model_path: str | None = None) -> list[Check]:
     """All checks, GPU first. Without a GPU: one ``gpu`` info check with
     :func:`no_gpu_line`, then what applies (torch, CPU, cache, daemon)."""
     checks: list[Check] = []
@@ -468,11 +471,24 @@ def judge_machine(m: MachineReading, *, own_pid: int | None = None,
     checks.append(judge_torch(m.torch, has_gpu))
     checks += judge_cpu(m.cpu, has_gpu)
     checks.append(judge_cache(m.cache))
-    checks.append(Check("kernel_plan", **plan_report(m.cpu.vector_flags, layers=layers, threads=threads)))
+    checks.append(Check("kernel_plan", **plan_report(m.cpu.vector_flags, layers=layers, threads=threads,
+                                                     served=_served(m.daemon), model_path=model_path)))
     checks.append(Check("model_choice", **model_report(m.cpu.vector_flags)))
     if m.daemon is not None:
         checks.append(judge_daemon(m.daemon))
     return checks
+
+
+def _served(d: DaemonReading | None) -> dict[str, Any] | None:
+    """The running daemon's health document, when the probe got one (its
+    plan is the one in use)."""
+    if d is None or not d.reachable or d.status not in (200, 503):
+        return None
+    try:
+        doc = json.loads(d.detail)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) and "daemon" in doc else None
 
 
 # ------------------------------------------------------------------ reporting
@@ -556,7 +572,8 @@ def run(args: argparse.Namespace, config: Any = None) -> int:
     machine = readers.read_machine(port=None)
     machine = replace(machine, daemon=probe_running_daemon(config, args.port))
     layers, threads = configured_plan_key(config)
-    checks = judge_machine(machine, own_pid=os.getpid(), layers=layers, threads=threads)
+    path = str(config.model.path) if config is not None and config.model.path else None
+    checks = judge_machine(machine, own_pid=os.getpid(), layers=layers, threads=threads, model_path=path)
     if args.json:
         doc = {"schema": 1, **summarize(checks), "reading": asdict(machine)}
         print(json.dumps(doc, indent=2))

@@ -1,19 +1,22 @@
 """``soldaemon doctor``'s kernel-plan and model-choice checks: the plan the
-daemon chose (or will choose) on this machine, and which embedded model
-``model.name: auto`` serves, from the timing tables it cached at start-up
-(``cache_dir()/kernel-plans``). Reads files only: no torch, no model."""
+running daemon serves with (from its health document), or the one it would
+choose for the model it would serve, and which embedded model
+``model.name: auto`` serves, from the timing tables cached at start-up
+(``cache_dir()/kernel-plans``), each with how busy the machine was when it
+was timed and how long ago. Reads files only: no torch, no model."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from soldaemon import paths
-from soldaemon.policy.model_choice import LatencyBudget, ModelFigures, choose_model
+from soldaemon.policy.model_choice import LatencyBudget, ModelChoice, ModelFigures, choose_model
 from soldaemon.weights.embedded import EMBEDDED_MODELS, is_installed
-from soldaemon.policy.kernel_plan import TimingTable, choose_plan
+from soldaemon.policy.kernel_plan import KernelPlan, TimingTable, choose_plan
 
 _RELEVANT = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "asimd")
 
@@ -32,38 +35,128 @@ def read_tables(root: Path | None = None) -> list[tuple[Path, TimingTable]]:
 
 
 def plan_report(cpu_flags: tuple[str, ...] | None, root: Path | None = None, *,
-                layers: int | None = None, threads: int | None = None) -> dict[str, Any]:
-    """(verdict, detail, fix) for the newest table measured on a CPU with
-    these flags -- of a model with ``layers`` layers and timed with
-    ``threads`` threads when given (the configured model and thread count:
-    a table of another model or thread count says nothing about this one);
-    an ``info`` line when none was measured yet."""
-    relevant = _RELEVANT
-    mine = sorted(f for f in (cpu_flags or ()) if f in relevant)
+                layers: int | None = None, threads: int | None = None, served: Mapping[str, Any] | None = None,
+                model_path: str | None = None, now: float | None = None) -> dict[str, Any]:
+    """The ``kernel_plan`` line: (verdict, detail, cost, fix, facts) for the
+    table in use and why it is that one.
+
+    ``served``: the running daemon's health document; when it carries a
+    plan, that is the table in use (the model the daemon serves). Else the
+    newest cached table measured on a CPU with these flags, of the model
+    the daemon would serve -- ``layers`` (the configured model) when
+    given, else the one ``model.name: auto`` would choose, else any
+    embedded model's (never a table of another model, such as the test
+    suite's tiny one) -- timed with ``threads`` threads when given; for a
+    ``model_path`` (a model of the user's, shapes unknown here) an
+    ``info`` line rather than a guess. ``facts``: the table's load, cores, age and when it was timed; a
+    table timed under load warns (the next quiet start times it again).
+    An ``info`` line when none was measured yet."""
+    now = time.time() if now is None else now
+    in_use = _served_plan(served, now)
+    if in_use is not None:
+        return in_use
+    if model_path is not None and layers is None:
+        return {"verdict": "info", "detail": f"model.path {model_path}: its kernel table is the daemon's to time "
+                "at its start; doctor shows the plan in use while the daemon runs", "cost": None, "fix": None,
+                "facts": None}
+    mine = _relevant(cpu_flags)
+    why = "the configured model's"
+    if layers is None:
+        choice = _auto_choice(cpu_flags, None, root)[0]
+        shape = EMBEDDED_MODELS[choice.name].shapes if choice is not None else None
+        layers = shape.layers if shape is not None else None
+        why = f"model.name auto's choice ({choice.name})" if choice is not None else "an embedded model's"
     for path, table in read_tables(root):
-        theirs = sorted(f for f in table.machine.get("cpu_flags", []) if f in relevant)
+        theirs = _relevant(table.machine.get("cpu_flags", []))
         if table.machine.get("device") == "cpu" and cpu_flags is not None and theirs != mine:
             continue
-        if layers is not None and table.n_layers != layers:
+        if not (table.n_layers == layers if layers is not None else _embedded(table)):
             continue
         if threads is not None and table.machine.get("device") == "cpu" and table.machine.get("threads") != threads:
             continue
         plan = choose_plan(table)
-        load = table.machine.get("load_avg_1m")
-        busy = load is not None and load > 1.5 * max(1, int(table.machine.get("threads") or 1))
-        detail = (f"{plan.describe()} — measured with torch {table.machine.get('torch')}, "
-                  f"{table.machine.get('threads')} threads on {table.machine.get('cpu') or table.machine.get('gpu')}"
-                  f" (flags: {', '.join(theirs) or 'none'})")
-        if busy:
-            return {"verdict": "warn", "detail": detail + f"; the machine was busy (load {load}) while measuring",
-                    "cost": "timings taken under load may pick a slower plan",
-                    "fix": f"rm {path}   (the next start measures again)"}
-        return {"verdict": "ok", "detail": detail, "cost": None, "fix": None}
+        measured = table.measured_at or path.stat().st_mtime
+        facts = {"source": "cache", "file": str(path), "age_s": round(max(0.0, now - measured)),
+                 **table.facts(), "why": f"the newest table of {why} shapes on this CPU"}
+        detail = (f"{plan.describe()} — {why} table, timed {_age(now - measured)} ago{_load(table.facts())} "
+                  f"with torch {table.machine.get('torch')}, {table.machine.get('threads')} threads on "
+                  f"{table.machine.get('cpu') or table.machine.get('gpu')} (flags: {', '.join(theirs) or 'none'})")
+        return _judged(detail, facts, path)
     which = (f" for this model ({layers} layers)" if layers is not None else "") + \
         (f" with {threads} threads" if threads is not None else "")
     return {"verdict": "info", "detail": f"no kernel plan measured yet on this machine{which}: the daemon's "
             "first start times the linear kernels on the model's shapes (about half a minute) and caches "
-            "the result", "cost": None, "fix": None}
+            "the result", "cost": None, "fix": None, "facts": None}
+
+
+def _served_plan(health: Mapping[str, Any] | None, now: float) -> dict[str, Any] | None:
+    """The ``kernel_plan`` line for the plan a running daemon serves with,
+    from its health document; ``None`` when it has none (no daemon, a
+    transformers fallback, a remote engine)."""
+    engine = (health or {}).get("engine")
+    if not isinstance(engine, dict):
+        return None
+    precision = engine.get("precision")
+    if not isinstance(precision, dict) or not isinstance(precision.get("plan"), dict):
+        return None
+    try:
+        plan = KernelPlan.from_dict(precision["plan"])
+    except ValueError:
+        return None
+    raw = precision.get("table")
+    table: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    model = (health or {}).get("model") or engine.get("model") or "?"
+    measured = table.get("measured_at")
+    age_s = round(max(0.0, now - measured)) if isinstance(measured, (int, float)) else None
+    age = f", timed {_age(age_s)} ago" if age_s is not None else ""
+    facts = {"source": "daemon", "model": model, "age_s": age_s,
+             **table, "why": f"in use by the running daemon: {plan.reason}"}
+    detail = f"{plan.describe()} — in use by the running daemon ({model}){age}{_load(table)}"
+    return _judged(detail, facts, None)
+
+
+def _judged(detail: str, facts: dict[str, Any], path: Path | None) -> dict[str, Any]:
+    """ok, or warn for a table timed under load."""
+    if facts.get("timed_under_load"):
+        fix = ("start the daemon again when the machine is quiet: it times the kernels again then"
+               + (f" (or rm {path})" if path is not None else ""))
+        return {"verdict": "warn", "detail": detail + "; the machine was busy while timing",
+                "cost": "timings taken under load may pick a slower plan", "fix": fix, "facts": facts}
+    return {"verdict": "ok", "detail": detail, "cost": None, "fix": None, "facts": facts}
+
+
+def _load(facts: Mapping[str, Any]) -> str:
+    load, cores = facts.get("load_1m"), facts.get("cores")
+    if load is None:
+        return ""
+    replaced = facts.get("replaced_load_1m")
+    again = f", re-timed on a quiet start (the table it replaced: load {replaced:g})" if replaced is not None else ""
+    return f" at load {load:g}" + (f" on {cores} cores" if cores else "") + again
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def _relevant(flags: Any) -> list[str]:
+    return sorted(f for f in (flags or ()) if f in _RELEVANT)
+
+
+def _embedded(table: TimingTable) -> bool:
+    """The table is of an embedded model's shapes (its layers, and its
+    width and vocabulary where the table records them)."""
+    for model in EMBEDDED_MODELS.values():
+        shape = model.shapes
+        if shape is None or table.n_layers != shape.layers:
+            continue
+        if table.model.get("hidden", shape.hidden) == shape.hidden and \
+                table.model.get("vocab", shape.vocab) == shape.vocab:
+            return True
+    return False
 
 
 def _table_for(layers: int, cpu_flags: tuple[str, ...] | None, root: Path | None) -> TimingTable | None:
@@ -80,10 +173,11 @@ def _table_for(layers: int, cpu_flags: tuple[str, ...] | None, root: Path | None
     return next((t for t in found if t.machine.get("threads") == cores), found[0] if found else None)
 
 
-def model_report(cpu_flags: tuple[str, ...] | None, budget: LatencyBudget | None = None,
-                 root: Path | None = None) -> dict[str, Any]:
-    """Which embedded model ``model.name: auto`` serves here, by the cached
-    timings of each installed one (memory aside: the daemon checks it)."""
+def _auto_choice(cpu_flags: tuple[str, ...] | None, budget: LatencyBudget | None,
+                 root: Path | None) -> tuple[ModelChoice | None, list[str]]:
+    """The embedded model ``model.name: auto`` would serve by the cached
+    timings of the installed ones (``None`` when none is timed), and the
+    installed ones not timed yet."""
     figures, untimed = [], []
     for name, model in EMBEDDED_MODELS.items():
         if model.shapes is None or not is_installed(model):
@@ -95,10 +189,17 @@ def model_report(cpu_flags: tuple[str, ...] | None, budget: LatencyBudget | None
         plan = choose_plan(table)
         figures.append(ModelFigures(name, model.size, float(plan.cold_ms or float("inf")),
                                     float(plan.step_ms or float("inf"))))
-    if not figures:
+    return (choose_model(figures, budget) if figures else None), untimed
+
+
+def model_report(cpu_flags: tuple[str, ...] | None, budget: LatencyBudget | None = None,
+                 root: Path | None = None) -> dict[str, Any]:
+    """Which embedded model ``model.name: auto`` serves here, by the cached
+    timings of each installed one (memory aside: the daemon checks it)."""
+    choice, untimed = _auto_choice(cpu_flags, budget, root)
+    if choice is None:
         return {"verdict": "info", "detail": "model.name auto: decided at the daemon's first start (no kernel "
                 "timings of an installed embedded model cached yet)", "cost": None, "fix": None}
-    choice = choose_model(figures, budget)
     detail = f"model.name auto serves {choice.name}: {choice.reason}"
     if untimed:
         detail += f"; not timed yet: {', '.join(untimed)} (the next start times it)"

@@ -20,13 +20,15 @@ What is chosen (one :class:`KernelPlan`):
   weights whether it ran alone or in a batch (reuse = recompute);
 - ``head_storage`` / ``head``: the output layer (151,936 rows for Qwen2.5,
   unlike the blocks), whose storage also serves the embedding lookup;
-- ``rows``: None, or a kernel that reads a *second*, blocked copy of the
-  int8 weights (layers and output layer) for every forward of more than one
-  row — prompts, verifications, the typed line — where ``torch._int_mm``
-  re-lays the weight out on every call (docs/kernels.md, "A blocked copy
-  for forwards of more than one row"). Only a kernel that gives its twin's
-  bits (:data:`ROW_KERNELS`) may: a verify then still equals the decode
-  steps bit for bit, and a prompt's logits do not change.
+- ``rows``: None (one layout for every forward: the default), or a kernel
+  that reads a *second*, blocked copy of the int8 weights (layers and
+  output layer) — kept only where it is measured at least ROW_COPY_GAIN
+  faster for one-row steps *and* for forwards of more rows (prompts,
+  verifications, the typed line), where ``torch._int_mm`` re-lays the
+  weight out on every call (docs/kernels.md, "One copy of the weights by
+  default"). Only a kernel that gives its twin's bits (:data:`ROW_KERNELS`)
+  may: a verify then still equals the decode steps bit for bit, and a
+  prompt's logits do not change.
 
 Kernels (``KERNELS``: kernel → storage it reads):
 
@@ -74,6 +76,14 @@ PLAN_NOTE = ("ms: the fastest of N runs after a warm-up; blocks: one decoder lay
              "head: the output layer; rows: tokens in the forward")
 SHORT_ROWS = (1, 2, 5, 9, 17)             # decode and verify sizes measured
 PREFILL_ROWS = (64, 512)                  # prefill sizes measured (512: the session's chunk)
+# The blocked second copy costs the int8 weights' memory again (0.5B: +532 MB
+# after load, 1,742 against 1,210 MB; docs/kernels.md). One layout serves
+# every forward unless the copy is measured at least this much faster (a
+# fraction of the one copy's time) for one-row steps and for forwards of
+# more rows alike: the table's prediction first (choose_plan), then real
+# decode steps at warm-up (steps_on_blocked_copy; the engine drops the copy
+# when they are not).
+ROW_COPY_GAIN = 0.15
 
 @dataclass(frozen=True)
 class Quality:
@@ -125,14 +135,14 @@ class Quality:
 #   (2026-12-03, docs/quality/line-120-head-rotated-s19.json and
 #   block-128-head-rotated-s19.json): 3 line holes and 1 block hole lost,
 #   none won. Before the output layer was rotated: 5 lost, 0 won.
-# - int8 (weight-only): only ever measured inside session 5's plan (int8
+# - int8 (weight-only): only ever measured inside the plan of 2026-12-01 (74df3e1) (int8
 #   decode, int8-dynamic prefill and head), 60 holes (docs/quality/precision.json).
 # float16 and int4 were not measured (float16's CPU products are the slowest),
 # so auto never picks them; model.precision: float16 / int4 still can.
 QUALITY: dict[str, Quality] = {
     "float32": Quality(0, 0, 248, "the reference"),
     "bfloat16": Quality(2, 0, 248, "0.5B, 120 line + 128 block holes, 2026-12-02/03"),
-    "int8": Quality(0, 1, 60, "0.5B, 60 holes, 2026-12-01 (session 5's plan)"),
+    "int8": Quality(0, 1, 60, "0.5B, 60 holes, 2026-12-01 (the plan of 74df3e1)"),
     "int8-dynamic": Quality(4, 0, 248, "0.5B, rotated with the output layer, 120 line + 128 block holes, 2026-12-03"),
 }
 QUALITY["int8-onednn"] = QUALITY["int8-dynamic"]    # int8-dynamic's bits (ROW_KERNELS)
@@ -162,28 +172,86 @@ class TimingTable:
 
     ``blocks[kernel][rows]``: the seven products of one decoder layer (q, k,
     v, o, gate, up, down) on ``rows`` rows; ``head[kernel][rows]``: the
-    output layer. A kernel this device cannot run is absent."""
+    output layer. A kernel this device cannot run is absent. Beside the
+    times, how busy the machine was when they were taken (a table timed
+    under load is re-timed on a later, quiet start: :func:`retime_reason`)."""
 
     blocks: dict[str, dict[int, float]]
     head: dict[str, dict[int, float]]
     n_layers: int
     machine: dict[str, Any] = field(default_factory=dict)   # flags, torch, device: shown beside the plan
+    load_1m: float | None = None      # the 1-minute load average as the timing began (None: not recorded)
+    cores: int | None = None          # logical cores of the machine then
+    measured_at: float | None = None  # when the timing began (Unix seconds)
+    model: dict[str, int] = field(default_factory=dict)     # the shapes timed: layers, hidden, vocab
+    replaced_load_1m: float | None = None   # the load of the table timed under load that this one replaced
 
     def to_dict(self) -> dict[str, Any]:
         return {"blocks": {k: {str(r): ms for r, ms in v.items()} for k, v in self.blocks.items()},
                 "head": {k: {str(r): ms for r, ms in v.items()} for k, v in self.head.items()},
-                "n_layers": self.n_layers, "machine": self.machine}
+                "n_layers": self.n_layers, "machine": self.machine, "load_1m": self.load_1m,
+                "cores": self.cores, "measured_at": self.measured_at, "model": self.model,
+                "replaced_load_1m": self.replaced_load_1m}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TimingTable:
-        """Raises ValueError on a malformed table (a damaged cache file)."""
+        """Raises ValueError on a malformed table (a damaged cache file).
+        A table recorded before the load had its own field keeps the load
+        read after its timing (``machine["load_avg_1m"]``)."""
         try:
+            machine = dict(d.get("machine") or {})
+            load = d.get("load_1m") if d.get("load_1m") is not None else machine.get("load_avg_1m")
             return cls(
                 blocks={str(k): {int(r): float(ms) for r, ms in v.items()} for k, v in d["blocks"].items()},
                 head={str(k): {int(r): float(ms) for r, ms in v.items()} for k, v in d["head"].items()},
-                n_layers=int(d["n_layers"]), machine=dict(d.get("machine") or {}))
+                n_layers=int(d["n_layers"]), machine=machine,
+                load_1m=None if load is None else float(load),
+                cores=None if d.get("cores") is None else int(d["cores"]),
+                measured_at=None if d.get("measured_at") is None else float(d["measured_at"]),
+                model={str(k): int(v) for k, v in (d.get("model") or {}).items()},
+                replaced_load_1m=None if d.get("replaced_load_1m") is None else float(d["replaced_load_1m"]))
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"malformed timing table: {exc!r}") from None
+
+    def facts(self) -> dict[str, Any]:
+        """How and when it was timed (what ``doctor`` shows beside the plan)."""
+        return {"load_1m": self.load_1m, "cores": self.cores, "threads": self.threads,
+                "measured_at": self.measured_at, "model": self.model, "replaced_load_1m": self.replaced_load_1m,
+                "timed_under_load": timed_under_load(self)}
+
+    @property
+    def threads(self) -> int:
+        """The threads the kernels were timed with (1 when not recorded)."""
+        return max(1, int(self.machine.get("threads") or 1))
+
+
+# How busy is too busy to time kernels, as a 1-minute load average per
+# logical core: above BUSY the kernels' threads shared the cores with other
+# work (the issue-58 bench: load 12 on 2 cores timed bfloat16 ahead of the
+# quiet plan's int8); at or below QUIET a new timing is worth taking. The gap
+# keeps a machine that hovers near one figure from re-timing at every start.
+BUSY_LOAD_PER_CORE = 1.0
+QUIET_LOAD_PER_CORE = 0.5
+
+
+def timed_under_load(table: TimingTable) -> bool:
+    """The table was timed while other work held the cores: its 1-minute
+    load average was above BUSY_LOAD_PER_CORE per core (the cores recorded,
+    else its thread count). False when no load was recorded."""
+    if table.load_1m is None:
+        return False
+    return table.load_1m > BUSY_LOAD_PER_CORE * (table.cores or table.threads)
+
+
+def retime_reason(table: TimingTable, load_1m: float | None, cores: int) -> str | None:
+    """Why a cached ``table`` should be timed again now, with the machine
+    at ``load_1m`` (its 1-minute load average; ``None``: unknown) on
+    ``cores`` logical cores: it was timed under load and the machine is
+    quiet now (at most QUIET_LOAD_PER_CORE per core). ``None``: keep it."""
+    if not timed_under_load(table) or load_1m is None or load_1m > QUIET_LOAD_PER_CORE * max(1, cores):
+        return None
+    return (f"the cached timings were taken at load {table.load_1m:g} on {table.cores or table.threads} "
+            f"cores; the machine is quiet now (load {load_1m:g} on {cores} cores)")
 
 
 @dataclass(frozen=True)
@@ -315,9 +383,10 @@ def choose_plan(table: TimingTable, precision: str = "auto", *, allowed: frozens
     completion (prompt + decode steps) wins. Then, with ``row_copy`` (the
     engine's word that memory holds a second copy), a kernel of
     :data:`ROW_KERNELS` becomes ``rows`` when its twin runs every phase and
-    it is predicted faster for a verification and for the prompt together,
-    neither by more than a tenth slower. Raises ValueError for an unknown
-    precision or when no measured kernel is left."""
+    it is predicted at least ROW_COPY_GAIN faster for the prompt, for a
+    verification *and* for a decode step; otherwise one layout serves
+    every forward. Raises ValueError for an unknown precision or when no
+    measured kernel is left."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r} (expected one of {', '.join(PRECISIONS)})")
     usable = (set(KERNELS) if precision != "auto" else set(allowed if allowed is not None else auto_kernels()))
@@ -367,12 +436,16 @@ def choose_plan(table: TimingTable, precision: str = "auto", *, allowed: frozens
         # a prompt keeps only its last row's logits: the head runs one row, on the one copy
         r_cold = prefill_ms(table, rk, workload.prompt_tokens) + head_ms(table, head, 1)
         r_verify = short_ms(table, rk, v) + head_ms(table, rk, v)
-        if r_cold + r_verify < cold + verify and r_cold <= 1.1 * cold and r_verify <= 1.1 * verify:
-            reason += (f"; with a blocked copy for forwards of more rows ({rk}) "
-                       f"{r_cold + workload.decode_steps * step:.0f} ms: prompt {r_cold:.0f} vs {cold:.0f} ms, "
-                       f"{v}-row verify {r_verify:.1f} vs {verify:.1f} ms")
+        r_step = short_ms(table, rk, 1) + head_ms(table, rk, 1)
+        figures = (f"prompt {r_cold:.0f} vs {cold:.0f} ms, {v}-row verify {r_verify:.1f} vs {verify:.1f} ms, "
+                   f"step {r_step:.1f} vs {step:.1f} ms")
+        keep = 1.0 - ROW_COPY_GAIN
+        if r_cold <= keep * cold and r_verify <= keep * verify and r_step <= keep * step:
+            reason += (f"; with a blocked second copy ({rk}, {ROW_COPY_GAIN:.0%} faster or more for steps and "
+                       f"forwards of more rows) {r_cold + workload.decode_steps * step:.0f} ms: {figures}")
             rows, cold, verify = rk, r_cold, r_verify
             break
+        reason += f"; one copy of the weights ({rk} not {ROW_COPY_GAIN:.0%} faster throughout: {figures})"
     # each record once (int8-onednn shares int8-dynamic's)
     records = {QUALITY[k]: k for k in (pre, sh, head, rows) if k in QUALITY and k != "float32"}
     if records:
@@ -389,9 +462,9 @@ def speculation_pays(plan: KernelPlan, limit: float = 2.0) -> bool:
     return plan.verify_ms <= limit * plan.step_ms
 
 
-# A decode step moves to the blocked copy only when measured at least this
-# much faster there (a tenth: rounds on a 2-core host vary by ~10 %).
-STEP_COPY_MARGIN = 0.9
+# A decode step moves to the blocked copy only when measured at least
+# ROW_COPY_GAIN faster there (rounds on a 2-core host vary by ~10 %).
+STEP_COPY_MARGIN = 1.0 - ROW_COPY_GAIN
 
 
 def steps_on_blocked_copy(one_copy_ms: list[float], blocked_ms: list[float],
@@ -399,16 +472,18 @@ def steps_on_blocked_copy(one_copy_ms: list[float], blocked_ms: list[float],
     """Whether one-row forwards (decode steps, the prompt's last row through
     the output layer) should read the blocked copy too, from real decode
     steps timed both ways in alternating rounds (each list: one median per
-    round). The kernel plan's table cannot say: it times one layer
+    round); when not, the engine drops the copy (one layout for every
+    forward: the copy stays only where it pays for steps and forwards of
+    more rows alike). The kernel plan's table cannot say: it times one layer
     cache-hot, and ranked oneDNN ahead at one row on Zen 4, where the real
     step, reading 24 layers from memory, was 17 % slower (docs/kernels.md);
     on an AMX Xeon the real step is ~20 % faster. The bits are the same
     either way (ROW_KERNELS), so only time decides. Needs >= 3 rounds each;
-    the blocked copy wins when its median is below ``margin`` times the
+    the blocked copy wins when its median is at most ``margin`` times the
     one copy's and it is faster in most rounds."""
     if len(one_copy_ms) < 3 or len(one_copy_ms) != len(blocked_ms):
         return False
     ordered = sorted(one_copy_ms), sorted(blocked_ms)
     mid = len(one_copy_ms) // 2
     wins = sum(b < a for a, b in zip(one_copy_ms, blocked_ms))
-    return ordered[1][mid] < margin * ordered[0][mid] and 2 * wins > len(one_copy_ms)
+    return ordered[1][mid] <= margin * ordered[0][mid] and 2 * wins > len(one_copy_ms)

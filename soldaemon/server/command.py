@@ -41,13 +41,14 @@ log = logging.getLogger("soldaemon.server")
 
 
 async def serve(settings: ServerSettings, load: Callable[[], Engine], model_label: str,
-                *, ready_out: Any = None) -> int:
+                *, ready_out: Any = None, port_fallback: bool = False) -> int:
     """Run the daemon until SIGTERM/SIGINT; return the exit status.
 
     Order: check the bind address, create/read the token, bind the port
-    (a taken port fails at once, before the slow model load), load the model
-    on the worker thread, print the ready line, serve, drain. Raises
-    :class:`SolError` for start-up problems."""
+    (a taken port fails at once, before the slow model load; with
+    ``port_fallback`` a free port is taken instead, and the record says
+    which), load the model on the worker thread, print the ready line,
+    serve, drain. Raises :class:`SolError` for start-up problems."""
     check_bind(settings.host, settings.allow_remote)
     statefiles.ensure_state_dir()
     token = load_or_create_token(settings.token_path)
@@ -63,9 +64,10 @@ async def serve(settings: ServerSettings, load: Callable[[], Engine], model_labe
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    try:
-        server = await ws_serve(
-            daemon.handler, settings.host, settings.port,
+
+    def listen(port: int) -> Any:
+        return ws_serve(
+            daemon.handler, settings.host, port,
             process_request=daemon.process_request, max_size=settings.max_message_bytes,
             compression=None, server_header=f"soldaemon/{__version__}", max_queue=64,
             open_timeout=settings.handshake_timeout_s,
@@ -73,6 +75,16 @@ async def serve(settings: ServerSettings, load: Callable[[], Engine], model_labe
                 HandshakeGate(settings.max_handshakes, settings.max_handshakes_per_peer),
                 lambda peer: daemon.refusals.refused("too many handshakes in progress; closed the oldest", peer)),
         )
+
+    try:
+        try:
+            server = await listen(settings.port)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE or not port_fallback or settings.port == 0:
+                raise
+            log.warning("port %d on %s is already in use; listening on a free port instead "
+                        "(clients find it through the daemon's record)", settings.port, settings.host)
+            server = await listen(0)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             raise AddressInUse(
@@ -184,7 +196,9 @@ def run(args: argparse.Namespace, config: Config) -> int:
     for start-up problems (the CLI writes it to ``last-error.json`` and maps
     it to a message and an exit code); running out of memory is typed. ``SOLDAEMON_IDLE_EXIT_S``
     stands in for ``--idle-exit-s`` when that is not given (sol-lsp sets
-    it for every daemon it starts, whatever the command)."""
+    it for every daemon it starts, whatever the command), and
+    ``SOLDAEMON_PORT_FALLBACK=1`` (sol-lsp's daemons too) lets a held
+    ``server.port`` give way to a free one."""
     _setup_logging(getattr(args, "log_level", "info") or "info")
     env_idle = os.environ.get("SOLDAEMON_IDLE_EXIT_S")
     if getattr(args, "idle_exit_s", None) is None and env_idle:
@@ -195,7 +209,9 @@ def run(args: argparse.Namespace, config: Config) -> int:
     try:
         config = overridden(config, args)
         load, label = engine_loader(args, config)
-        return asyncio.run(serve(ServerSettings.from_config(config.server, config.completion), load, label))
+        fallback = os.environ.get("SOLDAEMON_PORT_FALLBACK", "") == "1"
+        return asyncio.run(serve(ServerSettings.from_config(config.server, config.completion), load, label,
+                                 port_fallback=fallback))
     except (SolError, MemoryError, RuntimeError) as exc:
         typed = _as_sol_error(exc)
         if typed is None:

@@ -199,6 +199,8 @@ def assemble_gguf(dest: Path, model: EmbeddedModel = QWEN25_CODER_05B, *, progre
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.part")
     digest = hashlib.sha256()
     total = sum(p.stat().st_size for p in parts)
+    if progress:        # a line of its own: daemon.out carries it to the editor that started the daemon
+        print(f"soldaemon: assembling {model.name} from its parts (once)…", flush=True)
     try:
         with open(tmp, "wb") as out, tqdm(
             total=total, unit="B", unit_scale=True, desc=f"assembling {model.name}",

@@ -30,7 +30,7 @@ from soldaemon.pipeline.completion import Pipeline
 from soldaemon.pipeline.prompt import LeadAnchors
 from soldaemon.pipeline.relevance import ContextSelector
 from soldaemon.runtime.forward.backend import LEAN_ARCHITECTURES, Backend, LeanBackend, make_backend
-from soldaemon.policy.kernel_plan import KernelPlan, TimingTable, steps_on_blocked_copy
+from soldaemon.policy.kernel_plan import ROW_COPY_GAIN, KernelPlan, TimingTable, steps_on_blocked_copy
 from soldaemon.runtime.forward.kernels import trim_heap
 from soldaemon.runtime.engine.autoselect import choose_draft, choose_embedded
 from soldaemon.runtime.forward.precision import choose_kernels, lean_or_float32, may_keep_blocked_copy, precision_info
@@ -270,8 +270,9 @@ class LocalEngine:
     def choose_step_copy(self, rounds: int = 4, steps: int = 4) -> None:
         """Decode steps on the blocked copy too where real steps, after a
         256-token context, measured faster there in alternating rounds
-        (:func:`steps_on_blocked_copy`; the same bits either way). CPU only,
-        and only where the plan keeps the copy."""
+        (:func:`steps_on_blocked_copy`; the same bits either way); where
+        they did not, the copy is dropped (one layout for every forward).
+        CPU only, and only where the plan keeps the copy."""
         b = self.backend
         if not isinstance(b, LeanBackend) or b.rows_layers is None or b.device.type != "cpu":
             return
@@ -293,9 +294,11 @@ class LocalEngine:
                 medians[on].append(sorted(samples)[steps // 2])
         b.steps_on_rows = steps_on_blocked_copy(medians[False], medians[True])
         session.truncate(0)
-        log.info("decode step on the one copy %s ms, on the blocked copy %s ms: steps read the %s",
+        log.info("decode step on the one copy %s ms, on the blocked copy %s ms: %s",
                  [round(m, 1) for m in medians[False]], [round(m, 1) for m in medians[True]],
-                 "blocked copy" if b.steps_on_rows else "one copy")
+                 "every forward reads the blocked copy" if b.steps_on_rows else "the blocked copy is dropped")
+        if not b.steps_on_rows:
+            b.drop_row_copy(f"real decode steps were not {ROW_COPY_GAIN:.0%} faster on it")
 
     def measure_forward_costs(self, sizes: tuple[int, ...] = (1, 2, 3, 5, 9)) -> dict[int, float]:
         """ms of one forward of T tokens after a 64-token context, per T

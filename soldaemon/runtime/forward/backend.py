@@ -282,6 +282,17 @@ class LeanBackend:
         self.rows_linear = KERNEL_FNS[kernel]
         self.rows_bytes = sum(getattr(w, n).numel() for w in self.layers for n in names) + self.head_w.numel()
 
+    def drop_row_copy(self, why: str) -> None:
+        """Free the blocked second copy: every forward reads the one copy
+        from now on (the same bits), and the plan says why."""
+        if self.rows_layers is None:
+            return
+        self.rows_layers = self.rows_head_w = None
+        self.rows_linear = None
+        self.rows_bytes = 0
+        self.steps_on_rows = False
+        self.plan = replace(self.plan, rows=None, reason=self.plan.reason + f"; blocked copy dropped: {why}")
+
     def _release(self, hf_model: Any) -> None:
         """Empty every parameter of the HF module whose storage no packed
         tensor shares: only what the plan's kernels read stays resident."""

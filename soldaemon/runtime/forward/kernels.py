@@ -12,11 +12,16 @@ depend on which other tokens share its forward.
 :func:`plan_for` measures the candidate kernels on the model's own shapes at
 prefill and decode/verify sizes, chooses, and caches the result per machine,
 model shapes, torch version and thread count (``cache_dir()/kernel-plans``),
-so later starts skip the measurement.
+so later starts skip the measurement. Each table records how busy the
+machine was as its timing began (1-minute load average, cores); a table
+timed under load is timed again at a later start when the machine is quiet
+(:func:`~soldaemon.policy.kernel_plan.retime_reason`), and the new table
+replaces it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -32,7 +37,7 @@ import torch.nn.functional as F
 
 from soldaemon import paths
 from soldaemon.policy.kernel_plan import (HEAD_STORAGES, KERNELS, PREFILL_ROWS, ROW_KERNELS, SHORT_ROWS, KernelPlan,
-                                          TimingTable, choose_plan)
+                                          TimingTable, choose_plan, retime_reason)
 
 log = logging.getLogger("soldaemon.kernels")
 
@@ -226,7 +231,7 @@ class OneDNNInt8(Int8Dynamic):
         q, sx = self.quantize(x)
         # q + 128 as bytes: the int8 values' bytes plus 128, wrapping (the same
         # bytes as float q + 128 cast to uint8, which torch does ~10x slower than
-        # the cast to int8 on a prompt's rows: docs/kernels.md, session 22)
+        # the cast to int8 on a prompt's rows: docs/kernels.md, 2026-12-03 (aa62a5e))
         return q.to(torch.int8).view(torch.uint8).add_(128), sx
 
     def multiply(self, p: tuple[torch.Tensor, torch.Tensor], w: torch.Tensor, b: torch.Tensor | None,
@@ -302,17 +307,31 @@ def layer_shapes(cfg: Any) -> list[tuple[int, int]]:
     return [(heads * hd, d), (kv, d), (kv, d), (d, heads * hd), (f, d), (f, d), (d, f)]
 
 
+def machine_load() -> tuple[float | None, int]:
+    """(1-minute load average or ``None`` where the OS has none, logical cores)."""
+    try:
+        load: float | None = round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        load = None
+    return load, os.cpu_count() or 1
+
+
 def measure_table(cfg: Any, device: torch.device, compute_dtype: torch.dtype, *,
                   kernels: tuple[str, ...] = tuple(KERNELS), short_rows: tuple[int, ...] = SHORT_ROWS,
                   prefill_rows: tuple[int, ...] = PREFILL_ROWS, repeats: int = 5,
-                  say: Callable[[str], None] = lambda _s: None) -> TimingTable:
+                  say: Callable[[str], None] = lambda _s: None,
+                  load: Callable[[], tuple[float | None, int]] = machine_load) -> TimingTable:
     """Time each kernel on random weights of ``cfg``'s shapes: one decoder
     layer's products at every size, the output layer at the short sizes
     (prefill keeps only the last row's logits). ``repeats`` rounds, each
     timing every (kernel, size) once in turn, so that a burst of other work
     on the machine hits all kernels alike; the fastest of the rounds is kept
     (then :func:`monotone`). A kernel that fails on this device
-    (unsupported dtype or product) is left out of the table."""
+    (unsupported dtype or product) is left out of the table. ``load()``
+    is read as the timing begins (before our own threads add to it) and
+    recorded in the table with the time."""
+    load_1m, cores = load()
+    started = time.time()
     gen = torch.Generator(device="cpu").manual_seed(0)
     vocab, d = int(cfg.vocab_size), int(cfg.hidden_size)
     shapes = layer_shapes(cfg)
@@ -376,12 +395,9 @@ def measure_table(cfg: Any, device: torch.device, compute_dtype: torch.dtype, *,
             (blocks if part == "blocks" else head).setdefault(kernel, {})[rows] = round(ms, 4)
     blocks = {k: monotone(v) for k, v in blocks.items()}
     head = {k: monotone(v) for k, v in head.items() if k in blocks}     # none for int4 (decoder layers only)
-    machine = machine_info(device)
-    try:
-        machine["load_avg_1m"] = round(os.getloadavg()[0], 2)     # how busy the machine was while measuring
-    except OSError:
-        pass
-    return TimingTable(blocks, head, int(cfg.num_hidden_layers), machine)
+    return TimingTable(blocks, head, int(cfg.num_hidden_layers), machine_info(device), load_1m=load_1m,
+                       cores=cores, measured_at=round(started, 1),
+                       model={"layers": int(cfg.num_hidden_layers), "hidden": d, "vocab": vocab})
 
 
 def cpu_flags() -> list[str]:
@@ -458,24 +474,33 @@ def save_table(key: str, table: TimingTable) -> None:
 
 
 def plan_for(cfg: Any, device: torch.device, compute_dtype: torch.dtype, precision: str = "auto", *,
-             say: Callable[[str], None] = lambda _s: None,
-             row_copy: bool = True) -> tuple[KernelPlan, TimingTable, bool]:
+             say: Callable[[str], None] = lambda _s: None, row_copy: bool = True,
+             load: Callable[[], tuple[float | None, int]] = machine_load) -> tuple[KernelPlan, TimingTable, bool]:
     """The kernel plan for a model of config ``cfg`` on ``device``: from the
-    cached timing table when this machine/torch/model was measured before,
-    else measured now (seconds) and cached. Returns (plan, table, cached).
-    ``row_copy``: whether memory holds a blocked second copy of the weights
-    (:func:`~soldaemon.policy.kernel_plan.choose_plan`). Raises ValueError
-    for a bad precision or when nothing could be measured."""
+    cached timing table when this machine/torch/model was measured before
+    (unless that table was timed under load and the machine is quiet now:
+    then timed again, and the new table replaces it), else measured now
+    (seconds) and cached. Returns (plan, table, cached). ``row_copy``:
+    whether memory holds a blocked second copy of the weights
+    (:func:`~soldaemon.policy.kernel_plan.choose_plan`); ``load``: the
+    machine's load now (1-minute average, cores). Raises ValueError for a
+    bad precision or when nothing could be measured."""
     key = plan_key(cfg, device, compute_dtype)
     table = load_table(key)
-    cached = table is not None
-    if table is None:
+    why = None
+    if table is not None and device.type == "cpu":
+        why = retime_reason(table, *load())
+    if table is None or why is not None:
         t0 = time.perf_counter()
-        say("measuring the linear kernels on this machine (once)…")
-        table = measure_table(cfg, device, compute_dtype, say=say)
+        say(f"timing the linear kernels again: {why}…" if why else
+            "measuring the linear kernels on this machine (once)…")
+        fresh = measure_table(cfg, device, compute_dtype, say=say, load=load)
+        if table is not None:
+            fresh = dataclasses.replace(fresh, replaced_load_1m=table.load_1m)
         log.info("kernel timings measured in %.1f s", time.perf_counter() - t0)
-        save_table(key, table)
-    return choose_plan(table, precision, row_copy=row_copy), table, cached
+        save_table(key, fresh)
+        return choose_plan(fresh, precision, row_copy=row_copy), fresh, False
+    return choose_plan(table, precision, row_copy=row_copy), table, True
 
 
 def trim_heap() -> bool:

@@ -83,7 +83,9 @@ def choose_kernels(loaded: LoadedModel, precision: str, *, progress: bool = True
 
 def precision_info(backend: Any, loaded_dtype: torch.dtype, table: TimingTable | None) -> dict[str, Any]:
     """``info()["precision"]``: the plan (what runs each phase, why), the
-    bytes of the one weight copy, the timing table and the machine."""
+    bytes of the one weight copy, the timing table, the machine, and how
+    busy it was when the table was timed (``table``: load, cores, when;
+    ``soldaemon doctor`` shows it)."""
     if not isinstance(backend, LeanBackend):
         return {"plan": None, "summary": "transformers fallback: the module in "
                 + str(loaded_dtype).removeprefix("torch.")}
@@ -93,4 +95,5 @@ def precision_info(backend: Any, loaded_dtype: torch.dtype, table: TimingTable |
             "rotated": rotated, "weight_bytes": backend.weight_bytes(),
             "steps_on_blocked_copy": backend.steps_on_rows,
             "timings_ms": None if table is None else {"blocks": table.blocks, "head": table.head},
-            "machine": None if table is None else table.machine}
+            "machine": None if table is None else table.machine,
+            "table": None if table is None else table.facts()}
