@@ -57,7 +57,7 @@ from soldaemon.api import CompletionRequest, Delta, Done
 from soldaemon.errors import ProtocolError, SolError, Unavailable
 from soldaemon.protocol import Cancel, Complete, CompletionEvent, ErrorFrame, Status, Warm, decode_server, encode_client
 
-from lsp.discovery import DaemonLauncher, Target
+from lsp.launcher import DaemonLauncher, Target
 
 log = logging.getLogger("sol.lsp.daemon")
 

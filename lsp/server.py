@@ -7,7 +7,7 @@ The pygls wiring only; the pieces are
 - :mod:`lsp.context` — the ring of recently edited/opened chunks;
 - :mod:`lsp.completer` — debounce, supersede, typed-through, request building;
 - :mod:`lsp.daemon_client` — the websocket client (reconnect, cancel, status);
-- :mod:`lsp.discovery` — finding (and, by default, starting) the daemon;
+- :mod:`lsp.launcher` — finding (and, by default, starting) the daemon;
 - :mod:`lsp.settings` — flags, ``initializationOptions``, configuration;
 - :mod:`lsp.events` — shown/accepted/partial/rejected events;
 - :mod:`lsp.status` — ``sol/status``, ``$/progress``, latency.
@@ -91,7 +91,7 @@ from lsp.context import ContextRing
 from lsp.daemon_client import DaemonClient
 from lsp.events import ACCEPT_COMMAND, NOTIFICATIONS, SOL_DID_PARTIALLY_ACCEPT, SOL_DID_SHOW, to_event
 from lsp.events import event_target as _event_target  # noqa: F401 (tests import it from here)
-from lsp.discovery import DaemonLauncher, daemon_log_path, default_daemon_command, resolve_target, run_doctor
+from lsp.launcher import DaemonLauncher, daemon_log_path, default_daemon_command, resolve_target, run_doctor
 from lsp.documents import DocumentStore, normalize_encoding, units
 from lsp.framing import run_strict
 from lsp.settings import OPTIONS, Launch, Settings, SettingsError, parse_args

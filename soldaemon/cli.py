@@ -119,7 +119,7 @@ def _complete_on_daemon(config: Config, req: CompletionRequest, stream: Callable
     from soldaemon.discovery import find_daemon
     from soldaemon.errors import Unavailable
     from soldaemon.privacy.rules import ContextPolicy, SecretDocument, describe, redact_request
-    from soldaemon.server.status import ask_complete
+    from soldaemon.client.commands import ask_complete
 
     try:
         target = find_daemon(config.server.fallback())
@@ -171,13 +171,13 @@ def cmd_serve(args: argparse.Namespace, config: Config) -> int:
 
 
 def cmd_status(args: argparse.Namespace, config: Config) -> int:
-    from soldaemon.server.status import run_status
+    from soldaemon.client.commands import run_status
 
     return run_status(args, config)
 
 
 def cmd_stop(args: argparse.Namespace, config: Config) -> int:
-    from soldaemon.server.status import run_stop
+    from soldaemon.client.commands import run_stop
 
     return run_stop(args, config)
 
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(getattr(args, "sub_config", None) or args.config)
         return int(args.func(args, config))
     except SolError as exc:
-        if args.command == "serve":     # the editor that started it reads why (lsp/discovery.py)
+        if args.command == "serve":     # the editor that started it reads why (lsp/launcher.py)
             from soldaemon.server.command import write_last_error
 
             write_last_error(exc)

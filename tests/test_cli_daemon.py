@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from lsp.discovery import DaemonLauncher
+from lsp.launcher import DaemonLauncher
 from soldaemon.discovery import pid_exists
 from tests.fixtures.daemon import FAKE_ENGINE, REPO, Daemon, daemon_command, write_config
 

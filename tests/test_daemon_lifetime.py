@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from lsp.discovery import DaemonLauncher
+from lsp.launcher import DaemonLauncher
 from soldaemon.discovery import StartLock
 from tests.fixtures.daemon import FAKE_ENGINE, Daemon
 

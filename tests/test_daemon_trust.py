@@ -152,7 +152,7 @@ def test_stop_never_signals_a_pid_the_listener_names(tmp_path: Path, state: Path
     from websockets.asyncio.server import serve
 
     from soldaemon.protocol import Status, encode_server
-    from soldaemon.server.status import stop_daemon
+    from soldaemon.client.commands import stop_daemon
 
     async def handler(ws: Any) -> None:
         async for _msg in ws:

@@ -14,7 +14,7 @@ from typing import Iterator
 
 import pytest
 
-from lsp.discovery import resolve_target
+from lsp.launcher import resolve_target
 from lsp.settings import Settings
 from soldaemon.config import config_from_dict
 from soldaemon.discovery import Fallback, find_daemon

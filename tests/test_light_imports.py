@@ -90,7 +90,7 @@ import sys
 from soldaemon.cli import build_parser
 for argv in (["serve", "--port", "0"], ["status"], ["stop"], ["complete", "a.py:1:1"], ["doctor", "--json"]):
     build_parser().parse_args(argv)
-import soldaemon.server.command, soldaemon.server.daemon, soldaemon.server.status, lsp.server
+import soldaemon.server.command, soldaemon.server.daemon, soldaemon.client.commands, lsp.server
 print(sorted(m for m in sys.modules if m.startswith("soldaemon_bench")))
 build_parser().parse_args(["bench", "--holes", "1"])
 print(sorted(m for m in sys.modules if m.startswith("soldaemon_bench")))
@@ -122,5 +122,5 @@ def test_bench_without_its_package_says_what_to_install(tmp_path: Path) -> None:
 
 
 def test_status_client_loads_no_websocket_server() -> None:
-    loaded = loaded_after("import soldaemon.server.status, soldaemon.discovery")
+    loaded = loaded_after("import soldaemon.client.commands, soldaemon.discovery")
     assert [m for m, yes in loaded.items() if yes] == []

@@ -23,7 +23,7 @@ from soldaemon.protocol import ErrorFrame
 from lsp.completer import Completer, DaemonRequestFailed, tidy_items
 from lsp.context import ContextRing
 from lsp.daemon_client import DaemonClient, StatusUpdate
-from lsp.discovery import DaemonLauncher, Target
+from lsp.launcher import DaemonLauncher, Target
 from lsp.documents import Document, DocumentStore, line_starts, units
 from lsp.server import StatusReporter, _event_target
 from lsp.settings import Settings, SettingsError, parse_args

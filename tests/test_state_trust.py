@@ -166,7 +166,7 @@ def test_sol_lsp_never_follows_a_planted_daemon_log(tmp_path: Path, monkeypatch:
                                                     dir_mode: int) -> None:
     """sol-lsp's launcher appends the daemon's output to ``daemon.log`` in
     the state dir: a planted link there must not make it write elsewhere."""
-    from lsp.discovery import DaemonLauncher
+    from lsp.launcher import DaemonLauncher
 
     state = tmp_path / "state"
     state.mkdir()

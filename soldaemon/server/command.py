@@ -141,7 +141,7 @@ async def serve(settings: ServerSettings, load: Callable[[], Engine], model_labe
 
 LOG_BYTES = 5 * 1024 * 1024     # daemon.log is rotated at this size ...
 LOG_BACKUPS = 3                 # ... keeping daemon.log.1 .. .3
-LAST_ERROR_NAME = "last-error.json"   # lsp/discovery.py reads it (same name)
+LAST_ERROR_NAME = "last-error.json"   # lsp/launcher.py reads it (same name)
 
 
 def _setup_logging(level: str) -> None:
@@ -168,7 +168,7 @@ def _setup_logging(level: str) -> None:
 
 def write_last_error(exc: SolError) -> None:
     """``last-error.json`` in the state directory: why this start failed,
-    for the editor that started the daemon (lsp/discovery.py). Never raises."""
+    for the editor that started the daemon (lsp/launcher.py). Never raises."""
     with contextlib.suppress(Exception):
         path = statefiles.ensure_state_dir() / LAST_ERROR_NAME
         tmp = path.with_name(f".{LAST_ERROR_NAME}.{os.getpid()}.tmp")

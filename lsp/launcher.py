@@ -51,7 +51,7 @@ from lsp.settings import Settings
 
 __all__ = ["DaemonLauncher", "Target", "default_daemon_command", "resolve_target"]
 
-log = logging.getLogger("sol.lsp.discovery")
+log = logging.getLogger("sol.lsp.launcher")
 
 
 def resolve_target(settings: Settings) -> Target:
