@@ -72,7 +72,7 @@ class SolConfig:
     # How many layers ahead of the one computing are fetched to the device;
     # layers, 0 (no prefetch) .. 16.
     prefetch_depth: int = setting(2, int_in(0, 16))
-    # KV folding of parked sessions (runtime/kvfold.py): a 64-token block whose
+    # KV folding of parked sessions (runtime/kv/fold.py): a 64-token block whose
     # attention mass, relative to the most attended block, is under this is
     # stored as int8; in [0, 1], 0.0 = off. 0.1: measured, greedy output equal
     # to unfolded on 19/20 real holes, 32% of the KV folded (docs/memory.md).

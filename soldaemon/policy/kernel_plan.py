@@ -25,8 +25,8 @@ What is chosen (one :class:`KernelPlan`):
   output layer) — kept only where it is measured at least ROW_COPY_GAIN
   faster for one-row steps *and* for forwards of more rows (prompts,
   verifications, the typed line), where ``torch._int_mm`` re-lays the
-  weight out on every call (docs/kernels.md, "One copy of the weights by
-  default"). Only a kernel that gives its twin's bits (:data:`ROW_KERNELS`)
+  weight out on every call (docs/kernels.md, "How it chooses": one copy by
+  default). Only a kernel that gives its twin's bits (:data:`ROW_KERNELS`)
   may: a verify then still equals the decode steps bit for bit, and a
   prompt's logits do not change.
 
@@ -121,22 +121,22 @@ class Quality:
 
 
 # Each kernel against float32 on the same holes, 0.5B (``soldaemon bench
-# --quality --precisions ...``; docs/quality.md, "Precision, measured again").
+# --quality --precisions ...``; docs/quality.md, "Precision and answers").
 # ``auto`` never chooses a kernel never measured (absent) nor one refused
 # (:meth:`Quality.refused`): worse by more than MAX_QUALITY_LOSS points *and*
 # beyond chance on the holes that differ. A point estimate alone is noise at
 # these sizes (one hole of 248 is 0.4 points).
-# - bfloat16: 120 line holes, exact match (2026-12-02, the float32 column
-#   of docs/quality/line-120-vs-filing-float32-s16.json against
-#   line-120-rotated-s15.json's) plus 128 block holes, pass@1 (2026-12-03,
-#   docs/quality/block-precision-128-s18.json). No hole won.
+# - bfloat16: 120 line holes, exact match (the float32 column of
+#   docs/results/2026-12-02-line-120-0.5b-float32.json) plus 128 block holes,
+#   pass@1 (docs/results/2026-12-03-block-128-0.5b-precisions.json). No hole won.
 # - int8-dynamic (rotated, the output layer too; the plan int8-dynamic in
 #   every phase): the same holes against the same float32 columns
-#   (2026-12-03, docs/quality/line-120-head-rotated-s19.json and
-#   block-128-head-rotated-s19.json): 3 line holes and 1 block hole lost,
-#   none won. Before the output layer was rotated: 5 lost, 0 won.
+#   (docs/results/2026-12-03-line-120-0.5b-output-layer-rotated.json and
+#   2026-12-03-block-128-0.5b-output-layer-rotated.json): 3 line holes and
+#   1 block hole lost, none won.
 # - int8 (weight-only): only ever measured inside the plan of 2026-12-01 (74df3e1) (int8
-#   decode, int8-dynamic prefill and head), 60 holes (docs/quality/precision.json).
+#   decode, int8-dynamic prefill and head), 60 holes
+#   (docs/results/2026-12-01-precision-60.json).
 # float16 and int4 were not measured (float16's CPU products are the slowest),
 # so auto never picks them; model.precision: float16 / int4 still can.
 QUALITY: dict[str, Quality] = {
@@ -322,7 +322,7 @@ class KernelPlan:
         pred = ""
         if self.cold_ms is not None and self.step_ms is not None:
             # the products' measured times only: a real step adds norms,
-            # attention and dispatch (docs/quality.md, "Decode overhead")
+            # attention and dispatch (docs/kernels.md)
             pred = f"; kernels alone: 1k-token prefill {self.cold_ms:.0f} ms, step {self.step_ms:.1f} ms"
             if self.verify_ms is not None:
                 pred += f", 9-row verify {self.verify_ms:.1f} ms"
