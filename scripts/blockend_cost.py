@@ -14,9 +14,7 @@ import sys
 import time
 
 from soldaemon.measure.holes import Hole, cut_holes, default_corpus
-from soldaemon.pipeline import blockend
-from soldaemon.pipeline.postprocess import decide_multiline, postprocess
-from soldaemon.pipeline.stopcheck import StopChecker
+from soldaemon.pipeline.ending import TextEnding, decide_multiline, ending_for, postprocess
 
 
 def model_text(h: Hole) -> str:
@@ -26,23 +24,22 @@ def model_text(h: Hole) -> str:
 def text_rules(h: Hole, raw: str) -> str:
     multi = decide_multiline(h.prefix, h.suffix, "auto")
     lines = 8 if multi else 1
-    checker = StopChecker(h.prefix, h.suffix, multi, lines)
+    ending = TextEnding(h.prefix, h.suffix, multi, lines)
     for n in range(4, len(raw) + 4, 4):
-        if checker.check(raw[:n]):
+        if ending.may_stop(raw[:n]):
             raw = raw[:n]
             break
     return postprocess(raw, prefix=h.prefix, suffix=h.suffix, multiline=multi, max_lines=lines)
 
 
 def block_end(h: Hole, raw: str) -> str:
-    plan = blockend.plan(h.prefix, h.suffix, "python", "auto", 8, "model")
-    checker = blockend.stop_checker(plan)
+    ending = ending_for(h.prefix, h.suffix, "python", "auto", 8, "model")
     finish = "length"
     for n in range(4, len(raw) + 4, 4):
-        if checker.check(raw[:n]):
+        if ending.may_stop(raw[:n]):
             raw, finish = raw[:n], "stop"
             break
-    return blockend.finish(plan, raw, finish, checker).text
+    return ending.shown(raw, finish, ending.rule).text
 
 
 def main() -> None:

@@ -96,7 +96,7 @@ class Done:
     finish_reason: FinishReason
     timings: Timings = field(default_factory=Timings)
     # per item, why it ends where it does: "model" (its end token) or a cut
-    # rule (soldaemon.pipeline.blockend); () when not known
+    # rule (soldaemon.pipeline.ending); () when not known
     ends: tuple[str, ...] = ()
     # the streamed answer (what the deltas previewed), post-processed, when
     # item 0 is another one: a block candidate chosen over it

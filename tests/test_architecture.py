@@ -472,3 +472,23 @@ def test_the_private_reads_check_sees_what_it_must() -> None:
             "        self._a; cls._b; super()._c; other.__dict__; torch._int_mm; row._asdict()\n"
             "        return other._lock, self.engine._parked\n")
     assert [t for _, t in _private_reads(ast.parse(text))] == ["other._lock", "self.engine._parked"]
+
+
+# --- issue 55: one way through ------------------------------------------------
+
+# the runtime's mechanism: it takes decisions in as plain callables and data
+MECHANISM = ("soldaemon.runtime.forward", "soldaemon.runtime.kv", "soldaemon.runtime.decode",
+             "soldaemon.runtime.memory")
+
+
+def test_the_runtime_mechanism_imports_no_pipeline() -> None:
+    """The forward, the KV cache, the decode loop and the memory tiers import
+    nothing from soldaemon.pipeline (annotations included): where an answer
+    ends reaches the decode loop as a plain callable. The engine
+    (runtime/engine/), which composes them with the pipeline, may."""
+    graph = _graph_with_type_checking()
+    bad = [f"{name} imports {target}"
+           for name in sorted(graph) if name.startswith(MECHANISM)
+           for target in sorted(graph[name])
+           if target == "soldaemon.pipeline" or target.startswith("soldaemon.pipeline.")]
+    assert not bad, "the runtime's mechanism imports the pipeline:\n" + "\n".join(bad)

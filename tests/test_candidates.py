@@ -14,7 +14,8 @@ import torch
 
 from soldaemon.api import CancelToken, CompletionRequest, Delta, Done
 from soldaemon.config import config_from_dict
-from soldaemon.pipeline import blockend, candidates
+from soldaemon.pipeline import candidates
+from soldaemon.pipeline.ending import ParsedEnding, TextEnding
 from soldaemon.runtime.decode.second import token_scores
 from soldaemon.runtime.engine.local import LocalEngine, load_engine
 from soldaemon.runtime.forward.backend import LeanBackend
@@ -135,9 +136,11 @@ def test_candidates_are_decoded_and_the_one_the_model_is_surest_of_is_shown(engi
     assert greedy.items[0].count("\n") == 2, greedy        # a multi-line answer
     sure: list[float] = []
     shown: list[str] = []
-    confidence, finish = candidates.confidence, blockend.finish
+    confidence = candidates.confidence
     monkeypatch.setattr(candidates, "confidence", lambda *a: sure.append(confidence(*a)) or sure[-1])
-    monkeypatch.setattr(blockend, "finish", lambda *a: shown.append(finish(*a).text) or finish(*a))
+    for strategy in (TextEnding, ParsedEnding):        # what is shown of each answer, whichever decides
+        monkeypatch.setattr(strategy, "shown", lambda self, *a, finish=strategy.shown:
+                            shown.append(finish(self, *a).text) or finish(self, *a))
     done = _done(on, _req("b"))
     assert shown[0] == greedy.items[0] and 2 <= len(shown) <= 3
     texts = [t for i, t in enumerate(shown) if t not in shown[:i]]    # the same text is scored once

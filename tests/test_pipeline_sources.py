@@ -15,10 +15,9 @@ import pytest
 
 from soldaemon.api import CancelToken, CompletionRequest, Delta, Done, Event, Timings
 from soldaemon.config import config_from_dict
-from soldaemon.pipeline import blockend
 from soldaemon.pipeline.clock import Clock
 from soldaemon.pipeline.completion import Generation, Pipeline, Precomputed, Resumed
-from soldaemon.pipeline.stopcheck import StopChecker
+from soldaemon.pipeline.ending import ending_for
 
 PREFIX = "total = add("
 SUFFIX = ")\n"
@@ -63,7 +62,7 @@ def resumed(multiline: bool, prompt_tokens: int = 57, tokens: int = 6) -> Resume
     """A parked generation handed over: its text grows step by step, each
     step a little later."""
     out = Generation()
-    plan = blockend.plan(PREFIX, SUFFIX, None, "multi" if multiline else "single", 8, "model")
+    ending = ending_for(PREFIX, SUFFIX, None, "multi" if multiline else "single", 8, "model")
 
     def text() -> Iterator[str]:
         for raw in RAW_STEPS:
@@ -72,7 +71,7 @@ def resumed(multiline: bool, prompt_tokens: int = 57, tokens: int = 6) -> Resume
             yield raw
         out.finish, out.tokens = "stop", tokens
 
-    return Resumed(text(), out, multiline, 8, blockend.stop_checker(plan), prompt_tokens)
+    return Resumed(text(), out, ending, prompt_tokens)
 
 
 def request(rid: str, prefix: str = PREFIX, **kw: Any) -> CompletionRequest:

@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from soldaemon.api import CompletionRequest
 from soldaemon.fim import FimPrompt
+from soldaemon.fim.encoding import generated_text
 
 SAMPLE_TEMPERATURE = 0.4
 SAMPLE_SEED = 1000
@@ -63,9 +64,8 @@ class Scorer(Protocol):
     def score(self, req: CompletionRequest, prompt: FimPrompt, ids: Sequence[int]) -> Scores:
         """The scores of ``ids`` generated after ``prompt``."""
 
-    def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, checker: Any,
-                 multiline: bool, max_lines: int, cancel: Any, deadline: int | None,
-                 out: Any, reference: Sequence[int] = ()) -> Iterator[str]:
+    def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, ending: Any,
+                 cancel: Any, deadline: int | None, out: Any, reference: Sequence[int] = ()) -> Iterator[str]:
         """A decode as :meth:`ModelPart.generate`, drafting from the
         ``reference`` answer's tokens first (the greedy one's)."""
 
@@ -73,16 +73,6 @@ class Scorer(Protocol):
 def sampled(req: CompletionRequest, candidate: int) -> CompletionRequest:
     """``req`` as candidate ``candidate`` (>= 1) is sampled."""
     return dataclasses.replace(req, temperature=SAMPLE_TEMPERATURE, seed=SAMPLE_SEED + candidate, n=1)
-
-
-def generated_text(tokenizer: Any, ids: Sequence[int], heal: str) -> str:
-    """The text of generated tokens as the answer has it: with token
-    healing, without the prompt text they re-write (``heal``; "" until they
-    are past it)."""
-    whole = tokenizer.decode(list(ids), skip_special_tokens=True)
-    if heal:
-        return whole[len(heal):] if whole.startswith(heal) else ""
-    return whole
 
 
 def texts(tokenizer: Any, heal: str) -> Callable[[Sequence[int]], str]:

@@ -24,11 +24,10 @@ from soldaemon.api import CancelToken, CompletionRequest, Delta, Done, Event, Fi
 from soldaemon.config import Config
 from soldaemon.fim import FimPrompt, FimTemplate, WindowMemo
 from soldaemon.pipeline.clock import Clock
-from soldaemon.pipeline.postprocess import postprocess
-from soldaemon.pipeline.stopcheck import StopChecker, may_repeat_below
+from soldaemon.pipeline.ending import Ending, TextEnding, ending_for, may_repeat_below
 from soldaemon.protocol import validate_request
 from soldaemon.pipeline.relevance import ContextSelector
-from soldaemon.pipeline import blockend, candidates
+from soldaemon.pipeline import candidates
 from soldaemon.pipeline.prompt import LeadAnchors, build_fim_prompt, context_selector
 
 log = logging.getLogger("soldaemon.pipeline")
@@ -96,9 +95,7 @@ class Resumed:
 
     text: Iterator[str]       # the raw text after what was typed, now and after each step; fills ``out``
     out: Generation           # raw, finish and tokens (generated for this request) once ``text`` ended
-    multiline: bool           # as the generation was started
-    max_lines: int
-    checker: StopChecker      # the stop check it decodes under
+    ending: Ending            # where its answer ends, as the generation was started
     prompt_tokens: int        # its prompt (all cached: nothing is computed for this request)
 
 
@@ -129,12 +126,11 @@ class ModelPart(Protocol):
     def generating(self, req: CompletionRequest) -> ContextManager[None]:
         """Around all of ``req``'s candidates (e.g. the local model's lock)."""
 
-    def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, checker: StopChecker,
-                 multiline: bool, max_lines: int, cancel: CancelToken, deadline: int | None,
-                 out: Generation) -> Iterator[str]:
+    def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, ending: Ending,
+                 cancel: CancelToken, deadline: int | None, out: Generation) -> Iterator[str]:
         """Generate candidate ``candidate``; yield the raw text after each
-        step, and fill ``out``. Stops early when ``checker`` says
-        post-processing cuts the rest, on cancel and past ``deadline``."""
+        step, and fill ``out``. Stops early when ``ending.may_stop`` says
+        the rest would be cut, on cancel and past ``deadline``."""
 
     def recover(self, req: CompletionRequest, cancel: CancelToken, exc: Exception,
                 streamed: bool, candidate: int) -> Iterator[Event] | None:
@@ -232,22 +228,20 @@ class Pipeline:
             yield from self._relay(req, early, memory, counter)
             return
         prompt, prompt_ms = self._prompt(req, memory)
-        cc = self.config.completion
-        plan = blockend.plan(req.prefix, req.suffix, req.language, req.multiline, cc.max_lines, cc.block_end)
-        multiline, max_lines = plan.multiline, plan.max_lines
+        ending = self._ending(req)
         deadline = clock.deadline(req)
-        previewer = Previewer(multiline, may_repeat_below(req.prefix, req.suffix))
+        previewer = Previewer(ending.multiline, may_repeat_below(req.prefix, req.suffix))
         items: list[str] = []
         ends: list[str] = []
         gens: list[Generation] = []
         finish: str = "stop"
         with model.generating(req):
             for candidate in range(req.n):
-                checker = blockend.stop_checker(plan)
-                gen = Generation(logp=[] if self._may_rank(req, plan) else None)
+                if candidate:
+                    ending.restart()
+                gen = Generation(logp=[] if self._may_rank(req, ending) else None)
                 try:
-                    for raw in model.generate(req, prompt, candidate, checker, multiline, max_lines,
-                                              cancel, deadline, gen):
+                    for raw in model.generate(req, prompt, candidate, ending, cancel, deadline, gen):
                         if candidate == 0:
                             new = previewer.push(raw)
                             if new:
@@ -260,35 +254,41 @@ class Pipeline:
                     return
                 gens.append(gen)
                 finish = gen.finish
-                answer = blockend.finish(plan, gen.raw, gen.finish, checker)
+                answer = ending.shown(gen.raw, gen.finish, ending.rule)
                 items.append(answer.text)
                 ends.append(answer.end)
                 if finish in ("cancelled", "budget", "superseded"):
                     break
             streamed: str | None = None
-            if self._may_sample(req, plan, gens, model):
+            if self._may_sample(req, ending, gens, model):
                 greedy = items[0]
-                items[0], ends[0] = self._chosen(req, prompt, plan, gens[0], items[0], ends[0],
-                                                 model, cancel, deadline)
+                items[0], ends[0] = self._chosen(req, prompt, ending, gens[0], items[0], ends[0], model, cancel,
+                                                 deadline)
                 streamed = greedy if greedy.strip() and items[0] != greedy else None
         if finish == "cancelled":
             finish = cancel.reason
         yield self._finish(req, items, finish, model.timings(req, gens, prompt, prompt_ms, clock), memory,
                            counter, ends, streamed)
 
-    def _may_sample(self, req: CompletionRequest, plan: blockend.EndPlan, gens: list[Generation],
+    def _ending(self, req: CompletionRequest) -> Ending:
+        """Where ``req``'s answer ends (restarted for each of its
+        generations)."""
+        cc = self.config.completion
+        return ending_for(req.prefix, req.suffix, req.language, req.multiline, cc.max_lines, cc.block_end)
+
+    def _may_sample(self, req: CompletionRequest, ending: Ending, gens: list[Generation],
                     model: ModelPart) -> bool:
         """Block candidates (:mod:`.candidates`) for this answer: a greedy
         single multi-line answer that ended whole (not cancelled, superseded
         or past the budget), a model part that scores."""
-        return (self._may_rank(req, plan) and len(gens) == 1 and gens[0].finish in ("stop", "length")
+        return (self._may_rank(req, ending) and len(gens) == 1 and gens[0].finish in ("stop", "length")
                 and bool(gens[0].ids) and hasattr(model, "score"))
 
-    def _may_rank(self, req: CompletionRequest, plan: blockend.EndPlan) -> bool:
+    def _may_rank(self, req: CompletionRequest, ending: Ending) -> bool:
         """Whether this request's answer may be chosen among candidates."""
-        return self.config.completion.candidate_count() > 1 and plan.multiline and req.n == 1 and req.temperature == 0
+        return self.config.completion.candidate_count() > 1 and ending.multiline and req.n == 1 and req.temperature == 0
 
-    def _chosen(self, req: CompletionRequest, prompt: FimPrompt, plan: blockend.EndPlan, gen: Generation,
+    def _chosen(self, req: CompletionRequest, prompt: FimPrompt, ending: Ending, gen: Generation,
                 text: str, end: str, model: ModelPart, cancel: CancelToken,
                 deadline: int | None) -> tuple[str, str]:
         """The shown answer and its end among the greedy one (``text``,
@@ -305,15 +305,15 @@ class Pipeline:
         for c in range(1, self.config.completion.candidate_count()):
             if cancel.cancelled or (deadline is not None and time.perf_counter_ns() >= deadline):
                 break
-            checker = blockend.stop_checker(plan)
+            ending.restart()
             other = Generation(logp=[])
-            for _ in scorer.generate(candidates.sampled(req, c), prompt, 0, checker, True, plan.max_lines, cancel,
-                                     deadline, other, reference=gen.ids):
+            for _ in scorer.generate(candidates.sampled(req, c), prompt, 0, ending, cancel, deadline, other,
+                                     reference=gen.ids):
                 pass
             gen.tokens += other.tokens
             if other.finish not in ("stop", "length"):
                 break
-            answer = blockend.finish(plan, other.raw, other.finish, checker)
+            answer = ending.shown(other.raw, other.finish, ending.rule)
             if answer.text in seen:
                 continue
             seen.add(answer.text)
@@ -329,7 +329,7 @@ class Pipeline:
         """A generation handed over by the model part: previewed as it
         continues, post-processed for ``req`` (whose plan may differ from
         the one it was started under) and timed from ``req``'s arrival."""
-        previewer = Previewer(run.multiline)
+        previewer = Previewer(run.ending.multiline)
         first_ns = first_wall = 0
         for raw in run.text:
             new = previewer.push(raw)
@@ -338,15 +338,14 @@ class Pipeline:
                     first_ns, first_wall = time.perf_counter_ns(), time.time_ns()
                 yield Delta(req.id, new)
         gen = run.out
-        cc = self.config.completion
-        plan = blockend.plan(req.prefix, req.suffix, req.language, req.multiline, cc.max_lines, cc.block_end)
+        ending = self._ending(req)
         ends: list[str] = []
-        if plan.multiline == run.multiline:
-            answer = blockend.finish(plan, gen.raw, gen.finish, run.checker)
+        if ending.multiline == run.ending.multiline:
+            answer = ending.shown(gen.raw, gen.finish, run.ending.rule)
             items, ends = [answer.text], [answer.end]
         else:
-            items = [postprocess(gen.raw, prefix=req.prefix, suffix=req.suffix, multiline=run.multiline,
-                                 max_lines=run.max_lines)]
+            mode = TextEnding(req.prefix, req.suffix, run.ending.multiline, run.ending.max_lines)
+            items = [mode.shown(gen.raw, gen.finish, None).text]
         finish = cancel.reason if gen.finish == "cancelled" else gen.finish
         timings = clock.timings(first_ns=first_ns, first_wall_ns=first_wall, prompt_tokens=run.prompt_tokens,
                                 cached_tokens=run.prompt_tokens, generated_tokens=gen.tokens, source="resumed")

@@ -6,8 +6,8 @@ OpenAI-compatible ``POST /v1/completions`` streaming API, behind the same
 What stays in the daemon (so editors see no difference): request checks, the
 FIM prompt (the model family's template, token budgets, stable windows; see
 :mod:`soldaemon.pipeline`), type-through, the streamed preview's hold-back
-rule, the incremental :class:`~soldaemon.pipeline.stopcheck.StopChecker` and
-post-processing, supersede and cancel, timings. The engine only samples.
+rule, where an answer ends (:mod:`soldaemon.pipeline.ending`: the stop check
+as text streams and the cut at the end), supersede and cancel, timings. The engine only samples.
 
 The prompt goes out as text with the FIM control tokens spelled out
 (``backend.prompt_format: text``, every engine parses them as special tokens)
@@ -16,8 +16,8 @@ llama-cpp-python server takes strings only).
 
 Cancel closes the upstream socket (``shutdown``) within
 :data:`WATCH_INTERVAL_S`, from a watcher thread, so the engine sees the client
-go away and stops generating. The same happens as soon as the StopChecker
-knows post-processing will cut the rest, and when ``budget_ms`` runs out.
+go away and stops generating. The same happens as soon as the ending
+knows the rest would be cut, and when ``budget_ms`` runs out.
 
 Failures become :class:`~soldaemon.errors.SolError` subclasses with
 ``retryable`` set: the engine cannot be reached (``remote_unavailable``, also
@@ -48,7 +48,7 @@ from soldaemon.errors import ConfigError, RemoteBadResponse, RemoteHttpError, Re
 from soldaemon.fim import FimPrompt, FimTemplate, detect_template
 from soldaemon.pipeline.clock import Clock
 from soldaemon.pipeline.completion import Early, Generation, Pipeline
-from soldaemon.pipeline.stopcheck import StopChecker
+from soldaemon.pipeline.ending import Ending
 from soldaemon.privacy.rules import outbound
 from soldaemon.remote.endpoint import Backoff, Endpoint, read_api_key
 from soldaemon.remote.probe import Probe
@@ -249,13 +249,12 @@ class RemoteEngine:
         """Nothing to hold: the engine serves requests on its own."""
         return contextlib.nullcontext()
 
-    def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, checker: StopChecker,
-                 multiline: bool, max_lines: int, cancel: CancelToken, deadline: int | None,
-                 out: Generation) -> Iterator[str]:
+    def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, ending: Ending,
+                 cancel: CancelToken, deadline: int | None, out: Generation) -> Iterator[str]:
         """One candidate over the HTTP stream; yields the raw text after each piece."""
         attempt = _Attempt()
         out.info = attempt
-        for text in self._generate(self._body(req, prompt, candidate), attempt, checker, cancel, deadline):
+        for text in self._generate(self._body(req, prompt, candidate), attempt, ending, cancel, deadline):
             out.raw = text
             yield text
         out.raw, out.finish = attempt.raw, attempt.finish
@@ -316,7 +315,7 @@ class RemoteEngine:
             "stream_options": {"include_usage": True},
             # the family's end tokens as text: engines that render special
             # tokens stop on them; the others stop on their own eos, and the
-            # StopChecker closes the stream at the end of the hole anyway
+            # the ending's stop check closes the stream at the end of the hole anyway
             "stop": self._stop_strings(),
         }
         if bc.model_name:
@@ -329,7 +328,7 @@ class RemoteEngine:
         names = self.tokenizer.convert_ids_to_tokens(list(self.template.stop_ids))
         return sorted({str(n) for n in names if n})[:4]  # the OpenAI API allows up to 4
 
-    def _generate(self, body: dict[str, Any], attempt: _Attempt, checker: StopChecker, cancel: CancelToken,
+    def _generate(self, body: dict[str, Any], attempt: _Attempt, ending: Ending, cancel: CancelToken,
                   deadline: int | None) -> Iterator[str]:
         """Stream one completion; yield the raw text after each piece.
         Fills ``attempt``. Retries connecting per ``backend.retries``. A
@@ -350,7 +349,7 @@ class RemoteEngine:
                         attempt.chunks += 1
                         attempt.raw += piece.text
                         yield attempt.raw
-                        if checker.check(attempt.raw):  # post-processing cuts the rest: stop the engine
+                        if ending.may_stop(attempt.raw):  # the rest would be cut: stop the engine
                             attempt.closed_by = "stop"
                             stream.close()
                             break

@@ -83,14 +83,12 @@ def postprocessed(engine: Any, hole: Hole, text: str) -> str:
     """``text`` through the daemon's post-processing, as ``complete`` would
     cut it (the stop rules end generation exactly where post-processing
     would cut, so this is what the daemon's pipeline gives on that prompt)."""
-    from soldaemon.pipeline import blockend
-    from soldaemon.pipeline.stopcheck import StopChecker
+    from soldaemon.pipeline.ending import ending_for
 
     cc = engine.config.completion
-    p = blockend.plan(hole.prefix, hole.suffix, "python", "auto", cc.max_lines, cc.block_end)
-    checker: StopChecker = blockend.stop_checker(p)
-    checker.check(text)
-    return blockend.finish(p, text, "stop", checker).text
+    ending = ending_for(hole.prefix, hole.suffix, "python", "auto", cc.max_lines, cc.block_end)
+    ending.may_stop(text)
+    return ending.shown(text, "stop", ending.rule).text
 
 
 # What ``--ablate`` can leave out; all but ``outline`` are config overrides.

@@ -7,7 +7,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from soldaemon.measure.holes import Hole
-from soldaemon.pipeline.syntax import opens_without_body
+from soldaemon.pipeline.ending.parsed import opens_without_body
 
 
 def normalize(text: str) -> str:

@@ -1,12 +1,10 @@
-"""Incremental detokenization of a generation, and the stop check over it."""
+"""Incremental detokenization of a generation."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
-from soldaemon.pipeline.candidates import generated_text
-from soldaemon.pipeline.syntax import opens_without_body
-from soldaemon.pipeline.stopcheck import StopChecker
+from soldaemon.fim.encoding import generated_text
 
 
 class Detok:
@@ -28,14 +26,3 @@ class Detok:
         if text.endswith("\ufffd"):
             text = text.rstrip("\ufffd")
         self.current = text
-
-
-def stopper(checker: StopChecker, decode: Detok) -> Callable[[list[int]], bool]:
-    return lambda tokens: checker.check(decode.text(tokens))
-
-
-def end_holder(prefix: str, suffix: str, decode: Detok) -> Callable[[list[int]], bool]:
-    """``completion.hold_end``: whether the text of ``tokens`` ends on a
-    block opener whose body ``suffix`` does not hold (then the model's end
-    token is refused; generate.refuse_end)."""
-    return lambda tokens: opens_without_body(prefix, decode.text(tokens), suffix)

@@ -32,9 +32,9 @@ from soldaemon.errors import Cancelled
 from soldaemon.fim import FimPrompt, FimTemplate
 from soldaemon.pipeline.clock import Clock
 from soldaemon.pipeline.completion import Generation, Precomputed, Resumed
-from soldaemon.pipeline.postprocess import decide_multiline
-from soldaemon.pipeline.stopcheck import StopChecker, repeats_below
-from soldaemon.runtime.decode.detok import Detok, end_holder, stopper
+from soldaemon.pipeline.ending import Ending, decide_multiline, repeats_below
+from soldaemon.pipeline.ending.parsed import opens_without_body
+from soldaemon.runtime.decode.detok import Detok
 from soldaemon.policy.draft import AlongReference, DraftLength, DraftProposer, PromptLookup
 from soldaemon.runtime.engine.foresight import Foreseen, precise_until
 from soldaemon.runtime.decode.draft import DraftModel
@@ -76,14 +76,12 @@ class Run:
     part needs to stream, finish — or park and later resume — it."""
 
     def __init__(self, req: CompletionRequest, cancel: CancelToken, deadline_ns: int | None, decode: Detok,
-                 multiline: bool, max_lines: int, prompt_tokens: int, checker: StopChecker, *,
-                 resumable: bool) -> None:
+                 ending: Ending, prompt_tokens: int, *, resumable: bool) -> None:
         self.req = req
         self.cancel = cancel
         self.deadline_ns = deadline_ns
         self.decode = decode
-        self.multiline = multiline
-        self.max_lines = max_lines
+        self.ending = ending         # where its answer ends (its rule: the one that stopped it)
         self.prompt_tokens = prompt_tokens
         self.resumable = resumable
         self.gen: Iterator[TokenEvent] = iter(())
@@ -92,7 +90,6 @@ class Run:
         self.parked = False
         self.typed = ""              # what the user typed of this generation's text
         self.tokens_before = 0       # tokens generated before the current request adopted it
-        self.checker = checker       # the stop check it decodes under (its rule: blockend.finish)
 
     def cancelled(self) -> bool:
         """What the generator sees: a supersede does not stop a resumable
@@ -125,7 +122,7 @@ class Run:
         typed = req.prefix[len(old.prefix):]
         if len(typed) < len(self.typed) or not self.decode.current.startswith(typed):
             return None
-        if decide_multiline(req.prefix, req.suffix, req.multiline) != self.multiline:
+        if decide_multiline(req.prefix, req.suffix, req.multiline) != self.ending.multiline:
             return None
         if self.finish != "superseded" and len(typed) >= len(self.decode.current):
             return None
@@ -210,8 +207,7 @@ class LocalModelPart:
             if typed is not None:
                 parked.adopt(req, typed, cancel, clock.deadline(req))
                 out = Generation()
-                return Resumed(self._resume(parked, out), out, parked.multiline, parked.max_lines, parked.checker,
-                               parked.prompt_tokens)
+                return Resumed(self._resume(parked, out), out, parked.ending, parked.prompt_tokens)
             parked.close()
         return None
 
@@ -221,9 +217,9 @@ class LocalModelPart:
         with self._lock:
             yield
 
-    def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, checker: StopChecker,
-                 multiline: bool, max_lines: int, cancel: CancelToken, deadline: int | None,
-                 out: Generation, reference: Sequence[int] = ()) -> Iterator[str]:
+    def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, ending: Ending,
+                 cancel: CancelToken, deadline: int | None, out: Generation,
+                 reference: Sequence[int] = ()) -> Iterator[str]:
         """Prefill and decode one candidate on the KV session of ``req``'s
         document (drafts, healing, stop checks); yields the decoded text
         after each step. A greedy single candidate superseded mid-decode is
@@ -236,8 +232,8 @@ class LocalModelPart:
         :meth:`generating`."""
         session = self._session(req.uri)
         sampler = self._sampler(req, prompt, candidate)
-        run = yield from self._decode(req, prompt, session, sampler, checker, multiline, max_lines, cancel,
-                                      deadline, out, reference=reference)
+        run = yield from self._decode(req, prompt, session, sampler, ending, cancel, deadline, out,
+                                      reference=reference)
         if not (self.config.completion.second_choice and run.finish == "stop" and not run.parked
                 and req.n == 1 and sampler.greedy and repeats_below(req.prefix, req.suffix, run.decode.current)):
             return
@@ -253,10 +249,10 @@ class LocalModelPart:
             return
         log.info("second choice id=%s: the first line repeats the line below; again from token %d of %d "
                  "(log-odds %.2f)", req.id, choice.at, len(line), choice.gap)
-        checker.restart()
+        ending.restart()
         again = yield from self._decode(req, prompt, session, Replay(self._sampler(req, prompt, candidate),
                                                                      choice.tokens),
-                                        checker, multiline, max_lines, cancel, deadline, out, max_tokens=left)
+                                        ending, cancel, deadline, out, max_tokens=left)
         out.tokens += len(first.tokens)
         out.info = _both(stats, again.stats)
 
@@ -281,8 +277,8 @@ class LocalModelPart:
         return list(decode.tokens)
 
     def _decode(self, req: CompletionRequest, prompt: FimPrompt, session: KVSession, sampler: Sampler,
-                checker: StopChecker, multiline: bool, max_lines: int, cancel: CancelToken, deadline: int | None,
-                out: Generation, max_tokens: int | None = None,
+                ending: Ending, cancel: CancelToken, deadline: int | None, out: Generation,
+                max_tokens: int | None = None,
                 reference: Sequence[int] = ()) -> Generator[str, None, Run]:
         """One decode of ``prompt`` on ``session``; yields its text after each
         step, fills ``out`` and returns its run (parked or closed). Drafts:
@@ -309,17 +305,17 @@ class LocalModelPart:
                 draft_length = self._sampled_length[1]
         # A single greedy generation survives being superseded once it
         # decodes: parked, the next keystroke may resume it (early).
-        run = Run(req, cancel, deadline, decode, multiline, max_lines, len(prompt.ids), checker,
-                  resumable=req.n == 1 and sampler.greedy)
+        run = Run(req, cancel, deadline, decode, ending, len(prompt.ids), resumable=req.n == 1 and sampler.greedy)
         run.gen = generate(
             session, prompt.ids, sampler=sampler, stop_ids=self.template.stop_ids,
             max_tokens=req.max_tokens if max_tokens is None else max_tokens, cancelled=run.cancelled,
-            should_stop=stopper(checker, decode),
+            should_stop=lambda tokens: ending.may_stop(decode.text(tokens)),
             deadline_ns=run.deadline, drafter=drafter,
             draft_k=cc.draft_tokens, draft_length=draft_length,
             # the middle token and the typed line: at decode cost (session.prefill)
             precise_until=precise_until(prompt),
-            hold_end=end_holder(req.prefix, req.suffix, decode) if multiline and cc.hold_end else None,
+            hold_end=(lambda tokens: opens_without_body(req.prefix, decode.text(tokens), req.suffix))
+            if ending.multiline and cc.hold_end else None,
             logp=logp,
         )
         chunk = session.chunk

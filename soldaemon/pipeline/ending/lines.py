@@ -1,22 +1,13 @@
-"""From raw model text to what the editor shows. Pure string functions.
-
-Three pieces:
-
-* :func:`decide_multiline` -- whether a request at this cursor should get a
-  multi-line completion (``auto`` mode), like Copilot: never in the middle of
-  a line, never on a comment line.
-* :func:`postprocess` -- cuts the generated text: one line, or a block that
-  ends where the enclosing block ends; removes what the suffix already
-  contains; stops degenerate repetition; trims whitespace.
-* :class:`LineScanner` -- the cut rules fed one line at a time, which
-  :class:`soldaemon.pipeline.stopcheck.StopChecker` runs during decoding so
-  that generation stops as soon as more text could not change the result.
+"""The text rules of where an answer ends, line by line: what is known at
+the cursor (:func:`decide_multiline`, :class:`Cursor`) and the cut rules fed
+one line at a time (:class:`LineScanner`), which both the stop check during
+decoding and the cut at the end run (:mod:`soldaemon.pipeline.ending.text`).
 
 The cut rules are all of the form "keep the lines before (or up to) the first
 line where a condition holds", and each condition looks only at that line and
-the lines before it. That is what makes early stopping exact:
-``postprocess(text[:n])`` equals ``postprocess(text)`` for every ``n`` at or
-after the point where :meth:`StopChecker.check` first returned True.
+the lines before it. That is what makes early stopping exact: the answer
+shown for ``text[:n]`` equals the one for ``text`` for every ``n`` at or
+after the point where :meth:`TextEnding.may_stop` first returned True.
 
 Lines are split on ``"\\n"`` only; a ``"\\r"`` before it is kept with the line
 and counts as trailing whitespace. Indentation is measured in columns with a
@@ -26,38 +17,84 @@ tab counted as 4.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Iterable, Literal
 
 from soldaemon.api import Multiline
-from soldaemon.pipeline.keywords import BRACE_CONTINUES, CONTINUES, header_word, keyword, starts_definition
 
-_CLOSE_TO_OPEN = {")": "(", "]": "[", "}": "{"}
+CLOSE_TO_OPEN = {")": "(", "]": "[", "}": "{"}
 _OPENERS = "([{"
-_CLOSERS = ")]}"
-_QUOTES = "\"'`"
+CLOSERS = ")]}"
+QUOTES = "\"'`"
 # The rest of the cursor line may hold only these for a multi-line completion.
-_REST_ALLOWED = frozenset(_CLOSERS + _QUOTES + ";, \t\r")
-# Characters that may be dropped from the end of a completion when the suffix
-# supplies them right after the cursor (besides a whole-rest overlap).
-_TAIL_PUNCT = frozenset(_CLOSERS + _QUOTES + ";,: \t")
+_REST_ALLOWED = frozenset(CLOSERS + QUOTES + ";, \t\r")
 _COMMENT_STARTS = ("#", "//", "--", "/*", "*", "<!--", ";", "%", "'''", '"""')
 _OPENER_WORDS = ("do", "then", "else", "begin")
 
 
-def _indent(line: str) -> int:
+# A dedented line that goes on with the statement the cursor is inside, not
+# after it: keyword -> the header keywords it may follow (``elif`` after the
+# body of an ``if``/``elif`` ...). Such a line is not the end of the block.
+CONTINUES: dict[str, tuple[str, ...]] = {
+    "elif": ("if", "elif"),
+    "else": ("if", "elif", "for", "while", "try", "except", "async for", "async while"),
+    "except": ("try", "except"),
+    "finally": ("try", "except", "else"),
+    "case": ("case",),
+}
+# Brace languages: ``} else {``, ``} catch (e) {``, ``} finally {``, ``} while (x);``.
+BRACE_CONTINUES = ("else", "catch", "finally", "except", "while")
+# A line that starts a new definition (a decorator too). Past the end of the
+# cursor's block, where a floor lets the text go on (a nested function's end,
+# then the outer function's code), such a line is not the hole's code going
+# on but the model writing the next function: the answer ends before it.
+DEFINES = ("def", "async def", "class", "function", "async function", "func", "fn", "pub fn", "impl", "export")
+
+
+def starts_definition(line: str) -> bool:
+    """``line`` (complete or not) starts a definition: a word of
+    :data:`DEFINES` then a space and a name (``def f``, ``func (r T)``,
+    ``function* g``; not ``fn(x)``, a call, nor ``function = 1``), or a
+    decorator ``@name``. An incomplete line is not one until that much of
+    it is there, so the answer cannot change when the line goes on."""
+    lead = line.lstrip()
+    if lead.startswith("@"):
+        return len(lead) > 1 and (lead[1].isalpha() or lead[1] == "_")
+    word = keyword(lead, DEFINES)
+    if word is None or lead[len(word):len(word) + 1] not in (" ", "\t"):
+        return False
+    name = lead[len(word):].lstrip()
+    return bool(name) and (name[0].isalpha() or name[0] in "_(*")
+
+
+def keyword(stripped: str, words: tuple[str, ...] | Iterable[str]) -> str | None:
+    """The word of ``words`` that ``stripped`` starts with as a whole word."""
+    for w in words:
+        if stripped.startswith(w) and (len(stripped) == len(w) or not (stripped[len(w)].isalnum()
+                                                                        or stripped[len(w)] == "_")):
+            return w
+    return None
+
+
+def header_word(header: str) -> str | None:
+    stripped = header.strip()
+    return keyword(stripped, ("async for", "async while", "if", "elif", "else", "for", "while", "try", "except",
+                               "case"))
+
+
+def indent_of(line: str) -> int:
     """Indentation width of ``line`` in columns (a tab counts as 4)."""
     n = len(line) - len(line.lstrip(" \t"))
     return len(line[:n].expandtabs(4))
 
 
-def _depth(text: str) -> int:
+def bracket_depth(text: str) -> int:
     """Naive bracket depth at the end of ``text`` (strings not recognised;
     unmatched closers ignored)."""
     depth = 0
     for ch in text:
         if ch in _OPENERS:
             depth += 1
-        elif ch in _CLOSERS and depth > 0:
+        elif ch in CLOSERS and depth > 0:
             depth -= 1
     return depth
 
@@ -78,7 +115,7 @@ def _opens_block(before: str) -> bool:
         return True
     if s.endswith("->") and len(s) >= 3 and s[-3] in " \t":
         return True
-    if s.endswith(":") and not s.endswith("::") and _depth(s) == 0:
+    if s.endswith(":") and not s.endswith("::") and bracket_depth(s) == 0:
         return True
     for word in _OPENER_WORDS:
         if s.endswith(word):
@@ -178,7 +215,7 @@ def cursor_at(prefix: str, suffix: str) -> Cursor:
         if end < 0:
             break
         pos = end + 1
-    indent = _indent(before) if before.strip() else len(before.expandtabs(4))
+    indent = indent_of(before) if before.strip() else len(before.expandtabs(4))
     column0 = _column0(before, rest)
     if column0:
         found.insert(0, rest.rstrip())
@@ -192,8 +229,15 @@ def cursor_at(prefix: str, suffix: str) -> Cursor:
         next_line=found[0] if found else None,
         later_lines=tuple(found[1:1 + _LATER_LINES]),
         column0=column0,
-        next_indent=_indent(found[0]) if found else 0,
+        next_indent=indent_of(found[0]) if found else 0,
     )
+
+
+def next_indent(prefix: str, suffix: str) -> int | None:
+    """Indentation of the next non-blank line after the cursor's (its own at
+    column 0 before text); None: the suffix holds none."""
+    cur = cursor_at(prefix, suffix)
+    return cur.next_indent if cur.next_line is not None else None
 
 
 # Rule c also looks this many non-blank suffix lines further, for lines with
@@ -231,7 +275,7 @@ def first_repeats(cur: Cursor, line: str) -> bool:
 _Cut = tuple[Literal["before", "after"], int, str]
 
 class LineScanner:
-    """The line-by-line cut rules (see :func:`postprocess`), fed one line at a
+    """The line-by-line cut rules (see :func:`soldaemon.pipeline.ending.text.postprocess`), fed one line at a
     time: :meth:`decide` for line ``i`` (pure), then :meth:`advance` when it
     is kept and complete."""
 
@@ -266,8 +310,8 @@ class LineScanner:
             while end >= 0:
                 start = prefix.rfind("\n", 0, end) + 1
                 line = prefix[start:end]
-                if line.strip() and _indent(line) < self.base:
-                    found = (line, _indent(line))
+                if line.strip() and indent_of(line) < self.base:
+                    found = (line, indent_of(line))
                     break
                 end = start - 1
         self._header = found
@@ -285,7 +329,7 @@ class LineScanner:
             end = suffix.find("\n", pos)
             line = suffix[pos:] if end < 0 else suffix[pos:end]
             stripped = line.strip()
-            if stripped and _indent(line) <= indent:
+            if stripped and indent_of(line) <= indent:
                 return stripped.startswith(closer)
             if end < 0:
                 break
@@ -302,7 +346,7 @@ class LineScanner:
         if header is None:
             return False
         text, h_indent = header
-        if indent != h_indent or not text.rstrip().endswith(_CLOSE_TO_OPEN[closer]):
+        if indent != h_indent or not text.rstrip().endswith(CLOSE_TO_OPEN[closer]):
             return False
         if self.cur.rest.lstrip().startswith(closer):
             return True
@@ -352,11 +396,11 @@ class LineScanner:
         stripped = text.strip()
         if keyword(stripped, CONTINUES) is None:
             return False
-        indent = _indent(text)
+        indent = indent_of(text)
         for line in self.cur.suffix.split("\n")[1:]:
             if not line.strip():
                 continue
-            ind = _indent(line)
+            ind = indent_of(line)
             if ind < indent or (ind == indent and keyword(line.strip(), CONTINUES) is None):
                 return False
             if line.rstrip() == text:
@@ -385,7 +429,7 @@ class LineScanner:
         stripped = line.strip()
         if not stripped:
             return None
-        ind = _indent(line)
+        ind = indent_of(line)
         if ind < self.base and (self.floor is None or ind < self.floor):
             goes_on = self.continues(stripped, ind, complete)
             if goes_on is None:
@@ -395,7 +439,7 @@ class LineScanner:
                     return ("before", i, "suffix")
                 return None
             c = stripped[0]
-            if c in _CLOSE_TO_OPEN and self.closer_kept(c, ind):
+            if c in CLOSE_TO_OPEN and self.closer_kept(c, ind):
                 if not complete:
                     return None
                 if _repeats_suffix(self.cur, line.rstrip()):
@@ -422,7 +466,7 @@ class LineScanner:
             if self.cur.opener:
                 self.base = self.cur.indent + 1
             elif not self.cur.before.strip() and full.strip():
-                self.base = _indent(full)
+                self.base = indent_of(full)
             else:
                 self.base = self.cur.indent
             text = full.rstrip()
@@ -438,130 +482,3 @@ class LineScanner:
                 self.run = 1
         self.i = i + 1
 
-
-def _can_drop(head: str, tail: str) -> bool:
-    """Whether ``tail`` (text the suffix repeats) can be cut from the end of a
-    completion whose other text is ``head``: no closer in it may close a
-    bracket opened in ``head``, no quote in it may close a string opened in
-    ``head``."""
-    if any(ch in _CLOSERS for ch in tail) and _depth(head) > 0:
-        return False
-    for q in _QUOTES:
-        if q in tail and head.count(q) % 2 == 1:
-            return False
-    return True
-
-
-def _trim_rest_overlap(text: str, rest: str) -> str:
-    """Cut the end of ``text`` where it repeats the start of ``rest`` (the
-    suffix up to its newline): the longest overlap that is either made only of
-    closing brackets, quotes and ``;,:`` or covers all of ``rest`` (trailing
-    whitespace aside), and that :func:`_can_drop` allows."""
-    core = rest.rstrip()
-    if not core:
-        return text
-    for k in range(min(len(rest), len(text)), 0, -1):
-        tail = rest[:k]
-        if not text.endswith(tail) or not tail.strip():
-            continue
-        if not (k >= len(core) or all(ch in _TAIL_PUNCT for ch in tail)):
-            continue
-        head = text[:-k]
-        if not _can_drop(head, tail):
-            continue
-        lines = head.split("\n")
-        last = lines[-1]
-        if last.strip() or len(lines) == 1:
-            last = last.rstrip()
-        # else: an indentation-only last line stays, to place ``rest``.
-        return "\n".join(lines[:-1] + [last])
-    return text
-
-
-def _finish(lines: list[str], cur: Cursor) -> str:
-    if not lines:
-        return ""
-    lines = list(lines)
-    while len(lines) > 1 and not lines[-1].strip():
-        lines.pop()
-    lines[-1] = lines[-1].rstrip()
-    if cur.column0:
-        # whole lines above the cursor's line: the text ends with a newline
-        text = "\n".join(lines)
-        return text + "\n" if text.strip() else ""
-    text = _trim_rest_overlap("\n".join(lines), cur.rest)
-    return text if text.strip() else ""
-
-
-def _cut_lines(lines: list[str], scanner: LineScanner) -> tuple[list[str], str | None]:
-    for line in lines:
-        cut = scanner.decide(line, complete=True)
-        if cut is not None:
-            kind, at, rule = cut
-            return (lines[: at + 1] if kind == "after" else lines[:at]), rule
-        scanner.advance(line)
-    return lines, None
-
-
-def postprocess(
-    text: str, *, prefix: str, suffix: str, multiline: bool, max_lines: int
-) -> str:
-    """What to show for generated ``text`` at the cursor between ``prefix`` and
-    ``suffix``. Never only whitespace: "" means show nothing.
-
-    Lines are cut at the first of (each looks only at the lines up to it):
-
-    a. single-line: the first newline (so text starting with a newline gives
-       "");
-    b. multi-line: line ``max_lines + 1`` (a blank first line -- the text
-       starts with a newline -- is not counted);
-       the end of the enclosing block: a non-blank line indented less than the
-       block (the block is deeper than the cursor line when that line ends
-       with an opener; else it is at the cursor line's indentation, or for a
-       blank cursor line at the indentation where the completion's first line
-       starts). Such a line is dropped -- unless it starts with the closer
-       matching the opener of the block's header line, at the header's
-       indentation, and the suffix does not already close that block: then it
-       is kept as the last line (brace languages). A dedented line that goes
-       on with the statement the completion is inside is no end either:
-       ``elif``/``else``/``except``/``finally``/``case`` at the header's
-       indentation after a header they may follow, and ``} else {``,
-       ``} catch (e) {``, ``} while (x);`` after a ``{`` header the suffix
-       does not close -- the completion then ends where it meets the suffix
-       (rule c) or at the next real dedent;
-    c. a line equal (trailing whitespace aside) to the next non-blank line of
-       the suffix, or to one of the two non-blank suffix lines after it when
-       it has at least 8 non-blank characters: it and everything after it
-       are dropped (the model went on writing what follows the hole); the
-       first line too when the cursor's line is blank around the cursor (on
-       a line of its own after Enter: the whole answer is then "");
-    e. a line repeated 3 times in a row (blank lines between ignored): only
-       its first occurrence is kept.
-
-    Then trailing blank lines go, the last line loses its trailing whitespace,
-    and (c, d) the end of the text that repeats the start of the rest of the
-    cursor line is cut -- closing brackets/quotes the suffix already supplies
-    (``foo(`` + ``a, b)`` before ``)`` gives ``a, b``) unless they close
-    something the completion opened, or the whole rest of the line. When that
-    leaves an indentation-only last line in a multi-line completion, the
-    indentation stays so the suffix's closer lands on its own line.
-    """
-    return postprocess_why(text, prefix=prefix, suffix=suffix, multiline=multiline, max_lines=max_lines)[0]
-
-
-def postprocess_why(
-    text: str, *, prefix: str, suffix: str, multiline: bool, max_lines: int, floor: int | None = None
-) -> tuple[str, str | None]:
-    """:func:`postprocess` and the rule that cut (None: none; names at
-    ``_Cut``). ``floor`` (columns) replaces rule b's block end: only a line
-    indented less ends it (:mod:`soldaemon.pipeline.blockend`)."""
-    cur = cursor_at(prefix, suffix)
-    lines, rule = _cut_lines(text.split("\n"), LineScanner(cur, multiline, max_lines, floor))
-    return _finish(lines, cur), rule
-
-
-def next_indent(prefix: str, suffix: str) -> int | None:
-    """Indentation of the next non-blank line after the cursor's (its own at
-    column 0 before text); None: the suffix holds none."""
-    cur = cursor_at(prefix, suffix)
-    return cur.next_indent if cur.next_line is not None else None
