@@ -26,7 +26,7 @@ MAX_LINES = 600
 # what sol-lsp may import from the daemon's package
 LSP_MAY_IMPORT = frozenset({
     "soldaemon", "soldaemon.api", "soldaemon.protocol", "soldaemon.errors", "soldaemon.paths", "soldaemon.discovery",
-    "soldaemon.privacy", "soldaemon.privacy.rules", "soldaemon.privacy.scan",
+    "soldaemon.privacy", "soldaemon.privacy.rules", "soldaemon.privacy.scan", "soldaemon.shown",
 })
 # third-party packages that load torch when imported
 TORCH = frozenset({"torch", "transformers", "accelerate"})
@@ -264,8 +264,9 @@ def test_no_source_file_over_600_lines() -> None:
 
 def test_lsp_imports_only_the_daemon_boundary() -> None:
     """sol-lsp talks to the daemon over the wire: from soldaemon it imports
-    the protocol, the API types, the errors, the daemon-finding module and
-    the sensitive-file rules, nothing that pulls in the server or torch."""
+    the protocol, the API types, the errors, the daemon-finding module, the
+    sensitive-file rules and the rules of what is shown between answers
+    (type-through, early lines), nothing that pulls in the server or torch."""
     graph, _ = _graph()
     bad = [f"{name} imports {target}"
            for name in sorted(graph) if name.split(".")[0] == "lsp"

@@ -284,7 +284,7 @@ def test_candidates_are_drafted_along_the_greedy_answer_with_their_own_rates(eng
 
 
 def test_type_through_goes_on_along_either_the_shown_or_the_streamed_answer() -> None:
-    from soldaemon.pipeline.completion import remember, type_through
+    from soldaemon.shown import remember, type_through
 
     shown: dict = {}
     first = CompletionRequest(id="t0", uri="file:///t.py", prefix="def f():\n    ", suffix="\n")

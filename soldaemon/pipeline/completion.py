@@ -18,7 +18,7 @@ import copy
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Iterator, MutableMapping, NamedTuple, Protocol
+from typing import Any, Callable, ContextManager, Iterator, NamedTuple, Protocol
 
 from soldaemon.api import CancelToken, CompletionRequest, Delta, Done, Event, FinishReason, Timings
 from soldaemon.config import Config
@@ -26,6 +26,7 @@ from soldaemon.fim import FimPrompt, FimTemplate, WindowMemo
 from soldaemon.pipeline.clock import Clock
 from soldaemon.pipeline.ending import Ending, TextEnding, ending_for, may_repeat_below
 from soldaemon.protocol import validate_request
+from soldaemon.shown import Shown, remember, type_through
 from soldaemon.pipeline.relevance import ContextSelector
 from soldaemon.pipeline import candidates
 from soldaemon.pipeline.prompt import LeadAnchors, build_fim_prompt, context_selector
@@ -35,14 +36,6 @@ log = logging.getLogger("soldaemon.pipeline")
 # Characters a preview holds back at its end: post-processing may still drop
 # them (trailing blanks, closers the suffix already has).
 HOLD_BACK = " \t)]}>\"'`;,"
-
-# uri → (prefix, suffix, completion, the other prompt inputs) of the last
-# completion shown there. The inputs (context, multiline, language) are part
-# of the key: a request from another client with other context for the same
-# uri must not be answered with text made from this one's context.
-Shown = MutableMapping[str, tuple[str, str, tuple[str, ...], tuple[Any, ...]]]
-MAX_SHOWN = 64  # documents remembered for type-through
-
 
 @dataclass
 class Memory:
@@ -424,41 +417,6 @@ class Previewer:
             self.emitted = shown
             return new
         return ""
-
-
-def prompt_inputs(req: CompletionRequest) -> tuple[Any, ...]:
-    """What besides the prefix and suffix shapes a completion's prompt."""
-    return (req.context, req.multiline, req.language)
-
-
-def type_through(shown: Shown, req: CompletionRequest) -> tuple[str, ...]:
-    """The rests of the last completion for this document when the user
-    typed its beginning (same suffix and other prompt inputs, greedy, one
-    candidate): of the shown text first, then of the streamed one it
-    replaced where that was typed too; () when none."""
-    last = shown.get(req.uri)
-    if last is None or req.n != 1 or req.temperature > 0:
-        return ()
-    prefix, suffix, texts, inputs = last
-    if req.suffix != suffix or inputs != prompt_inputs(req) or not req.prefix.startswith(prefix):
-        return ()
-    typed = req.prefix[len(prefix):]
-    if not typed:
-        return ()
-    return tuple(text[len(typed):] for text in texts
-                 if text.startswith(typed) and len(typed) < len(text) and text[len(typed):].strip())
-
-
-def remember(shown: Shown, req: CompletionRequest, text: str, streamed: str | None = None) -> None:
-    """Record ``text`` as the completion shown for ``req``, and the
-    ``streamed`` one it replaced (the newest of at most :data:`MAX_SHOWN`
-    documents)."""
-    shown.pop(req.uri, None)
-    if text:
-        shown[req.uri] = (req.prefix, req.suffix, (text,) if streamed is None else (text, streamed),
-                          prompt_inputs(req))
-        while len(shown) > MAX_SHOWN:
-            shown.pop(next(iter(shown)))
 
 
 def type_through_events(req: CompletionRequest, rest: str, clock: Clock) -> Iterator[Event]:
