@@ -153,12 +153,6 @@ class ModelConfig:
     max_suffix_tokens: int | Auto = _setting("auto", _int_or_auto(0))
     # A smaller model for speculative decoding; None: no draft model.
     draft_model: Path | None = _setting(None, _optional(_path()))
-    # Moved-chunk KV reuse (like llama.cpp's --cache-reuse): the text after the
-    # cursor is re-rotated instead of recomputed when at least this many of its
-    # tokens merely moved; tokens, 0 = off (exact prefix reuse only). Off by
-    # default: measured on the embedded model, FIM completions then ignore
-    # what was just typed (docs/config.md).
-    cache_reuse: int = _setting(0, _int(0))
     # FIM prompt layout: "psm" (prefix, suffix, middle) or "spm" (suffix
     # first: typing only appends, so the whole prompt before the cursor stays
     # in the KV cache; llama.cpp's spm_infill layout).
@@ -280,9 +274,6 @@ class CompletionConfig:
     # where provably wrong and parse-checked with the suffix (languages with
     # a tree-sitter grammar); "rules" = the text rules alone (docs/config.md).
     block_end: BlockEnd = _setting("model", _choice(get_args(BlockEnd)))
-    # Refuse the model's end token while its multi-line answer ends on a
-    # block opener without a body (local backend; docs/config.md).
-    hold_end: bool = _setting(False, _bool())
     # When a greedy answer's first line, on a line of its own, is the line
     # below the cursor (dropped: it would show that line twice), decode again
     # from the model's closest other choice in that line (local backend;

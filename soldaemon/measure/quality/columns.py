@@ -96,20 +96,18 @@ CONFIG_ABLATIONS: dict[str, dict[str, Any]] = {
     "healing": {"completion.token_healing": False},
     "anchor": {"model.fim_anchor": "cursor"},
     "speculation": {"completion.speculative": False},   # decode tok/s with and without, same answers
-    "hold_end": {"completion.hold_end": True},          # off by default: the column turns it on
     "second_choice": {"completion.second_choice": False},
     "candidates": {"completion.candidates": 1},          # toggled: see ablation
 }
-# The column's sign: "-" a part taken out, "+" one put in (default "-").
-ABLATION_SIGN = {"hold_end": "+"}
 
 
 def ablation(part: str, config: Config) -> tuple[str, Config]:
-    """The column's sign and ``config`` with ``part`` (a key of
+    """The column's sign ("-" a part taken out, "+" one put in) and
+    ``config`` with ``part`` (a key of
     :data:`CONFIG_ABLATIONS`) ablated. ``candidates`` is toggled from what
     the served model ranks: ``-candidates`` (the greedy answer alone) where
     it ranks several (the 1.5B by default), ``+candidates`` (4) where not."""
-    overrides, sign = CONFIG_ABLATIONS[part], ABLATION_SIGN.get(part, "-")
+    overrides, sign = CONFIG_ABLATIONS[part], "-"
     if part == "candidates" and config.completion.candidate_count() <= 1:
         overrides, sign = {"completion.candidates": 4}, "+"
     return sign, config.with_overrides(overrides, source="bench")

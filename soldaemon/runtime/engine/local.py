@@ -80,12 +80,11 @@ class LocalEngine:
                                              rotate=config.model.rotate)
         self.kernel_timings = timings
         self.notices = notices
-        min_move = config.model.cache_reuse if isinstance(self.backend, LeanBackend) else 0
         # KV folding of parked sessions (runtime/kvfold.py) needs the lean backend's queries
         fold = config.sol.kv_folding_entropy_threshold if isinstance(self.backend, LeanBackend) else 0.0
         if fold and isinstance(self.backend, LeanBackend):
             self.backend.record_queries()
-        self.pool = SessionPool(self.backend, config.model.kv_sessions, min_move=min_move, fold_threshold=fold)
+        self.pool = SessionPool(self.backend, config.model.kv_sessions, fold_threshold=fold)
         self.pool.acquire(SCRATCH_URI)     # the first session takes the cache the backend was built with
         self.started = time.time()
         lock = threading.Lock()   # one generation at a time: the model part's, lent to the memory scheduler

@@ -33,7 +33,6 @@ from soldaemon.fim import FimPrompt, FimTemplate
 from soldaemon.pipeline.clock import Clock
 from soldaemon.pipeline.completion import Generation, Precomputed, Resumed
 from soldaemon.pipeline.ending import Ending, decide_multiline, repeats_below
-from soldaemon.pipeline.ending.parsed import opens_without_body
 from soldaemon.runtime.decode.detok import Detok
 from soldaemon.policy.draft import AlongReference, DraftLength, DraftProposer, PromptLookup
 from soldaemon.runtime.engine.foresight import Foreseen, precise_until
@@ -314,8 +313,6 @@ class LocalModelPart:
             draft_k=cc.draft_tokens, draft_length=draft_length,
             # the middle token and the typed line: at decode cost (session.prefill)
             precise_until=precise_until(prompt),
-            hold_end=(lambda tokens: opens_without_body(req.prefix, decode.text(tokens), req.suffix))
-            if ending.multiline and cc.hold_end else None,
             logp=logp,
         )
         chunk = session.chunk
