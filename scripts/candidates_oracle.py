@@ -46,9 +46,9 @@ def main() -> int:
     decode = model_part.LocalModelPart._decode
 
     def recorded(self: Any, req: Any, prompt: Any, *a: Any, **k: Any) -> Any:   # the tokens of each decode
-        run = yield from decode(self, req, prompt, *a, **k)
-        seen["ids"], seen["prompt"] = list(run.decode.tokens), prompt
-        return run
+        run, gen = yield from decode(self, req, prompt, *a, **k)
+        seen["ids"], seen["prompt"] = list(gen.ids), prompt
+        return run, gen
 
     model_part.LocalModelPart._decode = recorded          # type: ignore[method-assign]
     holes = cached_holes(args.holes, 0, holes_cache_path(("block",)), kinds=("block",), say=print)

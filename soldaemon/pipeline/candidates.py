@@ -24,7 +24,7 @@ drawing row by row as a step would
 (:meth:`soldaemon.runtime.decode.sampling.TopP.accept`): the sample is the
 one a decode without drafts draws from the same seed, sooner. The
 candidates' scores are the log-probabilities kept as they decode
-(``Generation.logp``); a model part that keeps none scores with one
+(``Generation.logp``, :mod:`soldaemon.pipeline.sources`); a model part that keeps none scores with one
 forward (:meth:`Scorer.score`). Measured in docs/quality.md ("Block
 candidates", sessions 27-28).
 
@@ -34,11 +34,13 @@ Nothing here imports torch: the model part scores (:class:`Scorer`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
-from soldaemon.api import CompletionRequest
+from soldaemon.api import CancelToken, CompletionRequest
 from soldaemon.fim import FimPrompt
 from soldaemon.fim.encoding import generated_text
+from soldaemon.pipeline.ending import Ending
+from soldaemon.pipeline.sources import Stream
 
 SAMPLE_TEMPERATURE = 0.4
 SAMPLE_SEED = 1000
@@ -47,7 +49,8 @@ SAMPLE_SEED = 1000
 class Scores(Protocol):
     """Per generated token, its log-probability (``runtime.decode.second.TokenScores``)."""
 
-    logp: list[float]
+    @property
+    def logp(self) -> list[float]: ...
 
 
 @dataclasses.dataclass
@@ -64,8 +67,9 @@ class Scorer(Protocol):
     def score(self, req: CompletionRequest, prompt: FimPrompt, ids: Sequence[int]) -> Scores:
         """The scores of ``ids`` generated after ``prompt``."""
 
-    def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, ending: Any,
-                 cancel: Any, deadline: int | None, out: Any, reference: Sequence[int] = ()) -> Iterator[str]:
+    def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, ending: Ending,
+                 cancel: CancelToken, deadline: int | None, *, keep_logp: bool = False,
+                 reference: Sequence[int] = ()) -> Stream:
         """A decode as :meth:`ModelPart.generate`, drafting from the
         ``reference`` answer's tokens first (the greedy one's)."""
 

@@ -47,7 +47,8 @@ from soldaemon.config import Config
 from soldaemon.errors import ConfigError, RemoteBadResponse, RemoteHttpError, RemoteTimeout, RemoteUnavailable
 from soldaemon.fim import FimPrompt, FimTemplate, detect_template
 from soldaemon.pipeline.clock import Clock
-from soldaemon.pipeline.completion import Early, Generation, Pipeline
+from soldaemon.pipeline.completion import Pipeline
+from soldaemon.pipeline.sources import Early, Generation, Stats, Stream
 from soldaemon.pipeline.ending import Ending
 from soldaemon.privacy.rules import outbound
 from soldaemon.remote.endpoint import Backoff, Endpoint, read_api_key
@@ -250,14 +251,22 @@ class RemoteEngine:
         return contextlib.nullcontext()
 
     def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, ending: Ending,
-                 cancel: CancelToken, deadline: int | None, out: Generation) -> Iterator[str]:
-        """One candidate over the HTTP stream; yields the raw text after each piece."""
+                 cancel: CancelToken, deadline: int | None, *, keep_logp: bool = False) -> Stream:
+        """One candidate over the HTTP stream; yields the raw text after
+        each piece (no log-probabilities kept)."""
         attempt = _Attempt()
-        out.info = attempt
-        for text in self._generate(self._body(req, prompt, candidate), attempt, ending, cancel, deadline):
-            out.raw = text
-            yield text
-        out.raw, out.finish = attempt.raw, attempt.finish
+        yield from self._generate(self._body(req, prompt, candidate), attempt, ending, cancel, deadline)
+        usage = attempt.usage or {}
+        details = usage.get("prompt_tokens_details")
+        cached = details["cached_tokens"] if isinstance(details, dict) and isinstance(
+            details.get("cached_tokens"), int) else 0
+        return Generation(attempt.raw, attempt.finish,
+                          Stats(first_ns=attempt.first_ns, first_wall_ns=attempt.first_wall_ns, cached_tokens=cached,
+                                generated_tokens=int(usage.get("completion_tokens") or attempt.chunks)))
+
+    def scorer(self) -> None:
+        """Block candidates are not sampled upstream."""
+        return None
 
     def recover(self, req: CompletionRequest, cancel: CancelToken, exc: Exception,
                 streamed: bool, candidate: int) -> Iterator[Event] | None:
@@ -274,16 +283,10 @@ class RemoteEngine:
     def timings(self, req: CompletionRequest, gens: list[Generation], prompt: FimPrompt, prompt_ms: float,
                 clock: Clock) -> Timings:
         """TTFT from the first candidate; tokens as the engine reported them."""
-        attempts: list[_Attempt] = [g.info for g in gens]
-        first_ns = attempts[0].first_ns if attempts else 0
-        first_wall = attempts[0].first_wall_ns if attempts else 0
-        generated = cached = 0
-        for attempt in attempts:
-            usage = attempt.usage or {}
-            generated += int(usage.get("completion_tokens") or attempt.chunks)
-            details = usage.get("prompt_tokens_details")
-            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
-                cached += details["cached_tokens"]
+        first_ns = gens[0].stats.first_ns if gens else 0
+        first_wall = gens[0].stats.first_wall_ns if gens else 0
+        generated = sum(g.stats.generated_tokens for g in gens)
+        cached = sum(g.stats.cached_tokens for g in gens)
         return clock.timings(first_ns=first_ns, first_wall_ns=first_wall, prompt_ms=prompt_ms,
                              prompt_tokens=len(prompt.ids), cached_tokens=min(cached, len(prompt.ids) * req.n),
                              generated_tokens=generated)

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
+from soldaemon.api import FinishReason
 from soldaemon.policy.draft import DraftLength, DraftProposer
 from soldaemon.runtime.decode.sampling import Sampler, accept_draft
 from soldaemon.runtime.kv.session import KVSession
@@ -33,7 +34,7 @@ class GenStats:
 @dataclass
 class TokenEvent:
     tokens: list[int]              # new tokens this step (never a stop token)
-    finish_reason: str | None = None   # set on the last event only
+    finish_reason: FinishReason | None = None   # set on the last event only
     stats: GenStats = field(default_factory=GenStats)
 
 
@@ -173,7 +174,7 @@ def _done(generated: list[int], should_stop: Callable[[list[int]], bool], cancel
 
 
 def _finish(generated: list[int], max_tokens: int, should_stop: Callable[[list[int]], bool],
-            cancelled: Callable[[], bool], deadline_ns: int | None) -> str | None:
+            cancelled: Callable[[], bool], deadline_ns: int | None) -> FinishReason | None:
     if cancelled():
         return "cancelled"
     if should_stop(generated):

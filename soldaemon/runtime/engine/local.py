@@ -235,7 +235,7 @@ class LocalEngine:
         """Forget the completion shown at ``uri`` (None: everywhere): the
         next request there is answered by the model, not by type-through."""
         if uri is None:
-            self.pipeline.memory.shown.clear()
+            self.pipeline.documents.shown.clear()
         else:
             self.pipeline.forget(uri)
 
@@ -358,15 +358,15 @@ class LocalEngine:
 
     @property
     def lead_anchors(self) -> LeadAnchors:
-        return self.pipeline.memory.anchors
+        return self.pipeline.documents.anchors
 
     @property
     def context_selector(self) -> ContextSelector | None:
-        return self.pipeline.memory.selector
+        return self.pipeline.documents.selector
 
     @context_selector.setter
     def context_selector(self, selector: ContextSelector | None) -> None:
-        self.pipeline.memory.selector = selector
+        self.pipeline.documents.selector = selector
 
 
 def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:
