@@ -67,7 +67,7 @@ def main() -> int:
             engine.forget_shown(uri)
             answer = done.items[0] if done.items else ""
             ids, prompt = seen["ids"], seen["prompt"]
-            shown = candidates.shown_tokens(candidates.texts(engine.tokenizer, prompt.heal), ids, answer)
+            shown = candidates.shown_tokens(engine.part.texts(prompt), ids, answer)
             logp = engine.part.score(base, prompt, ids).logp[:shown] if ids else []
             if answer not in verdicts:
                 verdicts[answer] = passes(fh, answer)

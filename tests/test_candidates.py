@@ -16,6 +16,7 @@ from soldaemon.api import CancelToken, CompletionRequest, Delta, Done
 from soldaemon.config import config_from_dict
 from soldaemon.pipeline import candidates
 from soldaemon.pipeline.ending import ParsedEnding, TextEnding
+from soldaemon.runtime.decode.detok import generated_text
 from soldaemon.runtime.decode.second import token_scores
 from soldaemon.runtime.engine.local import LocalEngine, load_engine
 from soldaemon.runtime.forward.backend import LeanBackend
@@ -57,9 +58,9 @@ def test_shown_tokens_counts_the_tokens_the_shown_answer_is_made_of() -> None:
 
 
 def test_the_text_of_healed_tokens_leaves_out_what_they_re_write() -> None:
-    assert candidates.texts(CharTokenizer(), "ab")(ids_of("abcd")) == "cd"
-    assert candidates.texts(CharTokenizer(), "ab")(ids_of("a")) == ""          # not yet past the healed text
-    assert candidates.texts(CharTokenizer(), "")(ids_of("abcd")) == "abcd"
+    assert generated_text(CharTokenizer(), ids_of("abcd"), "ab") == "cd"
+    assert generated_text(CharTokenizer(), ids_of("a"), "ab") == ""          # not yet past the healed text
+    assert generated_text(CharTokenizer(), ids_of("abcd"), "") == "abcd"
 
 
 def test_confidence_is_the_mean_log_probability_of_the_shown_tokens() -> None:

@@ -1,9 +1,8 @@
-"""User text to token ids, with no control token recognised inside it; generated
-token ids back to the answer's text."""
+"""User text to token ids, with no control token recognised inside it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -75,13 +74,3 @@ def _adds_dummy_prefix(tokenizer: Any) -> bool:
     except Exception:  # a tokenizer we cannot probe: assume plain BPE
         return False
     return bool(toks) and isinstance(toks[0], str) and toks[0].startswith("▁")
-
-
-def generated_text(tokenizer: Any, ids: Sequence[int], heal: str) -> str:
-    """The text of generated tokens as the answer has it: with token
-    healing, without the prompt text they re-write (``heal``; "" until they
-    are past it)."""
-    whole = tokenizer.decode(list(ids), skip_special_tokens=True)
-    if heal:
-        return whole[len(heal):] if whole.startswith(heal) else ""
-    return whole

@@ -34,11 +34,10 @@ Nothing here imports torch: the model part scores (:class:`Scorer`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from soldaemon.api import CancelToken, CompletionRequest
 from soldaemon.fim import FimPrompt
-from soldaemon.fim.encoding import generated_text
 from soldaemon.pipeline.ending import Ending
 from soldaemon.pipeline.sources import Stream
 
@@ -64,6 +63,10 @@ class Scorer(Protocol):
     """What a model part supplies to sample and rank candidates (the local
     one does)."""
 
+    def texts(self, prompt: FimPrompt) -> Callable[[Sequence[int]], str]:
+        """The text of tokens generated after ``prompt``, as an answer has it
+        (token healing's re-written prompt text left out)."""
+
     def score(self, req: CompletionRequest, prompt: FimPrompt, ids: Sequence[int]) -> Scores:
         """The scores of ``ids`` generated after ``prompt``."""
 
@@ -77,11 +80,6 @@ class Scorer(Protocol):
 def sampled(req: CompletionRequest, candidate: int) -> CompletionRequest:
     """``req`` as candidate ``candidate`` (>= 1) is sampled."""
     return dataclasses.replace(req, temperature=SAMPLE_TEMPERATURE, seed=SAMPLE_SEED + candidate, n=1)
-
-
-def texts(tokenizer: Any, heal: str) -> Callable[[Sequence[int]], str]:
-    """:func:`generated_text` for one request's ``tokenizer`` and ``heal``."""
-    return lambda ids: generated_text(tokenizer, ids, heal)
 
 
 def shown_tokens(text: Callable[[Sequence[int]], str], ids: Sequence[int], shown: str) -> int:

@@ -292,7 +292,7 @@ class Pipeline:
         """The shown answer and its end among the greedy one (``text``,
         ``end``) and the sampled candidates: the one the model is surest
         of; and the tokens the samples generated."""
-        text_of = candidates.texts(self.tokenizer, prompt.heal)
+        text_of = scorer.texts(prompt)
 
         def scores(g: Generation) -> candidates.Scores:   # as decoded, or one forward more
             return candidates.Decoded(list(g.logp)) if g.logp is not None and len(g.logp) == len(g.ids) \

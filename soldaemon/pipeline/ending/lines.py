@@ -1,7 +1,7 @@
-"""The text rules of where an answer ends, line by line: what is known at
-the cursor (:func:`decide_multiline`, :class:`Cursor`) and the cut rules fed
-one line at a time (:class:`LineScanner`), which both the stop check during
-decoding and the cut at the end run (:mod:`soldaemon.pipeline.ending.text`).
+"""What the text rules of where an answer ends know before any text: the
+cursor (:func:`decide_multiline`, :class:`Cursor`), the words of block
+structure, indentation and brackets. The cut rules over them, fed one line
+at a time, are :class:`soldaemon.pipeline.ending.text.LineScanner`.
 
 The cut rules are all of the form "keep the lines before (or up to) the first
 line where a condition holds", and each condition looks only at that line and
@@ -17,7 +17,7 @@ tab counted as 4.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Literal
+from typing import Iterable
 
 from soldaemon.api import Multiline
 
@@ -247,7 +247,7 @@ _LATER_LINES = 2
 LATER_MIN_CHARS = 8
 
 
-def _repeats_suffix(cur: Cursor, text: str) -> bool:
+def repeats_suffix(cur: Cursor, text: str) -> bool:
     """``text`` (a completed line, rstripped) is the suffix's next non-blank
     line, or one of the few after it and not a short line."""
     if cur.next_line is not None and text == cur.next_line:
@@ -264,221 +264,4 @@ def on_own_line(cur: Cursor) -> bool:
 def first_repeats(cur: Cursor, line: str) -> bool:
     """``line``, the first line of a completion, repeats the suffix (rule c)
     on a line of its own: it would show the line below twice."""
-    return on_own_line(cur) and bool(line.strip()) and _repeats_suffix(cur, (cur.before + line).rstrip())
-
-
-# A cut: drop from line ``at`` ("before") or after it ("after"), and the
-# name of the rule that cut (the ``end`` a completion reports; see
-# docs/protocol.md): "line" (single-line: a newline), "max_lines", "scope"
-# (the enclosing block ended), "suffix" (a line repeats the suffix),
-# "repeat" (a line came a third time in a row).
-_Cut = tuple[Literal["before", "after"], int, str]
-
-class LineScanner:
-    """The line-by-line cut rules (see :func:`soldaemon.pipeline.ending.text.postprocess`), fed one line at a
-    time: :meth:`decide` for line ``i`` (pure), then :meth:`advance` when it
-    is kept and complete."""
-
-    def __init__(self, cur: Cursor, multiline: bool, max_lines: int, floor: int | None = None) -> None:
-        self.cur = cur
-        self.multiline = multiline
-        self.max_lines = max(1, max_lines)
-        self.floor = floor              # None: a dedent out of the block ends; else only one below this
-        self.i = 0
-        self.first_blank = False
-        self.base = cur.indent          # body lines are indented at least this much
-        self.prev: str | None = None    # last non-blank line, rstripped
-        self.run = 0                    # how many times in a row ``prev`` came
-        self.run_second = 0             # index of its second occurrence
-        self._header: tuple[str, int] | None | Literal[False] = False  # lazy
-
-    # -- block structure -------------------------------------------------
-
-    def header(self) -> tuple[str, int] | None:
-        """The line that opened the block the completion is in, with its
-        indentation: the cursor line when it ends with an opener, else the
-        nearest non-blank prefix line above with less indentation than the
-        block."""
-        if self._header is not False:
-            return self._header
-        found: tuple[str, int] | None = None
-        if self.cur.opener:
-            found = (self.cur.before, self.cur.indent)
-        else:
-            prefix = self.cur.prefix
-            end = prefix.rfind("\n")  # end of the line above the cursor line
-            while end >= 0:
-                start = prefix.rfind("\n", 0, end) + 1
-                line = prefix[start:end]
-                if line.strip() and indent_of(line) < self.base:
-                    found = (line, indent_of(line))
-                    break
-                end = start - 1
-        self._header = found
-        return found
-
-    def suffix_closes(self, closer: str, indent: int) -> bool:
-        """Whether the suffix's first non-blank line (after the cursor line) at
-        or left of ``indent`` starts with ``closer``: the block is closed."""
-        suffix = self.cur.suffix
-        nl = suffix.find("\n")
-        if nl < 0:
-            return False
-        pos = nl + 1
-        while pos < len(suffix):
-            end = suffix.find("\n", pos)
-            line = suffix[pos:] if end < 0 else suffix[pos:end]
-            stripped = line.strip()
-            if stripped and indent_of(line) <= indent:
-                return stripped.startswith(closer)
-            if end < 0:
-                break
-            pos = end + 1
-        return False
-
-    def closer_kept(self, closer: str, indent: int) -> bool:
-        """A dedented line starting with ``closer`` is kept (as the block's last
-        line) when it closes the block header's opener at the header's
-        indentation and the document does not close that block already --
-        or closes it right after the cursor (then the finishing step turns
-        the line into the indentation in front of that closer)."""
-        header = self.header()
-        if header is None:
-            return False
-        text, h_indent = header
-        if indent != h_indent or not text.rstrip().endswith(CLOSE_TO_OPEN[closer]):
-            return False
-        if self.cur.rest.lstrip().startswith(closer):
-            return True
-        return not self.suffix_closes(closer, h_indent)
-
-    def continues(self, stripped: str, indent: int, complete: bool) -> bool | None:
-        """Whether a dedented line goes on with the statement the completion
-        is inside (``elif``/``else``/``except``/``finally``/``case`` at the
-        header's indentation after a matching header; ``} else {`` and the
-        like after a ``{`` header the suffix does not close). None while an
-        incomplete line could still become one."""
-        header = self.header()
-        if header is None or indent != header[1]:
-            return False
-        text, _ = header
-        if stripped[0] == "}":
-            if not text.rstrip().endswith("{") or self.suffix_closes("}", indent):
-                return False
-            after = stripped[1:].lstrip()
-            if not complete:
-                return None if not after or keyword(after, BRACE_CONTINUES) or any(
-                    w.startswith(after) for w in BRACE_CONTINUES) else False
-            return bool(keyword(after, BRACE_CONTINUES)) and (after.endswith("{") or after.endswith(";"))
-        head = header_word(text)
-        if head is None:
-            return False
-        allowed = [w for w, after in CONTINUES.items() if head in after]
-        if keyword(stripped, allowed):
-            return True
-        if not complete and any(w.startswith(stripped) for w in allowed):
-            return None
-        return False
-
-    def repeats(self, text: str) -> bool:
-        """``text`` (a completed line, rstripped) repeats the suffix: its next
-        lines (:func:`_repeats_suffix`) or a branch of its statement."""
-        return _repeats_suffix(self.cur, text) or self.repeats_branch(text)
-
-    def repeats_branch(self, text: str) -> bool:
-        """``text`` (a completed line, rstripped) opens a branch
-        (``elif``/``else``/``except``/``finally``/``case``) that the suffix
-        already has: a line equal to it, at its indentation, among the
-        suffix's lines before the statement there ends (its first line left of
-        that indentation, or at it without a branch keyword). A second
-        ``elif x:`` is dead code and a second ``else:`` a syntax error,
-        however far below the suffix holds the first."""
-        stripped = text.strip()
-        if keyword(stripped, CONTINUES) is None:
-            return False
-        indent = indent_of(text)
-        for line in self.cur.suffix.split("\n")[1:]:
-            if not line.strip():
-                continue
-            ind = indent_of(line)
-            if ind < indent or (ind == indent and keyword(line.strip(), CONTINUES) is None):
-                return False
-            if line.rstrip() == text:
-                return True
-        return False
-
-    # -- the rules ---------------------------------------------------------
-
-    def decide(self, line: str, complete: bool) -> _Cut | None:
-        """The cut that line ``self.i`` causes, or None. With ``complete``
-        False (a line still being generated) only cuts that no further text
-        on the line could change are returned."""
-        i = self.i
-        if i == 0:
-            # On a line of its own (nothing around the cursor on its line, as
-            # after Enter), a first line that is the line below the cursor
-            # would show that line twice (rule c for the first line).
-            if complete and first_repeats(self.cur, line):
-                return ("before", 0, "suffix")
-            return None
-        if not self.multiline:
-            return ("before", i, "line")
-        shown = i + 1 - (1 if self.first_blank else 0)
-        if shown > self.max_lines:
-            return ("before", i, "max_lines")
-        stripped = line.strip()
-        if not stripped:
-            return None
-        ind = indent_of(line)
-        if ind < self.base and (self.floor is None or ind < self.floor):
-            goes_on = self.continues(stripped, ind, complete)
-            if goes_on is None:
-                return None
-            if goes_on:
-                if complete and self.repeats(line.rstrip()):
-                    return ("before", i, "suffix")
-                return None
-            c = stripped[0]
-            if c in CLOSE_TO_OPEN and self.closer_kept(c, ind):
-                if not complete:
-                    return None
-                if _repeats_suffix(self.cur, line.rstrip()):
-                    return ("before", i, "suffix")
-                return ("after", i, "scope")
-            return ("before", i, "scope")
-        if ind < self.base and starts_definition(line):
-            return ("before", i, "scope")   # past the block (above the floor): a new definition
-        if not complete:
-            return None
-        text = line.rstrip()
-        if self.repeats(text):
-            return ("before", i, "suffix")
-        if text == self.prev and self.run + 1 >= 3:
-            return ("before", self.run_second, "repeat")
-        return None
-
-    def advance(self, line: str) -> None:
-        """Line ``self.i`` is complete and kept: update the state."""
-        i = self.i
-        if i == 0:
-            self.first_blank = not line.strip()
-            full = self.cur.before + line
-            if self.cur.opener:
-                self.base = self.cur.indent + 1
-            elif not self.cur.before.strip() and full.strip():
-                self.base = indent_of(full)
-            else:
-                self.base = self.cur.indent
-            text = full.rstrip()
-        else:
-            text = line.rstrip()
-        if text.strip():
-            if text == self.prev:
-                self.run += 1
-                if self.run == 2:
-                    self.run_second = i
-            else:
-                self.prev = text
-                self.run = 1
-        self.i = i + 1
-
+    return on_own_line(cur) and bool(line.strip()) and repeats_suffix(cur, (cur.before + line).rstrip())

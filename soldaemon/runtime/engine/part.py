@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Generator, Iterator, Sequence
+from typing import Any, Callable, Generator, Iterator, Sequence
 
 from soldaemon.api import CancelToken, CompletionRequest, Event, FinishReason, Timings
 from soldaemon.config import Config
@@ -263,6 +263,10 @@ class LocalModelPart:
         """This part samples and ranks block candidates itself."""
         return self
 
+    def texts(self, prompt: FimPrompt) -> Callable[[Sequence[int]], str]:
+        """The text of tokens generated after ``prompt``, as an answer has it."""
+        return Detok(self.tokenizer, prompt.heal).text
+
     def score(self, req: CompletionRequest, prompt: FimPrompt, ids: Sequence[int]) -> TokenScores:
         """The scores of ``ids`` generated after ``prompt`` on ``req``'s
         session (:func:`token_scores`; the pipeline's block candidates,
@@ -316,7 +320,7 @@ class LocalModelPart:
         run.gen = generate(
             session, prompt.ids, sampler=sampler, stop_ids=self.template.stop_ids,
             max_tokens=req.max_tokens if max_tokens is None else max_tokens, cancelled=run.cancelled,
-            should_stop=lambda tokens: ending.may_stop(decode.text(tokens)),
+            should_stop=decode.stopper(ending.may_stop),
             deadline_ns=run.deadline, drafter=drafter,
             draft_k=cc.draft_tokens, draft_length=draft_length,
             # the middle token and the typed line: at decode cost (session.prefill)
