@@ -3,49 +3,26 @@ cut rule. The one place that decides it, seen twice per answer: while the
 text streams (:meth:`Ending.may_stop`: may generation stop now?) and at the
 end (:meth:`Ending.shown`: what is shown, and why it ends there).
 
-:func:`ending_for` picks one of two strategies per request, both behind
-:class:`Ending`:
+:func:`ending_for` picks one of two strategies per request:
 
-* the text rules (:class:`~soldaemon.pipeline.ending.text.TextEnding`, over
-  :mod:`.lines`): one line, or a block that ends where the cursor's block
-  ends; what repeats the suffix cut; a third repetition cut;
+* the text rules (:class:`~soldaemon.pipeline.ending.text.TextEnding`): one
+  line, or a block that ends where the cursor's block ends; what repeats
+  the suffix cut; a third repetition cut;
 * the parse (:class:`~soldaemon.pipeline.ending.parsed.ParsedEnding`), for a
-  multi-line answer in a language with a tree-sitter grammar and
-  ``completion.block_end: model`` (the default). The text rules cut a model
-  that knows where to stop (a nested function's ``return True`` followed by
-  the outer function's code, a hole that goes on after a function's end), so
-  here:
-
-  - **multi-line or not**: the text rules (an empty line, a block opener,
-    column 0 before existing text), and also a cursor at the end of an
-    unfinished statement (inside a bracket, after a comma or an operator,
-    and a syntax error near the cursor);
-  - **during decoding**: generation stops where the text is provably wrong
-    whatever follows -- a line that repeats the suffix (or opens a branch,
-    ``elif``/``else``/``except``..., that the suffix's statement already
-    has), a line indented less than both the cursor's block and the
-    suffix's next line, a line past ``max_lines``, a line's third
-    repetition; not at the end of the cursor's block, but at a line past it
-    that starts a new definition (``def``/``class``/a decorator,
-    ``function``, ``func``, ``fn``...): there the model is writing the next
-    function, and waiting for its end token cost half the decoded tokens of
-    the 0.5B's scope-cut answers (docs/quality.md); and, in Python, once a
-    line inside the block opens a block and the next line with code is not
-    deeper (an opener without its body);
-  - **at the end**: when the model ended with its own end token, its text
-    stands, cut only by those rules; when it did not (a rule above stopped
-    it, or ``max_tokens`` or the budget did), the text rules cut it at the
-    end of the cursor's block. Then the answer must parse with the suffix:
-    cut back to the longest line-prefix that adds no syntax error to prefix
-    + suffix.
+  block answer in a language with a tree-sitter grammar and
+  ``completion.block_end: model`` (the default): the model's own end
+  stands, cut only where the text is provably wrong whatever follows (a
+  line that repeats the suffix or leaves the scope the suffix goes on in, a
+  new definition past the cursor's block, in Python a block opener without
+  its body), and the answer must parse with the suffix. Measured in
+  docs/quality.md ("Where a block ends, and who ends it").
 
 Every answer carries why it ended (:attr:`Answer.end`): ``model`` (its end
 token), a cut rule (``line``, ``max_lines``, ``scope``, ``suffix``,
 ``repeat``, ``parse``, ``opener``), or how generation stopped (``length``,
-``budget``, ``cancelled``, ``superseded``).
-
-The decode loop never sees this package: it is handed ``may_stop`` as a
-plain callable. Nothing here imports torch.
+``budget``, ``cancelled``, ``superseded``). The decode loop never sees this
+package: it is handed ``may_stop`` as a plain callable. Nothing here
+imports torch.
 """
 
 from __future__ import annotations
@@ -53,13 +30,12 @@ from __future__ import annotations
 from typing import Protocol
 
 from soldaemon.api import Multiline
-from soldaemon.pipeline.ending.lines import decide_multiline, next_indent
+from soldaemon.pipeline.ending.lines import cursor_at, decide_multiline
 from soldaemon.pipeline.ending.parsed import ParsedEnding, error_at_cursor, may_be_unfinished, window_at
 from soldaemon.pipeline.ending.text import Answer, TextEnding, may_repeat_below, postprocess, repeats_below
 
-__all__ = ["Answer", "Ending", "TextEnding", "ParsedEnding", "ending_for", "decide_multiline",
-           "may_repeat_below", "postprocess", "repeats_below"]
-
+__all__ = ["Answer", "Ending", "ParsedEnding", "TextEnding", "decide_multiline", "ending_for", "may_repeat_below",
+           "postprocess", "repeats_below"]
 
 class Ending(Protocol):
     """Where one request's answer ends (one per generation; see the module
@@ -98,5 +74,6 @@ def ending_for(prefix: str, suffix: str, language: str | None, mode: Multiline, 
         return TextEnding(prefix, suffix, multiline, max_lines if multiline else 1)
     line = prefix[prefix.rfind("\n") + 1:]
     here = len(line.expandtabs(4)) - len(line.expandtabs(4).lstrip()) if line.strip() else len(line.expandtabs(4))
-    nxt = next_indent(prefix, suffix)
-    return ParsedEnding(prefix, suffix, max_lines, window, min(here, nxt) if nxt is not None else 0)
+    cur = cursor_at(prefix, suffix)    # the floor: the cursor's indentation or, less, the suffix's next line's
+    floor = min(here, cur.next_indent) if cur.next_line is not None else 0
+    return ParsedEnding(prefix, suffix, max_lines, window, floor)

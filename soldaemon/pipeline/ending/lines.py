@@ -233,13 +233,6 @@ def cursor_at(prefix: str, suffix: str) -> Cursor:
     )
 
 
-def next_indent(prefix: str, suffix: str) -> int | None:
-    """Indentation of the next non-blank line after the cursor's (its own at
-    column 0 before text); None: the suffix holds none."""
-    cur = cursor_at(prefix, suffix)
-    return cur.next_indent if cur.next_line is not None else None
-
-
 # Rule c also looks this many non-blank suffix lines further, for lines with
 # at least LATER_MIN_CHARS non-blank characters (short lines such as
 # ``else:`` or ``return`` recur legitimately).
