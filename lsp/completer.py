@@ -40,7 +40,7 @@ Contracts of :meth:`Completer.suggest`:
   by :meth:`DaemonClient.complete`'s ``finally``);
 - with ``early_lines`` (a client that asks again on ``sol/completionReady``):
   a multi-line answer is returned as soon as its first whole lines are
-  streamed (:func:`early_text`: never a bare block opener, an open bracket,
+  streamed (:func:`soldaemon.shown.early_text`: never a bare block opener, an open bracket,
   a line leaving the cursor's block or one that repeats the next line),
   while the daemon writes the rest; typing along those lines is answered
   from them without stopping it; when the rest is there, it becomes the
@@ -69,6 +69,7 @@ from lsprotocol import types
 from soldaemon.api import CompletionRequest, Delta, Done, document_window
 from soldaemon.protocol import ErrorFrame
 from soldaemon.privacy.rules import describe, redact_request
+from soldaemon.shown import early_text, rests_after, typed_since
 
 from lsp.context import ContextRing
 from lsp.daemon_client import Answer, DaemonClient
@@ -134,53 +135,6 @@ class _Rest:
     request_id: str
     task: asyncio.Task[Answer]
     early: str                         # what was shown
-
-
-# Endings of a line that goes on below: a block opener, an open call, a continuation.
-_OPENS = (":", "{", "(", "[", ",", "\\", "=", "+", "-", "*", "/", " and", " or", "->", "=>")
-
-
-def _depth(text: str) -> int:
-    """Brackets left open in ``text`` (strings and comments not tracked:
-    a rough count that only ever delays an early answer)."""
-    depth = 0
-    for ch in text:
-        depth += ch in "([{"
-        depth -= ch in ")]}"
-    return depth
-
-
-def _indent(line: str) -> int:
-    return len(line.expandtabs(4)) - len(line.expandtabs(4).lstrip())
-
-
-def early_text(streamed: str, line_prefix: str, next_line: str | None) -> str | None:
-    """The whole lines of a streamed multi-line answer that may be shown
-    before the rest arrives, or None (wait): the lines before the last
-    newline, up to the first later line indented less than the cursor (the
-    block ends there), when they have code, do not end on a line that goes
-    on below (a block opener, an open bracket, a trailing operator), and
-    the first does not repeat ``next_line`` (the document's next non-blank
-    line) -- the answers the daemon's own end rules would still cut."""
-    head, newline, _ = streamed.rpartition("\n")
-    if not newline:
-        return None
-    floor = _indent(line_prefix) if not line_prefix.strip() else None
-    lines = head.split("\n")
-    kept = lines[:1]
-    for line in lines[1:]:
-        if floor is not None and line.strip() and _indent(line) < floor:
-            break
-        kept.append(line)
-    text = "\n".join(kept).rstrip()
-    if not text.strip():
-        return None
-    if next_line is not None and (line_prefix + kept[0]).strip() == next_line.strip():
-        return None
-    last = next((ln.split("#", 1)[0].rstrip() for ln in reversed(kept) if ln.split("#", 1)[0].strip()), "")
-    if not last or last.endswith(_OPENS) or _depth(line_prefix + text) > _depth(line_prefix):
-        return None
-    return text
 
 
 def tidy_items(items: tuple[str, ...], max_lines: int) -> tuple[list[str], list[int]]:
@@ -391,23 +345,20 @@ class Completer:
     def _typed_through(self, doc: Document, offset: int, line: int, line_prefix: str,
                        line_suffix: str) -> Suggestion | None:
         prev = self._answers.get(doc.uri)
-        if prev is None or offset < len(prev.prefix) or (offset == len(prev.prefix) and not prev.again):
+        if prev is None:
             return None
-        text = doc.text
-        if len(text) - offset != len(prev.suffix) or not text.startswith(prev.prefix) \
-                or not text.endswith(prev.suffix):
+        typed = typed_since(prev.prefix, prev.suffix, doc.text[:offset], doc.text[offset:])
+        if typed is None or (not typed and not prev.again):
             return None
-        typed = text[len(prev.prefix):offset]
         items: list[str] = []
         indices: list[int] = []
         ids: list[str] = []
-        for i, item in enumerate(prev.items):
-            if item.startswith(typed) and item[len(typed):].strip():
-                rest = "\n".join(item[len(typed):].split("\n")[: self.settings.max_lines]).rstrip()
-                if rest and rest not in items:
-                    items.append(rest)
-                    indices.append(prev.indices[i] if i < len(prev.indices) else i)
-                    ids.append(prev.ids[i] if i < len(prev.ids) else prev.request_id)
+        for i, left in rests_after(typed, prev.items):
+            rest = "\n".join(left.split("\n")[: self.settings.max_lines]).rstrip()
+            if rest and rest not in items:
+                items.append(rest)
+                indices.append(prev.indices[i] if i < len(prev.indices) else i)
+                ids.append(prev.ids[i] if i < len(prev.ids) else prev.request_id)
         if not items:
             return None
         if prev.again:
@@ -418,7 +369,7 @@ class Completer:
     async def _ask(self, request: CompletionRequest, doc: Document, offset: int, line_prefix: str,
                    early: bool) -> tuple[Answer | None, str | None]:
         """The daemon's answer; with ``early``, the first whole lines instead
-        (``(None, lines)``) when :func:`early_text` allows them before the
+        (``(None, lines)``) when :func:`soldaemon.shown.early_text` allows them before the
         answer is done -- the request then goes on writing the rest
         (:meth:`_rest_done`)."""
         timeout_s = self.settings.timeout_ms / 1000

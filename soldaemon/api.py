@@ -96,7 +96,7 @@ class Done:
     finish_reason: FinishReason
     timings: Timings = field(default_factory=Timings)
     # per item, why it ends where it does: "model" (its end token) or a cut
-    # rule (soldaemon.pipeline.blockend); () when not known
+    # rule (soldaemon.pipeline.ending); () when not known
     ends: tuple[str, ...] = ()
     # the streamed answer (what the deltas previewed), post-processed, when
     # item 0 is another one: a block candidate chosen over it
@@ -119,9 +119,20 @@ class CancelToken:
             self.reason = reason
             self._event.set()
 
+    def supersede(self) -> None:
+        """Cancel because a newer request took this one's place (the same
+        as ``cancel("superseded")``): a generation the newer request may go
+        on with is parked, not ended (the local model part)."""
+        self.cancel("superseded")
+
     @property
     def cancelled(self) -> bool:
         return self._event.is_set()
+
+    @property
+    def superseded(self) -> bool:
+        """Cancelled by :meth:`supersede`."""
+        return self._event.is_set() and self.reason == "superseded"
 
 
 class Engine(Protocol):

@@ -26,7 +26,7 @@ MAX_LINES = 600
 # what sol-lsp may import from the daemon's package
 LSP_MAY_IMPORT = frozenset({
     "soldaemon", "soldaemon.api", "soldaemon.protocol", "soldaemon.errors", "soldaemon.paths", "soldaemon.discovery",
-    "soldaemon.privacy", "soldaemon.privacy.rules", "soldaemon.privacy.scan",
+    "soldaemon.privacy", "soldaemon.privacy.rules", "soldaemon.privacy.scan", "soldaemon.shown",
 })
 # third-party packages that load torch when imported
 TORCH = frozenset({"torch", "transformers", "accelerate"})
@@ -275,8 +275,9 @@ def test_no_source_file_over_600_lines() -> None:
 
 def test_lsp_imports_only_the_daemon_boundary() -> None:
     """sol-lsp talks to the daemon over the wire: from soldaemon it imports
-    the protocol, the API types, the errors, the daemon-finding module and
-    the sensitive-file rules, nothing that pulls in the server or torch."""
+    the protocol, the API types, the errors, the daemon-finding module, the
+    sensitive-file rules and the rules of what is shown between answers
+    (type-through, early lines), nothing that pulls in the server or torch."""
     graph, _ = _graph()
     bad = [f"{name} imports {target}"
            for name in sorted(graph) if name.split(".")[0] == "lsp"
@@ -533,3 +534,23 @@ def test_the_rules_see_the_scripts_and_the_benchmarks() -> None:
     found = _imports("soldaemon.fim.prompt", False, text, type_checking=True)
     assert {(t, a) for t, a in found if a and a.startswith("_") and t.split(".")[0] in OUR_TOPS} == {
         ("soldaemon.fim.windows", "_split_lines"), ("soldaemon.fim.sib", "_x")}
+
+
+# --- issue 55: one way through ------------------------------------------------
+
+# the runtime's mechanism: it takes decisions in as plain callables and data
+MECHANISM = ("soldaemon.runtime.forward", "soldaemon.runtime.kv", "soldaemon.runtime.decode",
+             "soldaemon.runtime.memory")
+
+
+def test_the_runtime_mechanism_imports_no_pipeline() -> None:
+    """The forward, the KV cache, the decode loop and the memory tiers import
+    nothing from soldaemon.pipeline (annotations included): where an answer
+    ends reaches the decode loop as a plain callable. The engine
+    (runtime/engine/), which composes them with the pipeline, may."""
+    graph = _graph_with_type_checking()
+    bad = [f"{name} imports {target}"
+           for name in sorted(graph) if name.startswith(MECHANISM)
+           for target in sorted(graph[name])
+           if target == "soldaemon.pipeline" or target.startswith("soldaemon.pipeline.")]
+    assert not bad, "the runtime's mechanism imports the pipeline:\n" + "\n".join(bad)

@@ -1,4 +1,4 @@
-"""Where a multi-line completion ends (soldaemon.pipeline.blockend): a table
+"""Where a multi-line completion ends (soldaemon.pipeline.ending): a table
 of (prefix, suffix, the model's raw output, how generation ended) -> the
 shown answer, why it ends, and the multi-line decision, in Python,
 JavaScript and Go. Each case of ``CASES`` differs from what the text rules
@@ -14,10 +14,9 @@ from hypothesis import strategies as st
 
 pytest.importorskip("tree_sitter_python")
 
-from soldaemon.pipeline import blockend  # noqa: E402
-from soldaemon.pipeline.syntax import has_grammar, window_at  # noqa: E402
-from soldaemon.pipeline.postprocess import decide_multiline, postprocess, postprocess_why  # noqa: E402
-from soldaemon.pipeline.stopcheck import StopChecker  # noqa: E402
+from soldaemon.pipeline.ending import Answer, Ending, TextEnding, decide_multiline, ending_for, postprocess  # noqa: E402
+from soldaemon.pipeline.ending.parsed import has_grammar, window_at  # noqa: E402
+from soldaemon.pipeline.ending.text import postprocess_why  # noqa: E402
 
 MAX_LINES = 8
 
@@ -42,17 +41,23 @@ def old_rules(c: Case) -> str:
                        max_lines=MAX_LINES if multi else 1)
 
 
-def run(c: Case, block_end: str = "model") -> tuple[blockend.Answer, bool]:
+def restarted(ending: Ending) -> Ending:
+    """``ending`` ready for a new generation (a fresh stop check)."""
+    ending.restart()
+    return ending
+
+
+def run(c: Case, block_end: str = "model") -> tuple[Answer, bool]:
     """The pipeline's end decisions on ``c``: the plan, the early stop fed
     the raw text a character at a time, the finish."""
-    plan = blockend.plan(c.prefix, c.suffix, c.language, "auto", MAX_LINES, block_end)
-    checker = blockend.stop_checker(plan)
+    plan = ending_for(c.prefix, c.suffix, c.language, "auto", MAX_LINES, block_end)
+    checker = restarted(plan)
     raw, finish = c.raw, c.finish
     for n in range(1, len(c.raw) + 1):
-        if checker.check(c.raw[:n]):
+        if checker.may_stop(c.raw[:n]):
             raw, finish = c.raw[:n], "stop"
             break
-    return blockend.finish(plan, raw, finish, checker), plan.multiline
+    return plan.shown(raw, finish, checker.rule), plan.multiline
 
 
 PY_NESTED_PREFIX = ("def primes(n):\n    def is_prime(k):\n        for d in range(2, k):\n"
@@ -173,15 +178,15 @@ def test_column_0_before_existing_text_inserts_whole_lines() -> None:
     """The data set's form: the cursor at column 0 of a non-blank line."""
     prefix, suffix = "def f(xs):\n", "    return total\n"
     raw = "    total = 0\n    for x in xs:\n        total += x\n"
-    plan = blockend.plan(prefix, suffix, "python", "auto", MAX_LINES, "model")
+    plan = ending_for(prefix, suffix, "python", "auto", MAX_LINES, "model")
     assert plan.multiline
-    checker = blockend.stop_checker(plan)
-    assert not checker.check(raw)
-    answer = blockend.finish(plan, raw, "stop", checker)
-    assert answer == blockend.Answer(raw, "model")
+    checker = restarted(plan)
+    assert not checker.may_stop(raw)
+    answer = plan.shown(raw, "stop", checker.rule)
+    assert answer == Answer(raw, "model")
     # going on with the line the cursor is on: cut there
-    answer = blockend.finish(plan, raw + "    return total\n", "length", checker)
-    assert answer == blockend.Answer(raw, "suffix")
+    answer = plan.shown(raw + "    return total\n", "length", checker.rule)
+    assert answer == Answer(raw, "suffix")
     # without a grammar too, the text rules keep whole lines
     assert postprocess(raw + "    return total\n", prefix=prefix, suffix=suffix, multiline=True,
                        max_lines=MAX_LINES) == raw
@@ -239,8 +244,8 @@ def completions(draw: st.DrawFn) -> str:
 def test_early_stop_with_a_floor_never_changes_the_result(prefix: str, suffix: str, text: str, floor: int) -> None:
     """The early stop's guarantee holds when the model decides the end."""
     final = postprocess_why(text, prefix=prefix, suffix=suffix, multiline=True, max_lines=5, floor=floor)[0]
-    checker = StopChecker(prefix, suffix, True, 5, floor=floor)
-    stop = next((n for n in range(1, len(text) + 1) if checker.check(text[:n])), None)
+    checker = TextEnding(prefix, suffix, True, 5, floor=floor)
+    stop = next((n for n in range(1, len(text) + 1) if checker.may_stop(text[:n])), None)
     if stop is None:
         return
     for q in range(stop, len(text) + 1):
@@ -253,15 +258,15 @@ def test_generation_stops_where_the_next_definition_begins() -> None:
     definition (its word and the first letter of its name), decoding stops,
     before the model writes that definition's body."""
     raw = "self._key = key\n\n    def seek(self, i):\n        return i\n"
-    plan = blockend.plan(PY_CLASS_PREFIX, PY_CLASS_SUFFIX, "python", "auto", MAX_LINES, "model")
-    checker = blockend.stop_checker(plan)
-    stop = next(n for n in range(1, len(raw) + 1) if checker.check(raw[:n]))
+    plan = ending_for(PY_CLASS_PREFIX, PY_CLASS_SUFFIX, "python", "auto", MAX_LINES, "model")
+    checker = restarted(plan)
+    stop = next(n for n in range(1, len(raw) + 1) if checker.may_stop(raw[:n]))
     assert raw[:stop].endswith("    def s")
-    assert blockend.finish(plan, raw[:stop], "stop", checker) == blockend.Answer("self._key = key", "scope")
+    assert plan.shown(raw[:stop], "stop", checker.rule) == Answer("self._key = key", "scope")
     # a line inside the block that defines (a nested helper) goes on
     inner = "def helper():\n            return 1\n        self._key = helper()\n"
-    checker = blockend.stop_checker(plan)
-    assert not any(checker.check(inner[:n]) for n in range(1, len(inner) + 1))
+    checker = restarted(plan)
+    assert not any(checker.may_stop(inner[:n]) for n in range(1, len(inner) + 1))
 
 
 BODYLESS_PREFIX = "def total(xs):\n    t = 0\n    "
@@ -274,26 +279,26 @@ def test_an_opener_without_its_body_inside_the_answer_is_cut() -> None:
     is cut before that opener (the parse alone showed all of it), and
     generation stops as soon as the line after it shows its indentation."""
     raw = "for x in xs:\n        t += x\n    while True:\n    t += 1\n    t -= 1\n"
-    plan = blockend.plan(BODYLESS_PREFIX, BODYLESS_SUFFIX, "python", "auto", MAX_LINES, "model")
+    plan = ending_for(BODYLESS_PREFIX, BODYLESS_SUFFIX, "python", "auto", MAX_LINES, "model")
     assert plan.window is not None and plan.window.longest_fit(raw)[0] == "for x in xs:\n        t += x\n"
-    checker = blockend.stop_checker(plan)
-    stop = next(n for n in range(1, len(raw) + 1) if checker.check(raw[:n]))
+    checker = restarted(plan)
+    stop = next(n for n in range(1, len(raw) + 1) if checker.may_stop(raw[:n]))
     assert raw[:stop].endswith("while True:\n    t") and checker.rule == "opener"
-    early = blockend.finish(plan, raw[:stop], "stop", checker)
-    assert early == blockend.Answer("for x in xs:\n        t += x", "opener")
-    plain = StopChecker(plan.prefix, plan.suffix, plan.multiline, plan.max_lines, floor=plan.floor)
-    assert not any(plain.check(raw[:n]) for n in range(1, len(raw) + 1))
-    assert blockend.finish(plan, raw, "stop", plain) == early      # the answer of the whole generation
+    early = plan.shown(raw[:stop], "stop", checker.rule)
+    assert early == Answer("for x in xs:\n        t += x", "opener")
+    plain = TextEnding(plan.prefix, plan.suffix, plan.multiline, plan.max_lines, floor=plan.floor)
+    assert not any(plain.may_stop(raw[:n]) for n in range(1, len(raw) + 1))
+    assert plan.shown(raw, "stop", plain.rule) == early      # the answer of the whole generation
     # the opener on the answer's first line, after the cursor's indentation
     first = "while True:\n    t += 1\n"
-    checker = blockend.stop_checker(plan)
-    stop = next(n for n in range(1, len(first) + 1) if checker.check(first[:n]))
-    assert blockend.finish(plan, first[:stop], "stop", checker) == blockend.Answer("", "opener")
+    checker = restarted(plan)
+    stop = next(n for n in range(1, len(first) + 1) if checker.may_stop(first[:n]))
+    assert plan.shown(first[:stop], "stop", checker.rule) == Answer("", "opener")
     # an opener inside a string, or one with its body, goes on
     for ok in ('s = """Note:\n    t is a sum\n    """\n    t = 1\n', "if xs:\n        t = 1\n    t += 1\n",
                "if (xs and\n        t):\n        t = 1\n"):    # the body is deeper than the `if` line
-        checker = blockend.stop_checker(plan)
-        assert not any(checker.check(ok[:n]) for n in range(1, len(ok) + 1)), ok
+        checker = restarted(plan)
+        assert not any(checker.may_stop(ok[:n]) for n in range(1, len(ok) + 1)), ok
         assert plan.window.fits(ok)
 
 
@@ -309,16 +314,16 @@ def test_the_early_stop_at_a_bare_opener_never_changes_the_answer(lines: list[tu
     """Stopping at an opener without its body shows what the whole
     generation, ended by the model, would have shown."""
     raw = "\n".join(ind + piece for ind, piece in lines)
-    plan = blockend.plan(BODYLESS_PREFIX, suffix, "python", "auto", MAX_LINES, "model")
-    checker = blockend.stop_checker(plan)
-    stop = next((n for n in range(1, len(raw) + 1) if checker.check(raw[:n])), None)
+    plan = ending_for(BODYLESS_PREFIX, suffix, "python", "auto", MAX_LINES, "model")
+    checker = restarted(plan)
+    stop = next((n for n in range(1, len(raw) + 1) if checker.may_stop(raw[:n])), None)
     if stop is None or checker.rule != "opener":
         return
-    plain = StopChecker(plan.prefix, plan.suffix, plan.multiline, plan.max_lines, floor=plan.floor)
-    whole = next((n for n in range(1, len(raw) + 1) if plain.check(raw[:n])), None)
+    plain = TextEnding(plan.prefix, plan.suffix, plan.multiline, plan.max_lines, floor=plan.floor)
+    whole = next((n for n in range(1, len(raw) + 1) if plain.may_stop(raw[:n])), None)
     end = raw if whole is None else raw[:whole]
-    assert blockend.finish(plan, raw[:stop], "stop", checker).text == \
-        blockend.finish(plan, end, "stop", plain).text
+    assert plan.shown(raw[:stop], "stop", checker.rule).text == \
+        plan.shown(end, "stop", plain.rule).text
 
 
 def test_a_line_at_column_0_inside_a_docstring_starts_no_window() -> None:
@@ -339,6 +344,6 @@ def test_a_line_at_column_0_inside_a_docstring_starts_no_window() -> None:
     ("s = 'unclosed (\nt = 1", 0),             # an unclosed one-line string ends at its line
 ])
 def test_open_brackets_skip_strings_and_comments(text: str, depth: int) -> None:
-    from soldaemon.pipeline.syntax import _open_brackets
+    from soldaemon.pipeline.ending.parsed import _open_brackets
 
     assert _open_brackets(text) == depth

@@ -14,7 +14,9 @@ import torch
 
 from soldaemon.api import CancelToken, CompletionRequest, Delta, Done
 from soldaemon.config import config_from_dict
-from soldaemon.pipeline import blockend, candidates
+from soldaemon.pipeline import candidates
+from soldaemon.pipeline.ending import ParsedEnding, TextEnding
+from soldaemon.runtime.decode.detok import generated_text
 from soldaemon.runtime.decode.second import token_scores
 from soldaemon.runtime.engine.local import LocalEngine, load_engine
 from soldaemon.runtime.forward.backend import LeanBackend
@@ -56,9 +58,9 @@ def test_shown_tokens_counts_the_tokens_the_shown_answer_is_made_of() -> None:
 
 
 def test_the_text_of_healed_tokens_leaves_out_what_they_re_write() -> None:
-    assert candidates.texts(CharTokenizer(), "ab")(ids_of("abcd")) == "cd"
-    assert candidates.texts(CharTokenizer(), "ab")(ids_of("a")) == ""          # not yet past the healed text
-    assert candidates.texts(CharTokenizer(), "")(ids_of("abcd")) == "abcd"
+    assert generated_text(CharTokenizer(), ids_of("abcd"), "ab") == "cd"
+    assert generated_text(CharTokenizer(), ids_of("a"), "ab") == ""          # not yet past the healed text
+    assert generated_text(CharTokenizer(), ids_of("abcd"), "") == "abcd"
 
 
 def test_confidence_is_the_mean_log_probability_of_the_shown_tokens() -> None:
@@ -135,9 +137,11 @@ def test_candidates_are_decoded_and_the_one_the_model_is_surest_of_is_shown(engi
     assert greedy.items[0].count("\n") == 2, greedy        # a multi-line answer
     sure: list[float] = []
     shown: list[str] = []
-    confidence, finish = candidates.confidence, blockend.finish
+    confidence = candidates.confidence
     monkeypatch.setattr(candidates, "confidence", lambda *a: sure.append(confidence(*a)) or sure[-1])
-    monkeypatch.setattr(blockend, "finish", lambda *a: shown.append(finish(*a).text) or finish(*a))
+    for strategy in (TextEnding, ParsedEnding):        # what is shown of each answer, whichever decides
+        monkeypatch.setattr(strategy, "shown", lambda self, *a, finish=strategy.shown:
+                            shown.append(finish(self, *a).text) or finish(self, *a))
     done = _done(on, _req("b"))
     assert shown[0] == greedy.items[0] and 2 <= len(shown) <= 3
     texts = [t for i, t in enumerate(shown) if t not in shown[:i]]    # the same text is scored once
@@ -281,7 +285,7 @@ def test_candidates_are_drafted_along_the_greedy_answer_with_their_own_rates(eng
 
 
 def test_type_through_goes_on_along_either_the_shown_or_the_streamed_answer() -> None:
-    from soldaemon.pipeline.completion import remember, type_through
+    from soldaemon.shown import remember, type_through
 
     shown: dict = {}
     first = CompletionRequest(id="t0", uri="file:///t.py", prefix="def f():\n    ", suffix="\n")

@@ -82,7 +82,7 @@ def test_defaults() -> None:
     assert c.completion == CompletionConfig(
         max_tokens=128, max_lines=8, multiline="auto", temperature=0.0, top_p=1.0,
         budget_ms=None, speculative=True, draft_tokens=8, token_healing=True, speculative_fim=True,
-        block_end="model", hold_end=False, second_choice=True,
+        block_end="model", second_choice=True,
     )
     assert c.backend == BackendConfig(
         kind="local", url=None, model_name=None, api_key_env=None, timeout_s=30.0
@@ -234,7 +234,6 @@ BAD_VALUES: list[tuple[str, str, Any, str]] = [
     ("model", "max_suffix_tokens", "big", '"big"'),
     ("model", "max_prefix_tokens", 1.5, "1.5"),
     ("model", "draft_model", ["a"], "['a']"),
-    ("model", "cache_reuse", -1, "-1"),
     ("model", "fim_order", "pms", "\"pms\""),
     ("model", "fim_anchor", "word", "\"word\""),
     ("model", "max_context_tokens", -1, "-1"),
@@ -279,7 +278,6 @@ BAD_VALUES: list[tuple[str, str, Any, str]] = [
     ("completion", "token_healing", "yes", '"yes"'),
     ("completion", "speculative_fim", "on", '"on"'),
     ("completion", "block_end", "parser", '"parser"'),
-    ("completion", "hold_end", "yes", '"yes"'),
     ("completion", "second_choice", 1, "1"),
     ("completion", "candidates", 0, "0"),
     ("completion", "candidates", 9, "9"),

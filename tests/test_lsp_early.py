@@ -12,8 +12,9 @@ import pytest
 from lsprotocol import types
 
 from soldaemon.api import CompletionRequest, Delta, Done
+from soldaemon.shown import early_text
 
-from lsp.completer import Completer, early_text
+from lsp.completer import Completer
 from lsp.context import ContextRing
 from lsp.settings import Settings
 from tests.test_lsp_units import ScriptedClient, _store

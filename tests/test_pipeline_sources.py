@@ -15,10 +15,10 @@ import pytest
 
 from soldaemon.api import CancelToken, CompletionRequest, Delta, Done, Event, Timings
 from soldaemon.config import config_from_dict
-from soldaemon.pipeline import blockend
 from soldaemon.pipeline.clock import Clock
-from soldaemon.pipeline.completion import Generation, Pipeline, Precomputed, Resumed
-from soldaemon.pipeline.stopcheck import StopChecker
+from soldaemon.pipeline.completion import Pipeline
+from soldaemon.pipeline.sources import Generation, Source, Stats, Stream, precomputed
+from soldaemon.pipeline.ending import ending_for
 
 PREFIX = "total = add("
 SUFFIX = ")\n"
@@ -31,7 +31,7 @@ class HandMadePart:
     """A model part whose early answer is given by the test; it never
     builds a prompt (``generate`` fails the test if the pipeline asks)."""
 
-    def __init__(self, early: Resumed | Precomputed | None) -> None:
+    def __init__(self, early: Source | None) -> None:
         self.answer = early
         self.accounted: list[Timings] = []
 
@@ -39,7 +39,7 @@ class HandMadePart:
         return contextlib.nullcontext()
 
     def early(self, req: CompletionRequest, cancel: CancelToken, clock: Clock,
-              typed_through: bool) -> Resumed | Precomputed | None:
+              typed_through: bool) -> Source | None:
         answer, self.answer = self.answer, None
         return None if typed_through else answer
 
@@ -48,6 +48,9 @@ class HandMadePart:
 
     def generate(self, *args: Any) -> Iterator[str]:
         raise AssertionError("the early answer should have answered")
+
+    def scorer(self) -> None:
+        return None
 
     def recover(self, *args: Any) -> None:
         return None
@@ -59,20 +62,18 @@ class HandMadePart:
         self.accounted.append(timings)
 
 
-def resumed(multiline: bool, prompt_tokens: int = 57, tokens: int = 6) -> Resumed:
+def resumed(multiline: bool, prompt_tokens: int = 57, tokens: int = 6) -> Source:
     """A parked generation handed over: its text grows step by step, each
     step a little later."""
-    out = Generation()
-    plan = blockend.plan(PREFIX, SUFFIX, None, "multi" if multiline else "single", 8, "model")
+    ending = ending_for(PREFIX, SUFFIX, None, "multi" if multiline else "single", 8, "model")
 
-    def text() -> Iterator[str]:
+    def text() -> Stream:
         for raw in RAW_STEPS:
             time.sleep(0.002)
-            out.raw = raw
             yield raw
-        out.finish, out.tokens = "stop", tokens
+        return Generation(RAW_STEPS[-1], "stop", Stats(generated_tokens=tokens))
 
-    return Resumed(text(), out, multiline, 8, blockend.stop_checker(plan), prompt_tokens)
+    return Source(text(), ending, "resumed", prompt_tokens=prompt_tokens)
 
 
 def request(rid: str, prefix: str = PREFIX, **kw: Any) -> CompletionRequest:
@@ -118,7 +119,7 @@ def test_a_resumed_generation_under_another_plan_is_cut_by_the_text_rules(pipeli
 def test_an_answer_computed_ahead_is_timed_from_the_request_that_takes_it(pipeline: Pipeline) -> None:
     ahead = Done("a~ahead", ("a, b",), "length", Timings(prompt_tokens=40, cached_tokens=12, generated_tokens=3,
                                                          ttft_ms=900.0, total_ms=950.0))
-    part = HandMadePart(Precomputed(ahead))
+    part = HandMadePart(precomputed(ahead))
     req = request("b")
     deltas, done = split(list(pipeline.run(req, CancelToken(), part)))
     assert [d.text for d in deltas] == ["a, b"] and done.items == ("a, b",) and done.finish_reason == "length"
@@ -132,7 +133,7 @@ def test_foresee_leaves_the_memory_and_the_counters_alone(pipeline: Pipeline) ->
     part = HandMadePart(resumed(multiline=False))
     done = pipeline.foresee(request("x"), CancelToken(), part)
     assert done is not None and done.items == ("a, b",)
-    assert part.accounted == [] and dict(pipeline.memory.shown) == {}
+    assert part.accounted == [] and dict(pipeline.documents.shown) == {}
 
 
 def test_clock_timings_measure_every_source_alike() -> None:

@@ -6,8 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from soldaemon.pipeline.postprocess import decide_multiline, postprocess
-from soldaemon.pipeline.stopcheck import StopChecker, may_repeat_below
+from soldaemon.pipeline.ending import TextEnding, decide_multiline, may_repeat_below, postprocess
 
 
 def pp(text: str, prefix: str, suffix: str = "", *, multi: bool = True, max_lines: int = 10) -> str:
@@ -287,9 +286,9 @@ def test_first_line_on_a_line_of_its_own_repeating_the_line_below() -> None:
     assert pp("x = b * 2\n    return x\n", prefix, suffix) == ""
     assert pp("x = b * 2", prefix, suffix) == ""          # ended by the model after that line
     assert pp("x = b * 3\n    return x\n", prefix, suffix) == "x = b * 3"
-    checker = StopChecker(prefix, suffix, True, 10)
-    assert not checker.check("x = b * 2")                # the line may still go on
-    assert checker.check("x = b * 2\n") and checker.rule == "suffix"
+    checker = TextEnding(prefix, suffix, True, 10)
+    assert not checker.may_stop("x = b * 2")                # the line may still go on
+    assert checker.may_stop("x = b * 2\n") and checker.rule == "suffix"
     # text before the cursor on its line: the line is the user's, not a repeat
     assert pp("b * 2\n    y = 1", "def f(a):\n    x = ", suffix) == "b * 2\n    y = 1"
     # at column 0 before existing text the rest of the line is the next line (own rule)
@@ -321,9 +320,9 @@ def test_completion_skipping_to_a_later_suffix_line() -> None:
     suffix = "\n    z = y + 1\n    total = z * scale\n    return total\n"
     text = "y = x * 2\n    total = z * scale\n    return total"
     assert pp(text, prefix, suffix) == "y = x * 2"
-    checker = StopChecker(prefix, suffix, True, 10)
-    assert not checker.check("y = x * 2\n    total = z")
-    assert checker.check("y = x * 2\n    total = z * scale\n")
+    checker = TextEnding(prefix, suffix, True, 10)
+    assert not checker.may_stop("y = x * 2\n    total = z")
+    assert checker.may_stop("y = x * 2\n    total = z * scale\n")
     # a short line recurring further down is not cut: only the next line counts for it
     suffix = "\n    z = y + 1\n    pass\n"
     assert pp("y = 0\n    pass\n    w = 1", prefix, suffix) == "y = 0\n    pass\n    w = 1"
@@ -360,25 +359,25 @@ def test_trailing_blank_lines_cut() -> None:
 
 
 # ---------------------------------------------------------------------------
-# StopChecker
+# TextEnding.may_stop
 
 
 def run_checker(text: str, prefix: str, suffix: str, multi: bool, max_lines: int, step: int = 1) -> int | None:
     """Feed ``text`` in steps; the length at which check() first said stop."""
-    checker = StopChecker(prefix, suffix, multi, max_lines)
+    checker = TextEnding(prefix, suffix, multi, max_lines)
     n = 0
     while n < len(text):
         n = min(len(text), n + step)
-        if checker.check(text[:n]):
+        if checker.may_stop(text[:n]):
             return n
     return None
 
 
 def test_stop_single_line_at_newline() -> None:
-    checker = StopChecker("x = ", "", False, 10)
-    assert checker.check("abc") is False
-    assert checker.check("abc\n") is True
-    assert checker.check("abc\nmore") is True  # sticky
+    checker = TextEnding("x = ", "", False, 10)
+    assert checker.may_stop("abc") is False
+    assert checker.may_stop("abc\n") is True
+    assert checker.may_stop("abc\nmore") is True  # sticky
 
 
 def test_stop_single_line_leading_newline() -> None:
@@ -418,10 +417,10 @@ def test_no_stop_inside_the_block() -> None:
 
 
 def test_stop_checker_restarts_when_text_is_not_an_extension() -> None:
-    checker = StopChecker("def f():\n    ", "", True, 10)
-    assert checker.check("a = 1\n    b = 2\n") is False
-    assert checker.check("z") is False
-    assert checker.check("z\nx") is True
+    checker = TextEnding("def f():\n    ", "", True, 10)
+    assert checker.may_stop("a = 1\n    b = 2\n") is False
+    assert checker.may_stop("z") is False
+    assert checker.may_stop("z\nx") is True
 
 
 CASES: list[tuple[str, str, str, bool, int]] = [

@@ -106,11 +106,10 @@ def test_bench_quality_with_sibling_context(tiny_dir: Path, tmp_path: Path, caps
     out = tmp_path / "q.json"
     rc = main(["bench", "--quality", "--model", str(tiny_dir), "--threads", "1", "--holes", "2", "--tokens", "4",
                "--corpus", str(pkg / "shapes.py"), "--context", "siblings", "--baselines", "--ablate", "healing",
-               "speculation", "hold_end", "--json", str(out)])
+               "speculation", "--json", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
     assert "| sol+ctx |" in text and "| sol -healing |" in text and "| sol -speculation |" in text
-    assert "| sol +hold_end |" in text
     data = json.loads(out.read_text())
     for h in data["holes"]:
         plain, rel, order = h["out"]["sol"], h["out"]["sol+ctx"], h["out"]["sol+ctx[order]"]

@@ -206,65 +206,10 @@ def test_samplers() -> None:
         TopP(0.0)
 
 
-def test_kv_shift_rerotates_keys(tiny) -> None:
-    """Moving a chunk re-rotates keys: layer-0 keys equal those computed at
-    the new position (deeper layers see other context, so only layer 0 is
-    exact)."""
-    model, tok = tiny
-    ids = torch.tensor(_prompts(tok, 1, seed=2)[0][:40])
-    a = LeanBackend(model, 256)
-    b = LeanBackend(model, 256)
-    a.forward(ids, 0)
-    a.shift(10, 15, 30)
-    b.forward(ids[:10], 0)
-    b.forward(torch.zeros(5, dtype=torch.long), 10)
-    b.forward(ids[10:], 15)
-    assert torch.allclose(a.k_cache[0, :, 15:45], b.k_cache[0, :, 15:45], atol=1e-4)
-    assert torch.allclose(a.v_cache[0, :, 15:45], b.v_cache[0, :, 15:45], atol=1e-6)
-
-
 def test_common_prefix() -> None:
     assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
     assert common_prefix([], [1]) == 0
     assert common_prefix([1, 2], [1, 2]) == 2
-
-
-def test_plan_reuse_finds_the_moved_suffix() -> None:
-    from soldaemon.runtime.kv.session import ReusePlan, plan_reuse
-
-    old = [1, 2, 3, 4] + list(range(100, 120)) + [9]
-    new = [1, 2, 3, 4, 5, 6] + list(range(100, 120)) + [9]          # typed two tokens before the suffix
-    assert plan_reuse(old, new, 8) == ReusePlan(keep=4, move_src=4, move_dst=6, move_len=20)
-    back = [1, 2, 3] + list(range(100, 120)) + [9]                   # backspace
-    assert plan_reuse(old, back, 8) == ReusePlan(keep=3, move_src=4, move_dst=3, move_len=20)
-    assert plan_reuse(old, new, 0) == ReusePlan(keep=4)             # off
-    assert plan_reuse(old, new, 21) == ReusePlan(keep=4)            # run too short
-    assert plan_reuse(old, old, 8) == ReusePlan(keep=len(old))      # nothing changed
-    # the common prefix and the common suffix never overlap
-    assert plan_reuse([7] * 30, [7] * 31, 4).keep + plan_reuse([7] * 30, [7] * 31, 4).move_len <= 31
-
-
-def test_moved_chunk_reuse_computes_only_the_edit(tiny) -> None:
-    model, tok = tiny
-    prefix = tok(SOURCE[:800], add_special_tokens=False).input_ids
-    suffix = tok(SOURCE[800:1400], add_special_tokens=False).input_ids
-    fim = lambda p: [3] + p + [5] + suffix + [4]   # <|fim_prefix|> p <|fim_suffix|> s <|fim_middle|>
-    session = KVSession(LeanBackend(model, 2048), min_move=16)
-    _ours(session, fim(prefix), 6)                  # a completion leaves generated tokens behind
-    typed = prefix + tok(" x", add_special_tokens=False).input_ids
-    pre = session.prefill(fim(typed))
-    assert pre.computed <= 4                        # the typed tokens and the last one
-    assert pre.cached == len(fim(typed)) - pre.computed
-    assert session.tokens == fim(typed)
-    # the reused suffix's layer-0 keys/values equal a fresh computation at the new position
-    fresh = LeanBackend(model, 2048)
-    fresh.forward(torch.tensor(fim(typed)), 0)
-    n = len(fim(typed))
-    assert torch.allclose(session.backend.k_cache[0, :, :n], fresh.k_cache[0, :, :n], atol=1e-4)  # type: ignore[attr-defined]
-    # exact mode computes everything after the edit
-    exact = KVSession(LeanBackend(model, 2048), min_move=0)
-    exact.prefill(fim(prefix))
-    assert exact.prefill(fim(typed)).computed >= len(suffix)
 
 
 def test_session_pool_keeps_one_cache_per_document(tiny) -> None:
@@ -503,32 +448,3 @@ def test_a_prompt_tail_at_decode_cost_is_the_same_reused_or_whole(tiny) -> None:
     # all-precise would differ: the tail really took the decode weights
     precise = KVSession(LeanBackend(model, 2048, plan=MIXED)).prefill(ids).logits
     assert (precise - whole).abs().max().item() > 1e-4
-
-
-def test_end_token_refused_while_held(tiny) -> None:
-    """completion.hold_end: an end token picked while ``hold_end`` says the
-    answer may not end is replaced by the best other token -- the same with
-    and without speculation -- and allowed once it says so."""
-    model, tok = tiny
-    session = KVSession(LeanBackend(model, 2048))
-    ids = _prompts(tok, 1, seed=3)[0]
-    free = _ours(session, ids, 16)
-    at = next(i for i in range(3, 16) if free[i] not in free[:i])   # the first time this token comes
-    stop = free[at]
-    asked: list[int] = []
-
-    def hold(generated: list[int]) -> bool:
-        asked.append(len(generated))
-        return len(generated) <= at    # the end picked at ``at`` is refused, later ones not
-
-    runs = []
-    for drafter in (None, PromptLookup()):
-        asked.clear()
-        events = list(generate(session, ids, sampler=Greedy(), stop_ids=frozenset({stop}), max_tokens=16,
-                               drafter=drafter, hold_end=hold))
-        runs.append([t for ev in events for t in ev.tokens])
-        assert events[-1].finish_reason in ("stop", "length")
-        assert asked and asked[0] == at         # asked only when the end token was picked
-    plain, spec = runs
-    assert plain == spec
-    assert plain[:at] == free[:at] and len(plain) > at and plain[at] != stop

@@ -84,13 +84,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precisions", nargs="*",
                    help="--quality: a column sol[P] per model.precision P (auto float32 bfloat16 float16 int8), "
                         "each with the plan that precision gets on this machine")
-    p.add_argument("--ablate", nargs="*", choices=("outline", "healing", "anchor", "speculation", "hold_end",
-                                                   "second_choice", "candidates"),
+    p.add_argument("--ablate", nargs="*", choices=("outline", "healing", "anchor", "speculation", "second_choice",
+                                                   "candidates"),
                    help="--quality: also run the daemon (with --models: the first model) with these parts toggled "
                         "(outline: toggled from the served model's model.max_outline_tokens -- by default off for the 0.5B, on "
                         "for the 1.5B; healing: off; anchor: the middle starts at the "
-                        "cursor; speculation: off, for decode tok/s with and without on the same holes; hold_end: on, "
-                        "the model's end token refused while its answer ends on a bare block opener; second_choice: off, "
+                        "cursor; speculation: off, for decode tok/s with and without on the same holes; second_choice: off, "
                         "a first line that repeats the line below dropped, not decoded again; candidates: toggled from the served "
                         "model's completion.candidates -- the greedy answer alone for the 1.5B, which ranks 4 block "
                         "candidates by default, 4 for the 0.5B)")

@@ -265,7 +265,7 @@ def run_generate(engine: Any, trace: list[Keystroke], every: int, progress: Call
     from transformers import StoppingCriteriaList
 
     from soldaemon_bench.baselines import FirstToken
-    from soldaemon.pipeline.postprocess import postprocess
+    from soldaemon.pipeline.ending import postprocess
 
     model, tok = model if model is not None else engine.loaded.model, engine.tokenizer
     s = Series()
@@ -309,7 +309,7 @@ def run_llama_cpp(engine: Any, gguf: Path, trace: list[Keystroke], threads: int,
         from llama_cpp import Llama
     except ImportError:
         return None
-    from soldaemon.pipeline.postprocess import postprocess
+    from soldaemon.pipeline.ending import postprocess
 
     model_config = dataclasses.replace(engine.config.model, fim_order=order, fim_anchor=anchor)
     llm = Llama(model_path=str(gguf), n_ctx=engine.backend.n_ctx, n_threads=threads, verbose=False)

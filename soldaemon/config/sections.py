@@ -140,12 +140,6 @@ class ModelConfig:
     max_suffix_tokens: int | Auto = setting("auto", int_or_auto(0))
     # A smaller model for speculative decoding; None: no draft model.
     draft_model: Path | None = setting(None, optional(file_path()))
-    # Moved-chunk KV reuse (like llama.cpp's --cache-reuse): the text after the
-    # cursor is re-rotated instead of recomputed when at least this many of its
-    # tokens merely moved; tokens, 0 = off (exact prefix reuse only). Off by
-    # default: measured on the embedded model, FIM completions then ignore
-    # what was just typed (docs/config.md).
-    cache_reuse: int = setting(0, int_in(0))
     # FIM prompt layout: "psm" (prefix, suffix, middle) or "spm" (suffix
     # first: typing only appends, so the whole prompt before the cursor stays
     # in the KV cache; llama.cpp's spm_infill layout).
@@ -263,9 +257,6 @@ class CompletionConfig:
     # where provably wrong and parse-checked with the suffix (languages with
     # a tree-sitter grammar); "rules" = the text rules alone (docs/config.md).
     block_end: BlockEnd = setting("model", one_of(get_args(BlockEnd)))
-    # Refuse the model's end token while its multi-line answer ends on a
-    # block opener without a body (local backend; docs/config.md).
-    hold_end: bool = setting(False, boolean())
     # When a greedy answer's first line, on a line of its own, is the line
     # below the cursor (dropped: it would show that line twice), decode again
     # from the model's closest other choice in that line (local backend;

@@ -24,7 +24,7 @@ drawing row by row as a step would
 (:meth:`soldaemon.runtime.decode.sampling.TopP.accept`): the sample is the
 one a decode without drafts draws from the same seed, sooner. The
 candidates' scores are the log-probabilities kept as they decode
-(``Generation.logp``); a model part that keeps none scores with one
+(``Generation.logp``, :mod:`soldaemon.pipeline.sources`); a model part that keeps none scores with one
 forward (:meth:`Scorer.score`). Measured in docs/quality.md ("Block
 candidates", sessions 27-28).
 
@@ -34,10 +34,12 @@ Nothing here imports torch: the model part scores (:class:`Scorer`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
-from soldaemon.api import CompletionRequest
+from soldaemon.api import CancelToken, CompletionRequest
 from soldaemon.fim import FimPrompt
+from soldaemon.pipeline.ending import Ending
+from soldaemon.pipeline.sources import Stream
 
 SAMPLE_TEMPERATURE = 0.4
 SAMPLE_SEED = 1000
@@ -46,7 +48,8 @@ SAMPLE_SEED = 1000
 class Scores(Protocol):
     """Per generated token, its log-probability (``runtime.decode.second.TokenScores``)."""
 
-    logp: list[float]
+    @property
+    def logp(self) -> list[float]: ...
 
 
 @dataclasses.dataclass
@@ -60,12 +63,16 @@ class Scorer(Protocol):
     """What a model part supplies to sample and rank candidates (the local
     one does)."""
 
+    def texts(self, prompt: FimPrompt) -> Callable[[Sequence[int]], str]:
+        """The text of tokens generated after ``prompt``, as an answer has it
+        (token healing's re-written prompt text left out)."""
+
     def score(self, req: CompletionRequest, prompt: FimPrompt, ids: Sequence[int]) -> Scores:
         """The scores of ``ids`` generated after ``prompt``."""
 
-    def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, checker: Any,
-                 multiline: bool, max_lines: int, cancel: Any, deadline: int | None,
-                 out: Any, reference: Sequence[int] = ()) -> Iterator[str]:
+    def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, ending: Ending,
+                 cancel: CancelToken, deadline: int | None, *, keep_logp: bool = False,
+                 reference: Sequence[int] = ()) -> Stream:
         """A decode as :meth:`ModelPart.generate`, drafting from the
         ``reference`` answer's tokens first (the greedy one's)."""
 
@@ -73,21 +80,6 @@ class Scorer(Protocol):
 def sampled(req: CompletionRequest, candidate: int) -> CompletionRequest:
     """``req`` as candidate ``candidate`` (>= 1) is sampled."""
     return dataclasses.replace(req, temperature=SAMPLE_TEMPERATURE, seed=SAMPLE_SEED + candidate, n=1)
-
-
-def generated_text(tokenizer: Any, ids: Sequence[int], heal: str) -> str:
-    """The text of generated tokens as the answer has it: with token
-    healing, without the prompt text they re-write (``heal``; "" until they
-    are past it)."""
-    whole = tokenizer.decode(list(ids), skip_special_tokens=True)
-    if heal:
-        return whole[len(heal):] if whole.startswith(heal) else ""
-    return whole
-
-
-def texts(tokenizer: Any, heal: str) -> Callable[[Sequence[int]], str]:
-    """:func:`generated_text` for one request's ``tokenizer`` and ``heal``."""
-    return lambda ids: generated_text(tokenizer, ids, heal)
 
 
 def shown_tokens(text: Callable[[Sequence[int]], str], ids: Sequence[int], shown: str) -> int:

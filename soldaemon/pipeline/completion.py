@@ -1,35 +1,38 @@
 """The completion pipeline, written once for every engine.
 
 checks → type-through → (an engine's early answer) → prompt → generate →
-preview → post-process → remember. :class:`Pipeline` runs these stages and
-owns the per-document memory they need (:class:`Memory`: the text shown for
-type-through, the sticky lead anchors, the relevance context's choice, the
-window memo). An engine supplies only the model part (:class:`ModelPart`):
-text from a prompt -- the local runtime's prefill and decode, or a remote
-engine's HTTP stream. Whatever the source of an answer (the model, a parked
-generation resumed, an answer computed ahead, type-through), the preview,
-the post-processing and the timings (:meth:`Clock.timings`) are done here.
-Nothing here imports torch.
+preview → where it ends → remember. :class:`Pipeline` runs these stages and
+owns the per-document state they need (:class:`DocumentState`: the text
+shown for type-through, the sticky lead anchors, the relevance context's
+choice, the window memo). An engine supplies only the model part
+(:class:`ModelPart`): text from a prompt -- the local runtime's prefill and
+decode, or a remote engine's HTTP stream. Whatever the source of an answer
+(the model, a parked generation resumed, an answer computed ahead,
+type-through: :mod:`soldaemon.pipeline.sources`), the preview, the cut and
+the timings (:meth:`Clock.timings`) are done here, on one path. Nothing here
+imports torch.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Iterator, MutableMapping, NamedTuple, Protocol
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Generator, Iterator, Protocol
 
-from soldaemon.api import CancelToken, CompletionRequest, Delta, Done, Event, FinishReason, Timings
+from soldaemon.api import CancelToken, CompletionRequest, Delta, Done, Event, Timings
 from soldaemon.config import Config
 from soldaemon.fim import FimPrompt, FimTemplate, WindowMemo
+from soldaemon.pipeline import candidates
 from soldaemon.pipeline.clock import Clock
-from soldaemon.pipeline.postprocess import postprocess
-from soldaemon.pipeline.stopcheck import StopChecker, may_repeat_below
-from soldaemon.protocol import validate_request
-from soldaemon.pipeline.relevance import ContextSelector
-from soldaemon.pipeline import blockend, candidates
+from soldaemon.pipeline.ending import Ending, TextEnding, ending_for, may_repeat_below
 from soldaemon.pipeline.prompt import LeadAnchors, build_fim_prompt, context_selector
+from soldaemon.pipeline.relevance import ContextSelector
+from soldaemon.pipeline.sources import Early, Generation, Source, Stream, typed
+from soldaemon.protocol import validate_request
+from soldaemon.shown import Shown, remember, type_through
 
 log = logging.getLogger("soldaemon.pipeline")
 
@@ -37,17 +40,10 @@ log = logging.getLogger("soldaemon.pipeline")
 # them (trailing blanks, closers the suffix already has).
 HOLD_BACK = " \t)]}>\"'`;,"
 
-# uri → (prefix, suffix, completion, the other prompt inputs) of the last
-# completion shown there. The inputs (context, multiline, language) are part
-# of the key: a request from another client with other context for the same
-# uri must not be answered with text made from this one's context.
-Shown = MutableMapping[str, tuple[str, str, tuple[str, ...], tuple[Any, ...]]]
-MAX_SHOWN = 64  # documents remembered for type-through
-
 
 @dataclass
-class Memory:
-    """The pipeline's per-document memory: what later requests' answers
+class DocumentState:
+    """The pipeline's per-document state: what later requests' answers
     depend on besides their own text."""
 
     shown: Shown                          # uri → the last completion shown and its prompt inputs (type-through)
@@ -56,58 +52,14 @@ class Memory:
     memo: WindowMemo                      # windows unchanged while typing (a pure cache)
 
     @classmethod
-    def fresh(cls, config: Config) -> Memory:
+    def fresh(cls, config: Config) -> DocumentState:
         return cls({}, LeadAnchors(), context_selector(config.model), WindowMemo())
 
-    def copy(self) -> Memory:
+    def copy(self) -> DocumentState:
         """A copy whose changes leave this one as it is (the window memo,
         a pure cache, is shared)."""
-        return Memory(dict(self.shown), copy.deepcopy(self.anchors), copy.deepcopy(self.selector), self.memo)
-
-
-@dataclass
-class Generation:
-    """One candidate's generation, filled by the model part as it runs."""
-
-    raw: str = ""                     # the text generated so far
-    finish: FinishReason = "stop"     # how it ended ("cancelled": see the request's cancel reason)
-    tokens: int = 0                   # tokens generated for this request (0: the model part does not count)
-    info: Any = None                  # the model part's own record (stats, usage), for its timings
-    ids: list[int] = field(default_factory=list)   # its tokens, where the model part has them (the local one)
-    # asked for (a list) by the pipeline: each of ``ids``' log-probability, where
-    # the model part can say (the local one, as it decodes); left as it was otherwise
-    logp: list[float] | None = None
-
-
-class Early(NamedTuple):
-    """Events an engine answers with before any prompt is built, passed on
-    as they are (a fallback engine's answer)."""
-
-    events: Iterator[Event]
-    counted: bool        # its Done goes into the engine's counters (account)
-
-
-@dataclass
-class Resumed:
-    """A generation the model part started for an earlier request and
-    hands over to this one (the local part's parked run, resumed when the
-    user typed what it had produced). The pipeline previews, post-processes
-    and times it like its own."""
-
-    text: Iterator[str]       # the raw text after what was typed, now and after each step; fills ``out``
-    out: Generation           # raw, finish and tokens (generated for this request) once ``text`` ended
-    multiline: bool           # as the generation was started
-    max_lines: int
-    checker: StopChecker      # the stop check it decodes under
-    prompt_tokens: int        # its prompt (all cached: nothing is computed for this request)
-
-
-@dataclass(frozen=True)
-class Precomputed:
-    """This very request's answer, computed ahead (speculative FIM): its
-    ``Done`` as the computation ended."""
-
-    done: Done
+        return DocumentState(dict(self.shown), copy.deepcopy(self.anchors), copy.deepcopy(self.selector),
+                             self.memo)
 
 
 class ModelPart(Protocol):
@@ -119,22 +71,26 @@ class ModelPart(Protocol):
         model's memory scheduler: weights restored, pinned for priority)."""
 
     def early(self, req: CompletionRequest, cancel: CancelToken, clock: Clock,
-              typed_through: bool) -> Early | Resumed | Precomputed | None:
+              typed_through: bool) -> Early | Source | None:
         """Called after the checks, before and whatever type-through answers
         (``typed_through``: it did; the return is then ignored). An answer
         without a prompt -- events passed on as they are (:class:`Early`),
-        a generation to finish (:class:`Resumed`), this request's answer
-        computed ahead (:class:`Precomputed`) -- or None."""
+        or a :class:`Source` (a parked generation resumed, this request's
+        answer computed ahead) -- or None."""
 
     def generating(self, req: CompletionRequest) -> ContextManager[None]:
         """Around all of ``req``'s candidates (e.g. the local model's lock)."""
 
-    def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, checker: StopChecker,
-                 multiline: bool, max_lines: int, cancel: CancelToken, deadline: int | None,
-                 out: Generation) -> Iterator[str]:
-        """Generate candidate ``candidate``; yield the raw text after each
-        step, and fill ``out``. Stops early when ``checker`` says
-        post-processing cuts the rest, on cancel and past ``deadline``."""
+    def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, ending: Ending,
+                 cancel: CancelToken, deadline: int | None, *, keep_logp: bool = False) -> Stream:
+        """Generate candidate ``candidate``: yield the raw text after each
+        step, return its :class:`Generation`. Stops early when
+        ``ending.may_stop`` says the rest would be cut, on cancel and past
+        ``deadline``. ``keep_logp``: record each token's log-probability
+        where the part can."""
+
+    def scorer(self) -> candidates.Scorer | None:
+        """What samples and ranks block candidates (None: this part does not)."""
 
     def recover(self, req: CompletionRequest, cancel: CancelToken, exc: Exception,
                 streamed: bool, candidate: int) -> Iterator[Event] | None:
@@ -149,7 +105,7 @@ class ModelPart(Protocol):
 
 
 class Pipeline:
-    """The stages of a completion and their per-document memory (see the
+    """The stages of a completion and their per-document state (see the
     module doc). ``heal``: the engine can heal tokens (the local one: it
     constrains the first token), then ``completion.token_healing`` decides;
     ``n_ctx``: the context the prompt and ``max_tokens`` must fit;
@@ -166,154 +122,195 @@ class Pipeline:
         self.n_ctx = n_ctx
         self.can_heal = heal
         self.outbound = outbound
-        self.memory = Memory.fresh(config)
+        self.documents = DocumentState.fresh(config)
 
     def forget(self, uri: str | None = None) -> None:
-        """Drop every per-document memory, as if just built; with ``uri``,
+        """Drop every per-document state, as if just built; with ``uri``,
         only the text shown there (its next request is not type-through)."""
         if uri is not None:
-            self.memory.shown.pop(uri, None)
+            self.documents.shown.pop(uri, None)
         else:
-            self.memory = Memory.fresh(self.config)
+            self.documents = DocumentState.fresh(self.config)
 
     def build_prompt(self, req: CompletionRequest, *, detached: bool = False) -> tuple[FimPrompt, float]:
         """Window, tokenize and template ``req`` (:func:`build_fim_prompt`
-        with this pipeline's memory; ``detached``: with a copy of it, so
-        that later prompts are as if this one was never built). Returns
-        (prompt, ms)."""
-        return self._prompt(req, self.memory.copy() if detached else self.memory)
+        with this pipeline's per-document state; ``detached``: with a copy
+        of it, so that later prompts are as if this one was never built).
+        Returns (prompt, ms)."""
+        return self._prompt(req, self.documents.copy() if detached else self.documents)
 
-    def _prompt(self, req: CompletionRequest, memory: Memory) -> tuple[FimPrompt, float]:
+    def _prompt(self, req: CompletionRequest, state: DocumentState) -> tuple[FimPrompt, float]:
         if self.outbound is not None:
             req = self.outbound(req)
         return build_fim_prompt(self.template, self.tokenizer, self.config.model, req, self.n_ctx,
                                 heal=self.can_heal and self.config.completion.token_healing,
-                                selector=memory.selector, anchors=memory.anchors, memo=memory.memo)
+                                selector=state.selector, anchors=state.anchors, memo=state.memo)
 
     def run(self, req: CompletionRequest, cancel: CancelToken, model: ModelPart) -> Iterator[Event]:
         """Stream one completion: zero or more Delta, then one Done. Raises
         :class:`soldaemon.errors.BadRequest` for a request the protocol
         refuses or whose prompt does not fit."""
         with model.scope(req):
-            yield from self._run(req, cancel, model, self.memory, model)
+            yield from self._run(req, cancel, model, self.documents, counted=True)
 
     def foresee(self, req: CompletionRequest, cancel: CancelToken, model: ModelPart) -> Done | None:
         """Compute ``req``'s answer ahead of it (speculative FIM): the
         stages :meth:`run` goes through, on a copy of the per-document
-        memory and not counted, so that what later requests get is as if
+        state and not counted, so that what later requests get is as if
         it never ran. Its Done (logged like any), or None when the model
         part ended without one. Raises what :meth:`run` raises."""
         done: Done | None = None
         with model.scope(req):
-            for event in self._run(req, cancel, model, self.memory.copy(), None):
+            for event in self._run(req, cancel, model, self.documents.copy(), counted=False):
                 if isinstance(event, Done):
                     done = event
         return done
 
-    def _run(self, req: CompletionRequest, cancel: CancelToken, model: ModelPart, memory: Memory,
-             counter: ModelPart | None) -> Iterator[Event]:
-        """The stages over ``memory``; the Done is counted by ``counter``
-        (None: not counted)."""
+    def _run(self, req: CompletionRequest, cancel: CancelToken, model: ModelPart, state: DocumentState, *,
+             counted: bool) -> Iterator[Event]:
+        """The stages over ``state``; the Done goes into the model part's
+        counters when ``counted``."""
         clock = Clock.now(req)
         validate_request(req)
-        rests = type_through(memory.shown, req)
+        rests = type_through(state.shown, req)
         early = model.early(req, cancel, clock, bool(rests))
         if rests:
-            remember(memory.shown, req, *rests)
-            yield from type_through_events(req, rests[0], clock)
-            return
-        if isinstance(early, Resumed):
-            yield from self._resumed(req, early, cancel, clock, memory, counter)
-            return
-        if isinstance(early, Precomputed):
-            yield from self._precomputed(req, early.done, clock, memory, counter)
+            early = typed(rests)
+        if isinstance(early, Source):
+            yield from self._deliver(req, early, cancel, clock, state, model, counted)
             return
         if early is not None:
-            yield from self._relay(req, early, memory, counter)
+            yield from self._relay(req, early, state, model, counted)
             return
-        prompt, prompt_ms = self._prompt(req, memory)
-        cc = self.config.completion
-        plan = blockend.plan(req.prefix, req.suffix, req.language, req.multiline, cc.max_lines, cc.block_end)
-        multiline, max_lines = plan.multiline, plan.max_lines
+        prompt, prompt_ms = self._prompt(req, state)
+        ending = self._ending(req)
         deadline = clock.deadline(req)
-        previewer = Previewer(multiline, may_repeat_below(req.prefix, req.suffix))
+        previewer = Previewer(ending.multiline, may_repeat_below(req.prefix, req.suffix))
         items: list[str] = []
         ends: list[str] = []
         gens: list[Generation] = []
-        finish: str = "stop"
         with model.generating(req):
             for candidate in range(req.n):
-                checker = blockend.stop_checker(plan)
-                gen = Generation(logp=[] if self._may_rank(req, plan) else None)
+                if candidate:
+                    ending.restart()
+                text = model.generate(req, prompt, candidate, ending, cancel, deadline,
+                                      keep_logp=self._may_rank(req, ending))
                 try:
-                    for raw in model.generate(req, prompt, candidate, checker, multiline, max_lines,
-                                              cancel, deadline, gen):
-                        if candidate == 0:
-                            new = previewer.push(raw)
-                            if new:
-                                yield Delta(req.id, new)
+                    gen, _, _ = yield from self._previewed(req, text, previewer if candidate == 0 else None)
                 except Exception as exc:
                     other = model.recover(req, cancel, exc, bool(previewer.emitted), candidate)
                     if other is None:
                         raise
-                    yield from self._relay(req, Early(other, counted=False), memory, counter)
+                    yield from self._relay(req, Early(other, counted=False), state, model, counted)
                     return
                 gens.append(gen)
-                finish = gen.finish
-                answer = blockend.finish(plan, gen.raw, gen.finish, checker)
+                answer = ending.shown(gen.raw, gen.finish, ending.rule)
                 items.append(answer.text)
                 ends.append(answer.end)
-                if finish in ("cancelled", "budget", "superseded"):
+                if gen.finish in ("cancelled", "budget", "superseded"):
                     break
             streamed: str | None = None
-            if self._may_sample(req, plan, gens, model):
+            scorer = model.scorer()
+            if scorer is not None and self._may_sample(req, ending, gens):
                 greedy = items[0]
-                items[0], ends[0] = self._chosen(req, prompt, plan, gens[0], items[0], ends[0],
-                                                 model, cancel, deadline)
+                items[0], ends[0], sampled = self._chosen(req, prompt, ending, gens[0], items[0], ends[0], scorer,
+                                                          cancel, deadline)
+                gens[0] = dataclasses.replace(gens[0], stats=dataclasses.replace(
+                    gens[0].stats, generated_tokens=gens[0].stats.generated_tokens + sampled))
                 streamed = greedy if greedy.strip() and items[0] != greedy else None
-        if finish == "cancelled":
-            finish = cancel.reason
-        yield self._finish(req, items, finish, model.timings(req, gens, prompt, prompt_ms, clock), memory,
-                           counter, ends, streamed)
+        last = gens[-1].finish if gens else "stop"
+        finish = cancel.reason if last == "cancelled" else last
+        yield self._finish(req, items, finish, model.timings(req, gens, prompt, prompt_ms, clock), state, model,
+                           counted, ends, streamed)
 
-    def _may_sample(self, req: CompletionRequest, plan: blockend.EndPlan, gens: list[Generation],
-                    model: ModelPart) -> bool:
+    def _previewed(self, req: CompletionRequest, text: Stream,
+                   previewer: Previewer | None) -> Generator[Event, None, tuple[Generation, int, int]]:
+        """Pass ``text`` through ``previewer`` as deltas (None: none);
+        returns the stream's Generation and when the first delta went
+        (perf_counter_ns, time_ns; 0: none did)."""
+        first_ns = first_wall = 0
+        while True:
+            try:
+                raw = next(text)
+            except StopIteration as end:
+                return end.value, first_ns, first_wall
+            new = previewer.push(raw) if previewer is not None else ""
+            if new:
+                if not first_ns:
+                    first_ns, first_wall = time.perf_counter_ns(), time.time_ns()
+                yield Delta(req.id, new)
+
+    def _deliver(self, req: CompletionRequest, source: Source, cancel: CancelToken, clock: Clock,
+                 state: DocumentState, model: ModelPart, counted: bool) -> Iterator[Event]:
+        """An answer without a prompt of ``req``'s own: previewed as it
+        comes; a generation cut for ``req`` (whose ending may differ from the
+        one it was started under: another plan is cut by the text rules
+        alone, and its end is not known), timed from ``req``'s arrival
+        (its first delta is its first token; an answer shown whole came at
+        once)."""
+        started = source.ending
+        previewer = Previewer(started.multiline) if started is not None else Previewer(True, hold_back="")
+        gen, first_ns, first_wall = yield from self._previewed(req, source.text, previewer)
+        items, ends = [gen.raw], []
+        if started is not None:
+            ending = self._ending(req)
+            if ending.multiline == started.multiline:
+                answer = ending.shown(gen.raw, gen.finish, started.rule)
+                items, ends = [answer.text], [answer.end]
+            else:
+                items = [TextEnding(req.prefix, req.suffix, started.multiline, started.max_lines)
+                         .shown(gen.raw, gen.finish, None).text]
+        else:
+            first_ns = first_wall = 0
+        finish = cancel.reason if gen.finish == "cancelled" else gen.finish
+        timings = clock.timings(first_ns=first_ns, first_wall_ns=first_wall, prompt_tokens=source.prompt_tokens,
+                                cached_tokens=source.prompt_tokens, generated_tokens=gen.stats.generated_tokens,
+                                source=source.kind)
+        yield self._finish(req, items, finish, timings, state, model, counted and source.counted, ends,
+                           also=source.also)
+
+    def _ending(self, req: CompletionRequest) -> Ending:
+        """Where ``req``'s answer ends (restarted for each of its
+        generations)."""
+        cc = self.config.completion
+        return ending_for(req.prefix, req.suffix, req.language, req.multiline, cc.max_lines, cc.block_end)
+
+    def _may_sample(self, req: CompletionRequest, ending: Ending, gens: list[Generation]) -> bool:
         """Block candidates (:mod:`.candidates`) for this answer: a greedy
         single multi-line answer that ended whole (not cancelled, superseded
-        or past the budget), a model part that scores."""
-        return (self._may_rank(req, plan) and len(gens) == 1 and gens[0].finish in ("stop", "length")
-                and bool(gens[0].ids) and hasattr(model, "score"))
+        or past the budget)."""
+        return self._may_rank(req, ending) and len(gens) == 1 and gens[0].finish in ("stop", "length") \
+            and bool(gens[0].ids)
 
-    def _may_rank(self, req: CompletionRequest, plan: blockend.EndPlan) -> bool:
+    def _may_rank(self, req: CompletionRequest, ending: Ending) -> bool:
         """Whether this request's answer may be chosen among candidates."""
-        return self.config.completion.candidate_count() > 1 and plan.multiline and req.n == 1 and req.temperature == 0
+        return self.config.completion.candidate_count() > 1 and ending.multiline and req.n == 1 and req.temperature == 0
 
-    def _chosen(self, req: CompletionRequest, prompt: FimPrompt, plan: blockend.EndPlan, gen: Generation,
-                text: str, end: str, model: ModelPart, cancel: CancelToken,
-                deadline: int | None) -> tuple[str, str]:
+    def _chosen(self, req: CompletionRequest, prompt: FimPrompt, ending: Ending, gen: Generation,
+                text: str, end: str, scorer: candidates.Scorer, cancel: CancelToken,
+                deadline: int | None) -> tuple[str, str, int]:
         """The shown answer and its end among the greedy one (``text``,
-        ``end``) and the sampled candidates: the one the model is surest of."""
-        scorer: candidates.Scorer = model  # type: ignore[assignment]   # _may_sample: it has score
-        text_of = candidates.texts(self.tokenizer, prompt.heal)
+        ``end``) and the sampled candidates: the one the model is surest
+        of; and the tokens the samples generated."""
+        text_of = scorer.texts(prompt)
 
         def scores(g: Generation) -> candidates.Scores:   # as decoded, or one forward more
-            return candidates.Decoded(g.logp) if g.logp is not None and len(g.logp) == len(g.ids) \
+            return candidates.Decoded(list(g.logp)) if g.logp is not None and len(g.logp) == len(g.ids) \
                 else scorer.score(req, prompt, g.ids)
 
         best = candidates.confidence(scores(gen), candidates.shown_tokens(text_of, gen.ids, text))
-        best_text, best_end, seen = text, end, {text}
+        best_text, best_end, seen, sampled = text, end, {text}, 0
         for c in range(1, self.config.completion.candidate_count()):
             if cancel.cancelled or (deadline is not None and time.perf_counter_ns() >= deadline):
                 break
-            checker = blockend.stop_checker(plan)
-            other = Generation(logp=[])
-            for _ in scorer.generate(candidates.sampled(req, c), prompt, 0, checker, True, plan.max_lines, cancel,
-                                     deadline, other, reference=gen.ids):
-                pass
-            gen.tokens += other.tokens
+            ending.restart()
+            stream = scorer.generate(candidates.sampled(req, c), prompt, 0, ending, cancel, deadline,
+                                     keep_logp=True, reference=gen.ids)
+            other = yield_all(stream)
+            sampled += other.stats.generated_tokens
             if other.finish not in ("stop", "length"):
                 break
-            answer = blockend.finish(plan, other.raw, other.finish, checker)
+            answer = ending.shown(other.raw, other.finish, ending.rule)
             if answer.text in seen:
                 continue
             seen.add(answer.text)
@@ -322,58 +319,19 @@ class Pipeline:
                      ", shown" if sure > best else "")
             if sure > best:
                 best, best_text, best_end = sure, answer.text, answer.end
-        return best_text, best_end
+        return best_text, best_end, sampled
 
-    def _resumed(self, req: CompletionRequest, run: Resumed, cancel: CancelToken, clock: Clock, memory: Memory,
-                 counter: ModelPart | None) -> Iterator[Event]:
-        """A generation handed over by the model part: previewed as it
-        continues, post-processed for ``req`` (whose plan may differ from
-        the one it was started under) and timed from ``req``'s arrival."""
-        previewer = Previewer(run.multiline)
-        first_ns = first_wall = 0
-        for raw in run.text:
-            new = previewer.push(raw)
-            if new:
-                if not first_ns:
-                    first_ns, first_wall = time.perf_counter_ns(), time.time_ns()
-                yield Delta(req.id, new)
-        gen = run.out
-        cc = self.config.completion
-        plan = blockend.plan(req.prefix, req.suffix, req.language, req.multiline, cc.max_lines, cc.block_end)
-        ends: list[str] = []
-        if plan.multiline == run.multiline:
-            answer = blockend.finish(plan, gen.raw, gen.finish, run.checker)
-            items, ends = [answer.text], [answer.end]
-        else:
-            items = [postprocess(gen.raw, prefix=req.prefix, suffix=req.suffix, multiline=run.multiline,
-                                 max_lines=run.max_lines)]
-        finish = cancel.reason if gen.finish == "cancelled" else gen.finish
-        timings = clock.timings(first_ns=first_ns, first_wall_ns=first_wall, prompt_tokens=run.prompt_tokens,
-                                cached_tokens=run.prompt_tokens, generated_tokens=gen.tokens, source="resumed")
-        yield self._finish(req, items, finish, timings, memory, counter, ends)
-
-    def _precomputed(self, req: CompletionRequest, done: Done, clock: Clock, memory: Memory,
-                     counter: ModelPart | None) -> Iterator[Event]:
-        """``req``'s answer computed ahead: its first item as one delta; the
-        Done timed from ``req``'s arrival, every prompt token counted cached
-        (nothing was computed for this request)."""
-        t = done.timings
-        timings = clock.timings(prompt_tokens=t.prompt_tokens, cached_tokens=t.prompt_tokens,
-                                generated_tokens=t.generated_tokens, source="speculative")
-        if done.items and done.items[0]:
-            yield Delta(req.id, done.items[0])
-        yield self._finish(req, list(done.items), done.finish_reason, timings, memory, counter)
-
-    def _finish(self, req: CompletionRequest, items: list[str], finish: str, timings: Timings, memory: Memory,
-                counter: ModelPart | None, ends: list[str] | None = None, streamed: str | None = None) -> Done:
-        """The request's Done; counted by ``counter`` (None: not counted), its
+    def _finish(self, req: CompletionRequest, items: list[str], finish: str, timings: Timings, state: DocumentState,
+                model: ModelPart, counted: bool, ends: list[str] | None = None, streamed: str | None = None, *,
+                also: str | None = None) -> Done:
+        """The request's Done; counted by ``model`` when ``counted``, its
         first item remembered for type-through when it finished whole, and
-        the ``streamed`` answer a candidate replaced after it (typing along
-        the lines the deltas showed goes on from it)."""
-        if counter is not None:
-            counter.account(timings)
+        after it the ``streamed`` answer a candidate replaced (typing along
+        the lines the deltas showed goes on from it) or ``also``."""
+        if counted:
+            model.account(timings)
         if finish in ("stop", "length") and items:
-            remember(memory.shown, req, items[0], streamed)
+            remember(state.shown, req, items[0], streamed if streamed is not None else also)
         log.info("complete id=%s finish=%s source=%s prompt=%d cached=%d gen=%d prompt_ms=%.1f prefill_ms=%.1f "
                  "ttft_ms=%.1f decode_ms=%.1f total_ms=%.1f accept=%d/%d", req.id, finish, timings.source,
                  timings.prompt_tokens, timings.cached_tokens, timings.generated_tokens, timings.prompt_ms,
@@ -381,27 +339,37 @@ class Pipeline:
                  timings.accepted_tokens, timings.draft_tokens)
         return Done(req.id, tuple(items), finish, timings, tuple(ends or ()), streamed)  # type: ignore[arg-type]
 
-    def _relay(self, req: CompletionRequest, early: Early, memory: Memory,
-               counter: ModelPart | None) -> Iterator[Event]:
-        """An early answer's events, its Done finished like the pipeline's own."""
+    def _relay(self, req: CompletionRequest, early: Early, state: DocumentState, model: ModelPart,
+               counted: bool) -> Iterator[Event]:
+        """Another engine's events (a fallback), its Done finished like the
+        pipeline's own."""
         for event in early.events:
             if isinstance(event, Done):
                 if early.counted:
-                    event = self._finish(req, list(event.items), event.finish_reason, event.timings, memory,
-                                         counter, list(event.ends), event.streamed)
+                    event = self._finish(req, list(event.items), event.finish_reason, event.timings, state,
+                                         model, counted, list(event.ends), event.streamed)
                 elif event.finish_reason in ("stop", "length") and event.items:
-                    remember(memory.shown, req, event.items[0], event.streamed)
+                    remember(state.shown, req, event.items[0], event.streamed)
             yield event
 
 
-# -- the streamed preview and type-through --------------------------------
+def yield_all(text: Stream) -> Generation:
+    """Run ``text`` to its end; its Generation."""
+    while True:
+        try:
+            next(text)
+        except StopIteration as end:
+            return end.value
 
 
-def preview(raw: str, multiline: bool) -> str:
+# -- the streamed preview ---------------------------------------------------
+
+
+def preview(raw: str, multiline: bool, hold_back: str = HOLD_BACK) -> str:
     """What may be streamed of the raw generated text so far: its first line
-    when single-line, minus the :data:`HOLD_BACK` characters at its end."""
+    when single-line, minus the ``hold_back`` characters at its end."""
     text = raw if multiline else raw.split("\n", 1)[0]
-    return text.rstrip(HOLD_BACK)
+    return text.rstrip(hold_back) if hold_back else text
 
 
 class Previewer:
@@ -409,61 +377,22 @@ class Previewer:
     ``push(raw)`` returns the new preview characters, or "" when the preview
     did not grow (or would rewrite what was sent). ``held(raw)``: True while
     nothing of ``raw`` may be shown yet (a first line that is, or may become,
-    the line below the cursor: :func:`may_repeat_below`)."""
+    the line below the cursor: :func:`may_repeat_below`). ``hold_back``:
+    the characters held back at the end ("": a text shown as it is)."""
 
-    def __init__(self, multiline: bool, held: Callable[[str], bool] | None = None) -> None:
+    def __init__(self, multiline: bool, held: Callable[[str], bool] | None = None,
+                 hold_back: str = HOLD_BACK) -> None:
         self.multiline = multiline
         self.held = held
+        self.hold_back = hold_back
         self.emitted = ""
 
     def push(self, raw: str) -> str:
         if self.held is not None and not self.emitted and self.held(raw):
             return ""
-        shown = preview(raw, self.multiline)
+        shown = preview(raw, self.multiline, self.hold_back)
         if shown.startswith(self.emitted) and len(shown) > len(self.emitted):
             new = shown[len(self.emitted):]
             self.emitted = shown
             return new
         return ""
-
-
-def prompt_inputs(req: CompletionRequest) -> tuple[Any, ...]:
-    """What besides the prefix and suffix shapes a completion's prompt."""
-    return (req.context, req.multiline, req.language)
-
-
-def type_through(shown: Shown, req: CompletionRequest) -> tuple[str, ...]:
-    """The rests of the last completion for this document when the user
-    typed its beginning (same suffix and other prompt inputs, greedy, one
-    candidate): of the shown text first, then of the streamed one it
-    replaced where that was typed too; () when none."""
-    last = shown.get(req.uri)
-    if last is None or req.n != 1 or req.temperature > 0:
-        return ()
-    prefix, suffix, texts, inputs = last
-    if req.suffix != suffix or inputs != prompt_inputs(req) or not req.prefix.startswith(prefix):
-        return ()
-    typed = req.prefix[len(prefix):]
-    if not typed:
-        return ()
-    return tuple(text[len(typed):] for text in texts
-                 if text.startswith(typed) and len(typed) < len(text) and text[len(typed):].strip())
-
-
-def remember(shown: Shown, req: CompletionRequest, text: str, streamed: str | None = None) -> None:
-    """Record ``text`` as the completion shown for ``req``, and the
-    ``streamed`` one it replaced (the newest of at most :data:`MAX_SHOWN`
-    documents)."""
-    shown.pop(req.uri, None)
-    if text:
-        shown[req.uri] = (req.prefix, req.suffix, (text,) if streamed is None else (text, streamed),
-                          prompt_inputs(req))
-        while len(shown) > MAX_SHOWN:
-            shown.pop(next(iter(shown)))
-
-
-def type_through_events(req: CompletionRequest, rest: str, clock: Clock) -> Iterator[Event]:
-    """The answer from type-through: the rest as one delta, then done."""
-    timings = clock.timings(source="type-through")
-    yield Delta(req.id, rest)
-    yield Done(req.id, (rest,), "stop", timings)

@@ -6,8 +6,8 @@ OpenAI-compatible ``POST /v1/completions`` streaming API, behind the same
 What stays in the daemon (so editors see no difference): request checks, the
 FIM prompt (the model family's template, token budgets, stable windows; see
 :mod:`soldaemon.pipeline`), type-through, the streamed preview's hold-back
-rule, the incremental :class:`~soldaemon.pipeline.stopcheck.StopChecker` and
-post-processing, supersede and cancel, timings. The engine only samples.
+rule, where an answer ends (:mod:`soldaemon.pipeline.ending`: the stop check
+as text streams and the cut at the end), supersede and cancel, timings. The engine only samples.
 
 The prompt goes out as text with the FIM control tokens spelled out
 (``backend.prompt_format: text``, every engine parses them as special tokens)
@@ -16,8 +16,8 @@ llama-cpp-python server takes strings only).
 
 Cancel closes the upstream socket (``shutdown``) within
 :data:`WATCH_INTERVAL_S`, from a watcher thread, so the engine sees the client
-go away and stops generating. The same happens as soon as the StopChecker
-knows post-processing will cut the rest, and when ``budget_ms`` runs out.
+go away and stops generating. The same happens as soon as the ending
+knows the rest would be cut, and when ``budget_ms`` runs out.
 
 Failures become :class:`~soldaemon.errors.SolError` subclasses with
 ``retryable`` set: the engine cannot be reached (``remote_unavailable``, also
@@ -47,8 +47,9 @@ from soldaemon.config import Config
 from soldaemon.errors import ConfigError, RemoteBadResponse, RemoteHttpError, RemoteTimeout, RemoteUnavailable
 from soldaemon.fim import FimPrompt, FimTemplate, detect_template
 from soldaemon.pipeline.clock import Clock
-from soldaemon.pipeline.completion import Early, Generation, Pipeline
-from soldaemon.pipeline.stopcheck import StopChecker
+from soldaemon.pipeline.completion import Pipeline
+from soldaemon.pipeline.sources import Early, Generation, Stats, Stream
+from soldaemon.pipeline.ending import Ending
 from soldaemon.privacy.rules import outbound
 from soldaemon.remote.endpoint import Backoff, Endpoint, read_api_key
 from soldaemon.remote.probe import Probe
@@ -250,16 +251,23 @@ class RemoteEngine:
         """Nothing to hold: the engine serves requests on its own."""
         return contextlib.nullcontext()
 
-    def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, checker: StopChecker,
-                 multiline: bool, max_lines: int, cancel: CancelToken, deadline: int | None,
-                 out: Generation) -> Iterator[str]:
-        """One candidate over the HTTP stream; yields the raw text after each piece."""
+    def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, ending: Ending,
+                 cancel: CancelToken, deadline: int | None, *, keep_logp: bool = False) -> Stream:
+        """One candidate over the HTTP stream; yields the raw text after
+        each piece (no log-probabilities kept)."""
         attempt = _Attempt()
-        out.info = attempt
-        for text in self._generate(self._body(req, prompt, candidate), attempt, checker, cancel, deadline):
-            out.raw = text
-            yield text
-        out.raw, out.finish = attempt.raw, attempt.finish
+        yield from self._generate(self._body(req, prompt, candidate), attempt, ending, cancel, deadline)
+        usage = attempt.usage or {}
+        details = usage.get("prompt_tokens_details")
+        cached = details["cached_tokens"] if isinstance(details, dict) and isinstance(
+            details.get("cached_tokens"), int) else 0
+        return Generation(attempt.raw, attempt.finish,
+                          Stats(first_ns=attempt.first_ns, first_wall_ns=attempt.first_wall_ns, cached_tokens=cached,
+                                generated_tokens=int(usage.get("completion_tokens") or attempt.chunks)))
+
+    def scorer(self) -> None:
+        """Block candidates are not sampled upstream."""
+        return None
 
     def recover(self, req: CompletionRequest, cancel: CancelToken, exc: Exception,
                 streamed: bool, candidate: int) -> Iterator[Event] | None:
@@ -276,16 +284,10 @@ class RemoteEngine:
     def timings(self, req: CompletionRequest, gens: list[Generation], prompt: FimPrompt, prompt_ms: float,
                 clock: Clock) -> Timings:
         """TTFT from the first candidate; tokens as the engine reported them."""
-        attempts: list[_Attempt] = [g.info for g in gens]
-        first_ns = attempts[0].first_ns if attempts else 0
-        first_wall = attempts[0].first_wall_ns if attempts else 0
-        generated = cached = 0
-        for attempt in attempts:
-            usage = attempt.usage or {}
-            generated += int(usage.get("completion_tokens") or attempt.chunks)
-            details = usage.get("prompt_tokens_details")
-            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
-                cached += details["cached_tokens"]
+        first_ns = gens[0].stats.first_ns if gens else 0
+        first_wall = gens[0].stats.first_wall_ns if gens else 0
+        generated = sum(g.stats.generated_tokens for g in gens)
+        cached = sum(g.stats.cached_tokens for g in gens)
         return clock.timings(first_ns=first_ns, first_wall_ns=first_wall, prompt_ms=prompt_ms,
                              prompt_tokens=len(prompt.ids), cached_tokens=min(cached, len(prompt.ids) * req.n),
                              generated_tokens=generated)
@@ -317,7 +319,7 @@ class RemoteEngine:
             "stream_options": {"include_usage": True},
             # the family's end tokens as text: engines that render special
             # tokens stop on them; the others stop on their own eos, and the
-            # StopChecker closes the stream at the end of the hole anyway
+            # the ending's stop check closes the stream at the end of the hole anyway
             "stop": self._stop_strings(),
         }
         if bc.model_name:
@@ -330,7 +332,7 @@ class RemoteEngine:
         names = self.tokenizer.convert_ids_to_tokens(list(self.template.stop_ids))
         return sorted({str(n) for n in names if n})[:4]  # the OpenAI API allows up to 4
 
-    def _generate(self, body: dict[str, Any], attempt: _Attempt, checker: StopChecker, cancel: CancelToken,
+    def _generate(self, body: dict[str, Any], attempt: _Attempt, ending: Ending, cancel: CancelToken,
                   deadline: int | None) -> Iterator[str]:
         """Stream one completion; yield the raw text after each piece.
         Fills ``attempt``. Retries connecting per ``backend.retries``. A
@@ -351,7 +353,7 @@ class RemoteEngine:
                         attempt.chunks += 1
                         attempt.raw += piece.text
                         yield attempt.raw
-                        if checker.check(attempt.raw):  # post-processing cuts the rest: stop the engine
+                        if ending.may_stop(attempt.raw):  # the rest would be cut: stop the engine
                             attempt.closed_by = "stop"
                             stream.close()
                             break

@@ -83,14 +83,12 @@ def postprocessed(engine: Any, hole: Hole, text: str) -> str:
     """``text`` through the daemon's post-processing, as ``complete`` would
     cut it (the stop rules end generation exactly where post-processing
     would cut, so this is what the daemon's pipeline gives on that prompt)."""
-    from soldaemon.pipeline import blockend
-    from soldaemon.pipeline.stopcheck import StopChecker
+    from soldaemon.pipeline.ending import ending_for
 
     cc = engine.config.completion
-    p = blockend.plan(hole.prefix, hole.suffix, "python", "auto", cc.max_lines, cc.block_end)
-    checker: StopChecker = blockend.stop_checker(p)
-    checker.check(text)
-    return blockend.finish(p, text, "stop", checker).text
+    ending = ending_for(hole.prefix, hole.suffix, "python", "auto", cc.max_lines, cc.block_end)
+    ending.may_stop(text)
+    return ending.shown(text, "stop", ending.rule).text
 
 
 # What ``--ablate`` can leave out; all but ``outline`` are config overrides.
@@ -98,20 +96,18 @@ CONFIG_ABLATIONS: dict[str, dict[str, Any]] = {
     "healing": {"completion.token_healing": False},
     "anchor": {"model.fim_anchor": "cursor"},
     "speculation": {"completion.speculative": False},   # decode tok/s with and without, same answers
-    "hold_end": {"completion.hold_end": True},          # off by default: the column turns it on
     "second_choice": {"completion.second_choice": False},
     "candidates": {"completion.candidates": 1},          # toggled: see ablation
 }
-# The column's sign: "-" a part taken out, "+" one put in (default "-").
-ABLATION_SIGN = {"hold_end": "+"}
 
 
 def ablation(part: str, config: Config) -> tuple[str, Config]:
-    """The column's sign and ``config`` with ``part`` (a key of
+    """The column's sign ("-" a part taken out, "+" one put in) and
+    ``config`` with ``part`` (a key of
     :data:`CONFIG_ABLATIONS`) ablated. ``candidates`` is toggled from what
     the served model ranks: ``-candidates`` (the greedy answer alone) where
     it ranks several (the 1.5B by default), ``+candidates`` (4) where not."""
-    overrides, sign = CONFIG_ABLATIONS[part], ABLATION_SIGN.get(part, "-")
+    overrides, sign = CONFIG_ABLATIONS[part], "-"
     if part == "candidates" and config.completion.candidate_count() <= 1:
         overrides, sign = {"completion.candidates": 4}, "+"
     return sign, config.with_overrides(overrides, source="bench")

@@ -14,7 +14,7 @@ Per column, over the block holes:
   that the answer left out where it is a prefix of it;
 * ``ends``: how many answers ended by the model's end token (``model``)
   and by each cut rule (``suffix``, ``scope``, ``parse``, ``opener``,
-  ``max_lines``, ...; see :mod:`soldaemon.pipeline.blockend`), each with
+  ``max_lines``, ...; see :mod:`soldaemon.pipeline.ending`), each with
   how many of those were right (passed, or exact where nothing ran).
 """
 

@@ -6,7 +6,7 @@ import ast
 import statistics
 from dataclasses import dataclass, field
 
-from soldaemon.pipeline.syntax import opens_without_body
+from soldaemon.pipeline.ending.parsed import opens_without_body
 from soldaemon_bench.holes import Hole
 
 

@@ -1,12 +1,18 @@
-"""Incremental detokenization of a generation, and the stop check over it."""
+"""Incremental detokenization of a generation."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from soldaemon.pipeline.candidates import generated_text
-from soldaemon.pipeline.syntax import opens_without_body
-from soldaemon.pipeline.stopcheck import StopChecker
+
+def generated_text(tokenizer: Any, ids: Sequence[int], heal: str) -> str:
+    """The text of generated tokens as the answer has it: with token
+    healing, without the prompt text they re-write (``heal``; "" until they
+    are past it)."""
+    whole = tokenizer.decode(list(ids), skip_special_tokens=True)
+    if heal:
+        return whole[len(heal):] if whole.startswith(heal) else ""
+    return whole
 
 
 class Detok:
@@ -19,7 +25,7 @@ class Detok:
         self.tokens: list[int] = []
         self.current = ""
 
-    def text(self, tokens: list[int]) -> str:
+    def text(self, tokens: Sequence[int]) -> str:
         return generated_text(self.tokenizer, tokens, self.skip)
 
     def push(self, tokens: list[int]) -> None:
@@ -29,13 +35,19 @@ class Detok:
             text = text.rstrip("\ufffd")
         self.current = text
 
+    def stopper(self, may_stop: Callable[[str], bool]) -> Callable[[list[int]], bool]:
+        """The decode loop's ``should_stop``: ``may_stop`` over the text of
+        the tokens generated so far (asked again about the same tokens, as
+        the loop does before drafting and after the step, it answers as
+        before without asking ``may_stop``: the same text gets the same
+        answer)."""
+        last: list[tuple[list[int], bool]] = []
 
-def stopper(checker: StopChecker, decode: Detok) -> Callable[[list[int]], bool]:
-    return lambda tokens: checker.check(decode.text(tokens))
+        def should_stop(tokens: list[int]) -> bool:
+            if last and last[0][0] == tokens:
+                return last[0][1]
+            answer = may_stop(self.text(tokens))
+            last[:] = [(list(tokens), answer)]
+            return answer
 
-
-def end_holder(prefix: str, suffix: str, decode: Detok) -> Callable[[list[int]], bool]:
-    """``completion.hold_end``: whether the text of ``tokens`` ends on a
-    block opener whose body ``suffix`` does not hold (then the model's end
-    token is refused; generate.refuse_end)."""
-    return lambda tokens: opens_without_body(prefix, decode.text(tokens), suffix)
+        return should_stop

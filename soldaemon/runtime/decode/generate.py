@@ -12,8 +12,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
+from soldaemon.api import FinishReason
 from soldaemon.policy.draft import DraftLength, DraftProposer
-from soldaemon.runtime.decode.sampling import Sampler, accept_draft, refuse_end
+from soldaemon.runtime.decode.sampling import Sampler, accept_draft
 from soldaemon.runtime.kv.session import KVSession
 from soldaemon.runtime.forward.timing import elapsed_ms
 
@@ -33,7 +34,7 @@ class GenStats:
 @dataclass
 class TokenEvent:
     tokens: list[int]              # new tokens this step (never a stop token)
-    finish_reason: str | None = None   # set on the last event only
+    finish_reason: FinishReason | None = None   # set on the last event only
     stats: GenStats = field(default_factory=GenStats)
 
 
@@ -51,7 +52,6 @@ def generate(
     draft_k: int = 8,
     draft_length: DraftLength | None = None,
     precise_until: int | None = None,
-    hold_end: Callable[[list[int]], bool] | None = None,
     logp: list[float] | None = None,
 ) -> Iterator[TokenEvent]:
     """Prefill ``prompt`` (reusing the cache) and decode up to ``max_tokens``.
@@ -64,9 +64,7 @@ def generate(
     :meth:`sampling.TopP.accept`). ``draft_length`` (when given) picks the
     draft size per step from measured costs, at most ``draft_k``; 0 skips speculation for that step.
     Raises session.Cancelled if cancelled during prefill. ``precise_until``:
-    see :meth:`KVSession.prefill`. ``hold_end(generated)`` (when given) is
-    asked when the model picks an end token: True refuses it, and the best other
-    token is taken (:func:`sampling.refuse_end`; completion.hold_end).
+    see :meth:`KVSession.prefill`.
     ``logp`` (when given) gets each generated token's log-probability under
     the model's own distribution (temperature 1, nothing masked), in step
     with the tokens: what :func:`second.token_scores` computes in a forward
@@ -88,12 +86,7 @@ def generate(
         drafter.reset(prompt)
     generated: list[int] = []
 
-    def holding() -> bool:   # asked only when an end token was picked
-        return hold_end is not None and hold_end(generated)
-
     token = sampler(pre.logits)
-    if hold_end is not None:
-        token = refuse_end(token, pre.logits, stop_ids, sampler, holding)
     token_logp = _logp(pre.logits, token) if logp is not None else 0.0
     stats.first_token_ns = time.perf_counter_ns()
     stats.first_token_wall_ns = time.time_ns()
@@ -138,8 +131,6 @@ def generate(
             generated.extend(draft[:accepted])
             session.truncate(base + 1 + accepted, logits[accepted])
             next_token = verdict.token
-            if hold_end is not None:
-                next_token = refuse_end(next_token, logits[accepted], stop_ids, sampler, holding)
             if logp is not None:
                 logp.extend(_logp(logits[i], draft[i]) for i in range(accepted))
                 token_logp = _logp(logits[accepted], next_token)
@@ -157,8 +148,6 @@ def generate(
             logits1 = session.decode_step(token)
             stats.steps += 1
             next_token = sampler(logits1)
-            if hold_end is not None:
-                next_token = refuse_end(next_token, logits1, stop_ids, sampler, holding)
             if logp is not None:
                 token_logp = _logp(logits1, next_token)
             if draft_length is not None and speculate:
@@ -185,7 +174,7 @@ def _done(generated: list[int], should_stop: Callable[[list[int]], bool], cancel
 
 
 def _finish(generated: list[int], max_tokens: int, should_stop: Callable[[list[int]], bool],
-            cancelled: Callable[[], bool], deadline_ns: int | None) -> str | None:
+            cancelled: Callable[[], bool], deadline_ns: int | None) -> FinishReason | None:
     if cancelled():
         return "cancelled"
     if should_stop(generated):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Protocol, Sequence
+from typing import NamedTuple, Protocol, Sequence
 
 import torch
 
@@ -133,17 +133,3 @@ def row_by_row(sampler: Sampler, logits: torch.Tensor, draft: Sequence[int]) -> 
 
 def make_sampler(temperature: float, top_p: float = 1.0, seed: int | None = None) -> Sampler:
     return Greedy() if temperature <= 0 else TopP(temperature, top_p, seed)
-
-
-def refuse_end(token: int, logits: torch.Tensor, stop_ids: frozenset[int], sampler: Sampler,
-               hold: Callable[[], bool]) -> int:
-    """``token``, unless it is an end token and ``hold()`` says the answer
-    may not end yet (a block opener without its body): then the token
-    ``sampler`` picks with every end token masked. logits: [V], the row
-    ``token`` was chosen from. ``hold`` runs only when ``token`` is an end
-    token, so a step that does not end pays nothing."""
-    if token not in stop_ids or not hold():
-        return token
-    masked = logits.clone()
-    masked[list(stop_ids)] = float("-inf")
-    return sampler(masked)

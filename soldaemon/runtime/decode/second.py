@@ -2,7 +2,7 @@
 
 On a line of its own (after Enter), a model often writes the line that is
 already below the cursor. Post-processing drops such a first line (rule c of
-:func:`soldaemon.pipeline.postprocess.postprocess`) and with it the whole
+:func:`soldaemon.pipeline.ending.postprocess`) and with it the whole
 answer. The model's next most likely answer is often the right one (the
 line that was missing above the one it repeated), so instead:
 

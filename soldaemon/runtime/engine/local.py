@@ -78,12 +78,11 @@ class LocalEngine:
         self.backend: Backend = make_backend(loaded.model, config.model.max_context, plan=plan,
                                              release=plan is not None if release is None else release)
         self.kernel_timings = timings
-        min_move = config.model.cache_reuse if isinstance(self.backend, LeanBackend) else 0
-        # KV folding of parked sessions (runtime/kvfold.py) needs the lean backend's queries
+        # KV folding of parked sessions (runtime/kv/fold.py) needs the lean backend's queries
         fold = config.sol.kv_folding_entropy_threshold if isinstance(self.backend, LeanBackend) else 0.0
         if fold and isinstance(self.backend, LeanBackend):
             self.backend.record_queries()
-        self.pool = SessionPool(self.backend, config.model.kv_sessions, min_move=min_move, fold_threshold=fold)
+        self.pool = SessionPool(self.backend, config.model.kv_sessions, fold_threshold=fold)
         self.pool.acquire(SCRATCH_URI)     # the first session takes the cache the backend was built with
         self.started = time.time()
         lock = threading.Lock()   # one generation at a time: the model part's, lent to the memory scheduler
@@ -234,7 +233,7 @@ class LocalEngine:
         """Forget the completion shown at ``uri`` (None: everywhere): the
         next request there is answered by the model, not by type-through."""
         if uri is None:
-            self.pipeline.memory.shown.clear()
+            self.pipeline.documents.shown.clear()
         else:
             self.pipeline.forget(uri)
 
@@ -359,15 +358,15 @@ class LocalEngine:
 
     @property
     def lead_anchors(self) -> LeadAnchors:
-        return self.pipeline.memory.anchors
+        return self.pipeline.documents.anchors
 
     @property
     def context_selector(self) -> ContextSelector | None:
-        return self.pipeline.memory.selector
+        return self.pipeline.documents.selector
 
     @context_selector.setter
     def context_selector(self, selector: ContextSelector | None) -> None:
-        self.pipeline.memory.selector = selector
+        self.pipeline.documents.selector = selector
 
 
 def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:

@@ -13,7 +13,7 @@ One generation in flight is a :class:`Run`. A single greedy generation that
 is superseded after its first token is parked (suspended, its KV session
 kept) so that the next keystroke, when the user typed what it had already
 produced, resumes it instead of starting over (:meth:`LocalModelPart.early`
-hands it to the pipeline as :class:`~soldaemon.pipeline.completion.Resumed`).
+hands it to the pipeline as a :class:`~soldaemon.pipeline.sources.Source`).
 """
 
 from __future__ import annotations
@@ -24,17 +24,17 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Generator, Iterator, Sequence
+from typing import Any, Callable, Generator, Iterator, Sequence
 
-from soldaemon.api import CancelToken, CompletionRequest, Event, Timings
+from soldaemon.api import CancelToken, CompletionRequest, Event, FinishReason, Timings
 from soldaemon.config import Config
 from soldaemon.errors import Cancelled
 from soldaemon.fim import FimPrompt, FimTemplate
 from soldaemon.pipeline.clock import Clock
-from soldaemon.pipeline.completion import Generation, Precomputed, Resumed
-from soldaemon.pipeline.postprocess import decide_multiline
-from soldaemon.pipeline.stopcheck import StopChecker, repeats_below
-from soldaemon.runtime.decode.detok import Detok, end_holder, stopper
+from soldaemon.pipeline.sources import Generation, Source, Stats, Stream, precomputed
+from soldaemon.pipeline.candidates import Scorer
+from soldaemon.pipeline.ending import Ending, decide_multiline, repeats_below
+from soldaemon.runtime.decode.detok import Detok
 from soldaemon.policy.draft import AlongReference, DraftLength, DraftProposer, PromptLookup
 from soldaemon.runtime.engine.foresight import Foreseen, precise_until
 from soldaemon.runtime.decode.draft import DraftModel
@@ -62,12 +62,20 @@ class EngineStats:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
-def _both(first: GenStats, again: GenStats) -> GenStats:
+def _stats(s: GenStats, tokens: int) -> Stats:
+    """The pipeline's stats of a decode (``tokens``: generated for this request)."""
+    return Stats(first_ns=s.first_token_ns, first_wall_ns=s.first_token_wall_ns, prefill_ms=s.prefill_ms,
+                 cached_tokens=s.cached_tokens, generated_tokens=tokens, draft_tokens=s.draft_tokens,
+                 accepted_tokens=s.accepted_tokens)
+
+
+def _both(first: Stats, again: Stats) -> Stats:
     """The stats of a request decoded twice (a second choice): the prompt's
     and the forwards' counts of both, the first token of the answer shown."""
     return dataclasses.replace(again, prefill_ms=first.prefill_ms + again.prefill_ms,
-                               cached_tokens=first.cached_tokens, computed_tokens=first.computed_tokens,
-                               steps=first.steps + again.steps, draft_tokens=first.draft_tokens + again.draft_tokens,
+                               cached_tokens=first.cached_tokens,
+                               generated_tokens=first.generated_tokens + again.generated_tokens,
+                               draft_tokens=first.draft_tokens + again.draft_tokens,
                                accepted_tokens=first.accepted_tokens + again.accepted_tokens)
 
 
@@ -76,23 +84,20 @@ class Run:
     part needs to stream, finish — or park and later resume — it."""
 
     def __init__(self, req: CompletionRequest, cancel: CancelToken, deadline_ns: int | None, decode: Detok,
-                 multiline: bool, max_lines: int, prompt_tokens: int, checker: StopChecker, *,
-                 resumable: bool) -> None:
+                 ending: Ending, prompt_tokens: int, *, resumable: bool) -> None:
         self.req = req
         self.cancel = cancel
         self.deadline_ns = deadline_ns
         self.decode = decode
-        self.multiline = multiline
-        self.max_lines = max_lines
+        self.ending = ending         # where its answer ends (its rule: the one that stopped it)
         self.prompt_tokens = prompt_tokens
         self.resumable = resumable
         self.gen: Iterator[TokenEvent] = iter(())
         self.stats = GenStats()
-        self.finish = "stop"
-        self.parked = False
+        self.finish: FinishReason = "stop"
+        self.parked = False          # superseded while decoding: kept (suspended) for the next keystroke
         self.typed = ""              # what the user typed of this generation's text
         self.tokens_before = 0       # tokens generated before the current request adopted it
-        self.checker = checker       # the stop check it decodes under (its rule: blockend.finish)
 
     def cancelled(self) -> bool:
         """What the generator sees: a supersede does not stop a resumable
@@ -100,8 +105,7 @@ class Run:
         return self.cancel.cancelled and not self.should_park()
 
     def should_park(self) -> bool:
-        return (self.resumable and self.cancel.cancelled and self.cancel.reason == "superseded"
-                and self.stats.first_token_ns > 0)
+        return self.resumable and self.cancel.superseded and self.stats.first_token_ns > 0
 
     def deadline(self) -> int | None:
         return self.deadline_ns
@@ -125,9 +129,7 @@ class Run:
         typed = req.prefix[len(old.prefix):]
         if len(typed) < len(self.typed) or not self.decode.current.startswith(typed):
             return None
-        if decide_multiline(req.prefix, req.suffix, req.multiline) != self.multiline:
-            return None
-        if self.finish != "superseded" and len(typed) >= len(self.decode.current):
+        if decide_multiline(req.prefix, req.suffix, req.multiline) != self.ending.multiline:
             return None
         return typed
 
@@ -191,7 +193,7 @@ class LocalModelPart:
         return contextlib.nullcontext() if memory is None else memory.request(req.priority)
 
     def early(self, req: CompletionRequest, cancel: CancelToken, clock: Clock,
-              typed_through: bool) -> Resumed | Precomputed | None:
+              typed_through: bool) -> Source | None:
         """A speculative answer kept for ``req``, or the parked generation
         resumed when ``req`` typed what it had produced; a parked generation
         that cannot be resumed is closed."""
@@ -204,14 +206,12 @@ class LocalModelPart:
         if foreseen is not None:
             if parked is not None:
                 parked.close()
-            return Precomputed(foreseen)
+            return precomputed(foreseen)
         if parked is not None:
             typed = parked.typed_by(req)
             if typed is not None:
                 parked.adopt(req, typed, cancel, clock.deadline(req))
-                out = Generation()
-                return Resumed(self._resume(parked, out), out, parked.multiline, parked.max_lines, parked.checker,
-                               parked.prompt_tokens)
+                return Source(self._resume(parked), parked.ending, "resumed", prompt_tokens=parked.prompt_tokens)
             parked.close()
         return None
 
@@ -221,9 +221,9 @@ class LocalModelPart:
         with self._lock:
             yield
 
-    def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, checker: StopChecker,
-                 multiline: bool, max_lines: int, cancel: CancelToken, deadline: int | None,
-                 out: Generation, reference: Sequence[int] = ()) -> Iterator[str]:
+    def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, ending: Ending,
+                 cancel: CancelToken, deadline: int | None, *, keep_logp: bool = False,
+                 reference: Sequence[int] = ()) -> Stream:
         """Prefill and decode one candidate on the KV session of ``req``'s
         document (drafts, healing, stop checks); yields the decoded text
         after each step. A greedy single candidate superseded mid-decode is
@@ -236,29 +236,36 @@ class LocalModelPart:
         :meth:`generating`."""
         session = self._session(req.uri)
         sampler = self._sampler(req, prompt, candidate)
-        run = yield from self._decode(req, prompt, session, sampler, checker, multiline, max_lines, cancel,
-                                      deadline, out, reference=reference)
+        run, gen = yield from self._decode(req, prompt, session, sampler, ending, cancel, deadline, keep_logp,
+                                           reference=reference)
         if not (self.config.completion.second_choice and run.finish == "stop" and not run.parked
                 and req.n == 1 and sampler.greedy and repeats_below(req.prefix, req.suffix, run.decode.current)):
-            return
-        first, stats = run.decode, run.stats
+            return gen
+        first = run.decode
         line = self._first_line(first)
         left = req.max_tokens - len(first.tokens)     # max_tokens holds for both decodes together
         if left <= len(line) or cancel.cancelled or (deadline is not None and time.perf_counter_ns() >= deadline):
-            return
+            return gen
         choice = second_choice(session, prompt.ids, line, self.template.stop_ids,
                                self._sampler(req, prompt, candidate) if prompt.heal else None,
                                precise_until(prompt))
         if choice is None:
-            return
+            return gen
         log.info("second choice id=%s: the first line repeats the line below; again from token %d of %d "
                  "(log-odds %.2f)", req.id, choice.at, len(line), choice.gap)
-        checker.restart()
-        again = yield from self._decode(req, prompt, session, Replay(self._sampler(req, prompt, candidate),
-                                                                     choice.tokens),
-                                        checker, multiline, max_lines, cancel, deadline, out, max_tokens=left)
-        out.tokens += len(first.tokens)
-        out.info = _both(stats, again.stats)
+        ending.restart()
+        _, again = yield from self._decode(req, prompt, session, Replay(self._sampler(req, prompt, candidate),
+                                                                        choice.tokens),
+                                           ending, cancel, deadline, keep_logp, max_tokens=left)
+        return dataclasses.replace(again, stats=_both(gen.stats, again.stats))
+
+    def scorer(self) -> Scorer:
+        """This part samples and ranks block candidates itself."""
+        return self
+
+    def texts(self, prompt: FimPrompt) -> Callable[[Sequence[int]], str]:
+        """The text of tokens generated after ``prompt``, as an answer has it."""
+        return Detok(self.tokenizer, prompt.heal).text
 
     def score(self, req: CompletionRequest, prompt: FimPrompt, ids: Sequence[int]) -> TokenScores:
         """The scores of ``ids`` generated after ``prompt`` on ``req``'s
@@ -281,16 +288,16 @@ class LocalModelPart:
         return list(decode.tokens)
 
     def _decode(self, req: CompletionRequest, prompt: FimPrompt, session: KVSession, sampler: Sampler,
-                checker: StopChecker, multiline: bool, max_lines: int, cancel: CancelToken, deadline: int | None,
-                out: Generation, max_tokens: int | None = None,
-                reference: Sequence[int] = ()) -> Generator[str, None, Run]:
+                ending: Ending, cancel: CancelToken, deadline: int | None, keep_logp: bool,
+                max_tokens: int | None = None,
+                reference: Sequence[int] = ()) -> Generator[str, None, tuple[Run, Generation]]:
         """One decode of ``prompt`` on ``session``; yields its text after each
-        step, fills ``out`` and returns its run (parked or closed). Drafts:
+        step and returns its run (parked or closed) and generation. Drafts:
         along ``reference`` when given, else the draft model for a greedy
         decode when there is one, else prompt lookup; verified so that the
         sampler's output stands (:func:`generate`)."""
         decode = Detok(self.tokenizer, prompt.heal)
-        logp: list[float] | None = [] if out.logp is not None else None   # asked for: as it decodes
+        logp: list[float] | None = [] if keep_logp else None   # asked for: as it decodes
         drafter: DraftProposer | None = None
         draft_length = self.draft_length
         cc = self.config.completion
@@ -309,17 +316,15 @@ class LocalModelPart:
                 draft_length = self._sampled_length[1]
         # A single greedy generation survives being superseded once it
         # decodes: parked, the next keystroke may resume it (early).
-        run = Run(req, cancel, deadline, decode, multiline, max_lines, len(prompt.ids), checker,
-                  resumable=req.n == 1 and sampler.greedy)
+        run = Run(req, cancel, deadline, decode, ending, len(prompt.ids), resumable=req.n == 1 and sampler.greedy)
         run.gen = generate(
             session, prompt.ids, sampler=sampler, stop_ids=self.template.stop_ids,
             max_tokens=req.max_tokens if max_tokens is None else max_tokens, cancelled=run.cancelled,
-            should_stop=stopper(checker, decode),
+            should_stop=decode.stopper(ending.may_stop),
             deadline_ns=run.deadline, drafter=drafter,
             draft_k=cc.draft_tokens, draft_length=draft_length,
             # the middle token and the typed line: at decode cost (session.prefill)
             precise_until=precise_until(prompt),
-            hold_end=end_holder(req.prefix, req.suffix, decode) if multiline and cc.hold_end else None,
             logp=logp,
         )
         chunk = session.chunk
@@ -327,18 +332,14 @@ class LocalModelPart:
             session.chunk = min(chunk, self._prefill_chunk)
         try:
             for _ in self._drive(run):
-                out.raw = decode.current
-                yield out.raw
+                yield decode.current
         except Cancelled:
             run.finish = "cancelled"
         finally:
             session.chunk = chunk
-            out.raw, out.finish, out.info, out.tokens = decode.current, run.finish, run.stats, len(decode.tokens)  # type: ignore[assignment]
-            out.ids = list(decode.tokens)
-            if logp is not None:
-                out.logp = logp
             self._park_or_close(run, session)
-        return run
+        return run, Generation(decode.current, run.finish, _stats(run.stats, len(decode.tokens)),
+                               tuple(decode.tokens), None if logp is None else tuple(logp))
 
     def recover(self, req: CompletionRequest, cancel: CancelToken, exc: Exception,
                 streamed: bool, candidate: int) -> Iterator[Event] | None:
@@ -348,10 +349,11 @@ class LocalModelPart:
     def timings(self, req: CompletionRequest, gens: list[Generation], prompt: FimPrompt, prompt_ms: float,
                 clock: Clock) -> Timings:
         """From the last candidate's generation stats; tokens summed over all."""
-        stats: GenStats = gens[-1].info if gens else GenStats()
-        return clock.timings(first_ns=stats.first_token_ns, first_wall_ns=stats.first_token_wall_ns,
+        stats = gens[-1].stats if gens else Stats()
+        return clock.timings(first_ns=stats.first_ns, first_wall_ns=stats.first_wall_ns,
                              prompt_ms=prompt_ms, prefill_ms=stats.prefill_ms, prompt_tokens=len(prompt.ids),
-                             cached_tokens=stats.cached_tokens, generated_tokens=sum(g.tokens for g in gens),
+                             cached_tokens=stats.cached_tokens,
+                             generated_tokens=sum(g.stats.generated_tokens for g in gens),
                              draft_tokens=stats.draft_tokens, accepted_tokens=stats.accepted_tokens)
 
     def account(self, t: Timings) -> None:
@@ -438,23 +440,22 @@ class LocalModelPart:
                 run.finish = "superseded"
                 return
 
-    def _resume(self, run: Run, out: Generation) -> Iterator[str]:
-        """Continue a parked generation adopted by a request whose prefix is
-        the parked one plus text the generation had already produced: yields
-        its text after that, first as it stands, then after each step; fills
-        ``out``. Parked again when superseded again."""
+    def _resume(self, run: Run) -> Stream:
+        """Continue a parked generation (parked while it decoded) adopted by
+        a request whose prefix is the parked one plus text the generation
+        had already produced: yields its text after that, first as it
+        stands, then after each step; returns its generation for this
+        request. Parked again when superseded again."""
         with self._lock:
             session = self._session(run.req.uri)
             try:
                 yield run.text()
-                if run.finish == "superseded":   # still decoding when it was parked
-                    run.finish = "stop"
-                    try:
-                        for _ in self._drive(run):
-                            yield run.text()
-                    except Cancelled:
-                        run.finish = "cancelled"
+                run.finish = "stop"
+                try:
+                    for _ in self._drive(run):
+                        yield run.text()
+                except Cancelled:
+                    run.finish = "cancelled"
             finally:
-                out.raw, out.finish = run.text(), run.finish  # type: ignore[assignment]
-                out.tokens = len(run.decode.tokens) - run.tokens_before
                 self._park_or_close(run, session)
+        return Generation(run.text(), run.finish, Stats(generated_tokens=len(run.decode.tokens) - run.tokens_before))

@@ -32,7 +32,7 @@ from soldaemon.runtime.forward.kernels import KERNEL_FNS, ROW_COPIES, Kernel, co
 from soldaemon.runtime.forward.rotation import (INNER_BLOCK, RESIDUAL_BLOCK, Rotations, rotation_applies,
                                                row_exact)
 from soldaemon.runtime.forward.layer import (CAUSAL, GROUPED, STEPWISE, Shape, additive_mask, causal_mask,
-                                             decoder_layer, group_mask, plan_attention, rms_norm, rope)
+                                             decoder_layer, group_mask, plan_attention, rms_norm)
 
 if TYPE_CHECKING:
     from soldaemon.runtime.memory.weightstore import WeightStore
@@ -85,11 +85,6 @@ class Backend(Protocol):
         [T, V], float32. ``precise`` forbids the short-forward kernel
         (prompt tokens: a prompt's logits must not depend on how much of it
         was cached)."""
-        ...
-
-    def shift(self, src: int, dst: int, length: int) -> None:
-        """Move the KV of positions src…src+length-1 to dst…dst+length-1,
-        re-rotating keys so they read as if computed at the new positions."""
         ...
 
     def new_cache(self) -> Any:
@@ -491,31 +486,12 @@ class LeanBackend:
         store.end_forward()
         return x
 
-    @torch.inference_mode()
-    def shift(self, src: int, dst: int, length: int) -> None:
-        if length <= 0 or src == dst:
-            return
-        if max(src, dst) + length > self.n_ctx:
-            raise ValueError("KV shift beyond n_ctx")
-        # RoPE is a rotation by angle pos·θ_j: a key rotated for position p
-        # becomes the key for p+d by one more rotation of d·θ_j (float32).
-        d = float(dst - src)
-        freqs = d * self.inv_freq                        # [hd/2]
-        emb = torch.cat((freqs, freqs))
-        cos, sin = emb.cos(), emb.sin()
-        k = self.k_cache[:, :, src:src + length].to(torch.float32).clone()
-        v = self.v_cache[:, :, src:src + length].clone()
-        k = rope(k, cos, sin)
-        self.k_cache[:, :, dst:dst + length] = k.to(self.dtype)
-        self.v_cache[:, :, dst:dst + length] = v
-
 
 class HFBackend:
     """Any transformers causal LM through its own ``DynamicCache``, cropped
     to ``pos`` before each forward (transformers' StaticCache cannot be
     rewound). Slower: the full module stack runs per step. The fallback for
-    architectures the lean path lacks; ``shift`` is unsupported, so
-    moved-chunk reuse is off with it."""
+    architectures the lean path lacks."""
 
     def __init__(self, hf_model: Any, n_ctx: int) -> None:
         self.model = hf_model
@@ -564,8 +540,6 @@ class HFBackend:
         )
         return out.logits[0].float()
 
-    def shift(self, src: int, dst: int, length: int) -> None:
-        raise NotImplementedError("moved-chunk KV reuse needs the lean backend")
 
 
 class Offloadable(Backend, Protocol):

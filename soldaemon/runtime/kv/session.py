@@ -37,23 +37,6 @@ class PrefillResult:
     computed: int              # prompt tokens run through the model
 
 
-@dataclass(frozen=True)
-class ReusePlan:
-    """How to turn the cache's last prompt ``old`` into the new prompt.
-
-    ``keep``: leading tokens reused in place (exact). ``move``: a run of
-    ``move_len`` tokens that only moved, from ``move_src`` to ``move_dst``
-    (the text after the cursor, when the user typed before it); its keys are
-    re-rotated, its values copied — an approximation, since those tokens had
-    attended to the old text before them (llama.cpp's ``--cache-reuse``).
-    Everything else is computed."""
-
-    keep: int
-    move_src: int = 0
-    move_dst: int = 0
-    move_len: int = 0
-
-
 class TokenUpload:
     """Token ids → a long tensor on the device. On CUDA without a device
     sync: ``torch.tensor(list, device=cuda)`` copies from pageable memory,
@@ -87,33 +70,14 @@ class TokenUpload:
         return out
 
 
-def plan_reuse(old: Sequence[int], new: Sequence[int], min_move: int) -> ReusePlan:
-    """Longest common prefix, plus the longest common suffix of ``old`` and
-    ``new`` (not overlapping that prefix) when it is at least ``min_move``
-    tokens and ``min_move > 0``. The last token of ``new`` is never moved (its
-    logits are needed), so the moved run stops one short of the end."""
-    keep = common_prefix(old, new)
-    if min_move <= 0 or keep >= len(new) - 1:
-        return ReusePlan(keep)
-    limit = min(len(old), len(new)) - keep
-    tail = 0
-    while tail < limit and old[len(old) - 1 - tail] == new[len(new) - 1 - tail]:
-        tail += 1
-    move_len = tail - 1  # leave the last token to compute
-    if move_len < min_move:
-        return ReusePlan(keep)
-    return ReusePlan(keep, len(old) - tail, len(new) - tail, move_len)
-
-
 class KVSession:
-    def __init__(self, backend: Backend, *, chunk: int = 512, min_move: int = 0, cache: Any = None) -> None:
+    def __init__(self, backend: Backend, *, chunk: int = 512, cache: Any = None) -> None:
         self.backend = backend
         # this session's KV cache; the backend's current one when not given
         self.cache = cache if cache is not None else backend.current_cache()
         self.chunk = chunk
         # the longest forward the backend runs with its decode weights
         self.half_chunk = max(1, min(chunk, backend.decode_max_tokens))
-        self.min_move = min_move            # 0: exact reuse only (common prefix)
         self.tokens: list[int] = []        # token ids at cache positions 0 … len-1
         self.prompt_len = 0                # of which the last prompt (the rest: generated)
         self._last_logits: torch.Tensor | None = None  # logits after self.tokens
@@ -133,9 +97,7 @@ class KVSession:
                 precise_until: int | None = None) -> PrefillResult:
         """Make the cache hold exactly ``ids``; return the next-token logits.
 
-        Reuses the common prefix with what the cache holds and, when
-        ``min_move`` allows, the moved tail of the last prompt (see
-        :class:`ReusePlan`). Raises Cancelled between chunks; the cache then
+        Reuses the common prefix with what the cache holds. Raises Cancelled between chunks; the cache then
         holds a valid prefix of ``ids`` (kept for the next request).
 
         ``precise_until``: positions from there on are computed like decode
@@ -155,29 +117,15 @@ class KVSession:
         if n == len(ids) and n == len(self.tokens) and self._last_logits is not None:
             self.prompt_len = len(ids)
             return PrefillResult(self._last_logits, n, 0)
-        plan = ReusePlan(n)
-        if self.min_move > 0 and n < len(ids) - 1:
-            plan = plan_reuse(self.tokens[: self.prompt_len], ids, self.min_move)
-            if plan.keep < n:  # the generated tail matched further: prefer it
-                plan = ReusePlan(n)
-        n = min(plan.keep, len(ids) - 1)  # recompute at least the last token for its logits
+        n = min(n, len(ids) - 1)  # recompute at least the last token for its logits
         self._last_logits = None
-        if plan.move_len:
-            # Move first: computing the inserted tokens may overwrite the source.
-            self.backend.use_cache(self.cache)
-            self.backend.shift(plan.move_src, plan.move_dst, plan.move_len)
-        end_compute = plan.move_dst if plan.move_len else len(ids)
         self.tokens = list(ids[:n])
         split = len(ids) if precise_until is None else precise_until
-        logits = self._compute(ids, n, end_compute, cancelled, split)
-        if plan.move_len:
-            self.tokens = list(ids[: plan.move_dst + plan.move_len])
-            logits = self._compute(ids, plan.move_dst + plan.move_len, len(ids), cancelled, split)
+        logits = self._compute(ids, n, len(ids), cancelled, split)
         assert logits is not None
         self._last_logits = logits
         self.prompt_len = len(ids)
-        reused = n + plan.move_len
-        return PrefillResult(logits, reused, len(ids) - reused)
+        return PrefillResult(logits, n, len(ids) - n)
 
     def _compute(self, ids: Sequence[int], start: int, stop: int,
                  cancelled: Callable[[], bool], split: int) -> torch.Tensor | None:
@@ -261,15 +209,13 @@ class SessionPool:
     Folding needs the backend's last queries (``record_queries``); without
     them a parked session is only trimmed."""
 
-    def __init__(self, backend: Backend, slots: int, *, fold_threshold: float = 0.0,
-                 **session_kwargs: Any) -> None:
+    def __init__(self, backend: Backend, slots: int, *, fold_threshold: float = 0.0) -> None:
         if slots < 1:
             raise ValueError("slots must be >= 1")
         check_threshold(fold_threshold)
         self.backend = backend
         self.slots = slots
         self.fold_threshold = fold_threshold
-        self.session_kwargs = session_kwargs
         self._by_key: dict[str, KVSession] = {}   # insertion order = LRU order
         self._folded: dict[str, FoldedKV] = {}    # parked sessions' KV (folding on)
         self._active: str | None = None
@@ -291,7 +237,7 @@ class SessionPool:
             else:
                 # the first session takes the cache the backend was built with
                 cache = self.backend.new_cache() if self._created else None
-                session = KVSession(self.backend, cache=cache, **self.session_kwargs)
+                session = KVSession(self.backend, cache=cache)
                 self._created += 1
         self._by_key[key] = session
         return session
@@ -319,7 +265,7 @@ class SessionPool:
                 self._folded.pop(old, None)
                 session.truncate(0)
             else:
-                session = KVSession(self.backend, cache=buffer, **self.session_kwargs)
+                session = KVSession(self.backend, cache=buffer)
                 self._created += 1
         session.cache = buffer
         folded = self._folded.pop(key, None)

@@ -1,15 +1,17 @@
-"""Does a completion parse together with the code around it? Tree-sitter,
-over a window of lines around the cursor, reparsed incrementally.
+"""Where an answer ends by its parse: tree-sitter over a window of lines
+around the cursor, reparsed incrementally (:class:`ParsedEnding`, the
+strategy :func:`soldaemon.pipeline.ending.ending_for` picks for a language
+with a grammar and ``completion.block_end: model``).
 
 :func:`window_at` builds a :class:`Window` (None for a language without an
-installed grammar: the caller falls back to the text rules of
-:mod:`soldaemon.pipeline.postprocess`). :meth:`Window.fits` says whether inserting a
-text at the cursor adds a syntax error that prefix + suffix alone do not
-have -- an unclosed bracket or string, a block opener left without its body,
-code that no longer fits the suffix. Only the window is parsed, once for the
-document and then incrementally for each candidate insertion (the tree is
-edited at the cursor and reparsed from the old one), so the cost stays flat
-in the document's size.
+installed grammar: the text rules of :mod:`soldaemon.pipeline.ending.text`
+alone decide). :meth:`Window.fits` says whether inserting a text at the
+cursor adds a syntax error that prefix + suffix alone do not have -- an
+unclosed bracket or string, a block opener left without its body, code that
+no longer fits the suffix. Only the window is parsed, once for the document
+and then incrementally for each candidate insertion (the tree is edited at
+the cursor and reparsed from the old one), so the cost stays flat in the
+document's size.
 
 The grammars come from the prebuilt wheels on PyPI (``tree-sitter-python``
 ...); a missing wheel means no grammar for that language, never an error.
@@ -20,7 +22,11 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, Iterator
+
+from soldaemon.api import Multiline
+from soldaemon.pipeline.ending.lines import indent_of
+from soldaemon.pipeline.ending.text import STOPPED, Answer, TextEnding, postprocess_why
 
 # LSP language id -> (grammar module, its function returning the language)
 GRAMMARS: dict[str, tuple[str, str]] = {
@@ -62,11 +68,6 @@ def _parser(language: str) -> Any | None:
 
 def has_grammar(language: str) -> bool:
     return _parser(language) is not None
-
-
-def _indent(line: str) -> int:
-    n = len(line) - len(line.lstrip(" \t"))
-    return len(line[:n].expandtabs(4))
 
 
 def _top_level(line: str) -> bool:
@@ -199,7 +200,7 @@ def _indent_fits(before: str, insert: str, after: str) -> bool:
         opens = last.endswith(":") and not last.endswith("::")
         if nxt is None:
             return not opens
-        deeper = _indent(nxt) > _indent(last)
+        deeper = indent_of(nxt) > indent_of(last)
         return deeper if opens else not deeper
 
     return ok(before + insert)
@@ -232,7 +233,7 @@ def bodies_fit(before: str, insert: str) -> bool:
             return True
         # the body is deeper than the statement's first line (``if (a and`` /
         # ``        b):`` / ``    body`` is Python)
-        if _scan(head) == (0, False) and _indent(nxt) <= _indent(start):
+        if _scan(head) == (0, False) and indent_of(nxt) <= indent_of(start):
             return False
     return True
 
@@ -321,4 +322,127 @@ def opens_without_body(prefix: str, text: str, suffix: str) -> bool:
     if first.strip():
         return False      # the rest of the line goes on with it
     nxt = next((ln for ln in more.split("\n") if ln.strip()), None)
-    return nxt is None or _indent(nxt) <= _indent(last)
+    return nxt is None or indent_of(nxt) <= indent_of(last)
+
+
+class ParsedEnding(TextEnding):
+    """The text rules with the parse (multi-line answers only): during
+    decoding, the text rules with a ``floor`` (a block's end is no stop
+    where the code may go on, only a line left of the floor or a new
+    definition past the block), and in an indented language also once a
+    line inside the cursor's block opens a block (``...:``) whose next line
+    with code is not deeper (rule ``opener``: the answer is cut before that
+    opener whatever follows, :meth:`Window.fits` rejecting every longer
+    line-prefix; the text not having left the block before it, both of
+    :meth:`shown`'s cuts keep the same lines up to it -- so the shown answer
+    is the one a longer generation would give). At the end, see
+    :meth:`shown`."""
+
+    def __init__(self, prefix: str, suffix: str, max_lines: int, window: Window, floor: int) -> None:
+        super().__init__(prefix, suffix, True, max_lines, floor)
+        self.window = window
+
+    def may_stop(self, text_so_far: str) -> bool:
+        if super().may_stop(text_so_far):
+            return True
+        if self.window.language not in INDENTED:
+            return False
+        head = text_so_far[:text_so_far.rfind("\n") + 1]
+        if "\n" not in head or not _in_block(head, self._scanner.base):
+            return False
+        if bodies_fit(self.window.before, text_so_far):
+            return False
+        return self._stop("opener")
+
+    def shown(self, raw: str, finish: str, rule: str | None) -> Answer:
+        """When the model ended with its own end token (``finish`` "stop"
+        and no ``rule`` stopped it), its text stands, cut only by the text
+        rules with the floor; otherwise the text rules cut it at the end of
+        the cursor's block. Then the answer must parse with the suffix: cut
+        back to the longest line-prefix that adds no syntax error to prefix
+        + suffix (end ``opener`` when the cut dropped a bare block opener,
+        else ``parse``)."""
+        # A model stopped by a rule (it went on into the suffix's code, out
+        # of the suffix's scope, past max_lines) ran on: what it wrote before
+        # that is no more trusted than a run to max_tokens (docs/quality.md).
+        by_model = finish == "stop" and rule is None
+        text, cut = postprocess_why(raw, prefix=self.prefix, suffix=self.suffix, multiline=True,
+                                    max_lines=self.max_lines, floor=self.floor if by_model else None)
+        end = cut or (finish if finish in STOPPED else "model")
+        if text:
+            shown, whole = self.window.longest_fit(text)
+            if not whole:
+                end = "opener" if _opens(text, shown, self.prefix[self.prefix.rfind("\n") + 1:]) else "parse"
+                text = shown
+        return Answer(text, end)
+
+
+# A line that ends with one of these inside an open bracket goes on below.
+_UNFINISHED = (",", "+", "-", "*", "/", "%", "&", "|", "\\", " and", " or", "&&", "||", "??")
+
+
+def may_be_unfinished(prefix: str, suffix: str, mode: Multiline) -> bool:
+    """Nothing but closers after the cursor on its line, and the line before
+    it ends, inside a bracket it opened, with a comma or a binary operator
+    (``total = (a +|``, ``call(x,|``): the parse decides whether the
+    statement is unfinished. A line that could end here (``x = a.b|``,
+    ``elif n|``) stays single-line: its rest is one line."""
+    line = prefix[prefix.rfind("\n") + 1:]
+    rest = suffix.split("\n", 1)[0]
+    if mode != "auto" or rest.strip(" \t\r)]}\"'`;,") or not line.rstrip().endswith(_UNFINISHED):
+        return False
+    depth = 0
+    for ch in line:
+        depth += ch in "([{"
+        depth -= ch in ")]}" and depth > 0
+    return depth > 0
+
+
+def error_at_cursor(window: Window) -> bool:
+    """A syntax error node between the start of the cursor's line and the
+    end of the next line with code (where a parser notices that the
+    statement was left unfinished)."""
+    node = window.tree.root_node
+    if not node.has_error:
+        return False
+    head = window.before.encode()
+    lo = head.rfind(b"\n") + 1
+    after = window.after.encode()
+    nxt = next((m for m in _line_ends(after) if after[:m].strip()), len(after))
+    hi = len(head) + nxt
+    return any(n.start_byte <= hi and n.end_byte >= lo for n in _error_nodes(node))
+
+
+def _line_ends(text: bytes) -> list[int]:
+    return [i for i, b in enumerate(text) if b == 0x0A][1:] + [len(text)]
+
+
+def _error_nodes(node: Any) -> Iterator[Any]:
+    """The error and missing nodes under ``node`` (a tree-sitter node)."""
+    if node.is_error or node.is_missing:
+        yield node
+    if node.has_error:
+        for c in node.children:
+            yield from _error_nodes(c)
+
+
+def _in_block(text: str, base: int) -> bool:
+    """Every line of ``text`` with code after its first is indented at least
+    ``base`` (the text has not left the cursor's block)."""
+    return all(indent_of(ln) >= base for ln in text.split("\n")[1:] if ln.strip())
+
+
+def _opens(text: str, shown: str, cursor_line: str = "") -> bool:
+    """The cut dropped a line that opens a block (``:`` ``{`` ``(``...)
+    without its body: its last line, or its first line with code when that
+    ends with ``:`` and the next line with code is not deeper
+    (``cursor_line``: what precedes the answer on its first line)."""
+    dropped = text[len(shown):].rstrip()
+    if not shown:
+        dropped = cursor_line + dropped
+    lines = [ln.split("#", 1)[0].rstrip() for ln in dropped.split("\n")]
+    if lines[-1].endswith((":", "{", "(", "[")) and not lines[-1].endswith("::"):
+        return True
+    code = [ln for ln in lines if ln.strip()]
+    return (len(code) > 1 and code[0].endswith(":") and not code[0].endswith("::")
+            and indent_of(code[1]) <= indent_of(code[0]))

@@ -1,226 +1,118 @@
-"""From raw model text to what the editor shows. Pure string functions.
+"""Where an answer ends by its text alone: the text rules as a strategy
+(:class:`TextEnding`), the cut rules fed one line at a time
+(:class:`LineScanner`), over what :mod:`soldaemon.pipeline.ending.lines`
+knows of the cursor. Pure string functions.
 
-Three pieces:
-
-* :func:`decide_multiline` -- whether a request at this cursor should get a
-  multi-line completion (``auto`` mode), like Copilot: never in the middle of
-  a line, never on a comment line.
-* :func:`postprocess` -- cuts the generated text: one line, or a block that
-  ends where the enclosing block ends; removes what the suffix already
-  contains; stops degenerate repetition; trims whitespace.
-* :class:`LineScanner` -- the cut rules fed one line at a time, which
-  :class:`soldaemon.pipeline.stopcheck.StopChecker` runs during decoding so
-  that generation stops as soon as more text could not change the result.
-
-The cut rules are all of the form "keep the lines before (or up to) the first
-line where a condition holds", and each condition looks only at that line and
-the lines before it. That is what makes early stopping exact:
-``postprocess(text[:n])`` equals ``postprocess(text)`` for every ``n`` at or
-after the point where :meth:`StopChecker.check` first returned True.
-
-Lines are split on ``"\\n"`` only; a ``"\\r"`` before it is kept with the line
-and counts as trailing whitespace. Indentation is measured in columns with a
-tab counted as 4.
+* :meth:`TextEnding.may_stop` -- during decoding: True as soon as more text
+  could not change what is shown;
+* :meth:`TextEnding.shown` and :func:`postprocess` -- at the end: one line,
+  or a block that ends where the enclosing block ends; what the suffix
+  already contains removed; degenerate repetition stopped; whitespace
+  trimmed;
+* :func:`may_repeat_below` -- what the streamed preview may not show yet,
+  and :func:`repeats_below` -- whether the whole text is dropped for that
+  reason (the local engine then decodes again from the model's next choice:
+  :mod:`soldaemon.runtime.decode.second`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
-from soldaemon.api import Multiline
-from soldaemon.pipeline.keywords import BRACE_CONTINUES, CONTINUES, header_word, keyword, starts_definition
+from soldaemon.pipeline.ending.lines import (
+    BRACE_CONTINUES, CLOSE_TO_OPEN, CLOSERS, CONTINUES, LATER_MIN_CHARS, QUOTES, Cursor, bracket_depth, cursor_at,
+    first_repeats, header_word, indent_of, keyword, on_own_line, repeats_suffix, starts_definition)
 
-_CLOSE_TO_OPEN = {")": "(", "]": "[", "}": "{"}
-_OPENERS = "([{"
-_CLOSERS = ")]}"
-_QUOTES = "\"'`"
-# The rest of the cursor line may hold only these for a multi-line completion.
-_REST_ALLOWED = frozenset(_CLOSERS + _QUOTES + ";, \t\r")
 # Characters that may be dropped from the end of a completion when the suffix
 # supplies them right after the cursor (besides a whole-rest overlap).
-_TAIL_PUNCT = frozenset(_CLOSERS + _QUOTES + ";,: \t")
-_COMMENT_STARTS = ("#", "//", "--", "/*", "*", "<!--", ";", "%", "'''", '"""')
-_OPENER_WORDS = ("do", "then", "else", "begin")
-
-
-def indent_width(line: str) -> int:
-    """Indentation width of ``line`` in columns (a tab counts as 4)."""
-    n = len(line) - len(line.lstrip(" \t"))
-    return len(line[:n].expandtabs(4))
-
-
-def _depth(text: str) -> int:
-    """Naive bracket depth at the end of ``text`` (strings not recognised;
-    unmatched closers ignored)."""
-    depth = 0
-    for ch in text:
-        if ch in _OPENERS:
-            depth += 1
-        elif ch in _CLOSERS and depth > 0:
-            depth -= 1
-    return depth
-
-
-def _opens_block(before: str) -> bool:
-    """Whether the text before the cursor ends with a block opener.
-
-    Openers: ``(``, ``[``, ``{``; ``=>``; `` ->`` (with a space before it, so a
-    C/PHP member access ``a->`` is not one); a ``:`` that is not ``::`` on a
-    line with no bracket left open (Python ``def f():``, ``case 1:``, but not
-    ``{"key":`` or ``a[1:``); and a trailing word ``do``, ``then``, ``else``,
-    ``begin``.
-    """
-    s = before.rstrip()
-    if not s:
-        return False
-    if s[-1] in _OPENERS or s.endswith("=>"):
-        return True
-    if s.endswith("->") and len(s) >= 3 and s[-3] in " \t":
-        return True
-    if s.endswith(":") and not s.endswith("::") and _depth(s) == 0:
-        return True
-    for word in _OPENER_WORDS:
-        if s.endswith(word):
-            head = s[: -len(word)]
-            if not head or not (head[-1].isalnum() or head[-1] == "_"):
-                return True
-    return False
-
-
-def _is_comment(stripped: str) -> bool:
-    return stripped.startswith(_COMMENT_STARTS)
-
-
-def _cursor_line(prefix: str) -> str:
-    return prefix[prefix.rfind("\n") + 1:]
-
-
-def _column0(before: str, rest: str) -> bool:
-    """The cursor is at column 0 of a line that holds text: a completion
-    there is whole lines inserted above that line."""
-    return before == "" and bool(rest.strip())
-
-
-def _rest_of_line(suffix: str) -> str:
-    nl = suffix.find("\n")
-    return suffix if nl < 0 else suffix[:nl]
-
-
-def decide_multiline(prefix: str, suffix: str, mode: Multiline) -> bool:
-    """Whether to generate a multi-line completion.
-
-    ``"single"`` and ``"multi"`` are obeyed. ``"auto"`` gives multi-line only
-    when both hold:
-
-    1. the rest of the cursor line (suffix up to its first newline) is empty or
-       holds only closing brackets, quotes, ``;``, ``,`` and whitespace -- no
-       multi-line in the middle of a line; and
-    2. the cursor line before the cursor is blank (an empty or
-       indentation-only line), or is not a comment line (``#``, ``//``, ``--``,
-       ``/*``, ``*``, ``<!--``, ``;``, ``%``, a docstring quote) and ends with a
-       block opener (see ``_opens_block``: ``(`` ``[`` ``{`` ``=>`` `` ->``,
-       a block ``:``, ``do``/``then``/``else``/``begin``).
-
-    At the end of a complete statement (``x = f(a)|``) the answer is single:
-    the completion continues that line. At column 0 of a non-blank line (the
-    cursor before existing text, nothing before it on the line) the answer
-    is multi-line: whole lines inserted above that line (see
-    ``docs/quality.md``, "Column 0 before existing text").
-    """
-    if mode == "single":
-        return False
-    if mode == "multi":
-        return True
-    rest = _rest_of_line(suffix)
-    before = _cursor_line(prefix)
-    if _column0(before, rest):
-        return True
-    if any(ch not in _REST_ALLOWED for ch in rest):
-        return False
-    stripped = before.strip()
-    if not stripped:
-        return True
-    if _is_comment(stripped):
-        return False
-    return _opens_block(before)
+_TAIL_PUNCT = frozenset(CLOSERS + QUOTES + ";,: \t")
+# Ends that name how generation stopped rather than a cut.
+STOPPED = ("length", "budget", "cancelled", "superseded", "error")
 
 
 @dataclass(frozen=True)
-class Cursor:
-    """What the cut rules need to know about the document around the cursor."""
+class Answer:
+    """One shown completion and why it ends where it does."""
 
-    prefix: str
-    suffix: str
-    before: str              # cursor line, text before the cursor
-    rest: str                # cursor line, text after the cursor
-    indent: int              # indentation of the cursor line
-    opener: bool             # ``before`` ends with a block opener
-    next_line: str | None    # first non-blank suffix line after the cursor line, rstripped
-    later_lines: tuple[str, ...] = ()  # the next few non-blank suffix lines after it, rstripped
-    column0: bool = False    # at column 0 before existing text: ``rest`` counts as the next line
-    next_indent: int = 0     # indentation of ``next_line`` (0 when there is none)
+    text: str   # what the editor shows
+    end: str    # "model", a cut rule or how generation stopped (soldaemon.pipeline.ending)
 
 
-def cursor_at(prefix: str, suffix: str) -> Cursor:
-    """What the cut rules need to know about the cursor between ``prefix``
-    and ``suffix``."""
-    before = _cursor_line(prefix)
-    nl = suffix.find("\n")
-    rest = suffix if nl < 0 else suffix[:nl]
-    found: list[str] = []
-    pos = nl + 1 if nl >= 0 else len(suffix)
-    while pos < len(suffix) and len(found) < 1 + _LATER_LINES:
-        end = suffix.find("\n", pos)
-        line = suffix[pos:] if end < 0 else suffix[pos:end]
-        if line.strip():
-            found.append(line.rstrip())
-        if end < 0:
-            break
-        pos = end + 1
-    indent = indent_width(before) if before.strip() else len(before.expandtabs(4))
-    column0 = _column0(before, rest)
-    if column0:
-        found.insert(0, rest.rstrip())
-    return Cursor(
-        prefix=prefix,
-        suffix=suffix,
-        before=before,
-        rest=rest,
-        indent=indent,
-        opener=_opens_block(before),
-        next_line=found[0] if found else None,
-        later_lines=tuple(found[1:1 + _LATER_LINES]),
-        column0=column0,
-        next_indent=indent_width(found[0]) if found else 0,
-    )
+class TextEnding:
+    """Where one request's answer ends, by the text rules.
 
+    ``may_stop(text_so_far)`` is called with the whole generated text after
+    every step (each call extending the previous one). It returns True once
+    :meth:`shown` is certain to cut everything after this point:
+    single-line and a newline appeared; multi-line and a line past
+    ``max_lines`` began, or a line left of the block began (a closer line
+    that would be kept is waited for until it ends), or a completed line
+    equals the next suffix line, or a line completed its third repetition.
+    Guarantee: when ``may_stop(t)`` is True, ``shown(u) == shown(t)`` for
+    every extension ``u`` of ``t``. Once True it stays True; :attr:`rule`
+    then names the rule that stopped it.
 
-# Rule c also looks this many non-blank suffix lines further, for lines with
-# at least LATER_MIN_CHARS non-blank characters (short lines such as
-# ``else:`` or ``return`` recur legitimately).
-_LATER_LINES = 2
-LATER_MIN_CHARS = 8
+    Cost per call: amortised over the new characters only (each line is
+    examined when it completes, plus the current partial line).
+    ``floor`` (columns): see :func:`postprocess_why`.
+    """
 
+    def __init__(self, prefix: str, suffix: str, multiline: bool, max_lines: int,
+                 floor: int | None = None) -> None:
+        self.prefix = prefix
+        self.suffix = suffix
+        self.multiline = multiline
+        self.max_lines = max_lines
+        self.floor = floor
+        self._cur = cursor_at(prefix, suffix)
+        self.rule: str | None = None   # the rule that stopped generation (None: none did)
+        self._reset()
 
-def _repeats_suffix(cur: Cursor, text: str) -> bool:
-    """``text`` (a completed line, rstripped) is the suffix's next non-blank
-    line, or one of the few after it and not a short line."""
-    if cur.next_line is not None and text == cur.next_line:
+    def restart(self) -> None:
+        """Check a new generation from its start (its rule cleared)."""
+        self._reset()
+
+    def _reset(self) -> None:
+        self._scanner = LineScanner(self._cur, self.multiline, self.max_lines, self.floor)
+        self._pos = 0
+        self._stopped = False
+        self.rule = None
+
+    def may_stop(self, text_so_far: str) -> bool:
+        """True when generation can stop now (see the class docstring)."""
+        if self._stopped:
+            return True
+        text = text_so_far
+        if len(text) < self._pos:  # not an extension: start over
+            self._reset()
+        scanner = self._scanner
+        while True:
+            nl = text.find("\n", self._pos)
+            if nl < 0:
+                break
+            line = text[self._pos:nl]
+            cut = scanner.decide(line, complete=True)
+            if cut is not None:
+                return self._stop(cut[2])
+            scanner.advance(line)
+            self._pos = nl + 1
+        cut = scanner.decide(text[self._pos:], complete=False)
+        if cut is not None:
+            return self._stop(cut[2])
+        return False
+
+    def _stop(self, rule: str) -> bool:
+        self._stopped, self.rule = True, rule
         return True
-    return len(text.strip()) >= LATER_MIN_CHARS and text in cur.later_lines
 
-
-def on_own_line(cur: Cursor) -> bool:
-    """The cursor's line is blank around the cursor (as after Enter): what
-    is written there is a line of its own."""
-    return not cur.before.strip() and not cur.rest.strip() and not cur.column0
-
-
-def first_repeats(cur: Cursor, line: str) -> bool:
-    """``line``, the first line of a completion, repeats the suffix (rule c)
-    on a line of its own: it would show the line below twice."""
-    return on_own_line(cur) and bool(line.strip()) and _repeats_suffix(cur, (cur.before + line).rstrip())
+    def shown(self, raw: str, finish: str, rule: str | None) -> Answer:
+        """The shown answer for generated ``raw`` that ended with ``finish``
+        (``rule``: the rule that stopped its generation, the :attr:`rule`
+        of the ending it decoded under)."""
+        text, cut = postprocess_why(raw, prefix=self.prefix, suffix=self.suffix, multiline=self.multiline,
+                                    max_lines=self.max_lines)
+        return Answer(text, cut or (finish if finish in STOPPED else "model"))
 
 
 # A cut: drop from line ``at`` ("before") or after it ("after"), and the
@@ -231,7 +123,7 @@ def first_repeats(cur: Cursor, line: str) -> bool:
 _Cut = tuple[Literal["before", "after"], int, str]
 
 class LineScanner:
-    """The line-by-line cut rules (see :func:`postprocess`), fed one line at a
+    """The line-by-line cut rules (see :func:`soldaemon.pipeline.ending.text.postprocess`), fed one line at a
     time: :meth:`decide` for line ``i`` (pure), then :meth:`advance` when it
     is kept and complete."""
 
@@ -266,8 +158,8 @@ class LineScanner:
             while end >= 0:
                 start = prefix.rfind("\n", 0, end) + 1
                 line = prefix[start:end]
-                if line.strip() and indent_width(line) < self.base:
-                    found = (line, indent_width(line))
+                if line.strip() and indent_of(line) < self.base:
+                    found = (line, indent_of(line))
                     break
                 end = start - 1
         self._header = found
@@ -285,7 +177,7 @@ class LineScanner:
             end = suffix.find("\n", pos)
             line = suffix[pos:] if end < 0 else suffix[pos:end]
             stripped = line.strip()
-            if stripped and indent_width(line) <= indent:
+            if stripped and indent_of(line) <= indent:
                 return stripped.startswith(closer)
             if end < 0:
                 break
@@ -302,7 +194,7 @@ class LineScanner:
         if header is None:
             return False
         text, h_indent = header
-        if indent != h_indent or not text.rstrip().endswith(_CLOSE_TO_OPEN[closer]):
+        if indent != h_indent or not text.rstrip().endswith(CLOSE_TO_OPEN[closer]):
             return False
         if self.cur.rest.lstrip().startswith(closer):
             return True
@@ -338,8 +230,8 @@ class LineScanner:
 
     def repeats(self, text: str) -> bool:
         """``text`` (a completed line, rstripped) repeats the suffix: its next
-        lines (:func:`_repeats_suffix`) or a branch of its statement."""
-        return _repeats_suffix(self.cur, text) or self.repeats_branch(text)
+        lines (:func:`repeats_suffix`) or a branch of its statement."""
+        return repeats_suffix(self.cur, text) or self.repeats_branch(text)
 
     def repeats_branch(self, text: str) -> bool:
         """``text`` (a completed line, rstripped) opens a branch
@@ -352,11 +244,11 @@ class LineScanner:
         stripped = text.strip()
         if keyword(stripped, CONTINUES) is None:
             return False
-        indent = indent_width(text)
+        indent = indent_of(text)
         for line in self.cur.suffix.split("\n")[1:]:
             if not line.strip():
                 continue
-            ind = indent_width(line)
+            ind = indent_of(line)
             if ind < indent or (ind == indent and keyword(line.strip(), CONTINUES) is None):
                 return False
             if line.rstrip() == text:
@@ -385,7 +277,7 @@ class LineScanner:
         stripped = line.strip()
         if not stripped:
             return None
-        ind = indent_width(line)
+        ind = indent_of(line)
         if ind < self.base and (self.floor is None or ind < self.floor):
             goes_on = self.continues(stripped, ind, complete)
             if goes_on is None:
@@ -395,10 +287,10 @@ class LineScanner:
                     return ("before", i, "suffix")
                 return None
             c = stripped[0]
-            if c in _CLOSE_TO_OPEN and self.closer_kept(c, ind):
+            if c in CLOSE_TO_OPEN and self.closer_kept(c, ind):
                 if not complete:
                     return None
-                if _repeats_suffix(self.cur, line.rstrip()):
+                if repeats_suffix(self.cur, line.rstrip()):
                     return ("before", i, "suffix")
                 return ("after", i, "scope")
             return ("before", i, "scope")
@@ -422,7 +314,7 @@ class LineScanner:
             if self.cur.opener:
                 self.base = self.cur.indent + 1
             elif not self.cur.before.strip() and full.strip():
-                self.base = indent_width(full)
+                self.base = indent_of(full)
             else:
                 self.base = self.cur.indent
             text = full.rstrip()
@@ -439,14 +331,41 @@ class LineScanner:
         self.i = i + 1
 
 
+def repeats_below(prefix: str, suffix: str, text: str) -> bool:
+    """Whether post-processing drops all of ``text`` because its first line,
+    on a line of its own, is the line below the cursor (or one of the few
+    after it: rule c of :func:`postprocess`)."""
+    return first_repeats(cursor_at(prefix, suffix), text.split("\n", 1)[0])
+
+
+def may_repeat_below(prefix: str, suffix: str) -> Callable[[str], bool]:
+    """For the streamed preview: a test of generated text that is True while
+    its first line, on a line of its own, is or may still become a line
+    that :func:`repeats_below` drops (a prefix of the line below, or of a
+    long one of the few after it) -- text a client should not see yet."""
+    cur = cursor_at(prefix, suffix)
+    if not on_own_line(cur) or cur.next_line is None:
+        return lambda _text: False
+    lines = [cur.next_line, *(ln for ln in cur.later_lines if len(ln.strip()) >= LATER_MIN_CHARS)]
+
+    def holds(text: str) -> bool:
+        first, newline, _ = text.partition("\n")
+        if newline or not first.strip():
+            return bool(newline) and first_repeats(cur, first)
+        here = cur.before + first
+        return any(ln.startswith(here.rstrip()) for ln in lines)
+
+    return holds
+
+
 def _can_drop(head: str, tail: str) -> bool:
     """Whether ``tail`` (text the suffix repeats) can be cut from the end of a
     completion whose other text is ``head``: no closer in it may close a
     bracket opened in ``head``, no quote in it may close a string opened in
     ``head``."""
-    if any(ch in _CLOSERS for ch in tail) and _depth(head) > 0:
+    if any(ch in CLOSERS for ch in tail) and bracket_depth(head) > 0:
         return False
-    for q in _QUOTES:
+    for q in QUOTES:
         if q in tail and head.count(q) % 2 == 1:
             return False
     return True
@@ -554,14 +473,7 @@ def postprocess_why(
 ) -> tuple[str, str | None]:
     """:func:`postprocess` and the rule that cut (None: none; names at
     ``_Cut``). ``floor`` (columns) replaces rule b's block end: only a line
-    indented less ends it (:mod:`soldaemon.pipeline.blockend`)."""
+    indented less ends it (:class:`soldaemon.pipeline.ending.parsed.ParsedEnding`)."""
     cur = cursor_at(prefix, suffix)
     lines, rule = _cut_lines(text.split("\n"), LineScanner(cur, multiline, max_lines, floor))
     return _finish(lines, cur), rule
-
-
-def next_indent(prefix: str, suffix: str) -> int | None:
-    """Indentation of the next non-blank line after the cursor's (its own at
-    column 0 before text); None: the suffix holds none."""
-    cur = cursor_at(prefix, suffix)
-    return cur.next_indent if cur.next_line is not None else None

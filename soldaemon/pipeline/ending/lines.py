@@ -1,0 +1,260 @@
+"""What the text rules of where an answer ends know before any text: the
+cursor (:func:`decide_multiline`, :class:`Cursor`), the words of block
+structure, indentation and brackets. The cut rules over them, fed one line
+at a time, are :class:`soldaemon.pipeline.ending.text.LineScanner`.
+
+The cut rules are all of the form "keep the lines before (or up to) the first
+line where a condition holds", and each condition looks only at that line and
+the lines before it. That is what makes early stopping exact: the answer
+shown for ``text[:n]`` equals the one for ``text`` for every ``n`` at or
+after the point where :meth:`TextEnding.may_stop` first returned True.
+
+Lines are split on ``"\\n"`` only; a ``"\\r"`` before it is kept with the line
+and counts as trailing whitespace. Indentation is measured in columns with a
+tab counted as 4.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from soldaemon.api import Multiline
+
+CLOSE_TO_OPEN = {")": "(", "]": "[", "}": "{"}
+_OPENERS = "([{"
+CLOSERS = ")]}"
+QUOTES = "\"'`"
+# The rest of the cursor line may hold only these for a multi-line completion.
+_REST_ALLOWED = frozenset(CLOSERS + QUOTES + ";, \t\r")
+_COMMENT_STARTS = ("#", "//", "--", "/*", "*", "<!--", ";", "%", "'''", '"""')
+_OPENER_WORDS = ("do", "then", "else", "begin")
+
+
+# A dedented line that goes on with the statement the cursor is inside, not
+# after it: keyword -> the header keywords it may follow (``elif`` after the
+# body of an ``if``/``elif`` ...). Such a line is not the end of the block.
+CONTINUES: dict[str, tuple[str, ...]] = {
+    "elif": ("if", "elif"),
+    "else": ("if", "elif", "for", "while", "try", "except", "async for", "async while"),
+    "except": ("try", "except"),
+    "finally": ("try", "except", "else"),
+    "case": ("case",),
+}
+# Brace languages: ``} else {``, ``} catch (e) {``, ``} finally {``, ``} while (x);``.
+BRACE_CONTINUES = ("else", "catch", "finally", "except", "while")
+# A line that starts a new definition (a decorator too). Past the end of the
+# cursor's block, where a floor lets the text go on (a nested function's end,
+# then the outer function's code), such a line is not the hole's code going
+# on but the model writing the next function: the answer ends before it.
+DEFINES = ("def", "async def", "class", "function", "async function", "func", "fn", "pub fn", "impl", "export")
+
+
+def starts_definition(line: str) -> bool:
+    """``line`` (complete or not) starts a definition: a word of
+    :data:`DEFINES` then a space and a name (``def f``, ``func (r T)``,
+    ``function* g``; not ``fn(x)``, a call, nor ``function = 1``), or a
+    decorator ``@name``. An incomplete line is not one until that much of
+    it is there, so the answer cannot change when the line goes on."""
+    lead = line.lstrip()
+    if lead.startswith("@"):
+        return len(lead) > 1 and (lead[1].isalpha() or lead[1] == "_")
+    word = keyword(lead, DEFINES)
+    if word is None or lead[len(word):len(word) + 1] not in (" ", "\t"):
+        return False
+    name = lead[len(word):].lstrip()
+    return bool(name) and (name[0].isalpha() or name[0] in "_(*")
+
+
+def keyword(stripped: str, words: tuple[str, ...] | Iterable[str]) -> str | None:
+    """The word of ``words`` that ``stripped`` starts with as a whole word."""
+    for w in words:
+        if stripped.startswith(w) and (len(stripped) == len(w) or not (stripped[len(w)].isalnum()
+                                                                        or stripped[len(w)] == "_")):
+            return w
+    return None
+
+
+def header_word(header: str) -> str | None:
+    stripped = header.strip()
+    return keyword(stripped, ("async for", "async while", "if", "elif", "else", "for", "while", "try", "except",
+                               "case"))
+
+
+def indent_of(line: str) -> int:
+    """Indentation width of ``line`` in columns (a tab counts as 4)."""
+    n = len(line) - len(line.lstrip(" \t"))
+    return len(line[:n].expandtabs(4))
+
+
+def bracket_depth(text: str) -> int:
+    """Naive bracket depth at the end of ``text`` (strings not recognised;
+    unmatched closers ignored)."""
+    depth = 0
+    for ch in text:
+        if ch in _OPENERS:
+            depth += 1
+        elif ch in CLOSERS and depth > 0:
+            depth -= 1
+    return depth
+
+
+def _opens_block(before: str) -> bool:
+    """Whether the text before the cursor ends with a block opener.
+
+    Openers: ``(``, ``[``, ``{``; ``=>``; `` ->`` (with a space before it, so a
+    C/PHP member access ``a->`` is not one); a ``:`` that is not ``::`` on a
+    line with no bracket left open (Python ``def f():``, ``case 1:``, but not
+    ``{"key":`` or ``a[1:``); and a trailing word ``do``, ``then``, ``else``,
+    ``begin``.
+    """
+    s = before.rstrip()
+    if not s:
+        return False
+    if s[-1] in _OPENERS or s.endswith("=>"):
+        return True
+    if s.endswith("->") and len(s) >= 3 and s[-3] in " \t":
+        return True
+    if s.endswith(":") and not s.endswith("::") and bracket_depth(s) == 0:
+        return True
+    for word in _OPENER_WORDS:
+        if s.endswith(word):
+            head = s[: -len(word)]
+            if not head or not (head[-1].isalnum() or head[-1] == "_"):
+                return True
+    return False
+
+
+def _is_comment(stripped: str) -> bool:
+    return stripped.startswith(_COMMENT_STARTS)
+
+
+def _cursor_line(prefix: str) -> str:
+    return prefix[prefix.rfind("\n") + 1:]
+
+
+def _column0(before: str, rest: str) -> bool:
+    """The cursor is at column 0 of a line that holds text: a completion
+    there is whole lines inserted above that line."""
+    return before == "" and bool(rest.strip())
+
+
+def _rest_of_line(suffix: str) -> str:
+    nl = suffix.find("\n")
+    return suffix if nl < 0 else suffix[:nl]
+
+
+def decide_multiline(prefix: str, suffix: str, mode: Multiline) -> bool:
+    """Whether to generate a multi-line completion.
+
+    ``"single"`` and ``"multi"`` are obeyed. ``"auto"`` gives multi-line only
+    when both hold:
+
+    1. the rest of the cursor line (suffix up to its first newline) is empty or
+       holds only closing brackets, quotes, ``;``, ``,`` and whitespace -- no
+       multi-line in the middle of a line; and
+    2. the cursor line before the cursor is blank (an empty or
+       indentation-only line), or is not a comment line (``#``, ``//``, ``--``,
+       ``/*``, ``*``, ``<!--``, ``;``, ``%``, a docstring quote) and ends with a
+       block opener (see ``_opens_block``: ``(`` ``[`` ``{`` ``=>`` `` ->``,
+       a block ``:``, ``do``/``then``/``else``/``begin``).
+
+    At the end of a complete statement (``x = f(a)|``) the answer is single:
+    the completion continues that line. At column 0 of a non-blank line (the
+    cursor before existing text, nothing before it on the line) the answer
+    is multi-line: whole lines inserted above that line (see
+    ``docs/quality.md``, "Column 0 before existing text").
+    """
+    if mode == "single":
+        return False
+    if mode == "multi":
+        return True
+    rest = _rest_of_line(suffix)
+    before = _cursor_line(prefix)
+    if _column0(before, rest):
+        return True
+    if any(ch not in _REST_ALLOWED for ch in rest):
+        return False
+    stripped = before.strip()
+    if not stripped:
+        return True
+    if _is_comment(stripped):
+        return False
+    return _opens_block(before)
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """What the cut rules need to know about the document around the cursor."""
+
+    prefix: str
+    suffix: str
+    before: str              # cursor line, text before the cursor
+    rest: str                # cursor line, text after the cursor
+    indent: int              # indentation of the cursor line
+    opener: bool             # ``before`` ends with a block opener
+    next_line: str | None    # first non-blank suffix line after the cursor line, rstripped
+    later_lines: tuple[str, ...] = ()  # the next few non-blank suffix lines after it, rstripped
+    column0: bool = False    # at column 0 before existing text: ``rest`` counts as the next line
+    next_indent: int = 0     # indentation of ``next_line`` (0 when there is none)
+
+
+def cursor_at(prefix: str, suffix: str) -> Cursor:
+    """What the cut rules need to know about the cursor between ``prefix``
+    and ``suffix``."""
+    before = _cursor_line(prefix)
+    nl = suffix.find("\n")
+    rest = suffix if nl < 0 else suffix[:nl]
+    found: list[str] = []
+    pos = nl + 1 if nl >= 0 else len(suffix)
+    while pos < len(suffix) and len(found) < 1 + _LATER_LINES:
+        end = suffix.find("\n", pos)
+        line = suffix[pos:] if end < 0 else suffix[pos:end]
+        if line.strip():
+            found.append(line.rstrip())
+        if end < 0:
+            break
+        pos = end + 1
+    indent = indent_of(before) if before.strip() else len(before.expandtabs(4))
+    column0 = _column0(before, rest)
+    if column0:
+        found.insert(0, rest.rstrip())
+    return Cursor(
+        prefix=prefix,
+        suffix=suffix,
+        before=before,
+        rest=rest,
+        indent=indent,
+        opener=_opens_block(before),
+        next_line=found[0] if found else None,
+        later_lines=tuple(found[1:1 + _LATER_LINES]),
+        column0=column0,
+        next_indent=indent_of(found[0]) if found else 0,
+    )
+
+
+# Rule c also looks this many non-blank suffix lines further, for lines with
+# at least LATER_MIN_CHARS non-blank characters (short lines such as
+# ``else:`` or ``return`` recur legitimately).
+_LATER_LINES = 2
+LATER_MIN_CHARS = 8
+
+
+def repeats_suffix(cur: Cursor, text: str) -> bool:
+    """``text`` (a completed line, rstripped) is the suffix's next non-blank
+    line, or one of the few after it and not a short line."""
+    if cur.next_line is not None and text == cur.next_line:
+        return True
+    return len(text.strip()) >= LATER_MIN_CHARS and text in cur.later_lines
+
+
+def on_own_line(cur: Cursor) -> bool:
+    """The cursor's line is blank around the cursor (as after Enter): what
+    is written there is a line of its own."""
+    return not cur.before.strip() and not cur.rest.strip() and not cur.column0
+
+
+def first_repeats(cur: Cursor, line: str) -> bool:
+    """``line``, the first line of a completion, repeats the suffix (rule c)
+    on a line of its own: it would show the line below twice."""
+    return on_own_line(cur) and bool(line.strip()) and repeats_suffix(cur, (cur.before + line).rstrip())
