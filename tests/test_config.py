@@ -466,6 +466,24 @@ def test_unknown_section_key_suggests(tmp_path: Path) -> None:
     assert "did you mean 'prefetch_depth'?" in message
 
 
+def test_a_retired_key_loads_with_a_warning_that_says_why(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A key a release removed (model.cache_reuse, completion.hold_end, …)
+    does not stop the daemon: the file loads, the key is ignored, and the log
+    names the key, its line and why it went."""
+    from soldaemon.config.build import RETIRED
+    from soldaemon.config.sections import SECTIONS
+
+    f = write(tmp_path / "c.yaml", "model:\n  cache_reuse: 256\ncompletion:\n  hold_end: true\n  max_lines: 5\n")
+    with caplog.at_level("WARNING", logger="soldaemon.config"):
+        config = load_config(f)
+    assert config.completion.max_lines == 5
+    assert f"{f.absolute()}:2: model.cache_reuse is no longer read" in caplog.text
+    assert f"{f.absolute()}:4: completion.hold_end is no longer read" in caplog.text
+    for dotted in RETIRED:      # none of them is a live key again
+        section, key = dotted.split(".")
+        assert key not in {fl.name for fl in dataclasses.fields(SECTIONS[section])}, dotted
+
+
 def test_key_in_wrong_place_suggests_its_section() -> None:
     assert "did you mean 'sol.prefetch_depth'?" in config_error({"prefetch_depth": 2})
     assert "did you mean 'server.port'?" in config_error({"model": {"port": 1}})

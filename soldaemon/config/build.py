@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, TypeVar
@@ -17,6 +18,8 @@ from soldaemon.config.budget import MemoryBudget
 from soldaemon.config.checks import Bad
 from soldaemon.config.sections import (SECTIONS, BackendConfig, CompletionConfig, DeviceConfig, ModelConfig,
                                        ServerConfig, SolConfig)
+
+log = logging.getLogger("soldaemon.config")
 
 _HINT = "see docs/config.md or sol_config.example.yaml for every key and its allowed values"
 _T = TypeVar("_T")
@@ -154,6 +157,19 @@ class _Problems:
             raise ConfigError("\n".join(self.items), hint=_HINT)
 
 
+# Keys a release removed: a file that still sets one loads, with a warning
+# that says why the key is gone (never an error: an upgrade must not stop the
+# daemon over a setting that no longer does anything).
+RETIRED: dict[str, str] = {
+    "model.cache_reuse": "moved-chunk KV reuse made answers ignore what was just typed; removed 2026-12-05",
+    "completion.hold_end": "it never changed an answer on the measured holes; removed 2026-12-05",
+    "model.dtype": "replaced by model.precision; removed 2026-12-05",
+    "model.decode_dtype": "one copy of the weights serves every phase (model.precision); removed 2026-12-05",
+    "model.rotate": "activations are rotated wherever the plan quantizes them; removed 2026-12-05",
+    "model.context": "context from other files is always chosen by relevance; removed 2026-12-05",
+}
+
+
 def _elsewhere(key: str, exclude: str | None) -> list[str]:
     """Dotted names of sections or keys elsewhere that are exactly ``key``."""
     found: list[str] = []
@@ -177,6 +193,9 @@ def _build_section(
     values: dict[str, Any] = {}
     for key, value in raw.items():
         dotted = f"{name}.{key}"
+        if dotted in RETIRED:
+            log.warning("%s: %s is no longer read (%s); remove it", problems.where(dotted), dotted, RETIRED[dotted])
+            continue
         if not isinstance(key, str) or key not in fields:
             problems.unknown(dotted, key, list(fields), _elsewhere(str(key), name))
             continue
