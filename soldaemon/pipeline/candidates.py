@@ -26,7 +26,7 @@ one a decode without drafts draws from the same seed, sooner. The
 candidates' scores are the log-probabilities kept as they decode
 (``Generation.logp``, :mod:`soldaemon.pipeline.sources`); a model part that keeps none scores with one
 forward (:meth:`Scorer.score`). Measured in docs/quality.md ("Block
-candidates", sessions 27-28).
+candidates", 2026-12-04 and 2026-12-05).
 
 Nothing here imports torch: the model part scores (:class:`Scorer`).
 """
