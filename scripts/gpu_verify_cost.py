@@ -80,7 +80,7 @@ def forward_costs(engine: LocalEngine, context: int, rows: tuple[int, ...], repe
     # the kernels alone: every linear layer of every layer and the head, at T rows
     lin = b.short_linear
     D = b.norm.shape[0]
-    inner = b.layers[0].wg.shape[0]                        # the MLP's width (gate rows)
+    inner = b.layers[0].wgu.shape[0] // 2                  # the MLP's width (gate rows)
     for t in rows:
         x = torch.randn(t, D, dtype=b.dtype, device=b.device)
         xo = torch.randn(t, b.n_heads * b.head_dim, dtype=b.dtype, device=b.device)
@@ -88,13 +88,9 @@ def forward_costs(engine: LocalEngine, context: int, rows: tuple[int, ...], repe
 
         def kernels(x: torch.Tensor = x, xo: torch.Tensor = xo, xd: torch.Tensor = xd) -> None:
             for lw in b.layers:                            # as the layer runs them: shared prepared inputs
-                h = lin.prepare(x)
-                for wt, bias, s in ((lw.wq, lw.bq, lw.sq), (lw.wk, lw.bk, lw.sk), (lw.wv, lw.bv, lw.sv)):
-                    lin.multiply(h, wt, bias, s, x.dtype)
+                lin(x, lw.wqkv, lw.bqkv, lw.sqkv)         # q, k and v: one packed product
                 lin(xo, lw.wo, lw.bo, lw.so)
-                h = lin.prepare(x)
-                lin.multiply(h, lw.wg, None, lw.sg, x.dtype)
-                lin.multiply(h, lw.wu, None, lw.su, x.dtype)
+                lin(x, lw.wgu, None, lw.sgu)              # gate and up: one packed product
                 lin(xd, lw.wd, None, lw.sd)
             b.head_logits(x)
         out[f"kernels_{t}_ms"] = round(_median_ms(b.device, kernels, repeats), 3)

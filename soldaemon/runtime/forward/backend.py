@@ -32,7 +32,8 @@ from soldaemon.runtime.forward.kernels import KERNEL_FNS, ROW_COPIES, Kernel, co
 from soldaemon.runtime.forward.rotation import (INNER_BLOCK, RESIDUAL_BLOCK, Rotations, rotation_applies,
                                                row_exact)
 from soldaemon.runtime.forward.layer import (CAUSAL, GROUPED, STEPWISE, Shape, additive_mask, causal_mask,
-                                             decoder_layer, group_mask, plan_attention, rms_norm, rope)
+                                             decoder_layer, group_mask, plan_attention, rms_norm, rope,
+                                             signed_sin)
 
 if TYPE_CHECKING:
     from soldaemon.runtime.memory.weightstore import WeightStore
@@ -109,28 +110,76 @@ class Backend(Protocol):
 class LayerWeights:
     """One decoder layer's tensors in the plan's weight storage
     (:mod:`.kernels`): ``w*`` the packed weights, ``s*`` their per-row scales
-    (int8 storage; None for dense), ``b*`` biases in the compute dtype."""
+    (int8 storage; None for dense), ``b*`` biases in the compute dtype.
+    Products that read the same input are packed as one at load (their
+    rows stacked): q, k and v in ``wqkv``, gate and up in ``wgu``. Per-row
+    scales make the stacked int8 weight the parts' rows as they were."""
 
     ln1: torch.Tensor                  # [D] input RMSNorm
     ln2: torch.Tensor                  # [D] post-attention RMSNorm
-    wq: torch.Tensor                   # [H*hd, D]
-    bq: torch.Tensor | None            # [H*hd]
-    wk: torch.Tensor                   # [KV*hd, D]
-    bk: torch.Tensor | None
-    wv: torch.Tensor                   # [KV*hd, D]
-    bv: torch.Tensor | None
+    wqkv: torch.Tensor                 # [(H+2KV)*hd, D]: q's rows, then k's, then v's
+    bqkv: torch.Tensor | None          # [(H+2KV)*hd]
     wo: torch.Tensor                   # [D, H*hd]
     bo: torch.Tensor | None
-    wg: torch.Tensor                   # [F, D] gate
-    wu: torch.Tensor                   # [F, D] up
+    wgu: torch.Tensor                  # [2F, D]: gate's rows, then up's
     wd: torch.Tensor                   # [D, F] down
-    sq: torch.Tensor | None = None     # [H*hd] scales of wq (int8 storage)
-    sk: torch.Tensor | None = None
-    sv: torch.Tensor | None = None
+    sqkv: torch.Tensor | None = None   # [(H+2KV)*hd] scales of wqkv (int8 storage)
     so: torch.Tensor | None = None
-    sg: torch.Tensor | None = None
-    su: torch.Tensor | None = None
+    sgu: torch.Tensor | None = None
     sd: torch.Tensor | None = None
+    q_rows: int = 0                    # H*hd: where k's rows start in wqkv (v's: q_rows + kv_rows)
+    kv_rows: int = 0                   # KV*hd
+
+    def _qkv(self, t: torch.Tensor | None, part: int) -> torch.Tensor | None:
+        if t is None:
+            return None
+        start = (0, self.q_rows, self.q_rows + self.kv_rows)[part]
+        return t[start:start + (self.q_rows if part == 0 else self.kv_rows)]
+
+    def _gu(self, t: torch.Tensor | None, part: int) -> torch.Tensor | None:
+        return None if t is None else t.chunk(2)[part]
+
+    # one product's rows (views of the packed tensors; dense and int8 storage):
+    # for readers of a single product (tests, scripts), not the forward
+    @property
+    def wq(self) -> torch.Tensor | None: return self._qkv(self.wqkv, 0)
+    @property
+    def wk(self) -> torch.Tensor | None: return self._qkv(self.wqkv, 1)
+    @property
+    def wv(self) -> torch.Tensor | None: return self._qkv(self.wqkv, 2)
+    @property
+    def sq(self) -> torch.Tensor | None: return self._qkv(self.sqkv, 0)
+    @property
+    def sk(self) -> torch.Tensor | None: return self._qkv(self.sqkv, 1)
+    @property
+    def sv(self) -> torch.Tensor | None: return self._qkv(self.sqkv, 2)
+    @property
+    def wg(self) -> torch.Tensor | None: return self._gu(self.wgu, 0)
+    @property
+    def wu(self) -> torch.Tensor | None: return self._gu(self.wgu, 1)
+    @property
+    def sg(self) -> torch.Tensor | None: return self._gu(self.sgu, 0)
+    @property
+    def su(self) -> torch.Tensor | None: return self._gu(self.sgu, 1)
+
+
+PACKED = ("wqkv", "wo", "wgu", "wd")   # LayerWeights' product weights
+
+
+def _share(linears: Sequence[Any], packed: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """Point the modules' weights (and biases) at their rows of ``packed``
+    where those hold the very values (same dtype and device: dense
+    storage): the module then keeps no copy of its own."""
+    weights = [lin.weight for lin in linears]
+    if packed.dtype != weights[0].dtype or packed.device != weights[0].device or packed.is_mkldnn:
+        return
+    sizes = [t.shape[0] for t in weights]
+    for t, part in zip(weights, packed.split(sizes)):
+        t.data = part
+    if bias is not None and bias.dtype == weights[0].dtype:
+        for lin, part in zip(linears, bias.split(sizes)):
+            if getattr(lin, "bias", None) is not None:
+                lin.bias.data = part
 
 
 class LeanBackend:
@@ -236,7 +285,7 @@ class LeanBackend:
         freqs = torch.outer(t, inv_freq)                 # [n_ctx, hd/2]
         emb = torch.cat((freqs, freqs), dim=-1)          # [n_ctx, hd]
         self.cos = emb.cos().to(self.dtype)
-        self.sin = emb.sin().to(self.dtype)
+        self.sin = signed_sin(emb.sin().to(self.dtype))  # rotate-half's sign folded in (layer.rope)
         self.scale = self.head_dim ** -0.5
         self.shape = Shape(self.n_heads, self.n_kv, self.head_dim, self.eps, self.scale,
                            inner=None if self.rotations is None else self.rotations.inner,
@@ -270,7 +319,7 @@ class LeanBackend:
         ``kernel`` (plan.rows). Where that fails (oneDNN missing or not
         exact here), the plan drops ``rows`` and says so in the log."""
         make = ROW_COPIES[kernel]
-        names = ("wq", "wk", "wv", "wo", "wg", "wu", "wd")
+        names = PACKED
         try:
             self.rows_layers = [replace(w, **{n: make(getattr(w, n)) for n in names}) for w in self.layers]
             self.rows_head_w = make(self.head_w)
@@ -294,7 +343,7 @@ class LeanBackend:
     def _packed_tensors(self) -> list[torch.Tensor]:
         out = [t for t in (self.head_w, self.head_s, self.embed_w, self.embed_s, self.norm) if t is not None]
         for w in self.layers:
-            out.extend(t for t in vars(w).values() if t is not None)
+            out.extend(t for t in vars(w).values() if isinstance(t, torch.Tensor))
         return out
 
     def weight_bytes(self) -> int:
@@ -356,28 +405,41 @@ class LeanBackend:
             n *= d
         return 2 * n * self.k_cache.element_size()
 
+    @torch.no_grad()
     def _layer_weights(self, layer: Any) -> LayerWeights:
-        """Layer tensors packed into the plan's storage (a dense weight
-        already in that dtype is shared with the module, not copied)."""
+        """Layer tensors packed into the plan's storage, q/k/v and gate/up
+        each stacked into one product. Where the packed rows are the
+        module's own values (dense storage in its dtype, no rotation), the
+        module's parameters become views of them: one resident copy."""
         a, m = layer.self_attn, layer.mlp
         st, dt, rot = self.plan.storage, self.dtype, self.rotations
         ln1, ln2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
-        fields: dict[str, torch.Tensor | None] = {"ln1": ln1.to(dt), "ln2": ln2.to(dt)}
+        fields: dict[str, Any] = {"ln1": ln1.to(dt), "ln2": ln2.to(dt)}
         if rot is not None:   # the gains move into the readers' weights (rotation.py)
             fields["ln1"], fields["ln2"] = torch.ones_like(ln1, dtype=dt), torch.ones_like(ln2, dtype=dt)
-        for name, lin in (("q", a.q_proj), ("k", a.k_proj), ("v", a.v_proj), ("o", a.o_proj),
-                          ("g", m.gate_proj), ("u", m.up_proj), ("d", m.down_proj)):
-            weight = lin.weight
-            if rot is not None:
-                weight = (rot.reader(weight, ln1) if name in "qkv" else rot.reader(weight, ln2) if name in "gu"
-                          else rot.writer(weight) if name == "o" else rot.down(weight))
-            fields["w" + name], fields["s" + name] = pack(st, weight)
-            if name in "qkvo":
-                bias = getattr(lin, "bias", None)
-                if bias is not None and rot is not None and name == "o":
-                    bias = rot.residual.rotate(bias.float())
-                fields["b" + name] = None if bias is None else bias.to(dt)
-        return LayerWeights(**fields)  # type: ignore[arg-type]
+        qkv, gu = (a.q_proj, a.k_proj, a.v_proj), (m.gate_proj, m.up_proj)
+        read = (lambda lin, gain: lin.weight) if rot is None else (lambda lin, gain: rot.reader(lin.weight, gain))
+        fields["wqkv"], fields["sqkv"] = pack(st, torch.cat([read(lin, ln1) for lin in qkv]))
+        fields["wgu"], fields["sgu"] = pack(st, torch.cat([read(lin, ln2) for lin in gu]))
+        fields["q_rows"], fields["kv_rows"] = a.q_proj.weight.shape[0], a.k_proj.weight.shape[0]
+        biases = [getattr(lin, "bias", None) for lin in qkv]
+        fields["bqkv"] = None if all(b is None for b in biases) else torch.cat(
+            [torch.zeros(lin.weight.shape[0], dtype=dt, device=lin.weight.device) if b is None else b.to(dt)
+             for lin, b in zip(qkv, biases)])
+        o_w, d_w = a.o_proj.weight, m.down_proj.weight
+        if rot is not None:
+            o_w, d_w = rot.writer(o_w), rot.down(d_w)
+        fields["wo"], fields["so"] = pack(st, o_w)
+        fields["wd"], fields["sd"] = pack(st, d_w)
+        bias = getattr(a.o_proj, "bias", None)
+        if bias is not None and rot is not None:
+            bias = rot.residual.rotate(bias.float())
+        fields["bo"] = None if bias is None else bias.to(dt)
+        w = LayerWeights(**fields)
+        if rot is None:
+            _share(qkv, w.wqkv, w.bqkv)
+            _share(gu, w.wgu, None)
+        return w
 
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [T] → embeddings [T, D] in the compute dtype (rotated
@@ -491,7 +553,7 @@ class LeanBackend:
         d = float(dst - src)
         freqs = d * self.inv_freq                        # [hd/2]
         emb = torch.cat((freqs, freqs))
-        cos, sin = emb.cos(), emb.sin()
+        cos, sin = emb.cos(), signed_sin(emb.sin())
         k = self.k_cache[:, :, src:src + length].to(torch.float32).clone()
         v = self.v_cache[:, :, src:src + length].clone()
         k = rope(k, cos, sin)
