@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
@@ -57,6 +58,15 @@ class GraphSteps(Protocol):
 
     def invalidate(self) -> None:
         """Forget every captured graph (the weights moved)."""
+        ...
+
+    def owes(self) -> bool:
+        """Whether graphs are to be captured after the request (stale, or missed)."""
+        ...
+
+    def recapture(self, lock: threading.Lock | None = None) -> int:
+        """Capture what ``owes`` names, outside any request, each capture
+        under ``lock`` on its own; how many were captured."""
         ...
 
 
