@@ -108,7 +108,7 @@ PLANNED+=(doctor)
 declare -A EST=([env]=8 [nvidia-smi]=2 [pytest]=30 [doctor]=5
                 [build-0.5b]=15 [latency-0.5b]=120 [memory-0.5b]=20
                 [build-1.5b]=20 [latency-1.5b]=100 [memory-1.5b]=30
-                [build-tiny]=5 [latency-tiny]=20 [memory-tiny]=10)
+                [build-tiny]=5 [latency-tiny]=40 [memory-tiny]=10)
 
 report() {   # report [--partial]: render summary.md and gpu_check.json from what the steps left
     "$PY" scripts/gpu_check_report.py --work "$STEPS" --out "$OUTDIR" --mode "$MODE" \

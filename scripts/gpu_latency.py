@@ -149,7 +149,12 @@ def bench_compiled(model: Any, prompts: list[list[int]], n: int, backend: str) -
     from transformers import StaticCache
 
     dev = model.device
-    cache = StaticCache(config=model.config, max_cache_len=max(len(p) for p in prompts) + n + 1)
+    length = max(len(p) for p in prompts) + n + 1
+    try:
+        cache = StaticCache(config=model.config, max_cache_len=length)
+    except TypeError:                                  # transformers 4.x: the batch, device and dtype named
+        cache = StaticCache(config=model.config, max_batch_size=1, max_cache_len=length, device=dev,
+                            dtype=model.dtype)
     kwargs: dict[str, Any] = {"mode": "reduce-overhead"} if backend == "inductor" else {}
     step = torch.compile(model.forward, backend=backend, fullgraph=True, **kwargs)
     ttft: list[float] = []
@@ -157,7 +162,8 @@ def bench_compiled(model: Any, prompts: list[list[int]], n: int, backend: str) -
     tokens: list[list[int]] = []
     compile_s = 0.0
     for i, ids in enumerate([prompts[0], *prompts]):
-        cache.reset()
+        with torch.inference_mode():                   # the cache's tensors are inference tensors
+            cache.reset()
         synchronize(dev)
         t0 = time.perf_counter()
         with torch.inference_mode():

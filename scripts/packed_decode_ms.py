@@ -75,7 +75,9 @@ def _run(tree: Path | None, args: argparse.Namespace) -> dict[str, object]:
     cmd = [sys.executable, __file__, "--child", "--steps", str(args.steps), "--precision", args.precision,
            "--tokens", str(args.tokens)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, cwd=tempfile.gettempdir())
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"{'before' if tree is not None else 'after'}: {result['ms_per_token']} ms/token", file=sys.stderr, flush=True)
+    return result
 
 
 def main() -> None:

@@ -201,4 +201,27 @@ def test_on_pressure_the_release_waits_for_another_process(tiny_hf: Any) -> None
         sched.release_if_idle(now=sched.last_active + 6)
         assert sched.store.released and sched.releases == 1
     finally:
+        with sched.gen_lock:
+            sched.restore()                                  # the module is shared with the other tests
         sched.close()
+
+
+def test_the_other_slots_graphs_come_after_the_first_request_not_in_one(tiny_hf: Any) -> None:
+    """The engine's warm-up captures the first slot and queues the others
+    (a shorter start); the scheduler captures them after a request."""
+    backend = LeanBackend(tiny_hf, 600)
+    pool = SessionPool(backend, 3)
+    pool.acquire("scratch")
+    graphs = GraphDecoder(backend, emulate=True)
+    backend.graphs = graphs
+    graphs.warm_up(caches=pool.caches(), later=True)
+    per_slot = len(graphs.buckets) * (1 + len(graphs.verify_rows))
+    assert graphs.captures == per_slot and graphs.owes() and graphs.sealed
+    ids = list(range(3, 40))
+    _request(pool, "a.py", ids, typed=4)                  # the first slot: replays
+    _request(pool, "b.py", ids, typed=4)                  # a queued slot: eager, nothing captured
+    assert graphs.captures == per_slot
+    assert graphs.recapture(threading.Lock()) == 2 * per_slot and not graphs.owes()
+    replays = graphs.verify_replays
+    _request(pool, "c.py", ids, typed=4)
+    assert graphs.captures == 3 * per_slot and graphs.verify_replays > replays

@@ -270,7 +270,9 @@ class GraphDecoder:
             try:
                 if i == 0:
                     self.stale = False
-                if not self.usable() or not self._capture_for(cache, window, rows):
+                if not self.usable() or (pending is not None and not self._room()):
+                    break                                # graphs off, or the device's memory is short
+                if not self._capture_for(cache, window, rows):
                     break
                 if pending is not None:
                     self._pending.pop(pending, None)
@@ -287,9 +289,11 @@ class GraphDecoder:
             (key, *entry) for key, entry in self._pending.items()]
         if self.stale:
             windows = sorted(self._windows_used) or self.buckets[:1]
-            slots = self._slots[:max(1, self.slots_captured)] or [self.b.current_cache()]
-            todo += [(None, cache, window, rows) for cache in slots
-                     for window in windows for rows in (1, *self.verify_rows)]
+            for n, cache in enumerate(self._slots or [self.b.current_cache()]):
+                key = cache[0].data_ptr() if isinstance(cache, tuple) else id(cache)
+                # slots past the first are captured while the device's memory allows (a key: room checked)
+                todo += [(None if n == 0 else (key, window, rows), cache, window, rows)
+                         for window in windows for rows in (1, *self.verify_rows)]
         return todo
 
     def _graph(self, window: int, rows: int, *, capture: bool = False) -> tuple[Any, torch.Tensor] | None:
@@ -383,22 +387,28 @@ class GraphDecoder:
         log.info("captured a CUDA graph: window %d, %d rows, %.1f ms", window, rows, ms)
         return graph, out
 
-    def warm_up(self, max_pos: int | None = None, caches: Sequence[Any] = ()) -> None:
+    def warm_up(self, max_pos: int | None = None, caches: Sequence[Any] = (), *, later: bool = False) -> None:
         """Before the first request: capture the graphs (steps and verify
         row buckets, windows up to ``max_pos``; default all) of every cache
         in ``caches`` (the session pool's slots; default the current
         cache), while the device keeps GRAPH_MEMORY_RESERVE of its memory
-        free; then seal the decoder (no capture inside a request)."""
+        free; then seal the decoder (no capture inside a request).
+        ``later``: capture the first slot now and queue the others for
+        :meth:`recapture` (the memory scheduler's background thread after
+        the next request): a shorter start, still no capture in a request."""
         if not self.usable():
             return
         self._slots = list(caches) or [self.b.current_cache()]
         windows = [w for i, w in enumerate(self.buckets) if max_pos is None or i == 0 or self.buckets[i - 1] <= max_pos]
         per_slot = len(windows) * (1 + len(self.verify_rows))
         self.max_graphs = max(self.max_graphs, per_slot * len(self._slots))
-        for cache in self._slots:
-            if self.slots_captured and not self._room():
-                log.info("CUDA graphs: %d of %d KV slots captured (device memory)", self.slots_captured,
-                         len(self._slots))
+        for n, cache in enumerate(self._slots):
+            if n and later:
+                key = cache[0].data_ptr() if isinstance(cache, tuple) else id(cache)
+                self._pending.update({(key, w, r): (cache, w, r) for w in windows for r in (1, *self.verify_rows)})
+                continue
+            if n and not self._room():
+                log.info("CUDA graphs: %d of %d KV slots captured (device memory)", n, len(self._slots))
                 break
             for window in windows:
                 for rows in (1, *self.verify_rows):
