@@ -331,7 +331,8 @@ class LeanBackend:
         make = ROW_COPIES[kernel]
         names = PACKED
         try:
-            self.rows_layers = [replace(w, **{n: make(getattr(w, n)) for n in names}) for w in self.layers]
+            self.rows_layers = [replace(w, wqkv=make(w.wqkv), wo=make(w.wo), wgu=make(w.wgu), wd=make(w.wd))
+                                for w in self.layers]
             self.rows_head_w = make(self.head_w)
         except RuntimeError as exc:
             log.warning("no blocked copy of the weights (%s): every forward reads the one copy", exc)

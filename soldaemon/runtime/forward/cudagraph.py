@@ -246,7 +246,7 @@ class GraphDecoder:
         pool goes with them: once its last graph is gone the CUDA caching
         allocator counts the pool unused (``use_count`` 0) and a capture
         into the same handle dies of an internal assert (seen on the H200,
-        torch 2.11, session 26), so the next capture takes a new pool."""
+        torch 2.11, 2026-12-04), so the next capture takes a new pool."""
         self._graphs.clear()
         self._pool = None
         self.stale = True

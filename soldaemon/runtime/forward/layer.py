@@ -94,7 +94,7 @@ def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor
     made once per forward: SDPA converts a bool mask to this in every call
     (every layer); given the addend it computes the same bits (0 added is
     exact) without that conversion. On a CPU, the masked prefill chunks'
-    attention takes ~20 % less time (docs/kernels.md, session 22)."""
+    attention takes ~20 % less time (docs/kernels.md)."""
     if mask is None or mask.dtype != torch.bool:
         return mask
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
@@ -160,7 +160,7 @@ def plan_attention(device: torch.device, *, kv_heads: int, groups: int, head_dim
     shape the process has not met, timed with cuDNN allowed and not,
     interleaved, each option's kernels loaded by an untimed call first;
     cuDNN is turned off unless a new prompt shape costs less with it. cuDNN
-    plans per shape: on the first device run (H200, torch 2.11, session 26)
+    plans per shape: on the first device run (H200, torch 2.11, 2026-12-04)
     the eager path's cold TTFT was 0.99-1.31 s on some prompts against
     72-84 ms on others, and a keystroke's prompt has a new length. None on a
     CPU, or when cuDNN attention was already off (nothing to choose).
