@@ -292,7 +292,7 @@ def decoder_layer(shape: Shape, w: Any, x: torch.Tensor, lin: Any, cos: torch.Te
                   mask: torch.Tensor | None, *, attention: str = GROUPED, q_out: torch.Tensor | None = None,
                   q_row: torch.Tensor | None = None, kind: str = "", bucket: int = 0) -> torch.Tensor:
     """One decoder layer on x [T, D] (``w``: the layer's
-    :class:`~.backend.LayerWeights`): writes its K/V into this layer's cache
+    :class:`~.weights.LayerWeights`): writes its K/V into this layer's cache
     [KV, n_ctx, hd] at positions ``at`` (an int: at … at+T-1, sliced; a
     long tensor [T]: ``index_copy_``, the graph step's static form), attends
     over the first ``window`` positions as ``attention`` says: GROUPED under
