@@ -11,21 +11,29 @@
 # and --wheels DIR installs those into a temporary folder on the path.
 #
 #   bash scripts/gpu_wheels.sh                    # here, once: .whl/ <- the wheels the device image lacks
-#   bash scripts/gpu_check.sh --out "$OUT" --wheels .whl   # on a CUDA machine (~4.5 min on an H200)
+#   GPU_CHECK_COMMIT=<hash> bash scripts/gpu_check.sh --out "$OUT" --wheels .whl   # on a CUDA machine (~5 min)
 #   bash scripts/gpu_check.sh --cpu --out DIR     # the same end to end on the tiny model (CI; 20-60 s here)
 #
 # The report cannot be lost: every step writes its JSON into OUT/steps/ as
 # it finishes, and summary.md + gpu_check.json are re-rendered from what is
 # there after every step (and on SIGTERM/SIGINT), so a run killed by a time
 # limit still leaves a report of the steps done that names the missing
-# ones. Writes to the out folder (default $OUT, else ./gpu-check-out):
-# summary.md (also printed at the end), gpu_check.json, log.txt (every
-# step's output) and steps/ (each step's JSON and steps.tsv). Exit status:
+# ones. At the end (or on the signal) steps/ is packed into steps.tar.gz, so
+# the out folder (default $OUT, else ./gpu-check-out) holds four files, under
+# the device tool's limit of 8: summary.md (also printed at the end),
+# gpu_check.json (every figure, the commit, the head of `nvidia-smi -q` and
+# every step's JSON), log.txt (every step's output) and steps.tar.gz. The
+# commit: GPU_CHECK_COMMIT, else `git rev-parse HEAD` where there is a
+# .git (the device copy has none: pass it). Exit status:
 # 0 when every planned step ran and every check passed, 1 otherwise
 # (summary.md says which). Options: --shapes "0.5b 1.5b", --budget-s N
-# (skip the steps that would end after N s; default 330 on CUDA),
+# (skip the steps that would end after N s; default 330 on CUDA, which with
+# the machine's start keeps the run within 6 minutes),
 # --wheels DIR (pure-Python wheels to put on the path first),
 # --require-targets (a missed performance target fails too), PYTHON=...
+# The first shape's latency step also times the model alone, compiled
+# (transformers' forward over a static cache under torch.compile, gpt-fast's
+# recipe): the anchor beside generate().
 #
 # A CUDA run fails when its graph path did not run: the scripts use their
 # own explicit config (never a user config from load_config(None)), with
@@ -62,6 +70,11 @@ else
 fi
 
 PY=${PYTHON:-python3}
+COMMIT=${GPU_CHECK_COMMIT:-}
+if [ -z "$COMMIT" ]; then
+    COMMIT=$(git rev-parse HEAD 2>/dev/null || echo "unknown (no .git here; set GPU_CHECK_COMMIT)")
+    [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && COMMIT="$COMMIT+uncommitted changes"
+fi
 # the daemon and its benchmarks (bench/: tests/test_graphcheck.py, gpu_latency.py use them)
 export PYTHONPATH="$ROOT:$ROOT/bench${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -97,19 +110,24 @@ PLANNED+=(pytest)
 for shape in "${shape_list[@]}"; do PLANNED+=("build-$shape" "latency-$shape" "memory-$shape"); done
 PLANNED+=(doctor)
 declare -A EST=([env]=8 [nvidia-smi]=2 [pytest]=30 [doctor]=5
-                [build-0.5b]=15 [latency-0.5b]=75 [memory-0.5b]=20
+                [build-0.5b]=15 [latency-0.5b]=120 [memory-0.5b]=20
                 [build-1.5b]=20 [latency-1.5b]=100 [memory-1.5b]=30
-                [build-tiny]=5 [latency-tiny]=20 [memory-tiny]=10)
+                [build-tiny]=5 [latency-tiny]=40 [memory-tiny]=10)
 
 report() {   # report [--partial]: render summary.md and gpu_check.json from what the steps left
     "$PY" scripts/gpu_check_report.py --work "$STEPS" --out "$OUTDIR" --mode "$MODE" \
-        --shapes "${shape_list[@]}" --planned "${PLANNED[@]}" ${REPORT_ARGS[@]+"${REPORT_ARGS[@]}"} "$@"
+        --shapes "${shape_list[@]}" --planned "${PLANNED[@]}" --commit "$COMMIT" \
+        ${REPORT_ARGS[@]+"${REPORT_ARGS[@]}"} "$@"
+}
+pack_steps() {   # steps/ -> steps.tar.gz (what gpu_check.json does not hold: pytest.xml, nvidia-smi -q)
+    tar -czf "$OUTDIR/steps.tar.gz" -C "$OUTDIR" steps && rm -rf "$STEPS"
 }
 CHILD=""
 on_signal() {
     [ -n "$CHILD" ] && kill -TERM "$CHILD" 2>/dev/null
     echo "gpu_check.sh: interrupted; the report holds the steps done" | tee -a "$LOG"
     report --partial --quiet
+    pack_steps
     rm -rf "$MODELS"
     exit 1
 }
@@ -145,7 +163,7 @@ step env "$PY" -c 'import platform, torch, transformers; print(platform.python_v
 print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device")'
 if [ "$MODE" = cuda ]; then
     if command -v nvidia-smi >/dev/null 2>&1; then
-        step nvidia-smi nvidia-smi
+        step nvidia-smi sh -c "nvidia-smi -q >\"$STEPS/nvidia-smi-q.txt\"; nvidia-smi"
     else
         printf '%s\t%s\t%s\n' nvidia-smi 127 0 >>"$STEPS/steps.tsv"
     fi
@@ -157,6 +175,7 @@ TESTS=(tests/test_cudagraph.py tests/test_graphcheck.py tests/test_gpu_attention
 step pytest "$PY" -m pytest -q -p no:cacheprovider -o addopts="" -m gpu "${TESTS[@]}" \
     --junitxml="$STEPS/pytest.xml"
 
+COMPILED=(--compiled)                    # the first shape only (the compile takes ~40 s on a GPU)
 for shape in "${shape_list[@]}"; do
     model=$MODELS/model-$shape
     if [ "$MODE" = cpu ]; then
@@ -164,21 +183,25 @@ for shape in "${shape_list[@]}"; do
         step "build-$shape" "$PY" -c "from soldaemon.testing.tiny import build_tiny_model as b; b('$model', layers=8)"
         step "latency-$shape" "$PY" scripts/gpu_latency.py --model "$model" --device cpu --emulate-graphs \
             --require-graphs --holes 2 --tokens 8 --check-steps 12 --prefill-tokens 256 --lines 1 \
-            --attention-positions 255 1000 4000 --json "$STEPS/lat-$shape.json"
+            --attention-positions 255 1000 4000 ${COMPILED[@]+"${COMPILED[@]}"} --json "$STEPS/lat-$shape.json"
         step "memory-$shape" "$PY" scripts/gpu_memory.py --model "$model" --device cpu --prompt-tokens 160 \
             --tokens 4 --repeats 1 --pcts 100 25 --json "$STEPS/mem-$shape.json"
     else
         step "build-$shape" "$PY" -c "from soldaemon.testing.tiny import build_shaped_model as b; b('$model', '$shape')"
         step "latency-$shape" "$PY" scripts/gpu_latency.py --model "$model" --device cuda --require-graphs \
             --holes 4 --tokens 48 --check-steps 48 --prefill-tokens 1024 --lines 2 \
-            --attention-positions 255 1000 4000 --json "$STEPS/lat-$shape.json"
+            --attention-positions 255 1000 4000 ${COMPILED[@]+"${COMPILED[@]}"} --json "$STEPS/lat-$shape.json"
         step "memory-$shape" "$PY" scripts/gpu_memory.py --model "$model" --device cuda --prompt-tokens 512 \
             --tokens 32 --repeats 2 --json "$STEPS/mem-$shape.json"
         rm -rf "$model"
     fi
+    COMPILED=()
 done
 
 # `soldaemon doctor --json` (the module: the CLI also imports the server's websockets)
 step doctor sh -c "\"$PY\" -m soldaemon.doctor.checks --json >\"$STEPS/doctor.json\""
 
 report
+rc=$?
+pack_steps
+exit $rc

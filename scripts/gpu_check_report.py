@@ -31,6 +31,7 @@ TARGETS = (
     ("decode_graphs_vs_floor", "decode ms/token with graphs ÷ the memory-bandwidth floor", 1.5),
     ("reuse_ttft_ms", "keystroke TTFT p50 on the reuse path, ms", 10.0),
     ("prefill_1k_ms", "cold prefill of a 1k-token prompt, ms (0.5B shape)", 30.0),
+    ("decode_graphs_vs_compiled", "decode ms/token with graphs ÷ the model alone, compiled", 1.0),
 )
 
 
@@ -57,6 +58,12 @@ def shape_figures(lat: dict[str, Any] | None, mem: dict[str, Any] | None, shape:
         "eager_ms_per_token": summary.get("sol-eager", {}).get("ms_per_token_p50"),
         "graphs_ms_per_token": summary.get("sol-graphs", {}).get("ms_per_token_p50"),
         "generate_ms_per_token": summary.get("generate", {}).get("ms_per_token_p50"),
+        # transformers' forward alone over a static cache under torch.compile (gpt-fast's recipe)
+        "compiled_ms_per_token": summary.get("model-compiled", {}).get("ms_per_token_p50"),
+        "compiled_ttft_ms": summary.get("model-compiled", {}).get("ttft_p50_ms"),
+        "compiled_compile_s": (lat.get("compiled") or {}).get("compile_s"),
+        "compiled_error": (lat.get("compiled") or {}).get("error"),
+        "decode_graphs_vs_compiled": decode.get("graphs_vs_compiled"),
         "floor_ms_per_token": decode.get("floor_ms"),
         "read_bandwidth_gbs": decode.get("read_bandwidth_gbs"),
         "decode_graphs_vs_eager": decode.get("graphs_vs_eager"),
@@ -112,6 +119,17 @@ def doctor_readings(doctor: dict[str, Any] | None) -> dict[str, Any]:
             "gpus": [{k: g.get(k) for k in keep if k in g} for g in gpus]}
 
 
+def smi_header(path: Path, lines: int = 40) -> list[str]:
+    """The head of ``nvidia-smi -q`` (driver, CUDA version, the GPU's name,
+    its modes), up to the first section past the product's; [] without it."""
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    out = [line.rstrip() for line in text[:lines] if line.strip() and not set(line.strip()) <= {"="}]
+    return out
+
+
 def read_steps(work: Path) -> list[dict[str, Any]]:
     """steps.tsv's rows (a missing or half-written file: what can be read)."""
     steps = []
@@ -143,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partial", action="store_true", help="the run is still going (or was cut)")
     ap.add_argument("--quiet", action="store_true", help="do not print the summary")
     ap.add_argument("--require-targets", action="store_true")
+    ap.add_argument("--commit", default="unknown", help="the checked-out commit the run tested")
     args = ap.parse_args(argv)
 
     steps = read_steps(args.work)
@@ -173,10 +192,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.require_targets:
         failures += [f"target missed: {m}" for m in missed]
     complete = not missing
-    result = {"mode": args.mode, "ok": complete and not failures, "complete": complete,
+    result = {"mode": args.mode, "commit": args.commit, "nvidia_smi_q": smi_header(args.work / "nvidia-smi-q.txt"),
+              "ok": complete and not failures, "complete": complete,
               "in_progress": args.partial and not complete, "missing_steps": missing,
               "failures": failures, "targets_missed": missed, "steps": steps, "doctor": doctor_readings(doctor),
-              "targets": targets, "shapes": shapes}
+              "targets": targets, "shapes": shapes,
+              # every step's JSON as written (the tarball beside this file holds the same and the rest)
+              "step_json": {p.name: _load(p) for p in sorted(args.work.glob("*.json"))}}
     args.out.mkdir(parents=True, exist_ok=True)
     _write(args.out / "gpu_check.json", json.dumps(result, indent=1, default=str))
     text = summary_text(result)
@@ -195,7 +217,10 @@ def _write(path: Path, text: str) -> None:
 
 def summary_text(result: dict[str, Any]) -> str:
     verdict = "PASS" if result["ok"] else ("INCOMPLETE (in progress or cut)" if result["in_progress"] else "FAIL")
-    lines = [f"# gpu_check ({result['mode']}): {verdict}", ""]
+    lines = [f"# gpu_check ({result['mode']}): {verdict}", "", f"commit: {result['commit']}"]
+    lines += [f"    {line.strip()}" for line in result["nvidia_smi_q"]
+              if line.strip().startswith(("Driver Version", "CUDA Version", "Product Name"))]
+    lines.append("")
     if result["missing_steps"]:
         lines.append("- MISSING (did not run): " + ", ".join(result["missing_steps"]))
     lines += [f"- FAIL: {f}" for f in result["failures"]]
@@ -212,6 +237,9 @@ def summary_text(result: dict[str, Any]) -> str:
                   f" (generate() {_n(f['generate_ms_per_token'])}); floor {_n(f['floor_ms_per_token'])} at "
                   f"{_n(f['read_bandwidth_gbs'])} GB/s; graphs/eager {_n(f['decode_graphs_vs_eager'])}, "
                   f"graphs/floor {_n(f['decode_graphs_vs_floor'])}",
+                  f"- model alone, compiled (gpt-fast's recipe): {_n(f['compiled_ms_per_token'])} ms/token, TTFT "
+                  f"{_n(f['compiled_ttft_ms'])} ms, compiled in {_n(f['compiled_compile_s'])} s; graphs/compiled "
+                  f"{_n(f['decode_graphs_vs_compiled'])}" + (f" ({f['compiled_error']})" if f["compiled_error"] else ""),
                   f"- graphs vs eager: max |logit diff| {_n(f['graph_logit_max_abs_diff'])}, argmax agreement "
                   f"{_n(f['graph_argmax_agreement'])}, free-running identical {f['graph_free_running_identical']}; "
                   f"{f['graph_captures']} captures, {_n(f['graph_capture_ms'])} ms; eager vs transformers' "

@@ -4,6 +4,10 @@
 For the same holes cut from real source and the same prompt ids:
 
 - ``generate``: plain transformers ``generate()`` (the baseline);
+- ``model-compiled`` (``--compiled``): transformers' forward alone over a
+  static cache, its decode step under ``torch.compile`` (gpt-fast's recipe:
+  inductor, ``reduce-overhead``, so CUDA graphs too): the GPU anchor to beat;
+  its compile time is reported apart;
 - ``sol-eager``: this runtime's decode steps, eager (CUDA graphs off);
 - ``sol-graphs``: the same replayed from CUDA graphs (captured at warm-up).
 
@@ -115,6 +119,7 @@ def idle_release_check(engine: LocalEngine, ids: list[int], n: int, before: list
     captures0 = graphs.captures if graphs is not None else 0
     synchronize(dev)
     t0 = time.perf_counter()
+    memory.on_timer = True              # as the timer would (on CUDA the default waits for memory pressure)
     freed = memory.release_if_idle(now=time.monotonic() + memory.idle_release_s + 1)
     synchronize(dev)
     release_ms = (time.perf_counter() - t0) * 1e3
@@ -133,6 +138,57 @@ def idle_release_check(engine: LocalEngine, ids: list[int], n: int, before: list
             "restore_ms": round(restore_ms, 2), "recapture_ms": round(recapture_ms, 2),
             "recaptures": (graphs.captures - captures0) if graphs is not None else None,
             "same_tokens": after == before}
+
+
+def bench_compiled(model: Any, prompts: list[list[int]], n: int, backend: str) -> dict[str, Any]:
+    """The model alone, compiled: transformers' forward over a StaticCache,
+    the prompt eager, each decode step one call of the forward compiled
+    with ``backend`` (inductor: ``mode="reduce-overhead"``, CUDA graphs
+    included), greedy, ``n`` tokens per prompt. The first prompt compiles
+    (``compile_s``) and is not timed. TTFT and ms/token p50 over the
+    others, and the tokens of each prompt."""
+    from transformers import StaticCache
+
+    dev = model.device
+    length = max(len(p) for p in prompts) + n + 1
+    try:
+        cache = StaticCache(config=model.config, max_cache_len=length)
+    except TypeError:                                  # transformers 4.x: the batch, device and dtype named
+        cache = StaticCache(config=model.config, max_batch_size=1, max_cache_len=length, device=dev,
+                            dtype=model.dtype)
+    kwargs: dict[str, Any] = {"mode": "reduce-overhead"} if backend == "inductor" else {}
+    step = torch.compile(model.forward, backend=backend, fullgraph=True, **kwargs)
+    ttft: list[float] = []
+    mpt: list[float] = []
+    tokens: list[list[int]] = []
+    compile_s = 0.0
+    for i, ids in enumerate([prompts[0], *prompts]):
+        with torch.inference_mode():                   # the cache's tensors are inference tensors
+            cache.reset()
+        synchronize(dev)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            x = torch.tensor([ids], device=dev)
+            out = model(input_ids=x, past_key_values=cache, use_cache=True,
+                        cache_position=torch.arange(len(ids), device=dev), logits_to_keep=1)
+            tok = out.logits[:, -1].argmax(-1, keepdim=True)           # [1, 1]
+            got = [int(tok)]
+            t1 = time.perf_counter()
+            for j in range(n - 1):
+                pos = torch.tensor([len(ids) + j], device=dev)
+                logits = step(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
+                tok = logits[:, -1].argmax(-1, keepdim=True).clone()   # out of the graph's buffer
+                got.append(int(tok))
+        synchronize(dev)
+        t2 = time.perf_counter()
+        if i == 0:
+            compile_s = t2 - t0
+            continue
+        ttft.append((t1 - t0) * 1e3)
+        mpt.append((t2 - t1) * 1e3 / max(1, n - 1))
+        tokens.append(got)
+    return {"backend": backend, "compile_s": round(compile_s, 2), "ttft_ms": ttft, "ms_per_token": mpt,
+            "tokens": tokens}
 
 
 def graph_path_failures(graphs: GraphDecoder | None) -> list[str]:
@@ -241,6 +297,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="buffer for the read-bandwidth measure (default 2048 on CUDA, 128 on a CPU)")
     p.add_argument("--precision", default="auto",
                    help="model.precision (default auto: the plan timed on this machine; a test pins float32)")
+    p.add_argument("--compiled", action="store_true",
+                   help="also time the model alone, compiled (gpt-fast's recipe) beside generate()")
+    p.add_argument("--compile-backend", default=None,
+                   help="torch.compile backend for --compiled (default inductor on CUDA, eager elsewhere: "
+                        "a CPU dry run checks the path without compiling)")
     p.add_argument("--json", dest="json_out")
     return p.parse_args(argv)
 
@@ -308,6 +369,16 @@ def main(argv: list[str] | None = None) -> int:
             if name == "sol-graphs" and not first_tokens:
                 first_tokens = toks
         backend.graphs = graphs
+    compiled: dict[str, Any] | None = None
+    if args.compiled and baseline is not None:
+        compile_backend = args.compile_backend or ("inductor" if dev.type == "cuda" else "eager")
+        try:
+            compiled = bench_compiled(baseline, prompts, args.tokens, compile_backend)
+            rows["model-compiled"] = {"ttft_ms": compiled["ttft_ms"], "ms_per_token": compiled["ms_per_token"]}
+            print(f"model alone, compiled ({compile_backend}): compiled in {compiled['compile_s']} s")
+        except Exception as exc:  # the anchor is reported, never the check's failure
+            compiled = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
+            print(f"model alone, compiled: unavailable ({compiled['error']})")
     plan = backend.plan
     dense = not plan.storage.startswith("int8") and not plan.head_storage.startswith("int8")
     exact = all(k == "float32" for k in (plan.storage, plan.prefill, plan.short, plan.head_storage, plan.head))
@@ -355,12 +426,15 @@ def main(argv: list[str] | None = None) -> int:
     floor_ms = step_bytes / (read_gbs * 1e9) * 1e3
     decode = {"read_bandwidth_gbs": round(read_gbs, 1), "bytes_per_token": step_bytes,
               "floor_ms": round(floor_ms, 4)}
-    for name in ("sol-eager", "sol-graphs"):
+    for name in ("sol-eager", "sol-graphs", "model-compiled"):
         if name in summary:
             decode[f"{name}_vs_floor"] = round(summary[name]["ms_per_token_p50"] / floor_ms, 2)
     if "sol-eager" in summary and "sol-graphs" in summary:
         decode["graphs_vs_eager"] = round(summary["sol-graphs"]["ms_per_token_p50"]
                                           / summary["sol-eager"]["ms_per_token_p50"], 3)
+    if "model-compiled" in summary and "sol-graphs" in summary:
+        decode["graphs_vs_compiled"] = round(summary["sol-graphs"]["ms_per_token_p50"]
+                                             / summary["model-compiled"]["ms_per_token_p50"], 3)
     print(f"decode floor: {step_bytes / 1e6:.1f} MB per token at {read_gbs:.0f} GB/s = {floor_ms:.3f} ms; {decode}")
 
     attention = attention_rows(engine, graphs, args.attention_positions) if args.attention_positions else []
@@ -397,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({
             "info": info, "gpu": gpu, "load_s": load_s, "plan": plan.to_dict(), "baseline": baseline_note,
-            "rows": rows, "summary": summary,
+            "rows": rows, "summary": summary, "compiled": compiled,
             "graphs": graphs.info() if graphs is not None else None,
             "graph_check": check.to_dict() if check is not None else None,
             "decode": decode, "prefill": {"tokens": args.prefill_tokens, "ms": prefill_ms},

@@ -199,7 +199,7 @@ class LocalEngine:
             self.graphs = GraphDecoder(self.backend)
             # KVSession.decode_step replays through the backend's `graphs` when set
             self.backend.graphs = self.graphs
-            self.graphs.warm_up()
+            self.graphs.warm_up(caches=self.pool.caches(), later=True)   # the other KV slots' after a request
             self.complete_all(req)               # one step through the graphs before the first user
         self.choose_step_copy()
         part = self.part

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import torch
@@ -31,6 +32,7 @@ from soldaemon.policy.kernel_plan import KernelPlan
 from soldaemon.runtime.forward.kernels import KERNEL_FNS, ROW_COPIES, Kernel, compute_dtype_for, embed_rows, pack
 from soldaemon.runtime.forward.rotation import (INNER_BLOCK, RESIDUAL_BLOCK, Rotations, rotation_applies,
                                                row_exact)
+from soldaemon.runtime.forward.weights import PACKED, LayerWeights, share_rows
 from soldaemon.runtime.forward.layer import (CAUSAL, GROUPED, STEPWISE, Shape, additive_mask, causal_mask,
                                              decoder_layer, group_mask, plan_attention, rms_norm)
 
@@ -56,6 +58,15 @@ class GraphSteps(Protocol):
 
     def invalidate(self) -> None:
         """Forget every captured graph (the weights moved)."""
+        ...
+
+    def owes(self) -> bool:
+        """Whether graphs are to be captured after the request (stale, or missed)."""
+        ...
+
+    def recapture(self, lock: threading.Lock | None = None) -> int:
+        """Capture what ``owes`` names, outside any request, each capture
+        under ``lock`` on its own; how many were captured."""
         ...
 
 
@@ -98,34 +109,6 @@ class Backend(Protocol):
     def current_cache(self) -> Any:
         """The cache forward writes to now."""
         ...
-
-
-@dataclass(frozen=True)
-class LayerWeights:
-    """One decoder layer's tensors in the plan's weight storage
-    (:mod:`.kernels`): ``w*`` the packed weights, ``s*`` their per-row scales
-    (int8 storage; None for dense), ``b*`` biases in the compute dtype."""
-
-    ln1: torch.Tensor                  # [D] input RMSNorm
-    ln2: torch.Tensor                  # [D] post-attention RMSNorm
-    wq: torch.Tensor                   # [H*hd, D]
-    bq: torch.Tensor | None            # [H*hd]
-    wk: torch.Tensor                   # [KV*hd, D]
-    bk: torch.Tensor | None
-    wv: torch.Tensor                   # [KV*hd, D]
-    bv: torch.Tensor | None
-    wo: torch.Tensor                   # [D, H*hd]
-    bo: torch.Tensor | None
-    wg: torch.Tensor                   # [F, D] gate
-    wu: torch.Tensor                   # [F, D] up
-    wd: torch.Tensor                   # [D, F] down
-    sq: torch.Tensor | None = None     # [H*hd] scales of wq (int8 storage)
-    sk: torch.Tensor | None = None
-    sv: torch.Tensor | None = None
-    so: torch.Tensor | None = None
-    sg: torch.Tensor | None = None
-    su: torch.Tensor | None = None
-    sd: torch.Tensor | None = None
 
 
 class LeanBackend:
@@ -231,7 +214,7 @@ class LeanBackend:
         freqs = torch.outer(t, inv_freq)                 # [n_ctx, hd/2]
         emb = torch.cat((freqs, freqs), dim=-1)          # [n_ctx, hd]
         self.cos = emb.cos().to(self.dtype)
-        self.sin = emb.sin().to(self.dtype)
+        self.sin = signed_sin(emb.sin().to(self.dtype))  # rotate-half's sign folded in (layer.rope)
         self.scale = self.head_dim ** -0.5
         self.shape = Shape(self.n_heads, self.n_kv, self.head_dim, self.eps, self.scale,
                            inner=None if self.rotations is None else self.rotations.inner,
@@ -265,9 +248,10 @@ class LeanBackend:
         ``kernel`` (plan.rows). Where that fails (oneDNN missing or not
         exact here), the plan drops ``rows`` and says so in the log."""
         make = ROW_COPIES[kernel]
-        names = ("wq", "wk", "wv", "wo", "wg", "wu", "wd")
+        names = PACKED
         try:
-            self.rows_layers = [replace(w, **{n: make(getattr(w, n)) for n in names}) for w in self.layers]
+            self.rows_layers = [replace(w, wqkv=make(w.wqkv), wo=make(w.wo), wgu=make(w.wgu), wd=make(w.wd))
+                                for w in self.layers]
             self.rows_head_w = make(self.head_w)
         except RuntimeError as exc:
             log.warning("no blocked copy of the weights (%s): every forward reads the one copy", exc)
@@ -300,7 +284,7 @@ class LeanBackend:
     def _packed_tensors(self) -> list[torch.Tensor]:
         out = [t for t in (self.head_w, self.head_s, self.embed_w, self.embed_s, self.norm) if t is not None]
         for w in self.layers:
-            out.extend(t for t in vars(w).values() if t is not None)
+            out.extend(t for t in vars(w).values() if isinstance(t, torch.Tensor))
         return out
 
     def weight_bytes(self) -> int:
@@ -362,28 +346,41 @@ class LeanBackend:
             n *= d
         return 2 * n * self.k_cache.element_size()
 
+    @torch.no_grad()
     def _layer_weights(self, layer: Any) -> LayerWeights:
-        """Layer tensors packed into the plan's storage (a dense weight
-        already in that dtype is shared with the module, not copied)."""
+        """Layer tensors packed into the plan's storage, q/k/v and gate/up
+        each stacked into one product. Where the packed rows are the
+        module's own values (dense storage in its dtype, no rotation), the
+        module's parameters become views of them: one resident copy."""
         a, m = layer.self_attn, layer.mlp
         st, dt, rot = self.plan.storage, self.dtype, self.rotations
         ln1, ln2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
-        fields: dict[str, torch.Tensor | None] = {"ln1": ln1.to(dt), "ln2": ln2.to(dt)}
+        fields: dict[str, Any] = {"ln1": ln1.to(dt), "ln2": ln2.to(dt)}
         if rot is not None:   # the gains move into the readers' weights (rotation.py)
             fields["ln1"], fields["ln2"] = torch.ones_like(ln1, dtype=dt), torch.ones_like(ln2, dtype=dt)
-        for name, lin in (("q", a.q_proj), ("k", a.k_proj), ("v", a.v_proj), ("o", a.o_proj),
-                          ("g", m.gate_proj), ("u", m.up_proj), ("d", m.down_proj)):
-            weight = lin.weight
-            if rot is not None:
-                weight = (rot.reader(weight, ln1) if name in "qkv" else rot.reader(weight, ln2) if name in "gu"
-                          else rot.writer(weight) if name == "o" else rot.down(weight))
-            fields["w" + name], fields["s" + name] = pack(st, weight)
-            if name in "qkvo":
-                bias = getattr(lin, "bias", None)
-                if bias is not None and rot is not None and name == "o":
-                    bias = rot.residual.rotate(bias.float())
-                fields["b" + name] = None if bias is None else bias.to(dt)
-        return LayerWeights(**fields)  # type: ignore[arg-type]
+        qkv, gu = (a.q_proj, a.k_proj, a.v_proj), (m.gate_proj, m.up_proj)
+        read = (lambda lin, gain: lin.weight) if rot is None else (lambda lin, gain: rot.reader(lin.weight, gain))
+        fields["wqkv"], fields["sqkv"] = pack(st, torch.cat([read(lin, ln1) for lin in qkv]))
+        fields["wgu"], fields["sgu"] = pack(st, torch.cat([read(lin, ln2) for lin in gu]))
+        fields["q_rows"], fields["kv_rows"] = a.q_proj.weight.shape[0], a.k_proj.weight.shape[0]
+        biases = [getattr(lin, "bias", None) for lin in qkv]
+        fields["bqkv"] = None if all(b is None for b in biases) else torch.cat(
+            [torch.zeros(lin.weight.shape[0], dtype=dt, device=lin.weight.device) if b is None else b.to(dt)
+             for lin, b in zip(qkv, biases)])
+        o_w, d_w = a.o_proj.weight, m.down_proj.weight
+        if rot is not None:
+            o_w, d_w = rot.writer(o_w), rot.down(d_w)
+        fields["wo"], fields["so"] = pack(st, o_w)
+        fields["wd"], fields["sd"] = pack(st, d_w)
+        bias = getattr(a.o_proj, "bias", None)
+        if bias is not None and rot is not None:
+            bias = rot.residual.rotate(bias.float())
+        fields["bo"] = None if bias is None else bias.to(dt)
+        w = LayerWeights(**fields)
+        if rot is None:
+            share_rows(qkv, w.wqkv, w.bqkv)
+            share_rows(gu, w.wgu, None)
+        return w
 
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [T] → embeddings [T, D] in the compute dtype (rotated

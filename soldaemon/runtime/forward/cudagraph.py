@@ -13,10 +13,15 @@ shapes, so the step is written in *static form*:
   512, … up to ``n_ctx``) with a mask ``key position <= pos``, so one graph
   serves every position below its bucket.
 
-One graph is captured per (KV cache, bucket, rows) on first use — a
-session's cache is a different tensor, so each session of the pool gets its
-own graphs — and ``warm_up`` captures the default cache's buckets ahead of
-the first request. Two failed captures in a row disable graphs for good,
+One graph is captured per (KV cache, bucket, rows) — a session's cache is a
+different tensor, so each slot of the session pool has its own graphs.
+``warm_up`` captures every slot's graphs (the pool's caches are made up
+front: a new document takes the least recently used slot, whose graphs
+exist), as many slots as free device memory holds, and *seals* the
+decoder: from then on a forward whose graph is missing runs eagerly and
+the graph is captured after the request (:meth:`GraphDecoder.recapture`),
+never inside one. Captured graphs are evicted least recently used first
+(``max_graphs``). Two failed captures in a row disable graphs for good,
 reported (``info()["cuda_graphs"]``); the eager step is then used: outputs never
 depend on which path ran (the static step is the same math; the tests check it
 against the eager forward on the CPU, where :meth:`GraphDecoder.static_step`
@@ -33,8 +38,9 @@ it, valid until the next replay; whoever keeps logits copies them (see
 (``record_queries``), the static step writes each layer's query too, so
 folding weighs parked KV by the last decode step on a GPU as on a CPU.
 
-Verify forwards (the last token and a draft: ``T`` rows) are graphed too
-(:meth:`GraphDecoder.verify`), with ``T`` rounded up to a row bucket
+Verify forwards (the last token and a draft: ``T`` rows) and the typed
+line (a prompt's tail computed at decode cost, up to 16 rows) are graphed
+too (:meth:`GraphDecoder.verify`), with ``T`` rounded up to a row bucket
 (:data:`VERIFY_ROWS`): the padding rows write K/V past the real ones, at
 positions the session treats as free (the cache contract: positions at and
 after the end are overwritten or ignored), and their logits are dropped.
@@ -46,8 +52,10 @@ pool, the key holds the backend's ``weights_epoch``, and a failed capture
 is retried once before graphs are given up. After the weights move
 (:meth:`GraphDecoder.invalidate`, an idle release or restore) the graphs
 are *stale*: steps run eagerly, nothing is captured inside the request, and
-:meth:`GraphDecoder.recapture` (called by the memory scheduler after the
-request, under the generation lock) captures them again.
+:meth:`GraphDecoder.recapture` (the memory scheduler's background thread,
+after the request) captures them again one at a time, each capture under
+the generation lock on its own: a keystroke meanwhile decodes eagerly and
+waits for one capture at most, and replays every graph already captured.
 
 ``emulate=True`` runs the same machinery off CUDA: "capture" builds an
 :class:`EmulatedGraph` whose ``replay`` runs the static step and copies its
@@ -58,6 +66,7 @@ result into one static output tensor, as a CUDA graph does. The tests and
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -73,6 +82,7 @@ log = logging.getLogger("soldaemon.cudagraph")
 _MIN_BUCKET = 256
 VERIFY_ROWS = (2, 4, 8, 16)     # verify forwards are graphed at these row counts (padded up)
 MAX_FAILURES = 2                # failed captures in a row before graphs are given up
+GRAPH_MEMORY_RESERVE = 0.10     # share of the device's memory left free when capturing another slot's graphs
 
 
 def buckets(n_ctx: int) -> list[int]:
@@ -110,7 +120,15 @@ class GraphDecoder:
         # verify rows: per row bucket, static tokens [R], positions [R], the last real row [1], 0 … R-1
         self._rows: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         # (k_cache address, window, rows, last_q address or 0, weights epoch) → (graph, its static logits)
+        # in least recently replayed order (the first is evicted at max_graphs)
         self._graphs: dict[tuple[int, int, int, int, int], tuple[Any, torch.Tensor]] = {}
+        self._slots: list[Any] = []                  # the pool's KV caches warm_up captured graphs for
+        self.slots_captured = 0                      # of which free memory held every graph
+        self.sealed = False                          # after warm_up: a missing graph is captured after the request
+        # graphs a sealed decoder missed inside a request: (k_cache address, window, rows) → (cache, window, rows)
+        self._pending: dict[tuple[int, int, int], tuple[Any, int, int]] = {}
+        self.deferred = 0                            # forwards that ran eagerly for a missing graph (sealed)
+        self.evictions = 0
         self._pool: Any = None                       # the one memory pool every graph shares (CUDA)
         self.stale = False                           # weights moved: eager until recapture()
         self._windows_used: set[int] = set()
@@ -234,35 +252,73 @@ class GraphDecoder:
         self._pool = None
         self.stale = True
 
-    def recapture(self) -> int:
-        """After the weights moved, outside any request (the caller holds the
-        generation lock): capture the current cache's graphs for the buckets
-        used before (at least the first). Returns how many were captured."""
-        if not self.stale:
-            return 0
-        self.stale = False
-        if not self.usable():
-            return 0
+    def owes(self) -> bool:
+        """Whether :meth:`recapture` has graphs to capture."""
+        return self.enabled and (self.stale or bool(self._pending))
+
+    def recapture(self, lock: threading.Lock | None = None) -> int:
+        """Outside any request: capture what requests ran eagerly for — after
+        the weights moved (stale), every slot's graphs of the buckets used
+        before (at least the first); graphs a sealed decoder missed. With
+        ``lock`` (the generation lock) each capture holds it on its own, so
+        a request waits for one capture at most; the first is not waited
+        for (a request holds it: nothing now, 0). Returns graphs captured."""
+        todo = self._missing()
         before = self.captures
-        windows = sorted(self._windows_used) or self.buckets[:1]
-        for window in windows:
-            for rows in (1, *self.verify_rows):
-                if self._graph(window, rows) is None:
-                    return self.captures - before
+        for i, (pending, cache, window, rows) in enumerate(todo):
+            if lock is not None and not lock.acquire(blocking=i > 0):
+                break
+            try:
+                if i == 0:
+                    self.stale = False
+                if not self.usable() or (pending is not None and not self._room()):
+                    break                                # graphs off, or the device's memory is short
+                if not self._capture_for(cache, window, rows):
+                    break
+                if pending is not None:
+                    self._pending.pop(pending, None)
+            finally:
+                if lock is not None:
+                    lock.release()
         self.recaptures += self.captures - before
         return self.captures - before
 
-    def _graph(self, window: int, rows: int) -> tuple[Any, torch.Tensor] | None:
+    def _missing(self) -> list[tuple[tuple[int, int, int] | None, Any, int, int]]:
+        """(its key in the pending list or None, cache, window, rows) of
+        every graph :meth:`recapture` owes."""
+        todo: list[tuple[tuple[int, int, int] | None, Any, int, int]] = [
+            (key, *entry) for key, entry in self._pending.items()]
+        if self.stale:
+            windows = sorted(self._windows_used) or self.buckets[:1]
+            for n, cache in enumerate(self._slots or [self.b.current_cache()]):
+                key = cache[0].data_ptr() if isinstance(cache, tuple) else id(cache)
+                # slots past the first are captured while the device's memory allows (a key: room checked)
+                todo += [(None if n == 0 else (key, window, rows), cache, window, rows)
+                         for window in windows for rows in (1, *self.verify_rows)]
+        return todo
+
+    def _graph(self, window: int, rows: int, *, capture: bool = False) -> tuple[Any, torch.Tensor] | None:
+        """The current cache's graph of ``window`` and ``rows``: replayed
+        ones move to the back of the eviction order. A missing one is
+        captured now, unless the decoder is sealed and ``capture`` is not
+        set (a request's forward): then it is noted for :meth:`recapture`
+        and None returned (the forward runs eagerly)."""
         b = self.b
         last_q = b.last_q
         # a graph writes the tensors it was captured with and reads the weights
         # it was captured over: key on their addresses and on the weights' epoch
         key = (b.k_cache.data_ptr(), window, rows, 0 if last_q is None else last_q.data_ptr(), b.weights_epoch)
-        found = self._graphs.get(key)
+        found = self._graphs.pop(key, None)
         if found is not None:
+            self._graphs[key] = found                # least recently used first
             return found
+        if self.sealed and not capture:
+            self._pending.setdefault((key[0], window, rows), (b.current_cache(), window, rows))
+            self.deferred += 1
+            return None
         if len(self._graphs) >= self.max_graphs:
             self._graphs.pop(next(iter(self._graphs)))
+            self.evictions += 1
         try:
             found = self._capture(window, rows)
         except Exception as exc:  # capture is best effort: retry once, then eager for good
@@ -280,6 +336,17 @@ class GraphDecoder:
         self._windows_used.add(window)
         self._graphs[key] = found
         return found
+
+    def _capture_for(self, cache: Any, window: int, rows: int) -> bool:
+        """Make sure ``cache``'s graph of ``window`` and ``rows`` exists
+        (capturing it if not); the backend's current cache is left as it
+        was. False when the capture failed."""
+        current = self.b.current_cache()
+        self.b.use_cache(cache)
+        try:
+            return self._graph(window, rows, capture=True) is not None
+        finally:
+            self.b.use_cache(current)
 
     def _capture(self, window: int, rows: int) -> tuple[Any, torch.Tensor]:
         run = (lambda: self.static_step(window)) if rows == 1 else (lambda: self.static_rows(window, rows))
@@ -321,17 +388,43 @@ class GraphDecoder:
         log.info("captured a CUDA graph: window %d, %d rows, %.1f ms", window, rows, ms)
         return graph, out
 
-    def warm_up(self, max_pos: int | None = None) -> None:
-        """Capture the current cache's graphs (steps and verify row buckets)
-        up to ``max_pos`` (default: all buckets) before the first request."""
+    def warm_up(self, max_pos: int | None = None, caches: Sequence[Any] = (), *, later: bool = False) -> None:
+        """Before the first request: capture the graphs (steps and verify
+        row buckets, windows up to ``max_pos``; default all) of every cache
+        in ``caches`` (the session pool's slots; default the current
+        cache), while the device keeps GRAPH_MEMORY_RESERVE of its memory
+        free; then seal the decoder (no capture inside a request).
+        ``later``: capture the first slot now and queue the others for
+        :meth:`recapture` (the memory scheduler's background thread after
+        the next request): a shorter start, still no capture in a request."""
         if not self.usable():
             return
-        for window in self.buckets:
-            for rows in (1, *self.verify_rows):
-                if self._graph(window, rows) is None:
-                    return
-            if max_pos is not None and window > max_pos:
-                return
+        self._slots = list(caches) or [self.b.current_cache()]
+        windows = [w for i, w in enumerate(self.buckets) if max_pos is None or i == 0 or self.buckets[i - 1] <= max_pos]
+        per_slot = len(windows) * (1 + len(self.verify_rows))
+        self.max_graphs = max(self.max_graphs, per_slot * len(self._slots))
+        for n, cache in enumerate(self._slots):
+            if n and later:
+                key = cache[0].data_ptr() if isinstance(cache, tuple) else id(cache)
+                self._pending.update({(key, w, r): (cache, w, r) for w in windows for r in (1, *self.verify_rows)})
+                continue
+            if n and not self._room():
+                log.info("CUDA graphs: %d of %d KV slots captured (device memory)", n, len(self._slots))
+                break
+            for window in windows:
+                for rows in (1, *self.verify_rows):
+                    if not self._capture_for(cache, window, rows):
+                        return
+            self.slots_captured += 1
+        self.sealed = True
+
+    def _room(self) -> bool:
+        """Whether another slot's graphs fit: more than GRAPH_MEMORY_RESERVE
+        of the device's memory free (always, off CUDA)."""
+        if self.device.type != "cuda":
+            return True
+        free, total = torch.cuda.mem_get_info(self.device)
+        return free > GRAPH_MEMORY_RESERVE * total
 
     def info(self) -> dict[str, Any]:
         return {
@@ -345,6 +438,11 @@ class GraphDecoder:
             "verify_rows": list(self.verify_rows),
             "stale": self.stale,
             "recaptures": self.recaptures,
+            "sealed": self.sealed,
+            "slots_captured": self.slots_captured,
+            "deferred": self.deferred,
+            "pending": len(self._pending),
+            "evictions": self.evictions,
             "failed_captures": self.failed_captures,
             "attention": ATTENTION_LOG.summary(),
         }

@@ -51,14 +51,29 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return w * h.to(x.dtype)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def add_rms_norm(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add and the next RMSNorm as one step: (x + y, the norm
+    of it). The same math as the two written apart; the one place a fused
+    kernel (or the compiler's fusion) replaces."""
+    x = x + y
+    return x, rms_norm(x, w, eps)
 
 
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding (rotate-half form); x [heads, T, hd], cos/sin [T, hd]."""
-    return x * cos + rotate_half(x) * sin
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """The sine table [.., hd] with its first half negated: rotate-half's
+    sign folded into the table, made once (see :func:`rope`)."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding (rotate-half form) on x [.., T, hd] or [T, heads, hd]
+    (cos/sin [T, hd] or [T, 1, hd]); ``sin_signed`` from :func:`signed_sin`.
+    The halves swapped by one flip (no ``cat``, no negation):
+    ``rotate_half(x) * sin`` is ``(-x2 * s1, x1 * s2)``, which is
+    ``(x2, x1) * signed_sin`` bit for bit (a sign flip is exact)."""
+    swapped = x.unflatten(-1, (2, x.shape[-1] // 2)).flip(-2).flatten(-2)     # (x2, x1), one copy
+    return x * cos + swapped * sin_signed
 
 
 def causal_mask(pos: int, T: int, S: int, device: torch.device) -> torch.Tensor:
@@ -79,7 +94,7 @@ def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor
     made once per forward: SDPA converts a bool mask to this in every call
     (every layer); given the addend it computes the same bits (0 added is
     exact) without that conversion. On a CPU, the masked prefill chunks'
-    attention takes ~20 % less time (docs/kernels.md, session 22)."""
+    attention takes ~20 % less time (docs/kernels.md)."""
     if mask is None or mask.dtype != torch.bool:
         return mask
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
@@ -145,7 +160,7 @@ def plan_attention(device: torch.device, *, kv_heads: int, groups: int, head_dim
     shape the process has not met, timed with cuDNN allowed and not,
     interleaved, each option's kernels loaded by an untimed call first;
     cuDNN is turned off unless a new prompt shape costs less with it. cuDNN
-    plans per shape: on the first device run (H200, torch 2.11, session 26)
+    plans per shape: on the first device run (H200, torch 2.11, 2026-12-04)
     the eager path's cold TTFT was 0.99-1.31 s on some prompts against
     72-84 ms on others, and a keystroke's prompt has a new length. None on a
     CPU, or when cuDNN attention was already off (nothing to choose).
@@ -277,23 +292,26 @@ def decoder_layer(shape: Shape, w: Any, x: torch.Tensor, lin: Any, cos: torch.Te
                   mask: torch.Tensor | None, *, attention: str = GROUPED, q_out: torch.Tensor | None = None,
                   q_row: torch.Tensor | None = None, kind: str = "", bucket: int = 0) -> torch.Tensor:
     """One decoder layer on x [T, D] (``w``: the layer's
-    :class:`~.backend.LayerWeights`): writes its K/V into this layer's cache
+    :class:`~.weights.LayerWeights`): writes its K/V into this layer's cache
     [KV, n_ctx, hd] at positions ``at`` (an int: at … at+T-1, sliced; a
     long tensor [T]: ``index_copy_``, the graph step's static form), attends
     over the first ``window`` positions as ``attention`` says: GROUPED under
     ``mask`` (see :func:`group_mask`; None: every key), CAUSAL (a fresh
     prompt) or STEPWISE (:func:`stepwise_attention`, ``at`` an int). ``q_out``
     [H, hd]: receives the query of row ``q_row`` (a long tensor [1]; None:
-    the last row) — KV folding's input."""
+    the last row) — KV folding's input. ``cos``, ``sin`` [T, hd]: the
+    rotary tables at the rows' positions, ``sin`` as :func:`signed_sin`
+    makes it. ``w.wqkv`` holds q's, k's and v's rows in one product,
+    ``w.wgu`` gate's and up's (packed at load): one product each."""
     T = x.shape[0]
     H, KV, hd = shape.n_heads, shape.n_kv, shape.head_dim
     dt = x.dtype
-    h = lin.prepare(rms_norm(x, w.ln1, shape.eps))        # cast/quantized once for q, k, v
-    q = lin.multiply(h, w.wq, w.bq, w.sq, dt).view(T, H, hd).transpose(0, 1)     # [H, T, hd]
-    k = lin.multiply(h, w.wk, w.bk, w.sk, dt).view(T, KV, hd).transpose(0, 1)    # [KV, T, hd]
-    v = lin.multiply(h, w.wv, w.bv, w.sv, dt).view(T, KV, hd).transpose(0, 1)
-    q = rope(q, cos, sin)
-    k = rope(k, cos, sin)
+    h = lin.prepare(rms_norm(x, w.ln1, shape.eps))        # cast/quantized once for the q/k/v product
+    qkv = lin.multiply(h, w.wqkv, w.bqkv, w.sqkv, dt).view(T, H + 2 * KV, hd)    # [T, H+2KV, hd]
+    qk = rope(qkv[:, :H + KV], cos.unsqueeze(1), sin.unsqueeze(1))               # q and k rotated at once
+    q = qk[:, :H].transpose(0, 1)                         # [H, T, hd]
+    k = qk[:, H:].transpose(0, 1)                         # [KV, T, hd]
+    v = qkv[:, H + KV:].transpose(0, 1)                   # [KV, T, hd]
     if q_out is not None:
         q_out.copy_(q[:, -1] if q_row is None else q.index_select(1, q_row)[:, 0])   # [H, hd]
     if isinstance(at, int):
@@ -311,9 +329,10 @@ def decoder_layer(shape: Shape, w: Any, x: torch.Tensor, lin: Any, cos: torch.Te
         o = stepwise_attention(q, keys, vals, shape.scale, at, kind=kind, bucket=bucket)
     else:
         o = grouped_attention(q, keys, vals, shape.scale, mask, kind=kind, bucket=bucket)
-    x = x + lin(o.transpose(0, 1).reshape(T, H * hd), w.wo, w.bo, w.so)
-    h = lin.prepare(rms_norm(x, w.ln2, shape.eps))        # once for gate and up
-    gu = F.silu(lin.multiply(h, w.wg, None, w.sg, dt), inplace=True).mul_(lin.multiply(h, w.wu, None, w.su, dt))
+    x, normed = add_rms_norm(x, lin(o.transpose(0, 1).reshape(T, H * hd), w.wo, w.bo, w.so), w.ln2, shape.eps)
+    gu = lin.multiply(lin.prepare(normed), w.wgu, None, w.sgu, dt)                # [T, 2F]: gate, then up
+    inner = gu.shape[1] // 2
+    act = F.silu(gu[:, :inner]).mul_(gu[:, inner:])       # [T, F], contiguous
     if shape.inner is not None:
-        gu = shape.inner.rotate_rows(gu, shape.inner_exact)
-    return x + lin(gu, w.wd, None, w.sd)
+        act = shape.inner.rotate_rows(act, shape.inner_exact)
+    return x + lin(act, w.wd, None, w.sd)

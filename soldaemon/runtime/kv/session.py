@@ -139,10 +139,30 @@ class KVSession:
             precise = pos < split
             end = min(stop, split, pos + self.chunk) if precise else min(stop, pos + self.half_chunk)
             piece = ids[pos:end]
-            logits = self.backend.forward(self._tensor(piece), pos, precise=precise)[-1]
+            # the typed line (past the split: decode cost) replays a graph where there is one
+            rows = None if precise else self._replay(piece, pos)
+            if rows is None:
+                rows = self.backend.forward(self._tensor(piece), pos, precise=precise)
+            logits = rows[-1]
             self.tokens.extend(piece)
             pos = end
         return logits
+
+    def _replay(self, tokens: Sequence[int], pos: int) -> torch.Tensor | None:
+        """Logits [T, V] of a short forward (a decode step, a verify, the
+        typed line) of ``tokens`` at ``pos`` through a graph replay — this
+        session's own copy of the graph's output, which the next replay
+        overwrites —, or None: graphs are off or hold no graph for it (the
+        caller runs the eager forward)."""
+        graphs = self.backend.graphs
+        if graphs is None:
+            return None
+        self.backend.use_cache(self.cache)
+        if len(tokens) == 1:
+            one = graphs.step(tokens[0], pos)
+            return None if one is None else one.unsqueeze(0).clone()
+        rows = graphs.verify(tokens, pos)
+        return None if rows is None else rows.clone()
 
     def decode_step(self, token: int) -> torch.Tensor:
         """Append ``token``; return the logits [V] for the next one (this
@@ -150,17 +170,10 @@ class KVSession:
         if len(self.tokens) + 1 >= self.n_ctx:
             raise ValueError("KV cache full")
         self.version += 1
-        logits = None
-        graphs = self.backend.graphs
-        if graphs is not None:                 # a CUDA graph replay (None: graphs off)
-            self.backend.use_cache(self.cache)
-            logits = graphs.step(token, len(self.tokens))
-            if logits is not None:
-                # a view of the graph's static output, which the next replay
-                # overwrites (documents sharing a compute buffer share the graph)
-                logits = logits.clone()
-        if logits is None:
-            logits = self.backend.forward(self._tensor([token]), len(self.tokens))[0]
+        rows = self._replay([token], len(self.tokens))       # a CUDA graph replay (None: eager)
+        if rows is None:
+            rows = self.backend.forward(self._tensor([token]), len(self.tokens))
+        logits = rows[0]
         self.tokens.append(token)
         self._last_logits = logits
         return logits
@@ -171,17 +184,7 @@ class KVSession:
         if len(self.tokens) + len(tokens) >= self.n_ctx:
             raise ValueError("KV cache full")
         self.version += 1
-        logits = None
-        graphs = self.backend.graphs
-        if graphs is not None:                 # the path decode runs: a graph replay (None: eager)
-            self.backend.use_cache(self.cache)
-            pos = len(self.tokens)
-            if len(tokens) == 1:
-                one = graphs.step(tokens[0], pos)
-                logits = None if one is None else one.unsqueeze(0).clone()
-            else:
-                rows = graphs.verify(tokens, pos)
-                logits = None if rows is None else rows.clone()
+        logits = self._replay(tokens, len(self.tokens))       # the path decode runs: a graph replay (None: eager)
         if logits is None:
             logits = self.backend.forward(self._tensor(tokens), len(self.tokens), last_only=False)
         self.tokens.extend(tokens)
@@ -217,6 +220,7 @@ class SessionPool:
         self.slots = slots
         self.fold_threshold = fold_threshold
         self._by_key: dict[str, KVSession] = {}   # insertion order = LRU order
+        self._free: list[KVSession] = []          # slots made by caches() that no document holds yet
         self._folded: dict[str, FoldedKV] = {}    # parked sessions' KV (folding on)
         self._active: str | None = None
         self._created = 0
@@ -231,7 +235,9 @@ class SessionPool:
             return self._acquire_folding(key)
         session = self._by_key.pop(key, None)
         if session is None:
-            if len(self._by_key) >= self.slots:
+            if self._free:
+                session = self._free.pop(0)            # a slot made up front (caches())
+            elif len(self._by_key) >= self.slots:
                 session = self._by_key.pop(next(iter(self._by_key)))  # least recently used
                 session.truncate(0)
             else:
@@ -241,6 +247,20 @@ class SessionPool:
                 self._created += 1
         self._by_key[key] = session
         return session
+
+    def caches(self) -> list[Any]:
+        """Every slot's KV cache, the missing ones made now: a fixed pool, so
+        that the graphs captured per cache at warm-up
+        (:meth:`~soldaemon.runtime.forward.cudagraph.GraphDecoder.warm_up`)
+        serve every document — a new one takes the least recently used
+        slot. With folding on, the one compute buffer every session shares."""
+        if self.folding:
+            return [self.backend.current_cache()]
+        while self._created < self.slots:
+            cache = self.backend.new_cache() if self._created else None
+            self._free.append(KVSession(self.backend, cache=cache, **self.session_kwargs))
+            self._created += 1
+        return [s.cache for s in (*self._by_key.values(), *self._free)]
 
     def truncate_all(self) -> None:
         """Empty every session the pool holds, as if none had been used: the
@@ -314,7 +334,7 @@ class SessionPool:
         folded sessions), each storage counted once."""
         seen: dict[int, int] = {}
         tensors: list[torch.Tensor] = []
-        for s in list(self._by_key.values()):
+        for s in [*self._by_key.values(), *self._free]:
             if isinstance(s.cache, tuple):
                 tensors.extend(t for t in s.cache if isinstance(t, torch.Tensor))
         for f in list(self._folded.values()):

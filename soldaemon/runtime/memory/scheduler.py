@@ -1,7 +1,9 @@
 """Sol's memory scheduler: the engine's side of residency.
 
-Plans residency under ``sol.memory_budget``, releases device memory after
-``idle_release_s`` without requests and restores it on the next, pins a
+Plans residency under ``sol.memory_budget``, releases device memory when
+idle — on CUDA when another process wants the GPU's memory (NVML shows it:
+:func:`nvml_pressure`), elsewhere after ``idle_release_s`` without
+requests — and restores it on the next request, pins a
 ``priority: high`` request's layers, and turns KV folding's quantizing on
 only while memory is short. The rules are policy
 (:mod:`soldaemon.policy.memory`); this module reads the clock and the
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from typing import Any, Callable, Iterator
@@ -55,6 +58,46 @@ def device_free_bytes(device: torch.device) -> tuple[int, int]:
     return int(vm.available), int(vm.total)
 
 
+PRESSURE_MIN_IDLE_S = 5.0     # a release on memory pressure waits this long after the last request
+PRESSURE_FREE_SHARE = 0.05    # pressure: the device's free memory under this share of its total ...
+PRESSURE_FREE_MIN = 1 << 30   # ... or under 1 GiB, whichever is more, while another process holds some
+
+
+def under_pressure(free: int, total: int, others: int) -> bool:
+    """Whether another process wants the GPU's memory: it holds some
+    (``others`` bytes, NVML's per-process accounting) and the device's free
+    memory is nearly gone (bytes)."""
+    return others > 0 and free < max(PRESSURE_FREE_MIN, PRESSURE_FREE_SHARE * total)
+
+
+def nvml_pressure(device: torch.device) -> Callable[[], bool] | None:
+    """A reader of :func:`under_pressure` for ``device`` through NVML (the
+    device found by its UUID, so CUDA_VISIBLE_DEVICES does not matter), or
+    None where NVML or the device cannot be read."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+    except Exception as exc:  # no NVML, no driver, an old pynvml: the timer decides
+        log.info("memory pressure cannot be read through NVML (%s): idle release runs on its timer", exc)
+        return None
+    me = os.getpid()
+
+    def read() -> bool:
+        try:
+            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            procs = (list(pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
+                     + list(pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle)))
+        except Exception:  # a transient NVML error: no pressure seen this time
+            return False
+        others = sum(int(p.usedGpuMemory or 0) for p in procs if p.pid != me)
+        return under_pressure(int(mem.free), int(mem.total), others)
+
+    return read
+
+
 class MemoryScheduler:
     """Sol's memory contract for one engine: plan residency under the
     budget, release device memory after ``idle_release_s`` without requests
@@ -64,11 +107,17 @@ class MemoryScheduler:
 
     ``gen_lock`` is the engine's generation lock: release and restore hold
     it, so no forward runs while weights move. ``free_bytes`` () → (free,
-    total) is how memory is read (default :func:`device_free_bytes`)."""
+    total) is how memory is read (default :func:`device_free_bytes`).
+
+    ``on_timer``: release after ``idle_release_s`` idle (True), or only
+    when ``pressure`` () says another process wants the memory, once idle
+    for PRESSURE_MIN_IDLE_S (False). Default: on memory pressure on CUDA
+    where NVML reads it (:func:`nvml_pressure`), else on the timer."""
 
     def __init__(self, backend: Offloadable, sol: Any, gen_lock: threading.Lock, *, kv_reserve_bytes: int,
                  idle_release: bool | None = None,
-                 free_bytes: Callable[[], tuple[int, int]] | None = None) -> None:
+                 free_bytes: Callable[[], tuple[int, int]] | None = None,
+                 pressure: Callable[[], bool] | None = None, on_timer: bool | None = None) -> None:
         self.backend = backend
         self.sol = sol
         self.gen_lock = gen_lock
@@ -87,11 +136,16 @@ class MemoryScheduler:
         backend.residency = self.store
         self.idle_release_s = float(sol.idle_release_s)
         self.idle_release = idle_release_on(backend.device.type, idle_release)
+        if pressure is None and on_timer is not True and self.idle_release and backend.device.type == "cuda":
+            pressure = nvml_pressure(backend.device)
+        self.pressure = pressure
+        self.on_timer = pressure is None if on_timer is None else on_timer
+        self.recapturer: threading.Thread | None = None   # graphs captured again after a restore
         self.last_active = time.monotonic()
         self.releases = 0
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
-        if self.idle_release and self.idle_release_s > 0:
+        if self.idle_release and (self.idle_release_s > 0 or not self.on_timer):
             self._timer = threading.Thread(target=self._idle_loop, name="sol-idle", daemon=True)
             self._timer.start()
         # KV folding (sol.kv_folding_entropy_threshold > 0) quantizes parked
@@ -127,24 +181,33 @@ class MemoryScheduler:
                 yield
         finally:
             self.touch()
-            self.recapture_graphs()
+            self.recapture_soon()
+
+    def recapture_soon(self) -> threading.Thread | None:
+        """After a request: when the CUDA graphs owe captures (stale after a
+        restore, or missed by the request), capture them on a background
+        thread (:meth:`recapture_graphs`); the next keystrokes decode eagerly
+        meanwhile and wait for one capture at most. The thread, or None."""
+        graphs = self.backend.graphs
+        if graphs is None or not graphs.owes() or self.store.released:
+            return None
+        if self.recapturer is not None and self.recapturer.is_alive():
+            return self.recapturer
+        self.recapturer = threading.Thread(target=self.recapture_graphs, name="sol-recapture", daemon=True)
+        self.recapturer.start()
+        return self.recapturer
 
     def recapture_graphs(self) -> int:
-        """After a restore, once the request that needed the weights is done:
-        capture the CUDA graphs again (they went stale when the weights
-        moved; the request ran eager steps meanwhile), under the generation
-        lock and outside any request. Skips when another request holds the
-        lock (the next one's end does it). Returns graphs captured."""
+        """Outside any request: capture the CUDA graphs the requests ran
+        eager forwards for (stale since the weights moved, or missed), one
+        at a time, each under the generation lock on its own
+        (:meth:`~soldaemon.runtime.forward.cudagraph.GraphDecoder.recapture`).
+        Skips when a request holds the lock at the start (the next one's
+        end does it). Returns graphs captured."""
         graphs = self.backend.graphs
-        recapture = getattr(graphs, "recapture", None)
-        if recapture is None or not getattr(graphs, "stale", False) or self.store.released:
+        if graphs is None or not graphs.owes() or self.store.released:
             return 0
-        if not self.gen_lock.acquire(blocking=False):
-            return 0
-        try:
-            return recapture()
-        finally:
-            self.gen_lock.release()
+        return graphs.recapture(self.gen_lock)
 
     def update_kv_folding(self) -> bool | None:
         """Read free memory; turn the backend's query recording (and so the
@@ -213,8 +276,13 @@ class MemoryScheduler:
         """Release when idle for idle_release_s; bytes freed (0: not now).
         Skips when a request holds the generation lock or pins layers."""
         now = time.monotonic() if now is None else now
-        if not idle_release_due(now, self.last_active, self.idle_release_s,
-                                released=self.store.released, pins=self.store.pins):
+        if self.on_timer or self.pressure is None:
+            due = idle_release_due(now, self.last_active, self.idle_release_s,
+                                   released=self.store.released, pins=self.store.pins)
+        else:   # on memory pressure: idle a little, and another process wants the memory
+            due = (idle_release_due(now, self.last_active, PRESSURE_MIN_IDLE_S, released=self.store.released,
+                                    pins=self.store.pins) and self.pressure())
+        if not due:
             return 0
         if not self.gen_lock.acquire(blocking=False):
             return 0

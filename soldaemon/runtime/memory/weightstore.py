@@ -40,8 +40,8 @@ log = logging.getLogger("soldaemon.residency")
 
 # LayerWeights fields that are never offloaded (a few KB: the norms).
 ALWAYS_RESIDENT = ("ln1", "ln2")
-ATTN = ("wq", "bq", "wk", "bk", "wv", "bv", "wo", "bo", "sq", "sk", "sv", "so")   # s*: int8 storage's scales
-MLP = ("wg", "wu", "wd", "sg", "su", "sd")
+ATTN = ("wqkv", "bqkv", "wo", "bo", "sqkv", "so")   # s*: int8 storage's scales
+MLP = ("wgu", "wd", "sgu", "sd")
 _ALIGN = 64  # bytes: slot views start on this boundary
 
 
@@ -50,11 +50,14 @@ class _Unit:
     info: UnitInfo
     names: tuple[str, ...]
     # variant (0 = model dtype, 1 = half decode copy) → name → the tensor
-    # object the backend (and, for variant 0, the HF module) holds. Offload
-    # swaps its data for an empty tensor; restore swaps fresh device data in.
+    # object the backend holds (the HF module's parameters may be views of
+    # it). Offload shrinks its storage to nothing; restore grows it back and
+    # copies the host data in.
     tensors: list[dict[str, torch.Tensor]]
     resident: bool = True
     host: list[dict[str, torch.Tensor]] | None = None   # made at first offload, kept
+    # each tensor's storage size while resident (None: not resizable, swapped instead)
+    storage_bytes: list[dict[str, int | None]] | None = None
 
 
 def measure_copy_bandwidth(device: torch.device, nbytes: int = 64 << 20, reps: int = 3) -> float:
@@ -223,20 +226,34 @@ class WeightStore:
             return
         if u.host is None:
             u.host = [{n: _host_copy(t, self.cuda) for n, t in d.items()} for d in u.tensors]
-        for d in u.tensors:
-            for t in d.values():
-                # the backend's LayerWeights and the HF module hold this very
-                # object: with its data swapped out the storage is freed
-                t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+        if u.storage_bytes is None:
+            u.storage_bytes = [{n: t.untyped_storage().nbytes() if t.untyped_storage().resizable() else None
+                                for n, t in d.items()} for d in u.tensors]
+        for d, sizes in zip(u.tensors, u.storage_bytes):
+            for n, t in d.items():
+                # the backend's LayerWeights and the HF module (whose parameters
+                # may be views of these rows) share this storage: freed for all.
+                # A storage that cannot shrink (a file's mapping) is the module's
+                # own parameter, held by no view: its data is swapped out instead
+                if sizes[n] is None:
+                    t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+                else:
+                    t.untyped_storage().resize_(0)
         u.resident = False
 
     def _restore(self, u: _Unit) -> None:
         if u.resident:
             return
-        assert u.host is not None
-        for d, h in zip(u.tensors, u.host):
-            for n, t in d.items():
-                t.data = h[n].to(self.device, non_blocking=self.cuda, copy=True)
+        assert u.host is not None and u.storage_bytes is not None
+        with torch.no_grad():
+            for d, h, sizes in zip(u.tensors, u.host, u.storage_bytes):
+                for n, t in d.items():
+                    size = sizes[n]
+                    if size is None:
+                        t.data = h[n].to(self.device, non_blocking=self.cuda, copy=True)
+                        continue
+                    t.untyped_storage().resize_(size)           # the same storage: every view sees it again
+                    t.copy_(h[n], non_blocking=self.cuda)
         if self.cuda:
             torch.cuda.current_stream(self.device).synchronize()
         u.resident = True

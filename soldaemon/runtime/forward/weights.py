@@ -1,0 +1,86 @@
+"""A decoder layer's weights as the forward reads them: packed once at load
+(:class:`~.backend.LeanBackend`), in the kernel plan's storage
+(:mod:`.kernels`), the products that share an input stacked into one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One decoder layer's tensors in the plan's weight storage
+    (:mod:`.kernels`): ``w*`` the packed weights, ``s*`` their per-row scales
+    (int8 storage; None for dense), ``b*`` biases in the compute dtype.
+    Products that read the same input are packed as one at load (their
+    rows stacked): q, k and v in ``wqkv``, gate and up in ``wgu``. Per-row
+    scales make the stacked int8 weight the parts' rows as they were."""
+
+    ln1: torch.Tensor                  # [D] input RMSNorm
+    ln2: torch.Tensor                  # [D] post-attention RMSNorm
+    wqkv: torch.Tensor                 # [(H+2KV)*hd, D]: q's rows, then k's, then v's
+    bqkv: torch.Tensor | None          # [(H+2KV)*hd]
+    wo: torch.Tensor                   # [D, H*hd]
+    bo: torch.Tensor | None
+    wgu: torch.Tensor                  # [2F, D]: gate's rows, then up's
+    wd: torch.Tensor                   # [D, F] down
+    sqkv: torch.Tensor | None = None   # [(H+2KV)*hd] scales of wqkv (int8 storage)
+    so: torch.Tensor | None = None
+    sgu: torch.Tensor | None = None
+    sd: torch.Tensor | None = None
+    q_rows: int = 0                    # H*hd: where k's rows start in wqkv (v's: q_rows + kv_rows)
+    kv_rows: int = 0                   # KV*hd
+
+    def _qkv(self, t: torch.Tensor | None, part: int) -> torch.Tensor | None:
+        if t is None:
+            return None
+        start = (0, self.q_rows, self.q_rows + self.kv_rows)[part]
+        return t[start:start + (self.q_rows if part == 0 else self.kv_rows)]
+
+    def _gu(self, t: torch.Tensor | None, part: int) -> torch.Tensor | None:
+        return None if t is None else t.chunk(2)[part]
+
+    # one product's rows (views of the packed tensors; dense and int8 storage):
+    # for readers of a single product (tests, scripts), not the forward
+    @property
+    def wq(self) -> torch.Tensor | None: return self._qkv(self.wqkv, 0)
+    @property
+    def wk(self) -> torch.Tensor | None: return self._qkv(self.wqkv, 1)
+    @property
+    def wv(self) -> torch.Tensor | None: return self._qkv(self.wqkv, 2)
+    @property
+    def sq(self) -> torch.Tensor | None: return self._qkv(self.sqkv, 0)
+    @property
+    def sk(self) -> torch.Tensor | None: return self._qkv(self.sqkv, 1)
+    @property
+    def sv(self) -> torch.Tensor | None: return self._qkv(self.sqkv, 2)
+    @property
+    def wg(self) -> torch.Tensor | None: return self._gu(self.wgu, 0)
+    @property
+    def wu(self) -> torch.Tensor | None: return self._gu(self.wgu, 1)
+    @property
+    def sg(self) -> torch.Tensor | None: return self._gu(self.sgu, 0)
+    @property
+    def su(self) -> torch.Tensor | None: return self._gu(self.sgu, 1)
+
+
+PACKED = ("wqkv", "wo", "wgu", "wd")   # LayerWeights' product weights
+
+
+def share_rows(linears: Sequence[Any], packed: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """Point the modules' weights (and biases) at their rows of ``packed``
+    where those hold the very values (same dtype and device: dense
+    storage): the module then keeps no copy of its own."""
+    weights = [lin.weight for lin in linears]
+    if packed.dtype != weights[0].dtype or packed.device != weights[0].device or packed.is_mkldnn:
+        return
+    sizes = [t.shape[0] for t in weights]
+    for t, part in zip(weights, packed.split(sizes)):
+        t.data = part
+    if bias is not None and bias.dtype == weights[0].dtype:
+        for lin, part in zip(linears, bias.split(sizes)):
+            if getattr(lin, "bias", None) is not None:
+                lin.bias.data = part
