@@ -34,7 +34,7 @@ from soldaemon.runtime.forward.rotation import (INNER_BLOCK, RESIDUAL_BLOCK, Rot
                                                row_exact)
 from soldaemon.runtime.forward.weights import PACKED, LayerWeights, share_rows
 from soldaemon.runtime.forward.layer import (CAUSAL, GROUPED, STEPWISE, Shape, additive_mask, causal_mask,
-                                             decoder_layer, group_mask, plan_attention, rms_norm)
+                                             decoder_layer, group_mask, plan_attention, rms_norm, signed_sin)
 
 if TYPE_CHECKING:
     from soldaemon.runtime.memory.weightstore import WeightStore
