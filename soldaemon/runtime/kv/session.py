@@ -258,7 +258,7 @@ class SessionPool:
             return [self.backend.current_cache()]
         while self._created < self.slots:
             cache = self.backend.new_cache() if self._created else None
-            self._free.append(KVSession(self.backend, cache=cache, **self.session_kwargs))
+            self._free.append(KVSession(self.backend, cache=cache))
             self._created += 1
         return [s.cache for s in (*self._by_key.values(), *self._free)]
 
