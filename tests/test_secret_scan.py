@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from soldaemon.api import CompletionRequest, ContextChunk
 from soldaemon.config import config_from_dict
-from soldaemon.privacy.rules import ContextPolicy, redact
+from soldaemon.privacy.rules import ContextPolicy, redact, redact_request
 from soldaemon.remote.engine import RemoteEngine
-from tests.test_remote import ScriptedEngine, _run
+from tests.test_remote import ScriptedEngine, _run, scripted, tiny_tokenizer  # noqa: F401 (the fixtures)
 
 TOKENS = {
     "base64": "Zm9vYmFyYmF6cXV4MTIzNDU2Nzg5MGFiY2RlZmdoaWpr",
@@ -28,25 +28,11 @@ KEY_BODY = ("MIIEpAIBAAKCAQEA1c2VjcmV0LWtleS1ib2R5LWxpbmUtb25lLWZvci10ZXN0aW5n\n
             "TGluZVRocmVlOXhZejEyMzRBYkNkRWZHaElqS2xNbk9wUXJTdFV2V3hZejAxMjM0\n")
 
 
-@pytest.fixture(scope="module")
-def tiny_tokenizer() -> Any:
-    from soldaemon.testing.tiny import build_tokenizer
-
-    return build_tokenizer()
-
-
-@pytest.fixture
-def scripted() -> Iterator[ScriptedEngine]:
-    server = ScriptedEngine()
-    yield server
-    server.close()
-
-
 def _sent(tokenizer: Any, engine: ScriptedEngine, **fields: Any) -> str:
     """What the remote engine received for one request with ``fields``."""
     fields.setdefault("uri", "file:///w/proj/app.py")
     # n_ctx with room for context beside the windows
-    config = config_from_dict({"backend": {"kind": "remote", "url": engine.url}, "model": {"max_context": 16384, "context": "order"}})
+    config = config_from_dict({"backend": {"kind": "remote", "url": engine.url}, "model": {"max_context": 16384}})
     _run(RemoteEngine(config, tokenizer, "tiny"), CompletionRequest(id="s", max_tokens=8, **fields))
     assert engine.attempts == 1
     return json.dumps(engine.bodies[-1])
@@ -70,24 +56,33 @@ def test_a_token_split_at_the_cursor_is_one_token(tiny_tokenizer: Any, scripted:
 
 
 def test_a_key_body_without_its_header(tiny_tokenizer: Any, scripted: ScriptedEngine) -> None:
-    """Finding 3: key bodies with an ``END`` line and none, no header."""
-    context = (ContextChunk("file:///w/proj/a.py", "KEY = '''\n" + KEY_BODY + "-----END RSA PRIVATE KEY-----\n'''\n"),
-               ContextChunk("file:///w/proj/b.py", KEY_BODY),
+    """Finding 3: key bodies with an ``END`` line and none, no header, in
+    definitions the relevance selector puts in the prompt (the code at the
+    cursor calls them)."""
+    context = (ContextChunk("file:///w/proj/a.py", "def read_key():\n    return '''\n" + KEY_BODY
+                            + "-----END RSA PRIVATE KEY-----\n'''\n"),
+               ContextChunk("file:///w/proj/b.py", "def load_body():\n    return '''\n" + KEY_BODY + "'''\n"),
                ContextChunk("file:///w/proj/c.py", "def helper_function_name():\n    return 42\n"))
-    body = _sent(tiny_tokenizer, scripted, prefix="x = helper_function_name(", suffix="\n", context=context)
-    assert "helper_function_name():" in body, "the context reaches the prompt"
+    prefix = "a = read_key()\nb = load_body()\nc = helper_function_name()\nx = helper_function_name("
+    body = _sent(tiny_tokenizer, scripted, prefix=prefix, suffix="\n", context=context)
+    for name in ("def read_key", "def load_body", "def helper_function_name"):
+        assert name in body, f"the context reaches the prompt: {name}"
     for line in KEY_BODY.splitlines():
         assert line[:16] not in body, line
     assert "END RSA PRIVATE KEY" not in body
 
 
-def test_a_key_split_across_chunks_of_one_file(tiny_tokenizer: Any, scripted: ScriptedEngine) -> None:
+def test_a_key_split_across_chunks_of_one_file() -> None:
     """Finding 3, two chunks of one file: the header in one, one body line
-    in the next."""
-    context = (ContextChunk("file:///w/proj/k.py", "K = '''\n-----BEGIN RSA PRIVATE KEY-----"),
-               ContextChunk("file:///w/proj/k.py", KEY_BODY.splitlines()[0] + "\nrest = 1\n"))
-    body = _sent(tiny_tokenizer, scripted, prefix="x = ", suffix="\n", context=context)
-    assert KEY_BODY[:16] not in body
+    in the next. What is sent is the redacted request (the prompt is built
+    from its chunks, whichever the relevance selector keeps)."""
+    req = CompletionRequest(id="s", uri="file:///w/proj/app.py", prefix="x = ", suffix="\n", context=(
+        ContextChunk("file:///w/proj/k.py", "K = '''\n-----BEGIN RSA PRIVATE KEY-----"),
+        ContextChunk("file:///w/proj/k.py", KEY_BODY.splitlines()[0] + "\nrest = 1\n")))
+    redacted, withheld = redact_request(req)
+    assert withheld
+    sent = "".join(chunk.text for chunk in redacted.context)
+    assert KEY_BODY[:16] not in sent
 
 
 @pytest.mark.parametrize("line,value", [
