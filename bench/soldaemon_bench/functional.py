@@ -61,15 +61,17 @@ class Project:
     package: str       # the importable package, copied beside the tests
     file: str          # the module's path inside the sdist
     tests: str         # the unittest module that judges it (a dotted name inside the sdist)
+    sha256: str        # the sdist's, checked by pip (--require-hashes) and again before unpacking
 
 
+MORE_ITERTOOLS_SHA256 = "f638ddf8a1a0d134181275fb5d58b086ead7c6a72429ad725c67503f13ba30bd"   # the 10.8.0 sdist
 # Tested projects nobody here wrote, whose tests run with the standard library
 # alone (unittest) in a few seconds. Keyed by the name a hole's ``module`` holds.
 PROJECTS = {
     "more_itertools.more": Project("more-itertools", "10.8.0", "more_itertools-10.8.0", "more_itertools",
-                                   "more_itertools/more.py", "tests.test_more"),
+                                   "more_itertools/more.py", "tests.test_more", MORE_ITERTOOLS_SHA256),
     "more_itertools.recipes": Project("more-itertools", "10.8.0", "more_itertools-10.8.0", "more_itertools",
-                                      "more_itertools/recipes.py", "tests.test_recipes"),
+                                      "more_itertools/recipes.py", "tests.test_recipes", MORE_ITERTOOLS_SHA256),
 }
 # The default: the project's modules first (they would otherwise come after
 # the standard library's holes fill the count), then the standard library.
@@ -102,12 +104,17 @@ def project_root(project: Project, *, fetch: bool = True) -> Path | None:
         return None
     root.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="sol-sdist-", dir=root.parent) as tmp:
+        pinned = Path(tmp, "pinned.txt")
+        pinned.write_text(f"{project.dist}=={project.version} --hash=sha256:{project.sha256}\n")
         done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                               "-q", "-d", tmp, f"{project.dist}=={project.version}"],
+                               "--require-hashes", "-q", "-d", tmp, "-r", str(pinned)],
                               capture_output=True, text=True, timeout=300, check=False)
         archives = sorted(Path(tmp).glob("*.tar.gz"))
         if done.returncode != 0 or not archives:
             return None
+        if hashlib.sha256(archives[0].read_bytes()).hexdigest() != project.sha256:
+            raise FileNotFoundError(f"functional: {archives[0].name} is not the pinned {project.dist}=={project.version} "
+                                    f"(sha256 {project.sha256}); refused")
         with tarfile.open(archives[0]) as tar:
             tar.extractall(tmp, filter="data")
         unpacked = Path(tmp, project.top)
