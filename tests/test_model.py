@@ -162,7 +162,7 @@ def test_not_enough_memory_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.
     with pytest.raises(OutOfMemory) as err:
         loader.check_memory(tiny, torch.device("cpu"), torch.float32)
     assert "GiB in float32" in str(err.value) and "RAM" in str(err.value)
-    assert "bfloat16" in str(err.value)  # says what to do
+    assert "model.precision" in str(err.value)  # says what to do: the setting that needs less memory
 
 
 def test_cuda_asked_without_cuda() -> None:
