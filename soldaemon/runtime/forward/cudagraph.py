@@ -83,6 +83,7 @@ _MIN_BUCKET = 256
 VERIFY_ROWS = (2, 4, 8, 16)     # verify forwards are graphed at these row counts (padded up)
 MAX_FAILURES = 2                # failed captures in a row before graphs are given up
 GRAPH_MEMORY_RESERVE = 0.10     # share of the device's memory left free when capturing another slot's graphs
+HANDOFF_S = 0.001               # s: the recapture waits this long between captures, so a waiting request gets the lock
 
 
 def buckets(n_ctx: int) -> list[int]:
@@ -266,6 +267,8 @@ class GraphDecoder:
         todo = self._missing()
         before = self.captures
         for i, (pending, cache, window, rows) in enumerate(todo):
+            if lock is not None and i > 0:
+                time.sleep(HANDOFF_S)        # threading.Lock is not fair: let a waiting request take it first
             if lock is not None and not lock.acquire(blocking=i > 0):
                 break
             try:
