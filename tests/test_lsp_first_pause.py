@@ -3,9 +3,9 @@ no daemon running.
 
 - The daemon starts when the first enabled document opens; the first
   inline request waits for it (within its cancellation) and gets an item,
-  with "starting…" and the model's first-start work (here: the kernel
-  timing of the tiny model) in ``sol/status``; a disabled language starts
-  nothing.
+  with "starting…" and the stage the daemon prints in ``sol/status``; the
+  daemon prints its first-start work (here: the kernel timing of the tiny
+  model); a disabled language starts nothing.
 - A daemon sol-lsp starts listens on a free port when the configured one is
   held, and its record says where (sol-lsp finds it there).
 """
@@ -67,8 +67,13 @@ async def test_the_first_inline_request_after_open_waits_for_the_daemon(engine_a
     env = lsp_env(state, {"SOLDAEMON_CACHE_DIR": str(tmp_path / "cache")})
     client: LanguageClient | None = None
     try:
-        client, statuses = await start_lsp([*QUICK, "--daemon-command", serve_command(config, *engine_args,
-                                                                                     "--port", "0")], env)
+        # the tiny model's first-start work lasts less than sol-lsp's 0.5 s poll on a fast
+        # machine, so a stage of known length goes first (printed the way the daemon prints
+        # its stages), then the real daemon starts in the same process
+        stage = "soldaemon: a stage that lasts 2 s"
+        command = shlex.join(["sh", "-c", f"echo '{stage}'; sleep 2; exec \"$@\"", "sh", sys.executable, "-m",
+                              "soldaemon.cli", "--config", str(config), "serve", *engine_args, "--port", "0"])
+        client, statuses = await start_lsp([*QUICK, "--daemon-command", command], env)
         await initialize(client, options={"languages": {"markdown": False}})
         md = "file:///w/notes.md"
         open_doc(client, md, TEXT, language="markdown")
@@ -84,7 +89,9 @@ async def test_the_first_inline_request_after_open_waits_for_the_daemon(engine_a
         assert result is not None and result.items, f"the first request came back empty; statuses {statuses}"
         messages = [s.get("message", "") for s in statuses]
         assert any("starting" in m for m in messages), messages
-        assert any("measuring the linear kernels" in m for m in messages), messages
+        assert any("a stage that lasts 2 s" in m for m in messages), messages     # the stage shown
+        out = (state / "daemon.out").read_text()
+        assert "soldaemon: measuring the linear kernels" in out, out            # the real first-start work
         assert statuses[-1]["state"] == "ready"
     finally:
         await stop_all(client, state)
