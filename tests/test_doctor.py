@@ -27,7 +27,7 @@ from soldaemon.doctor import checks as doctor
 from soldaemon.doctor.checks import Check, judge, judge_machine
 from soldaemon.errors import CommandFailed, ProbeUnavailable
 from soldaemon.doctor.readers import (READ_ONLY_ARGVS, SMI_APPS_ARGV, SMI_BANNER_ARGV, SMI_CORE_ARGV, SMI_QUERY_ARGV,
-                                      CacheReading, CpuReading, GpuProbe, GpuReading, MachineReading, TorchReading)
+                                      SMI_STATE_ARGV, CacheReading, CpuReading, GpuProbe, GpuReading, MachineReading, TorchReading)
 from soldaemon.doctor.readers.nvml import ReadOnlyNvml
 
 DATA = Path(__file__).parent / "data" / "doctor"
@@ -92,6 +92,12 @@ class FakeNvml:
             if index in self._handle_error:
                 raise pynvml.NVMLError(self._handle_error[index])
             return ("handle", index)
+        if name == "nvmlDeviceGetMigDeviceHandleByIndex":
+            (handle, place) = args
+            migs = self._devices[handle[1]].get("mig_devices", [])
+            if place >= len(migs):
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+            return ("mig", handle[1], place)
         if name == "nvmlSystemGetProcessName":
             (pid,) = args
             if str(pid) not in self._names:
@@ -102,8 +108,10 @@ class FakeNvml:
                 raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
             return self._raise_if_error(self._system[name])
         handle, rest = args[0], args[1:]
-        assert isinstance(handle, tuple) and handle[0] == "handle", handle
+        assert isinstance(handle, tuple) and handle[0] in {"handle", "mig"}, handle
         device = self._devices[handle[1]]
+        if handle[0] == "mig":
+            device = device["mig_devices"][handle[2]]
         if name not in device:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         value = self._raise_if_error(device[name])
@@ -122,7 +130,8 @@ class FakeSmi:
     """Replays one smi_*/ folder as the nvidia-smi runner; records argv."""
 
     FILES = {SMI_QUERY_ARGV: "query-gpu.csv", SMI_CORE_ARGV: "query-gpu-core.csv",
-             SMI_APPS_ARGV: "query-compute-apps.csv", SMI_BANNER_ARGV: "nvidia-smi.txt"}
+             SMI_APPS_ARGV: "query-compute-apps.csv", SMI_STATE_ARGV: "query-gpu-state.csv",
+             SMI_BANNER_ARGV: "nvidia-smi.txt"}
 
     def __init__(self, folder: str | None = None, *, error: BaseException | None = None) -> None:
         self.folder = DATA / folder if folder else None
@@ -285,7 +294,7 @@ def test_real_pynvml_on_this_machine_never_raises() -> None:
 
 def comparable(r: GpuReading) -> dict[str, Any]:
     d = dataclasses.asdict(r)
-    for k in ("source", "notes"):
+    for k in ("source", "notes", "temperature_slowdown_c", "mig_slices"):      # the last two: NVML's only
         d.pop(k)
     return d
 
@@ -302,7 +311,7 @@ def test_nvidia_smi_reads_the_same_machine_as_nvml() -> None:
 def test_nvidia_smi_runs_only_the_read_only_queries() -> None:
     fake = FakeSmi("smi_h200")
     readers.read_nvidia_smi(fake)
-    assert fake.argvs == [list(SMI_QUERY_ARGV), list(SMI_BANNER_ARGV), list(SMI_APPS_ARGV)]
+    assert fake.argvs == [list(SMI_QUERY_ARGV), list(SMI_BANNER_ARGV), list(SMI_APPS_ARGV), list(SMI_STATE_ARGV)]
     assert_read_only_argvs(fake.argvs)
     assert SMI_QUERY_ARGV[2] == "--format=csv,noheader,nounits"
 
@@ -369,6 +378,8 @@ if not args:
     sys.stdout.write((folder / "nvidia-smi.txt").read_text())
 elif args[0].startswith("--query-compute-apps="):
     sys.stdout.write((folder / "query-compute-apps.csv").read_text())
+elif args[0].startswith("--query-gpu=index,display_active,"):
+    sys.stdout.write((folder / "query-gpu-state.csv").read_text())
 elif args[0].startswith("--query-gpu="):
     sys.stdout.write((folder / "query-gpu.csv").read_text())
 else:
@@ -397,7 +408,8 @@ def test_real_runner_through_a_fake_binary(fake_smi_binary: Path) -> None:
     assert [g.name for g in readings] == ["NVIDIA H200", "NVIDIA H200"]
     logged = [json.loads(line) for line in fake_smi_binary.read_text().splitlines()]
     assert_read_only_argvs([["nvidia-smi", *a] for a in logged])
-    assert len(logged) == 3
+    assert len(logged) == 4
+    assert [g.temperature_c for g in readings] == [34, 61]
 
 
 def test_doctor_run_end_to_end_only_queries(fake_smi_binary: Path, monkeypatch: pytest.MonkeyPatch,
@@ -439,7 +451,8 @@ RECORDED_VERDICTS = [
     ("nvml_h200", (None, None), "cuda", "fail", "torch is not importable"),
     # persistence
     ("nvml_h200", TORCH_CU124, "gpu0.persistence", "ok", "on"),
-    ("nvml_rtx4090_desktop", TORCH_CU124, "gpu0.persistence", "warn", "off"),
+    ("nvml_rtx4090_desktop", TORCH_CU124, "gpu0.persistence", "ok", "off; a display is attached"),
+    ("nvml_t4_degraded", TORCH_CU121, "gpu0.persistence", "warn", "off (headless)"),
     ("smi_gtx1080ti", TORCH_CU121, "gpu0.persistence", "warn", "off"),
     # ECC
     ("nvml_h200", TORCH_CU124, "gpu0.ecc", "ok", "no uncorrected errors"),
@@ -824,7 +837,7 @@ def test_format_human_lines() -> None:
     checks = machine_checks("nvml_t4_degraded", TORCH_CU121)
     text = doctor.format_human(list(checks.values()))
     lines = text.splitlines()
-    i = lines.index("[warn] gpu0.persistence: persistence mode off")
+    i = lines.index("[warn] gpu0.persistence: persistence mode off (headless)")
     assert lines[i + 1].startswith("       cost: ")
     assert lines[i + 2].startswith("       fix:  sudo nvidia-smi -pm 1")
     assert "[ ok ] cuda: " in text
@@ -867,7 +880,8 @@ def test_run_json_shape_and_exit_codes(monkeypatch: pytest.MonkeyPatch, tmp_path
     doc = json.loads(capsys.readouterr().out)
     assert set(doc) == {"schema", "status", "counts", "checks", "reading"}
     assert doc["schema"] == 1 and doc["status"] == "fail"
-    assert set(doc["reading"]) == {"gpu", "cpu", "torch", "cache", "daemon"}
+    assert set(doc["reading"]) == {"gpu", "cpu", "torch", "cache", "daemon", "cuda_view"}
+    assert doc["reading"]["cuda_view"]["device"] == "cuda:0"
     assert doc["reading"]["gpu"]["source"] == "nvml"
     assert doc["reading"]["gpu"]["gpus"][0]["name"] == "NVIDIA A100-PCIE-40GB"
     assert doc["reading"]["daemon"]["reachable"] is False

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Iterable, Literal, Sequence
 
 from soldaemon.doctor import readers
+from soldaemon.doctor import gpu_state
 from soldaemon.doctor.daemon import configured_plan_key, daemon_report, probe_running_daemon
 from soldaemon.doctor.plan import model_report, plan_report
 from soldaemon.doctor.readers import (DEFAULT_PORT, CacheReading, CpuReading, DaemonReading, GpuProbe, GpuReading,
@@ -158,11 +159,13 @@ def judge(
     include_driver: bool = True,
     own_pid: int | None = None,
     needed_bytes: int = MODEL_GPU_BYTES,
+    visible_devices: str | None = None,
 ) -> list[Check]:
     """All checks for one GPU. ``torch_cuda_version`` is ``torch.version.cuda``
     (``None``: CPU build); ``torch_version`` is ``None`` when torch is not
     importable. ``include_driver`` adds the driver/CUDA check (once per
-    machine). ``own_pid`` is left out of "other processes"."""
+    machine). ``own_pid`` is left out of "other processes";
+    ``visible_devices`` is ``CUDA_VISIBLE_DEVICES`` (for MIG)."""
     p = f"gpu{reading.index}"
     if reading.name == "(unreadable)":
         why = "; ".join(reading.notes) or "no handle"
@@ -172,13 +175,18 @@ def judge(
     checks = [_judge_arch(p, reading)]
     if include_driver:
         checks.append(_judge_cuda(reading, torch_cuda_version, torch_version))
+    others = [x for x in reading.processes or () if x.pid != own_pid and x.kind == "compute"]
     checks += [
-        _judge_persistence(p, reading),
+        Check(f"{p}.persistence", **gpu_state.persistence_line(reading)),
         _judge_ecc(p, reading),
         _judge_pcie(p, reading),
         _judge_clocks(p, reading),
         _judge_memory(p, reading, needed_bytes),
         _judge_processes(p, reading, own_pid),
+        Check(f"{p}.mig", **gpu_state.mig_line(reading, visible_devices)),
+        Check(f"{p}.compute_mode", **gpu_state.compute_mode_line(reading, len(others))),
+        Check(f"{p}.power", **gpu_state.power_line(reading)),
+        Check(f"{p}.temperature", **gpu_state.temperature_line(reading)),
     ]
     return checks
 
@@ -231,19 +239,6 @@ def _judge_cuda(r: GpuReading, torch_cuda: str | None, torch_version: str | None
                      cost="some kernels may fail to load; a driver upgrade removes the risk",
                      fix=_driver_fix(drv))
     return Check("cuda", "ok", f"{head}; {tail}: compatible")
-
-
-def _judge_persistence(p: str, r: GpuReading) -> Check:
-    n = f"{p}.persistence"
-    if r.persistence_mode is None:
-        return Check(n, "info", "persistence mode not reported (not available on Windows)")
-    if r.persistence_mode:
-        return Check(n, "ok", "persistence mode on")
-    return Check(n, "warn", "persistence mode off",
-                 cost="whenever no process holds the GPU the driver tears its state down: "
-                      "the next start (daemon restart, first request after one) pays the "
-                      "re-initialisation, typically a second or more",
-                 fix="sudo nvidia-smi -pm 1   (lasting: sudo systemctl enable --now nvidia-persistenced)")
 
 
 def _judge_ecc(p: str, r: GpuReading) -> Check:
@@ -458,14 +453,20 @@ def judge_daemon(d: DaemonReading) -> Check:
 def judge_machine(m: MachineReading, *, own_pid: int | None = None,
                   needed_bytes: int = MODEL_GPU_BYTES, layers: int | None = None,
                   threads: int | None = None, model_path: str | None = None) -> list[Check]:
-    """All checks, GPU first. Without a GPU: one ``gpu`` info check with
-    :func:`no_gpu_line`, then what applies (torch, CPU, cache, daemon)."""
+    """All checks, GPU first (``cuda_device``, which GPU the configured
+    ``cuda:N`` is, before the per-GPU lines). Without a GPU: one ``gpu``
+    info check with :func:`no_gpu_line`, then what applies (torch, CPU,
+    cache, daemon)."""
     checks: list[Check] = []
     has_gpu = bool(m.gpu.gpus)
     if has_gpu:
+        view = m.cuda_view
+        if view is not None:
+            checks.append(Check("cuda_device", **gpu_state.cuda_device_line(view, m.gpu.gpus)))
         for i, g in enumerate(m.gpu.gpus):
             checks += judge(g, m.torch.cuda, torch_version=m.torch.version, include_driver=i == 0,
-                            own_pid=own_pid, needed_bytes=needed_bytes)
+                            own_pid=own_pid, needed_bytes=needed_bytes,
+                            visible_devices=view.visible_devices if view is not None else None)
     else:
         checks.append(Check("gpu", "info", no_gpu_line(m.gpu)))
     checks.append(judge_torch(m.torch, has_gpu))
@@ -569,7 +570,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, config: Any = None) -> int:
     """Read the machine, judge, print. Returns 1 if any check fails, else 0.
     Changes nothing on the machine."""
-    machine = readers.read_machine(port=None)
+    machine = readers.read_machine(port=None, device=config.device.device if config is not None else None)
     machine = replace(machine, daemon=probe_running_daemon(config, args.port))
     layers, threads = configured_plan_key(config)
     path = str(config.model.path) if config is not None and config.model.path else None

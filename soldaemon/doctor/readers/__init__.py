@@ -36,13 +36,14 @@ from soldaemon.errors import ProbeUnavailable
 # ``readers.read_torch`` (or load_nvml, run_nvidia_smi, read_cpu,
 # probe_daemon) changes what they call.
 from soldaemon.doctor.readers.host import (DEFAULT_PORT, VECTOR_FLAGS, parse_cpuinfo, probe_daemon, read_cache,
-                                           read_cpu, read_torch)
+                                           read_cpu, read_cuda_view, read_torch)
 from soldaemon.doctor.readers.nvml import cuda_version_from_int, load_nvml, read_nvml
-from soldaemon.doctor.readers.readings import (CachedModel, CacheReading, CpuReading, DaemonReading, GpuProbe,
-                                               GpuProcess, GpuReading, GpuSource, MachineReading, Runner, TorchReading)
+from soldaemon.doctor.readers.readings import (CachedModel, CacheReading, ComputeMode, CpuReading, CudaDevice, CudaView,
+                                               DaemonReading, GpuProbe, GpuProcess, GpuReading, GpuSource,
+                                               MachineReading, MigSlice, Runner, TorchReading)
 from soldaemon.doctor.readers.smi import (READ_ONLY_ARGVS, SMI_APP_FIELDS, SMI_APPS_ARGV, SMI_BANNER_ARGV,
-                                          SMI_CORE_ARGV, SMI_CORE_FIELDS, SMI_FIELDS, SMI_QUERY_ARGV, read_nvidia_smi,
-                                          run_nvidia_smi)
+                                          SMI_CORE_ARGV, SMI_CORE_FIELDS, SMI_FIELDS, SMI_QUERY_ARGV, SMI_STATE_ARGV,
+                                          SMI_STATE_FIELDS, read_nvidia_smi, run_nvidia_smi)
 
 
 def read_gpus(nvml_loader: Callable[[], Any] | None = None, run: Runner | None = None) -> GpuProbe:
@@ -76,13 +77,17 @@ def read_machine(
     cache_root: Path | None = None,
     torch_reader: Callable[[], TorchReading] | None = None,
     cpu_reader: Callable[[], CpuReading] | None = None,
+    device: str | None = None,
 ) -> MachineReading:
     """Everything the doctor judges. ``port=None`` skips the daemon probe
-    (start-up: the daemon is the one starting). Never raises."""
+    (start-up: the daemon is the one starting); ``device`` is the
+    configured ``device.device``. Never raises."""
+    gpu = read_gpus(nvml_loader, run)
     return MachineReading(
-        gpu=read_gpus(nvml_loader, run),
+        gpu=gpu,
         cpu=(cpu_reader or read_cpu)(),
         torch=(torch_reader or read_torch)(),
         cache=read_cache(cache_root),
         daemon=probe_daemon(port) if port is not None else None,
+        cuda_view=read_cuda_view(device) if gpu.gpus else None,
     )

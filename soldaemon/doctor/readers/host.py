@@ -15,7 +15,8 @@ import urllib.request
 from pathlib import Path
 
 from soldaemon import paths
-from soldaemon.doctor.readers.readings import CacheReading, CachedModel, CpuReading, DaemonReading, TorchReading
+from soldaemon.doctor.readers.readings import (CacheReading, CachedModel, CpuReading, CudaDevice, CudaView,
+                                               DaemonReading, TorchReading)
 
 
 # ---------------------------------------------------------------------------- CPU
@@ -132,6 +133,44 @@ def _version_fields(spec: importlib.machinery.ModuleSpec) -> dict[str, str] | No
         if "__version__" in found:
             return found
     return None
+
+
+# ------------------------------------------------------------ CUDA's numbering
+
+
+def read_cuda_view(device: str | None = None) -> CudaView:
+    """The configured device (``None``, "auto" and "cuda" read as "cuda:0"),
+    the environment that decides CUDA's device order, and torch's device
+    list where this process has already initialised CUDA (the daemon after
+    its model load). Never imports torch, never initialises CUDA."""
+    dev = device if device not in (None, "auto", "cuda") else "cuda:0"
+    assert dev is not None
+    return CudaView(device=dev, visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                    device_order=os.environ.get("CUDA_DEVICE_ORDER"), torch_devices=_torch_cuda_devices())
+
+
+def _torch_cuda_devices() -> tuple[CudaDevice, ...] | None:
+    torch = sys.modules.get("torch")
+    try:
+        if torch is None or not torch.cuda.is_initialized():
+            return None
+        return tuple(_cuda_device(i, torch.cuda.get_device_properties(i))
+                     for i in range(torch.cuda.device_count()))
+    except Exception:                            # a broken CUDA state: the view stays the environment's
+        return None
+
+
+def _cuda_device(index: int, props: object) -> CudaDevice:
+    """One ``torch.cuda.get_device_properties`` result in NVML's spelling:
+    the UUID with its "GPU-" prefix, the PCI address as "0000DDDD:BB:DD.0"
+    (fields a torch too old to report stay ``None``)."""
+    uuid = getattr(props, "uuid", None)
+    uuid_s = str(uuid) if uuid is not None else None
+    if uuid_s and not uuid_s.startswith(("GPU-", "MIG-")):
+        uuid_s = "GPU-" + uuid_s
+    dom, bus, dev = (getattr(props, f"pci_{k}_id", None) for k in ("domain", "bus", "device"))
+    pci = f"{dom:08X}:{bus:02X}:{dev:02X}.0" if all(isinstance(v, int) for v in (dom, bus, dev)) else None
+    return CudaDevice(index=index, name=str(getattr(props, "name", "?")), uuid=uuid_s, pci_bus_id=pci)
 
 
 # -------------------------------------------------------------------- model cache

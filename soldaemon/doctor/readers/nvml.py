@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 from soldaemon.errors import ProbeUnavailable
-from soldaemon.doctor.readers.readings import GpuProcess, GpuReading
+from soldaemon.doctor.readers.readings import ComputeMode, GpuProcess, GpuReading, MigSlice
 
 
 _NVML_ALLOWED = re.compile(r"^nvml(Init|Shutdown|SystemGet\w+|DeviceGet\w+)$")
@@ -165,8 +165,64 @@ def _read_nvml_device(
         memory_free_bytes=_int_or_none(getattr(meminfo, "free", None)),
         memory_used_bytes=_int_or_none(getattr(meminfo, "used", None)),
         processes=_read_nvml_processes(api, notes, handle),
+        **_read_nvml_state(api, notes, handle),
         notes=tuple(notes),
     )
+
+
+# nvmlComputeMode_t, by value.
+_COMPUTE_MODES: dict[int, ComputeMode] = {
+    0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}
+
+
+def _watts(milliwatts: Any) -> float | None:
+    v = _int_or_none(milliwatts)
+    return None if v is None else v / 1000.0
+
+
+def _read_nvml_state(api: ReadOnlyNvml, notes: list[str], handle: Any) -> dict[str, Any]:
+    """Display, MIG, compute mode, power limits and temperature: the
+    :class:`GpuReading` fields of those names (``None`` where not reported)."""
+    def get(fn: str, *args: Any) -> Any:
+        return api.call(notes, fn, handle, *args)
+
+    enabled = api.const("NVML_FEATURE_ENABLED", 1)
+    display = get("nvmlDeviceGetDisplayActive")
+    mig = get("nvmlDeviceGetMigMode")
+    mig_on = bool(mig[0] == api.const("NVML_DEVICE_MIG_ENABLE", 1)) \
+        if isinstance(mig, (tuple, list)) and len(mig) == 2 else None
+    mode = get("nvmlDeviceGetComputeMode")
+    limits = get("nvmlDeviceGetPowerManagementLimitConstraints")
+    return {
+        "display_active": None if display is None else display == enabled,
+        "mig_enabled": mig_on,
+        "mig_slices": _read_mig_slices(api, notes, handle) if mig_on else None,
+        "compute_mode": _COMPUTE_MODES.get(mode) if isinstance(mode, int) else None,
+        "power_limit_w": _watts(get("nvmlDeviceGetEnforcedPowerLimit")),
+        "power_default_limit_w": _watts(get("nvmlDeviceGetPowerManagementDefaultLimit")),
+        "power_max_limit_w": _watts(limits[1]) if isinstance(limits, (tuple, list)) and len(limits) == 2 else None,
+        "temperature_c": _int_or_none(get("nvmlDeviceGetTemperature", api.const("NVML_TEMPERATURE_GPU", 0))),
+        "temperature_slowdown_c": _int_or_none(get(
+            "nvmlDeviceGetTemperatureThreshold", api.const("NVML_TEMPERATURE_THRESHOLD_SLOWDOWN", 1))),
+    }
+
+
+def _read_mig_slices(api: ReadOnlyNvml, notes: list[str], handle: Any) -> tuple[MigSlice, ...] | None:
+    """The MIG devices configured on a GPU in MIG mode; ``None`` when they
+    cannot be listed."""
+    count = _int_or_none(api.call(notes, "nvmlDeviceGetMaxMigDeviceCount", handle))
+    if count is None:
+        return None
+    slices: list[MigSlice] = []
+    for i in range(count):
+        mig = api.call([], "nvmlDeviceGetMigDeviceHandleByIndex", handle, i)   # NotFound: an empty place
+        if mig is None:
+            continue
+        uuid = api.call(notes, "nvmlDeviceGetUUID", mig)
+        meminfo = api.call(notes, "nvmlDeviceGetMemoryInfo", mig)
+        slices.append(MigSlice(uuid=_text(uuid) if uuid is not None else None,
+                               memory_total_bytes=_int_or_none(getattr(meminfo, "total", None))))
+    return tuple(slices)
 
 
 def _read_nvml_processes(api: ReadOnlyNvml, notes: list[str], handle: Any) -> tuple[GpuProcess, ...] | None:

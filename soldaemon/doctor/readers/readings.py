@@ -22,6 +22,41 @@ class GpuProcess:
     kind: Literal["compute", "graphics"]
 
 
+ComputeMode = Literal["Default", "Exclusive_Thread", "Prohibited", "Exclusive_Process"]
+
+
+@dataclass(frozen=True)
+class MigSlice:
+    """One MIG device (a slice of a GPU in MIG mode), as CUDA addresses it."""
+
+    uuid: str | None                          # "MIG-..."; what CUDA_VISIBLE_DEVICES names
+    memory_total_bytes: int | None
+
+
+@dataclass(frozen=True)
+class CudaDevice:
+    """One device as torch's CUDA numbers it (``cuda:N``), from
+    ``torch.cuda.get_device_properties``; ``None`` where this torch does
+    not report the field."""
+
+    index: int                                # N of cuda:N
+    name: str
+    uuid: str | None                          # "GPU-..." / "MIG-..." as NVML writes it
+    pci_bus_id: str | None                    # "00000000:01:00.0" as NVML writes it
+
+
+@dataclass(frozen=True)
+class CudaView:
+    """How the configured ``cuda:N`` relates to NVML's numbering: the
+    environment that decides CUDA's order, and torch's own device list
+    where CUDA was already initialised in this process (the daemon)."""
+
+    device: str                               # "cuda:0"; config device.device ("auto" reads as cuda:0)
+    visible_devices: str | None               # CUDA_VISIBLE_DEVICES; None: unset
+    device_order: str | None                  # CUDA_DEVICE_ORDER; None: unset (FASTEST_FIRST)
+    torch_devices: tuple[CudaDevice, ...] | None = None   # None: CUDA not initialised here
+
+
 @dataclass(frozen=True)
 class GpuReading:
     """One GPU as the driver reports it. ``None`` = not reported (see
@@ -56,6 +91,15 @@ class GpuReading:
     memory_free_bytes: int | None = None
     memory_used_bytes: int | None = None
     processes: tuple[GpuProcess, ...] | None = None   # None: could not list
+    display_active: bool | None = None        # a display is driven by this GPU now
+    mig_enabled: bool | None = None           # MIG mode (current); None: no MIG on this GPU
+    mig_slices: tuple[MigSlice, ...] | None = None    # None: not read (MIG off, nvidia-smi)
+    compute_mode: ComputeMode | None = None
+    power_limit_w: float | None = None        # the enforced limit; W
+    power_default_limit_w: float | None = None    # the board's default; W
+    power_max_limit_w: float | None = None    # the most it may be set to; W
+    temperature_c: int | None = None          # GPU core; degrees C
+    temperature_slowdown_c: int | None = None # where the GPU starts to slow down; degrees C
     notes: tuple[str, ...] = ()
 
 
@@ -119,3 +163,4 @@ class MachineReading:
     torch: TorchReading
     cache: CacheReading
     daemon: DaemonReading | None               # None: not probed (start-up)
+    cuda_view: CudaView | None = None          # None: no GPU

@@ -7,9 +7,11 @@ import os
 import re
 import shutil
 import subprocess
+from dataclasses import replace
+from typing import Any
 
 from soldaemon.errors import CommandFailed, ProbeUnavailable
-from soldaemon.doctor.readers.readings import GpuProcess, GpuReading, Runner
+from soldaemon.doctor.readers.readings import ComputeMode, GpuProcess, GpuReading, Runner
 
 
 SMI_FIELDS: tuple[str, ...] = (
@@ -33,6 +35,14 @@ SMI_CORE_FIELDS: tuple[str, ...] = (
     "clocks.sm", "clocks.max.sm", "memory.total", "memory.free", "memory.used",
 )
 SMI_APP_FIELDS: tuple[str, ...] = ("gpu_uuid", "pid", "used_gpu_memory", "process_name")
+# The GPU's state around the daemon (display, MIG, compute mode, power,
+# temperature): a query of its own, so a driver that rejects one of these
+# fields leaves only these unknown. The slowdown temperature and the MIG
+# slices are NVML's only.
+SMI_STATE_FIELDS: tuple[str, ...] = (
+    "index", "display_active", "mig.mode.current", "compute_mode", "enforced.power.limit",
+    "power.default_limit", "power.max_limit", "temperature.gpu",
+)
 
 SMI_QUERY_ARGV: tuple[str, ...] = (
     "nvidia-smi", "--query-gpu=" + ",".join(SMI_FIELDS), "--format=csv,noheader,nounits")
@@ -40,10 +50,12 @@ SMI_CORE_ARGV: tuple[str, ...] = (
     "nvidia-smi", "--query-gpu=" + ",".join(SMI_CORE_FIELDS), "--format=csv,noheader,nounits")
 SMI_APPS_ARGV: tuple[str, ...] = (
     "nvidia-smi", "--query-compute-apps=" + ",".join(SMI_APP_FIELDS), "--format=csv,noheader,nounits")
+SMI_STATE_ARGV: tuple[str, ...] = (
+    "nvidia-smi", "--query-gpu=" + ",".join(SMI_STATE_FIELDS), "--format=csv,noheader,nounits")
 SMI_BANNER_ARGV: tuple[str, ...] = ("nvidia-smi",)   # the summary table: "CUDA Version: 12.4"
 
 READ_ONLY_ARGVS: frozenset[tuple[str, ...]] = frozenset(
-    {SMI_QUERY_ARGV, SMI_CORE_ARGV, SMI_APPS_ARGV, SMI_BANNER_ARGV})
+    {SMI_QUERY_ARGV, SMI_CORE_ARGV, SMI_APPS_ARGV, SMI_STATE_ARGV, SMI_BANNER_ARGV})
 
 _NA = {"", "n/a", "[n/a]", "not supported", "[not supported]", "unknown error",
        "[unknown error]", "insufficient permissions", "[insufficient permissions]",
@@ -164,6 +176,7 @@ def read_nvidia_smi(run: Runner) -> list[GpuReading]:
         notes.append(f"nvidia-smi apps: {_first_line(str(exc))}")
         apps = None
 
+    states = _read_smi_state(run, notes)
     readings: list[GpuReading] = []
     for line in out.splitlines():
         if not line.strip():
@@ -172,8 +185,53 @@ def read_nvidia_smi(run: Runner) -> list[GpuReading]:
         if len(cells) != len(fields):
             raise ProbeUnavailable(f"unexpected nvidia-smi output: {line!r}")
         row = {f: _smi_value(c) for f, c in zip(fields, cells)}
-        readings.append(_smi_row(row, cuda, apps, tuple(notes)))
+        reading = _smi_row(row, cuda, apps, tuple(notes))
+        readings.append(replace(reading, **states.get(reading.index, {})))
     return readings
+
+
+_SMI_COMPUTE_MODES: dict[str, ComputeMode] = {
+    "default": "Default", "exclusive_thread": "Exclusive_Thread", "prohibited": "Prohibited",
+    "exclusive_process": "Exclusive_Process"}
+
+
+def _smi_watts(raw: str | None) -> float | None:
+    if raw is None:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        return None
+
+
+def _read_smi_state(run: Runner, notes: list[str]) -> dict[int, dict[str, Any]]:
+    """:data:`SMI_STATE_FIELDS` per GPU index, as :class:`GpuReading` field
+    values; ``{}`` (all unknown, the reason in ``notes``) when the query fails."""
+    try:
+        out = run(list(SMI_STATE_ARGV))
+    except (CommandFailed, OSError) as exc:
+        notes.append(f"nvidia-smi state: {_first_line(str(exc))}")
+        return {}
+    states: dict[int, dict[str, Any]] = {}
+    for line in out.splitlines():
+        cells = [_smi_value(c) for c in line.split(",")]
+        if not line.strip() or len(cells) != len(SMI_STATE_FIELDS) or _smi_int(cells[0]) is None:
+            if line.strip():
+                notes.append(f"nvidia-smi state: unparsed line {line!r}")
+            continue
+        row = dict(zip(SMI_STATE_FIELDS, cells))
+        mode = row["compute_mode"]
+        temp = _smi_int(row["temperature.gpu"])
+        states[int(cells[0] or 0)] = {
+            "display_active": _smi_bool(row["display_active"]),
+            "mig_enabled": _smi_bool(row["mig.mode.current"]),
+            "compute_mode": _SMI_COMPUTE_MODES.get(mode.lower()) if mode else None,
+            "power_limit_w": _smi_watts(row["enforced.power.limit"]),
+            "power_default_limit_w": _smi_watts(row["power.default_limit"]),
+            "power_max_limit_w": _smi_watts(row["power.max_limit"]),
+            "temperature_c": temp,
+        }
+    return states
 
 
 def _smi_row(row: dict[str, str | None], cuda: str | None,
