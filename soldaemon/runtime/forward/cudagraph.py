@@ -138,6 +138,15 @@ class GraphDecoder:
         self.captures = 0
         self.capture_ms = 0.0
         self.recaptures = 0
+        self.layer: Callable[..., torch.Tensor] = decoder_layer   # or its compiled form (compiled.py)
+
+    def use_layer(self, layer: Callable[..., torch.Tensor]) -> None:
+        """The static step runs ``layer`` (:func:`decoder_layer` or its
+        compiled form) from now on; graphs of the other are dropped, with
+        their pool (see :meth:`invalidate`), and captured again as needed."""
+        self.layer = layer
+        self._graphs.clear()
+        self._pool = None
 
     # -- the step in static form --------------------------------------------
 
@@ -185,7 +194,7 @@ class GraphDecoder:
         x = b.embed_tokens(tokens)                       # [T, D]
         last_q = b.last_q
         for i, w in enumerate(b.layers):
-            x = decoder_layer(b.shape, w, x, lin, cos, sin, b.k_cache[i], b.v_cache[i], positions, window, mask,
+            x = self.layer(b.shape, w, x, lin, cos, sin, b.k_cache[i], b.v_cache[i], positions, window, mask,
                               q_out=None if last_q is None else last_q[i], q_row=last_row,
                               kind=kind if i == 0 else "", bucket=window)
         return b.head_logits(b.final_norm(x))

@@ -1,0 +1,212 @@
+"""The decoder layer under ``torch.compile`` (inductor), kept only where it
+is faster.
+
+The graph step (:class:`~.cudagraph.GraphDecoder`) replays every layer from
+one CUDA graph, so the launch overhead is gone already; what inductor can
+still win is fewer, fused kernels per layer (the norm, rotary and
+activation element-wise work). Whether it does depends on the device, so it
+is measured once, at load, before warm-up captures the pool's graphs
+(:func:`choose_layer`):
+
+1. decode steps through graphs of the eager layer, timed;
+2. the layer compiled (inductor, mode "default": no CUDA graphs of its own,
+   ours capture it), its first step (the compile and the capture) timed as
+   the compile time, then the same steps timed;
+3. :func:`decide` keeps the compiled layer when its median step is at least
+   :data:`MIN_GAIN` faster, else the graphs go back to the eager layer.
+
+The choice, its timings and the compile time are recorded under
+``cache_dir()/layer-compile/<key>.json`` (the key names the device, torch
+and the model's shapes), so a later start reuses the decision without
+measuring; inductor's own on-disk cache makes its compile cheap the second
+time. On a CPU it is off by default: the CPU path runs the kernel plan's
+int8/bf16 products, which inductor does not fuse into, and a compile there
+costs tens of seconds of a start for element-wise work that is a small share
+of a step; ``force=True`` runs it anyway (the tests do, on the tiny model).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import torch
+
+from soldaemon import paths
+from soldaemon.runtime.forward.layer import decoder_layer
+
+if TYPE_CHECKING:
+    from soldaemon.runtime.forward.cudagraph import GraphDecoder
+
+log = logging.getLogger("soldaemon.compile")
+
+MIN_GAIN = 0.03        # the compiled step's median must be this share faster to be kept
+STEPS = 20             # timed decode steps per variant
+RECOMPILE_LIMIT = 64   # inductor variants per function: windows x row buckets
+
+
+@dataclass(frozen=True)
+class CompileChoice:
+    """Whether the decoder layer runs compiled, and the measurement behind
+    it (ms are medians of decode steps through the same graphs)."""
+
+    compiled: bool
+    eager_ms: float | None        # ms a step, eager layer
+    compiled_ms: float | None     # ms a step, compiled layer
+    compile_s: float | None       # s: compile + capture of the first graph
+    reason: str
+    reused: bool = False          # read from the record, not measured now
+
+
+def decide(eager_ms: Sequence[float], compiled_ms: Sequence[float], compile_s: float | None, *,
+           min_gain: float = MIN_GAIN) -> CompileChoice:
+    """Keep the compiled layer when its median step is at least ``min_gain``
+    faster than the eager one's (both over the same graphs). Pure."""
+    if not eager_ms or not compiled_ms:
+        return CompileChoice(False, None, None, compile_s, "no timings")
+    e, c = statistics.median(eager_ms), statistics.median(compiled_ms)
+    if c <= e * (1 - min_gain):
+        return CompileChoice(True, e, c, compile_s, f"compiled {c:.3f} ms vs eager {e:.3f} ms a step: kept")
+    return CompileChoice(False, e, c, compile_s,
+                         f"compiled {c:.3f} ms vs eager {e:.3f} ms a step: not {min_gain:.0%} faster, dropped")
+
+
+def compile_layer() -> Callable[..., torch.Tensor]:
+    """:func:`~.layer.decoder_layer` under inductor in its default mode (no
+    CUDA graphs of its own). Compiles lazily, per shape, at first call: the
+    graph capture's warm-up runs (outside the capture) pay it."""
+    import torch._dynamo.config as dynamo_config
+
+    # one variant per (window, rows) the graphs capture: more than the default 8
+    if getattr(dynamo_config, "recompile_limit", RECOMPILE_LIMIT) < RECOMPILE_LIMIT:
+        dynamo_config.recompile_limit = RECOMPILE_LIMIT
+    return torch.compile(decoder_layer, backend="inductor", mode="default")
+
+
+def record_key(device: torch.device, shape_key: str) -> str:
+    """The record's key: the device's name, torch's version and the model's
+    shapes (``shape_key``), as a file name."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    raw = f"{name}-torch{torch.__version__}-{shape_key}"
+    return "".join(ch if ch.isalnum() or ch in "-._" else "_" for ch in raw)
+
+
+def record_path(key: str, root: Path | None = None) -> Path:
+    return (root or paths.cache_dir()) / "layer-compile" / f"{key}.json"
+
+
+def load_choice(path: Path) -> CompileChoice | None:
+    """The recorded choice, or None (none yet, or unreadable)."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        return CompileChoice(**{**doc, "reused": True})
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def save_choice(path: Path, choice: CompileChoice) -> None:
+    """Write the record atomically (a reader sees the old or the new one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({**asdict(choice), "reused": False}, indent=2), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def time_steps(graphs: GraphDecoder, steps: int, *, token: int = 1, pos: int = 0) -> list[float]:
+    """ms of each of ``steps`` decode steps through ``graphs`` (the first
+    step, which may capture, untimed)."""
+    sync = torch.cuda.synchronize if graphs.device.type == "cuda" else (lambda *_: None)
+    graphs.step(token, pos)
+    out: list[float] = []
+    for i in range(steps):
+        sync(graphs.device)
+        t0 = time.perf_counter()
+        graphs.step(token, pos + 1 + i % 8)
+        sync(graphs.device)
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+def shape_key(backend: Any) -> str:
+    """The model's shapes and the decode kernel (the plan's weight format
+    and short-forward kernel), for :func:`record_key`."""
+    plan = backend.plan
+    return (f"L{len(backend.layers)}-H{backend.n_heads}-KV{backend.n_kv}-hd{backend.head_dim}-"
+            f"{str(backend.dtype).removeprefix('torch.')}-{plan.storage}-{plan.short}")
+
+
+def measure(graphs: GraphDecoder, *, steps: int = STEPS,
+            compiler: Callable[[], Callable[..., torch.Tensor]] = compile_layer) -> CompileChoice:
+    """Time ``steps`` decode steps eager and compiled through the same
+    graphs (see the module doc), on a scratch KV cache of their own (no
+    session's cache is written); leaves ``graphs`` on the faster layer with
+    no graph captured (the measuring graphs, over the scratch cache, are
+    dropped with it). Before warm-up (``graphs`` not sealed: a missing graph
+    is captured at the step). A compile that fails keeps the eager layer."""
+    backend = graphs.b
+    current = backend.current_cache()
+    backend.use_cache(backend.new_cache())
+    layer: Callable[..., torch.Tensor] = decoder_layer
+    try:
+        eager = time_steps(graphs, steps)
+        sync = torch.cuda.synchronize if graphs.device.type == "cuda" else (lambda *_: None)
+        try:
+            graphs.use_layer(compiler())
+            t0 = time.perf_counter()
+            if graphs.step(1, 0) is None:             # compile + capture of the first graph
+                raise RuntimeError(f"no graph with the compiled layer: {graphs.failure}")
+            sync(graphs.device)
+            compile_s = time.perf_counter() - t0
+            timed = time_steps(graphs, steps)
+        except Exception as exc:                      # inductor's errors have no common base
+            return CompileChoice(False, statistics.median(eager), None, None,
+                                 f"compile failed: {type(exc).__name__}: {exc}".splitlines()[0][:200])
+        choice = decide(eager, timed, compile_s)
+        if choice.compiled:
+            layer = graphs.layer
+        return choice
+    finally:
+        graphs.use_layer(layer)
+        backend.use_cache(current)
+
+
+def choose_layer(graphs: GraphDecoder, *, force: bool | None = None, root: Path | None = None,
+                 steps: int = STEPS, on_cpu: bool = False) -> CompileChoice:
+    """At load, before :meth:`~.cudagraph.GraphDecoder.warm_up`: the layer
+    the graphs run. ``force`` True/False: compiled / eager without
+    measuring; None (auto): off on a CPU (``on_cpu``: measure there too),
+    else the recorded choice for this device, torch and model, or
+    :func:`measure` and record it. Logs the choice and the compile time."""
+    if force is False or not graphs.usable():
+        return CompileChoice(False, None, None, None, "off" if force is False else "no graphs")
+    if force is None and graphs.device.type != "cuda" and not on_cpu:
+        return CompileChoice(False, None, None, None, "off on a CPU (the kernel plan's products do not fuse)")
+    path = record_path(record_key(graphs.device, shape_key(graphs.b)), root)
+    recorded = load_choice(path) if force is None else None
+    if recorded is not None:
+        if recorded.compiled:
+            graphs.use_layer(compile_layer())
+        log.info("layer compile: %s (recorded: %s)", "on" if recorded.compiled else "off", recorded.reason)
+        return recorded
+    if force:
+        graphs.use_layer(compile_layer())
+        return CompileChoice(True, None, None, None, "forced on")
+    choice = measure(graphs, steps=steps)
+    log.info("layer compile: %s; %s; compile and first capture %.1f s", "on" if choice.compiled else "off",
+             choice.reason, choice.compile_s or 0.0)
+    try:
+        save_choice(path, choice)
+    except OSError as exc:
+        log.warning("layer compile: the choice is not recorded (%s)", exc)
+    return choice
+
+
+def describe(choice: CompileChoice) -> dict[str, Any]:
+    """The choice for ``info()`` and the device check's report."""
+    return asdict(choice)
