@@ -91,6 +91,8 @@ def shape_figures(lat: dict[str, Any] | None, mem: dict[str, Any] | None, shape:
         "attention_cudnn": (lat.get("attention_cudnn") or {}).get("reason"),
         "cudnn_kept": (lat.get("attention_cudnn") or {}).get("cudnn"),
         "kv_park": mem.get("kv_park"),
+        # our decoder layer under inductor inside our graphs, as the engine chose at load
+        "layer_compile": (lat.get("info") or {}).get("layer_compile"),
     }
     fig["prefill_1k_ms"] = fig["prefill_ms"] if shape == "0.5b" and fig["prefill_tokens"] == 1024 else None
     return fig
@@ -257,6 +259,7 @@ def summary_text(result: dict[str, Any]) -> str:
                   f"- graph replays: {f['graph_replays']} steps, {f['graph_verify_replays']} verifies; attention "
                   "kernels: " + "; ".join(f"{a['kind']}@{a['bucket']}={a['backend']}" for a in (f["attention_kernels"] or [])),
                   f"- cuDNN attention {'kept' if f.get('cudnn_kept') else 'off'}: {f.get('attention_cudnn')}",
+                  _layer_compile_line(f.get("layer_compile")),
                   "- attention rows (position, bucket: eager/graph step ms, eager/graph 9-row verify ms, max |diff|): "
                   + "; ".join(f"{r['position']}, {r['bucket']}: {_n(r['eager_step_ms'])}/{_n(r['graphs_step_ms'])}, "
                               f"{_n(r['eager_verify9_ms'])}/{_n(r['graphs_verify9_ms'])}, {_n(r['step_max_abs_diff'])}"
@@ -268,6 +271,15 @@ def summary_text(result: dict[str, Any]) -> str:
             lines.append(f"- target {t['what']} <= {t['limit']}: {_n(t['value'])} "
                          f"{'met' if t['met'] else 'MISSED'}")
     return "\n".join(lines) + "\n"
+
+
+def _layer_compile_line(choice: dict[str, Any] | None) -> str:
+    """The engine's layer-compile choice (runtime/forward/compiled.py) as one line."""
+    if not choice:
+        return "- layer compiled (inductor in our graphs): not reported"
+    return (f"- layer compiled (inductor in our graphs): {'kept' if choice.get('compiled') else 'not kept'}; "
+            f"eager {_n(choice.get('eager_ms'))} vs compiled {_n(choice.get('compiled_ms'))} ms/step, compile "
+            f"{_n(choice.get('compile_s'))} s{' (recorded)' if choice.get('reused') else ''}: {choice.get('reason')}")
 
 
 def _n(x: Any) -> str:

@@ -5,6 +5,7 @@ off by default on a CPU, and the tiny model's layer compiled on the CPU
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -66,11 +67,19 @@ def greedy(graphs: GraphDecoder, first: int, n: int) -> list[int]:
     return tokens
 
 
-def test_off_by_default_on_a_cpu_and_forced_off(tiny_hf: Any, tmp_path: Path) -> None:
+def test_off_by_default_on_a_cpu_and_forced_off(tiny_hf: Any, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(compiled.ENV_OVERRIDE, raising=False)
     graphs = GraphDecoder(LeanBackend(tiny_hf, 600), emulate=True)
     choice = compiled.choose_layer(graphs, root=tmp_path)
     assert not choice.compiled and "off on a CPU" in choice.reason and graphs.layer is decoder_layer
     assert not compiled.choose_layer(graphs, force=False, root=tmp_path).compiled
+    monkeypatch.setenv(compiled.ENV_OVERRIDE, "off")
+    assert compiled.choose_layer(graphs, root=tmp_path, on_cpu=True).reason == "off"
+    monkeypatch.setenv(compiled.ENV_OVERRIDE, "on")
+    monkeypatch.setattr(compiled, "compile_layer", lambda: slowed(0.0)())
+    assert compiled.choose_layer(graphs, root=tmp_path).reason == "forced on"
+    assert graphs.layer is not decoder_layer
     assert not (tmp_path / "layer-compile").exists()                  # nothing measured, nothing recorded
 
 
@@ -96,6 +105,7 @@ def test_measure_drops_a_slower_layer_on_a_scratch_cache(tiny_hf: Any) -> None:
 
 def test_measure_keeps_a_faster_layer_and_a_later_start_reuses_the_record(
         tiny_hf: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(compiled.ENV_OVERRIDE, raising=False)
     monkeypatch.setattr(compiled, "decoder_layer", slowed(5.0)())      # the "eager" layer is the slow one
     graphs = GraphDecoder(LeanBackend(tiny_hf, 600), emulate=True)
     graphs.use_layer(compiled.decoder_layer)
@@ -136,3 +146,21 @@ def test_the_compiled_layer_gives_the_same_tokens_on_the_cpu(tiny_hf: Any) -> No
     print(f"compile and 12 steps: {time.perf_counter() - t0:.1f} s")
     assert tokens == eager
     assert graphs.replays == 12
+
+
+def test_the_device_checks_report_has_a_layer_compile_line() -> None:
+    """scripts/gpu_check_report.py: the engine's choice (its info()'s
+    ``layer_compile``, in the latency step's JSON) as one line per shape."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "gpu_check_report", Path(__file__).resolve().parents[1] / "scripts" / "gpu_check_report.py")
+    assert spec is not None and spec.loader is not None
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    choice = decide(*FASTER, 41.5)
+    fig = report.shape_figures({"info": {"layer_compile": dataclasses.asdict(choice)}}, None, "0.5b")
+    line = report._layer_compile_line(fig["layer_compile"])
+    assert line.startswith("- layer compiled (inductor in our graphs): kept; eager 3.08 vs compiled 2.4 ms/step, "
+                           "compile 41.5 s: compiled 2.400 ms vs eager 3.080 ms a step: kept")
+    assert report._layer_compile_line(None).endswith("not reported")

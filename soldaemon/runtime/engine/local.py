@@ -13,7 +13,7 @@ Implements :class:`soldaemon.api.Engine`; driven from one worker thread.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 import logging
 import threading
 import time
@@ -34,6 +34,7 @@ from soldaemon.policy.kernel_plan import ROW_COPY_GAIN, KernelPlan, TimingTable,
 from soldaemon.runtime.forward.kernels import trim_heap
 from soldaemon.runtime.engine.autoselect import choose_draft, choose_embedded
 from soldaemon.runtime.forward.precision import choose_kernels, lean_or_float32, may_keep_blocked_copy, precision_info
+from soldaemon.runtime.forward.compiled import CompileChoice, choose_layer
 from soldaemon.runtime.forward.cudagraph import GraphDecoder
 from soldaemon.policy.draft import DraftLength
 from soldaemon.runtime.decode.draft import DraftModel
@@ -102,6 +103,7 @@ class LocalEngine:
         # what the pipeline asks of the model: sessions, drafts, counters, parked run, foreseen answer
         self.part = LocalModelPart(self.pool, self.tokenizer, self.template, config, lock=lock, memory=self.memory)
         self.graphs: GraphDecoder | None = None   # CUDA-graph decode steps (warmup() sets it up on CUDA)
+        self.layer_compile: CompileChoice | None = None   # the graphs' layer compiled or not (warmup())
         # model.name / model.draft as load_engine resolved them (auto: the figures that decided)
         self.model_choice: dict[str, Any] | None = None
 
@@ -123,6 +125,7 @@ class LocalEngine:
             "drafter": ("off" if not self.config.completion.speculative else
                         "draft model" if self.part.draft_model is not None else "prompt lookup"),
             "cuda_graphs": self.graphs.info() if self.graphs is not None else None,
+            "layer_compile": asdict(self.layer_compile) if self.layer_compile is not None else None,
             "attention_cudnn": (choice.summary() if (choice := getattr(self.backend, "attention_choice", None))
                                 else None),
             "forward_ms_by_tokens": ({t: round(c, 2) for t, c in self.part.draft_length.costs_ms.items()}
@@ -199,6 +202,7 @@ class LocalEngine:
             self.graphs = GraphDecoder(self.backend)
             # KVSession.decode_step replays through the backend's `graphs` when set
             self.backend.graphs = self.graphs
+            self.layer_compile = choose_layer(self.graphs)   # compiled where faster (runtime/forward/compiled.py)
             self.graphs.warm_up(caches=self.pool.caches(), later=True)   # the other KV slots' after a request
             self.complete_all(req)               # one step through the graphs before the first user
         self.choose_step_copy()

@@ -49,6 +49,9 @@ log = logging.getLogger("soldaemon.compile")
 MIN_GAIN = 0.03        # the compiled step's median must be this share faster to be kept
 STEPS = 20             # timed decode steps per variant
 RECOMPILE_LIMIT = 64   # inductor variants per function: windows x row buckets
+# "on" / "off" / "auto" (the default): what choose_layer does when not told;
+# for runs that must bound their start (scripts/gpu_check.sh), not a setting
+ENV_OVERRIDE = "SOLDAEMON_LAYER_COMPILE"
 
 
 @dataclass(frozen=True)
@@ -180,9 +183,12 @@ def choose_layer(graphs: GraphDecoder, *, force: bool | None = None, root: Path 
                  steps: int = STEPS, on_cpu: bool = False) -> CompileChoice:
     """At load, before :meth:`~.cudagraph.GraphDecoder.warm_up`: the layer
     the graphs run. ``force`` True/False: compiled / eager without
-    measuring; None (auto): off on a CPU (``on_cpu``: measure there too),
-    else the recorded choice for this device, torch and model, or
-    :func:`measure` and record it. Logs the choice and the compile time."""
+    measuring; None: :data:`ENV_OVERRIDE` says ("on", "off"), else auto:
+    off on a CPU (``on_cpu``: measure there too), else the recorded choice
+    for this device, torch and model, or :func:`measure` and record it.
+    Logs the choice and the compile time."""
+    if force is None:
+        force = {"on": True, "off": False}.get(os.environ.get(ENV_OVERRIDE, "auto").strip().lower())
     if force is False or not graphs.usable():
         return CompileChoice(False, None, None, None, "off" if force is False else "no graphs")
     if force is None and graphs.device.type != "cuda" and not on_cpu:
@@ -206,7 +212,3 @@ def choose_layer(graphs: GraphDecoder, *, force: bool | None = None, root: Path 
         log.warning("layer compile: the choice is not recorded (%s)", exc)
     return choice
 
-
-def describe(choice: CompileChoice) -> dict[str, Any]:
-    """The choice for ``info()`` and the device check's report."""
-    return asdict(choice)
