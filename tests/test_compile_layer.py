@@ -129,7 +129,15 @@ def test_a_failed_compile_keeps_the_eager_layer(tiny_hf: Any) -> None:
     graphs = GraphDecoder(LeanBackend(tiny_hf, 600), emulate=True)
     choice = compiled.measure(graphs, steps=2, compiler=broken)
     assert not choice.compiled and choice.reason.startswith("compile failed: RuntimeError")
-    assert graphs.layer is decoder_layer
+    assert graphs.layer is decoder_layer and choice.eager_ms is not None
+
+
+def test_graphs_that_do_not_replay_measure_nothing(tiny_hf: Any) -> None:
+    graphs = GraphDecoder(LeanBackend(tiny_hf, 600), emulate=True)
+    graphs.enabled = False                                              # as after two failed captures
+    choice = compiled.measure(graphs, steps=2, compiler=lambda: pytest.fail("nothing to compile for"))
+    assert not choice.compiled and choice.eager_ms is None
+    assert choice.reason == "eager steps failed: RuntimeError: no graph replayed (graphs off)"
 
 
 @pytest.mark.slow

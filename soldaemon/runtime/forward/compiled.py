@@ -123,16 +123,19 @@ def save_choice(path: Path, choice: CompileChoice) -> None:
 
 def time_steps(graphs: GraphDecoder, steps: int, *, token: int = 1, pos: int = 0) -> list[float]:
     """ms of each of ``steps`` decode steps through ``graphs`` (the first
-    step, which may capture, untimed)."""
+    step, which may capture, untimed). Raises RuntimeError when a step
+    does not replay a graph."""
     sync = torch.cuda.synchronize if graphs.device.type == "cuda" else (lambda *_: None)
-    graphs.step(token, pos)
     out: list[float] = []
-    for i in range(steps):
+    for i in range(steps + 1):
         sync(graphs.device)
         t0 = time.perf_counter()
-        graphs.step(token, pos + 1 + i % 8)
+        replayed = graphs.step(token, pos + i % 8)
         sync(graphs.device)
-        out.append((time.perf_counter() - t0) * 1000)
+        if replayed is None:
+            raise RuntimeError(f"no graph replayed ({graphs.failure or 'graphs off'})")
+        if i:
+            out.append((time.perf_counter() - t0) * 1000)
     return out
 
 
@@ -151,25 +154,29 @@ def measure(graphs: GraphDecoder, *, steps: int = STEPS,
     session's cache is written); leaves ``graphs`` on the faster layer with
     no graph captured (the measuring graphs, over the scratch cache, are
     dropped with it). Before warm-up (``graphs`` not sealed: a missing graph
-    is captured at the step). A compile that fails keeps the eager layer."""
+    is captured at the step). Never raises: a compile that fails, or graphs
+    that do not replay, or no memory for the scratch cache keep the eager
+    layer, the reason said."""
     backend = graphs.b
     current = backend.current_cache()
-    backend.use_cache(backend.new_cache())
     layer: Callable[..., torch.Tensor] = decoder_layer
+    eager: list[float] = []
     try:
+        backend.use_cache(backend.new_cache())
         eager = time_steps(graphs, steps)
         sync = torch.cuda.synchronize if graphs.device.type == "cuda" else (lambda *_: None)
-        try:
-            graphs.use_layer(compiler())
-            t0 = time.perf_counter()
-            if graphs.step(1, 0) is None:             # compile + capture of the first graph
-                raise RuntimeError(f"no graph with the compiled layer: {graphs.failure}")
-            sync(graphs.device)
-            compile_s = time.perf_counter() - t0
-            timed = time_steps(graphs, steps)
-        except Exception as exc:                      # inductor's errors have no common base
-            return CompileChoice(False, statistics.median(eager), None, None,
-                                 f"compile failed: {type(exc).__name__}: {exc}".splitlines()[0][:200])
+        graphs.use_layer(compiler())
+        t0 = time.perf_counter()
+        if graphs.step(1, 0) is None:                 # compile + capture of the first graph
+            raise RuntimeError(f"no graph with the compiled layer ({graphs.failure})")
+        sync(graphs.device)
+        compile_s = time.perf_counter() - t0
+        timed = time_steps(graphs, steps)
+    except Exception as exc:                          # inductor's errors have no common base; OOM
+        what = "compile failed" if eager else "eager steps failed"
+        return CompileChoice(False, statistics.median(eager) if eager else None, None, None,
+                             f"{what}: {type(exc).__name__}: {exc}".splitlines()[0][:200])
+    else:
         choice = decide(eager, timed, compile_s)
         if choice.compiled:
             layer = graphs.layer
@@ -206,6 +213,8 @@ def choose_layer(graphs: GraphDecoder, *, force: bool | None = None, root: Path 
     choice = measure(graphs, steps=steps)
     log.info("layer compile: %s; %s; compile and first capture %.1f s", "on" if choice.compiled else "off",
              choice.reason, choice.compile_s or 0.0)
+    if choice.eager_ms is None:                      # nothing measured (no memory, no graphs): ask again next start
+        return choice
     try:
         save_choice(path, choice)
     except OSError as exc:
