@@ -88,9 +88,7 @@ def _plain(value: object) -> object:
     return value
 
 
-# --------------------------------------------------------------------------
-# Building and checking.
-# --------------------------------------------------------------------------
+# Building and checking
 
 
 def _show(value: object) -> str:
@@ -157,9 +155,7 @@ class _Problems:
             raise ConfigError("\n".join(self.items), hint=_HINT)
 
 
-# Keys a release removed: a file that still sets one loads, with a warning
-# that says why the key is gone (never an error: an upgrade must not stop the
-# daemon over a setting that no longer does anything).
+# Keys a release removed: a file that still sets one loads, with a warning saying why.
 RETIRED: dict[str, str] = {
     "model.cache_reuse": "moved-chunk KV reuse made answers ignore what was just typed; removed 2026-12-05",
     "completion.hold_end": "it never changed an answer on the measured holes; removed 2026-12-05",
