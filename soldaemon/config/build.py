@@ -104,22 +104,14 @@ def _show(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+_KINDS: tuple[tuple[type, str], ...] = ((bool, "a bool"), (int, "an integer"), (float, "a float"),
+                                         (str, "a string"), (list, "a list"), (dict, "a mapping"))
+
+
 def _kind(value: object) -> str:
     if value is None:
         return "null"
-    if isinstance(value, bool):
-        return "a bool"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a float"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "a mapping"
-    return f"a {type(value).__name__}"
+    return next((name for cls, name in _KINDS if isinstance(value, cls)), f"a {type(value).__name__}")
 
 
 class _Problems:
