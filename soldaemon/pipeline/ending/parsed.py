@@ -292,7 +292,7 @@ class ParsedEnding(TextEnding):
     """The text rules with the parse, for multi-line answers. While decoding:
     the text rules above ``floor`` (columns), and in an indented language a
     stop (rule ``opener``) once a line in the cursor's block opens a block
-    without a deeper next line, which no longer text could make fit."""
+    without a deeper next line (no longer text can make that fit)."""
 
     def __init__(self, prefix: str, suffix: str, max_lines: int, window: Window, floor: int) -> None:
         super().__init__(prefix, suffix, True, max_lines, floor)
