@@ -1,57 +1,16 @@
 """From "the editor wants a completion here" to items: the policy between the
 LSP wiring (lsp.server) and the daemon (lsp.daemon_client). No LSP I/O here.
 
-Contracts of :meth:`Completer.suggest`:
-
-- returns ``None`` (the editor shows nothing) when the document is unknown,
-  the daemon is not ready and none is on its way (at once; while one is
-  starting or loading its model the request waits for it, until the
-  caller cancels it: the first pause gets a suggestion), the request was overtaken by
-  a newer one, the daemon cancelled or superseded it, it timed out, or the
-  daemon had nothing; raises :class:`DaemonRequestFailed` only for a daemon
-  error that retrying cannot fix (a bug to surface, as a typed JSON-RPC
-  error);
-- an *automatic* trigger (typing) waits ``debounce_ms`` and gives up if a
-  newer request for the document arrived or the document changed meanwhile;
-  an *invoked* one (the user asked) is sent at once, with high priority;
-- no trigger on cursor moves alone: an automatic request at a new position
-  in a document that has not changed since the previous request returns
-  ``None`` without asking the daemon; the new position is warmed instead
-  when the cursor stays there ``warm_delay_ms`` (the same request a
-  completion there would send, so the first one after the move reuses it);
-- a newer request cancels every older completion still running on the daemon
-  (``cancel`` frames; the daemon also supersedes by URI);
-- typing through a suggestion (the new text is the old prefix plus a start of
-  an item, the suffix unchanged) is answered from the previous answer,
-  without a daemon round trip — the item stays on screen, no flicker;
-- an *invoked* request (with ``alternatives``: sol-lsp asks for them for
-  inline completions) returns up to ``alternatives`` distinct items: the
-  greedy one first, then the items of a second request with ``n`` sampled
-  candidates (``alternatives_temperature``) — measured in docs/editors.md;
-  automatic ones stay at the one greedy item (fast, and what is shown
-  without asking);
-- nothing at all is sent (no warm, no complete, and no daemon is started)
-  for a document whose language the settings turn off (``enable``,
-  ``languages``: :meth:`Settings.language_enabled`);
-- nothing is asked for a document the context policy refuses (a secret
-  file, a file outside the workspace folders) unless
-  ``complete_in_secret_files``: its text never leaves the editor;
-- cancellation of the calling task propagates (the daemon-side cancel is sent
-  by :meth:`DaemonClient.complete`'s ``finally``);
-- with ``early_lines`` (a client that asks again on ``sol/completionReady``):
-  a multi-line answer is returned as soon as its first whole lines are
-  streamed (:func:`soldaemon.shown.early_text`: never a bare block opener, an open bracket,
-  a line leaving the cursor's block or one that repeats the next line),
-  while the daemon writes the rest; typing along those lines is answered
-  from them without stopping it; when the rest is there, it becomes the
-  answer typing is served from, the next request at that same place is
-  answered from it once, and :attr:`Completer.on_rest_ready` is called with
-  the uri (the server sends ``sol/completionReady``) when it adds anything.
-  When the daemon chose a block candidate that starts otherwise than the
-  lines shown (``done.streamed``), the streamed answer is kept after it:
-  typing along the lines shown goes on from them, not from a new request.
-  Accepting all the early lines while the rest is still being written waits
-  for the rest instead of asking again.
+:meth:`Completer.suggest` returns None (show nothing) for an unknown, disabled
+or refused document (no text leaves the editor), a cursor move without an edit
+(that spot is warmed instead), a request overtaken during the debounce or
+while the daemon starts, a cancel, a timeout or no answer; it raises
+:class:`DaemonRequestFailed` only for an error retrying cannot fix. A newer
+request cancels older ones on the daemon; typing through a suggestion is
+answered from it; an invoked request gets up to ``alternatives`` items. With
+``early_lines`` a multi-line answer's first whole lines come back while the
+daemon writes the rest (:attr:`Completer.on_rest_ready` is called when it adds
+anything). docs/editors.md describes each behaviour.
 """
 
 from __future__ import annotations
@@ -91,20 +50,16 @@ class DaemonRequestFailed(Exception):
 
 @dataclass(frozen=True)
 class Suggestion:
-    """Completions at one position. ``items[i]`` is the text to insert at the
-    cursor; ``indices[i]`` its index in the ``done.items`` of the daemon
-    request ``ids[i]`` (for telemetry events; ``request_id`` when ``ids`` is
-    empty); ``line_prefix`` the cursor line's text before the cursor,
-    ``line_suffix`` its text after the cursor."""
+    """Completions at one position."""
 
     request_id: str
-    items: tuple[str, ...]
-    indices: tuple[int, ...]
+    items: tuple[str, ...]             # the texts to insert at the cursor
+    indices: tuple[int, ...]           # per item: its index in the done.items of its request
     line: int
-    line_prefix: str
+    line_prefix: str                   # the cursor line before the cursor
     cached: bool = False
-    ids: tuple[str, ...] = ()
-    line_suffix: str = ""
+    ids: tuple[str, ...] = ()          # per item: the daemon request (empty: request_id)
+    line_suffix: str = ""              # the cursor line after the cursor
 
     def id_of(self, i: int) -> str:
         """The daemon request that produced ``items[i]``."""
@@ -138,8 +93,8 @@ class _Rest:
 
 
 def tidy_items(items: tuple[str, ...], max_lines: int) -> tuple[list[str], list[int]]:
-    """Cap each item at ``max_lines`` lines, drop trailing whitespace, empty
-    and duplicate items; return the kept items and their original indices."""
+    """The items capped at ``max_lines`` lines, stripped at the end, empty and
+    duplicate ones dropped, and their original indices."""
     kept: list[str] = []
     indices: list[int] = []
     for index, item in enumerate(items):
@@ -151,7 +106,7 @@ def tidy_items(items: tuple[str, ...], max_lines: int) -> tuple[list[str], list[
 
 
 class Completer:
-    """One per language server. See the module contract."""
+    """One per language server (see the module doc)."""
 
     def __init__(self, settings: Settings, documents: DocumentStore, ring: ContextRing,
                  client: DaemonClient, on_withheld: Callable[[str | None], None] | None = None) -> None:
@@ -166,8 +121,6 @@ class Completer:
         self._rests: dict[str, _Rest] = {}
         self._warm_tasks: dict[str, asyncio.Task[None]] = {}
         self.on_rest_ready: Callable[[str], None] | None = None   # the rest of an early answer is there
-
-    # -- document events ---------------------------------------------------------
 
     def opened(self, doc: Document) -> None:
         self.ring.opened(doc.uri, self.documents)
@@ -198,23 +151,19 @@ class Completer:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    # -- completions ---------------------------------------------------------------
-
     def may_send(self, uri: str) -> bool:
-        """May text of ``uri`` go to the daemon for a completion or a warm?"""
+        """Whether text of ``uri`` may go to the daemon."""
         return self.settings.complete_in_secret_files or self.ring.policy.may_complete(uri)
 
     def enabled(self, doc: Document) -> bool:
-        """Completions are on for ``doc``'s language (the settings now)."""
+        """Whether completions are on for ``doc``'s language."""
         return self.settings.language_enabled(doc.language)
 
     async def suggest(self, uri: str, position: types.Position, *, automatic: bool,
                       alternatives: bool | None = None, tag: str | None = None,
                       early: bool = False) -> Suggestion | None:
-        """See the module contract. ``alternatives``: ask for them (default:
-        when invoked). ``tag`` is the editor's request id (for the daemon
-        request id and the logs). ``early``: the first whole lines may be
-        returned before the rest (an inline request, with ``early_lines``)."""
+        """See the module doc. ``alternatives`` defaults to invoked; ``tag``:
+        the editor's request id; ``early``: an inline request may get early lines."""
         if alternatives is None:
             alternatives = not automatic
         t0 = time.perf_counter()
@@ -317,10 +266,8 @@ class Completer:
 
     async def _add_alternatives(self, greedy: CompletionRequest, items: list[str], indices: list[int],
                                 ids: list[str], tag: str | None, t0: float) -> Done | None:
-        """Append distinct sampled items (a second request, ``n`` = the
-        missing count) to the greedy ``items``, in place; return that
-        request's ``done``. A failure, or no time left, keeps the greedy
-        items only (and returns ``None``)."""
+        """Append distinct sampled items of a second request to ``items`` in
+        place and return its ``done``; None keeps the greedy items only."""
         want = self.settings.alternatives - len(items)
         left_s = self.settings.timeout_ms / 1000 - (time.perf_counter() - t0)
         if want <= 0 or left_s <= 0.05:
@@ -368,10 +315,8 @@ class Completer:
 
     async def _ask(self, request: CompletionRequest, doc: Document, offset: int, line_prefix: str,
                    early: bool) -> tuple[Answer | None, str | None]:
-        """The daemon's answer; with ``early``, the first whole lines instead
-        (``(None, lines)``) when :func:`soldaemon.shown.early_text` allows them before the
-        answer is done -- the request then goes on writing the rest
-        (:meth:`_rest_done`)."""
+        """The daemon's answer, or with ``early`` ``(None, lines)`` once
+        :func:`early_text` allows the first lines; the request goes on."""
         timeout_s = self.settings.timeout_ms / 1000
         if not early:
             return await self.client.complete(request, timeout_s=timeout_s), None
@@ -407,9 +352,8 @@ class Completer:
         return None, text
 
     def _rest_done(self, uri: str, rest: _Rest) -> None:
-        """The request behind an early answer ended: its items become the
-        answer typing is served from (and, once, a request at the same place),
-        and the client is told when they add to what was shown."""
+        """Serve typing (and once, the same place) from the finished rest of an
+        early answer; tell the client when it adds to what was shown."""
         if self._rests.get(uri) is rest:
             del self._rests[uri]
         if rest.task.cancelled() or rest.task.exception() is not None:
@@ -434,8 +378,7 @@ class Completer:
             self.on_rest_ready(uri)
 
     def _typed_all_of(self, rest: _Rest, doc: Document, offset: int) -> bool:
-        """The document is the early answer's, with all of its text typed or
-        accepted at the cursor."""
+        """Whether all of the early answer is typed or accepted at the cursor."""
         prev = self._answers.get(doc.uri)
         if prev is None or prev.request_id != rest.request_id:
             return False
@@ -444,10 +387,8 @@ class Completer:
 
     def build_request(self, doc: Document, offset: int, request_id: str, *,
                       priority: str = "normal") -> CompletionRequest:
-        """The daemon request for the cursor at ``offset``: windowed prefix
-        (its start moves in coarse steps and at line starts, so successive
-        prompts share their beginning) and suffix (cut at a line end), and
-        context from the ring."""
+        """The daemon request for the cursor at ``offset``: the windowed
+        document, context from the ring, secrets redacted."""
         text = doc.text
         start, end = document_window(text, offset, self.settings.max_prefix_chars, self.settings.max_suffix_chars)
         context = self.ring.chunks(doc.uri, self.documents) if self.settings.context_chunks else ()
@@ -464,8 +405,6 @@ class Completer:
             self.on_withheld(describe(withheld) if withheld else None)
         return request
 
-    # -- background warm -------------------------------------------------------------
-
     def _schedule_warm(self, doc: Document, offset: int, *, moved: bool = False) -> None:
         if not self.settings.warm or not self.enabled(doc):
             return
@@ -476,10 +415,8 @@ class Completer:
             self._warm_later(doc.uri, doc.version, offset, moved=moved), name=f"sol-warm {doc.uri}")
 
     async def _warm_later(self, uri: str, version: int, offset: int, *, moved: bool = False) -> None:
-        """After ``warm_delay_ms`` without edits (and without a completion for
-        this text), prefill the daemon's cache for the spot just edited;
-        ``moved``: the spot the cursor moved to, while no edit, completion
-        or other move came since."""
+        """After ``warm_delay_ms`` with no edit or completion since (``moved``:
+        no other move either), prefill the daemon's cache at ``offset``."""
         try:
             generation = self._generation.get(uri)
             await asyncio.sleep(self.settings.warm_delay_ms / 1000)

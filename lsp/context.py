@@ -1,29 +1,15 @@
-"""Extra context for a completion: a bounded ring of chunks from recently
-edited and recently opened documents.
+"""Extra context for a completion: a bounded ring of anchors ``(uri, line)``
+where documents were recently edited or opened.
 
-An entry is an anchor ``(uri, line)``: where the user opened (line 0) or last
-edited a document. An edit's chunk is the lines around it; an opened
-document's is the whole document (up to ``max_chunk_chars``): the daemon cuts
-chunks into snippets and keeps those relevant to the cursor
-(``soldaemon/pipeline/relevance.py``), so it needs the definitions, not just the head. The chunk's text is read from the live document when a
-completion is built, so typing costs one O(entries) update and no copying; a
-document that is closed keeps a snapshot of its chunks.
-
-Contracts:
-
-- at most ``max_entries`` anchors; the least recently touched goes first;
-- an edit near an existing anchor of the same document (within half a chunk)
-  moves that anchor instead of adding one, so one busy spot is one chunk;
-- :meth:`ContextRing.chunks` never returns a chunk of the document being
-  completed (the prefix and suffix already carry it), returns most recent
-  first (the daemon spends its context budget in order), at most
-  ``max_chunks`` chunks, each at most ``max_chunk_chars`` and together at
-  most ``max_total_chars`` characters, and skips whitespace-only chunks;
-- the order is stable while only the current document is edited, so the
-  daemon's prompt (context before the prefix) keeps its KV-cache prefix;
-- a document the :class:`~soldaemon.privacy.rules.ContextPolicy` refuses (a
-  secret file, a file outside the workspace folders, an untitled buffer) is
-  never anchored, so its text is never sent.
+An edit's chunk is the lines around it, an open's the whole document (the
+daemon picks the relevant snippets, soldaemon/pipeline/relevance.py); text is
+read from the live document when a request is built, a closed one keeps a
+snapshot. :meth:`ContextRing.chunks` returns the most recent first, never the
+document being completed, within ``max_chunks``, ``max_chunk_chars`` and
+``max_total_chars``, in an order stable while only the current document is
+edited (the daemon's KV cache keeps its prefix). An edit within half a chunk
+of an anchor moves it; a document the :class:`ContextPolicy` refuses is never
+anchored.
 """
 
 from __future__ import annotations
@@ -64,7 +50,7 @@ class ContextRing:
         return len(self._anchors)
 
     def set_policy(self, policy: ContextPolicy) -> None:
-        """A new rule (the workspace folders changed): forget what it refuses."""
+        """Take a new policy and forget what it refuses."""
         self.policy = policy
         self._anchors = [a for a in self._anchors if policy.allows(a.uri)]
 
@@ -84,15 +70,14 @@ class ContextRing:
             del self._anchors[: len(self._anchors) - self.max_entries]
 
     def opened(self, uri: str, store: DocumentStore) -> None:
-        """A document was (re)opened: drop stale snapshots, anchor its head."""
+        """Drop a (re)opened document's snapshots and anchor its head."""
         self._anchors = [a for a in self._anchors if not (a.uri == uri and a.snapshot is not None)]
         if store.get(uri) is not None and self.policy.allows(uri):
             self.touch(uri, 0)
             self._anchors[-1].whole = True
 
     def closed(self, uri: str, store: DocumentStore) -> None:
-        """Snapshot ``uri``'s chunks before the document goes away (call
-        before removing it from the store)."""
+        """Snapshot ``uri``'s chunks (call before it leaves the store)."""
         for anchor in self._anchors:
             if anchor.uri == uri and anchor.snapshot is None:
                 anchor.snapshot = self._read(anchor, store)
@@ -111,7 +96,7 @@ class ContextRing:
         return text[: self.max_chunk_chars]
 
     def chunks(self, for_uri: str, store: DocumentStore) -> tuple[ContextChunk, ...]:
-        """Context for a completion in ``for_uri`` (see the module contract)."""
+        """Context for a completion in ``for_uri`` (see the module doc)."""
         out: list[ContextChunk] = []
         total = 0
         # a document sent whole (it fits max_chunk_chars) needs no windows besides

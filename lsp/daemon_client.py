@@ -1,42 +1,21 @@
 """The language server's side of the daemon's websocket API (docs/protocol.md).
 
-One :class:`DaemonClient` holds one websocket to the daemon, reconnecting
-with exponential back-off (and jitter) for as long as the language server
-runs. Frames are encoded and decoded with :mod:`soldaemon.protocol` only.
+One :class:`DaemonClient` holds one websocket to the daemon, reconnecting with
+jittered exponential back-off; frames go through :mod:`soldaemon.protocol`.
+All methods run on the event loop thread.
 
-Contracts:
-
-- :meth:`DaemonClient.complete` answers *at once* with an ``unavailable``
-  :class:`ErrorFrame` while not connected (or while the daemon is loading or
-  draining): an editor never waits for a daemon that is not there. Otherwise
-  it sends ``complete`` and returns the request's ``done`` (or ``error``).
-- Cancellation is end to end: when the awaiting task is cancelled (the
-  editor's ``$/cancelRequest``) or the timeout passes while the request is
-  still in flight on the daemon, a ``cancel`` frame for its id is sent from a
-  ``finally`` block; the daemon then stops the work within one decode step.
-  :meth:`cancel` cancels a request on the daemon while its caller keeps
-  waiting for the ``done`` (finish reason ``cancelled``).
-- A connection that drops resolves every request in flight with an
-  ``unavailable`` error; nothing waits for a frame that cannot come.
-- ``warm`` and ``event`` are fire and forget; both are dropped while not
-  connected.
-- A daemon is started (``launcher``) only once something wanted it: an
-  enabled document opened, or a completion or a warm asked while none
-  answered (:meth:`poke`); until then sol-lsp only looks for a running one,
-  so a window whose documents are all switched off never loads a model.
-- :meth:`wait_ready` waits while a daemon is on its way (started by us or
-  another window, or loading its model) and answers whether it became
-  ready: a completion asked during the start waits for it instead of
-  coming back empty (bounded by the caller's cancellation and the
-  launcher's ``timeout_s``). While it starts, the status names the stage
-  of its first-start work (:meth:`DaemonLauncher.stage`).
-- Status changes go to ``on_status`` as :class:`StatusUpdate` (``connecting``,
-  ``ready``, ``slow``, ``error``); a failure that lasted
-  ``failure_message_after_s`` (or a daemon we started that died) is marked
-  ``persistent``; one while the daemon starts or loads its model is
-  ``busy``. Each completion that ran on the daemon goes to ``on_latency``
-  (its round trip, ms).
-- All methods are called on the event loop thread.
+- :meth:`DaemonClient.complete` answers at once with an ``unavailable`` error
+  while the daemon is not connected and ready; a dropped connection resolves
+  every request in flight the same way.
+- Cancelling the awaiting task, or its timeout, sends a ``cancel`` frame (from
+  a ``finally``); :meth:`DaemonClient.cancel` cancels while the caller waits.
+- ``warm`` and ``event`` are fire and forget, dropped while not connected.
+- A daemon is started (``launcher``) only once something wanted it
+  (:meth:`DaemonClient.poke`); :meth:`DaemonClient.wait_ready` waits while one
+  is on its way.
+- Status changes go to ``on_status`` (``persistent`` after
+  ``failure_message_after_s``, ``busy`` while starting or loading); each
+  completion's round trip (ms) to ``on_latency``.
 """
 
 from __future__ import annotations
@@ -47,7 +26,7 @@ import itertools
 import logging
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Literal
 
 from websockets.asyncio.client import ClientConnection, connect
@@ -83,12 +62,6 @@ class _Pending:
     sent: float                                     # perf_counter at send
     conn: int                                       # connection serial it was sent on
     on_delta: Callable[[Delta], None] | None = None
-    first_delta: float | None = None
-
-
-@dataclass
-class _Outage:
-    since: float = field(default_factory=time.monotonic)
 
 
 def unavailable(request_id: str, message: str = "not connected to soldaemon") -> ErrorFrame:
@@ -96,9 +69,8 @@ def unavailable(request_id: str, message: str = "not connected to soldaemon") ->
 
 
 class DaemonClient:
-    """See the module docstring. ``resolve`` finds the daemon (URL and token)
-    before each attempt; ``launcher``, when given, starts one when none
-    answers."""
+    """See the module doc. ``resolve`` finds the daemon (URL and token) before
+    each attempt; ``launcher`` starts one when none answers."""
 
     def __init__(self, resolve: Callable[[], Target], *,
                  on_status: Callable[[StatusUpdate], None] = lambda update: None,
@@ -134,16 +106,13 @@ class DaemonClient:
         self.url: str | None = None
         self.last_status = StatusUpdate("connecting")
 
-    # -- lifecycle -----------------------------------------------------------
-
     def start(self) -> None:
         """Start connecting in the background (idempotent)."""
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="sol-daemon-client")
 
     async def close(self) -> None:
-        """Stop reconnecting, drop the connection; requests in flight end as
-        ``unavailable``."""
+        """Stop reconnecting and drop the connection (requests end ``unavailable``)."""
         self._closing = True
         task, self._task = self._task, None
         if task is not None:
@@ -154,19 +123,17 @@ class DaemonClient:
 
     @property
     def ready(self) -> bool:
-        """Connected, and the daemon accepts completions."""
+        """Whether the daemon is connected and accepts completions."""
         return self._ws is not None and self._daemon_state == "ready"
 
     def new_id(self, kind: str = "c", tag: str | None = None) -> str:
-        """A request id unique on this client: ``c17`` or, with the editor's
-        request id as ``tag``, ``c17.lsp42`` (so logs join up end to end)."""
+        """A request id unique on this client: ``c17``, or ``c17.lsp42`` with ``tag``."""
         base = f"{kind}{next(self._ids)}"
         return (f"{base}.lsp{tag}" if tag else base)[:128]
 
     def poke(self) -> None:
-        """Someone wants the daemon now (from here on, one may be started):
-        retry at once if we are waiting out a back-off (at most once a
-        second, or at once the first time)."""
+        """Mark the daemon wanted (one may be started from now on) and retry
+        now if waiting out a back-off (at most once a second)."""
         first, self.wanted = not self.wanted, True
         if self._ws is None and (first or time.monotonic() - self._last_attempt >= 1.0):
             self._unanswered_poke = self._launcher is not None
@@ -174,27 +141,22 @@ class DaemonClient:
 
     @property
     def coming(self) -> bool:
-        """A daemon is on its way: starting (ours or another window's),
-        loading its model, or about to be started after :meth:`poke`."""
+        """Whether a daemon is starting, loading its model, or about to start."""
         return not self.ready and (self.last_status.busy or self._unanswered_poke)
 
     async def wait_ready(self) -> bool:
-        """Wait while a daemon is :attr:`coming`; True once it is ready,
-        False as soon as none is coming (a start failed, or nothing starts
-        one). Cancelling the caller ends the wait."""
+        """Wait while a daemon is :attr:`coming`: True once ready, False when
+        none is coming."""
         while not self.ready:
             if not self.coming:
                 return False
             await self._changed.wait()
         return True
 
-    # -- requests ------------------------------------------------------------
-
     async def complete(self, req: CompletionRequest, *, timeout_s: float | None = None,
                        on_delta: Callable[[Delta], None] | None = None) -> Answer:
-        """Send ``complete`` and wait for its ``done`` or ``error`` (see the
-        module contract for not-connected, cancellation and timeouts). A
-        timeout answers an ``ErrorFrame`` with code ``timeout``."""
+        """Send ``complete`` and return its ``done`` or ``error`` (``timeout``
+        when ``timeout_s`` passes)."""
         if not self.ready or self._outbox is None:
             self.poke()
             return unavailable(req.id, self._not_ready_reason())
@@ -217,8 +179,8 @@ class DaemonClient:
         return answer
 
     def cancel(self, request_id: str) -> bool:
-        """Cancel ``request_id`` on the daemon; its awaiting ``complete`` gets
-        the ``done`` (``cancelled``). False when it is not in flight."""
+        """Cancel ``request_id`` on the daemon (its ``complete`` gets the done);
+        False when it is not in flight."""
         pending = self._pending.get(request_id)
         if pending is None:
             return False
@@ -230,8 +192,7 @@ class DaemonClient:
         return [rid for rid, p in self._pending.items() if p.kind == kind]
 
     def warm(self, req: CompletionRequest) -> bool:
-        """Send ``warm`` (prefill only); its ``done`` is logged. False when
-        not connected."""
+        """Send ``warm`` (prefill only); False when not connected."""
         if not self.ready or self._outbox is None:
             return False
         loop = asyncio.get_running_loop()
@@ -257,10 +218,8 @@ class DaemonClient:
         self._outbox.put_nowait(encode_client(Cancel(request_id)))
 
     def _observe(self, answer: Answer, elapsed_ms: float) -> None:
-        """Report ``slow`` when the daemon's time to first token exceeds
-        ``slow_ms`` (its own TTFT: what the model costs, not the round trip
-        with the debounce and the socket), ``ready`` once it is fast again.
-        The round trip goes to ``on_latency``."""
+        """Report ``slow`` while the daemon's own TTFT exceeds ``slow_ms``,
+        ``ready`` once fast again; the round trip goes to ``on_latency``."""
         if isinstance(answer, ErrorFrame) and answer.code == "timeout":
             slow, ttft = True, elapsed_ms
         elif not isinstance(answer, Done) or answer.finish_reason in ("cancelled", "superseded"):
@@ -282,8 +241,6 @@ class DaemonClient:
             return f"soldaemon is {self._daemon_state}"
         return self.last_status.message or "not connected to soldaemon"
 
-    # -- the connection loop -------------------------------------------------
-
     def _status(self, state: StatusState, message: str, *, persistent: bool = False, busy: bool = False) -> None:
         self._unanswered_poke = False
         changed, self._changed = self._changed, asyncio.Event()
@@ -297,7 +254,7 @@ class DaemonClient:
 
     async def _run(self) -> None:
         delay = self.backoff_initial_s
-        outage = _Outage()
+        outage = time.monotonic()
         self._status("connecting", "connecting to soldaemon")
         while True:
             self._wake.clear()
@@ -308,7 +265,7 @@ class DaemonClient:
                 log.exception("connection attempt failed unexpectedly")
                 failure, refused = f"internal error in sol-lsp: {type(exc).__name__}: {exc}", False
             if failure is None:  # we had a connection; it ended
-                delay, outage = self.backoff_initial_s, _Outage()
+                delay, outage = self.backoff_initial_s, time.monotonic()
                 if self._closing:
                     return
                 self._status("connecting", "reconnecting to soldaemon")
@@ -318,9 +275,8 @@ class DaemonClient:
             await self._sleep(delay * random.uniform(0.8, 1.2))
             delay = min(delay * 2, self.backoff_max_s)
 
-    def _after_failure(self, failure: str, refused: bool, outage: _Outage, delay: float) -> float:
-        """Report a failed attempt; maybe start the daemon. Returns the delay
-        to wait before the next attempt."""
+    def _after_failure(self, failure: str, refused: bool, outage_since: float, delay: float) -> float:
+        """Report a failed attempt, maybe start the daemon; the delay before the next."""
         launcher = self._launcher
         if launcher is not None and refused and not self.wanted and not launcher.other_starting:
             self._status("connecting",
@@ -342,7 +298,7 @@ class DaemonClient:
             if problem:
                 self._status("error", problem, persistent=True)
                 return delay
-        persistent = time.monotonic() - outage.since >= self.failure_message_after_s
+        persistent = time.monotonic() - outage_since >= self.failure_message_after_s
         self._status("error", failure, persistent=persistent)
         return delay
 
@@ -351,8 +307,8 @@ class DaemonClient:
             await asyncio.wait_for(self._wake.wait(), seconds)
 
     async def _attempt(self) -> tuple[str | None, bool]:
-        """One connection: returns ``(None, _)`` after a connection that
-        worked, else ``(why it failed, whether nothing is listening)``."""
+        """One connection: ``(None, _)`` after one that worked, else ``(why it
+        failed, whether nothing is listening)``."""
         t0 = time.perf_counter()
         try:
             target = self._resolve()
@@ -419,8 +375,6 @@ class DaemonClient:
             if not p.future.done():
                 p.future.set_result(unavailable(rid, why))
 
-    # -- inbound frames --------------------------------------------------------
-
     def _handle(self, raw: str | bytes) -> None:
         """Route one daemon frame; never raises (a bad frame is logged)."""
         try:
@@ -436,11 +390,8 @@ class DaemonClient:
             return
         if isinstance(msg, Delta):
             pending = self._pending.get(msg.id)
-            if pending is not None:
-                if pending.first_delta is None:
-                    pending.first_delta = time.perf_counter()
-                if pending.on_delta is not None:
-                    pending.on_delta(msg)
+            if pending is not None and pending.on_delta is not None:
+                pending.on_delta(msg)
         elif isinstance(msg, (Done, ErrorFrame)):
             self._finish(msg)
         elif isinstance(msg, Status):

@@ -1,44 +1,15 @@
 """The language server's copy of the editor's open documents.
 
-LSP positions are ``(line, character)`` where ``character`` counts *code units*
-of the negotiated position encoding: UTF-16 by default (a character outside the
-Basic Multilingual Plane, such as an emoji, counts 2), or UTF-8 bytes / UTF-32
-code points when the client offered them and the server chose them. Python
-strings index code points, so every position is converted here and nowhere
-else.
+LSP positions count code units of the negotiated encoding (UTF-16 by default,
+or UTF-8 / UTF-32); every conversion to Python string indices happens here.
+Lines end at ``\\n``, ``\\r\\n`` or ``\\r`` (LSP's rule; pygls' store also
+breaks at a form feed, and rebuilds the text on every change).
 
-Contracts:
-
-- :func:`offset_at` maps a position to an index into the Python string. Lines
-  end at ``\\n``, ``\\r\\n`` or ``\\r`` (LSP's rule). A ``character`` past the end
-  of its line means the end of the line (the terminator is not part of it); a
-  ``line`` past the last line means the end of the document; a ``character``
-  that falls inside a character (half a surrogate pair, part of a UTF-8
-  sequence) means the start of that character. It never raises for a
-  non-negative position.
-- :func:`units` is the length of a string in the encoding's code units (the
-  inverse direction, for ranges the server sends).
-- :class:`DocumentStore` applies ``didOpen``/``didChange``/``didClose``, full
-  or incremental, in order. :meth:`Document.apply` returns where the edit
-  landed (for the context ring and the background warm).
-
-Why not pygls' own store (``pygls.workspace.TextDocument``, pygls 2.1), which
-sol-lsp otherwise uses for the protocol: measured, not assumed
-(``SolProtocol`` in lsp/server.py keeps pygls from holding a second copy):
-
-- its lines are ``str.splitlines``, which also breaks at a form feed
-  (``\\x0c``, Emacs page breaks in GNU and CPython sources), ``\\x0b``,
-  ``\\x1c``-``\\x1e``, ``\\x85``, U+2028 and U+2029; LSP breaks lines only at
-  ``\\n``, ``\\r\\n`` and ``\\r``. In ``"a = 1\\x0c\\nb = 2"`` an edit at line 1,
-  column 0 lands before the line feed in pygls' copy, so its text no longer
-  matches the editor's (tests/test_lsp_units.py,
-  ``test_the_server_keeps_one_copy_...``);
-- it rebuilds the whole text for each incremental change and splits it into
-  lines again on every position lookup: 10 ms per keystroke on a 1.4 MB
-  file, against 1.2 ms here (line starts kept in step with each edit);
-- it has no "where did the edit land" (the offset the context ring and
-  the warm follow) and no line index by offset (``line_of``), which the
-  completer and the context ring use on every request.
+- :meth:`Document.offset_at` never raises for a non-negative position: past
+  the line's end means its end, past the last line the document's end, inside
+  a character its start. :func:`units` is the inverse direction.
+- :class:`DocumentStore` applies ``didOpen``/``didChange``/``didClose`` in
+  order; :meth:`Document.apply` returns where the edit landed.
 """
 
 from __future__ import annotations
@@ -46,18 +17,16 @@ from __future__ import annotations
 import bisect
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Literal
+from typing import Literal
 
 from lsprotocol import types
 
 Encoding = Literal["utf-8", "utf-16", "utf-32"]
-ENCODINGS: tuple[Encoding, ...] = ("utf-8", "utf-16", "utf-32")
 _NEWLINE = re.compile(r"\r\n|\r|\n")
 
 
 def normalize_encoding(value: object) -> Encoding:
-    """The encoding named by an LSP ``PositionEncodingKind`` (or its string);
-    anything unknown or absent is UTF-16, the protocol's default."""
+    """The encoding an LSP ``PositionEncodingKind`` names (else UTF-16)."""
     text = getattr(value, "value", value)
     if text in ("utf-8", "utf-32"):
         return text  # type: ignore[return-value]
@@ -74,8 +43,7 @@ def units(text: str, encoding: Encoding) -> int:
 
 
 def column_to_index(line: str, character: int, encoding: Encoding) -> int:
-    """Index into ``line`` (without its terminator) for ``character`` code
-    units; clamped to the line, rounded down to a character start."""
+    """Index into ``line`` of ``character`` code units, clamped, rounded down."""
     if character <= 0:
         return 0
     if encoding == "utf-32" or line.isascii():
@@ -97,8 +65,7 @@ def line_starts(text: str) -> list[int]:
 
 @dataclass
 class Document:
-    """One open document. ``text`` is the whole content; ``version`` is the
-    editor's. Line starts are kept in step with every edit."""
+    """One open document; its line starts are kept in step with every edit."""
 
     uri: str
     text: str
@@ -114,8 +81,7 @@ class Document:
         return len(self._starts)
 
     def line_span(self, line: int) -> tuple[int, int]:
-        """``(start, end)`` offsets of ``line`` without its terminator;
-        clamped to the document."""
+        """``(start, end)`` offsets of ``line`` without its terminator, clamped."""
         if line >= len(self._starts):
             return len(self.text), len(self.text)
         start = self._starts[max(0, line)]
@@ -129,7 +95,7 @@ class Document:
         return max(0, bisect.bisect_right(self._starts, offset) - 1)
 
     def offset_at(self, position: types.Position, encoding: Encoding = "utf-16") -> int:
-        """String index of an LSP position (see the module contract)."""
+        """String index of an LSP position (see the module doc)."""
         if position.line >= len(self._starts):
             return len(self.text)
         start, end = self.line_span(position.line)
@@ -144,8 +110,7 @@ class Document:
         return self.text[start:end]
 
     def apply(self, change: types.TextDocumentContentChangeEvent, encoding: Encoding = "utf-16") -> int:
-        """Apply one ``didChange`` content change; return the offset just
-        after the inserted text (where the cursor most likely is)."""
+        """Apply one ``didChange`` content change; the offset after the inserted text."""
         if isinstance(change, types.TextDocumentContentChangePartial):
             start = self.offset_at(change.range.start, encoding)
             end = max(start, self.offset_at(change.range.end, encoding))
@@ -158,8 +123,7 @@ class Document:
     def _replace(self, start: int, end: int, new: str) -> None:
         old = self.text
         self.text = old[:start] + new + old[end:]
-        # A splice is exact unless a carriage return could pair up differently
-        # with a neighbouring line feed; then recount (rare: CR line endings).
+        # a carriage return may pair up differently with a neighbouring line feed: recount
         if "\r" in new or (start > 0 and old[start - 1] == "\r") or "\r" in old[start:end]:
             self._starts = line_starts(self.text)
             return
@@ -171,15 +135,11 @@ class Document:
 
 
 class DocumentStore:
-    """Open documents by URI, in one position encoding (set once the client
-    and server agreed on it in ``initialize``)."""
+    """Open documents by URI, in the position encoding agreed in ``initialize``."""
 
     def __init__(self, encoding: Encoding = "utf-16") -> None:
         self.encoding: Encoding = encoding
         self._docs: dict[str, Document] = {}
-
-    def __contains__(self, uri: str) -> bool:
-        return uri in self._docs
 
     def __len__(self) -> int:
         return len(self._docs)
@@ -187,17 +147,14 @@ class DocumentStore:
     def get(self, uri: str) -> Document | None:
         return self._docs.get(uri)
 
-    def uris(self) -> Iterable[str]:
-        return self._docs.keys()
-
     def open(self, item: types.TextDocumentItem) -> Document:
         doc = Document(item.uri, item.text, item.version, item.language_id or None)
         self._docs[item.uri] = doc
         return doc
 
     def change(self, params: types.DidChangeTextDocumentParams) -> tuple[Document, int] | None:
-        """Apply every change in order; return the document and the offset
-        after the last edit, or ``None`` for a document that is not open."""
+        """Apply every change in order: the document and the offset after the
+        last edit, or None when it is not open."""
         doc = self._docs.get(params.text_document.uri)
         if doc is None:
             return None

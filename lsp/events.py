@@ -1,25 +1,8 @@
-"""Editor events about a shown completion, as the daemon counts them.
-
-sol-lsp takes the names its own clients send and the ones editors already
-send to Copilot's language server, so an editor set up for Copilot reports
-to soldaemon with no change:
-
-- shown: ``textDocument/didShowCompletion`` or ``sol/didShowCompletion``,
-  ``{"item": <inline item>}`` (the sol/ one also ``{"id", "index"}``);
-- partial: ``textDocument/didPartiallyAcceptCompletion`` or
-  ``sol/didPartiallyAcceptCompletion``, the same plus ``"acceptedLength"``:
-  characters of ``insertText`` accepted, counted from the item's range
-  start, as copilot.vim and VS Code count them. sol-lsp's items start at
-  the line start, so the characters before the cursor (the third argument
-  of the item's command) are taken off: the daemon counts characters of
-  the completion only;
-- rejected: ``sol/didRejectCompletion`` ``{"item"}`` (dismissed, or replaced
-  by typing something else);
-- accepted: the command ``sol.accepted`` ``[request id, item index]`` that
-  the client runs after inserting an item.
-
-The item is recognised by the ``sol.accepted`` command sol-lsp put on it
-(its arguments name the daemon request and the item index). Pure: no I/O.
+"""Editor events about a shown completion, as the daemon counts them: shown,
+partially accepted, rejected (under the ``sol/`` names and Copilot's, so an
+editor set up for Copilot needs no change) and the ``sol.accepted`` command;
+docs/editors.md lists the messages. An item is recognised by the
+``sol.accepted`` command on it. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -47,8 +30,7 @@ MAX_ITEM_INDEX = 7          # the protocol's max_n - 1
 
 
 def plain(value: Any) -> Any:
-    """pygls hands custom-method params over as namedtuples; make them
-    plain dicts/lists again."""
+    """``value`` with pygls' namedtuples turned into plain dicts and lists."""
     if hasattr(value, "_asdict"):
         return {k: plain(v) for k, v in value._asdict().items()}
     if isinstance(value, dict):
@@ -60,9 +42,8 @@ def plain(value: Any) -> Any:
 
 def event_target(params: Any) -> tuple[str, int, int | None] | None:
     """``(request id, item index, accepted length)`` from ``{"item": <item
-    with our command>}`` or ``{"id": ..., "index": ...}``; ``None`` for
-    anything else. The accepted length is in characters of the completion
-    (see the module doc)."""
+    with our command>}`` or ``{"id", "index"}``, else None; the length counts
+    characters of the completion, the line before the cursor taken off."""
     data = plain(params)
     if not isinstance(data, dict):
         return None
@@ -86,8 +67,7 @@ def event_target(params: Any) -> tuple[str, int, int | None] | None:
 
 
 def to_event(kind: str, params: Any) -> CompletionEvent | None:
-    """The daemon's ``event`` frame for ``params`` of a ``kind`` event, or
-    ``None`` when they name no item of ours."""
+    """The daemon's ``event`` frame, or None when ``params`` name no item of ours."""
     target = event_target(params)
     if target is None:
         return None

@@ -1,24 +1,10 @@
-"""The LSP base protocol, read strictly.
+"""The LSP base protocol, read strictly (pygls' reader skips unknown header
+lines and takes any length, so an HTTP request is served as an editor).
 
-pygls' own reader (``pygls.io_.run_async``, pygls 2.1) skips every header
-line it does not understand until one matches ``Content-Length: N``, and
-takes any ``N``, so an HTTP request (``POST / HTTP/1.1`` with browser headers
-and an LSP frame as its body) or any other byte stream that happens to
-contain such a line is served as if it were an editor, and one header can
-ask it to buffer gigabytes. pygls has no option for a stricter reader, so
-sol-lsp's ``start_io`` runs pygls' protocol (JSON-RPC, dispatch, writing)
-over this reader instead; the test harness drives real sol-lsp processes
-with pytest-lsp's client (pygls' framing) or with raw bytes. This reader accepts only
-what the LSP base protocol defines:
-
-- header lines ``Name: value\\r\\n`` with ``Name`` one of ``Content-Length``
-  and ``Content-Type`` (case-insensitive), each at most once;
-- ``Content-Length`` decimal, 1 .. :data:`MAX_FRAME_BYTES`;
-- then ``\\r\\n`` and exactly that many bytes of JSON.
-
-Anything else raises :class:`FramingError`: after a malformed header the
-stream cannot be resynchronised, so the server logs one line and exits
-(its client is gone or was never an editor).
+Accepted: header lines ``Content-Length`` and ``Content-Type`` (any case, each
+at most once), a decimal length of 1 .. :data:`MAX_FRAME_BYTES`, ``\\r\\n``,
+then that many bytes of JSON. Anything else raises :class:`FramingError`; the
+server then logs one line and exits (the stream cannot be resynchronised).
 """
 
 from __future__ import annotations
@@ -46,8 +32,7 @@ class AsyncReader(Protocol):
 
 
 def parse_header_line(line: bytes, seen: dict[bytes, bytes]) -> None:
-    """Add one header line to ``seen``; raise :class:`FramingError` for
-    anything that is not a known LSP header."""
+    """Add one header line to ``seen``; :class:`FramingError` if not a known LSP header."""
     if len(line) > MAX_HEADER_LINE:
         raise FramingError(f"header line longer than {MAX_HEADER_LINE} bytes")
     match = _HEADER.fullmatch(line)
@@ -75,8 +60,7 @@ def content_length(headers: dict[bytes, bytes]) -> int:
 
 
 async def read_frame(reader: AsyncReader) -> bytes | None:
-    """One frame's body; ``None`` at a clean end of the stream (between
-    frames). Raises :class:`FramingError`."""
+    """One frame's body, or None at a clean end; raises :class:`FramingError`."""
     headers: dict[bytes, bytes] = {}
     while True:
         line = await reader.readline()
@@ -96,9 +80,8 @@ async def read_frame(reader: AsyncReader) -> bytes | None:
 
 async def run_strict(stop_event: threading.Event, reader: AsyncReader, protocol: Any,
                      log: logging.Logger, error_handler: Callable[[Exception, type], Any]) -> None:
-    """pygls' ``run_async`` loop with :func:`read_frame`: hand each frame to
-    ``protocol.handle_message`` until the stream ends or is not LSP (then
-    log one line and return, which ends the server)."""
+    """pygls' ``run_async`` loop over :func:`read_frame`: hand each frame to
+    ``protocol.handle_message`` until the stream ends or is not LSP."""
     while not stop_event.is_set():
         try:
             body = await read_frame(reader)

@@ -1,32 +1,17 @@
 """Finding the daemon, and starting one when configured to.
 
-Finding it is :func:`soldaemon.discovery.find_daemon` (shared with
-``soldaemon status``); :func:`resolve_target` applies sol-lsp's settings to
-it and is re-run before every connection attempt, so that a daemon restarted
-on another port is found again. sol-lsp reads no ``sol_config.yaml`` (no
-YAML reader, no config code in its process): without a ``url`` setting it
-trusts only the daemon's record, which every daemon writes once ready, so
-a daemon is found where it really listens, and our token is never sent to
-whatever else holds the configured port.
+:func:`resolve_target` (over :func:`soldaemon.discovery.find_daemon`) runs
+before every connection attempt. sol-lsp reads no ``sol_config.yaml``: without
+a ``url`` setting it trusts only the record a ready daemon writes, so its token
+never goes to whatever else holds a port.
 
-:class:`DaemonLauncher` starts ``soldaemon serve`` (an argv list, never a
-shell) in its own session, detached, logging to ``daemon.log`` in the state
-directory (which the daemon rotates; its raw output goes to ``daemon.out``):
-the daemon is shared by every editor window and outlives the one that
-started it (it exits by itself after ``idle_exit_s`` without a connection,
-passed as ``SOLDAEMON_IDLE_EXIT_S`` whatever the command). A daemon that
-cannot start leaves ``last-error.json`` in the state directory; its reason
-becomes the launcher's message. It never blocks: the client keeps trying to connect while the
-daemon prepares its model, for at most ``timeout_s``; meanwhile :meth:`DaemonLauncher.stage`
-reads the daemon's first-start work (assembling, converting, timing the kernels) from the
-``soldaemon: ...`` lines it prints to ``daemon.out``. A daemon the launcher starts takes a
-free port when the configured one is held (``SOLDAEMON_PORT_FALLBACK``): clients find it
-through its record, never its port.
-
-Two sol-lsp starting at once start one daemon: the starter holds
-``start.lock`` in the state directory (:class:`soldaemon.discovery.StartLock`)
-from the spawn until the daemon answers or the start fails; the other one
-sees the lock, starts nothing and keeps trying to connect.
+:class:`DaemonLauncher` starts ``soldaemon serve`` (an argv, never a shell)
+detached in its own session, in the private state directory, logging to
+``daemon.log`` (raw output: ``daemon.out``, whose ``soldaemon: ...`` lines
+:meth:`DaemonLauncher.stage` reads). The daemon is shared by every window,
+exits after ``idle_exit_s`` unused, and takes a free port when its own is held.
+A failed start's reason comes from ``last-error.json``. Of two sol-lsp starting
+at once, the one holding ``start.lock`` starts the daemon.
 """
 
 from __future__ import annotations
@@ -55,13 +40,9 @@ log = logging.getLogger("sol.lsp.launcher")
 
 
 def resolve_target(settings: Settings) -> Target:
-    """The daemon to connect to: ``url`` and ``token_file`` from the
-    settings when given, else the running daemon's record's (the token file
-    defaults to the state directory's). No fallback address: with no
-    record, no daemon runs (one is starting, or none). Raises
-    :class:`soldaemon.errors.Unavailable` when there is no record (and no
-    ``url``) or no token file, and :class:`soldaemon.errors.ConfigError`
-    for an unsafe record or token file."""
+    """The daemon to connect to: ``url`` and ``token_file`` from the settings,
+    else the running daemon's record. Raises :class:`Unavailable` with no
+    record or token file, :class:`ConfigError` for an unsafe one."""
     return find_daemon(Fallback(), url=settings.url or None, token_path=settings.token_file)
 
 
@@ -79,11 +60,8 @@ def daemon_log_path() -> Path:
 
 
 def doctor_command(settings: Settings) -> list[str]:
-    """``soldaemon [--config FILE] doctor`` run as ``python -I``: isolated
-    (no current directory, script directory, ``$PYTHONPATH`` or user site on
-    ``sys.path``), with the directory this soldaemon was imported from put
-    first, so the doctor is this soldaemon whatever the environment says.
-    :func:`run_doctor` runs it in the state directory."""
+    """``soldaemon [--config FILE] doctor`` as ``python -I`` with this
+    soldaemon's directory first on ``sys.path``, whatever the environment."""
     root = str(Path(soldaemon.__file__).resolve().parent.parent)
     boot = f"import sys; sys.path.insert(0, {root!r}); from soldaemon.cli import main; sys.exit(main())"
     argv = [sys.executable, "-I", "-c", boot]
@@ -93,10 +71,9 @@ def doctor_command(settings: Settings) -> list[str]:
 
 
 async def run_doctor(settings: Settings, *, timeout_s: float = 120.0) -> tuple[list[str], str, int | None]:
-    """Run :func:`doctor_command` with the private state directory as its
-    current directory (never the project's) and stdin closed: ``(argv,
-    output, exit status)``. Raises ``OSError`` when it cannot start and
-    ``TimeoutError`` after ``timeout_s``."""
+    """Run :func:`doctor_command` in the private state directory, stdin
+    closed: ``(argv, output, exit status)``. Raises ``OSError`` or
+    ``TimeoutError``."""
     import asyncio
 
     argv = doctor_command(settings)
@@ -113,8 +90,7 @@ async def run_doctor(settings: Settings, *, timeout_s: float = 120.0) -> tuple[l
 
 
 def read_last_error(since: float) -> str | None:
-    """The reason in ``last-error.json`` when it was written after
-    ``since`` (wall-clock seconds), as one sentence; else ``None``."""
+    """The reason in ``last-error.json`` written after ``since`` (wall clock), or None."""
     try:
         data = json.loads((state_dir() / LAST_ERROR_NAME).read_text())
         if float(data.get("time", 0)) < since:
@@ -126,10 +102,8 @@ def read_last_error(since: float) -> str | None:
 
 
 def default_daemon_command(settings: Settings) -> list[str]:
-    """``soldaemon [--config FILE] serve --idle-exit-s N``: the console
-    script next to this Python when installed, else ``python -I -m
-    soldaemon.cli`` (see :func:`_module_command`). The launcher runs it
-    with the state directory as its current directory, never the project's."""
+    """``soldaemon [--config FILE] serve --idle-exit-s N``: the console script
+    next to this Python, else :func:`_module_command`."""
     exe = shutil.which("soldaemon", path=str(Path(sys.executable).parent)) or shutil.which("soldaemon")
     argv = [exe] if exe else _module_command()
     if settings.config:      # absolute: the daemon runs in the state directory, not sol-lsp's cwd
@@ -138,15 +112,8 @@ def default_daemon_command(settings: Settings) -> list[str]:
 
 
 def _module_command() -> list[str]:
-    """``python -m soldaemon.cli`` that never imports a project's code.
-
-    ``-m`` puts the current directory first on ``sys.path``, so a cloned
-    repository's ``soldaemon/`` package would run instead of ours. The
-    launcher's cwd is the state directory; the interpreter is isolated too:
-    ``-I`` when the installed package is in the interpreter's own
-    site-packages (``-I`` also drops ``$PYTHONPATH`` and the user site), else
-    ``-P`` (Python 3.11+: no cwd on ``sys.path``, while ``$PYTHONPATH`` and a
-    ``pip --user`` install still import)."""
+    """``python -m soldaemon.cli`` that never imports a project's code: ``-I``
+    when installed in site-packages, else ``-P`` (no cwd on ``sys.path``)."""
     here = Path(soldaemon.__file__).resolve().parent
     sites = [Path(p).resolve() for p in site.getsitepackages()]
     if any(here.is_relative_to(p) for p in sites):
@@ -184,7 +151,7 @@ class DaemonLauncher:
 
     @property
     def other_starting(self) -> bool:
-        """Another sol-lsp holds the start lock: a daemon is on its way."""
+        """Whether another sol-lsp holds the start lock."""
         try:
             return self.lock.busy()
         except (ConfigError, OSError):
@@ -192,13 +159,12 @@ class DaemonLauncher:
 
     @property
     def starting(self) -> bool:
-        """A daemon we started is alive and still within its time to get ready."""
+        """Whether a daemon we started is alive and within ``timeout_s``."""
         return (self.proc is not None and self.proc.poll() is None
                 and time.monotonic() - self.started_at < self.timeout_s)
 
     def check(self) -> str | None:
-        """Why the daemon we started is not coming (exited, or too slow), or
-        ``None`` while it may still come (or none was started)."""
+        """Why the daemon we started is not coming, or None while it may."""
         if self.proc is None:
             return None
         code = self.proc.poll()
@@ -216,9 +182,8 @@ class DaemonLauncher:
         return None
 
     def stage(self) -> str | None:
-        """What the daemon being started is doing, from the last
-        ``soldaemon: ...`` line of ``daemon.out`` in the state directory
-        (a start by another window too: the file is shared), or ``None``."""
+        """What a starting daemon (any window's) is doing, from the last
+        ``soldaemon: ...`` line of ``daemon.out``, or None."""
         out_path = (self.log_path or state_dir() / "daemon.log").with_suffix(".out")
         try:
             with open(out_path, "rb") as f:
@@ -231,17 +196,15 @@ class DaemonLauncher:
         return lines[-1][len(STAGE_PREFIX):][:200] if lines else None
 
     def ready(self) -> None:
-        """A connection succeeded: forget the process (the daemon lives on,
-        detached). ``started_at`` stays, so a daemon that dies again is
-        restarted at most once per ``cooldown_s``."""
+        """Forget the process after a connection (the daemon lives on);
+        a restart still waits ``cooldown_s``."""
         self.proc = None
         self.error = None
         self.lock.release()
 
     def start(self) -> bool:
-        """Start the daemon unless one we started is still coming or the
-        cooldown after a failed start runs. Returns True when a process was
-        spawned now. Never raises: a spawn failure is kept in ``error``."""
+        """Spawn the daemon unless ours is still coming or the cooldown runs:
+        True when spawned now. A failure is kept in ``error``, never raised."""
         if self.proc is not None and self.proc.poll() is None:
             return False  # ours is alive: still preparing, or too slow (then check() says so)
         if self.started_at and time.monotonic() - self.started_at < self.cooldown_s:
@@ -257,39 +220,27 @@ class DaemonLauncher:
             if read_daemon_record() is not None:     # one became ready since our failed attempt
                 self.lock.release()
                 return False
-            # The daemon writes (and rotates) its own log; what it prints
-            # outside its logging (a crash before that is set up) goes to
-            # daemon.out, emptied at each start. Whatever command starts it,
-            # the daemon exits after idle_exit_s unused (SOLDAEMON_IDLE_EXIT_S)
-            # and listens on a free port when the configured one is held
-            # (SOLDAEMON_PORT_FALLBACK; its record says where).
+            # the daemon rotates daemon.log itself; daemon.out holds what it prints outside it
             out_path = log_path.with_suffix(".out")
             env = dict(os.environ, SOLDAEMON_LOG_FILE=str(log_path), SOLDAEMON_PORT_FALLBACK="1")
             if self.idle_exit_s is not None:
                 env["SOLDAEMON_IDLE_EXIT_S"] = f"{self.idle_exit_s:g}"
             nofollow = getattr(os, "O_NOFOLLOW", 0)
-            # daemon.log exists as a regular file of ours before the daemon opens it: a
-            # planted link there fails here (O_NOFOLLOW) instead of being written through
+            # a planted link at daemon.log fails here (O_NOFOLLOW), not in the daemon
             os.close(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | nofollow, 0o600))
             fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | nofollow, 0o600)
             self.started_wall = time.time()
             try:
-                # cwd: the private state directory, never the project the editor
-                # opened (a project's sol_config.yaml or soldaemon/ must not reach it)
+                # cwd: the private state directory, never the project's
                 self.proc = subprocess.Popen(
                     self.argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT,
                     cwd=log_path.parent, start_new_session=True, close_fds=True, env=env)
             finally:
                 os.close(fd)
-        except ConfigError as exc:
+        except (ConfigError, OSError) as exc:
             self.lock.release()
-            self.error = f"cannot start the daemon: {exc.message} ({exc.hint})"
-            log.error("%s", self.error)
-            self.started_at = time.monotonic()
-            return False
-        except OSError as exc:
-            self.lock.release()
-            self.error = f"cannot start the daemon ({self.argv[0]}): {exc.strerror or exc}"
+            self.error = (f"cannot start the daemon: {exc.message} ({exc.hint})" if isinstance(exc, ConfigError)
+                          else f"cannot start the daemon ({self.argv[0]}): {exc.strerror or exc}")
             log.error("%s", self.error)
             self.started_at = time.monotonic()
             return False

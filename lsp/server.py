@@ -1,70 +1,11 @@
 """``sol-lsp``: the language server that brings soldaemon's completions to any
-LSP editor (Neovim, Helix, Emacs, Zed, VS Code, ...).
+LSP editor. The pygls wiring only: documents (:mod:`lsp.documents`), context
+(:mod:`lsp.context`), completions (:mod:`lsp.completer`), the daemon
+(:mod:`lsp.daemon_client`, :mod:`lsp.launcher`), settings (:mod:`lsp.settings`),
+events (:mod:`lsp.events`) and status (:mod:`lsp.status`).
 
-The pygls wiring only; the pieces are
-
-- :mod:`lsp.documents` — open documents, incremental sync, position encodings;
-- :mod:`lsp.context` — the ring of recently edited/opened chunks;
-- :mod:`lsp.completer` — debounce, supersede, typed-through, request building;
-- :mod:`lsp.daemon_client` — the websocket client (reconnect, cancel, status);
-- :mod:`lsp.launcher` — finding (and, by default, starting) the daemon;
-- :mod:`lsp.settings` — flags, ``initializationOptions``, configuration;
-- :mod:`lsp.events` — shown/accepted/partial/rejected events;
-- :mod:`lsp.status` — ``sol/status``, ``$/progress``, latency.
-
-LSP surface (docs/editors.md has the editor set-ups):
-
-- ``textDocument/inlineCompletion`` (LSP 3.18): items replace the whole
-  cursor line, as Copilot's server does (``range`` = line start → line end,
-  ``insertText`` = the line's text before the cursor + the completion + the
-  line's text after the cursor), so the item stays valid while the user
-  keeps typing it, and Neovim 0.12, which draws an item as an overlay from
-  where it first differs from the line, paints the line as it will read
-  after accepting instead of over the text after the cursor
-  (docs/editors.md, "Item ranges"); each carries the command
-  ``sol.accepted`` (arguments ``[daemon request id, item index, characters
-  of insertText before the cursor]``) for accept telemetry.
-- ``textDocument/completion`` for clients without inline completion
-  (``completionItems``: auto/always/never): one item per completion, a
-  ``textEdit`` from the start of the word at the cursor, ``isIncomplete``
-  so the client asks again as the user types.
-- An invoked inline request (triggerKind Invoke) gets up to three distinct
-  items, the greedy one first; an automatic one, and plain completion (which
-  some editors ask as "invoked" while the user types), the greedy item only.
-- Events (:mod:`lsp.events`): shown, partially accepted, rejected — under
-  the ``sol/`` names and Copilot's ``textDocument/didShowCompletion`` and
-  ``textDocument/didPartiallyAcceptCompletion`` — are forwarded to the
-  daemon as ``event`` frames.
-- ``sol/completionReady`` ``{"uri"}`` (only with the option ``earlyLines``,
-  for inline requests): a multi-line answer was returned early with its
-  first whole lines and the rest is now there; the client asks again at
-  the cursor and gets it at once (:mod:`lsp.completer`).
-- ``sol/status`` notifications (only to a client that declares it handles
-  them: ``capabilities.experimental.soldaemon.status`` or the option
-  ``statusNotifications``; other clients, e.g. lsp-mode, would warn about an
-  unknown method each time) ``{"state": "connecting"|"ready"|"slow"|"error",
-  "message", "url", "lastMs", "medianMs"}`` on every change and after each
-  completion, at most one ``window/showMessageRequest`` per outage, when a
-  failure persists (a daemon that could not start names the reason from
-  its ``last-error.json``; actions open the daemon log or run
-  ``soldaemon doctor``, shown with ``window/showDocument``), and ``$/progress`` while the daemon starts or loads its model
-  (:mod:`lsp.status`); while the daemon starts, the message names its
-  first-start work ("starting soldaemon… measuring the linear kernels on
-  this machine (once)…").
-- The daemon is started (``--start-daemon``) when the first document in an
-  enabled language opens, never for a disabled one; a completion asked
-  while it starts waits for it (until the editor cancels the request).
-- ``workspace/didChangeConfiguration`` ``{"settings": {"soldaemon": {...}}}``
-  (the ``initializationOptions`` keys) applies at once; an invalid value is
-  named in a ``window/showMessage`` and the old settings stay.
-- A client that asks for inline completions gets no plain items from then
-  on, whatever its capabilities said (lsp-mode announces
-  ``"inlineCompletion": null`` yet asks once ``lsp-inline-completion-mode``
-  is on): every suggestion is shown once.
-- ``$/cancelRequest`` (and a newer request) cancel the daemon-side work.
-- Errors: invalid ``initializationOptions`` → InvalidParams; a daemon error
-  that retrying cannot fix → RequestFailed (-32803) with ``data.code`` the
-  daemon's error code. Everything transient answers empty, at once.
+The LSP surface (inline and plain completion, events, ``sol/status``,
+``sol/completionReady``, errors) is docs/editors.md's reference.
 """
 
 from __future__ import annotations
@@ -116,9 +57,8 @@ class RequestFailed(JsonRpcException):
 
 
 class SolProtocol(LanguageServerProtocol):
-    """pygls' protocol with one change: ``initialize`` is answered once per
-    process. A second one is refused (InvalidRequest) before it can replace
-    the client's capabilities, workspace folders or settings."""
+    """pygls' protocol answering ``initialize`` once per process (a second is
+    refused with InvalidRequest), and keeping no copy of the documents."""
 
     _initialized_once = False
 
@@ -129,17 +69,11 @@ class SolProtocol(LanguageServerProtocol):
             raise JsonRpcInvalidRequest("initialize was already received; a server is initialized once")
         self._initialized_once = True
         result = yield from super().lsp_initialize(params)
-        # which event notifications this server handles: a client that sends
-        # both the sol/ and the Copilot name of one event (so that an older
-        # server still hears it) sends only one of them to a server that
-        # lists both -- an event counted once
+        # the event notifications handled: a client sending both names of an event sends one
         result.capabilities.experimental = {"soldaemon": {"notifications": sorted(NOTIFICATIONS)}}
         return result
 
-    # The open documents live in lsp.documents.DocumentStore alone (its
-    # docstring says why not pygls' workspace): pygls' own copy would be
-    # updated on every keystroke (a rebuild of the whole text, ~10 ms for a
-    # 1.4 MB file) and would disagree with the editor on a form feed.
+    # the open documents live in lsp.documents.DocumentStore alone, not pygls' workspace too
     @lsp_method(types.TEXT_DOCUMENT_DID_OPEN)
     def lsp_text_document__did_open(self, params: types.DidOpenTextDocumentParams) -> Generator[Any, Any, None]:
         yield from self._to_handler(types.TEXT_DOCUMENT_DID_OPEN, params)
@@ -160,8 +94,7 @@ class SolProtocol(LanguageServerProtocol):
 
 
 class SolLanguageServer(LanguageServer):
-    """The server object; the feature handlers are registered by
-    :func:`build_server`."""
+    """The server; :func:`build_server` registers its handlers."""
 
     def __init__(self, settings: Settings) -> None:
         super().__init__("sol-lsp", __version__, protocol_cls=SolProtocol,
@@ -185,8 +118,7 @@ class SolLanguageServer(LanguageServer):
         log.error("server error (%s): %s", getattr(source, "__name__", source), error)
 
     def start_io(self, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> None:
-        """Serve LSP on stdin/stdout with the strict reader
-        (:mod:`lsp.framing`) instead of pygls' lenient one."""
+        """Serve LSP on stdin/stdout with the strict reader (:mod:`lsp.framing`)."""
         self._stop_event = stop = threading.Event()
         self.protocol.set_writer(StdoutWriter(stdout or sys.stdout.buffer))
         reader = StdinAsyncReader(stdin or sys.stdin.buffer, self.thread_pool)
@@ -199,12 +131,9 @@ class SolLanguageServer(LanguageServer):
         finally:
             self.shutdown()
 
-    # -- set-up --------------------------------------------------------------------
-
     def configure(self, params: types.InitializeParams) -> None:
-        """Apply ``initializationOptions`` and the negotiated encoding; start
-        connecting to the daemon. Raises JsonRpcInvalidParams for a bad
-        option."""
+        """Apply ``initialize``'s options and capabilities and start connecting
+        to the daemon; raises JsonRpcInvalidParams for a bad option."""
         try:
             settings, unknown = self.settings.with_options(params.initialization_options)
         except SettingsError as exc:
@@ -235,9 +164,8 @@ class SolLanguageServer(LanguageServer):
         self.start_daemon_client()
 
     def reconfigure(self, params: types.DidChangeConfigurationParams) -> None:
-        """``workspace/didChangeConfiguration``: apply the ``soldaemon``
-        section (or a flat object of our keys) at once. An invalid value:
-        one ``window/showMessage`` naming it; the settings stay as they were."""
+        """Apply the ``soldaemon`` section (or a flat object of our keys) now;
+        an invalid value is shown and the settings stay."""
         raw = params.settings
         if isinstance(raw, dict) and CONFIG_SECTION in raw:
             section = raw[CONFIG_SECTION]
@@ -270,24 +198,21 @@ class SolLanguageServer(LanguageServer):
         log.info("settings changed")
 
     def initialized(self) -> None:
-        """The client may take requests now: from here on, $/progress (a
-        start already under way shows at once)."""
+        """Enable $/progress (a start under way shows at once)."""
         self.progress_bar.enabled = self.client_has_progress
         if self.reporter.last.busy:
             self.progress_bar.show(self.reporter.last.message)
 
     def saw_inline_request(self) -> None:
-        """The client asks for inline completions: from now on it gets no
-        plain items (one kind only, never every suggestion twice)."""
+        """From now on serve inline items only, never plain ones too."""
         if not self.client_has_inline:
             log.info("%s asks for inline completions although its capabilities did not say so; "
                      "serving inline items only from now on", self.client_name)
             self.client_has_inline = True
 
     def set_policy(self, folder_uris: Sequence[str] | None) -> None:
-        """What may be sent: files inside ``folder_uris`` (``None``: the
-        editor named no folder, no containment rule) that match no secret
-        pattern (soldaemon.privacy.rules), with the include/exclude globs."""
+        """Send only files inside ``folder_uris`` (None: anywhere) that the
+        :class:`ContextPolicy` allows."""
         s = self.settings
         folders = folder_paths(folder_uris) if folder_uris is not None else None
         self.policy = ContextPolicy(folders, s.context_include, s.context_exclude)
@@ -295,8 +220,7 @@ class SolLanguageServer(LanguageServer):
             self.completer.ring.set_policy(self.policy)
 
     def start_daemon_client(self) -> None:
-        """Create the daemon client and the completer, and start connecting
-        (once per process: a second ``initialize`` keeps the first set-up)."""
+        """Create the daemon client and completer and start connecting (once)."""
         if self.daemon is not None:
             log.warning("initialize received again; keeping the existing daemon connection")
             return
@@ -318,8 +242,7 @@ class SolLanguageServer(LanguageServer):
         self.daemon.start()
 
     def completion_ready(self, uri: str) -> None:
-        """The rest of a multi-line answer shown early (``earlyLines``) is
-        there: ``sol/completionReady`` tells the client to ask again."""
+        """Tell the client the rest of an early answer is there."""
         self.protocol.notify(COMPLETION_READY, {"uri": uri})
 
     async def stop_daemon_client(self) -> None:
@@ -328,14 +251,9 @@ class SolLanguageServer(LanguageServer):
         if self.daemon is not None:
             await self.daemon.close()
 
-    # -- completions ----------------------------------------------------------------
-
     async def suggest(self, uri: str, position: types.Position, automatic: bool, *,
                       alternatives: bool = False, inline: bool = False) -> Suggestion | None:
-        """The completer's answer; daemon errors become typed JSON-RPC errors.
-        ``alternatives``: an invoked inline request (plain completion menus
-        ask "invoked" as the user types in some editors: one item there);
-        ``inline``: an inline request (early lines with ``earlyLines``)."""
+        """The completer's answer; a daemon refusal raises :class:`RequestFailed`."""
         if self.completer is None:
             return None
         try:
@@ -346,9 +264,8 @@ class SolLanguageServer(LanguageServer):
             raise RequestFailed(str(exc), data={"code": exc.frame.code, "hint": exc.frame.hint}) from None
 
     def inline_items(self, s: Suggestion, position: types.Position) -> list[types.InlineCompletionItem]:
-        """Items replacing the cursor's whole line (see the module doc); a
-        line longer than MAX_LINE_PREFIX gets cursor-relative items (no
-        range: inserted at the cursor)."""
+        """Items replacing the cursor's whole line (docs/editors.md), or
+        inserted at the cursor on a line over MAX_LINE_PREFIX."""
         items = []
         whole_line = len(s.line_prefix) + len(s.line_suffix) <= MAX_LINE_PREFIX
         line_end = types.Position(position.line,
@@ -367,8 +284,7 @@ class SolLanguageServer(LanguageServer):
 
     def completion_items(self, s: Suggestion, position: types.Position, language: str | None
                          ) -> list[types.CompletionItem]:
-        """Plain completion items: a textEdit from the start of the word
-        before the cursor (clients filter on that word)."""
+        """Plain completion items, each a textEdit from the word's start."""
         word_start = len(s.line_prefix)
         while word_start > 0 and (s.line_prefix[word_start - 1].isalnum() or s.line_prefix[word_start - 1] == "_"):
             word_start -= 1
@@ -390,18 +306,13 @@ class SolLanguageServer(LanguageServer):
         return out
 
     def _documentation(self, text: str, language: str | None) -> types.MarkupContent | str:
-        """The full completion: Markdown when the client renders it, else
-        a plain string (always allowed)."""
+        """The full completion, as Markdown when the client renders it."""
         if types.MarkupKind.Markdown in self.documentation_formats:
             return types.MarkupContent(types.MarkupKind.Markdown, f"```{language or ''}\n{text}\n```")
         return text
 
-    # -- error actions ------------------------------------------------------------------
-
     def error_action(self, title: str) -> None:
-        """The user chose an action of the failure message: open the daemon
-        log, or run ``soldaemon doctor`` and open its report (both with
-        ``window/showDocument``; a client without it is told the path)."""
+        """Carry out the failure message's action the user chose."""
         if title == OPEN_LOG:
             self.show_file(daemon_log_path())
         elif title == RUN_DOCTOR:
@@ -426,11 +337,8 @@ class SolLanguageServer(LanguageServer):
             self.window_show_message(types.ShowMessageParams(type=types.MessageType.Info,
                                                              message=f"soldaemon: see {path}"))
 
-    # -- telemetry --------------------------------------------------------------------
-
     def forward_event(self, kind: str, params: Any) -> None:
-        """Forward a shown/partial/accepted/rejected event; malformed params
-        are logged and dropped (notifications have no reply)."""
+        """Forward an event to the daemon; malformed params are logged and dropped."""
         event = to_event(kind, params)
         if event is None or self.daemon is None:
             log.info("ignoring %s event with params %r", kind, params)

@@ -1,21 +1,12 @@
 """sol-lsp settings: command-line flags, then the client's
-``initializationOptions`` on top (an editor's per-project configuration).
+``initializationOptions`` on top. :data:`OPTIONS` names each option both ways
+(``--debounce-ms``, ``debounceMs``).
 
-Every option has one name on the command line (``--debounce-ms``) and one in
-``initializationOptions`` (``debounceMs``); the table :data:`OPTIONS` is the
-single source of both and of the documentation in docs/editors.md.
-
-Contract: :func:`parse_args` and :func:`Settings.with_options` validate every
-value and raise :class:`SettingsError` (a ``ValueError``) naming the option and
-the expected value; unknown ``initializationOptions`` keys are returned as
-warnings, not errors (a newer editor plugin may send more).
-
-Launch-only options (``Option.launch_only``: where the daemon is, its token,
-the config file, whether and how to start a daemon, what context may widen
-the secret-file rule) are taken from the command line only — the user's own
-editor configuration — never from ``initializationOptions``, which a
-project's settings can set: a client naming them gets them ignored, with a
-warning (docs/security.md).
+:func:`parse_args` and :meth:`Settings.with_options` raise
+:class:`SettingsError` naming a bad value; unknown keys come back as warnings.
+Launch-only options (where the daemon is, how to start it, what widens the
+secret-file rule) come from the command line only, never from options a
+project can set (docs/security.md).
 """
 
 from __future__ import annotations
@@ -39,20 +30,16 @@ class SettingsError(ValueError):
 
 @dataclass(frozen=True)
 class Settings:
-    """Everything sol-lsp can be told. Times are milliseconds unless named
-    ``_s``."""
+    """Everything sol-lsp can be told. Times are milliseconds unless named ``_s``."""
 
-    # Where the daemon is. None: the running daemon's record (daemon.json in
-    # the state directory); sol-lsp reads no sol_config.yaml itself.
-    url: str | None = None
+    url: str | None = None                  # None: the running daemon's record (daemon.json)
     token_file: Path | None = None          # None: the daemon's record, else state_dir()/token
     config: str | None = None               # sol_config.yaml for the daemon sol-lsp starts (--config)
     start_daemon: bool = True               # start `soldaemon serve` when none answers
     daemon_command: tuple[str, ...] = ()    # argv for that; () = soldaemon serve
     start_timeout_s: float = 180.0          # how long a started daemon may take to be ready
     daemon_idle_exit_s: float = 1800.0      # a daemon we start exits after this long unused; 0: never
-    # What is completed at all: nothing reaches the daemon (no warm, no
-    # complete, no start) for a document these turn off.
+    # a document these turn off sends nothing and starts no daemon
     enable: bool = True
     languages: tuple[tuple[str, bool], ...] = ()  # (language id, on); "*": the default; () = all on
     status_notifications: bool = False      # send sol/status (the client said it handles it)
@@ -86,18 +73,15 @@ class Settings:
     failure_message_after_s: float = 10.0   # a failure this old is persistent: one showMessage
 
     def language_enabled(self, language: str | None) -> bool:
-        """Whether documents of ``language`` (an LSP language id) get
-        completions: ``enable``, then ``languages[language]``, else
-        ``languages["*"]``, else on."""
+        """Whether documents of LSP language id ``language`` get completions."""
         if not self.enable:
             return False
         table = dict(self.languages)
         return table.get(language or "", table.get("*", True))
 
     def with_options(self, options: Mapping[str, Any] | None) -> tuple[Settings, list[str]]:
-        """These settings with ``initializationOptions`` applied; also the
-        list of ignored keys: unknown ones, and launch-only ones (named
-        ``"<key> (command line only)"``)."""
+        """These settings with ``initializationOptions`` applied, and the keys
+        ignored (unknown, or ``"<key> (command line only)"``)."""
         if not options:
             return self, []
         if not isinstance(options, Mapping):
@@ -116,17 +100,12 @@ class Settings:
         return dataclasses.replace(self, **changes), ignored
 
 
-# --------------------------------------------------------------------------
-# Parsers: JSON values (initializationOptions) and strings (flags) alike
-# --------------------------------------------------------------------------
+# Parsers: of JSON values (initializationOptions) and strings (flags) alike
 
 
 @dataclass(frozen=True)
 class Number:
-    """A number option's rule: called, it parses a value (a flag's string or
-    a JSON number); read, it is the option's schema (:meth:`json_schema`,
-    which tests/test_lsp_units.py checks the VS Code extension's settings
-    against). A bool is never a number."""
+    """A number option's parser (a bool is never a number) and its JSON schema."""
 
     lo: float
     hi: float
@@ -183,8 +162,7 @@ def _path(value: Any, name: str) -> Path | None:
 
 
 def _argv(value: Any, name: str) -> tuple[str, ...]:
-    """A command as a list of strings, or one string split like a shell
-    would (never run through a shell)."""
+    """A command: a list of strings, or one string split as a shell would."""
     if value is None:
         return ()
     if isinstance(value, str):
@@ -211,8 +189,7 @@ def _globs(value: Any, name: str) -> tuple[str, ...]:
 
 
 def _languages(value: Any, name: str) -> tuple[tuple[str, bool], ...]:
-    """``{"*": true, "markdown": false}`` (VS Code's ``soldaemon.languages``),
-    or on the command line ``"*=true,markdown=false"``."""
+    """``{"*": true, "markdown": false}``, or ``"*=true,markdown=false"``."""
     if value is None:
         return ()
     if isinstance(value, str):
@@ -236,7 +213,7 @@ def _languages(value: Any, name: str) -> tuple[tuple[str, bool], ...]:
 
 @dataclass(frozen=True)
 class Choice:
-    """A one-of option's rule: a parser, and its schema."""
+    """A one-of option's parser and its JSON schema."""
 
     choices: tuple[str, ...]
 
@@ -263,8 +240,7 @@ class Option:
     launch_only: bool = False      # command line only, never from initializationOptions
 
     def json_schema(self) -> dict[str, Any] | None:
-        """The JSON schema of the value (numbers, choices, booleans); ``None``
-        for the options with their own parsers (paths, URLs, lists)."""
+        """The value's JSON schema, or None for paths, URLs and lists."""
         if self.parse is _bool:
             return {"type": "boolean"}
         rule = getattr(self.parse, "json_schema", None)
@@ -359,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Language server for soldaemon: inline completions (LSP 3.18) and plain completions "
                     "from the local daemon. Speaks LSP on stdio unless --tcp is given.")
     parser.add_argument("--stdio", action="store_true", help="speak LSP on stdin/stdout (the default)")
-    parser.add_argument("--tcp", metavar="HOST:PORT", help=argparse.SUPPRESS)  # removed: see parse_args
+    parser.add_argument("--tcp", metavar="HOST:PORT", help=argparse.SUPPRESS)  # refused in parse_args
     parser.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"),
                         help="stderr (or --log-file) logging; default warning")
     parser.add_argument("--log-file", help="append logs here instead of stderr")
@@ -385,9 +361,6 @@ def parse_args(argv: Sequence[str] | None = None) -> Launch:
             if value is not None:
                 changes[opt.field] = opt.parse(value, opt.flag)
         if args.tcp:
-            # An unauthenticated TCP listener let anyone who could reach the
-            # port drive the server; no editor set-up needs it (all start
-            # sol-lsp over stdio), so it is gone rather than guarded.
             raise SettingsError("--tcp was removed: a TCP listener has no way to authenticate its client; "
                                 "start sol-lsp over stdio (the default), as every editor set-up does")
     except SettingsError as exc:

@@ -1,14 +1,6 @@
-"""What the user sees of the daemon's state without custom client code.
-
-- :class:`StatusReporter` turns the daemon client's :class:`StatusUpdate`
-  into ``sol/status`` notifications (with the latency figures), at most one
-  ``window/showMessage`` per outage, and ``$/progress`` while the daemon
-  starts or loads its model;
-- :class:`Progress` is that ``$/progress``: ``window/workDoneProgress/create``,
-  then ``begin``, ``report`` for each new message, ``end`` when the daemon is
-  ready or the start failed. Only for clients that announce
-  ``window.workDoneProgress``;
-- :class:`Latency` keeps the last completion round trips (ms).
+"""What the user sees of the daemon's state: ``sol/status``, one failure
+message per outage (:class:`StatusReporter`), ``$/progress`` while the daemon
+starts or loads (:class:`Progress`), and round trips (:class:`Latency`).
 """
 
 from __future__ import annotations
@@ -34,15 +26,13 @@ LATENCY_WINDOW = 50             # completions the median is taken over
 
 @attrs.define
 class SolStatusParams:
-    """Params of the ``sol/status`` notification. ``lastMs``/``medianMs``:
-    round trip of the last completion and the median of the last 50
-    (``None`` before the first)."""
+    """Params of the ``sol/status`` notification."""
 
     state: str
     message: str = ""
     url: str | None = None
-    lastMs: float | None = None       # noqa: N815 (the wire name)
-    medianMs: float | None = None     # noqa: N815
+    lastMs: float | None = None       # noqa: N815 (the wire name) the last completion's round trip
+    medianMs: float | None = None     # noqa: N815 the median of the last LATENCY_WINDOW
     withheld: str | None = None       # the secrets redacted from the last request sent ("notes.py: Private Key")
 
 
@@ -79,8 +69,8 @@ class Latency:
 
 
 class Progress:
-    """One ``$/progress`` bar at a time, titled "soldaemon". Called on the
-    event loop thread; a client that refuses the token gets no bar."""
+    """One ``$/progress`` bar at a time, titled "soldaemon" (none for a client
+    that refuses the token); called on the event loop thread."""
 
     _tokens = itertools.count(1)
 
@@ -119,7 +109,7 @@ class Progress:
         self._created = False
 
     def _on_created(self, token: str, error: BaseException | None) -> None:
-        """The client answered the create request (on the event loop thread)."""
+        """Begin the bar once the client accepted ``token``."""
         if token != self._token:            # ended before the client answered
             return
         if error is not None:
@@ -135,13 +125,10 @@ class Progress:
 
 
 class StatusReporter:
-    """Turns :class:`StatusUpdate` into ``sol/status`` notifications (only
-    while ``enabled``: the client said it handles them) and at most one
-    ``window/showMessageRequest`` per outage (and per
-    ``MESSAGE_INTERVAL_S``): never a stream of pop-ups. The request offers
-    :data:`ACTIONS`; the chosen one goes to ``server.error_action``.
-    ``busy`` updates (the daemon starting or loading) show as
-    ``$/progress``."""
+    """Turns :class:`StatusUpdate` into ``sol/status`` (while ``enabled``),
+    ``$/progress`` for ``busy`` ones, and at most one
+    ``window/showMessageRequest`` with :data:`ACTIONS` per outage and per
+    ``MESSAGE_INTERVAL_S``."""
 
     def __init__(self, server: _Server, progress: Progress | None = None,
                  latency: Latency | None = None, clock: Callable[[], float] = time.monotonic) -> None:
@@ -175,8 +162,7 @@ class StatusReporter:
                      "sol-lsp keeps retrying in the background.")
 
     def ask(self, message: str) -> None:
-        """``window/showMessageRequest`` with the actions; the answer (a
-        chosen action, or none) is handled when it comes."""
+        """Send ``window/showMessageRequest`` with :data:`ACTIONS`."""
         future = self.server.protocol.send_request(
             types.WINDOW_SHOW_MESSAGE_REQUEST, types.ShowMessageRequestParams(
                 type=types.MessageType.Error, message=message,
@@ -192,8 +178,7 @@ class StatusReporter:
             self.server.error_action(title)
 
     def notify(self) -> None:
-        """Send ``sol/status`` for the current state and latency (to a client
-        that declared it handles it)."""
+        """Send ``sol/status`` for the current state (while ``enabled``)."""
         if not self.enabled:
             return
         u = self.last
@@ -201,14 +186,12 @@ class StatusReporter:
             u.state, u.message, u.url, self.latency.last_ms, self.latency.median_ms, self.withheld_text))
 
     def withheld(self, what: str | None) -> None:
-        """The secrets redacted from the request just sent (``None``: none):
-        the client is told when that changes, so the editor can say what
-        soldaemon did not see."""
+        """Tell the client when what the last request had redacted changes."""
         if what != self.withheld_text:
             self.withheld_text = what
             self.notify()
 
     def completed(self, round_trip_ms: float) -> None:
-        """A completion ran on the daemon: keep its time and tell the client."""
+        """Record a completion's round trip and tell the client."""
         self.latency.add(round_trip_ms)
         self.notify()

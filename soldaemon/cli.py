@@ -1,15 +1,10 @@
-"""The ``soldaemon`` command.
+"""The ``soldaemon`` command: ``serve``, ``status``, ``stop``,
+``complete FILE:LINE:COL``, ``bench``, ``doctor`` (``--config`` before or after).
 
-Subcommands: ``serve``, ``status``, ``stop``, ``complete FILE:LINE:COL``,
-``bench``, ``doctor``. Every :class:`SolError` becomes one clear message on
-stderr and its exit code; no traceback reaches the user (``--debug`` shows
-one). ``--config`` may come before or after the subcommand.
-
-Exit codes (README, "Command line"): 0 success; 1 an internal error, or
-``doctor`` found a failing check; 2 bad configuration or arguments; 3 a
-model error (parts missing, hash mismatch, no FIM tokens, out of memory);
-4 no daemon running (no live daemon record: ``status``, ``stop``, nothing
-sent), none answering, or it is unavailable; 130 interrupted.
+Every :class:`SolError` becomes one message on stderr and its exit code
+(``--debug``: the traceback): 0 success; 1 internal error or a failing doctor
+check; 2 bad configuration or arguments; 3 a model error; 4 no daemon running
+or answering; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -69,10 +64,8 @@ def split_at(text: str, line: int, col: int) -> tuple[str, str]:
 
 
 def cmd_complete(args: argparse.Namespace, config: Config) -> int:
-    """Ask the running daemon first (found as ``soldaemon status`` finds
-    it); load a model here only when none answers, or with ``--local`` or
-    a model option. Progress bars only on a terminal, and not with
-    ``--quiet``."""
+    """Complete on the running daemon, or with a model loaded here when none
+    answers, with ``--local`` or with a model option."""
     from soldaemon.api import CompletionRequest, Delta, Done
 
     path, line, col = parse_location(args.location)
@@ -109,11 +102,8 @@ def cmd_complete(args: argparse.Namespace, config: Config) -> int:
 
 
 def _complete_on_daemon(config: Config, req: CompletionRequest, stream: Callable[[Delta], None]) -> Done | None:
-    """The running daemon's answer, or ``None`` when no daemon runs (its
-    record names none: nothing is sent) or none answers. What is sent
-    follows sol-lsp's secret rule: a secret file is not sent (raises
-    :class:`~soldaemon.privacy.rules.SecretDocument`), secrets in the text
-    are redacted."""
+    """The running daemon's answer, or None when none runs or answers; a
+    secret file raises :class:`SecretDocument`, secrets in the text are redacted."""
     import asyncio
 
     from soldaemon.discovery import find_daemon
@@ -242,11 +232,8 @@ def _doctor_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    # Only the options here: each command's code (the server, torch, the
-    # benchmarks) is imported by its cmd_* when it runs, so `status` and
-    # `doctor` start without torch; the options of `bench` and `doctor` are
-    # added when that command is parsed (_Command), so no other command
-    # imports the measurement package or the machine probes.
+    # each command's code is imported by its cmd_* when it runs (status starts without torch),
+    # bench's and doctor's options when that command is parsed (_Command)
     from soldaemon.server import arguments as server
 
     parser = argparse.ArgumentParser(prog="soldaemon", description="a local, resident code-completion daemon")

@@ -1,42 +1,17 @@
-"""Finding the running daemon: the one rule ``soldaemon status``, ``soldaemon
-doctor`` and sol-lsp share (the VS Code extension leaves it to sol-lsp), and
-the *read* side of the state files the daemon writes.
+"""Finding the running daemon (the rule ``soldaemon status``, ``doctor`` and
+sol-lsp share) and reading the state files it writes (the writing side:
+:mod:`soldaemon.server.statefiles`, :mod:`soldaemon.server.auth`).
 
-:func:`find_daemon`:
+:func:`find_daemon` takes the URL given, else the record ``daemon.json`` of a
+live ``soldaemon … serve`` of this user, else raises :class:`Unavailable`: a
+configured port is no address to send the token to, since any local user can
+listen there while the daemon is down. The state directory, the record and
+the token file are trusted only when nobody else could have written them
+(else another user could name any private file of ours as the token);
+each refusal is a :class:`ConfigError` whose hint is the fix.
 
-1. the URL given (``--url``, or sol-lsp's ``url`` setting), when given;
-2. else the running daemon's record, ``daemon.json`` in the state directory
-   (written by ``soldaemon serve`` once ready; ignored unless its pid is a
-   live ``soldaemon … serve`` process of this user, :func:`is_our_daemon`;
-   refused when another user could have written it, or it names a
-   non-loopback URL without ``allow_remote``);
-3. else no daemon runs: :class:`~soldaemon.errors.Unavailable` ("no daemon
-   running"), and nothing is sent anywhere. A configured port is not an
-   address to send the token to: while the daemon is down any local user
-   can listen there. (:class:`Fallback` carries the caller's token file and
-   ``allow_remote``; its ``url`` is for callers that name one on purpose.)
-
-The token comes from the token file given, else the record's, else the
-caller's — read with :func:`read_token`, so an unsafe token file is refused.
-
-The state directory and ``daemon.json`` are trusted only when nobody else
-could have written them: another local user who can write the state
-directory could plant a record naming their own port and any private file of
-ours as the "token file", and a client that trusted it would send that
-file's contents to them as a Bearer token. So the directory must be ours and
-not writable by group or others (:func:`check_private_dir`); the record must
-be a regular file of ours, not group/other-writable, naming a loopback URL
-unless remote access is allowed (:func:`read_daemon_record`); the token file
-must be ours, mode 0600, no link, and hold one URL-safe token line
-(:func:`read_token`). Every refusal is a :class:`~soldaemon.errors.ConfigError`
-whose hint is the command that fixes it. The writing side (creating the
-directory, the record and the token) is :mod:`soldaemon.server.statefiles`
-and :mod:`soldaemon.server.auth`.
-
-Light on purpose: sol-lsp imports it, so it loads no config (no YAML
-reader), no websocket server, prometheus or torch — only
-:mod:`soldaemon.errors` and :mod:`soldaemon.paths` (and psutil where
-``/proc`` is missing, when a record is read).
+Light: sol-lsp imports it, so it loads only :mod:`soldaemon.errors` and
+:mod:`soldaemon.paths` (psutil where ``/proc`` is missing).
 """
 
 from __future__ import annotations
@@ -64,22 +39,17 @@ log = logging.getLogger("soldaemon.discovery")
 RECORD_NAME = "daemon.json"
 TOKEN_NAME = "token"
 START_LOCK_NAME = "start.lock"
-# a token is one line of URL-safe base64: a private key or any other private
-# file named as the token file is never sent as one
+# a token is one line of URL-safe base64 (so no other private file is sent as one)
 _TOKEN_CHARS = re.compile(r"[A-Za-z0-9_\-]{32,512}")
 # an argv word that runs soldaemon: the script, ``soldaemon.cli``, ``-c`` code importing it
 _NAMES_US = re.compile(r"(?<![\w-])soldaemon(?![\w-])")
 
 
-# --------------------------------------------------------------------------
 # Addresses
-# --------------------------------------------------------------------------
 
 
 def is_loopback_host(host: str) -> bool:
-    """True when ``host`` only listens locally: ``localhost`` or a loopback
-    IPv4/IPv6 address (``127.0.0.0/8``, ``::1``). Any other name or address
-    (``0.0.0.0``, ``::``, a hostname) is not loopback."""
+    """Whether ``host`` is ``localhost`` or a loopback address (not ``0.0.0.0``)."""
     name = host.strip().lower().rstrip(".")
     if name == "localhost" or name.endswith(".localhost"):
         return True
@@ -104,9 +74,7 @@ def ws_url(host: str, port: int) -> str:
     return f"ws://[{host}]:{port}" if ":" in host else f"ws://{host}:{port}"
 
 
-# --------------------------------------------------------------------------
 # The state directory and the daemon's record
-# --------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -126,8 +94,8 @@ def default_token_path() -> Path:
 
 
 def refuse_unless_ours(path: Path, info: os.stat_result, what: str) -> None:
-    """Raise :class:`ConfigError` when ``path`` (``info`` its ``lstat``) is
-    another user's or writable by group/others."""
+    """Raise :class:`ConfigError` when ``path`` (``info``: its ``lstat``) is
+    another user's or writable by others."""
     if hasattr(os, "getuid") and info.st_uid != os.getuid():
         raise ConfigError(f"{what} {path} belongs to another user (uid {info.st_uid})",
                           hint="remove it (as its owner or root), or set SOLDAEMON_STATE_DIR to a private directory")
@@ -138,8 +106,8 @@ def refuse_unless_ours(path: Path, info: os.stat_result, what: str) -> None:
 
 
 def check_private_dir(path: Path) -> None:
-    """Raise :class:`ConfigError` when ``path`` (an existing directory) is
-    another user's or writable by group/others."""
+    """Raise :class:`ConfigError` unless ``path`` is a directory of ours
+    that others cannot write."""
     info = path.stat()
     if not stat.S_ISDIR(info.st_mode):
         raise ConfigError(f"the state directory {path} is not a directory", hint=f"remove {path}")
@@ -147,10 +115,8 @@ def check_private_dir(path: Path) -> None:
 
 
 def make_private_dir(path: Path) -> Path:
-    """The state directory ``path``, created 0700 when missing and checked
-    (:func:`check_private_dir`). One that others may read or enter (0755:
-    the rotated ``daemon.log`` and ``doctor.txt`` readable by every local
-    user) is tightened to 0700, with a warning that says so."""
+    """The state directory ``path``, created 0700 when missing, checked, and
+    tightened to 0700 (with a warning) when others may read it."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     check_private_dir(path)
     mode = stat.S_IMODE(path.stat().st_mode)
@@ -162,9 +128,7 @@ def make_private_dir(path: Path) -> Path:
 
 
 def pid_exists(pid: int) -> bool:
-    """Whether a process ``pid`` exists (signal 0 checks without sending;
-    EPERM: it exists, another user's). Not a reason to trust or signal it:
-    :func:`is_our_daemon` is."""
+    """Whether a process ``pid`` exists (not whether to trust it: :func:`is_our_daemon`)."""
     if pid <= 0:
         return pid == 0
     try:
@@ -175,8 +139,7 @@ def pid_exists(pid: int) -> bool:
 
 
 def _process(pid: int) -> tuple[int, list[str]] | None:
-    """``(uid, argv)`` of a live process, ``None`` when there is none (or
-    it cannot be read). ``/proc`` where there is one, else psutil."""
+    """``(uid, argv)`` of a live process, or None (from ``/proc``, else psutil)."""
     proc = Path(f"/proc/{pid}")
     if Path("/proc/self").exists():
         try:
@@ -195,11 +158,8 @@ def _process(pid: int) -> tuple[int, list[str]] | None:
 
 
 def is_our_daemon(pid: int) -> bool:
-    """Whether ``pid`` is a live ``soldaemon … serve`` process of this user:
-    its owner is us, and its command line runs ``soldaemon`` (the console
-    script, ``-m soldaemon.cli``, or ``-c`` code importing it) with
-    ``serve``. A pid reused by another
-    user's process, or by any process that is not a daemon, is not."""
+    """Whether ``pid`` is a live ``soldaemon … serve`` process of this user
+    (the console script, ``-m soldaemon.cli`` or ``-c`` code)."""
     if pid <= 1:
         return False
     found = _process(pid)
@@ -213,12 +173,9 @@ def is_our_daemon(pid: int) -> bool:
 
 
 def read_daemon_record(*, allow_remote: bool = False) -> DaemonRecord | None:
-    """The record of a daemon whose process is still ours
-    (:func:`is_our_daemon`); ``None`` when there is none (or it is stale:
-    its pid gone or reused, or it is unreadable). Raises
-    :class:`ConfigError` when the directory or the file could have been
-    written by someone else, or the URL is not loopback and
-    ``allow_remote`` is off."""
+    """The record of a daemon still running as ours, or None (none, stale or
+    unreadable). Raises :class:`ConfigError` when someone else could have
+    written it, or it names a non-loopback URL without ``allow_remote``."""
     path = record_path()
     try:
         check_private_dir(path.parent)
@@ -242,15 +199,12 @@ def read_daemon_record(*, allow_remote: bool = False) -> DaemonRecord | None:
     return record
 
 
-# --------------------------------------------------------------------------
 # The token file
-# --------------------------------------------------------------------------
 
 
 def check_token_file(path: Path) -> str:
-    """The token in an existing token file, refusing one that others could
-    read or that holds no token. Raises :class:`FileNotFoundError` when
-    there is none and :class:`ConfigError` when it is unsafe."""
+    """The token in ``path``. Raises :class:`FileNotFoundError`, or
+    :class:`ConfigError` when others could read it or it holds no token."""
     info = path.lstat()
     if not stat.S_ISREG(info.st_mode):
         raise ConfigError(f"token file {path} is not a regular file",
@@ -272,9 +226,8 @@ def check_token_file(path: Path) -> str:
 
 
 def read_token(path: Path) -> str:
-    """The token for a client (``soldaemon status``, the language server).
-    Raises :class:`Unavailable` when there is no token file yet (no daemon has
-    ever started) and :class:`ConfigError` when it is unsafe."""
+    """The token for a client. Raises :class:`Unavailable` when there is no
+    token file yet, :class:`ConfigError` when it is unsafe."""
     try:
         return check_token_file(path)
     except FileNotFoundError:
@@ -282,42 +235,35 @@ def read_token(path: Path) -> str:
                           hint="start the daemon first: soldaemon serve") from None
 
 
-# --------------------------------------------------------------------------
 # Finding the daemon
-# --------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Fallback:
-    """What the caller knows besides the record: an address it names on
-    purpose (``None``, what every command-line client and sol-lsp pass: no
-    record means no daemon), the token file, and whether a record may name
-    a non-loopback URL. ``source`` names where it came from, for messages."""
+    """What the caller knows besides the record."""
 
-    url: str | None = None
+    url: str | None = None                  # an address named on purpose (None: no record, no daemon)
     token_path: Path | None = None          # None: default_token_path()
-    allow_remote: bool = False
-    source: str = "sol_config.yaml"
+    allow_remote: bool = False              # a record may name a non-loopback URL
+    source: str = "sol_config.yaml"         # where ``url`` came from, for messages
 
 
 @dataclass(frozen=True)
 class Target:
-    """Where to connect and with what token. ``source`` says where the URL
-    came from (for messages); ``pid`` is the daemon's when known."""
+    """Where to connect and with what token."""
 
     url: str
     token: str
     token_path: Path
-    source: str
-    pid: int | None = None
+    source: str                             # where the URL came from, for messages
+    pid: int | None = None                  # the daemon's, when known
 
 
 def find_daemon(fallback: Fallback = Fallback(), *, url: str | None = None,
                 token_path: Path | None = None) -> Target:
-    """See the module docstring. Raises :class:`soldaemon.errors.Unavailable`
-    when there is no daemon record and no fallback address, or no token file
-    (no daemon ever started), and :class:`soldaemon.errors.ConfigError` for
-    an unsafe record or token file."""
+    """The daemon to connect to (see the module doc); the token from
+    ``token_path``, else the record's, else the fallback's. Raises
+    :class:`Unavailable` (no daemon, no token file) or :class:`ConfigError`."""
     if url is not None:
         source, pid = "settings", None
     else:
@@ -335,29 +281,20 @@ def find_daemon(fallback: Fallback = Fallback(), *, url: str | None = None,
     return Target(url, read_token(token_path), token_path, source, pid)
 
 
-# --------------------------------------------------------------------------
 # The start lock
-# --------------------------------------------------------------------------
 
 
 class StartLock:
-    """``start.lock`` in the state directory, held (``flock``, exclusive) by
-    the one client that is starting a daemon, so that two editors opening at
-    once start one daemon, not two. The kernel drops the lock when its
-    holder exits, so a crashed client never blocks the next start."""
+    """``start.lock`` in the state directory, held (``flock``) by the one
+    client starting a daemon; the kernel drops it when its holder exits."""
 
     def __init__(self, directory: Path | None = None) -> None:
         self.path = (directory or state_dir()) / START_LOCK_NAME
         self._fd: int | None = None
 
-    @property
-    def held(self) -> bool:
-        """We hold it."""
-        return self._fd is not None
-
     def acquire(self) -> bool:
-        """Take the lock without waiting; False when another process holds
-        it. Raises ConfigError for a state directory that is not private."""
+        """Take the lock without waiting: False when another process holds it.
+        Raises ConfigError for a state directory that is not private."""
         import fcntl
 
         if self._fd is not None:
@@ -373,7 +310,7 @@ class StartLock:
         return True
 
     def busy(self) -> bool:
-        """Another process holds the lock now (it is starting a daemon)."""
+        """Whether another process holds the lock now."""
         if self._fd is not None:
             return False
         if not self.acquire():

@@ -1,10 +1,7 @@
-"""One error hierarchy for the whole daemon.
-
-Every error a user or a client can see is a :class:`SolError` with a stable
-``code`` (used in websocket ``error`` frames, JSON-RPC errors and CLI exit
-codes), a message that says what is wrong, and a ``hint`` that says what to do.
-No traceback crosses a boundary: each boundary maps ``SolError`` to its own
-shape (see ``soldaemon.cli`` for exit codes).
+"""One error hierarchy: every error a user or client can see is a
+:class:`SolError` with a stable ``code``, a message saying what is wrong and a
+``hint`` saying what to do; each boundary maps it to its own shape (error
+frame, JSON-RPC error, CLI exit code), never a traceback.
 """
 
 from __future__ import annotations
@@ -79,15 +76,11 @@ class Unavailable(SolError):
     retryable = True
 
 
-# --------------------------------------------------------------------------
-# Protocol: one class per stable code. All are BadRequest (the client sent
-# something wrong; the connection lives on) except RateLimited (retryable).
-# --------------------------------------------------------------------------
+# Protocol: one class per stable code, all BadRequest but RateLimited (retryable)
 
 
 class ProtocolError(BadRequest):
-    """A frame the daemon cannot accept. ``request_id`` is the offending
-    message's ``id`` when it could be read, else ``None``."""
+    """A frame the daemon cannot accept; ``request_id``: its ``id`` when readable."""
 
     code = "bad_request"
 
@@ -137,20 +130,16 @@ class DuplicateId(ProtocolError):
 
 
 class RateLimited(Busy):
-    """The connection sent frames faster than its rate limit; the frame was
-    dropped. Retryable after a short wait."""
+    """A frame over the connection's rate limit, dropped (retryable)."""
 
     code = "rate_limited"
 
 
-# --------------------------------------------------------------------------
 # Remote engine (an OpenAI-compatible completions server)
-# --------------------------------------------------------------------------
 
 
 class RemoteUnavailable(Unavailable):
-    """The engine cannot be reached (refused, reset, closed mid-stream), or
-    the daemon is backing off after such failures."""
+    """The engine cannot be reached, or the daemon is backing off after that."""
 
     code = "remote_unavailable"
 
@@ -162,8 +151,7 @@ class RemoteTimeout(Unavailable):
 
 
 class RemoteHttpError(SolError):
-    """The engine answered with an HTTP error status. Retryable for 5xx and
-    429 (overloaded, restarting), not for other 4xx (wrong URL, model, key)."""
+    """The engine answered an HTTP error status (retryable for 5xx and 429)."""
 
     code = "remote_http"
     exit_code = 4
@@ -175,17 +163,13 @@ class RemoteHttpError(SolError):
 
 
 class RemoteBadResponse(SolError):
-    """The engine answered something that is not the OpenAI completions
-    stream (not JSON, wrong schema): usually ``backend.url`` points at
-    another service. Not retryable."""
+    """The engine's answer is not an OpenAI completions stream (not retryable)."""
 
     code = "remote_bad_response"
     exit_code = 4
 
 
-# --------------------------------------------------------------------------
 # Daemon start
-# --------------------------------------------------------------------------
 
 
 class AddressInUse(Unavailable):
@@ -194,19 +178,15 @@ class AddressInUse(Unavailable):
     code = "address_in_use"
 
 
-# --------------------------------------------------------------------------
 # Machine probes (internal: doctor turns them into findings)
-# --------------------------------------------------------------------------
 
 
 class ProbeUnavailable(Exception):
-    """A whole source (NVML, ``nvidia-smi``) cannot be used. ``str(exc)`` is a
-    short reason for the user ("NVML Shared Library Not Found", "not found")."""
+    """A whole source (NVML, ``nvidia-smi``) cannot be used; ``str(exc)``: why, briefly."""
 
 
 class CommandFailed(Exception):
-    """``nvidia-smi`` ran and exited non-zero (or timed out). ``output`` is
-    what it printed; ``returncode`` is ``None`` for a timeout."""
+    """``nvidia-smi`` exited non-zero (``returncode`` None: timed out)."""
 
     def __init__(self, returncode: int | None, output: str) -> None:
         super().__init__(output.strip() or f"exit status {returncode}")
@@ -214,18 +194,14 @@ class CommandFailed(Exception):
         self.output = output
 
 
-# --------------------------------------------------------------------------
 # Control flow inside the engine
-# --------------------------------------------------------------------------
 
 
 class Cancelled(Exception):
     """Raised inside prefill when the cancel check fires between chunks."""
 
 
-# --------------------------------------------------------------------------
 # Memory planning
-# --------------------------------------------------------------------------
 
 
 class BudgetTooSmall(ValueError):

@@ -1,22 +1,7 @@
-"""The websocket wire protocol, version 1: pure encode/decode, no I/O.
-
-The spec is ``docs/protocol.md``; this module is its executable form. The
-websocket server (``soldaemon.server``) is a thin adapter that feeds received
-frames to :func:`decode_client` and sends what :func:`encode_server` returns;
-clients (the language server, ``soldaemon status``, the tests) use
-:func:`encode_client` and :func:`decode_server`.
-
-Contracts:
-
-- :func:`decode_client` takes the raw payload of one websocket frame (bytes or
-  str) and returns exactly one :data:`ClientMessage`, or raises a
-  :class:`ProtocolError` whose ``code`` is stable and documented and whose
-  ``request_id`` is the message's ``id`` when one could be read (so the error
-  frame can name the request). It never raises anything else, whatever the
-  input.
-- :func:`encode_server` turns a daemon message into one JSON text frame.
-- Unknown *fields* are ignored (forward compatibility inside version 1);
-  unknown message *types* are an error.
+"""The websocket wire protocol, version 1 (docs/protocol.md): pure
+encode/decode, no I/O. The daemon uses :func:`decode_client` and
+:func:`encode_server`, clients :func:`encode_client` and :func:`decode_server`.
+Unknown fields are ignored; unknown message types are an error.
 """
 
 from __future__ import annotations
@@ -27,50 +12,17 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, NoReturn
 
-from soldaemon.api import (
-    CompletionRequest,
-    ContextChunk,
-    Delta,
-    Done,
-    FinishReason,
-    Timings,
-)
-from soldaemon.errors import (BadField, BadJson, BadRequest, BadUtf8, Busy, DuplicateId, ProtocolError, RateLimited,
-                              SolError, TooLarge, UnknownId, UnknownType, UnsupportedVersion)
+from soldaemon.api import CompletionRequest, ContextChunk, Delta, Done, FinishReason, Timings
+from soldaemon.errors import (BadField, BadJson, BadUtf8, ProtocolError, SolError, TooLarge, UnknownType,
+                              UnsupportedVersion)
 
 PROTOCOL_VERSION = 1
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# --------------------------------------------------------------------------
-# Limits
-# --------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Limits:
-    """Size and range bounds applied while decoding, and what a ``complete``
-    message that leaves a field out gets (the daemon's ``completion:``
-    section). Lengths are in characters (code points) except
-    ``max_message_bytes``."""
+    """Bounds applied while decoding (lengths in characters), and the defaults
+    of a ``complete`` message's fields (the config's ``completion:``)."""
 
     max_message_bytes: int = 1024 * 1024       # one frame, bytes
     max_id_chars: int = 128
@@ -91,9 +43,7 @@ class Limits:
 
 DEFAULT_LIMITS = Limits()
 
-# --------------------------------------------------------------------------
 # Client → daemon messages
-# --------------------------------------------------------------------------
 
 EventKind = Literal["shown", "accepted", "partial", "rejected"]
 DebugPart = Literal["heatmap", "prefetch"]
@@ -152,15 +102,12 @@ class Debug:
 
 ClientMessage = Complete | Warm | Cancel | CompletionEvent | Health | Debug
 
-# --------------------------------------------------------------------------
 # Daemon → client messages (besides api.Delta and api.Done)
-# --------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class ErrorFrame:
-    """An error. ``id`` names the request it ends (or the frame it answers);
-    ``None`` when no id could be read."""
+    """An error; ``id`` names the request it ends (None: none could be read)."""
 
     id: str | None
     code: str
@@ -174,9 +121,8 @@ StatusKind = Literal["hello", "health", "debug", "state"]
 
 @dataclass(frozen=True)
 class Status:
-    """A status frame. ``hello`` is pushed once on connect, ``state`` whenever
-    the daemon's state changes (loading → ready → draining), ``health`` and
-    ``debug`` answer the requests of the same name (``id`` echoed)."""
+    """A status frame: ``hello`` on connect, ``state`` on each change of
+    state, ``health`` and ``debug`` answering their requests (``id`` echoed)."""
 
     kind: StatusKind
     body: Mapping[str, Any] = field(default_factory=dict)
@@ -187,9 +133,9 @@ ServerMessage = Delta | Done | ErrorFrame | Status
 
 
 def error_frame(exc: BaseException, request_id: str | None = None) -> ErrorFrame:
-    """Map any exception to an error frame: the one mapper for this boundary.
-    A :class:`SolError` keeps its code, message and hint; anything else
-    becomes ``internal`` with no detail (no traceback reaches a client)."""
+    """The error frame of any exception (the one mapper of this boundary): a
+    :class:`SolError` keeps its code, message and hint, anything else is
+    ``internal`` with no detail."""
     if isinstance(exc, ProtocolError) and request_id is None:
         request_id = exc.request_id
     if isinstance(exc, SolError):
@@ -197,9 +143,7 @@ def error_frame(exc: BaseException, request_id: str | None = None) -> ErrorFrame
     return ErrorFrame(request_id, "internal", "internal error; see the daemon log", False, None)
 
 
-# --------------------------------------------------------------------------
 # Decoding client messages
-# --------------------------------------------------------------------------
 
 
 def _reject_constant(name: str) -> NoReturn:
@@ -215,8 +159,8 @@ def _has_surrogate(text: str) -> bool:
 
 
 class _Reader:
-    """Typed field access on one decoded JSON object; every failure raises a
-    ProtocolError naming the field (never echoing its value)."""
+    """Typed field access on one decoded JSON object; a failure raises a
+    ProtocolError naming the field, never echoing its value."""
 
     def __init__(self, obj: dict[str, Any], request_id: str | None, limits: Limits) -> None:
         self.obj = obj
@@ -353,9 +297,7 @@ def _read_request(r: _Reader) -> CompletionRequest:
 
 def validate_request(req: CompletionRequest, limits: Limits = DEFAULT_LIMITS) -> None:
     """Raise :class:`BadField` when ``req``'s sampling fields break the
-    protocol's rules. The one place they are checked: the decoder calls it
-    for every ``complete`` frame, the completion pipeline for requests made
-    in-process (bench, quality, warm-up)."""
+    protocol's rules (for decoded and in-process requests alike)."""
     def fail(message: str) -> NoReturn:
         raise BadField(message, request_id=req.id)
 
@@ -392,8 +334,8 @@ def _read_debug(r: _Reader) -> Debug:
 
 
 def decode_client(data: bytes | str, limits: Limits = DEFAULT_LIMITS) -> ClientMessage:
-    """Decode one client frame. Raises a :class:`ProtocolError` subclass (and
-    nothing else) when the frame is not a valid version-1 message."""
+    """Decode one client frame (bytes or str); raises only a
+    :class:`ProtocolError`, with the ``id`` when one could be read."""
     try:
         return _decode_client(data, limits)
     except ProtocolError:
@@ -442,9 +384,7 @@ def _decode_client(data: bytes | str, limits: Limits) -> ClientMessage:
     r.fail(UnknownType, "unknown message type",)
 
 
-# --------------------------------------------------------------------------
 # Encoding
-# --------------------------------------------------------------------------
 
 
 def _dumps(obj: dict[str, Any]) -> str:

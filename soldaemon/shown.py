@@ -1,17 +1,12 @@
-"""What an editor is shown between the daemon's answers, decided by rules
-that the daemon and sol-lsp both follow (pure: no I/O, no torch, no config
-reader).
+"""What an editor is shown between the daemon's answers: rules the daemon and
+sol-lsp both follow (pure: no I/O, no torch, no config reader).
 
-* **Type-through**: the user typed the beginning of the answer on screen;
-  the rest of it is the answer, with no model call (:func:`typed_since`,
-  :func:`rests_after`). The daemon answers a request so from the answers it
-  remembers (:func:`type_through`, :func:`remember`); sol-lsp answers without a round trip
-  from the last answer it received.
-* **Early lines**: the first whole lines of a streamed multi-line answer
-  that sol-lsp may show before the rest arrives (:func:`early_text`). The
-  test is coarser than the daemon's own ending
-  (:mod:`soldaemon.pipeline.ending`: that one sees the whole answer and may
-  parse it): it only ever waits where the ending might still cut.
+* **Type-through**: the user typed the start of the answer shown; its rest is
+  the answer, with no model call (:func:`typed_since`, :func:`rests_after`;
+  the daemon's memory: :func:`type_through`, :func:`remember`).
+* **Early lines**: the first whole lines of a streamed multi-line answer that
+  sol-lsp may show early (:func:`early_text`), waiting wherever the daemon's
+  ending might still cut.
 """
 
 from __future__ import annotations
@@ -23,18 +18,16 @@ from soldaemon.api import CompletionRequest
 
 def typed_since(prefix: str, suffix: str, now_prefix: str, now_suffix: str) -> str | None:
     """The text typed at the cursor since an answer was shown between
-    ``prefix`` and ``suffix``, now that the cursor is between
-    ``now_prefix`` and ``now_suffix``; None when the text after the cursor
-    changed or the text before it does not extend the old one ("" when
-    nothing was typed)."""
+    ``prefix`` and ``suffix`` ("": none); None when the document changed
+    otherwise."""
     if now_suffix != suffix or not now_prefix.startswith(prefix):
         return None
     return now_prefix[len(prefix):]
 
 
 def rests_after(typed: str, texts: Sequence[str]) -> list[tuple[int, str]]:
-    """(index, rest) of each of ``texts`` that starts with ``typed`` and
-    holds more than white space after it: what is left of it to show."""
+    """(index, rest) of each of ``texts`` that starts with ``typed`` and has
+    more than white space left."""
     return [(i, text[len(typed):]) for i, text in enumerate(texts)
             if text.startswith(typed) and text[len(typed):].strip()]
 
@@ -49,19 +42,14 @@ def prompt_inputs(req: CompletionRequest) -> tuple[Any, ...]:
     return (req.context, req.multiline, req.language)
 
 
-# uri → (prefix, suffix, texts, the other prompt inputs) of the last
-# completion shown there (texts: the shown one, then a streamed one it
-# replaced). The inputs (context, multiline, language) are part of the key: a
-# request from another client with other context for the same uri must not be
-# answered with text made from this one's context.
+# uri → (prefix, suffix, texts, prompt_inputs) of the last completion shown there
+# (texts: the shown one, then a streamed one it replaced); other inputs never match.
 Shown = MutableMapping[str, tuple[str, str, tuple[str, ...], tuple[Any, ...]]]
 
 
 def type_through(shown: Shown, req: CompletionRequest) -> tuple[str, ...]:
-    """The rests of the last completion for ``req``'s document when the
-    user typed its beginning (same suffix and other prompt inputs, greedy,
-    one candidate): of the shown text first, then of the streamed one it
-    replaced where that was typed too; () when none."""
+    """The rests of the last completion shown in ``req``'s document when the
+    user typed its start (a greedy request, same inputs); () when none."""
     last = shown.get(req.uri)
     if last is None or req.n != 1 or req.temperature > 0:
         return ()
@@ -73,9 +61,8 @@ def type_through(shown: Shown, req: CompletionRequest) -> tuple[str, ...]:
 
 
 def remember(shown: Shown, req: CompletionRequest, text: str, streamed: str | None = None) -> None:
-    """Record ``text`` as the completion shown for ``req``, and the
-    ``streamed`` one it replaced (the newest of at most :data:`MAX_SHOWN`
-    documents; an empty ``text``: nothing is shown there now)."""
+    """Record ``text`` (and the ``streamed`` one it replaced) as shown for
+    ``req``; "" forgets; at most :data:`MAX_SHOWN` documents."""
     shown.pop(req.uri, None)
     if text:
         shown[req.uri] = (req.prefix, req.suffix, (text,) if streamed is None else (text, streamed),
@@ -91,8 +78,7 @@ _GOES_ON = (":", "{", "(", "[", ",", "\\", "=", "+", "-", "*", "/", " and", " or
 
 
 def _depth(text: str) -> int:
-    """Brackets left open in ``text`` (strings and comments not tracked:
-    a rough count that only ever delays an early answer)."""
+    """Brackets left open in ``text``, roughly (strings not tracked)."""
     depth = 0
     for ch in text:
         depth += ch in "([{"
@@ -105,13 +91,9 @@ def _indent(line: str) -> int:
 
 
 def early_text(streamed: str, line_prefix: str, next_line: str | None) -> str | None:
-    """The whole lines of a streamed multi-line answer that may be shown
-    before the rest arrives, or None (wait): the lines before the last
-    newline, up to the first later line indented less than the cursor (the
-    block ends there), when they have code, do not end on a line that goes
-    on below (a block opener, an open bracket, a trailing operator), and
-    the first does not repeat ``next_line`` (the document's next non-blank
-    line) -- the answers the daemon's own end rules would still cut."""
+    """The whole lines of a streamed answer that may be shown before the
+    rest, or None: those up to the block's end, with code, not ending on a
+    line that goes on below, the first not repeating ``next_line``."""
     head, newline, _ = streamed.rpartition("\n")
     if not newline:
         return None

@@ -1,10 +1,6 @@
-"""``soldaemon status``, ``stop`` and the daemon half of ``complete``: ask
-the running daemon for its health, to exit, or for a completion.
-
-Light on purpose (a websocket client, no server, no torch): the daemon is
-found by :mod:`soldaemon.discovery`, as sol-lsp finds it: through its
-record, never the configured port (the token goes only to our own daemon),
-and a pid is signalled only when it is ours (:func:`is_our_daemon`).
+"""``soldaemon status``, ``stop`` and the daemon half of ``complete``: a light
+websocket client (no server, no torch) of the daemon :mod:`soldaemon.discovery`
+finds through its record; a pid is signalled only when it is ours.
 """
 
 from __future__ import annotations
@@ -19,12 +15,11 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from soldaemon.server.auth import authorization_header
-from soldaemon.discovery import find_daemon
 from soldaemon.api import CompletionRequest, Delta, Done
+from soldaemon.discovery import find_daemon, is_our_daemon, pid_exists
 from soldaemon.errors import ProtocolError, SolError, Unavailable
 from soldaemon.protocol import Complete, ErrorFrame, Health, Status, decode_server, encode_client
-from soldaemon.discovery import is_our_daemon, pid_exists
+from soldaemon.server.auth import authorization_header
 from soldaemon.server.settings import SOL_DIAGNOSIS_KEYS
 
 if TYPE_CHECKING:

@@ -18,15 +18,8 @@ _SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(%|[a-z]+)\s*", re.I
 
 @dataclass(frozen=True)
 class MemoryBudget:
-    """A cap on the device memory Sol may use for the model's resident
-    weights and KV cache; what does not fit is offloaded per
-    ``sol.weight_offload_policy``.
-
-    Exactly one of ``mb`` and ``fraction`` is set: an absolute size, or a
-    share of the device's total memory. ``MB``/``MiB``/``M`` all mean
-    2**20 bytes and ``GB``/``GiB``/``G`` 2**30 bytes (as nvidia-smi and
-    torch report memory).
-    """
+    """A cap on the device memory for resident weights and KV cache: exactly
+    one of ``mb`` and ``fraction`` is set (MB and MiB both mean 2**20 bytes)."""
 
     mb: int | None = None          # MiB (2**20 bytes), >= 1
     fraction: float | None = None  # of the device's total memory, in (0, 1]
@@ -46,16 +39,8 @@ class MemoryBudget:
 
     @classmethod
     def parse(cls, value: object) -> MemoryBudget:
-        """Parse the YAML value of ``sol.memory_budget`` (not null).
-
-        - an int: MB (``1500`` → 1500 MiB);
-        - a float in (0, 1]: a fraction (``0.75``);
-        - a string with a unit: ``"1500MB"``, ``"1.5 GB"``, ``"2GiB"``,
-          ``"1T"`` (rounded to the nearest MiB, at least 1), or a percentage
-          ``"75%"`` in (0, 100].
-
-        Raises ``ValueError`` for anything else.
-        """
+        """Parse a YAML value: an int of MB, a float fraction in (0, 1], or a
+        string ``"1.5 GB"`` / ``"75%"``; raises ``ValueError`` otherwise."""
         if isinstance(value, bool):
             raise ValueError("a bool is not a memory budget")
         if isinstance(value, int):
@@ -84,8 +69,7 @@ class MemoryBudget:
         return int(total_bytes * self.fraction)
 
     def to_yaml(self) -> int | float:
-        """The value that parses back to this budget (an int MB or a float
-        fraction)."""
+        """The value that parses back to this budget."""
         if self.mb is not None:
             return self.mb
         assert self.fraction is not None

@@ -88,9 +88,7 @@ def _plain(value: object) -> object:
     return value
 
 
-# --------------------------------------------------------------------------
-# Building and checking.
-# --------------------------------------------------------------------------
+# Building and checking
 
 
 def _show(value: object) -> str:
@@ -106,22 +104,14 @@ def _show(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+_KINDS: tuple[tuple[type, str], ...] = ((bool, "a bool"), (int, "an integer"), (float, "a float"),
+                                         (str, "a string"), (list, "a list"), (dict, "a mapping"))
+
+
 def _kind(value: object) -> str:
     if value is None:
         return "null"
-    if isinstance(value, bool):
-        return "a bool"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a float"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "a mapping"
-    return f"a {type(value).__name__}"
+    return next((name for cls, name in _KINDS if isinstance(value, cls)), f"a {type(value).__name__}")
 
 
 class _Problems:
@@ -157,9 +147,7 @@ class _Problems:
             raise ConfigError("\n".join(self.items), hint=_HINT)
 
 
-# Keys a release removed: a file that still sets one loads, with a warning
-# that says why the key is gone (never an error: an upgrade must not stop the
-# daemon over a setting that no longer does anything).
+# Keys a release removed: a file that still sets one loads, with a warning saying why.
 RETIRED: dict[str, str] = {
     "model.cache_reuse": "moved-chunk KV reuse made answers ignore what was just typed; removed 2026-12-05",
     "completion.hold_end": "it never changed an answer on the measured holes; removed 2026-12-05",

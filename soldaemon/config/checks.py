@@ -141,16 +141,20 @@ def file_path() -> Check:
     return check
 
 
-_DEVICE_RE = re.compile(r"auto|cpu|cuda|cuda:[0-9]+")
+def _matching(pattern: str, expected: str) -> Check:
+    """A string that ``pattern`` matches whole."""
+    regex = re.compile(pattern)
 
-
-def device_spec() -> Check:
     def check(value: object, _base: Path | None) -> str:
-        if not isinstance(value, str) or not _DEVICE_RE.fullmatch(value):
-            raise Bad('"auto", "cpu", "cuda" or "cuda:N" (N = 0, 1, ...)')
+        if not isinstance(value, str) or not regex.fullmatch(value):
+            raise Bad(expected)
         return value
 
     return check
+
+
+def device_spec() -> Check:
+    return _matching(r"auto|cpu|cuda|cuda:[0-9]+", '"auto", "cpu", "cuda" or "cuda:N" (N = 0, 1, ...)')
 
 
 def str_list() -> Check:
@@ -164,28 +168,12 @@ def str_list() -> Check:
     return check
 
 
-_URL_RE = re.compile(r"https?://[^\s/]+\S*")
-
-
 def http_url() -> Check:
-    def check(value: object, _base: Path | None) -> str:
-        if not isinstance(value, str) or not _URL_RE.fullmatch(value):
-            raise Bad("an http:// or https:// URL")
-        return value
-
-    return check
-
-
-_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+    return _matching(r"https?://[^\s/]+\S*", "an http:// or https:// URL")
 
 
 def env_name() -> Check:
-    def check(value: object, _base: Path | None) -> str:
-        if not isinstance(value, str) or not _ENV_NAME_RE.fullmatch(value):
-            raise Bad("the name of an environment variable (letters, digits, _)")
-        return value
-
-    return check
+    return _matching(r"[A-Za-z_][A-Za-z0-9_]*", "the name of an environment variable (letters, digits, _)")
 
 
 def budget_spec() -> Check:

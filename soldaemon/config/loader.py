@@ -21,13 +21,9 @@ log = logging.getLogger("sol.config")
 
 
 def find_config_file(explicit: str | os.PathLike[str] | None = None) -> Path | None:
-    """The config file to load, by the search order in the module docstring,
-    or None when there is none (use the defaults).
-
-    Raises ConfigError when ``explicit`` or ``$SOLDAEMON_CONFIG`` names a
-    path that is not an existing file: a path the user gave on purpose is
-    never silently skipped.
-    """
+    """The config file: ``explicit``, else ``$SOLDAEMON_CONFIG``, else
+    ``config_home()/sol_config.yaml``; None: use the defaults. Raises
+    ConfigError when a path given on purpose is not an existing file."""
     if explicit is not None:
         return _must_exist(Path(explicit).expanduser(), "--config")
     env = os.environ.get(ENV_VAR)
@@ -39,10 +35,8 @@ def find_config_file(explicit: str | os.PathLike[str] | None = None) -> Path | N
 
 
 def _note_project_file() -> None:
-    """A ``sol_config.yaml`` in the current directory is never read: the
-    current directory is the project an editor opened, and a project must
-    not choose the daemon's backend, host, key or model (docs/security.md,
-    the trust model). Say so, unless it is the user's own config file."""
+    """Warn that a ``sol_config.yaml`` in the current directory (a project's)
+    is not read, unless it is the user's own (docs/security.md)."""
     try:
         here, home = Path.cwd() / CONFIG_FILENAME, config_home() / CONFIG_FILENAME
         if here.is_file() and not (home.is_file() and home.samefile(here)):
@@ -74,8 +68,7 @@ _Loader.add_implicit_resolver(
 
 
 def _key_lines(node: yaml.Node, prefix: str, lines: dict[str, int], dups: list[str], source: str) -> None:
-    """Record the 1-based line of every dotted key under ``node``; note
-    duplicate keys (YAML would silently keep the last)."""
+    """Record the 1-based line of every dotted key under ``node``, and duplicates."""
     if isinstance(node, yaml.MappingNode):
         seen: dict[str, int] = {}
         for key_node, value_node in node.value:
@@ -96,8 +89,8 @@ def _key_lines(node: yaml.Node, prefix: str, lines: dict[str, int], dups: list[s
 
 
 def _parse_yaml(text: str, source: str) -> tuple[object, dict[str, int]]:
-    """Parse YAML text; return the data and the line of each dotted key.
-    Syntax errors become ConfigError naming ``source`` and the line."""
+    """The data and the line of each dotted key; a syntax error raises
+    ConfigError naming ``source`` and the line."""
     loader = _Loader(text)
     try:
         node = loader.get_single_node()
@@ -129,9 +122,8 @@ def _parse_yaml(text: str, source: str) -> tuple[object, dict[str, int]]:
 
 
 def load_config(path: str | os.PathLike[str] | None = None) -> Config:
-    """Find (see :func:`find_config_file`), read, parse and validate the
-    config file. No file → ``Config.default()``; an empty file → the defaults
-    with ``source`` set. Raises ConfigError (never a YAML or OS error)."""
+    """Find, read and validate the config file (none: ``Config.default()``);
+    raises only ConfigError."""
     found = find_config_file(path)
     if found is None:
         return Config.default()

@@ -1,5 +1,5 @@
 """One frozen dataclass per section of the file; each field carries its
-default and its check."""
+default and its check. docs/config.md describes every key and why it is there."""
 
 from __future__ import annotations
 
@@ -28,36 +28,21 @@ Auto = Literal["auto"]
 
 @dataclass(frozen=True)
 class PromptWindows:
-    """How much of the document a prompt keeps, in tokens: the prefix window
-    before the cursor, the suffix window after it, and the outline of what
-    both leave out (0: no outline)."""
+    """How much of the document a prompt keeps, in tokens (outline 0: none)."""
 
     prefix: int
     suffix: int
     outline: int
 
 
-# The windows a model gets where model.max_prefix_tokens / max_suffix_tokens /
-# max_outline_tokens say "auto" (the default), by the embedded model served.
-# The 0.5B: llama.cpp's own /infill split (768 before, 256 after), no outline:
-# on 128 block holes each same-run comparison found the outline worth no pass
-# (15/15, 4/6, 13/14) and 1024 -> 768 at most 1-2 holes, for ~20 % (window)
-# and ~13 % (outline) of a cold prompt's time (docs/quality.md).
-# The 1.5B keeps the wider prompt: the outline won it a pass and it is the
-# model chosen for quality. Any other model (a path, a remote server) gets
-# GENERIC_WINDOWS.
+# The "auto" windows by embedded model served (docs/quality.md); any other model: GENERIC_WINDOWS.
 WINDOWS_BY_MODEL: dict[str, PromptWindows] = {
     "qwen2.5-coder-0.5b": PromptWindows(768, 256, 0),
     "qwen2.5-coder-1.5b": PromptWindows(1024, 256, 128),
 }
 GENERIC_WINDOWS = PromptWindows(1024, 256, 128)
 
-# Block candidates (completion.candidates "auto", the default), by the
-# embedded model served: the 1.5B, the model chosen for quality, ranks 4
-# (greedy 29 -> 34 of 128 block holes passing, its block e2e 1.72x with the
-# samples drafted along the greedy answer, on a 2-core CPU; docs/quality.md,
-# "Block candidates"). The 0.5B, chosen for speed, gained 1 of 64 at 4x and stays at 1;
-# so does any other model (a path, a remote server).
+# The "auto" block candidates by embedded model served (docs/quality.md); any other model: 1.
 CANDIDATES_BY_MODEL: dict[str, int] = {"qwen2.5-coder-1.5b": 4}
 
 
@@ -66,34 +51,23 @@ class SolConfig:
     """``sol:`` — the Sol scheduler (layer prefetch, KV folding, weight
     offload) and the memory it may use."""
 
-    # Sliding window over which per-layer activity is counted to decide which
-    # layers stay resident and which are prefetched; seconds, > 0.
+    # window over which per-layer activity decides residency and prefetch; s
     layer_heatmap_window: float = setting(60.0, float_in(0.0, lo_open=True))
-    # How many layers ahead of the one computing are fetched to the device;
-    # layers, 0 (no prefetch) .. 16.
+    # layers fetched ahead of the one computing (0: no prefetch)
     prefetch_depth: int = setting(2, int_in(0, 16))
-    # KV folding of parked sessions (runtime/kv/fold.py): a 64-token block whose
-    # attention mass, relative to the most attended block, is under this is
-    # stored as int8; in [0, 1], 0.0 = off. 0.1: measured, greedy output equal
-    # to unfolded on 19/20 real holes, 32% of the KV folded (docs/memory.md).
+    # a parked 64-token KV block with relative attention mass under this is kept int8 (0: off; docs/memory.md)
     kv_folding_entropy_threshold: float = setting(0.1, float_in(0.0, hi=1.0))
-    # Folding quantizes parked sessions only while the device's free memory
-    # (RAM on a CPU) is under this (MB, or a fraction of the device's memory as
-    # for memory_budget); with more free, parked sessions are only trimmed, a
-    # copy (at 1k tokens on a 2-core CPU: 32 ms a switch against ~200 ms
-    # quantized, docs/memory.md). null: always quantize.
+    # fold only while free device memory is under this (else only trim); None: always
     kv_folding_free_below: MemoryBudget | None = setting(MemoryBudget(fraction=0.2), budget_spec())
-    # Granularity of weight offload: whole decoder layers or parameter blocks.
+    # weight offload by whole decoder layers or parameter blocks
     weight_offload_policy: OffloadPolicy = setting(
         "layer", one_of(get_args(OffloadPolicy))
     )
-    # When Sol's schedule misses (a prefetch not landed in time), wait this
-    # long before falling back to the plain synchronous path; milliseconds, > 0.
+    # wait for a late prefetch this long before the synchronous path; ms
     fallback_timeout_ms: float = setting(50.0, float_in(0.0, lo_open=True))
-    # Device memory cap for weights + KV; None: no cap (all resident when it fits).
+    # device memory cap for weights + KV; None: no cap
     memory_budget: MemoryBudget | None = setting(None, budget_spec())
-    # Release the model's device memory after this long without a request;
-    # seconds, >= 0, 0 = never.
+    # release the model's device memory after this long idle; s, 0: never
     idle_release_s: float = setting(300.0, float_in(0.0))
 
 
@@ -101,77 +75,49 @@ class SolConfig:
 class ModelConfig:
     """``model:`` — which model, in which precision, with how much context."""
 
-    # None: an embedded model (``name``); else a local Hugging Face model
-    # directory or a .gguf file (then ``name`` does not apply).
+    # a Hugging Face model directory or a .gguf file; None: the embedded model ``name``
     path: Path | None = setting(None, optional(file_path()))
-    # Which embedded model: "auto" the largest installed one whose cold TTFT
-    # and decode step, predicted from this machine's kernel timings, fit
-    # ttft_budget_ms and decode_budget_ms (else the smallest); or a name.
-    # The 1.5B is installed by pip install 'soldaemon[model-1-5b]'.
+    # "auto": the largest installed embedded model predicted to fit the two budgets below
     name: ModelName = setting("auto", one_of(get_args(ModelName)))
-    # auto's latency budget: a cold 1k-token prompt to its first token; ms, > 0.
+    # auto's budget for a cold 1k-token prompt to its first token; ms
     ttft_budget_ms: float = setting(250.0, float_in(0.0, lo_open=True))
-    # auto's budget for one decode step; ms, > 0.
+    # auto's budget for one decode step; ms
     decode_budget_ms: float = setting(50.0, float_in(0.0, lo_open=True))
-    # The draft model of an embedded model: "auto" a smaller installed
-    # embedded model (same tokenizer) when both fit in memory and the kernel
-    # plan predicts drafting pays; "off"; or a name. draft_model (a path) wins.
+    # "auto": a smaller installed embedded model when both fit and drafting pays; draft_model wins
     draft: DraftChoice = setting("auto", one_of(get_args(DraftChoice)))
-    # The one format the weights are kept in, and so the kernels that read
-    # them: "auto" measures the kernels on this machine at start-up (cached
-    # per machine, model and torch version) and picks per phase (prefill,
-    # decode/verify, output layer); or "float32", "bfloat16", "float16",
-    # "int8" (int8 weights; the kernels still chosen by measurement), "int4"
-    # (4-bit decoder layers, the output layer int8).
+    # the weights' format; "auto": measured per phase on this machine (docs/kernels.md)
     precision: Precision = setting("auto", one_of(get_args(Precision)))
-    # A second copy of the int8 weights in oneDNN's blocked layout, read by
-    # every forward of more than one row (prompts, verifications, the typed
-    # line) with the same bits: true where the kernel plan measures it
-    # faster and free RAM holds it (never under sol.memory_budget); false.
+    # a blocked-layout copy of int8 weights for multi-row forwards, where measured faster and RAM holds it
     blocked_copy: bool = setting(True, boolean())
-    # Longest prompt + completion the engine allocates for; tokens, 256..131072.
+    # longest prompt + completion allocated for; tokens
     max_context: int = setting(4096, int_in(256, 131072))
-    # Document text before the cursor kept in the prompt; tokens, >= 1, or
-    # "auto": the served model's own (WINDOWS_BY_MODEL: the 0.5B 768, the
-    # 1.5B and any other model 1024). Read through windows().
+    # the prefix window; tokens, or "auto" (WINDOWS_BY_MODEL); read through windows()
     max_prefix_tokens: int | Auto = setting("auto", int_or_auto(1))
-    # Document text after the cursor kept in the prompt; tokens, >= 0, or
-    # "auto" (256 for every model today).
+    # the suffix window; tokens, or "auto"
     max_suffix_tokens: int | Auto = setting("auto", int_or_auto(0))
-    # A smaller model for speculative decoding; None: no draft model.
+    # a smaller model for speculative decoding
     draft_model: Path | None = setting(None, optional(file_path()))
-    # FIM prompt layout: "psm" (prefix, suffix, middle) or "spm" (suffix
-    # first: typing only appends, so the whole prompt before the cursor stays
-    # in the KV cache; llama.cpp's spm_infill layout).
+    # the FIM layout: prefix-suffix-middle, or suffix first (typing only appends)
     fim_order: FimOrder = setting("psm", one_of(get_args(FimOrder)))
-    # Where the middle of a PSM prompt starts: "cursor"; "line" (the cursor
-    # line so far goes after the middle token, so typing on a line only
-    # appends to the prompt); "sticky" (like "line", but the anchor stays
-    # where the user started typing, for up to 8 lines, while the text
-    # around is unchanged: Enter does not recompute the suffix either).
+    # where a PSM prompt's middle starts: the cursor, the line, or where typing began (sticky)
     fim_anchor: FimAnchor = setting("sticky", one_of(get_args(FimAnchor)))
-    # Context from other files in the prompt; tokens, >= 0.
+    # context from other files; tokens
     max_context_tokens: int = setting(1024, int_in(0))
-    # Outline of what the prefix and suffix windows cut off, kept from the
-    # context budget; tokens, >= 0 (0: off), or "auto": the served model's
-    # own (the 0.5B 0, the 1.5B and any other model 128).
+    # the outline of what the windows cut off, from the context budget; tokens (0: off), or "auto"
     max_outline_tokens: int | Auto = setting("auto", int_or_auto(0))
-    # Documents whose KV cache is kept (an LRU, one cache of max_context each).
+    # documents whose KV cache is kept (LRU)
     kv_sessions: int = setting(4, int_in(1, 64))
 
     def windows(self, served: str | None = None) -> PromptWindows:
-        """The prompt's windows: each key as set, an ``"auto"`` one the
-        model ``served``'s (an embedded model's name; None: ``name``). A
-        ``path``, and ``name: auto`` before the daemon has chosen, get
-        :data:`GENERIC_WINDOWS`."""
+        """The prompt's windows, an ``"auto"`` one the embedded model
+        ``served``'s (None: ``name``; a ``path``: :data:`GENERIC_WINDOWS`)."""
         own = GENERIC_WINDOWS if self.path is not None else WINDOWS_BY_MODEL.get(served or self.name, GENERIC_WINDOWS)
         return PromptWindows(own.prefix if self.max_prefix_tokens == "auto" else self.max_prefix_tokens,
                              own.suffix if self.max_suffix_tokens == "auto" else self.max_suffix_tokens,
                              own.outline if self.max_outline_tokens == "auto" else self.max_outline_tokens)
 
     def served_by(self, served: str | None) -> ModelConfig:
-        """This section with every ``"auto"`` window replaced by the model
-        ``served``'s (``load_engine`` calls it once the model is chosen)."""
+        """This section with every ``"auto"`` window the model ``served``'s."""
         w = self.windows(served)
         return replace(self, max_prefix_tokens=w.prefix, max_suffix_tokens=w.suffix, max_outline_tokens=w.outline)
 
@@ -180,12 +126,11 @@ class ModelConfig:
 class DeviceConfig:
     """``device:`` — where the model runs."""
 
-    # "auto" (CUDA when available, else CPU), "cpu", "cuda" or "cuda:N".
+    # "auto" (CUDA when available), "cpu", "cuda" or "cuda:N"
     device: str = setting("auto", device_spec())
-    # CPU threads for torch; None: torch's default; else >= 1.
+    # CPU threads for torch; None: torch's default
     threads: int | None = setting(None, optional(int_in(1)))
-    # Decode steps replayed from CUDA graphs on a CUDA device (captured at
-    # warm-up; eager fallback when capture fails). Ignored on a CPU.
+    # replay decode steps from CUDA graphs (ignored on a CPU)
     cuda_graphs: bool = setting(True, boolean())
 
 
@@ -194,143 +139,108 @@ class ServerConfig:
     """``server:`` — the websocket server."""
 
     host: str = setting("127.0.0.1", nonempty_text())
-    # TCP port; 0 = pick a free port.
+    # 0: a free port
     port: int = setting(8765, int_in(0, 65535))
-    # Must be true to listen on a host that is not loopback.
+    # needed to listen on a host that is not loopback
     allow_remote: bool = setting(False, boolean())
-    # Browser Origin headers accepted besides none; empty: no browser origins.
+    # browser Origin headers accepted besides none
     allowed_origins: tuple[str, ...] = setting((), str_list())
-    # None: state_dir()/token (see token_path()).
+    # None: state_dir()/token
     token_file: Path | None = setting(None, optional(file_path()))
-    # Largest incoming websocket message; bytes, >= 1.
+    # largest incoming websocket message; bytes
     max_message_bytes: int = setting(1_048_576, int_in(1))
-    # Messages accepted per second on one connection; > 0.
+    # messages accepted per second on one connection
     rate_limit_per_s: float = setting(200.0, float_in(0.0, lo_open=True))
-    # On shutdown, wait this long for in-flight requests; seconds, >= 0.
+    # on shutdown, wait this long for requests in flight; s
     drain_timeout_s: float = setting(5.0, float_in(0.0))
-    # Exit after this long with no connection (a daemon an editor started);
-    # seconds, >= 0; 0 = never.
+    # exit after this long with no connection; s, 0: never
     idle_exit_s: float = setting(0.0, float_in(0.0))
 
     def token_path(self) -> Path:
-        """The token file: ``token_file`` or ``state_dir()/token`` (resolved
-        now, so it follows ``SOLDAEMON_STATE_DIR``)."""
+        """``token_file``, or ``state_dir()/token`` resolved now."""
         return self.token_file if self.token_file is not None else default_token_path()
 
     def fallback(self) -> Fallback:
-        """What :func:`soldaemon.discovery.find_daemon` takes from this
-        section: the token file and ``allow_remote``. No address: a client
-        sends the token only to a daemon its record names, never to
-        whatever listens on ``port`` while the daemon is down."""
+        """What :func:`find_daemon` takes from this section; no address (the
+        token goes only to a daemon its record names)."""
         return Fallback(None, self.token_path(), self.allow_remote, "sol_config.yaml")
 
 
 @dataclass(frozen=True)
 class CompletionConfig:
-    """``completion:`` — defaults for a completion request (a request's own
-    fields override them)."""
+    """``completion:`` — defaults for a request (its own fields override them)."""
 
-    # Generated tokens, hard cap; 1..2048.
+    # generated tokens, cap
     max_tokens: int = setting(128, int_in(1, 2048))
-    # Lines in a completion, cap; >= 1.
+    # lines in a completion, cap
     max_lines: int = setting(8, int_in(1))
     multiline: Multiline = setting("auto", one_of(get_args(Multiline)))
-    # 0 = greedy; >= 0.
+    # 0: greedy
     temperature: float = setting(0.0, float_in(0.0))
-    # Nucleus sampling mass; in (0, 1].
+    # nucleus sampling mass
     top_p: float = setting(1.0, float_in(0.0, lo_open=True, hi=1.0))
-    # Wall-clock budget from arrival; milliseconds, > 0; None: no budget.
+    # wall-clock budget from arrival; ms, None: none
     budget_ms: float | None = setting(None, optional(float_in(0.0, lo_open=True)))
-    # Use speculative decoding when a draft is available.
+    # speculative decoding when a draft is available
     speculative: bool = setting(True, boolean())
-    # Tokens proposed per speculative step; 1..64.
+    # tokens proposed per speculative step
     draft_tokens: int = setting(8, int_in(1, 64))
-    # Token healing for a cursor after text on its line: the prompt's last
-    # token is left out and the first generated token must agree with it
-    # (local backend; docs/quality.md).
+    # leave the prompt's last token out; the first generated must agree with it (local)
     token_healing: bool = setting(True, boolean())
-    # Speculative FIM: after a completion is delivered, compute the next one
-    # as if the user accepts it, at the lowest priority, stopped by any
-    # request (local backend; docs/config.md).
+    # compute the next completion as if this one is accepted, at the lowest priority (local)
     speculative_fim: bool = setting(True, boolean())
-    # Who ends a multi-line completion: "model" = its own end token, cut only
-    # where provably wrong and parse-checked with the suffix (languages with
-    # a tree-sitter grammar); "rules" = the text rules alone (docs/config.md).
+    # who ends a multi-line completion: the model (parse-checked) or the text rules
     block_end: BlockEnd = setting("model", one_of(get_args(BlockEnd)))
-    # When a greedy answer's first line, on a line of its own, is the line
-    # below the cursor (dropped: it would show that line twice), decode again
-    # from the model's closest other choice in that line (local backend;
-    # docs/config.md).
+    # decode again from the next choice when the first line repeats the line below (local)
     second_choice: bool = setting(True, boolean())
-    # A greedy single multi-line answer: decode this many candidates (the
-    # greedy one, the others sampled) and show the one the model is surest
-    # of (mean log-probability per token; local backend; docs/config.md);
-    # 1..8, 1 = the greedy answer alone; "auto": the served model's
-    # (CANDIDATES_BY_MODEL: 4 for the 1.5B, 1 for any other).
+    # block candidates ranked by mean log-probability (1: greedy alone), or "auto" (local)
     candidates: int | Auto = setting("auto", int_or_auto(1, 8))
 
     def candidate_count(self, served: str | None = None) -> int:
-        """How many block candidates: the number set, or for ``"auto"`` the
-        model ``served``'s (1 when none is known yet)."""
+        """How many block candidates (``"auto"``: the model ``served``'s)."""
         if self.candidates != "auto":
             return self.candidates
         return CANDIDATES_BY_MODEL.get(served or "", 1)
 
     def served_by(self, served: str | None) -> CompletionConfig:
-        """This section with ``"auto"`` settings replaced by the model
-        ``served``'s (``load_engine`` calls it once the model is chosen)."""
+        """This section with ``"auto"`` settings the model ``served``'s."""
         return replace(self, candidates=self.candidate_count(served))
 
 
 @dataclass(frozen=True)
 class BackendConfig:
-    """``backend:`` — where completions are computed: ``local`` (the Sol
-    runtime in this process) or ``remote`` (an inference engine speaking the
-    OpenAI-compatible ``/v1/completions`` streaming API: vLLM, TGI, a
-    llama.cpp server; see docs/remote.md)."""
+    """``backend:`` — where completions are computed: the Sol runtime here
+    (``local``) or an OpenAI-compatible engine (``remote``, docs/remote.md)."""
 
     kind: BackendKind = setting("local", one_of(get_args(BackendKind)))
-    # The engine's base URL (``http://host:8000`` or ``http://host:8000/v1``);
-    # required when kind is "remote".
+    # the engine's base URL, required when remote
     url: str | None = setting(None, optional(http_url()))
-    # The model name sent in each request; None: the engine's only model.
+    # None: the engine's only model
     model_name: str | None = setting(None, optional(nonempty_text()))
-    # Name of the environment variable holding the API key (never the key).
+    # the environment variable holding the API key
     api_key_env: str | None = setting(None, optional(env_name()))
-    # A file whose first line is the API key (used when api_key_env is unset
-    # or names an empty variable).
+    # a file whose first line is the API key (when api_key_env gives none)
     api_key_file: Path | None = setting(None, optional(file_path()))
-    # Tokenizer of the remote model's family, for FIM prompts: a Hugging Face
-    # model/tokenizer directory or a .gguf file; None: model.path's, else the
-    # embedded model's (Qwen2.5-Coder: every size shares it).
+    # the remote model family's tokenizer; None: model.path's, else the embedded model's
     tokenizer: Path | None = setting(None, optional(file_path()))
-    # How the prompt is sent: "text" (special tokens as text; every engine)
-    # or "tokens" (token ids; vLLM and the native llama.cpp server).
+    # the prompt as text (every engine) or token ids (vLLM, llama.cpp's server)
     prompt_format: PromptFormat = setting("text", one_of(get_args(PromptFormat)))
-    # Connecting to the engine; seconds, > 0.
+    # s
     connect_timeout_s: float = setting(2.0, float_in(0.0, lo_open=True))
-    # Waiting for the engine's answer: its first byte, then each streamed
-    # chunk; seconds, > 0.
+    # for the first byte, then each chunk; s
     timeout_s: float = setting(30.0, float_in(0.0, lo_open=True))
-    # Extra connection attempts within one request when the engine cannot be
-    # reached (never after text was streamed); 0..5.
+    # extra connection attempts within a request (never after text streamed)
     retries: int = setting(1, int_in(0, 5))
-    # Wait after the first failed attempt; doubles per consecutive failure up
-    # to max_backoff_s. While it runs, requests fail at once (retryable) or
-    # go to the local model; seconds, > 0.
+    # wait after a failure, doubling up to max_backoff_s; meanwhile requests fail at once; s
     backoff_s: float = setting(0.5, float_in(0.0, lo_open=True))
     max_backoff_s: float = setting(30.0, float_in(0.0, lo_open=True))
-    # Reachability probe (GET /v1/models) for health, cached this long;
-    # seconds, > 0.
+    # the reachability probe (GET /v1/models) is cached this long; s
     health_interval_s: float = setting(5.0, float_in(0.0, lo_open=True))
-    # When the engine is unreachable, answer from the local model (model.path
-    # or the embedded one), loaded on first need.
+    # answer from the local model while the engine is unreachable
     fallback_local: bool = setting(False, boolean())
-    # Send untitled buffers (never saved, no file name) to the remote engine;
-    # off: completing in one is refused there (the local backend still may).
+    # send untitled buffers to the remote engine
     send_untitled: bool = setting(False, boolean())
-    # Allow a plain http:// url to a host that is not loopback (the API key
-    # and every prompt cross the network in clear text); off: refused.
+    # allow a clear-text http:// url to a host that is not loopback
     allow_insecure: bool = setting(False, boolean())
 
 

@@ -40,15 +40,9 @@ DEFAULT_LINE_COMMENT = "#"
 
 
 def comment_header(language: str | None, path: str, text: str) -> str:
-    """``text`` from file ``path`` as a comment block in ``language`` (an LSP
-    language id), for families that have no file separator token.
-
-    Line-comment languages get ``{c} Path: {path}`` followed by every line of
-    ``text`` prefixed with ``{c} `` (``{c}`` alone for an empty line);
-    languages with only block comments get one block whose closing marker is
-    defused inside ``text``. Unknown languages use ``#``. The result ends with
-    a newline; empty ``text`` gives just the path line.
-    """
+    """``text`` of file ``path`` as a comment block in LSP language
+    ``language`` (unknown: ``#``), headed ``Path: {path}``, ending with a
+    newline; a block comment's closer inside ``text`` is defused."""
     lang = (language or "").lower()
     lines = text.split("\n")
     if lines and lines[-1] == "":

@@ -9,10 +9,8 @@ if TYPE_CHECKING:
 
 
 def _control_tokens(tokenizer: Any) -> list[tuple[str, int]]:
-    """(content, id) of the added tokens that act as control tokens: those
-    flagged special, and those spelled like one (``<...>``, ``▁<...>``) even
-    when a converted tokenizer lost the flag. Plain added tokens (runs of
-    spaces, single characters) are not control tokens."""
+    """(content, id) of the added tokens flagged special or spelled like a
+    control token (``<...>``, ``▁<...>``)."""
     decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
     out: list[tuple[str, int]] = []
     for tid, tok in decoder.items():
@@ -25,18 +23,11 @@ def _control_tokens(tokenizer: Any) -> list[tuple[str, int]]:
 
 
 def encode_text(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
-    """Token ids of ``text`` as plain text: no bos/eos added and no control
-    token recognised inside it.
+    """Token ids of ``text`` as plain text: no bos/eos, no control token.
 
-    Uses ``split_special_tokens=True``. Because that flag is shared mutable
-    state inside the Rust tokenizer (another thread could flip it) and does not
-    cover added tokens that lost their ``special`` flag, the result is checked:
-    when ``text`` contains the spelling of a control token and that token's id
-    came out, the text is re-encoded in pieces split inside each occurrence, so
-    no piece contains a whole control token (the tokenization around those
-    spots then differs slightly -- with a SentencePiece tokenizer each piece
-    also gets its word-boundary marker -- which is harmless). The check costs
-    a few substring searches.
+    ``split_special_tokens`` is shared state in the Rust tokenizer and misses
+    added tokens without the special flag, so when a control token's id comes
+    out anyway the text is re-encoded in pieces split inside each occurrence.
     """
     if not text:
         return []
@@ -48,7 +39,6 @@ def encode_text(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     bad = {tid for _, tid in present}
     if not bad.intersection(ids):
         return ids
-    # Split inside every occurrence of an added token's content.
     cuts: set[int] = set()
     for content, _ in present:
         start = text.find(content)

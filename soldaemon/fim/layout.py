@@ -1,5 +1,19 @@
-"""The token layout of a FIM prompt per family (PSM or SPM, repository
-context); the family's quirks of encoding the text around the FIM tokens."""
+"""The token layout of a FIM prompt per family, and the families' quirks of
+encoding the text around the FIM tokens. PSM (``[X]`` a control token):
+
+* Qwen2.5-Coder: ``[<|fim_prefix|>]prefix[<|fim_suffix|>]suffix[<|fim_middle|>]``;
+  with context ``[<|repo_name|>]name\\n([<|file_sep|>]path\\ncode)*[<|file_sep|>]path\\n``
+  in front.
+* StarCoder2: likewise with ``<fim_prefix>`` ...; the file's path goes after
+  the last ``<file_sep>`` and ``<fim_prefix>``.
+* DeepSeek-Coder: ``[bos][<｜fim▁begin｜>]prefix[<｜fim▁hole｜>]suffix[<｜fim▁end｜>]``.
+* CodeLlama: ``[bos][<PRE>]" "+prefix[<SUF>]suffix[<MID>]`` (Meta's
+  ``infilling_prompt_tokens``: no ``▁`` in front of the suffix).
+
+Families without file separators get context as comment headers in front of
+the prefix. SPM (llama.cpp's ``spm_infill``) puts the suffix first, so typing
+only appends.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +27,7 @@ if TYPE_CHECKING:
 
 
 def _encode_no_dummy(template: FimTemplate, tokenizer: Any, text: str) -> list[int]:
-    """Like :func:`encode_text`, without the dummy-prefix marker a SentencePiece
-    tokenizer puts in front of ``text``: the text is encoded after a newline
-    sentinel whose tokens are then removed."""
+    """:func:`encode_text` without a SentencePiece tokenizer's dummy-prefix marker."""
     if not template.dummy_prefix or not text:
         return encode_text(tokenizer, text)
     sentinel = encode_text(tokenizer, "\n")
@@ -51,28 +63,11 @@ def build_prompt(
     order: FimOrder = "psm",
     lead_ids: Sequence[int] = (),
 ) -> list[int]:
-    """The prompt ids in PSM order, or SPM order with ``order="spm"`` (see
-    the module docstring for each family).
-
-    ``prefix_ids``/``suffix_ids`` are the already tokenized, already windowed
-    document parts (for CodeLlama, ``prefix_ids`` must encode ``" " + prefix``;
-    :func:`make_prompt` does that).
-
-    ``context`` is ``[(path, code_ids), ...]``: other files, placed before the
-    FIM part. With file separators (Qwen2.5-Coder, StarCoder2) each becomes
-    ``file_sep`` + tokens of ``path + "\\n"`` + ``code_ids``; ``code_ids``
-    should encode text ending in a newline. ``current_path`` and ``repo_name``
-    are used by those families only. Their strings are tokenized with
-    ``tokenizer``, which is then required (``ValueError`` otherwise).
-
-    ``lead_ids``: the already typed start of the middle (:func:`make_prompt`'s
-    ``lead_from``), after the middle token in PSM, at the end of the prefix
-    in SPM.
-
-    Families without file separators (DeepSeek-Coder, CodeLlama) put each
-    ``code_ids`` verbatim right after the PRE token, in front of the prefix;
-    the paths are not used, so the caller formats each chunk with
-    :func:`comment_header` first (:func:`make_prompt` does).
+    """The prompt ids in ``order`` from windowed, encoded parts (CodeLlama's
+    ``prefix_ids`` encode ``" " + prefix``). ``context``: ``[(path, code_ids)]``
+    after file separators where the family has them (then ``tokenizer`` is
+    required, else ``ValueError``), else code ids (comment headers) in front
+    of the prefix. ``lead_ids``: the typed start of the middle.
     """
     ids: list[int] = []
     if template.bos_id is not None:
@@ -112,11 +107,8 @@ def build_prompt(
 
 def _fim_body(template: FimTemplate, head: Sequence[int], prefix_ids: Sequence[int],
               suffix_ids: Sequence[int], order: FimOrder, lead_ids: Sequence[int] = ()) -> list[int]:
-    """PSM: ``PRE head prefix SUF suffix MID lead``. SPM (llama.cpp's
-    ``spm_infill`` layout): ``SUF suffix PRE head prefix lead MID`` — the
-    text before the cursor comes last, so typing only appends to the prompt
-    and everything before the cursor stays reusable in the KV cache.
-    ``lead``: the start of the middle, already typed (see :func:`make_prompt`)."""
+    """PSM: ``PRE head prefix SUF suffix MID lead``; SPM: ``SUF suffix PRE
+    head prefix lead MID``."""
     if order == "spm":
         return [template.suffix_id, *suffix_ids, template.prefix_id, *head, *prefix_ids, *lead_ids,
                 template.middle_id]

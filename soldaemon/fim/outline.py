@@ -1,7 +1,5 @@
-"""What the windows cut off: an outline of the scopes enclosing the cursor,
-the definitions of names used near it and the imports (above the prefix
-window), and what the code below the suffix window uses of the cursor's
-class and defines (:func:`below_outline`)."""
+"""Outlines of what the windows cut off: above (:func:`scope_outline`) and
+below (:func:`below_outline`), fitted together by :func:`fit_outlines`."""
 
 from __future__ import annotations
 
@@ -23,9 +21,8 @@ def _indent_width(line: str) -> int:
 
 
 def _statement_end(lines: list[str], i: int, max_lines: int = 6) -> int:
-    """The index after the last line of the statement starting at line
-    ``i``: continuation lines follow while a bracket is open or the line
-    ends with a backslash (at most ``max_lines`` lines in all)."""
+    """The index after the statement starting at line ``i`` (open brackets and
+    backslashes continue it, at most ``max_lines`` lines)."""
     depth = 0
     j = i
     while j < len(lines) and j - i < max_lines:
@@ -42,22 +39,11 @@ def _statement_end(lines: list[str], i: int, max_lines: int = 6) -> int:
 
 
 def scope_outline(prefix: str, n_cut: int, suffix: str, *, near_lines: int = 12) -> list[tuple[int, str]]:
-    """Statements from the first ``n_cut`` characters of ``prefix`` (the part
-    the window left out) worth showing the model, as ``(priority, text)`` in
-    file order; lower numbers matter more:
-
-    0. the headers of the scopes that enclose the cursor: walking up from the
-       cursor line, each non-blank line indented less than every line below it
-       (``class``/``def``/``if`` ...), with its continuation lines;
-    1. the definitions (``def``/``class``/``function``/``fn``/... line and its
-       continuation) of names used in the last ``near_lines`` lines of the
-       prefix or the first lines of ``suffix``;
-    2. top-level import statements;
-    3. the other definitions at the enclosing scopes' depths (the class's
-       methods, the module's functions), nearest first by their priority
-       numbers (``3 + rank``).
-
-    Pure; each returned text ends with a newline.
+    """``(priority, statement)`` in file order from the first ``n_cut``
+    characters of ``prefix``, lower numbers first: 0 the headers of the scopes
+    enclosing the cursor, 1 definitions of names used near it, 2 imports,
+    ``3 + rank`` other definitions at the enclosing depths, nearest first.
+    Each text ends with a newline.
     """
     lines = split_lines(prefix)
     cut_lines = len(split_lines(prefix[:n_cut])) - 1  # lines wholly in the cut part
@@ -96,9 +82,8 @@ def scope_outline(prefix: str, n_cut: int, suffix: str, *, near_lines: int = 12)
 
 
 def _statements(lines: list[str], pri: dict[int, int], stop: int) -> list[tuple[int, str]]:
-    """``(priority, statement)`` per line index of ``pri`` in file order, each
-    with its continuation lines up to line ``stop``; a text that occurs
-    twice (nested helpers of the same name) only where it occurs last."""
+    """``(priority, statement)`` per line of ``pri`` in file order, up to line
+    ``stop``; a text that occurs twice only where it occurs last."""
     out: list[tuple[int, str]] = []
     covered = -1
     for i in sorted(pri):
@@ -129,27 +114,12 @@ def _enclosing(prefix_lines: list[str]) -> list[tuple[int, str]]:
 
 def below_outline(prefix: str, suffix: str, n_kept: int, visible: str, *,
                   near_lines: int = 12, max_line_chars: int = 120, max_lines: int = 400) -> list[tuple[int, str]]:
-    """Statements from what the suffix window left out (``suffix`` after its
-    first ``n_kept`` characters) worth showing the model, as ``(priority,
-    text)`` in file order, lower numbers mattering more:
-
-    0. in a method: for each attribute of ``self`` (not a method call)
-       that ``visible`` (the text the windows show) never names, the first
-       line below that uses it, while the class goes on -- what a
-       constructor or a helper at the cursor has to set up for the methods
-       below;
-    1. the definitions of names used in the last ``near_lines`` lines of
-       ``prefix`` or the first shown lines of the suffix that ``visible``
-       does not define;
-    3. the other definitions at the enclosing scopes' depths (the class's
-       methods, the module's functions), nearest first by their priority
-       numbers (``3 + rank``, so a caller fitting a budget keeps the
-       nearest).
-
-    Pure; each returned text ends with a newline. Only the first
-    ``max_lines`` lines below the window are read (the cost per keystroke
-    stays bounded in a long file); lines longer than ``max_line_chars`` are
-    left out (a long literal is no outline)."""
+    """``(priority, statement)`` in file order from ``suffix`` after its first
+    ``n_kept`` characters, lower numbers first: 0 in a method, the first line
+    using each ``self`` attribute that ``visible`` never names; 1 definitions
+    of names used near the cursor that ``visible`` lacks; ``3 + rank`` other
+    definitions at the enclosing depths. Reads at most ``max_lines`` lines,
+    skips lines over ``max_line_chars``; each text ends with a newline."""
     kept_lines = len(split_lines(suffix[:n_kept])) - 1 if n_kept > 0 else 0
     lines = split_lines(suffix)[:kept_lines + max_lines]
     if kept_lines >= len(lines):
@@ -194,8 +164,8 @@ _HEADER_WORDS = ("if", "elif", "else", "for", "while", "with", "try", "except", 
 
 
 def _looks_like_header(line: str) -> bool:
-    """A line that opens a scope: a definition, a control keyword, or a line
-    ending with ``:`` or ``{`` (a comment after it aside)."""
+    """Whether ``line`` opens a scope (a definition, a control keyword, a
+    ``:`` or ``{`` at its end)."""
     stripped = line.strip()
     if _DEF.match(line):
         return True
@@ -207,9 +177,7 @@ def _looks_like_header(line: str) -> bool:
 
 
 def _string_lines(lines: list[str]) -> set[int]:
-    """Indices of lines inside (or opening or closing) a triple-quoted
-    string, by counting the quotes: a cheap guard against taking a
-    docstring's text for code."""
+    """Indices of lines inside, opening or closing a triple-quoted string."""
     out: set[int] = set()
     quote: str | None = None
     for i, line in enumerate(lines):
@@ -237,9 +205,8 @@ def _string_lines(lines: list[str]) -> set[int]:
 
 def fit_outlines(tokenizer: Any, above: list[tuple[int, str]], below: list[tuple[int, str]],
                  max_tokens: int) -> tuple[str, str]:
-    """The outline items of both sides that fit ``max_tokens`` together, the
-    lowest priority numbers first (at equal numbers: the item nearest the
-    cursor), each side's kept items in file order."""
+    """The items of both sides that fit ``max_tokens`` together, lowest
+    priority (then nearest) first; each side in file order."""
     if max_tokens <= 0 or not (above or below):
         return "", ""
     items = [(p, len(above) - k, 0, k, t) for k, (p, t) in enumerate(above)] + \

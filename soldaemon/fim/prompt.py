@@ -22,8 +22,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Place:
-    """Where the completion goes: the document around the cursor and what
-    else the prompt may show."""
+    """Where the completion goes, and what else the prompt may show."""
 
     prefix: str                            # the document before the cursor
     suffix: str                            # the document after the cursor
@@ -32,17 +31,15 @@ class Place:
     language: str | None = None            # the comment syntax of context headers (families without file separators)
     current_path: str | None = None        # this file's path, shown with other files (families with file separators)
     repo_name: str | None = None           # the repository's name, likewise
-    # where the middle starts, an index into ``prefix`` (None: the cursor): the
-    # lead ``prefix[lead_from:]`` goes after the middle token (llama.cpp's
-    # /infill ``prompt``), so typing only appends to the prompt
+    # where the middle starts in ``prefix`` (None: the cursor); the lead
+    # ``prefix[lead_from:]`` goes after the middle token, so typing only appends
     lead_from: int | None = None
 
 
 @dataclass(frozen=True)
 class Budget:
-    """Token budgets. A prompt is at most ``prefix + suffix + context`` tokens,
-    plus a lead's reserve (:func:`lead_reserve`), the control tokens, the bos
-    and, with file separators, the path and repository-name tokens."""
+    """Token budgets: a prompt is at most ``prefix + suffix + context`` tokens
+    plus a lead's reserve (:func:`lead_reserve`), control tokens and paths."""
 
     prefix: int              # tokens: the prefix window (the text before a lead's anchor)
     suffix: int              # tokens: the suffix window
@@ -61,36 +58,22 @@ class Budget:
 
 @dataclass(frozen=True)
 class FimPrompt:
-    """A ready prompt. ``ids`` is the model input. ``prefix_text`` and
-    ``suffix_text`` are the windowed document parts the model sees (context
-    excluded); ``n_prefix_tokens``/``n_suffix_tokens`` their token counts in
-    ``ids``; ``n_context_tokens`` counts everything else in ``ids`` except the
-    bos and the three FIM tokens: context chunks, comment headers, file
-    separators, path and repository-name tokens."""
+    """A ready prompt."""
 
-    ids: list[int]
-    prefix_text: str
-    suffix_text: str
-    n_prefix_tokens: int
+    ids: list[int]                # the model input
+    prefix_text: str              # the windowed document before the cursor the model sees
+    suffix_text: str              # likewise after it
+    n_prefix_tokens: int          # tokens of prefix_text in ids (the lead included)
     n_suffix_tokens: int = 0
-    n_context_tokens: int = 0
-    heal: str = ""
-    # PSM with ``lead_from``: the middle token and the lead's tokens, the end
-    # of ``ids`` (what typing on the line changes; the lead is also counted
-    # in n_prefix_tokens); else 0
-    n_middle: int = 0
+    n_context_tokens: int = 0     # all else but bos and the FIM tokens: context, headers, paths
+    heal: str = ""                # what the generation must start with (token healing)
+    n_middle: int = 0             # PSM with a lead: the middle token and the lead, ending ids
 
 
 def heal_token(tokenizer: Any, prefix_ids: Sequence[int], prefix_text: str, *, blank: bool = False) -> str:
     """The text of the prompt's last prefix token when token healing should
-    drop it (:mod:`soldaemon.runtime.decode.healing`): the token is ASCII (every
-    byte of it is a token of its own, so some token always agrees), it ends
-    ``prefix_text`` with text before it, and the cursor line has text
-    before the cursor and the token no newline -- or, with ``blank`` (the
-    token is the lead's, after the middle token), the token is whitespace:
-    indentation ends a middle in a token the model never saw there (``"
-    " * 8`` where the code it was trained on has ``" " * 7`` + ``" self"``).
-    Else ""."""
+    drop it, else "": an ASCII token ending ``prefix_text`` after text on the
+    cursor line, or with ``blank`` (a lead's token) one of whitespace."""
     if not prefix_ids:
         return ""
     text = tokenizer.decode([prefix_ids[-1]])
@@ -101,10 +84,7 @@ def heal_token(tokenizer: Any, prefix_ids: Sequence[int], prefix_text: str, *, b
         return ""
     return text
 
-# Healing inside a word goes back to the word's start, at most this far: a
-# word split into pieces (``" ret" + "u"`` for ``retu``) leaves the model after
-# a piece it never saw there (``" return"`` is one token), and dropping only the
-# last piece still leaves it after ``" ret"`` (docs/quality.md).
+# Healing inside a word goes back to the word's start, at most this far (docs/quality.md).
 HEAL_MAX_TOKENS = 4
 HEAL_MAX_CHARS = 32
 
@@ -114,16 +94,10 @@ def _word_char(c: str) -> bool:
 
 
 def heal_tokens(tokenizer: Any, ids: Sequence[int], prefix_text: str, *, blank: bool = False) -> tuple[str, int]:
-    """``(text, n)``: the prompt's last ``n`` tokens, whose text ``text``
-    ends ``prefix_text``, for token healing to drop. The last token as
-    :func:`heal_token` decides; then, while the text dropped so far starts
-    inside a word (the token before it ends with a letter, digit or ``_``
-    and so does not end the word), that token too: the prompt then ends
-    where the word starts, at a boundary the model saw in training, and
-    the first generated tokens must agree with the whole dropped text. At
-    most :data:`HEAL_MAX_TOKENS` tokens and :data:`HEAL_MAX_CHARS`
-    characters, on the cursor line only, never all of ``prefix_text``.
-    ``("", 0)``: nothing to heal."""
+    """``(text, n)``: the prompt's last ``n`` tokens (text ``text``) for
+    token healing to drop: :func:`heal_token`'s, extended back to the start
+    of the word it is inside (at most :data:`HEAL_MAX_TOKENS` tokens and
+    :data:`HEAL_MAX_CHARS` characters). ``("", 0)``: nothing to heal."""
     text = heal_token(tokenizer, ids, prefix_text, blank=blank)
     n = 1 if text else 0
     while text and n < min(HEAL_MAX_TOKENS, len(ids)) and _word_char(text[0]):
@@ -138,20 +112,13 @@ def heal_tokens(tokenizer: Any, ids: Sequence[int], prefix_text: str, *, blank: 
 
 
 def lead_reserve(max_prefix_tokens: int) -> int:
-    """The most tokens a lead (:attr:`Place.lead_from`) may
-    take, on top of the prefix window: a quarter of ``max_prefix_tokens``,
-    between 16 and 192."""
+    """The most tokens a lead may take on top of the prefix window."""
     return max(16, min(192, max_prefix_tokens // 4))
 
 
 def line_anchor(prefix: str) -> int:
-    """Where a lead on the cursor line starts: after the line's indentation
-    when something is typed on it; at the line's start when it is blank (the
-    cursor after Enter). Measured on the embedded model, a typed line
-    anchored after its indentation matches more often (docs/quality.md); a
-    blank line's indentation goes into the middle, tokenized as the code
-    after it would be, its last blank healed (:func:`heal_end`): the
-    prefix then ends at a line's end, as the model mostly saw it."""
+    """Where a lead on the cursor line starts: after its indentation, or at
+    its start when the line is blank (docs/quality.md)."""
     start = prefix.rfind("\n") + 1
     line = prefix[start:]
     if not line.strip():
@@ -196,9 +163,8 @@ class Healed(NamedTuple):
 
 def make_prompt(template: FimTemplate, tokenizer: PreTrainedTokenizerBase, place: Place, budget: Budget, *,
                 order: FimOrder = "psm", heal: bool = False, memo: WindowMemo | None = None) -> FimPrompt:
-    """The prompt of ``place`` within ``budget`` in ``order``. ``heal``: token
-    healing (:func:`heal_end`) where the family allows it. ``memo``: the
-    caller's recent windows and outlines (typing on a line changes neither)."""
+    """The prompt of ``place`` within ``budget`` in ``order``, token-healed
+    when ``heal`` and the family allows; ``memo`` holds recent windows."""
     enc = Encoders(prefix_encoder(template, tokenizer), plain_encoder(template, tokenizer))
     memo = memo if memo is not None else WindowMemo(size=0)
     context = pack_context(template, tokenizer, place, budget.chunk_tokens, enc)
@@ -226,10 +192,8 @@ def _chunk_fields(chunk: ContextChunk | tuple[str, str]) -> tuple[str, str]:
 
 
 def pack_context(template: FimTemplate, tokenizer: Any, place: Place, tokens: int, enc: Encoders) -> Context:
-    """``place.context`` within ``tokens``, in order, each chunk kept from its
-    start to a line end (one with no room left is dropped): files after
-    separators where the family has them, else comment headers in
-    ``place.language`` in front of the prefix."""
+    """``place.context`` within ``tokens``, each chunk kept from its start to
+    a line end: files after separators, or comment headers."""
     if template.has_repo_tokens:
         return Context(_file_chunks(tokenizer, place.context, tokens), [])
     return Context([], _comment_headers(tokenizer, place, tokens, enc))
@@ -246,7 +210,7 @@ def _file_chunks(tokenizer: Any, context: Sequence[ContextChunk | tuple[str, str
         room = tokens - overhead
         if room <= 0:
             break
-        # One token of room is kept for the newline a cut chunk may need.
+        # one token kept for the newline a cut chunk may need
         kept, _ = fit_suffix(text, tokenizer, room - 1, lambda t: encode_text(tokenizer, t))
         if not kept.strip():
             continue
@@ -284,11 +248,8 @@ def _comment_headers(tokenizer: Any, place: Place, tokens: int, enc: Encoders) -
 
 
 def split_lead(place: Place, max_prefix_tokens: int, encode: Callable[[str], list[int]], can_heal: bool) -> Lead:
-    """``place.prefix`` split at ``place.lead_from``, or at the cursor line's
-    anchor (:func:`line_anchor`) when the lead does not fit its reserve
-    (:func:`lead_reserve`); not split when there is no lead, the budget
-    cannot spare a reserve, or not even the cursor line fits. A blank
-    line's indentation starts a middle only where it can be healed."""
+    """``place.prefix`` split at ``lead_from``, or at :func:`line_anchor` when
+    the lead exceeds :func:`lead_reserve`; unsplit when no lead fits."""
     prefix, lead_from = place.prefix, place.lead_from
     if not can_heal and lead_from is not None and 0 <= lead_from <= len(prefix) and not prefix[lead_from:].strip():
         lead_from = len(prefix)
@@ -310,9 +271,8 @@ def split_lead(place: Place, max_prefix_tokens: int, encode: Callable[[str], lis
 
 def cut_windows(tokenizer: Any, place: Place, lead: Lead, budget: Budget, enc: Encoders,
                 memo: WindowMemo) -> Windows:
-    """The end of the text before the lead within ``budget.prefix``, on the
-    stable grid (:func:`window_prefix`), and the start of the suffix within
-    ``budget.suffix``, cut at line ends (:func:`window_suffix`)."""
+    """The prefix window (before the lead, on the stable grid) and the suffix
+    window, within their budgets."""
     after_headers = enc.first is enc.plain       # the window's encoder: part of its key
     head_key = ("prefix", id(tokenizer), lead.head, budget.prefix, budget.grain_lines, after_headers)
     head_text, prefix_ids = memo.through(head_key, lambda: fit_prefix(
@@ -324,13 +284,9 @@ def cut_windows(tokenizer: Any, place: Place, lead: Lead, budget: Budget, enc: E
 
 def add_outlines(tokenizer: Any, place: Place, lead: Lead, windows: Windows, budget: Budget, enc: Encoders,
                  memo: WindowMemo) -> Outlined:
-    """Within ``budget.outline_tokens``: in front of the window, an outline of
-    what it left out above (:func:`scope_outline`: the enclosing scopes'
-    headers, definitions of names used near the cursor, imports); after the
-    suffix window, one of what it left out below (:func:`below_outline`);
-    ranked together (:func:`fit_outlines`). With a lead, read from the
-    lines above the anchor's and the cursor line's indentation only, so
-    typing after the anchor keeps them."""
+    """Outlines of what the windows left out, within ``budget.outline_tokens``:
+    above in front of the prefix window, below after the suffix window. With
+    a lead, read only up to the anchor so typing keeps them."""
     prefix, head, suffix = place.prefix, lead.head, place.suffix
     outline_tokens = budget.outline_tokens
     cut = head[: len(head) - len(windows.head_text)]
@@ -367,11 +323,9 @@ def add_outlines(tokenizer: Any, place: Place, lead: Lead, windows: Windows, bud
 
 def heal_end(tokenizer: Any, lead: Lead, prefix_ids: list[int], prefix_text: str, can_heal: bool,
              encode: Callable[[str], list[int]]) -> Healed:
-    """Token healing (:mod:`soldaemon.runtime.decode.healing`): the prompt's
-    last tokens (:func:`heal_tokens`) left out, their text the start the
-    generation must have. A lead ending in indentation (a blank cursor line)
-    keeps its blanks but the last, tokenized as the code after them would
-    be, and heals that one."""
+    """The prompt's last tokens (:func:`heal_tokens`) left out, their text
+    the start the generation must have; a lead ending in indentation heals
+    only its last blank."""
     if not can_heal:
         return Healed("", prefix_ids, lead.ids, 0)
     blank_end = lead.text[lead.text.rfind("\n") + 1:]
@@ -387,10 +341,8 @@ def heal_end(tokenizer: Any, lead: Lead, prefix_ids: list[int], prefix_text: str
 
 def lay_out(template: FimTemplate, tokenizer: Any, place: Place, context: Context, healed: Healed,
             suffix_ids: list[int], order: FimOrder) -> list[int]:
-    """The ids in the family's layout (:func:`build_prompt`). The file's own
-    path alone, without other files, is left out: measured on the embedded
-    model, ``<|file_sep|>path`` in front of a lone file turned right answers
-    wrong (docs/quality.md)."""
+    """The ids in the family's layout (:func:`build_prompt`); the file's path
+    alone, without other files, is left out (docs/quality.md)."""
     if template.has_repo_tokens and (context.chunks or place.repo_name is not None):
         return build_prompt(template, healed.prefix_ids, suffix_ids, context.chunks, current_path=place.current_path,
                             repo_name=place.repo_name, tokenizer=tokenizer, order=order, lead_ids=healed.lead_ids)

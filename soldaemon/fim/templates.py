@@ -25,27 +25,17 @@ SUPPORTED_FAMILIES: tuple[Family, ...] = (
 
 @dataclass(frozen=True)
 class FimTemplate:
-    """The FIM control tokens of one tokenizer.
-
-    ``stop_ids`` are all the family's end tokens that exist in this vocabulary
-    plus the tokenizer's eos: generation stops when one is sampled (it is never
-    shown). ``bos_id`` is set only for families that expect a bos in front of a
-    FIM prompt (DeepSeek-Coder, CodeLlama) and only when the tokenizer has one.
-    ``repo_name_id``/``file_sep_id`` are set for families with repository-level
-    tokens (Qwen2.5-Coder, StarCoder2). ``dummy_prefix`` is True when the
-    tokenizer puts a word-boundary marker (SentencePiece ``▁``) in front of
-    every text it encodes; :func:`make_prompt` compensates for it.
-    """
+    """The FIM control tokens of one tokenizer."""
 
     family: Family
     prefix_id: int
     suffix_id: int
     middle_id: int
-    stop_ids: frozenset[int]
-    repo_name_id: int | None = None
+    stop_ids: frozenset[int]              # the family's end tokens and eos: sampled, never shown
+    repo_name_id: int | None = None       # repository-level tokens (Qwen2.5-Coder, StarCoder2)
     file_sep_id: int | None = None
-    bos_id: int | None = None
-    dummy_prefix: bool = False
+    bos_id: int | None = None             # families that want a bos (DeepSeek-Coder, CodeLlama)
+    dummy_prefix: bool = False            # encoding puts SentencePiece's ``▁`` in front of every text
 
     @property
     def has_repo_tokens(self) -> bool:
@@ -134,13 +124,9 @@ def _tokenizer_name(tokenizer: Any) -> str:
 
 
 def detect_template(tokenizer: PreTrainedTokenizerBase) -> FimTemplate:
-    """Find the FIM family of ``tokenizer`` from its vocabulary.
-
-    A family matches when its prefix, suffix and middle tokens all exist in the
-    vocabulary (added tokens included). Families are tried in the order of
-    :data:`SUPPORTED_FAMILIES`. Raises :class:`~soldaemon.errors.NoFimTokens`
-    when none matches.
-    """
+    """The first family of :data:`SUPPORTED_FAMILIES` whose prefix, suffix
+    and middle tokens are all in ``tokenizer``'s vocabulary; raises
+    :class:`~soldaemon.errors.NoFimTokens` when none is."""
     vocab: dict[str, int] = dict(tokenizer.get_vocab())
     for spec in _FAMILIES:
         pre = _lookup(vocab, spec.prefix)

@@ -12,17 +12,14 @@ if TYPE_CHECKING:
 
 
 def split_lines(text: str) -> list[str]:
-    """Lines of ``text`` split on "\\n" only, each keeping its "\\n"; the last
-    element is the text after the last newline (possibly empty)."""
+    """Lines of ``text`` keeping their "\\n"; the last is the (maybe empty) rest."""
     parts = text.split("\n")
     return [p + "\n" for p in parts[:-1]] + [parts[-1]]
 
 
 def count_tokens(tokenizer: Any, texts: Sequence[str]) -> list[int]:
-    """Estimated token counts of ``texts`` (special tokens may or may not be
-    parsed; it does not matter for a budget estimate). Uses the Rust backend
-    directly when there is one, one text at a time: ``encode_batch``'s thread
-    pool costs more than it saves on the few cores a laptop spares."""
+    """Estimated token counts of ``texts``, one at a time through the Rust
+    backend where there is one (``encode_batch``'s threads cost more)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and hasattr(backend, "encode"):
         return [len(backend.encode(t, add_special_tokens=False).ids) if t else 0 for t in texts]
@@ -40,15 +37,9 @@ _BATCH = 8  # chunks counted per tokenizer call
 
 
 def _tail_fit(tokenizer: Any, lines: list[str], max_tokens: int, grain: int) -> int | None:
-    """Where to cut so that lines[cut:] is estimated to fit in ``max_tokens``:
-    the smallest multiple of ``grain`` that fits if one does (at most the
-    index of the last line), else the smallest fitting line index after the
-    last grid line, else None (not even the last line fits).
-
-    Counts whole grid chunks (walking back from the end until the budget is
-    spent, 1, 2, 4, then ``_BATCH`` chunks per tokenizer call), then single lines
-    of the last chunk only when no grid line fits.
-    """
+    """The smallest multiple of ``grain`` where ``lines[cut:]`` is estimated
+    to fit ``max_tokens``, else the smallest fitting line after the last grid
+    line, else None."""
     last = len(lines) - 1
     starts = list(range(0, last + 1, grain))
     total = 0
@@ -86,8 +77,7 @@ def _tail_fit(tokenizer: Any, lines: list[str], max_tokens: int, grain: int) -> 
 
 
 def _head_fit(tokenizer: Any, lines: list[str], max_tokens: int, grain: int) -> int:
-    """The largest k such that lines[:k] is estimated to fit: whole chunks of
-    ``grain`` lines first, then single lines of the chunk that overflows."""
+    """The largest k such that ``lines[:k]`` is estimated to fit."""
     total = 0
     pos = 0
     batch = 1
@@ -112,10 +102,8 @@ def _head_fit(tokenizer: Any, lines: list[str], max_tokens: int, grain: int) -> 
 
 
 def _effective_grain(grain_lines: int, max_tokens: int) -> int:
-    """``grain_lines``, lowered for small budgets to ``max_tokens // 64`` (at
-    least 1): with about 8 tokens a line, stability then costs at most about
-    an eighth of the budget. Depends on the budget only, so it is as stable
-    as the grid itself."""
+    """``grain_lines``, lowered to ``max_tokens // 64`` for small budgets so
+    stability costs at most about an eighth of the budget."""
     return max(1, min(grain_lines, max_tokens // 64))
 
 
@@ -126,8 +114,7 @@ def fit_prefix(
     grain_lines: int,
     encode: Callable[[str], list[int]],
 ) -> tuple[str, list[int]]:
-    """``(text, encode(text))``: :func:`window_prefix` with the ids, through
-    ``encode`` (verified to fit)."""
+    """:func:`window_prefix` and its ids through ``encode`` (verified to fit)."""
     if max_tokens <= 0 or not prefix:
         return "", encode("")
     grain = _effective_grain(grain_lines, max_tokens)
@@ -142,7 +129,7 @@ def fit_prefix(
                 return text, ids
             nxt = -(-(cut + 1) // grain) * grain
             cut = nxt if nxt <= last else cut + 1
-    # Not even the cursor line fits: keep the tail of it, cut inside the line.
+    # not even the cursor line fits: cut inside it
     line = lines[last]
     offs = _offsets(tokenizer, line)
     k = max(0, len(offs) - max_tokens)
@@ -163,21 +150,12 @@ def window_prefix(
     *,
     grain_lines: int = 16,
 ) -> str:
-    """The end of ``prefix`` that fits in ``max_tokens`` tokens.
+    """The end of ``prefix`` (the file's start) that fits ``max_tokens``.
 
-    The cut is at a line start whose index (counted from the start of
-    ``prefix``, which is the start of the file) is a multiple of
-    ``grain_lines``: the earliest such line whose tail fits. Typing on the last
-    line therefore keeps the cut where it is until the budget forces it one
-    grain further (and the KV cache of the window stays valid). For small
-    budgets the grain is lowered to ``max_tokens // 64`` lines (at least 1) so
-    that stability costs at most about an eighth of the budget. If no grid
-    line lies between the fitting line and the cursor line, the earliest
-    fitting line is used (then a new line may move the cut); if not even the
-    cursor line fits, the cut falls inside it, at a token boundary. The result
-    is checked by tokenizing it whole: ``len(encode_text(result)) <=
-    max_tokens``. Returns the whole prefix when it fits, "" when
-    ``max_tokens <= 0``.
+    The cut is at the earliest line whose index is a multiple of
+    ``grain_lines`` and whose tail fits, so typing on the last line keeps it
+    until the budget forces it a grain further; with no such line, the
+    earliest fitting line, or a token boundary inside the cursor line.
     """
     text, _ = fit_prefix(
         prefix, tokenizer, max_tokens, grain_lines, lambda t: encode_text(tokenizer, t)
@@ -191,8 +169,7 @@ def fit_suffix(
     max_tokens: int,
     encode: Callable[[str], list[int]],
 ) -> tuple[str, list[int]]:
-    """``(text, encode(text))``: :func:`window_suffix` with the ids, through
-    ``encode`` (verified to fit)."""
+    """:func:`window_suffix` and its ids through ``encode`` (verified to fit)."""
     if max_tokens <= 0 or not suffix:
         return "", encode("")
     lines = split_lines(suffix)
@@ -205,7 +182,7 @@ def fit_suffix(
         if len(ids) <= max_tokens:
             return text, ids
         k -= 1
-    # Not even the first line fits: cut inside it at a token boundary.
+    # not even the first line fits: cut inside it
     line = lines[0]
     offs = _offsets(tokenizer, line)
     n = min(len(offs), max_tokens)
@@ -219,19 +196,15 @@ def fit_suffix(
 
 
 def window_suffix(suffix: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> str:
-    """The start of ``suffix`` that fits in ``max_tokens`` tokens, cut at a line
-    end (the kept lines keep their newlines). If the first line alone does not
-    fit, it is cut at a token boundary. ``len(encode_text(result)) <=
-    max_tokens`` always holds."""
+    """The start of ``suffix`` that fits ``max_tokens``, cut at a line end (or
+    a token boundary inside a first line that does not fit)."""
     text, _ = fit_suffix(suffix, tokenizer, max_tokens, lambda t: encode_text(tokenizer, t))
     return text
 
 
 class WindowMemo:
-    """The last few prefix and suffix windows :func:`make_prompt` computed,
-    by their inputs (the text, the budget, the tokenizer): an object the
-    caller owns (an engine keeps one), never module state. At most
-    ``size`` entries, least recently used dropped."""
+    """The last ``size`` windows :func:`make_prompt` computed, by their
+    inputs, least recently used dropped; owned by the caller."""
 
     def __init__(self, size: int = 8) -> None:
         self.size = size

@@ -1,34 +1,10 @@
-"""A block answer chosen among several: the greedy one and sampled ones,
-ranked by the model's own confidence (``completion.candidates``).
-
-Greedy decoding commits to the likeliest token at every step; taken whole,
-another answer may be one the model is surer of. For a greedy single
-multi-line answer with ``completion.candidates`` = N > 1 (local backend),
-after the greedy answer is done:
-
-* N - 1 more answers are sampled (temperature :data:`SAMPLE_TEMPERATURE`,
-  seeds :data:`SAMPLE_SEED` + 1 ... N - 1: the same request gets the same
-  answer), each under the same stop check and end rules as the greedy one,
-  on the same cached prompt;
-* each answer is scored by the mean log-probability per token of what it
-  shows (:func:`confidence`; tokens a cut rule dropped do not count);
-* the surest is shown, the greedy one on a tie.
-
-The greedy answer streams as it is decoded (its first line at single-line
-speed); the shown answer may differ from it once all are done. A cancel or
-the budget stops the sampling and the greedy answer stands. Each sample
-costs a decode. It drafts along the greedy
-answer's tokens (:class:`soldaemon.policy.draft.AlongReference`: a sample
-at a low temperature follows it most of the way) and verifies a draft by
-drawing row by row as a step would
-(:meth:`soldaemon.runtime.decode.sampling.TopP.accept`): the sample is the
-one a decode without drafts draws from the same seed, sooner. The
-candidates' scores are the log-probabilities kept as they decode
-(``Generation.logp``, :mod:`soldaemon.pipeline.sources`); a model part that keeps none scores with one
-forward (:meth:`Scorer.score`). Measured in docs/quality.md ("Block
-candidates", 2026-12-04 and 2026-12-05).
-
-Nothing here imports torch: the model part scores (:class:`Scorer`).
+"""A block answer chosen among several (``completion.candidates`` = N > 1,
+local backend): after the greedy answer, N - 1 samples (seeded: the same
+request gets the same answers, drafted along the greedy tokens), each under
+the same ending; the one whose shown tokens have the highest mean
+log-probability (:func:`confidence`) is shown, the greedy one on a tie. A
+cancel or the budget leaves the greedy answer. docs/quality.md ("Block
+candidates"). No torch here: the model part scores (:class:`Scorer`).
 """
 
 from __future__ import annotations
@@ -60,12 +36,10 @@ class Decoded:
 
 
 class Scorer(Protocol):
-    """What a model part supplies to sample and rank candidates (the local
-    one does)."""
+    """What a model part supplies to sample and rank candidates."""
 
     def texts(self, prompt: FimPrompt) -> Callable[[Sequence[int]], str]:
-        """The text of tokens generated after ``prompt``, as an answer has it
-        (token healing's re-written prompt text left out)."""
+        """The text of tokens generated after ``prompt``, as an answer has it."""
 
     def score(self, req: CompletionRequest, prompt: FimPrompt, ids: Sequence[int]) -> Scores:
         """The scores of ``ids`` generated after ``prompt``."""
@@ -83,10 +57,8 @@ def sampled(req: CompletionRequest, candidate: int) -> CompletionRequest:
 
 
 def shown_tokens(text: Callable[[Sequence[int]], str], ids: Sequence[int], shown: str) -> int:
-    """How many of ``ids`` the shown answer ``shown`` is made of: the
-    longest run of them whose text, leading and trailing white space aside,
-    is no longer than ``shown``'s (post-processing may re-indent the first
-    line and cuts at the end; the white space before a cut line counts)."""
+    """How many of ``ids`` the shown answer is made of: the longest run whose
+    text, white space around aside, is no longer than ``shown``."""
     body = shown.strip()
     if not body:
         return 0

@@ -1,8 +1,5 @@
-"""The prompt stage of the completion pipeline: the request's window,
-context and lead anchor, tokenized and templated
-(:func:`build_fim_prompt`), the same for every engine. Nothing here imports
-torch.
-"""
+"""The prompt stage of the completion pipeline, the same for every engine
+(:func:`build_fim_prompt`). No torch here."""
 
 from __future__ import annotations
 
@@ -27,23 +24,15 @@ def path_of(uri: str) -> str | None:
 
 
 def context_selector(model: ModelConfig) -> ContextSelector:
-    """The engine's context chooser: snippets of the request's chunks by
-    relevance to the cursor (soldaemon/pipeline/relevance.py)."""
+    """The engine's chooser of context snippets by relevance to the cursor."""
     return ContextSelector(max_chars=4 * model.max_context_tokens)  # ~4 characters a token in code
 
 
 class LeadAnchors:
-    """Where the middle of each document's prompt starts (``model.fim_anchor:
-    sticky``; :attr:`soldaemon.fim.Place.lead_from`).
-
-    The anchor is where the user began typing on a line (after its
-    indentation, :func:`soldaemon.fim.line_anchor`): it stays put while
-    the text before it and the whole suffix are unchanged and the lead
-    spans at most :data:`MAX_LEAD_LINES` lines and
-    :data:`MAX_LEAD_CHARS` characters, so a run of typing -- Enter
-    included -- only ever appends to the prompt. Otherwise it moves to the
-    cursor line's. One entry per document, the newest
-    :data:`MAX_ANCHORS` kept."""
+    """Where each document's middle starts under ``model.fim_anchor: sticky``:
+    where typing began on a line, kept while the text before it and the
+    suffix are unchanged and the lead within :data:`MAX_LEAD_LINES` and
+    :data:`MAX_LEAD_CHARS`, else the cursor line's :func:`line_anchor`."""
 
     def __init__(self) -> None:
         self._anchors: dict[str, tuple[str, str]] = {}   # uri → (text before the anchor, suffix)
@@ -79,20 +68,13 @@ def build_fim_prompt(template: FimTemplate, tokenizer: Any, model: ModelConfig, 
                      n_ctx: int, *, heal: bool = False, selector: ContextSelector | None = None,
                      anchors: LeadAnchors | None = None,
                      memo: WindowMemo | None = None) -> tuple[FimPrompt, float]:
-    """Window, tokenize and template ``req`` (``model``'s budgets and FIM
-    order, outline budget) with :func:`soldaemon.fim.make_prompt`; ``heal``: token healing (a local engine only: it
-    needs to constrain the first token); ``selector``: context chosen by
-    relevance to the cursor, else the
-    request's chunks in order; ``anchors``: the per-document anchors of
-    ``model.fim_anchor: sticky`` (see :class:`LeadAnchors`); the anchor
-    applies only with ``heal`` (else the middle starts at the cursor);
-    ``memo``: recent windows (:class:`soldaemon.fim.WindowMemo`). Returns (prompt, ms). Raises :class:`BadRequest` when
-    the prompt plus ``max_tokens`` does not fit ``n_ctx`` tokens."""
+    """``(prompt, ms)``: ``req`` windowed, tokenized and templated under
+    ``model``; ``heal``: token healing (a local engine; the lead anchor needs
+    it), ``selector``: context by relevance (else the chunks in order).
+    Raises :class:`BadRequest` when prompt plus ``max_tokens`` exceeds ``n_ctx``."""
     t0 = time.perf_counter_ns()
     context = req.context
-    # The anchored layout needs token healing: the typed line ends mid-word
-    # inside the middle (without healing llama.cpp matched the typed rest of
-    # the line on 8/88 keystrokes instead of 13/88, docs/bench.md).
+    # the typed line ends mid-word inside the middle: only healing makes that work (docs/bench.md)
     start = lead_from(model, req, anchors) if heal else None
     windows = model.windows()
     lead = lead_reserve(windows.prefix) if start is not None else 0

@@ -1,39 +1,15 @@
-"""Which context from other files goes into the prompt: snippets chosen by
-relevance to the cursor.
+"""Which context from other files goes into the prompt: the request's chunks
+cut into snippets (top-level definitions, else blocks of lines), of which only
+those that define a name the code near the cursor uses and the current file
+does not define are kept (docs/quality.md: anything looser made answers worse).
 
-A request's ``context`` chunks (the LSP server sends recently opened files
-and the spots of recent edits; an API client may send whole files) are cut
-into snippets — top-level definitions where the language has them, else
-blocks of lines — and a snippet goes into the prompt only when it **defines
-a name that the code around the cursor uses and the current file does not
-define** (a function called from another module, an imported class): that
-is what the model cannot guess. Among those:
-
-- **symbols near the cursor**: identifiers of the lines before the cursor's
-  line and of the first lines after it, weighted by how rare they are in
-  the candidates (``self`` or ``i`` say little, ``_scan_once`` a lot); the
-  names a snippet defines count three times, names it only mentions once,
-  over a size penalty so one definition beats a file that mentions
-  everything;
-- **imports**: names imported from elsewhere count as used; a chunk whose
-  file is a module the current file imports (by its stem: ``from .scanner
-  import x`` → ``scanner.py``) gets a bonus;
-- **recent edits**: the client's order (most recent first) breaks ties.
-
-Why so strict: measured on the embedded 0.5B model (docs/quality.md), other
-files' code chosen by shared names alone, or sent as is, made completions
-worse on holes that did not need it (31 → 19 and 25 % exact on 16 holes)
-and tripled the cold prompt.
-
-The snippets are packed best first into the context budget (``fim.make_prompt``
-spends it in order).
-
-The prompt's context sits in front of the prefix, so a change of the chosen
-snippets costs a recompute of the whole prompt. Three things keep the choice
-stable while the user types: the query leaves out the cursor's own line,
-the snippets keep the order the candidates came in (not the score order)
-once chosen, and a :class:`ContextSelector` keeps the previous choice for a
-document unless a new one scores clearly higher (``stickiness``).
+Scores weigh the names near the cursor by rarity (a name defined counts three
+times one mentioned, over a size penalty), imported names and modules, and
+the client's recency on ties. The choice stays stable while the user types
+(the context sits before the prefix, in the KV cache): the query leaves out
+the cursor's line, chosen snippets keep the candidates' order, and a
+:class:`ContextSelector` keeps the previous choice unless a new one is
+clearly better.
 """
 
 from __future__ import annotations
@@ -119,9 +95,8 @@ def imports_of(prefix: str) -> tuple[set[str], set[str]]:
 
 
 def split_snippets(text: str) -> list[tuple[int, str]]:
-    """(first line, text) blocks of ``text``: a new block at each top-level
-    definition (a line at column 0 opening a def/class/function/…), blocks
-    of at most :data:`SNIPPET_LINES` lines, tiny ones merged forward."""
+    """(first line, text) blocks of ``text``, one per top-level definition, at
+    most :data:`SNIPPET_LINES` lines, tiny ones merged forward."""
     lines = text.splitlines(keepends=True)
     starts = [0] + [i for i, ln in enumerate(lines) if i > 0 and _TOP.match(ln)
                     and not (i > 0 and lines[i - 1].startswith("@"))]
@@ -142,9 +117,8 @@ _ANY_ASSIGN = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?::[^=]*)?=(?!=)")
 
 
 def _defined(text: str, assign: re.Pattern[str] = _ASSIGN) -> set[str]:
-    """Names ``text`` defines: defs and classes at any depth, assignments
-    matching ``assign`` (default: at the top level; :data:`_ANY_ASSIGN`:
-    at any depth, what the current file explains itself)."""
+    """Names ``text`` defines: defs and classes, and assignments ``assign``
+    matches (top-level by default)."""
     out: set[str] = set()
     for line in text.splitlines():
         m = _DEF.match(line) or assign.match(line)
@@ -155,25 +129,21 @@ def _defined(text: str, assign: re.Pattern[str] = _ASSIGN) -> set[str]:
 
 @functools.lru_cache(maxsize=256)
 def _analysed(text: str) -> tuple[tuple[int, str, frozenset[str], frozenset[str]], ...]:
-    """:func:`split_snippets` with each snippet's identifiers and definitions,
-    cached: the same open files come with every keystroke."""
+    """:func:`split_snippets` with identifiers and definitions, cached per text."""
     return tuple((line, snippet, frozenset(identifiers(snippet)), frozenset(_defined(snippet)))
                  for line, snippet in split_snippets(text))
 
 
 def rank(prefix: str, suffix: str, chunks: Sequence[ContextChunk], *,
          exclude_uri: str | None = None) -> list[Snippet]:
-    """Every snippet of ``chunks`` with its score, best first (see the module
-    doc). Chunks of ``exclude_uri`` (the document being completed) are
-    skipped: its prefix and suffix are already in the prompt."""
+    """Every snippet of ``chunks`` but ``exclude_uri``'s, scored, best first."""
     before = prefix.rsplit("\n", 1)[0] if "\n" in prefix else ""
     near = "\n".join(before.split("\n")[-QUERY_LINES_BEFORE:]) + "\n" + "\n".join(
         suffix.split("\n")[1:QUERY_LINES_AFTER + 1])
     query = Counter(identifiers(near))
     stems, imported = imports_of(prefix)
     local = _defined(prefix + suffix, _ANY_ASSIGN)
-    # names the code near the cursor uses but this file does not define:
-    # what another file's definition can explain
+    # what the code near the cursor uses and this file does not define
     wanted = {w for w in query if w not in local}
     wanted_imports = {w for w in imported if w not in local}
     snippets: list[tuple[int, int, str, str, frozenset[str], frozenset[str]]] = []
@@ -210,9 +180,7 @@ def rank(prefix: str, suffix: str, chunks: Sequence[ContextChunk], *,
 
 
 def choose(snippets: Sequence[Snippet], max_chars: int) -> list[Snippet]:
-    """The best snippets within ``max_chars`` (a cheap stand-in for the token
-    budget that ``make_prompt`` enforces exactly), best first; only
-    snippets that define a name the cursor's code uses (``relevant``)."""
+    """The best ``relevant`` snippets within ``max_chars``, best first."""
     chosen: list[Snippet] = []
     total = 0
     for s in snippets:
@@ -226,8 +194,7 @@ def choose(snippets: Sequence[Snippet], max_chars: int) -> list[Snippet]:
 
 
 def pack(chosen: Sequence[Snippet]) -> list[ContextChunk]:
-    """``chosen`` laid out in candidate order, one chunk per file with its
-    snippets in file order."""
+    """``chosen`` in candidate order, one chunk per file, snippets in file order."""
     files: OrderedDict[str, list[str]] = OrderedDict()
     for s in sorted(chosen, key=lambda s: (s.order, s.line)):
         files.setdefault(s.uri, []).append(s.text if s.text.endswith("\n") else s.text + "\n")
@@ -235,11 +202,9 @@ def pack(chosen: Sequence[Snippet]) -> list[ContextChunk]:
 
 
 class ContextSelector:
-    """:func:`rank`, :func:`choose` and :func:`pack` with a memory per
-    document: the previous choice is kept while all its snippets are still
-    among the candidates, unchanged, and it scores at least ``1 /
-    stickiness`` of the new best choice — so typing within one function
-    does not reshuffle the prompt's head (and its KV cache)."""
+    """:func:`rank`, :func:`choose` and :func:`pack`, keeping a document's
+    previous choice while its snippets are all still there and it scores at
+    least ``1 / stickiness`` of the new best."""
 
     def __init__(self, max_chars: int = 4096, stickiness: float = 1.5, max_docs: int = 64) -> None:
         self.max_chars = max_chars

@@ -1,20 +1,9 @@
-"""Whether cuDNN may serve attention on a CUDA device: chosen from timings
-measured when the model loads, not fixed. Pure policy: no torch here (the
-measuring is :func:`soldaemon.runtime.forward.layer.plan_attention`), so it
-is tested over recorded tables.
-
-Why measure: cuDNN builds an execution plan for every new shape of a
-masked attention call. On the first device run (H200, torch 2.11, session
-26) that planning cost several hundred milliseconds per new prompt length
-(eager cold TTFT 0.99-1.31 s on some prompts against 72-84 ms on others),
-and a daemon meets a new prompt length at nearly every keystroke. Where
-planning is cheap, or cuDNN's kernels are faster once planned, the other
-answer is right; a driver, cuDNN or torch version may move it.
-
-What a keystroke costs with an option: its attention meets one new shape
-(planned once, then every layer reuses the plan), so
-``cold + (layers - 1) * warm``, each the median of the shapes measured.
-cuDNN stays in SDPA's order only when that is lower with it than without.
+"""Whether cuDNN may serve attention on a CUDA device, chosen from timings
+measured when the model loads (:func:`soldaemon.runtime.forward.layer.plan_attention`):
+cuDNN plans every new shape of a masked attention call, which can cost
+hundreds of ms per new prompt length, and a daemon meets one at nearly every
+keystroke (docs/gpu.md). A keystroke costs ``cold + (layers - 1) * warm``
+(medians); cuDNN stays only when that is lower with it. No torch here.
 """
 
 from __future__ import annotations
@@ -25,8 +14,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class AttentionTimings:
-    """One option's measured calls, ms: the first call of each new shape
-    (``cold``) and a second call of the same shape (``warm``)."""
+    """One option's measured calls, ms: a new shape's first (``cold``) and second (``warm``)."""
 
     cold_ms: tuple[float, ...]
     warm_ms: tuple[float, ...]

@@ -1,9 +1,5 @@
-"""When memory is short: the memory scheduler's rules, as plain functions.
-
-The scheduler (:mod:`soldaemon.runtime.memory.scheduler`) reads free memory and the
-clock; these decide what it does with the numbers. ``below`` values are
-config MemoryBudgets (anything with ``resolve_bytes(total)``).
-"""
+"""The memory scheduler's rules as plain functions over the free memory and
+the clock it reads (:mod:`soldaemon.runtime.memory.scheduler`)."""
 
 from __future__ import annotations
 
@@ -11,39 +7,33 @@ from typing import Any, Protocol
 
 
 class Threshold(Protocol):
-    """A byte threshold given as MB or a fraction of a total (config's
-    MemoryBudget)."""
+    """A byte threshold as MB or a fraction of a total (config's MemoryBudget)."""
 
     def resolve_bytes(self, total: int) -> float: ...
 
 
 def kv_memory_short(free: int, total: int, below: Threshold) -> bool:
-    """Whether parked KV should be quantized: ``free`` bytes under
-    ``below`` (a config MemoryBudget: MB or a fraction of ``total``)."""
+    """Whether parked KV should be quantized: ``free`` bytes under ``below``."""
     return free < below.resolve_bytes(total)
 
 
 def kv_folding_free_below(sol: Any, *, records_queries: bool) -> Threshold | None:
-    """The free-memory threshold under which parked sessions are quantized,
-    or None when the scheduler does not manage folding: folding is off
-    (``kv_folding_entropy_threshold`` 0) or the backend cannot record the
-    queries blocks are scored by (a parked session is then only trimmed)."""
+    """The free-memory threshold under which parked sessions are quantized;
+    None when folding is off or the backend records no queries to score by."""
     if float(getattr(sol, "kv_folding_entropy_threshold", 0.0)) > 0 and records_queries:
         return getattr(sol, "kv_folding_free_below", None)
     return None
 
 
 def idle_release_on(device_type: str, asked: bool | None) -> bool:
-    """Whether idle release runs. On a CPU the host and device tiers are the
-    same RAM, so releasing frees nothing: a CUDA feature unless asked."""
+    """Whether idle release runs: on CUDA unless asked otherwise (on a CPU it frees nothing)."""
     return (device_type == "cuda") if asked is None else asked
 
 
 def idle_release_due(now: float, last_active: float, idle_release_s: float, *, released: bool,
                      pins: int) -> bool:
-    """Whether to release device memory now (times in s, one clock): not
-    when disabled (``idle_release_s`` <= 0), already released, pinned by a
-    ``priority: high`` request, or active within ``idle_release_s``."""
+    """Whether to release device memory now: enabled, not released, not
+    pinned, idle for ``idle_release_s`` (s)."""
     return not (idle_release_s <= 0 or released or pins or now - last_active < idle_release_s)
 
 
@@ -58,10 +48,8 @@ ROW_COPY_MARGIN = 1 << 30     # free RAM left beside the blocked copy (KV caches
 
 def blocked_copy_allowed(asked: bool, budget_set: bool, available: int, copy_bytes: int,
                          margin: int = ROW_COPY_MARGIN) -> tuple[bool, str]:
-    """Whether the kernel plan may keep a blocked second copy of the weights
-    (``model.blocked_copy``), and why: asked for, no ``sol.memory_budget``
-    (a budget means memory is what the user is short of), and ``available``
-    bytes hold the copy with ``margin`` to spare."""
+    """Whether the kernel plan may keep a blocked second copy of the weights,
+    and why: asked for, no ``sol.memory_budget``, and room with ``margin``."""
     if not asked:
         return False, "model.blocked_copy: false"
     if budget_set:

@@ -1,30 +1,14 @@
-"""Which documents may be sent as model input: the secret-file rule.
+"""Which documents may be sent as model input: the secret-file rule, one for
+every place text leaves an editor or the machine (sol-lsp, the remote backend).
 
-One rule for every place text leaves an editor or the machine — sol-lsp's
-context and completions (:mod:`lsp.context`, :mod:`lsp.completer`) and the
-daemon's remote backend (:mod:`soldaemon.remote`): a document whose path
-matches a secret pattern is never sent, and with workspace folders known, a
-document outside all of them is not sent either.
-
-Patterns are shell-style globs matched against every path component and
-against the whole path (``fnmatch``, case-insensitive), so ``.env*`` matches
-``/home/me/app/.env.local`` and ``.ssh`` any file under ``~/.ssh/``. A
-backup suffix (``~``, ``.bak``, ``.orig``, ``.old``, ``.swp``) is stripped
-before the match, so ``.env~`` is ``.env``. The include globs of a
-:class:`ContextPolicy` let through what the defaults would refuse
-(``!.env.example`` style, written without the ``!``); its exclude globs
-refuse more.
-
-Every URI scheme is judged: ``file:`` by its real path (symlinks resolved,
-so a project file linking to ``~/.aws/credentials`` is that file), the
-remote schemes of :data:`PATH_SCHEMES` (``vscode-remote:``, notebook cells,
-…) by their path, ``untitled:`` as a buffer not on disk, and any other
-scheme is refused. The text itself is checked too: :func:`redact`
-(:mod:`soldaemon.privacy.scan`) replaces private keys and token-shaped
-secrets before a text leaves.
-
-Contract: :func:`uri_path` and :meth:`ContextPolicy.allows` never raise;
-a URI of an unknown scheme (``git:``, ``output:``, …) is refused.
+A document whose path (or real path, links resolved) matches a secret pattern
+is never sent, nor, with workspace folders known, one outside them. Patterns
+are case-insensitive globs over every path component and the whole path, a
+backup suffix stripped first (``.env~`` is ``.env``); a :class:`ContextPolicy`
+adds include and exclude globs. URIs of :data:`PATH_SCHEMES` are judged by
+their path, ``untitled:`` as a buffer, any other scheme is refused;
+:meth:`ContextPolicy.allows` never raises. Secrets inside the text:
+:mod:`soldaemon.privacy.scan`.
 """
 
 from __future__ import annotations
@@ -44,12 +28,9 @@ from soldaemon.privacy.scan import REDACTED_MARK, Redacted, describe, redact, re
 
 __all__ = ["PATH_SCHEMES", "REDACTED_MARK", "SECRET_PATTERNS", "ContextPolicy", "Redacted", "SecretDocument",
            "describe", "folder_paths", "is_secret_path", "outbound", "redact", "redact_around", "redact_chunks",
-           "redact_request", "uri_path"]
+           "redact_request"]
 
-# Files that hold credentials: dotenv files, keys and certificates, SSH and
-# GPG homes, VCS internals, cloud and package-manager credential stores.
-# SSH keys are named by key type (``id_rsa``, ``id_ed25519.pub``): a bare
-# ``id_*`` would refuse ``id_utils.py``.
+# Files that hold credentials. SSH keys by key type: a bare ``id_*`` would refuse ``id_utils.py``.
 SECRET_PATTERNS: tuple[str, ...] = (
     ".env", ".env.*", "*.env", ".envrc",
     "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore", "*.kdbx", "*.gpg", "*.asc",
@@ -73,8 +54,7 @@ SECRET_PATTERNS: tuple[str, ...] = (
     "wp-config.php", "master.key", "*.pkcs12",
 )
 
-# URI schemes whose path names a file (elsewhere than this machine's disk for
-# the remote ones): the name rule applies to that path.
+# URI schemes whose path names a file (here or remote): the name rule applies to it.
 PATH_SCHEMES: frozenset[str] = frozenset({
     "file", "vscode-remote", "vscode-notebook-cell", "vscode-notebook", "vscode-vfs", "vscode-userdata",
     "vsls", "remote", "ssh", "sftp", "wsl", "zipfile",
@@ -84,32 +64,29 @@ _BACKUP_SUFFIXES = ("~", ".bak", ".orig", ".old", ".swp", ".swo", ".tmp")
 _EDITOR_COPY = re.compile(r"^#(.+)#$|^\.#(.+)$")
 
 
-def uri_path(uri: str) -> str | None:
-    """The POSIX path of a ``file:`` URI, else ``None``."""
-    where = _split(uri)
-    return where.path if where is not None and where.scheme == "file" else None
-
-
 @dataclass(frozen=True)
 class _Where:
-    """A URI of a :data:`PATH_SCHEMES` scheme, split: ``path`` with ``..``
-    folded (for the name rule), ``real`` the file it is on this machine
-    (links resolved *before* ``..`` is folded, as the kernel does: with
-    ``link -> ~/.aws/cli``, ``proj/link/../config`` is ``~/.aws/config``)."""
+    """A URI of a :data:`PATH_SCHEMES` scheme, split."""
 
     scheme: str
     authority: str
-    path: str
+    path: str           # ``..`` folded
     raw: str            # the path as the URI spells it
 
     @property
     def real(self) -> str:
-        return _real(self.scheme, self.raw, self.path)
+        """The file on this machine, links resolved before ``..`` is folded
+        (as the kernel does); a remote file's ``path``."""
+        if self.scheme not in ("file", "vscode-notebook-cell", "vscode-notebook"):
+            return self.path
+        try:
+            return os.path.realpath(self.raw)
+        except (OSError, ValueError):
+            return self.path
 
 
 def _split(uri: str) -> _Where | None:
-    """``uri`` split (:class:`_Where`) when its scheme is in
-    :data:`PATH_SCHEMES`, else ``None``. Never raises."""
+    """``uri`` split when its scheme is in :data:`PATH_SCHEMES`, else None."""
     try:
         parsed = urllib.parse.urlsplit(uri)
     except ValueError:
@@ -122,17 +99,6 @@ def _split(uri: str) -> _Where | None:
         return None
     path = posixpath.normpath(raw)
     return _Where(scheme, parsed.netloc.lower(), path, raw)
-
-
-def _real(scheme: str, raw: str, path: str) -> str:
-    """The real path of a local file (``raw``'s links resolved, then
-    ``..``); a remote file's folded ``path`` as is."""
-    if scheme not in ("file", "vscode-notebook-cell", "vscode-notebook"):
-        return path
-    try:
-        return os.path.realpath(raw)
-    except (OSError, ValueError):
-        return path
 
 
 def _strip_backup(name: str) -> str:
@@ -161,20 +127,17 @@ def _matches(path: str, patterns: Sequence[str]) -> bool:
 
 
 def is_secret_path(path: str, extra: Sequence[str] = ()) -> bool:
-    """True when ``path`` (or a directory above it) matches a secret pattern."""
+    """Whether ``path`` or a directory above it matches a secret pattern."""
     return _matches(path, (*SECRET_PATTERNS, *extra))
 
 
 @dataclass(frozen=True)
 class ContextPolicy:
-    """What may be sent. ``folders`` are the workspace folders' paths
-    (``None``: the editor named none, no containment check; empty: every
-    folder was closed, nothing is inside); ``include`` globs override the
-    secret patterns, ``exclude`` globs add to them."""
+    """What may be sent."""
 
-    folders: tuple[str, ...] | None = None
-    include: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
+    folders: tuple[str, ...] | None = None  # :func:`folder_paths` keys (None: no containment check)
+    include: tuple[str, ...] = ()           # globs that override the secret patterns
+    exclude: tuple[str, ...] = ()           # globs added to them
 
     def refusal(self, uri: str) -> str | None:
         """Why ``uri`` may not be sent, or ``None`` when it may."""
@@ -194,19 +157,18 @@ class ContextPolicy:
         return None
 
     def allows(self, uri: str) -> bool:
-        """May ``uri``'s text be sent as context?"""
+        """Whether ``uri``'s text may be sent as context."""
         return self.refusal(uri) is None
 
     def may_complete(self, uri: str) -> bool:
-        """May the text around a cursor in ``uri`` be sent? As
-        :meth:`allows`, except that a buffer not on disk (``untitled:``)
-        may be completed in (it is never sent as another file's context)."""
+        """Whether the text around a cursor in ``uri`` may be sent: as
+        :meth:`allows`, and an ``untitled:`` buffer may."""
         return uri.lower().startswith("untitled:") or self.allows(uri)
 
 
 def _inside(authority: str, path: str, folder: str) -> bool:
-    """Is ``path`` (on ``authority``: "" for this machine) inside ``folder``,
-    a ``authority|path`` key of :func:`folder_paths` (or a plain path)?"""
+    """Whether ``path`` on ``authority`` is inside ``folder`` (a
+    :func:`folder_paths` key)."""
     where, _, root = folder.rpartition("|")
     if where != authority:
         return False
@@ -214,9 +176,8 @@ def _inside(authority: str, path: str, folder: str) -> bool:
 
 
 def folder_paths(uris: Sequence[str]) -> tuple[str, ...]:
-    """Workspace folder URIs as ``authority|path`` keys (``|/w/proj`` for a
-    local folder, ``ssh-remote+box|/w/proj`` for a remote one; both the path
-    and, for a local folder, its real path). Unknown schemes are dropped."""
+    """Workspace folder URIs as ``authority|path`` keys (``|/w/proj``, a local
+    folder's real path too); unknown schemes dropped."""
     keys: list[str] = []
     for uri in uris:
         where = _split(uri)
@@ -233,36 +194,25 @@ class SecretDocument(BadRequest):
 
 
 def outbound(req: CompletionRequest, *, send_untitled: bool = False) -> CompletionRequest:
-    """``req`` as it may be sent off the machine (the remote backend).
-
-    - Raises :class:`SecretDocument` when the document being completed is a
-      secret file (any scheme, its real path too), a URI of an unknown
-      scheme, or an untitled buffer (unless ``send_untitled``:
-      ``backend.send_untitled``);
-    - drops context chunks of such documents;
-    - redacts secrets in the text (:func:`redact`: private keys, token
-      shapes, high-entropy assignments);
-    - names files by their path inside their project (the nearest directory
-      above holding ``.git``, ``.hg`` or ``.svn``, else the file's own
-      directory), never the absolute path with the user's and project's names.
-
-    The daemon knows no workspace folders, so the folder rule is sol-lsp's."""
+    """``req`` as it may be sent off the machine: context chunks of secret or
+    unknown-scheme documents dropped, secrets in the text redacted, files
+    named by their path inside their project. Raises :class:`SecretDocument`
+    for such a document itself, or an untitled buffer unless ``send_untitled``."""
     why = _outbound_refusal(req.uri, send_untitled)
     if why is not None:
         raise SecretDocument(f"this document {why}; it is not sent to the remote backend",
                              hint="rename it, or complete it with the local backend"
                              + ("" if send_untitled else " (untitled buffers: backend.send_untitled)"))
     context = tuple(chunk for chunk in req.context if _outbound_refusal(chunk.uri, send_untitled) is None)
-    clean, _withheld = _redacted(dataclasses.replace(req, context=context))
+    clean, _withheld = redact_request(dataclasses.replace(req, context=context))
     return dataclasses.replace(clean, uri=_project_relative(req.uri),
                                context=tuple(dataclasses.replace(c, uri=_project_relative(c.uri)) for c in clean.context))
 
 
-def _redacted(req: CompletionRequest) -> tuple[CompletionRequest, tuple[str, ...]]:
-    """``req`` with its secrets redacted, scanned as what is sent: the text
-    before and after the cursor as one text (:func:`redact_around`), each
-    file's context chunks joined (:func:`redact_chunks`); and what was
-    withheld, ``"notes.py: Private Key"``."""
+def redact_request(req: CompletionRequest) -> tuple[CompletionRequest, tuple[str, ...]]:
+    """``req`` with the secrets in its texts replaced, scanned as sent (prefix
+    and suffix as one text, each file's chunks joined), and what was withheld
+    (``"notes.py: Private Key"``); URIs stay."""
     withheld: list[str] = []
     name = _base(req.uri)
     before, after = redact_around(req.prefix, req.suffix, name)
@@ -281,19 +231,9 @@ def _redacted(req: CompletionRequest) -> tuple[CompletionRequest, tuple[str, ...
     return dataclasses.replace(req, prefix=before.text, suffix=after.text, context=context), tuple(withheld)
 
 
-def redact_request(req: CompletionRequest) -> tuple[CompletionRequest, tuple[str, ...]]:
-    """``req`` with the secrets in its prefix, suffix and context texts
-    replaced (scanned as what is sent, see :func:`_redacted`), and what was
-    withheld (``"notes.py: Private Key"``, …). sol-lsp applies it to every
-    request it sends, ``soldaemon complete`` to what it sends a daemon; URIs
-    stay."""
-    return _redacted(req)
-
-
 def _outbound_refusal(uri: str, send_untitled: bool) -> str | None:
     if uri.lower().startswith("untitled:"):
-        # "untitled:" alone is the protocol's default: a client that names no
-        # document (the API, the benchmarks); an editor's buffer has a name
+        # "untitled:" alone: a client that names no document (the API); an editor's buffer has a name
         return None if send_untitled or uri.lower() == "untitled:" else "is an untitled buffer"
     where = _split(uri)
     if where is None:
@@ -311,9 +251,8 @@ _ROOTS: dict[str, str] = {}
 
 
 def _project_relative(uri: str) -> str:
-    """``src/app/main.py`` for ``file:///home/me/proj/src/app/main.py`` in
-    the repository ``/home/me/proj`` (see :func:`outbound`); an untitled URI
-    as is."""
+    """``uri``'s path below the nearest directory holding ``.git``, ``.hg`` or
+    ``.svn`` (else its own directory); an untitled URI as is."""
     where = _split(uri)
     if where is None:
         return uri

@@ -1,39 +1,14 @@
-"""Secrets in the text itself: the content half of the secret rule.
+"""Secrets in the text itself (the file-name half: :mod:`soldaemon.privacy.rules`),
+each replaced with :data:`REDACTED_MARK` so the rest still helps the completion.
 
-:mod:`soldaemon.privacy.rules` refuses files by name; this module looks at the
-text that would be sent and replaces each secret with ``REDACTED_MARK``, so
-the rest of the file still helps the completion. It scans what is sent as
-one text: the text before and after the cursor joined (:func:`redact_around`,
-so a token split at the cursor is one token), a file's context chunks joined
-(:func:`redact_chunks`), and maps what it found back to the pieces. What it
-finds:
-
-- private-key blocks (``-----BEGIN … PRIVATE KEY-----`` through the matching
-  ``END`` line, or to the end of the text when the block is cut off), an
-  ``END`` line without its header with the key body above it, and a key
-  body alone (two or more full-width base64 lines, as PEM writes them);
-- everything the maintained detector `detect-secrets` (Yelp) finds on a line
-  with its default plugins and filters: well-known token shapes (AWS, GitHub,
-  Slack, Stripe, JWT, …), keyword assignments (``password = "…"``) and
-  quoted high-entropy strings. The span it reports is widened to the whole
-  token around it (``ghp`` → the full ``ghp_…`` token);
-- the value of a ``NAME=value`` / ``name: value`` line whose name says it
-  holds a secret (``*_KEY``, ``*_SECRET``, ``*_TOKEN``, ``PASSWORD``,
-  ``api_key``, …), in any file: ``.env`` content under any name;
-- unquoted high-entropy tokens (mixed case and digits, entropy near the
-  most the length allows);
-- at the cursor, a string left open (``TOKEN = "abc…|`` with nothing
-  after): the line is scanned as if the string closed at the cursor.
-
-A line longer than :data:`_MAX_LINE` is scanned in overlapping pieces.
-
-Speed: detect-secrets costs ~0.3–1 ms per line (every plugin's regexes), too
-much for a whole document on every keystroke, so findings are cached per
-line text (:data:`_LINE_CACHE`, bounded): typing re-scans only the edited
-line. Contract: the ``redact*`` functions never raise; without
-detect-secrets installed the rules of this module still run (and
-:data:`DETECTOR` says so). detect-secrets is imported on the first scan,
-not with this module.
+What is sent is scanned as one text (prefix and suffix joined, a file's chunks
+joined) for: private-key blocks and bodies; what detect-secrets' default
+plugins and filters find on a line, widened to the whole token; the value of
+an assignment whose name says it holds a secret (``*_TOKEN = …``); unquoted
+high-entropy tokens; a string left open at the cursor, read as closed there.
+Findings are cached per line text, so typing re-scans only the edited line.
+The ``redact*`` functions never raise; without detect-secrets this module's
+own rules still run (:data:`DETECTOR` says which).
 """
 
 from __future__ import annotations
@@ -55,10 +30,7 @@ _KEY_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----")
 _BODY_LINE = re.compile(r"[A-Za-z0-9+/]{40,100}={0,2}")
 _BODY_TAIL = re.compile(r"[A-Za-z0-9+/]{1,100}={0,2}|(?:Proc-Type|DEK-Info|Comment):.*|")
 _TOKEN_CHARS = re.compile(r"[A-Za-z0-9_\-+/=.~]")
-# NAME=value / name: value whose name says it holds a secret
-# NAME=value / name: value whose name says it holds a secret: an upper-case
-# (environment) name ending in KEY, SECRET, TOKEN, PASSWORD…, or a lower-case
-# name that can mean nothing else (``token`` alone is a model's token in code)
+# NAME=value / name: value whose name says it holds a secret (``token`` alone is a model's token in code)
 _SECRET_NAME = (r"(?P<name>[A-Z][A-Z0-9_.\-]*[_.\-](?:KEY|SECRET|TOKEN|PASSWORD|PASSWD|PASSPHRASE|PASS|PWD"
                 r"|CREDENTIALS?)|PASSWORD|PASSWD|PASSPHRASE|SECRET|TOKEN|APIKEY|API_KEY"
                 r"|(?:[a-z][a-z0-9_.\-]*[_.\-])?(?:password|passwd|passphrase|secret|api[_-]?key|apikey|secret[_-]?key"
@@ -86,8 +58,8 @@ _settings: Any = None       # detect-secrets' default_settings, loaded on first 
 
 
 def _load_detector() -> Any:
-    """detect-secrets' settings context, imported on first use (≈0.2 s:
-    sol-lsp starts without it); ``None`` when it is not installed."""
+    """detect-secrets' settings context, imported on first use; None when
+    it is not installed."""
     global _settings, DETECTOR
     if _settings is None:
         try:
@@ -100,13 +72,8 @@ def _load_detector() -> Any:
 
 
 class _Plugins:
-    """detect-secrets' default plugins and filters, run on one line through
-    their public interfaces (``plugin.analyze_line``, the filter functions
-    of ``get_filters``). Built and used inside ``default_settings()``: no
-    verification filter is configured there, so no plugin calls out to a
-    network service to verify what it found. Its ad hoc ``scan_line`` is
-    not used: it runs the eager search (``'pw'`` as a secret) at ~4 ms a
-    line."""
+    """detect-secrets' default plugins and filters over one line, built inside
+    ``default_settings()`` (no verification filter: nothing goes to a network)."""
 
     def __init__(self) -> None:
         from detect_secrets.settings import get_filters, get_plugins
@@ -119,7 +86,7 @@ class _Plugins:
         self.snippet = get_code_snippet
 
     def _filtered(self, stage: str, **kwargs: Any) -> bool:
-        """A filter that takes ``stage`` (and only what is given) says skip."""
+        """Whether a filter of ``stage`` (given all it takes) says skip."""
         for check in self.filters:
             wants = check.injectable_variables
             if stage in wants and wants <= kwargs.keys():
@@ -146,16 +113,13 @@ class _Plugins:
 
 @dataclass(frozen=True)
 class Redacted:
-    """``text`` with its secrets replaced; ``kinds`` names what was withheld
-    (``"Private Key"``, ``"AWS Access Key"``, …), one entry per span."""
+    """``text`` with its secrets replaced."""
 
     text: str
-    kinds: tuple[str, ...] = ()
+    kinds: tuple[str, ...] = ()     # what was withheld ("Private Key", ...), one per span
 
 
-# --------------------------------------------------------------------------
 # One line
-# --------------------------------------------------------------------------
 
 
 def _widen(text: str, start: int, end: int) -> tuple[int, int]:
@@ -183,10 +147,8 @@ def _mixed(word: str) -> bool:
 
 
 def _looks_random(word: str) -> bool:
-    """Upper case, lower case and digits, a run of 16 letters and digits,
-    and an entropy near the most its length allows: a key, not an
-    identifier (``getUserSettingsForId42``), a model name
-    (``acme/Chat-7B-Instruct``) nor a hex digest."""
+    """Whether ``word`` is a key, not an identifier, a model name or a hex
+    digest: mixed case and digits, a 16-character run, near-maximal entropy."""
     if not _mixed(word):
         return False
     return _ALNUM_RUN.search(word) is not None and _entropy(word) >= 0.85 * math.log2(min(len(word), 64))
@@ -209,8 +171,7 @@ def _own_rules(line: str) -> list[Span]:
 
 
 def _detect(line: str, filename: str, plugins: _Plugins | None) -> list[Span]:
-    """What detect-secrets (``plugins``) and this module's rules find on one
-    line of at most :data:`_MAX_LINE` characters."""
+    """What ``plugins`` and this module's rules find on one line."""
     spans = _own_rules(line)
     if plugins is None or len(line.strip()) < 8:
         return spans
@@ -223,8 +184,7 @@ def _detect(line: str, filename: str, plugins: _Plugins | None) -> list[Span]:
 
 
 def _pieces(line: str) -> Iterator[tuple[int, str]]:
-    """``line`` as ``(offset, piece)``: itself, or overlapping pieces of
-    :data:`_MAX_LINE` characters."""
+    """``line`` as ``(offset, piece)``, in overlapping pieces when over :data:`_MAX_LINE`."""
     if len(line) <= _MAX_LINE:
         yield 0, line
         return
@@ -256,14 +216,11 @@ def _scan_lines(lines: Sequence[str], filename: str) -> list[tuple[Span, ...]]:
     return out
 
 
-# --------------------------------------------------------------------------
 # A whole text
-# --------------------------------------------------------------------------
 
 
 def _key_spans(text: str) -> list[Span]:
-    """Private keys: whole blocks, an ``END`` line with the body above it,
-    a body alone (a window that starts and ends inside a block)."""
+    """Private keys: whole blocks, an ``END`` line with the body above it, a body alone."""
     spans: list[Span] = [(m.start(), m.end(), "Private Key") for m in _KEY_BLOCK.finditer(text)]
 
     def inside(at: int) -> bool:
@@ -296,7 +253,7 @@ def _key_spans(text: str) -> list[Span]:
 
 
 def _open_string(line: str) -> str | None:
-    """The quote of a string ``line`` leaves open at its end, else ``None``."""
+    """The quote of a string ``line`` leaves open, else None."""
     quote: str | None = None
     escaped = False
     for ch in line:
@@ -314,9 +271,8 @@ def _open_string(line: str) -> str | None:
 
 
 def _closed_at_cursor(text: str, cursor: int) -> tuple[int, str] | None:
-    """``(start, line)``: the cursor's line up to the cursor with the string
-    it leaves open closed there (``TOKEN = "abc…|`` → ``TOKEN = "abc…"``),
-    ``start`` its offset in ``text``; ``None`` when no string is open."""
+    """``(start, line)``: the cursor's line up to the cursor with its open
+    string closed there, or None when no string is open."""
     start = text.rfind("\n", 0, cursor) + 1
     before = text[start:cursor]
     quote = _open_string(before)
@@ -363,8 +319,8 @@ def _replace(text: str, spans: Sequence[Span]) -> str:
 
 
 def _split_back(pieces: Sequence[str], sep: str, spans: Sequence[Span]) -> tuple[Redacted, ...]:
-    """The findings ``spans`` of ``sep.join(pieces)`` applied to each piece:
-    a span across two pieces is redacted in both, named in the first."""
+    """``spans`` of ``sep.join(pieces)`` applied to each piece (a span across
+    two is redacted in both, named in the first)."""
     out: list[Redacted] = []
     at = 0
     for piece in pieces:
@@ -385,24 +341,19 @@ def _safely(fallback: int, work: Callable[[], tuple[Redacted, ...]]) -> tuple[Re
 
 
 def redact(text: str, filename: str = "document") -> Redacted:
-    """``text`` with every secret found replaced by :data:`REDACTED_MARK`.
-    ``filename`` (a base name) lets the detector's filters skip lock files
-    and the like."""
+    """``text`` with every secret replaced; ``filename`` (a base name) lets
+    the detector skip lock files and the like."""
     return _safely(1, lambda: _split_back([text], "", _find(text, filename)))[0]
 
 
 def redact_around(prefix: str, suffix: str, filename: str = "document") -> tuple[Redacted, Redacted]:
-    """The text before and after a cursor, scanned as the one text they are
-    (a token split at the cursor is found) with a string open at the cursor
-    read as closed there; what was found, redacted in each."""
+    """The text before and after a cursor, scanned as one text, redacted in each."""
     found = _safely(2, lambda: _split_back([prefix, suffix], "", _find(prefix + suffix, filename, len(prefix))))
     return found[0], found[1]
 
 
 def redact_chunks(texts: Sequence[str], filename: str = "document") -> tuple[Redacted, ...]:
-    """Chunks of one file (context around its edits), scanned joined by
-    newlines, so a key whose header is in one chunk and body in the next is
-    found; what was found, redacted in each."""
+    """Chunks of one file, scanned joined by newlines, redacted in each."""
     return _safely(len(texts), lambda: _split_back(texts, "\n", _find("\n".join(texts), filename)))
 
 

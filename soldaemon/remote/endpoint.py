@@ -4,7 +4,6 @@ its API key, and the back-off over consecutive failures."""
 from __future__ import annotations
 
 import functools
-import ipaddress
 import os
 import ssl
 import threading
@@ -15,19 +14,19 @@ from typing import Callable
 
 import httpx
 
+from soldaemon.discovery import is_loopback_host
 from soldaemon.errors import ConfigError
 
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where the engine listens. ``shown`` is the URL without any
-    ``user:password@`` part: the only form that reaches logs and health."""
+    """Where the engine listens."""
 
     https: bool
     host: str
     port: int
     base: str                      # path prefix up to and including /v1, e.g. "/v1"
-    shown: str
+    shown: str                     # the URL without user:password@, the only form logged
     userinfo: str | None = None    # "user:password" from the URL (sent as Basic auth)
 
     @classmethod
@@ -52,22 +51,10 @@ class Endpoint:
             userinfo = urllib.parse.unquote(parts.username) + ":" + urllib.parse.unquote(parts.password or "")
         return cls(parts.scheme == "https", host, port, base, f"{parts.scheme}://{netloc}{base}", userinfo)
 
-    @property
-    def loopback(self) -> bool:
-        """The host is this machine: ``localhost`` or a loopback address."""
-        name = self.host.lower().rstrip(".")
-        if name == "localhost" or name.endswith(".localhost"):
-            return True
-        try:
-            return ipaddress.ip_address(name).is_loopback
-        except ValueError:
-            return False
-
     def refuse_clear_text(self, allow_insecure: bool) -> None:
         """Raise :class:`ConfigError` for plain ``http://`` to another host
-        (the API key and the prompts would cross the network unencrypted)
-        unless ``allow_insecure`` (``backend.allow_insecure``)."""
-        if not self.https and not self.loopback and not allow_insecure:
+        unless ``allow_insecure``."""
+        if not self.https and not is_loopback_host(self.host) and not allow_insecure:
             raise ConfigError(
                 f"backend.url {self.shown} is plain http:// to another host: the API key and every prompt "
                 "would cross the network in clear text",
@@ -79,12 +66,9 @@ class Endpoint:
 
     @functools.cached_property
     def client(self) -> httpx.Client:
-        """The HTTP client for this engine, made on first use and shared by
-        the requests and the probe (thread-safe). Each request gets a
-        connection of its own (none kept alive), to the URL as written: no
-        proxy or ``.netrc`` from the environment, certificates checked
-        against the system's CA store, bodies not compressed. Timeouts are
-        per request."""
+        """The HTTP client shared by the requests and the probe: no connection
+        kept alive, no proxy or ``.netrc`` from the environment, the system's
+        CA store, no compression."""
         return httpx.Client(
             verify=ssl.create_default_context(),
             trust_env=False,
@@ -94,9 +78,8 @@ class Endpoint:
 
 
 class Backoff:
-    """Exponential back-off over consecutive failures: after failure k
-    (1-based) the engine is not tried for ``first_s * 2**(k-1)`` seconds,
-    at most ``max_s``. A success resets it. Thread-safe."""
+    """Exponential back-off: after failure k the engine rests
+    ``min(max_s, first_s * 2**(k-1))`` seconds; a success resets it."""
 
     def __init__(self, first_s: float, max_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.first_s, self.max_s = first_s, max_s

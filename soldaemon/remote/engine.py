@@ -1,35 +1,15 @@
-"""The remote engine: completions computed by an inference engine elsewhere
-(vLLM, Text Generation Inference, a llama.cpp server) through the
-OpenAI-compatible ``POST /v1/completions`` streaming API, behind the same
-:class:`soldaemon.api.Engine` contract as the local runtime.
+"""The remote engine: completions sampled by an engine elsewhere (vLLM, TGI,
+a llama.cpp server) over the OpenAI-compatible streaming ``/v1/completions``,
+behind the same :class:`soldaemon.api.Engine` contract as the local runtime
+(docs/remote.md). The prompt, type-through, the ending, cancel and timings
+stay in the daemon's :class:`Pipeline`; the engine only samples.
 
-What stays in the daemon (so editors see no difference): request checks, the
-FIM prompt (the model family's template, token budgets, stable windows; see
-:mod:`soldaemon.pipeline`), type-through, the streamed preview's hold-back
-rule, where an answer ends (:mod:`soldaemon.pipeline.ending`: the stop check
-as text streams and the cut at the end), supersede and cancel, timings. The engine only samples.
-
-The prompt goes out as text with the FIM control tokens spelled out
-(``backend.prompt_format: text``, every engine parses them as special tokens)
-or as token ids (``tokens``: vLLM and the native llama.cpp server; the
-llama-cpp-python server takes strings only).
-
-Cancel closes the upstream socket (``shutdown``) within
-:data:`WATCH_INTERVAL_S`, from a watcher thread, so the engine sees the client
-go away and stops generating. The same happens as soon as the ending
-knows the rest would be cut, and when ``budget_ms`` runs out.
-
-Failures become :class:`~soldaemon.errors.SolError` subclasses with
-``retryable`` set: the engine cannot be reached (``remote_unavailable``, also
-while backing off), is too slow (``remote_timeout``), or answers with an HTTP
-error or garbage (``remote_http``, ``remote_bad_response``). Consecutive
-failures back off exponentially (:class:`Backoff`): during the wait requests
-fail at once instead of hammering the engine, or go to the local model when
-``backend.fallback_local`` is set.
-
-Threads: ``complete``/``warm`` run on the daemon's worker thread;
-``diagnosis``/``info`` on the event loop thread, so they only read state and
-never block (the reachability probe runs on its own thread).
+A cancel, the budget or the ending's stop closes the upstream socket (from a
+watcher thread, within :data:`WATCH_INTERVAL_S`). Failures raise retryable
+``remote_*`` errors; consecutive ones back off (:class:`Backoff`), meanwhile
+failing at once or answering from the local model (``backend.fallback_local``).
+``complete``/``warm`` run on the worker thread; ``info``/``diagnosis`` only
+read state, on the event loop thread.
 """
 
 from __future__ import annotations
@@ -39,7 +19,7 @@ import functools
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from soldaemon.api import CancelToken, CompletionRequest, Done, Engine, Event, FinishReason, Timings
@@ -80,14 +60,12 @@ class _Attempt:
     usage: dict[str, Any] | None = None
     first_ns: int = 0
     first_wall_ns: int = 0
-    closed_by: str | None = field(default=None)   # "cancel" | "budget" | "stop"
+    closed_by: str | None = None   # "cancel" | "budget" | "stop"
 
 
 class _Watch:
-    """Beside the reading thread, for one request: closes the stream it
-    follows as soon as the request is cancelled or out of budget (checked
-    every :data:`WATCH_INTERVAL_S`). ``fired`` says which. A context
-    manager: the thread runs inside the ``with``."""
+    """A thread, inside its ``with``, that closes the stream it follows once
+    the request is cancelled or out of budget (``fired`` says which)."""
 
     def __init__(self, cancel: CancelToken, deadline: int | None) -> None:
         self.cancel, self.deadline = cancel, deadline
@@ -122,11 +100,9 @@ class _Watch:
 
 
 class RemoteEngine:
-    """The Engine protocol over an OpenAI-compatible completions engine.
-
-    ``tokenizer`` must be the remote model family's (FIM template and token
-    budgets); ``local`` loads the fallback engine (called at most once, on a
-    background thread) when ``backend.fallback_local`` is set."""
+    """The Engine protocol over an OpenAI-compatible completions engine;
+    ``tokenizer`` is the remote model family's, ``local`` loads the fallback
+    engine (at most once, in the background)."""
 
     def __init__(self, config: Config, tokenizer: Any, tokenizer_name: str, *,
                  local: Callable[[], Engine] | None = None) -> None:
@@ -163,7 +139,7 @@ class RemoteEngine:
         self._local_started = False
         self._lock = threading.Lock()
 
-    # -- the Engine protocol -------------------------------------------------
+    # the Engine protocol
 
     def info(self) -> dict[str, Any]:
         bc = self.config.backend
@@ -219,10 +195,8 @@ class RemoteEngine:
         return {"heatmap": {}, "prefetch": {}}
 
     def warm(self, req: CompletionRequest, cancel: CancelToken) -> Timings:
-        """Build the prompt only. Engines keep their own prefix caches (vLLM's
-        automatic prefix caching, llama.cpp's cache_prompt), filled by real
-        completions; a warm-up request per keystroke would spend a shared
-        engine's capacity on text nobody reads."""
+        """Build the prompt only: engines keep their own prefix caches, and a
+        warm-up per keystroke would spend a shared engine on text nobody reads."""
         clock = Clock.now(req)
         prompt, prompt_ms = self.build_prompt(req)
         return clock.timings(first_ns=None, prompt_ms=prompt_ms, prompt_tokens=len(prompt.ids))
@@ -231,7 +205,7 @@ class RemoteEngine:
         """Stream one completion: the shared pipeline over the HTTP stream."""
         return self.pipeline.run(req, cancel, self)
 
-    # -- the model part (soldaemon.pipeline.ModelPart) -----------------------
+    # the model part of the Pipeline
 
     def scope(self, req: CompletionRequest) -> contextlib.AbstractContextManager[None]:
         """Nothing to hold around a request."""
@@ -253,8 +227,7 @@ class RemoteEngine:
 
     def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, ending: Ending,
                  cancel: CancelToken, deadline: int | None, *, keep_logp: bool = False) -> Stream:
-        """One candidate over the HTTP stream; yields the raw text after
-        each piece (no log-probabilities kept)."""
+        """One candidate over the HTTP stream, yielding the raw text after each piece."""
         attempt = _Attempt()
         yield from self._generate(self._body(req, prompt, candidate), attempt, ending, cancel, deadline)
         usage = attempt.usage or {}
@@ -271,8 +244,8 @@ class RemoteEngine:
 
     def recover(self, req: CompletionRequest, cancel: CancelToken, exc: Exception,
                 streamed: bool, candidate: int) -> Iterator[Event] | None:
-        """The local model answers a retryable engine failure of the first
-        candidate when nothing was streamed yet (``backend.fallback_local``)."""
+        """The local model's answer to a retryable failure of the first
+        candidate before anything streamed, or None."""
         if not isinstance(exc, (RemoteUnavailable, RemoteTimeout, RemoteHttpError, RemoteBadResponse)):
             return None
         self.stats.failures += 1
@@ -297,12 +270,11 @@ class RemoteEngine:
         self.stats.prompt_tokens += t.prompt_tokens
         self.stats.cached_tokens += t.cached_tokens
 
-    # -- the request upstream --------------------------------------------------
+    # the request upstream
 
     def prompt_text(self, prompt: FimPrompt) -> str:
-        """The prompt as the engine's tokenizer should read it: the text
-        with the control tokens spelled out. A leading bos is left out: the
-        engine adds its own."""
+        """The prompt as text with the control tokens spelled out, without a
+        leading bos (the engine adds its own)."""
         ids = prompt.ids
         if ids and self.template.bos_id is not None and ids[0] == self.template.bos_id:
             ids = ids[1:]
@@ -317,9 +289,7 @@ class RemoteEngine:
             "top_p": req.top_p,
             "stream": True,
             "stream_options": {"include_usage": True},
-            # the family's end tokens as text: engines that render special
-            # tokens stop on them; the others stop on their own eos, and the
-            # the ending's stop check closes the stream at the end of the hole anyway
+            # the family's end tokens as text (the ending's stop check closes the stream anyway)
             "stop": self._stop_strings(),
         }
         if bc.model_name:
@@ -334,10 +304,8 @@ class RemoteEngine:
 
     def _generate(self, body: dict[str, Any], attempt: _Attempt, ending: Ending, cancel: CancelToken,
                   deadline: int | None) -> Iterator[str]:
-        """Stream one completion; yield the raw text after each piece.
-        Fills ``attempt``. Retries connecting per ``backend.retries``. A
-        cancel or the budget closes the stream at any point, connecting and
-        waiting for the engine's first byte included."""
+        """Stream one completion into ``attempt``, yielding the raw text after
+        each piece; a cancel or the budget closes it at any point."""
         with _Watch(cancel, deadline) as watch:
             stream = self._open(body, cancel, deadline, watch)
             if stream is None:  # cancelled or out of budget before the engine answered
@@ -375,9 +343,9 @@ class RemoteEngine:
 
     def _open(self, body: dict[str, Any], cancel: CancelToken, deadline: int | None,
               watch: _Watch) -> UpstreamStream | None:
-        """An open stream, trying ``1 + backend.retries`` times with the
-        back-off between attempts. None when cancelled or out of budget
-        first. Raises RemoteUnavailable, RemoteTimeout, RemoteHttpError."""
+        """An open stream after up to ``1 + backend.retries`` tries, or None when
+        cancelled or out of budget first. Raises RemoteUnavailable,
+        RemoteTimeout or RemoteHttpError."""
         bc = self.config.backend
         tries = 1 + bc.retries
         for attempt in range(tries):
@@ -428,7 +396,7 @@ class RemoteEngine:
             f"({tries} attempt{'s' if tries > 1 else ''})",
             hint="start or fix the engine; set backend.fallback_local to answer locally meanwhile")
 
-    # -- fallback ------------------------------------------------------------
+    # the local fallback
 
     def start_local(self) -> None:
         """Begin loading the local fallback engine in the background (once)."""
@@ -483,14 +451,10 @@ def _sleep(seconds: float, cancel: CancelToken, deadline: int | None) -> bool:
 
 def load_remote_engine(config: Config, *, local: Callable[[], Engine] | None = None,
                        progress: bool = True) -> RemoteEngine:
-    """The remote engine for ``config.backend``: the tokenizer of the model
-    family (``backend.tokenizer``, else ``model.path``'s, else the embedded
-    model's), one reachability probe (an engine that is down at start-up is
-    logged, not fatal: it may come later), and with ``fallback_local`` the
-    fallback engine ``local`` builds (the caller's: the server's engine
-    loader passes the local model's loader, so this package never imports
-    the runtime), loaded lazily (at once in the background when the engine
-    is down now)."""
+    """The remote engine for ``config.backend``, with the family's tokenizer
+    (``backend.tokenizer``, ``model.path``'s or the embedded model's) and one
+    probe (an engine down now is logged, not fatal). ``local`` builds the
+    fallback engine; it loads lazily, at once when the engine is down."""
     from soldaemon.weights.loader import load_tokenizer
 
     bc = config.backend

@@ -1,11 +1,6 @@
 """One streamed ``POST /v1/completions`` over httpx and the parsing of its
-server-sent events; HTTP failures become the remote errors of
-:mod:`soldaemon.errors`.
-
-The events are split here, not by httpx-sse: its line reader buffers a line
-of any length, and an engine's answer is untrusted input, so every line is
-bounded (:data:`MAX_LINE`) before it is kept. Anything the engine sends is
-read raw (``Accept-Encoding: identity``, no decompression)."""
+server-sent events (every line bounded by :data:`MAX_LINE`: the answer is
+untrusted input); HTTP failures become the remote errors."""
 
 from __future__ import annotations
 
@@ -26,15 +21,13 @@ log = logging.getLogger("soldaemon.remote")
 MAX_ERROR_BODY = 64 * 1024     # bytes of an error answer read for its message
 MAX_LINE = 1 << 20             # bytes of one SSE line / non-streamed answer
 
-# httpcore's trace events after which a connection's socket exists (the TLS
-# one wraps the TCP one; close() shuts the latest down)
+# httpcore's trace events after which a connection's socket exists
 _SOCKET_EVENTS = ("connection.connect_tcp.complete", "connection.start_tls.complete")
 
 
 @dataclass
 class Piece:
-    """One parsed stream event: text to append, and when the engine says so,
-    why it ended and its token counts."""
+    """One parsed stream event: text to append, maybe why it ended and token counts."""
 
     text: str
     finish_reason: str | None = None
@@ -46,15 +39,9 @@ class CouldNotConnect(Exception):
 
 
 class UpstreamStream:
-    """One ``POST /v1/completions`` with ``stream: true``. :meth:`open`
-    connects and reads the status; :meth:`pieces` yields parsed events;
-    :meth:`close` may be called from any thread at any time and makes a
-    blocked read return at once (the engine sees the connection close).
-
-    Each request has a connection of its own (the endpoint's client keeps
-    none alive): httpcore's trace hook hands over its socket as soon as it
-    is connected, so that :meth:`close` can shut it down even while the
-    engine has not answered yet."""
+    """One ``POST /v1/completions`` with ``stream: true``: :meth:`open`, then
+    :meth:`pieces`. :meth:`close`, from any thread at any time, shuts the
+    connection's socket so a blocked read returns at once."""
 
     def __init__(self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str], *,
                  connect_timeout_s: float, timeout_s: float) -> None:
@@ -69,9 +56,8 @@ class UpstreamStream:
         self._lock = threading.Lock()
 
     def open(self) -> None:
-        """Connect, send, read the status line. Raises CouldNotConnect
-        (nothing reached the engine, or it dropped the connection before
-        answering), RemoteTimeout, RemoteHttpError."""
+        """Connect, send, read the status line. Raises CouldNotConnect (no
+        answer came), RemoteTimeout or RemoteHttpError."""
         if self.closed:
             return
         client = self.endpoint.client
@@ -103,9 +89,8 @@ class UpstreamStream:
             raise _http_error(self.endpoint, resp)
 
     def _traced(self, event: str, info: dict[str, Any]) -> None:
-        """httpcore's trace hook (on the thread in :meth:`open`): keeps the
-        socket of this request's connection; shuts it down at once when
-        :meth:`close` came first."""
+        """httpcore's trace hook: keep the connection's socket (shut at once
+        when :meth:`close` came first)."""
         if event not in _SOCKET_EVENTS:
             return
         sock = info["return_value"].get_extra_info("socket")
@@ -116,9 +101,8 @@ class UpstreamStream:
             self._shutdown()
 
     def pieces(self) -> Iterator[Piece]:
-        """The stream's events until ``[DONE]`` or the engine's end. Ends
-        quietly when :meth:`close` was called. Raises RemoteUnavailable (the
-        stream broke before the engine finished), RemoteTimeout,
+        """The stream's events until ``[DONE]`` (quietly none after
+        :meth:`close`). Raises RemoteUnavailable, RemoteTimeout or
         RemoteBadResponse."""
         resp = self._resp
         if resp is None or self.closed:
@@ -210,8 +194,7 @@ class UpstreamStream:
 
 
 def read_at_most(resp: httpx.Response, limit: int) -> bytes:
-    """The first ``limit`` bytes of a streamed response's raw body (the rest
-    is never read). Raises httpx.TransportError."""
+    """The first ``limit`` bytes of a streamed response's raw body."""
     got = b""
     for block in resp.iter_raw():
         got += block
@@ -221,8 +204,7 @@ def read_at_most(resp: httpx.Response, limit: int) -> bytes:
 
 
 def failure_reason(exc: BaseException) -> str:
-    """Why a request failed, in a few words: the operating system's reason
-    under httpx's exception when there is one ("connection refused")."""
+    """Why a request failed in a few words (the OS reason under httpx's)."""
     cause: BaseException | None = exc
     while cause is not None and not isinstance(cause, OSError):
         cause = cause.__cause__ or cause.__context__
@@ -265,8 +247,8 @@ def _http_error(endpoint: Endpoint, resp: httpx.Response) -> RemoteHttpError:
 
 
 def parse_chunk(endpoint: Endpoint, payload: bytes) -> Piece:
-    """One JSON event of the completions stream → a Piece. Raises
-    RemoteBadResponse / RemoteHttpError (an ``error`` event)."""
+    """One JSON event of the stream as a Piece; raises RemoteBadResponse, or
+    RemoteHttpError for an ``error`` event."""
     try:
         obj = json.loads(payload)
     except ValueError:

@@ -1,13 +1,6 @@
-"""One lock per model cache directory, shared by every process that
-converts, verifies, rebuilds or loads it.
-
-``flock`` on ``.<name>.lock`` next to the cache directory: writers
-(conversion, rebuild) hold it exclusively, readers (the checks and the load)
-shared, so a rebuild never removes files a reader is reading and two
-processes never convert into the same place. The kernel drops a lock when
-its holder dies. Within one process a lock is re-entrant (a second ``flock``
-on a new descriptor would wait on ourselves): the outermost holder's mode
-counts, and an exclusive request inside a shared hold upgrades it.
+"""One ``flock`` per model cache directory (``.<name>.lock`` beside it):
+writers (conversion, rebuild) hold it exclusively, readers shared. Within a
+process it is re-entrant; an exclusive request inside a shared hold upgrades it.
 """
 
 from __future__ import annotations

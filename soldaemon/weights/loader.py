@@ -1,20 +1,9 @@
-"""Find, verify, convert and load a model.
-
-Sources, in the order the daemon tries them:
-
-- ``model.path`` unset → the embedded model ``name`` names (see
-  :mod:`.embedded`; the 0.5B by default): assemble the GGUF from the
-  installed parts, verify its sha256, convert once to a cached safetensors
-  copy, load the copy.
-- ``model.path`` is a ``.gguf`` file → convert once to the cache, load.
-- ``model.path`` is a directory with ``config.json`` → load it directly.
-
-The converted copy lives in ``cache_dir()/models/<key>/``. Conversion writes
-to a temporary sibling directory and renames it into place only once every file
-and the ``soldaemon-complete.json`` marker are written and fsynced, so an
-interrupted conversion never leaves a cache that a later start would load.
-The marker records each file's size and hashes (:mod:`.integrity`): a cache
-whose files differ is reported and rebuilt from the GGUF it came from.
+"""Find, verify, convert and load a model: the embedded model ``name``
+(assembled from its installed parts and verified, :mod:`.embedded`), a
+``.gguf`` file, or a Hugging Face directory. A GGUF is converted once into
+``cache_dir()/models/<key>/``, renamed into place only when complete; its
+marker records each file's size and hashes (:mod:`.integrity`), and a cache
+that no longer matches is rebuilt from its GGUF.
 """
 
 from __future__ import annotations
@@ -70,10 +59,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device, directory: Path | None = None) -> torch.dtype:
-    """``auto``: the device's natural dtype; ``stored``: on a CPU, the dtype
-    the weights are stored in (no conversion while loading: the lean
-    backend packs them into its kernel plan's format afterwards, so a
-    float32 copy of the whole model never exists), on a GPU as ``auto``."""
+    """``auto``: the device's natural dtype; ``stored``: on a CPU the stored
+    one (the backend packs it later, no float32 copy), on a GPU ``auto``."""
     if name == "stored":
         if device.type == "cpu" and directory is not None:
             stored = _stored_dtype_name(directory).removeprefix("torch.")
@@ -90,10 +77,8 @@ def resolve_dtype(name: str, device: torch.device, directory: Path | None = None
 
 def prepare_model_dir(path: str | None, *, name: str | None = None,
                       progress: bool = True) -> tuple[Path, Path | None, str]:
-    """Return ``(hf_dir, gguf_path, name)`` for a model source, converting a
-    GGUF into the cache when needed. ``path`` None: the embedded model
-    ``name`` names (:func:`~.embedded.resolve_model_name`); a path wins over
-    the name. Raises ModelError subclasses."""
+    """``(hf_dir, gguf_path, name)`` of a model source (``path``, else the
+    embedded model ``name``), a GGUF converted when needed. Raises ModelError."""
     if path is None:
         return prepare_embedded(resolve_model_name(name), progress=progress)
     p = Path(path).expanduser()
@@ -120,28 +105,21 @@ def _embedded_gguf(model: EmbeddedModel) -> Path:
 
 
 def _embedded_cache(model: EmbeddedModel) -> Path:
-    """The converted copy's directory: the name and a prefix of the pinned
-    hash, so a new pin never reuses an old conversion."""
+    """The converted copy's directory, keyed by the pinned hash."""
     return paths.cache_dir() / "models" / f"{model.name}-{model.sha256[:12]}"
 
 
 def _gguf_cache_name(p: Path) -> str:
-    """The cache directory name of a user's GGUF file (its stem + a key of
-    its path, size and mtime: a changed file is converted again)."""
+    """The cache directory name of a user's GGUF (keyed by path, size, mtime)."""
     st = p.stat()
     key = hashlib.sha256(f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
     return f"{p.stem}-{key}"
 
 
 def tokenizer_dir(path: str | None, *, name: str | None = None, progress: bool = True) -> tuple[Path, str]:
-    """A directory holding the tokenizer of a model source, and the source's
-    name, without loading (or converting) its weights: what a remote engine's
-    FIM prompts need. ``path`` and ``name`` are as for
-    :func:`prepare_model_dir` (path None: the embedded model, assembled and
-    verified). A GGUF's converted copy is used
-    when there is one; else its tokenizer alone is read once (tens of
-    seconds) and cached under ``cache_dir()/models/tokenizers``. Raises
-    ModelError subclasses."""
+    """A directory holding the tokenizer of a model source (as for
+    :func:`prepare_model_dir`) and its name, without converting the weights;
+    a GGUF's tokenizer alone is cached once. Raises ModelError."""
     root = paths.cache_dir() / "models"
     if path is None:
         model = resolve_model_name(name)
@@ -165,8 +143,7 @@ def tokenizer_dir(path: str | None, *, name: str | None = None, progress: bool =
 
 
 def _gguf_tokenizer(gguf: Path, dest: Path) -> Path:
-    """Read the tokenizer of ``gguf`` and save it to ``dest`` atomically
-    (a complete ``dest`` whose files match its marker is returned as is)."""
+    """The tokenizer of ``gguf`` saved to ``dest`` atomically (once)."""
     if _usable(dest):
         return dest
     with cache_lock(dest, exclusive=True):
@@ -231,12 +208,8 @@ def _usable(directory: Path) -> bool:
 
 
 def convert_gguf(gguf: Path, dest: Path, *, progress: bool = True) -> Path:
-    """De-quantize ``gguf`` with transformers and write a safetensors copy to
-    ``dest`` atomically. A complete ``dest`` whose files match the marker's
-    sizes and sampled hashes is returned as is; one that does not is
-    reported and converted again. Holds ``dest``'s cache lock exclusively
-    (:mod:`.cachelock`): another process converting the same model waits,
-    then finds it done."""
+    """De-quantize ``gguf`` into a safetensors copy at ``dest``, atomically
+    and under its cache lock; a ``dest`` that matches its marker is kept."""
     with cache_lock(dest, exclusive=True):
         return _convert_locked(gguf, dest, progress)
 
@@ -272,8 +245,7 @@ def _convert_locked(gguf: Path, dest: Path, progress: bool) -> Path:
                 f"cannot read GGUF '{gguf}': {exc}",
                 hint="transformers must support its architecture and quantization; a Hugging Face model directory always works",
             ) from None
-        # The weights are now plain tensors; drop the GGUF quantizer so the
-        # model saves as an ordinary checkpoint.
+        # plain tensors now: without the GGUF quantizer it saves as an ordinary checkpoint
         model.hf_quantizer = None  # type: ignore[assignment]
         model.config.__dict__.pop("quantization_config", None)
         model.to(STORE_DTYPE)  # type: ignore[arg-type]
@@ -328,16 +300,10 @@ def _stored_itemsize(directory: Path) -> int:
 
 def load_model(path: str | None = None, *, name: str | None = None, device: str = "auto",
                dtype: str = "auto", progress: bool = True) -> LoadedModel:
-    """Prepare (verify/convert) and load a model with its tokenizer.
-
-    ``path`` None loads the embedded model ``name`` names (``auto`` or None:
-    the default); see :func:`prepare_model_dir`.
-
-    A directory whose marker records file hashes (a converted cache) is
-    checked: sizes and sampled hashes before loading, the full sha256 on a
-    background thread while loading; this returns only after both passed.
-    A corrupt cache made from a GGUF is rebuilt from it once; one without a
-    GGUF raises :class:`~soldaemon.errors.ModelHashMismatch`."""
+    """Prepare and load a model with its tokenizer (sources as for
+    :func:`prepare_model_dir`). A converted cache is checked, its full sha256
+    while loading; a corrupt one is rebuilt from its GGUF once, else
+    :class:`ModelHashMismatch` is raised."""
     t0 = time.perf_counter()
     dev = resolve_device(device)
     directory, gguf, shown = prepare_model_dir(path, name=name, progress=progress)
@@ -361,16 +327,13 @@ def load_model(path: str | None = None, *, name: str | None = None, device: str 
 
 def load_embedded(name: str, *, device: str = "auto", dtype: str = "auto",
                   progress: bool = True) -> LoadedModel:
-    """Load the embedded model called ``name`` (``qwen2.5-coder-1.5b``, …);
-    :func:`load_model` with no path. Raises ModelError subclasses
-    (ModelPartsMissing, naming the pip command, when its parts are not
-    installed)."""
+    """:func:`load_model` of the embedded model ``name``; raises ModelError
+    (ModelPartsMissing when its parts are not installed)."""
     return load_model(None, name=name, device=device, dtype=dtype, progress=progress)
 
 
 def _load_verified(directory: Path, dev: torch.device, dt: torch.dtype, progress: bool) -> tuple[Any, Any]:
-    """Load weights and tokenizer from ``directory`` (checked as
-    :func:`load_model` says); raises ModelError."""
+    """Weights and tokenizer from ``directory``, checked; raises ModelError."""
     import transformers
     from safetensors import SafetensorError
 

@@ -1,17 +1,9 @@
-"""What the text rules of where an answer ends know before any text: the
-cursor (:func:`decide_multiline`, :class:`Cursor`), the words of block
-structure, indentation and brackets. The cut rules over them, fed one line
-at a time, are :class:`soldaemon.pipeline.ending.text.LineScanner`.
+"""What the text rules know before any text: the cursor (:class:`Cursor`,
+:func:`decide_multiline`), block keywords, indentation and brackets.
 
-The cut rules are all of the form "keep the lines before (or up to) the first
-line where a condition holds", and each condition looks only at that line and
-the lines before it. That is what makes early stopping exact: the answer
-shown for ``text[:n]`` equals the one for ``text`` for every ``n`` at or
-after the point where :meth:`TextEnding.may_stop` first returned True.
-
-Lines are split on ``"\\n"`` only; a ``"\\r"`` before it is kept with the line
-and counts as trailing whitespace. Indentation is measured in columns with a
-tab counted as 4.
+Each cut rule looks only at a line and the lines before it, which makes early
+stopping exact. Lines split on ``"\\n"`` (a ``"\\r"`` is trailing whitespace);
+indentation is in columns, a tab counting 4.
 """
 
 from __future__ import annotations
@@ -31,9 +23,8 @@ _COMMENT_STARTS = ("#", "//", "--", "/*", "*", "<!--", ";", "%", "'''", '"""')
 _OPENER_WORDS = ("do", "then", "else", "begin")
 
 
-# A dedented line that goes on with the statement the cursor is inside, not
-# after it: keyword -> the header keywords it may follow (``elif`` after the
-# body of an ``if``/``elif`` ...). Such a line is not the end of the block.
+# A dedented line that goes on with the cursor's statement: keyword -> the
+# header keywords it may follow.
 CONTINUES: dict[str, tuple[str, ...]] = {
     "elif": ("if", "elif"),
     "else": ("if", "elif", "for", "while", "try", "except", "async for", "async while"),
@@ -43,19 +34,13 @@ CONTINUES: dict[str, tuple[str, ...]] = {
 }
 # Brace languages: ``} else {``, ``} catch (e) {``, ``} finally {``, ``} while (x);``.
 BRACE_CONTINUES = ("else", "catch", "finally", "except", "while")
-# A line that starts a new definition (a decorator too). Past the end of the
-# cursor's block, where a floor lets the text go on (a nested function's end,
-# then the outer function's code), such a line is not the hole's code going
-# on but the model writing the next function: the answer ends before it.
+# A line starting a new definition: past the cursor's block, the answer ends before it.
 DEFINES = ("def", "async def", "class", "function", "async function", "func", "fn", "pub fn", "impl", "export")
 
 
 def starts_definition(line: str) -> bool:
-    """``line`` (complete or not) starts a definition: a word of
-    :data:`DEFINES` then a space and a name (``def f``, ``func (r T)``,
-    ``function* g``; not ``fn(x)``, a call, nor ``function = 1``), or a
-    decorator ``@name``. An incomplete line is not one until that much of
-    it is there, so the answer cannot change when the line goes on."""
+    """Whether ``line`` (complete or not) starts a definition: a word of
+    :data:`DEFINES`, a space and a name (not ``fn(x)``), or ``@name``."""
     lead = line.lstrip()
     if lead.startswith("@"):
         return len(lead) > 1 and (lead[1].isalpha() or lead[1] == "_")
@@ -88,8 +73,7 @@ def indent_of(line: str) -> int:
 
 
 def bracket_depth(text: str) -> int:
-    """Naive bracket depth at the end of ``text`` (strings not recognised;
-    unmatched closers ignored)."""
+    """Bracket depth at the end of ``text``, strings not recognised."""
     depth = 0
     for ch in text:
         if ch in _OPENERS:
@@ -100,14 +84,8 @@ def bracket_depth(text: str) -> int:
 
 
 def _opens_block(before: str) -> bool:
-    """Whether the text before the cursor ends with a block opener.
-
-    Openers: ``(``, ``[``, ``{``; ``=>``; `` ->`` (with a space before it, so a
-    C/PHP member access ``a->`` is not one); a ``:`` that is not ``::`` on a
-    line with no bracket left open (Python ``def f():``, ``case 1:``, but not
-    ``{"key":`` or ``a[1:``); and a trailing word ``do``, ``then``, ``else``,
-    ``begin``.
-    """
+    """Whether ``before`` ends with a block opener: a bracket, ``=>``, `` ->``,
+    a ``:`` outside brackets, or ``do``/``then``/``else``/``begin``."""
     s = before.rstrip()
     if not s:
         return False
@@ -134,8 +112,8 @@ def _cursor_line(prefix: str) -> str:
 
 
 def _column0(before: str, rest: str) -> bool:
-    """The cursor is at column 0 of a line that holds text: a completion
-    there is whole lines inserted above that line."""
+    """Whether the cursor is at column 0 before text (a completion inserts
+    whole lines above)."""
     return before == "" and bool(rest.strip())
 
 
@@ -145,25 +123,10 @@ def _rest_of_line(suffix: str) -> str:
 
 
 def decide_multiline(prefix: str, suffix: str, mode: Multiline) -> bool:
-    """Whether to generate a multi-line completion.
-
-    ``"single"`` and ``"multi"`` are obeyed. ``"auto"`` gives multi-line only
-    when both hold:
-
-    1. the rest of the cursor line (suffix up to its first newline) is empty or
-       holds only closing brackets, quotes, ``;``, ``,`` and whitespace -- no
-       multi-line in the middle of a line; and
-    2. the cursor line before the cursor is blank (an empty or
-       indentation-only line), or is not a comment line (``#``, ``//``, ``--``,
-       ``/*``, ``*``, ``<!--``, ``;``, ``%``, a docstring quote) and ends with a
-       block opener (see ``_opens_block``: ``(`` ``[`` ``{`` ``=>`` `` ->``,
-       a block ``:``, ``do``/``then``/``else``/``begin``).
-
-    At the end of a complete statement (``x = f(a)|``) the answer is single:
-    the completion continues that line. At column 0 of a non-blank line (the
-    cursor before existing text, nothing before it on the line) the answer
-    is multi-line: whole lines inserted above that line (see
-    ``docs/quality.md``, "Column 0 before existing text").
+    """Whether to generate a multi-line completion. ``"auto"``: at column 0
+    before text, or when the rest of the line holds only closers, quotes and
+    ``;,`` and the line before the cursor is blank or (not a comment) ends
+    with a block opener.
     """
     if mode == "single":
         return False
@@ -200,11 +163,10 @@ class Cursor:
 
 
 def cursor_at(prefix: str, suffix: str) -> Cursor:
-    """What the cut rules need to know about the cursor between ``prefix``
-    and ``suffix``."""
+    """The :class:`Cursor` between ``prefix`` and ``suffix``."""
     before = _cursor_line(prefix)
     nl = suffix.find("\n")
-    rest = suffix if nl < 0 else suffix[:nl]
+    rest = _rest_of_line(suffix)
     found: list[str] = []
     pos = nl + 1 if nl >= 0 else len(suffix)
     while pos < len(suffix) and len(found) < 1 + _LATER_LINES:
@@ -233,28 +195,26 @@ def cursor_at(prefix: str, suffix: str) -> Cursor:
     )
 
 
-# Rule c also looks this many non-blank suffix lines further, for lines with
-# at least LATER_MIN_CHARS non-blank characters (short lines such as
-# ``else:`` or ``return`` recur legitimately).
+# A line also repeats one of this many suffix lines further when it has at least
+# LATER_MIN_CHARS non-blank characters (``else:`` or ``return`` recur legitimately).
 _LATER_LINES = 2
 LATER_MIN_CHARS = 8
 
 
 def repeats_suffix(cur: Cursor, text: str) -> bool:
-    """``text`` (a completed line, rstripped) is the suffix's next non-blank
-    line, or one of the few after it and not a short line."""
+    """Whether completed line ``text`` is the suffix's next line, or a long
+    one of the few after it."""
     if cur.next_line is not None and text == cur.next_line:
         return True
     return len(text.strip()) >= LATER_MIN_CHARS and text in cur.later_lines
 
 
 def on_own_line(cur: Cursor) -> bool:
-    """The cursor's line is blank around the cursor (as after Enter): what
-    is written there is a line of its own."""
+    """Whether the cursor's line is blank (as after Enter)."""
     return not cur.before.strip() and not cur.rest.strip() and not cur.column0
 
 
 def first_repeats(cur: Cursor, line: str) -> bool:
-    """``line``, the first line of a completion, repeats the suffix (rule c)
-    on a line of its own: it would show the line below twice."""
+    """Whether a completion's first ``line``, on a line of its own, repeats
+    the suffix."""
     return on_own_line(cur) and bool(line.strip()) and repeats_suffix(cur, (cur.before + line).rstrip())

@@ -1,20 +1,11 @@
-"""Where an answer ends by its parse: tree-sitter over a window of lines
-around the cursor, reparsed incrementally (:class:`ParsedEnding`, the
-strategy :func:`soldaemon.pipeline.ending.ending_for` picks for a language
-with a grammar and ``completion.block_end: model``).
+"""Where an answer ends by its parse: :class:`ParsedEnding`, the text rules
+plus tree-sitter over a :class:`Window` of lines around the cursor.
 
-:func:`window_at` builds a :class:`Window` (None for a language without an
-installed grammar: the text rules of :mod:`soldaemon.pipeline.ending.text`
-alone decide). :meth:`Window.fits` says whether inserting a text at the
-cursor adds a syntax error that prefix + suffix alone do not have -- an
-unclosed bracket or string, a block opener left without its body, code that
-no longer fits the suffix. Only the window is parsed, once for the document
-and then incrementally for each candidate insertion (the tree is edited at
-the cursor and reparsed from the old one), so the cost stays flat in the
-document's size.
-
-The grammars come from the prebuilt wheels on PyPI (``tree-sitter-python``
-...); a missing wheel means no grammar for that language, never an error.
+:meth:`Window.fits` says whether an insertion adds a syntax error that prefix
++ suffix alone do not have; the window is parsed once, then incrementally per
+insertion, so the cost does not grow with the document. Grammars come from the
+``tree-sitter-<language>`` wheels; a missing wheel means no grammar (the text
+rules alone decide), never an error.
 """
 
 from __future__ import annotations
@@ -41,9 +32,8 @@ GRAMMARS: dict[str, tuple[str, str]] = {
     "cpp": ("tree_sitter_cpp", "language"),
     "java": ("tree_sitter_java", "language"),
 }
-# Languages whose blocks are made by indentation: tree-sitter's Python grammar
-# recovers from a body-less ``for x:`` or an unexpected indent without an
-# error node, so :meth:`Window.fits` checks those two by indentation as well.
+# Blocks by indentation: tree-sitter's Python grammar takes a body-less ``for x:``
+# or an unexpected indent without an error node, so those are checked by indent.
 INDENTED = frozenset({"python"})
 
 WINDOW_LINES = 120   # lines of context each side of the cursor, at most
@@ -53,8 +43,8 @@ _GOES_ON = ("else", "elif", "except", "finally", "catch", ")", "]", "}")
 
 @lru_cache(maxsize=None)
 def _parser(language: str) -> Any | None:
-    """A tree-sitter parser for ``language`` (an LSP id), or None when the
-    tree-sitter package or the grammar's wheel is not installed."""
+    """A tree-sitter parser for LSP language id ``language``, or None when
+    its grammar is not installed."""
     spec = GRAMMARS.get(language)
     if spec is None:
         return None
@@ -71,22 +61,19 @@ def has_grammar(language: str) -> bool:
 
 
 def _top_level(line: str) -> bool:
-    """A line that starts a new top-level statement (column 0, not blank, not
-    a continuation such as ``else``/``}``)."""
+    """Whether ``line`` starts a new top-level statement."""
     return bool(line) and not line[0].isspace() and not line.startswith(_GOES_ON)
 
 
 def _triples(text: str) -> int:
-    """Triple quotes in ``text``: an odd count before a line puts the line
-    inside a multi-line string (Python), where column 0 starts nothing."""
+    """Triple quotes in ``text`` (an odd count: inside a multi-line string)."""
     return text.count('"""') + text.count("'''")
 
 
 def _window(prefix: str, suffix: str) -> tuple[str, str]:
-    """The part of ``prefix`` from the last top-level line before the cursor's
-    line, and of ``suffix`` up to the next top-level line after it, each at
-    most :data:`WINDOW_LINES` lines; a line inside a multi-line string is no
-    top-level line (a window starting there would parse as one long error)."""
+    """``prefix`` from the last top-level line before the cursor's line and
+    ``suffix`` up to the next one after it, each at most :data:`WINDOW_LINES`
+    lines (a line inside a multi-line string is not top-level)."""
     head = prefix.split("\n")[-WINDOW_LINES - 1:]
     quotes = _triples(prefix[: len(prefix) - len("\n".join(head))])
     inside: list[bool] = []
@@ -110,13 +97,8 @@ def _window(prefix: str, suffix: str) -> tuple[str, str]:
 
 
 def _errors(node: Any) -> int:
-    """Error and missing nodes under ``node`` (only subtrees that hold one
-    are walked)."""
-    if node.is_error or node.is_missing:
-        return 1 + sum(_errors(c) for c in node.children)
-    if not node.has_error:
-        return 0
-    return sum(_errors(c) for c in node.children)
+    """How many error and missing nodes lie under ``node``."""
+    return sum(1 for _ in _error_nodes(node))
 
 
 def _point(text: bytes) -> tuple[int, int]:
@@ -126,7 +108,7 @@ def _point(text: bytes) -> tuple[int, int]:
 
 @dataclass
 class Window:
-    """The code around one cursor, parsed once (see the module doc)."""
+    """The code around one cursor, parsed once."""
 
     language: str
     before: str          # window text before the cursor
@@ -137,8 +119,7 @@ class Window:
 
     def fits(self, insert: str) -> bool:
         """Whether ``before + insert + after`` has no more syntax errors than
-        ``before + after`` (and, for an indented language, leaves no block
-        opener without a body and no unexpected indent before ``after``)."""
+        ``before + after`` (indented languages: and keeps the block rules)."""
         if not insert:
             return True
         if self.language in INDENTED and not (bodies_fit(self.before, insert)
@@ -155,9 +136,8 @@ class Window:
         return _errors(new.root_node) <= self.errors
 
     def longest_fit(self, text: str) -> tuple[str, bool]:
-        """The longest line-prefix of ``text`` (whole lines; a final newline
-        kept when ``text`` ends with one) that :meth:`fits`, and whether that
-        is all of ``text``."""
+        """The longest whole-line prefix of ``text`` that :meth:`fits`, and
+        whether that is all of ``text``."""
         if self.fits(text):
             return text, True
         lines = text.rstrip("\n").split("\n")
@@ -181,12 +161,9 @@ def _last_code_line(text: str) -> str | None:
 
 
 def _indent_fits(before: str, insert: str, after: str) -> bool:
-    """Python's block rules at the seam between the insertion and the code
-    after it: a last line that opens a block (``...:``) needs a deeper next
-    line; any other last line may not be followed by a deeper one (outside
-    brackets). Judged when the code after starts on a line of its own.
-    (The seam of ``before + after`` alone is usually wrong: the hole is the
-    body the line above opens.)"""
+    """Python's block rules where the insertion meets the code after it: a
+    ``...:`` last line needs a deeper next line, any other last line a next
+    line no deeper (outside brackets)."""
     first, _, more = after.partition("\n")
     if first.strip() and not (before + insert).endswith("\n"):
         return True       # the rest of the cursor's line goes on with the last line: the parse judges it
@@ -207,13 +184,9 @@ def _indent_fits(before: str, insert: str, after: str) -> bool:
 
 
 def bodies_fit(before: str, insert: str) -> bool:
-    """Python's block rule inside the insertion: a line that opens a block
-    (``...:`` outside brackets and strings) is followed, within the
-    insertion, by a deeper line with code or by none. tree-sitter's Python
-    grammar takes ``while x:`` followed by a line at its own indentation
-    without an error (an IndentationError to Python), so the parse alone
-    let such an answer through. Not judged when the cursor is inside a
-    bracket or a string (the parse does)."""
+    """Python's block rule inside the insertion: a line opening a block
+    (``...:``) is followed by a deeper line with code or by none. True when
+    the cursor is inside a bracket or string (the parse judges)."""
     lines = insert.split("\n")
     if len(lines) < 2 or _scan_before(before) != (0, False):
         return True
@@ -231,8 +204,7 @@ def bodies_fit(before: str, insert: str) -> bool:
         nxt = next((ln for ln in lines[j + 1:] if ln.strip() and not ln.lstrip().startswith("#")), None)
         if nxt is None:
             return True
-        # the body is deeper than the statement's first line (``if (a and`` /
-        # ``        b):`` / ``    body`` is Python)
+        # the body is deeper than the statement's first line, not its last
         if _scan(head) == (0, False) and indent_of(nxt) <= indent_of(start):
             return False
     return True
@@ -240,22 +212,18 @@ def bodies_fit(before: str, insert: str) -> bool:
 
 @lru_cache(maxsize=8)
 def _scan_before(before: str) -> tuple[int, bool]:
-    """:func:`_scan` of the text before the cursor's line (a window's,
-    scanned once for the many answers judged against it)."""
+    """:func:`_scan` of the text before the cursor's line (cached per window)."""
     return _scan(before[:before.rfind("\n") + 1])
 
 
 def _open_brackets(text: str) -> int:
-    """Brackets left open at the end of ``text`` (Python): those inside
-    string literals and comments do not count (a regex's ``'[^'`` in the
-    window once let a bare ``def f():`` through as "inside a bracket")."""
+    """Brackets left open at the end of ``text``, outside strings and comments."""
     return _scan(text)[0]
 
 
 def _scan(text: str) -> tuple[int, bool]:
-    """(brackets left open at the end of ``text``, whether it ends inside
-    an unclosed triple-quoted string) -- Python's lexing, roughly: comments
-    and string literals skipped."""
+    """(brackets left open at the end of ``text``, whether it ends inside a
+    triple-quoted string), lexing Python roughly."""
     depth = 0
     i, n = 0, len(text)
     while i < n:
@@ -279,10 +247,8 @@ def _scan(text: str) -> tuple[int, bool]:
 
 
 def _string_end(text: str, i: int) -> int:
-    """The index after the string literal that starts with the quote at
-    ``i`` (a backslash escapes the next character, in raw strings too as far
-    as the closing quote goes); an unclosed one-line string ends at its
-    line's end, an unclosed triple-quoted one at the end of ``text``."""
+    """The index after the string literal opened at ``i`` (unclosed: its
+    line's end, or the text's end for a triple quote)."""
     quote = text[i:i + 3] if text[i:i + 3] in ('"""', "'''") else text[i]
     j, n = i + len(quote), len(text)
     while j < n:
@@ -298,8 +264,7 @@ def _string_end(text: str, i: int) -> int:
 
 
 def window_at(prefix: str, suffix: str, language: str) -> Window | None:
-    """The parsed window at the cursor between ``prefix`` and ``suffix``, or
-    None when ``language`` has no grammar here."""
+    """The parsed window at the cursor, or None when ``language`` has no grammar."""
     parser = _parser(language)
     if parser is None:
         return None
@@ -309,10 +274,8 @@ def window_at(prefix: str, suffix: str, language: str) -> Window | None:
 
 
 def opens_without_body(prefix: str, text: str, suffix: str) -> bool:
-    """Whether ``text`` inserted between ``prefix`` and ``suffix`` ends on a
-    line that opens a block (``...:``, ``... {``) whose body the suffix does
-    not hold: by indentation for a ``:`` (Python), and for a ``{`` when the
-    suffix's next line with code is not indented deeper."""
+    """Whether ``text`` inserted at the cursor ends on a block opener
+    (``...:``, ``... {``) whose body the suffix does not hold."""
     last = _last_code_line(prefix[prefix.rfind("\n") + 1:] + text)
     if last is None:
         return False
@@ -326,17 +289,10 @@ def opens_without_body(prefix: str, text: str, suffix: str) -> bool:
 
 
 class ParsedEnding(TextEnding):
-    """The text rules with the parse (multi-line answers only): during
-    decoding, the text rules with a ``floor`` (a block's end is no stop
-    where the code may go on, only a line left of the floor or a new
-    definition past the block), and in an indented language also once a
-    line inside the cursor's block opens a block (``...:``) whose next line
-    with code is not deeper (rule ``opener``: the answer is cut before that
-    opener whatever follows, :meth:`Window.fits` rejecting every longer
-    line-prefix; the text not having left the block before it, both of
-    :meth:`shown`'s cuts keep the same lines up to it -- so the shown answer
-    is the one a longer generation would give). At the end, see
-    :meth:`shown`."""
+    """The text rules with the parse, for multi-line answers. While decoding:
+    the text rules above ``floor`` (columns), and in an indented language a
+    stop (rule ``opener``) once a line in the cursor's block opens a block
+    without a deeper next line (no longer text can make that fit)."""
 
     def __init__(self, prefix: str, suffix: str, max_lines: int, window: Window, floor: int) -> None:
         super().__init__(prefix, suffix, True, max_lines, floor)
@@ -355,16 +311,10 @@ class ParsedEnding(TextEnding):
         return self._stop("opener")
 
     def shown(self, raw: str, finish: str, rule: str | None) -> Answer:
-        """When the model ended with its own end token (``finish`` "stop"
-        and no ``rule`` stopped it), its text stands, cut only by the text
-        rules with the floor; otherwise the text rules cut it at the end of
-        the cursor's block. Then the answer must parse with the suffix: cut
-        back to the longest line-prefix that adds no syntax error to prefix
-        + suffix (end ``opener`` when the cut dropped a bare block opener,
-        else ``parse``)."""
-        # A model stopped by a rule (it went on into the suffix's code, out
-        # of the suffix's scope, past max_lines) ran on: what it wrote before
-        # that is no more trusted than a run to max_tokens (docs/quality.md).
+        """The text rules cut ``raw`` (above the floor only when the model
+        ended it itself), then it is cut back to the longest line-prefix
+        that parses with the suffix (end ``opener`` or ``parse``)."""
+        # a model stopped by a rule ran on: trusted no more than one that hit max_tokens
         by_model = finish == "stop" and rule is None
         text, cut = postprocess_why(raw, prefix=self.prefix, suffix=self.suffix, multiline=True,
                                     max_lines=self.max_lines, floor=self.floor if by_model else None)
@@ -382,11 +332,9 @@ _UNFINISHED = (",", "+", "-", "*", "/", "%", "&", "|", "\\", " and", " or", "&&"
 
 
 def may_be_unfinished(prefix: str, suffix: str, mode: Multiline) -> bool:
-    """Nothing but closers after the cursor on its line, and the line before
-    it ends, inside a bracket it opened, with a comma or a binary operator
-    (``total = (a +|``, ``call(x,|``): the parse decides whether the
-    statement is unfinished. A line that could end here (``x = a.b|``,
-    ``elif n|``) stays single-line: its rest is one line."""
+    """Whether the cursor line ends inside a bracket it opened with a comma
+    or operator (``call(x,|``) and only closers follow: the parse then
+    decides whether the statement is unfinished."""
     line = prefix[prefix.rfind("\n") + 1:]
     rest = suffix.split("\n", 1)[0]
     if mode != "auto" or rest.strip(" \t\r)]}\"'`;,") or not line.rstrip().endswith(_UNFINISHED):
@@ -399,9 +347,8 @@ def may_be_unfinished(prefix: str, suffix: str, mode: Multiline) -> bool:
 
 
 def error_at_cursor(window: Window) -> bool:
-    """A syntax error node between the start of the cursor's line and the
-    end of the next line with code (where a parser notices that the
-    statement was left unfinished)."""
+    """Whether a syntax error lies between the cursor line's start and the
+    end of the next line with code."""
     node = window.tree.root_node
     if not node.has_error:
         return False
@@ -427,16 +374,13 @@ def _error_nodes(node: Any) -> Iterator[Any]:
 
 
 def _in_block(text: str, base: int) -> bool:
-    """Every line of ``text`` with code after its first is indented at least
-    ``base`` (the text has not left the cursor's block)."""
+    """Whether every line of ``text`` after its first is indented at least ``base``."""
     return all(indent_of(ln) >= base for ln in text.split("\n")[1:] if ln.strip())
 
 
 def _opens(text: str, shown: str, cursor_line: str = "") -> bool:
-    """The cut dropped a line that opens a block (``:`` ``{`` ``(``...)
-    without its body: its last line, or its first line with code when that
-    ends with ``:`` and the next line with code is not deeper
-    (``cursor_line``: what precedes the answer on its first line)."""
+    """Whether the cut dropped a block opener without its body: the dropped
+    text's last line, or its first with code when the next is not deeper."""
     dropped = text[len(shown):].rstrip()
     if not shown:
         dropped = cursor_line + dropped

@@ -1,18 +1,7 @@
-"""Where an answer ends by its text alone: the text rules as a strategy
-(:class:`TextEnding`), the cut rules fed one line at a time
-(:class:`LineScanner`), over what :mod:`soldaemon.pipeline.ending.lines`
-knows of the cursor. Pure string functions.
-
-* :meth:`TextEnding.may_stop` -- during decoding: True as soon as more text
-  could not change what is shown;
-* :meth:`TextEnding.shown` and :func:`postprocess` -- at the end: one line,
-  or a block that ends where the enclosing block ends; what the suffix
-  already contains removed; degenerate repetition stopped; whitespace
-  trimmed;
-* :func:`may_repeat_below` -- what the streamed preview may not show yet,
-  and :func:`repeats_below` -- whether the whole text is dropped for that
-  reason (the local engine then decodes again from the model's next choice:
-  :mod:`soldaemon.runtime.decode.second`).
+"""Where an answer ends by its text alone: :class:`TextEnding` (the strategy),
+:class:`LineScanner` (the cut rules, one line at a time), :func:`postprocess`
+(what is shown) and :func:`may_repeat_below` / :func:`repeats_below` (a first
+line that repeats the line below). Pure string functions.
 """
 
 from __future__ import annotations
@@ -24,8 +13,7 @@ from soldaemon.pipeline.ending.lines import (
     BRACE_CONTINUES, CLOSE_TO_OPEN, CLOSERS, CONTINUES, LATER_MIN_CHARS, QUOTES, Cursor, bracket_depth, cursor_at,
     first_repeats, header_word, indent_of, keyword, on_own_line, repeats_suffix, starts_definition)
 
-# Characters that may be dropped from the end of a completion when the suffix
-# supplies them right after the cursor (besides a whole-rest overlap).
+# Dropped from a completion's end when the suffix supplies them after the cursor.
 _TAIL_PUNCT = frozenset(CLOSERS + QUOTES + ";,: \t")
 # Ends that name how generation stopped rather than a cut.
 STOPPED = ("length", "budget", "cancelled", "superseded", "error")
@@ -42,20 +30,9 @@ class Answer:
 class TextEnding:
     """Where one request's answer ends, by the text rules.
 
-    ``may_stop(text_so_far)`` is called with the whole generated text after
-    every step (each call extending the previous one). It returns True once
-    :meth:`shown` is certain to cut everything after this point:
-    single-line and a newline appeared; multi-line and a line past
-    ``max_lines`` began, or a line left of the block began (a closer line
-    that would be kept is waited for until it ends), or a completed line
-    equals the next suffix line, or a line completed its third repetition.
-    Guarantee: when ``may_stop(t)`` is True, ``shown(u) == shown(t)`` for
-    every extension ``u`` of ``t``. Once True it stays True; :attr:`rule`
-    then names the rule that stopped it.
-
-    Cost per call: amortised over the new characters only (each line is
-    examined when it completes, plus the current partial line).
-    ``floor`` (columns): see :func:`postprocess_why`.
+    ``may_stop(t)`` True guarantees ``shown(u) == shown(t)`` for every
+    extension ``u`` of ``t``; it then stays True and :attr:`rule` names the
+    rule. Each call costs only the characters new since the last one.
     """
 
     def __init__(self, prefix: str, suffix: str, multiline: bool, max_lines: int,
@@ -80,7 +57,7 @@ class TextEnding:
         self.rule = None
 
     def may_stop(self, text_so_far: str) -> bool:
-        """True when generation can stop now (see the class docstring)."""
+        """True when generation can stop now (see the class)."""
         if self._stopped:
             return True
         text = text_so_far
@@ -107,25 +84,20 @@ class TextEnding:
         return True
 
     def shown(self, raw: str, finish: str, rule: str | None) -> Answer:
-        """The shown answer for generated ``raw`` that ended with ``finish``
-        (``rule``: the rule that stopped its generation, the :attr:`rule`
-        of the ending it decoded under)."""
+        """The shown answer for ``raw``, which ended with ``finish``."""
         text, cut = postprocess_why(raw, prefix=self.prefix, suffix=self.suffix, multiline=self.multiline,
                                     max_lines=self.max_lines)
         return Answer(text, cut or (finish if finish in STOPPED else "model"))
 
 
-# A cut: drop from line ``at`` ("before") or after it ("after"), and the
-# name of the rule that cut (the ``end`` a completion reports; see
-# docs/protocol.md): "line" (single-line: a newline), "max_lines", "scope"
-# (the enclosing block ended), "suffix" (a line repeats the suffix),
-# "repeat" (a line came a third time in a row).
+# A cut: drop from line ``at`` ("before") or after it ("after"), and the rule's
+# name (the ``end`` a completion reports, docs/protocol.md).
 _Cut = tuple[Literal["before", "after"], int, str]
 
 class LineScanner:
-    """The line-by-line cut rules (see :func:`soldaemon.pipeline.ending.text.postprocess`), fed one line at a
-    time: :meth:`decide` for line ``i`` (pure), then :meth:`advance` when it
-    is kept and complete."""
+    """The cut rules of :func:`postprocess`, fed one line at a time:
+    :meth:`decide` for line ``i`` (pure), then :meth:`advance` when it is kept
+    and complete."""
 
     def __init__(self, cur: Cursor, multiline: bool, max_lines: int, floor: int | None = None) -> None:
         self.cur = cur
@@ -140,13 +112,9 @@ class LineScanner:
         self.run_second = 0             # index of its second occurrence
         self._header: tuple[str, int] | None | Literal[False] = False  # lazy
 
-    # -- block structure -------------------------------------------------
-
     def header(self) -> tuple[str, int] | None:
-        """The line that opened the block the completion is in, with its
-        indentation: the cursor line when it ends with an opener, else the
-        nearest non-blank prefix line above with less indentation than the
-        block."""
+        """The line that opened the completion's block, with its indentation
+        (the cursor line when it ends with an opener)."""
         if self._header is not False:
             return self._header
         found: tuple[str, int] | None = None
@@ -166,8 +134,8 @@ class LineScanner:
         return found
 
     def suffix_closes(self, closer: str, indent: int) -> bool:
-        """Whether the suffix's first non-blank line (after the cursor line) at
-        or left of ``indent`` starts with ``closer``: the block is closed."""
+        """Whether the suffix's first line at or left of ``indent`` starts
+        with ``closer``."""
         suffix = self.cur.suffix
         nl = suffix.find("\n")
         if nl < 0:
@@ -185,11 +153,10 @@ class LineScanner:
         return False
 
     def closer_kept(self, closer: str, indent: int) -> bool:
-        """A dedented line starting with ``closer`` is kept (as the block's last
-        line) when it closes the block header's opener at the header's
-        indentation and the document does not close that block already --
-        or closes it right after the cursor (then the finishing step turns
-        the line into the indentation in front of that closer)."""
+        """Whether a dedented line starting with ``closer`` is kept as the
+        block's last line: it closes the header's opener at the header's
+        indentation and the suffix does not close it (except right after the
+        cursor)."""
         header = self.header()
         if header is None:
             return False
@@ -201,11 +168,9 @@ class LineScanner:
         return not self.suffix_closes(closer, h_indent)
 
     def continues(self, stripped: str, indent: int, complete: bool) -> bool | None:
-        """Whether a dedented line goes on with the statement the completion
-        is inside (``elif``/``else``/``except``/``finally``/``case`` at the
-        header's indentation after a matching header; ``} else {`` and the
-        like after a ``{`` header the suffix does not close). None while an
-        incomplete line could still become one."""
+        """Whether a dedented line goes on with the completion's statement
+        (``else``, ``} catch (e) {`` ...); None while an incomplete line could
+        still become one."""
         header = self.header()
         if header is None or indent != header[1]:
             return False
@@ -229,18 +194,14 @@ class LineScanner:
         return False
 
     def repeats(self, text: str) -> bool:
-        """``text`` (a completed line, rstripped) repeats the suffix: its next
-        lines (:func:`repeats_suffix`) or a branch of its statement."""
+        """Whether completed line ``text`` repeats the suffix's next lines or
+        a branch of its statement."""
         return repeats_suffix(self.cur, text) or self.repeats_branch(text)
 
     def repeats_branch(self, text: str) -> bool:
-        """``text`` (a completed line, rstripped) opens a branch
-        (``elif``/``else``/``except``/``finally``/``case``) that the suffix
-        already has: a line equal to it, at its indentation, among the
-        suffix's lines before the statement there ends (its first line left of
-        that indentation, or at it without a branch keyword). A second
-        ``elif x:`` is dead code and a second ``else:`` a syntax error,
-        however far below the suffix holds the first."""
+        """Whether completed line ``text`` opens a branch (``elif x:``,
+        ``else:`` ...) that the suffix's statement already has, however far
+        below."""
         stripped = text.strip()
         if keyword(stripped, CONTINUES) is None:
             return False
@@ -255,17 +216,12 @@ class LineScanner:
                 return True
         return False
 
-    # -- the rules ---------------------------------------------------------
-
     def decide(self, line: str, complete: bool) -> _Cut | None:
-        """The cut that line ``self.i`` causes, or None. With ``complete``
-        False (a line still being generated) only cuts that no further text
-        on the line could change are returned."""
+        """The cut that line ``self.i`` causes, or None; for an incomplete
+        line only a cut that more text could not change."""
         i = self.i
         if i == 0:
-            # On a line of its own (nothing around the cursor on its line, as
-            # after Enter), a first line that is the line below the cursor
-            # would show that line twice (rule c for the first line).
+            # on a line of its own, a first line equal to the line below shows it twice
             if complete and first_repeats(self.cur, line):
                 return ("before", 0, "suffix")
             return None
@@ -332,17 +288,14 @@ class LineScanner:
 
 
 def repeats_below(prefix: str, suffix: str, text: str) -> bool:
-    """Whether post-processing drops all of ``text`` because its first line,
-    on a line of its own, is the line below the cursor (or one of the few
-    after it: rule c of :func:`postprocess`)."""
+    """Whether :func:`postprocess` drops all of ``text`` because its first
+    line, on a line of its own, repeats a line below the cursor."""
     return first_repeats(cursor_at(prefix, suffix), text.split("\n", 1)[0])
 
 
 def may_repeat_below(prefix: str, suffix: str) -> Callable[[str], bool]:
-    """For the streamed preview: a test of generated text that is True while
-    its first line, on a line of its own, is or may still become a line
-    that :func:`repeats_below` drops (a prefix of the line below, or of a
-    long one of the few after it) -- text a client should not see yet."""
+    """A test for the streamed preview: True while the text's first line may
+    still become one that :func:`repeats_below` drops."""
     cur = cursor_at(prefix, suffix)
     if not on_own_line(cur) or cur.next_line is None:
         return lambda _text: False
@@ -359,10 +312,8 @@ def may_repeat_below(prefix: str, suffix: str) -> Callable[[str], bool]:
 
 
 def _can_drop(head: str, tail: str) -> bool:
-    """Whether ``tail`` (text the suffix repeats) can be cut from the end of a
-    completion whose other text is ``head``: no closer in it may close a
-    bracket opened in ``head``, no quote in it may close a string opened in
-    ``head``."""
+    """Whether ``tail`` can be cut from after ``head``: it closes no bracket
+    or string that ``head`` opened."""
     if any(ch in CLOSERS for ch in tail) and bracket_depth(head) > 0:
         return False
     for q in QUOTES:
@@ -372,10 +323,9 @@ def _can_drop(head: str, tail: str) -> bool:
 
 
 def _trim_rest_overlap(text: str, rest: str) -> str:
-    """Cut the end of ``text`` where it repeats the start of ``rest`` (the
-    suffix up to its newline): the longest overlap that is either made only of
-    closing brackets, quotes and ``;,:`` or covers all of ``rest`` (trailing
-    whitespace aside), and that :func:`_can_drop` allows."""
+    """``text`` without the longest end that repeats the start of ``rest``
+    (the cursor line's rest) and is all of it or only closers, quotes and
+    ``;,:``."""
     core = rest.rstrip()
     if not core:
         return text
@@ -392,7 +342,6 @@ def _trim_rest_overlap(text: str, rest: str) -> str:
         last = lines[-1]
         if last.strip() or len(lines) == 1:
             last = last.rstrip()
-        # else: an indentation-only last line stays, to place ``rest``.
         return "\n".join(lines[:-1] + [last])
     return text
 
@@ -405,7 +354,6 @@ def _finish(lines: list[str], cur: Cursor) -> str:
         lines.pop()
     lines[-1] = lines[-1].rstrip()
     if cur.column0:
-        # whole lines above the cursor's line: the text ends with a newline
         text = "\n".join(lines)
         return text + "\n" if text.strip() else ""
     text = _trim_rest_overlap("\n".join(lines), cur.rest)
@@ -425,45 +373,14 @@ def _cut_lines(lines: list[str], scanner: LineScanner) -> tuple[list[str], str |
 def postprocess(
     text: str, *, prefix: str, suffix: str, multiline: bool, max_lines: int
 ) -> str:
-    """What to show for generated ``text`` at the cursor between ``prefix`` and
-    ``suffix``. Never only whitespace: "" means show nothing.
+    """What to show for generated ``text`` at the cursor; "" shows nothing.
 
-    Lines are cut at the first of (each looks only at the lines up to it):
-
-    a. single-line: the first newline (so text starting with a newline gives
-       "");
-    b. multi-line: line ``max_lines + 1`` (a blank first line -- the text
-       starts with a newline -- is not counted);
-       the end of the enclosing block: a non-blank line indented less than the
-       block (the block is deeper than the cursor line when that line ends
-       with an opener; else it is at the cursor line's indentation, or for a
-       blank cursor line at the indentation where the completion's first line
-       starts). Such a line is dropped -- unless it starts with the closer
-       matching the opener of the block's header line, at the header's
-       indentation, and the suffix does not already close that block: then it
-       is kept as the last line (brace languages). A dedented line that goes
-       on with the statement the completion is inside is no end either:
-       ``elif``/``else``/``except``/``finally``/``case`` at the header's
-       indentation after a header they may follow, and ``} else {``,
-       ``} catch (e) {``, ``} while (x);`` after a ``{`` header the suffix
-       does not close -- the completion then ends where it meets the suffix
-       (rule c) or at the next real dedent;
-    c. a line equal (trailing whitespace aside) to the next non-blank line of
-       the suffix, or to one of the two non-blank suffix lines after it when
-       it has at least 8 non-blank characters: it and everything after it
-       are dropped (the model went on writing what follows the hole); the
-       first line too when the cursor's line is blank around the cursor (on
-       a line of its own after Enter: the whole answer is then "");
-    e. a line repeated 3 times in a row (blank lines between ignored): only
-       its first occurrence is kept.
-
-    Then trailing blank lines go, the last line loses its trailing whitespace,
-    and (c, d) the end of the text that repeats the start of the rest of the
-    cursor line is cut -- closing brackets/quotes the suffix already supplies
-    (``foo(`` + ``a, b)`` before ``)`` gives ``a, b``) unless they close
-    something the completion opened, or the whole rest of the line. When that
-    leaves an indentation-only last line in a multi-line completion, the
-    indentation stays so the suffix's closer lands on its own line.
+    Lines are cut at the first of: a newline (single-line); line
+    ``max_lines + 1``; a line left of the enclosing block (a closer of its
+    header's opener is kept, a continuing ``else``/``} catch {`` is no end);
+    a line equal to one of the suffix's next lines; a third repetition. Then
+    trailing whitespace goes, and the end that repeats the rest of the cursor
+    line (``foo(`` + ``a, b)`` before ``)`` gives ``a, b``).
     """
     return postprocess_why(text, prefix=prefix, suffix=suffix, multiline=multiline, max_lines=max_lines)[0]
 
@@ -471,9 +388,8 @@ def postprocess(
 def postprocess_why(
     text: str, *, prefix: str, suffix: str, multiline: bool, max_lines: int, floor: int | None = None
 ) -> tuple[str, str | None]:
-    """:func:`postprocess` and the rule that cut (None: none; names at
-    ``_Cut``). ``floor`` (columns) replaces rule b's block end: only a line
-    indented less ends it (:class:`soldaemon.pipeline.ending.parsed.ParsedEnding`)."""
+    """:func:`postprocess` and the rule that cut (None: none). With ``floor``
+    (columns) only a line indented less than it ends the block."""
     cur = cursor_at(prefix, suffix)
     lines, rule = _cut_lines(text.split("\n"), LineScanner(cur, multiline, max_lines, floor))
     return _finish(lines, cur), rule

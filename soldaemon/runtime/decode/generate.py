@@ -108,7 +108,7 @@ def generate(
             k = min(draft_k, budget)
             kind = drafter.kind()
             if getattr(sampler, "constrained", False) or not kind:
-                k = 0            # token healing still picks the next token (runtime/healing.py); or nothing to propose
+                k = 0            # token healing still picks the next token (runtime/decode/healing.py); or nothing to propose
             elif draft_length is not None:
                 k = min(k, draft_length.choose(budget, kind))
             draft = _until_stop(drafter.propose(k), stop_ids) if k > 0 else []

@@ -1,18 +1,8 @@
-"""Token healing: a cursor inside a word, the prompt backed up one token.
-
-An editor's cursor is inside a token most of the time: after ``_in`` of
-``_initial_missing``, after the space of ``b = ``. Encoded as is, the prompt
-ends in a token the model rarely saw at that spot (``in``, a lone ``" "``),
-and it tends to write the whole word again (``_ininitial_missing``) or
-continue in an odd direction. Token healing drops the prompt's last token
-(:func:`soldaemon.fim.make_prompt` with ``heal=True`` reports its text as
-``FimPrompt.heal``) and constrains the first generated token(s) to text that
-agrees with it: a token that starts with the dropped text, or one that is a
-prefix of it (then the next token is constrained by what is left). The
-caller strips the dropped text from the generated text.
-
-Measured on the embedded model (docs/quality.md): the line holes of the
-quality benchmark's first 40 holes went from 3/20 to 9/20 exact.
+"""Token healing: a cursor inside a word leaves the prompt ending in a token
+the model rarely saw there, so :func:`soldaemon.fim.make_prompt` drops it
+(``FimPrompt.heal``) and :class:`HealingSampler` constrains the first
+generated tokens to text that agrees with it; the caller strips the dropped
+text again (docs/quality.md).
 """
 
 from __future__ import annotations
@@ -26,13 +16,8 @@ from soldaemon.runtime.decode.sampling import Accepted, Sampler, accept_draft
 
 
 class TokenTexts:
-    """The text of every token id, with a prefix index: the ids whose text
-    starts with a string, and the ids whose text is exactly a string.
-
-    Built once per tokenizer (about 2 s for a 150k vocabulary on a CPU);
-    only byte-level BPE tokenizers are faithful here (a SentencePiece token
-    decoded alone loses its leading space; ``make_prompt`` does not heal
-    for those)."""
+    """The text of every token id, indexed by prefix and by exact text; built
+    once per tokenizer (byte-level BPE only: ``make_prompt`` heals no other)."""
 
     def __init__(self, tokenizer: Any, vocab_size: int | None = None) -> None:
         n = vocab_size if vocab_size is not None else len(tokenizer)
@@ -60,10 +45,8 @@ class TokenTexts:
 
 
 class HealingSampler:
-    """``inner`` with the first token(s) constrained to agree with ``heal``
-    (see the module doc). ``constrained`` is true until the generated text
-    covers ``heal``; speculation waits for that (a draft's verification
-    picks unconstrained argmaxes)."""
+    """``inner`` with the first token(s) constrained to agree with ``heal``;
+    ``constrained`` (so drafts wait) until the text covers it."""
 
     def __init__(self, inner: Sampler, texts: TokenTexts, heal: str) -> None:
         self.inner = inner
@@ -80,9 +63,7 @@ class HealingSampler:
             return self.inner(logits)
         ids = [i for i in self.texts.allowed(self.rest) if i < logits.shape[-1]]
         if not self.rest.strip():
-            # healed indentation: the code comes after it, not more blanks (a
-            # token that covers the blanks with blanks only left the model
-            # writing blanks to the end of its budget, docs/quality.md)
+            # healed indentation: the code comes after it, not more blanks (docs/quality.md)
             rest = len(self.rest)
             ids = [i for i in ids if len(self.texts.texts[i]) < rest or self.texts.texts[i].strip()] or ids
         if not ids:              # nothing agrees (cannot happen with a full vocabulary): give up healing
@@ -100,7 +81,6 @@ class HealingSampler:
         return accept_draft(self.inner, logits, draft)
 
     def take(self, token: int) -> None:
-        """``token`` was generated (chosen here or replayed): what of
-        ``heal`` is left to cover."""
+        """Account for a generated ``token``: what of ``heal`` is left."""
         text = self.texts.texts[token]
         self.rest = self.rest[len(text):] if self.rest.startswith(text) else ""

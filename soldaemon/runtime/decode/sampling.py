@@ -70,15 +70,10 @@ class TopP:
         return int(torch.multinomial(probs, 1, generator=self.gen))
 
     def accept(self, logits: torch.Tensor, draft: Sequence[int]) -> Accepted:
-        """Speculative sampling, coupled: ``logits`` [1+k, V] from one
-        forward over [token, *draft] (row i is the distribution of the token
-        after ``draft[:i]``). Row by row, the token is drawn as one step would
-        draw it (this sampler, its generator); the draft is kept while each
-        draw equals it, and the first draw that does not is the next token.
-        A draft token is so kept with its probability, and the tokens are
-        the very ones a decode without drafts draws from the same seed
-        (each draw consumes the generator as a step does): drafting changes
-        the time, never the answer."""
+        """Speculative sampling, coupled: ``logits`` [1+k, V] over [token,
+        *draft]; each row drawn as a step would draw it, the draft kept while
+        the draws equal it. The tokens are those a decode without drafts
+        draws from the same seed: drafting changes the time, never the answer."""
         return row_by_row(self, logits, draft)
 
     # how many of the most likely tokens a device-side nucleus looks at first
@@ -86,11 +81,8 @@ class TopP:
     TOP_K = 256
 
     def _on_device(self, logits: torch.Tensor) -> int:
-        """The same sampling where the logits are (CUDA): no copy of the
-        vocabulary to the host, no host sort; one host sync for the id. The
-        nucleus is looked for among the TOP_K most likely tokens (topk on
-        the device), and in the full sorted distribution only when those do
-        not reach top_p."""
+        """The same sampling on the device (CUDA), one host sync: the nucleus
+        among the TOP_K likeliest tokens, the full sort only when they fall short."""
         dev_gen = self._device_generator(logits.device)
         probs = torch.softmax(logits.float() / self.temperature, dim=-1)
         if self.top_p >= 1.0:
@@ -112,10 +104,7 @@ class TopP:
 
 
 def accept_draft(sampler: Sampler, logits: torch.Tensor, draft: Sequence[int]) -> Accepted:
-    """``sampler``'s verification of ``draft`` (:meth:`Greedy.accept`,
-    :meth:`TopP.accept`): the tokens it would pick step by step, the draft
-    kept while they equal it. A sampler without ``accept`` is called row
-    by row."""
+    """``sampler``'s verification of ``draft``: its ``accept``, else row by row."""
     accept = getattr(sampler, "accept", None)
     return accept(logits, draft) if accept is not None else row_by_row(sampler, logits, draft)
 

@@ -1,22 +1,9 @@
-"""The model's second choice for a first line that repeats the line below.
-
-On a line of its own (after Enter), a model often writes the line that is
-already below the cursor. Post-processing drops such a first line (rule c of
-:func:`soldaemon.pipeline.ending.postprocess`) and with it the whole
-answer. The model's next most likely answer is often the right one (the
-line that was missing above the one it repeated), so instead:
-
-* :func:`second_choice` scores every token of the rejected line by how
-  close the model's best other token came to it (one forward over the line;
-  the prompt is in the KV cache), and picks the closest;
-* :class:`Replay` decodes again from there: the line's tokens before that
-  position replayed, the other token taken, then the usual sampler.
-
-Only for a greedy single candidate (completion.second_choice).
-
-:func:`token_scores` is the same forward for a whole answer: each token's
-log-probability, what the pipeline's block candidates (completion.candidates,
-:mod:`soldaemon.pipeline.candidates`) are ranked by.
+"""The model's second choice for a first line that repeats the line below
+(which the ending drops, and with it the answer; ``completion.second_choice``):
+:func:`second_choice` finds the position along the rejected line where the
+model's best other token came closest (one forward, the prompt cached), and
+:class:`Replay` decodes again from there. :func:`token_scores` is the same
+forward over a whole answer (the block candidates' ranking).
 """
 
 from __future__ import annotations
@@ -33,22 +20,18 @@ from soldaemon.runtime.kv.session import KVSession
 
 @dataclass(frozen=True)
 class Choice:
-    """Where a second decode starts: ``tokens`` (the rejected line's
-    tokens before ``at``, then the other token) and how much less likely
-    that token was (natural-log odds against the one taken, >= 0)."""
+    """Where a second decode starts."""
 
-    tokens: list[int]
+    tokens: list[int]   # the rejected line's tokens before ``at``, then the other token
     at: int
-    gap: float
+    gap: float          # how much less likely the other token was: natural-log odds, >= 0
 
 
 def second_choice(session: KVSession, prompt: Sequence[int], line: Sequence[int], stop_ids: frozenset[int],
                   healing: Sampler | None = None, precise_until: int | None = None) -> Choice | None:
-    """The closest other token along ``line`` (the tokens generated for the
-    rejected first line, its newline's token included), after ``prompt``.
-    ``healing``: a fresh token-healing sampler (its constraint applies to
-    the first tokens' alternatives as it did to the first decode). None when
-    no position has an other token (every one an end token or refused)."""
+    """The closest other token along the rejected ``line`` (its newline
+    included) after ``prompt``, or None; ``healing``: a fresh token-healing
+    sampler, constraining the alternatives as it did the first decode."""
     if not line:
         return None
     pre = session.prefill(prompt, precise_until=precise_until)
@@ -90,14 +73,12 @@ def token_scores(session: KVSession, prompt: Sequence[int], tokens: Sequence[int
     pre = session.prefill(prompt, precise_until=precise_until)
     rows = torch.cat([pre.logits.float()[None], session.verify(list(tokens)).float()])[:len(tokens)]
     taken = torch.tensor(list(tokens))[:, None]
-    return TokenScores(torch.log_softmax(rows, dim=-1).gather(1, taken)[:, 0].tolist())   # as measured (2026-12-04, d59f120)
+    return TokenScores(torch.log_softmax(rows, dim=-1).gather(1, taken)[:, 0].tolist())
 
 
 class Replay:
-    """``inner``, after replaying ``forced`` tokens: each forced step returns
-    its token whatever the logits (``inner`` told through its ``take``, when
-    it has one, so that token healing keeps track). ``constrained`` while
-    replaying: speculation waits (a draft's verification takes argmaxes)."""
+    """``inner`` after replaying ``forced`` tokens whatever the logits (told to
+    ``inner``'s ``take``); ``constrained`` while replaying, so drafts wait."""
 
     def __init__(self, inner: Sampler, forced: Sequence[int]) -> None:
         self.inner = inner
