@@ -333,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sol-lsp",
         description="Language server for soldaemon: inline completions (LSP 3.18) and plain completions "
-                    "from the local daemon. Speaks LSP on stdio unless --tcp is given.")
+                    "from the local daemon. Speaks LSP on stdio.")
     parser.add_argument("--stdio", action="store_true", help="speak LSP on stdin/stdout (the default)")
     parser.add_argument("--tcp", metavar="HOST:PORT", help=argparse.SUPPRESS)  # refused in parse_args
     parser.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"),
