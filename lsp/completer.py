@@ -161,9 +161,11 @@ class Completer:
 
     async def suggest(self, uri: str, position: types.Position, *, automatic: bool,
                       alternatives: bool | None = None, tag: str | None = None,
-                      early: bool = False) -> Suggestion | None:
+                      early: bool = False, start_wait_s: float | None = None) -> Suggestion | None:
         """See the module doc. ``alternatives`` defaults to invoked; ``tag``:
-        the editor's request id; ``early``: an inline request may get early lines."""
+        the editor's request id; ``early``: an inline request may get early lines;
+        ``start_wait_s``: how long to wait for a starting daemon (None: until it is
+        ready or the request is cancelled), then None."""
         if alternatives is None:
             alternatives = not automatic
         t0 = time.perf_counter()
@@ -209,7 +211,12 @@ class Completer:
             return cached
         if not self.client.ready:
             self.client.poke()
-            if not await self.client.wait_ready():
+            try:
+                ready = await asyncio.wait_for(self.client.wait_ready(), start_wait_s)
+            except asyncio.TimeoutError:
+                log.info("lsp %s: the daemon is still starting after %.0f s; empty for now", tag, start_wait_s)
+                return None
+            if not ready:
                 log.debug("lsp %s: daemon not ready; empty", tag)
                 return None
             log.info("lsp %s: waited %.0f ms for the daemon to start", tag, (time.perf_counter() - t0) * 1000)

@@ -45,6 +45,10 @@ __all__ = ["ACCEPT_COMMAND", "SOL_DID_PARTIALLY_ACCEPT", "SOL_DID_SHOW", "SOL_ST
 log = logging.getLogger("sol.lsp")
 
 MAX_LINE_PREFIX = 1000          # chars: longer lines get cursor-relative items
+# a plain completion waits this long for a daemon that is starting, then answers
+# an empty, incomplete list (asked again on the next key): eglot and lsp-mode
+# ask synchronously and give up after 10 s (jsonrpc/lsp-response timeouts)
+PLAIN_START_WAIT_S = 4.0
 CONFIG_SECTION = "soldaemon"    # workspace/didChangeConfiguration: settings.soldaemon
 COMPLETION_READY = "sol/completionReady"   # {uri}: the rest of an early inline answer is there
 
@@ -259,7 +263,8 @@ class SolLanguageServer(LanguageServer):
         try:
             return await self.completer.suggest(uri, position, automatic=automatic,
                                                 alternatives=alternatives and not automatic,
-                                                tag=str(self.protocol.msg_id), early=inline)
+                                                tag=str(self.protocol.msg_id), early=inline,
+                                                start_wait_s=None if inline else PLAIN_START_WAIT_S)
         except DaemonRequestFailed as exc:
             raise RequestFailed(str(exc), data={"code": exc.frame.code, "hint": exc.frame.hint}) from None
 

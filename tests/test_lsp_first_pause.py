@@ -6,6 +6,9 @@ no daemon running.
   with "starting…" and the stage the daemon prints in ``sol/status``; the
   daemon prints its first-start work (here: the kernel timing of the tiny
   model); a disabled language starts nothing.
+- A plain completion (eglot and lsp-mode ask synchronously and give up
+  after 10 s) waits only a few seconds for a starting daemon, then gets an
+  empty incomplete list, and items once the daemon is ready.
 - A daemon sol-lsp starts listens on a free port when the configured one is
   held, and its record says where (sol-lsp finds it there).
 """
@@ -23,7 +26,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from lsprotocol import types
 from pytest_lsp import LanguageClient
+
+from lsp.server import PLAIN_START_WAIT_S
 
 from tests.fixtures.daemon import FAKE_ENGINE, write_config
 from tests.fixtures.lsp_harness import initialize, inline_params, lsp_env, open_doc, start_lsp, wait_for
@@ -70,10 +76,8 @@ async def test_the_first_inline_request_after_open_waits_for_the_daemon(engine_a
         # the tiny model's first-start work lasts less than sol-lsp's 0.5 s poll on a fast
         # machine, so a stage of known length goes first (printed the way the daemon prints
         # its stages), then the real daemon starts in the same process
-        stage = "soldaemon: a stage that lasts 2 s"
-        command = shlex.join(["sh", "-c", f"echo '{stage}'; sleep 2; exec \"$@\"", "sh", sys.executable, "-m",
-                              "soldaemon.cli", "--config", str(config), "serve", *engine_args, "--port", "0"])
-        client, statuses = await start_lsp([*QUICK, "--daemon-command", command], env)
+        client, statuses = await start_lsp([*QUICK, "--daemon-command",
+                                            slow_start(config, 2, *engine_args, "--port", "0")], env)
         await initialize(client, options={"languages": {"markdown": False}})
         md = "file:///w/notes.md"
         open_doc(client, md, TEXT, language="markdown")
@@ -93,6 +97,45 @@ async def test_the_first_inline_request_after_open_waits_for_the_daemon(engine_a
         out = (state / "daemon.out").read_text()
         assert "soldaemon: measuring the linear kernels" in out, out            # the real first-start work
         assert statuses[-1]["state"] == "ready"
+    finally:
+        await stop_all(client, state)
+
+
+def slow_start(config: Path, seconds: int, *args: str) -> str:
+    """A daemon command whose start lasts at least ``seconds`` (a stage printed as the daemon prints its own)."""
+    return shlex.join(["sh", "-c", f"echo 'soldaemon: a stage that lasts {seconds} s'; sleep {seconds}; exec \"$@\"",
+                       "sh", sys.executable, "-m", "soldaemon.cli", "--config", str(config), "serve", *args])
+
+
+@pytest.mark.asyncio
+async def test_a_plain_completion_does_not_wait_out_a_synchronous_clients_timeout(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "sol_config.yaml")
+    state = tmp_path / "state"
+    client: LanguageClient | None = None
+    try:
+        client, statuses = await start_lsp(
+            [*QUICK, "--daemon-command", slow_start(config, 8, "--engine", FAKE_ENGINE, "--port", "0")],
+            lsp_env(state))
+        await initialize(client, inline=False)                  # a client with plain completion only (eglot)
+        uri = "file:///w/code.py"
+        open_doc(client, uri, TEXT)
+        params = types.CompletionParams(text_document=types.TextDocumentIdentifier(uri=uri),
+                                        position=types.Position(line=1, character=11))
+        t0 = asyncio.get_running_loop().time()
+        first = await asyncio.wait_for(client.text_document_completion_async(params), 30)
+        waited = asyncio.get_running_loop().time() - t0
+        assert isinstance(first, types.CompletionList) and first.is_incomplete and not first.items, first
+        assert PLAIN_START_WAIT_S - 0.5 <= waited < 9, f"answered after {waited:.1f} s"    # not after the start
+        assert any("a stage that lasts 8 s" in s.get("message", "") for s in statuses), statuses
+        items: list[types.CompletionItem] = []
+        for _ in range(60):                                     # the user goes on typing: asked again
+            again = await asyncio.wait_for(client.text_document_completion_async(params), 30)
+            assert isinstance(again, types.CompletionList)
+            if again.items:
+                items = again.items
+                break
+            await asyncio.sleep(0.5)
+        assert items, f"no items once the daemon was ready; statuses {statuses}"
     finally:
         await stop_all(client, state)
 
