@@ -207,7 +207,7 @@ class Pipeline:
                 answer = ending.shown(gen.raw, gen.finish, ending.rule)
                 items.append(answer.text)
                 ends.append(answer.end)
-                if gen.finish in ("cancelled", "budget", "superseded"):
+                if not gen.whole:
                     break
             streamed: str | None = None
             scorer = model.scorer()
@@ -219,7 +219,7 @@ class Pipeline:
                     gens[0].stats, generated_tokens=gens[0].stats.generated_tokens + sampled))
                 streamed = greedy if greedy.strip() and items[0] != greedy else None
         last = gens[-1].finish if gens else "stop"
-        finish = cancel.reason if last == "cancelled" else last
+        finish = cancel.finish(last)
         yield self._finish(req, items, finish, model.timings(req, gens, prompt, prompt_ms, clock), state, model,
                            counted, ends, streamed)
 
@@ -262,7 +262,7 @@ class Pipeline:
                          .shown(gen.raw, gen.finish, None).text]
         else:
             first_ns = first_wall = 0
-        finish = cancel.reason if gen.finish == "cancelled" else gen.finish
+        finish = cancel.finish(gen.finish)
         timings = clock.timings(first_ns=first_ns, first_wall_ns=first_wall, prompt_tokens=source.prompt_tokens,
                                 cached_tokens=source.prompt_tokens, generated_tokens=gen.stats.generated_tokens,
                                 source=source.kind)
@@ -279,7 +279,7 @@ class Pipeline:
         """Block candidates (:mod:`.candidates`) for this answer: a greedy
         single multi-line answer that ended whole (not cancelled, superseded
         or past the budget)."""
-        return self._may_rank(req, ending) and len(gens) == 1 and gens[0].finish in ("stop", "length") \
+        return self._may_rank(req, ending) and len(gens) == 1 and gens[0].whole \
             and bool(gens[0].ids)
 
     def _may_rank(self, req: CompletionRequest, ending: Ending) -> bool:
