@@ -83,7 +83,7 @@ def _kv_park_costs(backend: LeanBackend, ids: torch.Tensor, repeats: int) -> lis
     backend.record_queries()
     backend.forward(ids, 0, precise=True)
     assert backend.last_q is not None
-    k, v = backend.current_cache()
+    k, v = backend.cache
     n = len(ids)
     saved_k, saved_v = k[:, :, :n].clone(), v[:, :, :n].clone()
     out = []

@@ -67,11 +67,11 @@ def test_a_failed_capture_is_retried_once_before_graphs_are_given_up(tiny_hf: ob
     real = graphs._capture
     fails = {"left": 1}
 
-    def flaky(window: int, rows: int) -> object:
+    def flaky(cache: object, window: int, rows: int) -> object:
         if fails["left"]:
             fails["left"] -= 1
             raise RuntimeError("operation not permitted when stream is capturing")
-        return real(window, rows)
+        return real(cache, window, rows)
     monkeypatch.setattr(graphs, "_capture", flaky)
     assert graphs.step(5, 0) is None and graphs.enabled          # this step eager, graphs kept
     assert graphs.step(5, 0) is not None and graphs.failed_captures == 0

@@ -279,11 +279,11 @@ def test_a_verify_is_its_decode_steps_bit_for_bit(tiny) -> None:
     session = KVSession(be)
     session.prefill(ids)
     steps = torch.stack([session.decode_step(t) for t in nxt])
-    kv_steps = [c[:, :, :len(ids) + 9].clone() for c in be.current_cache()]
+    kv_steps = [c[:, :, :len(ids) + 9].clone() for c in be.cache]
     session.truncate(len(ids))
     rows = session.verify(nxt)
     assert torch.equal(rows, steps)
-    for a, b in zip(kv_steps, be.current_cache()):
+    for a, b in zip(kv_steps, be.cache):
         assert torch.equal(a, b[:, :, :len(ids) + 9])
     # one masked call for the 9 rows is the same attention, not the same bits
     be.stepwise_short = False
@@ -316,7 +316,7 @@ def test_the_blocked_copy_changes_no_bit(tiny) -> None:
         rows = session.verify(nxt).clone()
         session.truncate(len(ids))
         steps = torch.stack([session.decode_step(t) for t in nxt])
-        out.append((first, rows, steps, [c[:, :, :len(ids) + 9].clone() for c in be.current_cache()]))
+        out.append((first, rows, steps, [c[:, :, :len(ids) + 9].clone() for c in be.cache]))
     (f1, r1, s1, kv1), (f2, r2, s2, kv2) = out
     assert torch.equal(f1, f2) and torch.equal(r1, r2) and torch.equal(s1, s2)
     assert torch.equal(r2, s2)                    # the verify is still its decode steps
