@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     backend = LeanBackend(loaded.model, len(ids_list) + args.tokens + 8, plan=plan, release=True)
     store = WeightStore(backend.weight_sets(), backend.fixed_weights(), dev, prefetch_depth=args.depth,
                         fallback_timeout_ms=args.fallback_timeout_ms)
-    backend.residency = store
+    backend.read_through(store)
     bw = measure_copy_bandwidth(dev)
     decode_variant = 0                                 # one weight copy: every forward reads variant 0
     gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"

@@ -86,7 +86,7 @@ def test_moved_weights_mean_another_graph(tiny_hf: object) -> None:
     have since moved is never replayed."""
     backend = LeanBackend(tiny_hf, 600)
     store = SimpleNamespace(epoch=0, all_resident=True)
-    backend.residency = store  # type: ignore[assignment]
+    backend.read_through(store)  # type: ignore[arg-type]
     graphs = GraphDecoder(backend, emulate=True)
     graphs.step(5, 0)
     graphs.step(6, 1)

@@ -219,9 +219,10 @@ class LeanBackend:
         self.shape = Shape(self.n_heads, self.n_kv, self.head_dim, self.eps, self.scale,
                            inner=None if self.rotations is None else self.rotations.inner,
                            inner_exact=self.rotations is None or row_exact(inner_size, INNER_BLOCK))
-        # Sol's weight store (runtime/residency.py): None, or every layer's
-        # weights go through it. With all layers resident the forward takes
-        # the plain loop below (the store then only records the heatmap).
+        # Sol's weight store (runtime/memory/weightstore.py): None, or every
+        # layer's weights go through it (read_through). With all layers
+        # resident the forward takes the plain loop below (the store then
+        # only records the heatmap).
         self.residency: WeightStore | None = None
         # KV folding reads the last query of each layer (runtime/kvfold.py):
         # [layers, H, hd] when record_queries() was called, else None.
@@ -307,6 +308,11 @@ class LeanBackend:
         release, restore): restored weights live at new addresses, so CUDA
         graphs captured before must be captured again."""
         return 0 if self.residency is None else self.residency.epoch
+
+    def read_through(self, store: WeightStore) -> None:
+        """From now on every forward reads the layers' weights through
+        ``store`` (built over :meth:`weight_sets`; the memory scheduler's)."""
+        self.residency = store
 
     def fixed_weights(self) -> list[torch.Tensor]:
         """Tensors outside the decoder layers (never offloaded)."""
@@ -544,6 +550,8 @@ class Offloadable(Backend, Protocol):
     (LeanBackend): what the memory scheduler (runtime/memsched.py) needs."""
 
     residency: WeightStore | None   # the store the forward reads through (None: plain tensors)
+
+    def read_through(self, store: WeightStore) -> None: ...
 
     def weight_sets(self) -> list[list[LayerWeights]]: ...
 
