@@ -26,7 +26,7 @@ from soldaemon.config import Config
 from soldaemon.errors import ConfigError, ModelError
 from soldaemon.fim import FimPrompt, FimTemplate, detect_template
 from soldaemon.weights.loader import LoadedModel, load_model
-from soldaemon.pipeline.completion import Pipeline
+from soldaemon.pipeline.completion import Pipeline, Settings
 from soldaemon.pipeline.prompt import LeadAnchors
 from soldaemon.pipeline.relevance import ContextSelector
 from soldaemon.runtime.forward.backend import LEAN_ARCHITECTURES, Backend, LeanBackend, make_backend
@@ -70,7 +70,9 @@ class LocalEngine:
         prompt window in any config given to this engine is that model's."""
         self.served_model = served
         self.loaded = loaded
-        self.config = config
+        # the one config holder the pipeline and the model part read too
+        self.settings = Settings(config, adapt=self._served)
+        config = self.settings.config
         self.tokenizer = loaded.tokenizer
         self.template: FimTemplate = detect_template(loaded.tokenizer)
         if config.device.threads:
@@ -98,9 +100,10 @@ class LocalEngine:
                                   hint="raise sol.memory_budget, or lower model.max_context, model.kv_sessions "
                                        "or sol.prefetch_depth") from None
         # the stages shared with every engine, and their per-document memory
-        self.pipeline = Pipeline(config, self.template, self.tokenizer, self.backend.n_ctx, heal=True)
+        self.pipeline = Pipeline(self.settings, self.template, self.tokenizer, self.backend.n_ctx, heal=True)
         # what the pipeline asks of the model: sessions, drafts, counters, parked run, foreseen answer
-        self.part = LocalModelPart(self.pool, self.tokenizer, self.template, config, lock=lock, memory=self.memory)
+        self.part = LocalModelPart(self.pool, self.tokenizer, self.template, self.settings, lock=lock,
+                                   memory=self.memory)
         self.graphs: GraphDecoder | None = None   # CUDA-graph decode steps (warmup() sets it up on CUDA)
         # model.name / model.draft as load_engine resolved them (auto: the figures that decided)
         self.model_choice: dict[str, Any] | None = None
@@ -331,27 +334,27 @@ class LocalEngine:
 
     @property
     def config(self) -> Config:
-        return self._config
+        """The engine's config now (``settings``'s, which the pipeline and
+        the model part read)."""
+        return self.settings.config
 
     @config.setter
     def config(self, config: Config) -> None:
-        """A new config applies from the next request on (the pipeline and
-        the model part read it too). Its ``"auto"`` prompt windows become
-        the served model's: a bench column or a reload that swaps the config
-        of a running engine measures the windows the daemon serves (before,
-        ``bench --quality`` without ``--models`` and the trace's
-        ``--compare-spec`` column set the config load_engine had started
-        from, and ran the 0.5B at the generic 1024/256/128)."""
-        if self.served_model is not None:
-            config = replace(config, model=config.model.served_by(self.served_model),
-                             completion=config.completion.served_by(self.served_model))
-        self._config = config
-        pipeline: Pipeline | None = getattr(self, "pipeline", None)
-        if pipeline is not None:
-            pipeline.config = config
-        part: LocalModelPart | None = getattr(self, "part", None)
-        if part is not None:
-            part.config = config
+        """A new config applies from the next request on, to the engine, the
+        pipeline and the model part alike (one holder)."""
+        self.settings.use(config)
+
+    def _served(self, config: Config) -> Config:
+        """``config`` with its ``"auto"`` prompt windows the served model's: a
+        bench column or a reload that swaps the config of a running engine
+        measures the windows the daemon serves (before, ``bench --quality``
+        without ``--models`` and the trace's ``--compare-spec`` column set
+        the config load_engine had started from, and ran the 0.5B at the
+        generic 1024/256/128)."""
+        if self.served_model is None:
+            return config
+        return replace(config, model=config.model.served_by(self.served_model),
+                       completion=config.completion.served_by(self.served_model))
 
     # The pipeline's per-document memory, under the names the quality
     # benchmark and the tests use.

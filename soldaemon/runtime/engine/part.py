@@ -31,6 +31,7 @@ from soldaemon.config import Config
 from soldaemon.errors import Cancelled
 from soldaemon.fim import FimPrompt, FimTemplate
 from soldaemon.pipeline.clock import Clock
+from soldaemon.pipeline.completion import Settings
 from soldaemon.pipeline.sources import Generation, Source, Stats, Stream, precomputed
 from soldaemon.pipeline.candidates import Scorer
 from soldaemon.pipeline.ending import Ending, decide_multiline, repeats_below
@@ -160,12 +161,12 @@ class LocalModelPart:
 
     ``lock`` is the generation lock: held around every forward of a
     request, a warm or a resumed run; the memory scheduler (``memory``)
-    takes the same lock to move weights. ``config`` may be replaced between
-    requests (the engine does when its own is)."""
+    takes the same lock to move weights. ``settings``: the engine's config
+    holder, read at each request."""
 
-    def __init__(self, pool: SessionPool, tokenizer: Any, template: FimTemplate, config: Config, *,
+    def __init__(self, pool: SessionPool, tokenizer: Any, template: FimTemplate, settings: Settings, *,
                  lock: threading.Lock, memory: MemoryScheduler | None) -> None:
-        self.config = config
+        self.settings = settings
         self.tokenizer = tokenizer
         self.template = template
         self.stats = EngineStats()
@@ -183,6 +184,11 @@ class LocalModelPart:
         self._parked: Run | None = None              # a superseded generation kept for the next keystroke
         self._prefill_chunk: int | None = None       # at most this many prompt tokens per forward (prefill_chunks)
         self._token_texts: TokenTexts | None = None  # token healing's vocabulary index
+
+    @property
+    def config(self) -> Config:
+        """The engine's config now."""
+        return self.settings.config
 
     # -- for the pipeline (ModelPart) ------------------------------------------
 
