@@ -38,7 +38,7 @@ from soldaemon.runtime.forward.cudagraph import GraphDecoder
 from soldaemon.policy.draft import DraftLength
 from soldaemon.runtime.decode.draft import DraftModel
 from soldaemon.runtime.engine.foresight import ahead_of, speculate, warm
-from soldaemon.runtime.engine.part import EngineStats, LocalModelPart
+from soldaemon.runtime.engine.part import Drafts, EngineStats, LocalModelPart, Warmup
 from soldaemon.errors import BudgetTooSmall
 from soldaemon.runtime.memory.scheduler import MemoryScheduler
 from soldaemon.runtime.kv.session import SessionPool
@@ -104,9 +104,15 @@ class LocalEngine:
         # what the pipeline asks of the model: sessions, drafts, counters, parked run, foreseen answer
         self.part = LocalModelPart(self.pool, self.tokenizer, self.template, self.settings, lock=lock,
                                    memory=self.memory)
-        self.graphs: GraphDecoder | None = None   # CUDA-graph decode steps (warmup() sets it up on CUDA)
         # model.name / model.draft as load_engine resolved them (auto: the figures that decided)
         self.model_choice: dict[str, Any] | None = None
+
+    @property
+    def graphs(self) -> GraphDecoder | None:
+        """The CUDA-graph decode steps the backend replays through (warm-up
+        sets them up on CUDA; the backend holds them, the one owner)."""
+        graphs = self.backend.graphs
+        return graphs if isinstance(graphs, GraphDecoder) else None
 
     # -- the Engine protocol -------------------------------------------------
 
@@ -192,32 +198,39 @@ class LocalEngine:
         the part's memory scope."""
         return self.pipeline.run(req, cancel, self.part)
 
-    def warmup(self) -> None:
+    def warmup(self) -> Warmup:
         """Run one short completion so that kernels, allocator pools and
-        (on CUDA) graphs are ready before the first real request."""
+        (on CUDA) graphs are ready before the first real request; measure
+        what speculation weighs its drafts against. Returns what it
+        measured, which the model part drafts with from then on."""
         req = CompletionRequest(id="warmup", prefix="def add(a, b):\n    return ", suffix="\n", max_tokens=4)
         self.complete_all(req)
+        captured = 0
         if (self.config.device.cuda_graphs and isinstance(self.backend, LeanBackend)
                 and self.backend.device.type == "cuda"):
-            self.graphs = GraphDecoder(self.backend)
+            graphs = GraphDecoder(self.backend)
             # KVSession.decode_step replays through the backend's `graphs` when set
-            self.backend.graphs = self.graphs
-            self.graphs.warm_up(caches=self.pool.caches(), later=True)   # the other KV slots' after a request
+            self.backend.graphs = graphs
+            graphs.warm_up(caches=self.pool.caches(), later=True)   # the other KV slots' after a request
+            captured = graphs.captures
             self.complete_all(req)               # one step through the graphs before the first user
         self.choose_step_copy()
-        part = self.part
-        if self.config.completion.speculative:
+        drafts, costs = Drafts(model=self.part.draft_model), None
+        cc = self.config.completion
+        if cc.speculative:
             costs = self.measure_forward_costs()
-            part.draft_length = DraftLength(costs, self.config.completion.draft_tokens)
-            log.info("forward cost by tokens (ms): %s", {t: round(c, 1) for t, c in part.draft_length.costs_ms.items()})
-            if part.draft_model is not None:
-                step = part.draft_model.measure()
-                part.draft_model_length = DraftLength(costs, self.config.completion.draft_tokens, draft_ms=step)
+            drafts = Drafts(model=drafts.model, length=DraftLength(costs, cc.draft_tokens))
+            log.info("forward cost by tokens (ms): %s", {t: round(c, 1) for t, c in costs.items()})
+            if drafts.model is not None:
+                step = drafts.model.measure()
+                drafts = Drafts(drafts.model, drafts.length, DraftLength(costs, cc.draft_tokens, draft_ms=step))
                 log.info("draft model step: %.1f ms", step)
+        record = Warmup(drafts, costs, captured, bool(getattr(self.backend, "steps_on_rows", False)))
         self.pool.acquire(SCRATCH_URI).truncate(0)
-        part.stats = EngineStats()
+        self.part.warmed(record)
         self.forget_shown()
         trim_heap()
+        return record
 
     @property
     def stats(self) -> EngineStats:
@@ -260,7 +273,7 @@ class LocalEngine:
                 raise ConfigError(f"sol.memory_budget cannot hold {self.loaded.name} and its draft model "
                                   f"{draft.name}: {exc}",
                                   hint="raise sol.memory_budget, or model.draft: off") from None
-        self.part.draft_model = DraftModel(backend, vocab_limit=self.backend.vocab_size)
+        self.part.use_drafts(Drafts(model=DraftModel(backend, vocab_limit=self.backend.vocab_size)))
 
     def complete_all(self, req: CompletionRequest) -> Done:
         """Run ``req`` to its end; its Done."""

@@ -63,6 +63,28 @@ class EngineStats:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
+@dataclass(frozen=True)
+class Drafts:
+    """What speculation drafts with: the draft model (``model.draft_model``)
+    and the draft sizing measured at warm-up (None: the fixed
+    ``completion.draft_tokens`` until then)."""
+
+    model: DraftModel | None = None
+    length: DraftLength | None = None          # prompt lookup's (and a sampled decode's, made from it)
+    model_length: DraftLength | None = None    # the draft model's, with its step's cost
+
+
+@dataclass(frozen=True)
+class Warmup:
+    """What the engine's warm-up measured: the part drafts with ``drafts``
+    from then on (:meth:`LocalModelPart.warmed`)."""
+
+    drafts: Drafts
+    forward_ms: dict[int, float] | None        # one forward of T tokens, per T (speculation on)
+    graphs_captured: int                       # CUDA graphs captured before the first request
+    steps_on_blocked_copy: bool                # decode steps read the blocked copy of the weights
+
+
 def _stats(s: GenStats, tokens: int) -> Stats:
     """The pipeline's stats of a decode (``tokens``: generated for this request)."""
     return Stats(first_ns=s.first_token_ns, first_wall_ns=s.first_token_wall_ns, prefill_ms=s.prefill_ms,
@@ -165,19 +187,18 @@ class LocalModelPart:
     holder, read at each request."""
 
     def __init__(self, pool: SessionPool, tokenizer: Any, template: FimTemplate, settings: Settings, *,
-                 lock: threading.Lock, memory: MemoryScheduler | None) -> None:
+                 lock: threading.Lock, memory: MemoryScheduler | None, drafts: Drafts = Drafts()) -> None:
         self.settings = settings
         self.tokenizer = tokenizer
         self.template = template
         self.stats = EngineStats()
         self.foreseen = Foreseen()                     # completion.speculative_fim's answer
-        # measured at warm-up (LocalEngine.warmup); until then speculation uses the fixed draft size
         self.draft_length: DraftLength | None = None
-        # model.draft_model (LocalEngine.attach_draft_model), with its own draft sizing
         self.draft_model: DraftModel | None = None
         self.draft_model_length: DraftLength | None = None
         # draft sizing of sampled decodes (_decode): (made from, its own)
         self._sampled_length: tuple[DraftLength, DraftLength] | None = None
+        self.use_drafts(drafts)
         self._pool = pool
         self._lock = lock
         self._memory = memory
@@ -372,6 +393,18 @@ class LocalModelPart:
         s.resumed += t.source == "resumed"
 
     # -- for the engine and foresight ------------------------------------------
+
+    def use_drafts(self, drafts: Drafts) -> None:
+        """Draft with ``drafts`` from the next generation on (the engine:
+        a draft model attached, the sizing its warm-up measured)."""
+        self.draft_model, self.draft_length, self.draft_model_length = drafts.model, drafts.length, drafts.model_length
+        self._sampled_length = None
+
+    def warmed(self, warmup: Warmup) -> None:
+        """After the engine's warm-up: draft as it measured, and count
+        requests from zero (the warm-up's are not the user's)."""
+        self.use_drafts(warmup.drafts)
+        self.stats = EngineStats()
 
     def prefill(self, uri: str, ids: list[int], *, precise_until: int | None,
                 cancel: CancelToken) -> PrefillResult | None:
