@@ -77,7 +77,7 @@ class GraphSteps(Protocol):
 class Backend(Protocol):
     n_ctx: int                 # positions in the KV cache
     vocab_size: int
-    # the KV cache made at construction: the first session's (SessionPool),
+    # the KV cache made at construction: the one the pool's first document uses,
     # the compute buffer of folding, and a forward's when given none
     cache: Any
     device: torch.device
