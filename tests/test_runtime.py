@@ -72,6 +72,27 @@ def test_lean_logits_match_transformers(tiny) -> None:
     assert torch.allclose(backend.forward(ids[10:], 10, last_only=False), ref[10:], atol=1e-4)
 
 
+def test_a_forward_writes_only_the_cache_it_is_given(tiny) -> None:
+    """No "current cache": a forward given a session's cache reads and
+    writes that one; the backend's own is untouched, and two sessions
+    interleaved compute what each computes alone."""
+    model, tok = tiny
+    a_ids, b_ids = _prompts(tok, 2, seed=3)
+    backend = LeanBackend(model, 1024)
+    assert not hasattr(backend, "use_cache") and not hasattr(backend, "current_cache")
+    alone = [_ours(KVSession(backend, cache=backend.new_cache()), ids, 6) for ids in (a_ids, b_ids)]
+    before = [t.clone() for t in backend.cache]
+    one, two = KVSession(backend, cache=backend.new_cache()), KVSession(backend, cache=backend.new_cache())
+    first, second = one.prefill(a_ids).logits, two.prefill(b_ids).logits
+    out: list[list[int]] = [[], []]
+    for _ in range(6):                      # step by step, alternating
+        for i, (session, logits) in enumerate(((one, first), (two, second))):
+            token = int((logits if not out[i] else session.decode_step(out[i][-1])).argmax())
+            out[i].append(token)
+    assert out == alone
+    assert all(torch.equal(x, y) for x, y in zip(before, backend.cache))
+
+
 @pytest.mark.parametrize("backend_cls", [LeanBackend, HFBackend])
 def test_greedy_equals_generate(tiny, backend_cls) -> None:
     model, tok = tiny
