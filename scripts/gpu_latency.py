@@ -330,8 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     load_s = time.perf_counter() - t0
     backend = engine.backend
     if engine.graphs is None and args.emulate_graphs:
-        engine.graphs = GraphDecoder(backend, emulate=True)
-        backend.graphs = engine.graphs
+        backend.graphs = GraphDecoder(backend, emulate=True)
     graphs = engine.graphs
     info = engine.info()
     dev = backend.device

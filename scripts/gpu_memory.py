@@ -83,7 +83,7 @@ def _kv_park_costs(backend: LeanBackend, ids: torch.Tensor, repeats: int) -> lis
     backend.record_queries()
     backend.forward(ids, 0, precise=True)
     assert backend.last_q is not None
-    k, v = backend.current_cache()
+    k, v = backend.cache
     n = len(ids)
     saved_k, saved_v = k[:, :, :n].clone(), v[:, :, :n].clone()
     out = []
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     backend = LeanBackend(loaded.model, len(ids_list) + args.tokens + 8, plan=plan, release=True)
     store = WeightStore(backend.weight_sets(), backend.fixed_weights(), dev, prefetch_depth=args.depth,
                         fallback_timeout_ms=args.fallback_timeout_ms)
-    backend.residency = store
+    backend.read_through(store)
     bw = measure_copy_bandwidth(dev)
     decode_variant = 0                                 # one weight copy: every forward reads variant 0
     gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"

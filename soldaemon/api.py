@@ -108,31 +108,47 @@ Event = Delta | Done
 
 
 class CancelToken:
-    """Set once, by any thread; read by the engine between steps."""
+    """Set once, by any thread, through one of two named operations; read by
+    the engine between steps. :meth:`cancel`: the client no longer wants the
+    answer. :meth:`supersede`: a newer request for the same document took
+    its place; a generation that request may go on with is parked, not
+    ended (the local model part). The first operation wins."""
 
     def __init__(self) -> None:
         self._event = threading.Event()
-        self.reason: FinishReason = "cancelled"
+        self._superseded = False
 
-    def cancel(self, reason: FinishReason = "cancelled") -> None:
-        if not self._event.is_set():
-            self.reason = reason
-            self._event.set()
+    def cancel(self) -> None:
+        self._stop(superseded=False)
 
     def supersede(self) -> None:
-        """Cancel because a newer request took this one's place (the same
-        as ``cancel("superseded")``): a generation the newer request may go
-        on with is parked, not ended (the local model part)."""
-        self.cancel("superseded")
+        self._stop(superseded=True)
+
+    def _stop(self, *, superseded: bool) -> None:
+        if not self._event.is_set():
+            self._superseded = superseded
+            self._event.set()
 
     @property
     def cancelled(self) -> bool:
+        """Stopped, by either operation."""
         return self._event.is_set()
 
     @property
     def superseded(self) -> bool:
-        """Cancelled by :meth:`supersede`."""
-        return self._event.is_set() and self.reason == "superseded"
+        """Stopped by :meth:`supersede`."""
+        return self._event.is_set() and self._superseded
+
+    @property
+    def reason(self) -> FinishReason:
+        """The wire's finish reason of an answer this token stopped."""
+        return "superseded" if self.superseded else "cancelled"
+
+    def finish(self, reason: FinishReason) -> FinishReason:
+        """The finish reason of an answer that ended with ``reason``: one the
+        engine ended because this token was stopped ("cancelled" or
+        "superseded") is told by the operation that stopped it."""
+        return self.reason if self.cancelled and reason in ("cancelled", "superseded") else reason
 
 
 class Engine(Protocol):

@@ -210,7 +210,7 @@ def test_no_candidates_for_one_line_a_sampled_request_candidates_1_or_a_cancel(e
     cancel = CancelToken()
 
     def cancelling(*a):
-        cancel.cancel("superseded")
+        cancel.supersede()
         return confidence(*a)
 
     monkeypatch.setattr(candidates, "confidence", cancelling)

@@ -94,13 +94,13 @@ def slowed(ms: float) -> Callable[[], Callable[..., torch.Tensor]]:
 def test_measure_drops_a_slower_layer_on_a_scratch_cache(tiny_hf: Any) -> None:
     backend = LeanBackend(tiny_hf, 600)
     graphs = GraphDecoder(backend, emulate=True)
-    live = backend.current_cache()
+    live = backend.cache
     before = live[0].clone()
     drop = compiled.measure(graphs, steps=4, compiler=slowed(5.0))      # 5 ms a layer slower
     assert not drop.compiled and drop.compile_s is not None and "dropped" in drop.reason
     assert drop.compiled_ms is not None and drop.eager_ms is not None and drop.compiled_ms > drop.eager_ms
     assert graphs.layer is decoder_layer and graphs.info()["graphs"] == 0     # measuring graphs dropped
-    assert backend.current_cache()[0] is live[0] and torch.equal(live[0], before)   # no session's cache written
+    assert backend.cache[0] is live[0] and torch.equal(live[0], before)   # no session's cache written
 
 
 def test_measure_keeps_a_faster_layer_and_a_later_start_reuses_the_record(

@@ -67,7 +67,7 @@ def test_greedy_is_deterministic(engine: LocalEngine) -> None:
 
 def test_cancel_before_start(engine: LocalEngine) -> None:
     cancel = CancelToken()
-    cancel.cancel("superseded")
+    cancel.supersede()
     _, done = _run(engine, CompletionRequest(id="c", prefix=PREFIX, suffix=SUFFIX, max_tokens=50), cancel)
     assert done.finish_reason == "superseded"
 
@@ -168,7 +168,7 @@ def _interrupt(engine: LocalEngine, req: CompletionRequest, after_chars: int) ->
         if isinstance(ev, Delta):
             streamed += ev.text
             if len(streamed) >= after_chars:
-                cancel.cancel("superseded")
+                cancel.supersede()
         else:
             done = ev
     assert done is not None

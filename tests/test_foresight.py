@@ -191,7 +191,7 @@ def test_a_request_preempts_speculation_within_a_step(engine: LocalEngine, monke
         assert time.monotonic() < deadline and worker.is_alive(), "speculation never decoded"
         time.sleep(0.001)
     t0 = time.perf_counter()
-    cancel.cancel("superseded")
+    cancel.supersede()
     worker.join(30)
     waited_ms = (time.perf_counter() - t0) * 1e3
     assert not worker.is_alive()

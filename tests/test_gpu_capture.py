@@ -67,11 +67,11 @@ def test_a_failed_capture_is_retried_once_before_graphs_are_given_up(tiny_hf: ob
     real = graphs._capture
     fails = {"left": 1}
 
-    def flaky(window: int, rows: int) -> object:
+    def flaky(cache: object, window: int, rows: int) -> object:
         if fails["left"]:
             fails["left"] -= 1
             raise RuntimeError("operation not permitted when stream is capturing")
-        return real(window, rows)
+        return real(cache, window, rows)
     monkeypatch.setattr(graphs, "_capture", flaky)
     assert graphs.step(5, 0) is None and graphs.enabled          # this step eager, graphs kept
     assert graphs.step(5, 0) is not None and graphs.failed_captures == 0
@@ -86,7 +86,7 @@ def test_moved_weights_mean_another_graph(tiny_hf: object) -> None:
     have since moved is never replayed."""
     backend = LeanBackend(tiny_hf, 600)
     store = SimpleNamespace(epoch=0, all_resident=True)
-    backend.residency = store  # type: ignore[assignment]
+    backend.read_through(store)  # type: ignore[arg-type]
     graphs = GraphDecoder(backend, emulate=True)
     graphs.step(5, 0)
     graphs.step(6, 1)

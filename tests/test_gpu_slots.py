@@ -135,8 +135,8 @@ def test_a_keystroke_during_the_recapture_waits_for_one_capture_at_most(tiny_hf:
     held: list[int] = []                                    # graphs captured whenever the keystroke got the lock
     real = graphs._capture
 
-    def slow_capture(window: int, rows: int) -> Any:
-        got = real(window, rows)
+    def slow_capture(cache: Any, window: int, rows: int) -> Any:
+        got = real(cache, window, rows)
         threading.Event().wait(0.01)
         return got
 

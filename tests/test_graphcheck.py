@@ -6,6 +6,7 @@ must be caught."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -36,10 +37,10 @@ class OnePositionEarly(GraphDecoder):
     """A static step that reads its position one early (rotary tables,
     K/V slot and mask): the bug class the comparison exists for."""
 
-    def static_step(self, window: int) -> torch.Tensor:
+    def static_step(self, window: int, cache: Any = None) -> torch.Tensor:
         self.pos.sub_(1)
         try:
-            return super().static_step(window)
+            return super().static_step(window, cache)
         finally:
             self.pos.add_(1)
 

@@ -16,7 +16,7 @@ import pytest
 from soldaemon.api import CancelToken, CompletionRequest, Delta, Done, Event, Timings
 from soldaemon.config import config_from_dict
 from soldaemon.pipeline.clock import Clock
-from soldaemon.pipeline.completion import Pipeline
+from soldaemon.pipeline.completion import Pipeline, Settings
 from soldaemon.pipeline.sources import Generation, Source, Stats, Stream, precomputed
 from soldaemon.pipeline.ending import ending_for
 
@@ -83,7 +83,7 @@ def request(rid: str, prefix: str = PREFIX, **kw: Any) -> CompletionRequest:
 
 @pytest.fixture
 def pipeline() -> Pipeline:
-    return Pipeline(config_from_dict({}), None, None, 2048, heal=False)  # type: ignore[arg-type]
+    return Pipeline(Settings(config_from_dict({})), None, None, 2048, heal=False)  # type: ignore[arg-type]
 
 
 def split(events: list[Event]) -> tuple[list[Delta], Done]:

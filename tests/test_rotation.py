@@ -109,11 +109,11 @@ def test_a_rotated_verify_is_its_decode_steps_bit_for_bit(tiny128) -> None:
         session = KVSession(be)
         session.prefill(ids)
         steps = torch.stack([session.decode_step(t) for t in nxt])
-        kv = [c[:, :, :len(ids) + 9].clone() for c in be.current_cache()]
+        kv = [c[:, :, :len(ids) + 9].clone() for c in be.cache]
         session.truncate(len(ids))
         rows = session.verify(nxt)
         assert torch.equal(rows, steps)
-        for a, b in zip(kv, be.current_cache()):
+        for a, b in zip(kv, be.cache):
             assert torch.equal(a, b[:, :, :len(ids) + 9])
         results.append(rows.clone())
     assert all(torch.equal(results[0], r) for r in results[1:])

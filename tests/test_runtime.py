@@ -72,6 +72,27 @@ def test_lean_logits_match_transformers(tiny) -> None:
     assert torch.allclose(backend.forward(ids[10:], 10, last_only=False), ref[10:], atol=1e-4)
 
 
+def test_a_forward_writes_only_the_cache_it_is_given(tiny) -> None:
+    """No "current cache": a forward given a session's cache reads and
+    writes that one; the backend's own is untouched, and two sessions
+    interleaved compute what each computes alone."""
+    model, tok = tiny
+    a_ids, b_ids = _prompts(tok, 2, seed=3)
+    backend = LeanBackend(model, 1024)
+    assert not hasattr(backend, "use_cache") and not hasattr(backend, "current_cache")
+    alone = [_ours(KVSession(backend, cache=backend.new_cache()), ids, 6) for ids in (a_ids, b_ids)]
+    before = [t.clone() for t in backend.cache]
+    one, two = KVSession(backend, cache=backend.new_cache()), KVSession(backend, cache=backend.new_cache())
+    first, second = one.prefill(a_ids).logits, two.prefill(b_ids).logits
+    out: list[list[int]] = [[], []]
+    for _ in range(6):                      # step by step, alternating
+        for i, (session, logits) in enumerate(((one, first), (two, second))):
+            token = int((logits if not out[i] else session.decode_step(out[i][-1])).argmax())
+            out[i].append(token)
+    assert out == alone
+    assert all(torch.equal(x, y) for x, y in zip(before, backend.cache))
+
+
 @pytest.mark.parametrize("backend_cls", [LeanBackend, HFBackend])
 def test_greedy_equals_generate(tiny, backend_cls) -> None:
     model, tok = tiny
@@ -279,11 +300,11 @@ def test_a_verify_is_its_decode_steps_bit_for_bit(tiny) -> None:
     session = KVSession(be)
     session.prefill(ids)
     steps = torch.stack([session.decode_step(t) for t in nxt])
-    kv_steps = [c[:, :, :len(ids) + 9].clone() for c in be.current_cache()]
+    kv_steps = [c[:, :, :len(ids) + 9].clone() for c in be.cache]
     session.truncate(len(ids))
     rows = session.verify(nxt)
     assert torch.equal(rows, steps)
-    for a, b in zip(kv_steps, be.current_cache()):
+    for a, b in zip(kv_steps, be.cache):
         assert torch.equal(a, b[:, :, :len(ids) + 9])
     # one masked call for the 9 rows is the same attention, not the same bits
     be.stepwise_short = False
@@ -316,7 +337,7 @@ def test_the_blocked_copy_changes_no_bit(tiny) -> None:
         rows = session.verify(nxt).clone()
         session.truncate(len(ids))
         steps = torch.stack([session.decode_step(t) for t in nxt])
-        out.append((first, rows, steps, [c[:, :, :len(ids) + 9].clone() for c in be.current_cache()]))
+        out.append((first, rows, steps, [c[:, :, :len(ids) + 9].clone() for c in be.cache]))
     (f1, r1, s1, kv1), (f2, r2, s2, kv2) = out
     assert torch.equal(f1, f2) and torch.equal(r1, r2) and torch.equal(s1, s2)
     assert torch.equal(r2, s2)                    # the verify is still its decode steps

@@ -99,6 +99,21 @@ async def test_priority_high_then_normal_then_warm() -> None:
         worker.stop()
 
 
+def test_cancel_and_supersede_are_named_operations_the_first_wins() -> None:
+    cancel, supersede, both = CancelToken(), CancelToken(), CancelToken()
+    assert not cancel.cancelled and not cancel.superseded and cancel.finish("cancelled") == "cancelled"
+    cancel.cancel()
+    supersede.supersede()
+    both.cancel()
+    both.supersede()                      # too late: it was cancelled
+    assert cancel.cancelled and not cancel.superseded and cancel.reason == "cancelled"
+    assert supersede.cancelled and supersede.superseded and supersede.reason == "superseded"
+    assert not both.superseded and both.reason == "cancelled"
+    # an engine that ended on the token is told by the operation; any other end stands
+    assert supersede.finish("cancelled") == "superseded" and supersede.finish("stop") == "stop"
+    assert cancel.finish("superseded") == "cancelled" and cancel.finish("budget") == "budget"
+
+
 @pytest.mark.asyncio
 async def test_withdrawn_queued_job_ends_at_once_without_the_engine() -> None:
     engine = GatedEngine()
@@ -109,7 +124,7 @@ async def test_withdrawn_queued_job_ends_at_once_without_the_engine() -> None:
         await engine.running_blocker()
         queued = c.job("complete", "q", max_tokens=1)
         worker.submit(queued)
-        worker.withdraw(queued, "superseded")
+        worker.supersede(queued)
         end = await c.end("q")  # before the gate opens
         assert isinstance(end, Done) and end.finish_reason == "superseded" and end.items == ()
         assert end.timings.generated_tokens == 0 and end.timings.total_ms >= 0
@@ -135,7 +150,7 @@ async def test_running_job_cancel_within_a_step_and_reason_kept() -> None:
         while "r" not in c.events:
             await asyncio.sleep(0.005)
         t0 = time.perf_counter()
-        worker.withdraw(job, "superseded")
+        worker.supersede(job)
         assert job.cancel.cancelled and job.cancel.reason == "superseded"   # the running engine's token, at once
         end = await c.end("r")
         latency_ms = (time.perf_counter() - t0) * 1000

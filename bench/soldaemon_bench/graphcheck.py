@@ -227,7 +227,7 @@ def compare_graphs(backend: Any, graphs: Any, prompts: Sequence[Sequence[int]], 
             if len(ids) + steps + 1 >= backend.n_ctx:
                 raise ValueError(f"prompt of {len(ids)} + {steps} steps does not fit n_ctx {backend.n_ctx}")
             backend.graphs = None
-            session = KVSession(backend, cache=backend.current_cache())
+            session = KVSession(backend, cache=backend.cache)
             first = session.prefill(list(ids)).logits
             fed, eager_rows = _teacher_forced(backend, graphs, session, first, steps, result)
             ref_rows = None
@@ -314,12 +314,11 @@ def _teacher_forced(backend: Any, graphs: Any, session: KVSession, logits: torch
     fed: list[int] = []
     rows: list[torch.Tensor] = []
     for _ in range(steps):
-        backend.use_cache(session.cache)
-        g = graphs.step(token, pos)
+        g = graphs.step(token, pos, session.cache)
         if g is None:
             break                                       # graphs off (e.g. capture failed): reported as failure
         g = g.clone()
-        e = backend.forward(torch.tensor([token], device=backend.device), pos)[0]
+        e = backend.forward(torch.tensor([token], device=backend.device), pos, cache=session.cache)[0]
         fed.append(token)
         rows.append(e)
         diff_t, scale_t = (g - e).abs().max(), e.abs().max()

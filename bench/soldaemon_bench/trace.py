@@ -229,7 +229,7 @@ def run_sol(engine: Any, trace: list[Keystroke], progress: Callable[[str], None]
             elif interrupt and not visible_ns:
                 visible_ns = time.perf_counter_ns()
                 shown = ev.text
-                cancel.cancel("superseded")   # the next keystroke arrives
+                cancel.supersede()   # the next keystroke arrives
         assert done is not None
         t = done.timings
         if visible_ns:

@@ -41,6 +41,26 @@ log = logging.getLogger("soldaemon.pipeline")
 HOLD_BACK = " \t)]}>\"'`;,"
 
 
+class Settings:
+    """An engine's one config, held once and shared by the parts that read
+    it (the engine, its pipeline, its model part): each reads ``config``
+    at each request, none keeps a copy; :meth:`use` replaces it, whole,
+    between requests. ``adapt`` is applied to every config given (the local
+    engine: the served model's ``"auto"`` prompt windows)."""
+
+    def __init__(self, config: Config, adapt: Callable[[Config], Config] | None = None) -> None:
+        self._adapt = adapt
+        self._config = config if adapt is None else adapt(config)
+
+    @property
+    def config(self) -> Config:
+        return self._config
+
+    def use(self, config: Config) -> None:
+        """From the next request on, ``config`` applies (adapted)."""
+        self._config = config if self._adapt is None else self._adapt(config)
+
+
 @dataclass
 class DocumentState:
     """The pipeline's per-document state: what later requests' answers
@@ -110,19 +130,25 @@ class Pipeline:
     constrains the first token), then ``completion.token_healing`` decides;
     ``n_ctx``: the context the prompt and ``max_tokens`` must fit;
     ``outbound``: what of a request may leave the machine (a remote engine:
-    :func:`soldaemon.privacy.rules.outbound`), applied before its prompt. An
-    engine may replace ``config`` between requests (the quality benchmark
-    does): every stage reads it at each request."""
+    :func:`soldaemon.privacy.rules.outbound`), applied before its prompt.
+    ``settings``: the engine's config holder; an engine may replace its
+    config between requests (the quality benchmark does): every stage reads
+    it at each request."""
 
-    def __init__(self, config: Config, template: FimTemplate, tokenizer: Any, n_ctx: int, *, heal: bool,
+    def __init__(self, settings: Settings, template: FimTemplate, tokenizer: Any, n_ctx: int, *, heal: bool,
                  outbound: Callable[[CompletionRequest], CompletionRequest] | None = None) -> None:
-        self.config = config
+        self.settings = settings
         self.template = template
         self.tokenizer = tokenizer
         self.n_ctx = n_ctx
         self.can_heal = heal
         self.outbound = outbound
-        self.documents = DocumentState.fresh(config)
+        self.documents = DocumentState.fresh(settings.config)
+
+    @property
+    def config(self) -> Config:
+        """The engine's config now (read at each request)."""
+        return self.settings.config
 
     def forget(self, uri: str | None = None) -> None:
         """Drop every per-document state, as if just built; with ``uri``,
@@ -207,7 +233,7 @@ class Pipeline:
                 answer = ending.shown(gen.raw, gen.finish, ending.rule)
                 items.append(answer.text)
                 ends.append(answer.end)
-                if gen.finish in ("cancelled", "budget", "superseded"):
+                if not gen.whole:
                     break
             streamed: str | None = None
             scorer = model.scorer()
@@ -219,7 +245,7 @@ class Pipeline:
                     gens[0].stats, generated_tokens=gens[0].stats.generated_tokens + sampled))
                 streamed = greedy if greedy.strip() and items[0] != greedy else None
         last = gens[-1].finish if gens else "stop"
-        finish = cancel.reason if last == "cancelled" else last
+        finish = cancel.finish(last)
         yield self._finish(req, items, finish, model.timings(req, gens, prompt, prompt_ms, clock), state, model,
                            counted, ends, streamed)
 
@@ -262,7 +288,7 @@ class Pipeline:
                          .shown(gen.raw, gen.finish, None).text]
         else:
             first_ns = first_wall = 0
-        finish = cancel.reason if gen.finish == "cancelled" else gen.finish
+        finish = cancel.finish(gen.finish)
         timings = clock.timings(first_ns=first_ns, first_wall_ns=first_wall, prompt_tokens=source.prompt_tokens,
                                 cached_tokens=source.prompt_tokens, generated_tokens=gen.stats.generated_tokens,
                                 source=source.kind)
@@ -279,7 +305,7 @@ class Pipeline:
         """Block candidates (:mod:`.candidates`) for this answer: a greedy
         single multi-line answer that ended whole (not cancelled, superseded
         or past the budget)."""
-        return self._may_rank(req, ending) and len(gens) == 1 and gens[0].finish in ("stop", "length") \
+        return self._may_rank(req, ending) and len(gens) == 1 and gens[0].whole \
             and bool(gens[0].ids)
 
     def _may_rank(self, req: CompletionRequest, ending: Ending) -> bool:

@@ -43,6 +43,12 @@ class Generation:
     ids: tuple[int, ...] = ()      # its tokens, where the model part has them (the local one)
     logp: tuple[float, ...] | None = None   # each of ``ids``' log-probability, when asked for and known
 
+    @property
+    def whole(self) -> bool:
+        """It ended on its own (an end, a cut, ``max_tokens``), not stopped
+        by a cancel, a supersede or the budget."""
+        return self.finish in ("stop", "length")
+
 
 # The text after each step (raw, or final for a Source without an ending);
 # returns the Generation when done.

@@ -27,7 +27,7 @@ from soldaemon.config import Config
 from soldaemon.errors import ConfigError, RemoteBadResponse, RemoteHttpError, RemoteTimeout, RemoteUnavailable
 from soldaemon.fim import FimPrompt, FimTemplate, detect_template
 from soldaemon.pipeline.clock import Clock
-from soldaemon.pipeline.completion import Pipeline
+from soldaemon.pipeline.completion import Pipeline, Settings
 from soldaemon.pipeline.sources import Early, Generation, Stats, Stream
 from soldaemon.pipeline.ending import Ending
 from soldaemon.privacy.rules import outbound
@@ -109,14 +109,14 @@ class RemoteEngine:
         bc = config.backend
         if bc.url is None:
             raise ConfigError("backend.kind is \"remote\" but backend.url is not set")
-        self.config = config
+        self.settings = Settings(config)      # the one config holder, the pipeline's too
         self.endpoint = Endpoint.parse(bc.url)
         self.endpoint.refuse_clear_text(bc.allow_insecure)
         self.tokenizer = tokenizer
         self.tokenizer_name = tokenizer_name
         self.template: FimTemplate = detect_template(tokenizer)
         # the stages shared with every engine; no healing (the engine elsewhere samples the first token)
-        self.pipeline = Pipeline(config, self.template, tokenizer, config.model.max_context, heal=False,
+        self.pipeline = Pipeline(self.settings, self.template, tokenizer, config.model.max_context, heal=False,
                                  outbound=functools.partial(outbound, send_untitled=bc.send_untitled))
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
                          "User-Agent": "soldaemon"}
@@ -140,6 +140,11 @@ class RemoteEngine:
         self._lock = threading.Lock()
 
     # the Engine protocol
+
+    @property
+    def config(self) -> Config:
+        """The engine's config (its settings', the pipeline reads the same)."""
+        return self.settings.config
 
     def info(self) -> dict[str, Any]:
         bc = self.config.backend

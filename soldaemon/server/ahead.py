@@ -9,7 +9,7 @@ piece of work between the worker thread and the event loop:
 - the worker :meth:`~Ahead.offer` s it when a completion ends, and
   :meth:`~Ahead.run` s it only when its queue is empty;
 - every request that arrives :meth:`~Ahead.preempt` s it: a pending one is
-  dropped, a running one is cancelled (reason ``superseded``) and stops
+  dropped, a running one is superseded (``CancelToken.supersede``) and stops
   within one engine step, so the request waits at most that long.
 
 No job, id or frame: nobody waits for it, and it never reaches a client.
@@ -60,7 +60,7 @@ class Ahead:
             self._pending = None
             running = self._running
         if running is not None and not running.cancelled:
-            running.cancel("superseded")
+            running.supersede()
             self.preempted += 1
 
     def run(self) -> None:

@@ -101,7 +101,7 @@ class Connection:
         finally:
             self.open = False
             for job in list(self.jobs.values()):
-                self.daemon.worker.withdraw(job, "cancelled")
+                self.daemon.worker.withdraw(job)
             writer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await writer
@@ -175,7 +175,7 @@ class Connection:
             if job is None:
                 raise UnknownId("no request with this id is in flight on this connection",
                                 request_id=msg.id)
-            self.daemon.worker.withdraw(job, "cancelled")
+            self.daemon.worker.withdraw(job)
         elif isinstance(msg, CompletionEvent):
             self.daemon.metrics.record_event(msg.kind, msg.accepted_chars)
         elif isinstance(msg, Health):
@@ -196,7 +196,7 @@ class Connection:
             raise Busy("too many requests in flight", hint="cancel or wait for earlier requests")
         for old in list(self.jobs.values()):
             if old.request.uri == req.uri and (kind == "complete" or old.kind == "warm"):
-                self.daemon.worker.withdraw(old, "superseded")
+                self.daemon.worker.supersede(old)
         high = sum(1 for j in self.jobs.values() if j.state == "queued" and j.request.priority == "high")
         if req.priority == "high" and allowed_priority("high", high) != "high":
             req = dataclasses.replace(req, priority="normal")

@@ -253,7 +253,7 @@ class Daemon:
         if not await self.wait_idle(self.settings.drain_timeout_s):
             log.info("drain timeout: cancelling %d request(s)", len(self.jobs))
             for job in list(self.jobs):
-                self.worker.withdraw(job, "cancelled")
+                self.worker.withdraw(job)
             await self.wait_idle(2.0)
         await asyncio.gather(*(conn.flush(1.0) for conn in list(self.connections)))
         server.close(close_connections=True, code=1001, reason="soldaemon is shutting down")

@@ -116,8 +116,17 @@ class Worker:
         self.ahead.preempt()        # any request outranks speculation
         self._queue.put(job_rank(job.kind, job.request.priority), job.owner, job)
 
-    def withdraw(self, job: Job, reason: FinishReason) -> None:
-        """Cancel ``job`` for ``reason`` (cancelled or superseded). A queued
+    def withdraw(self, job: Job) -> None:
+        """Cancel ``job`` (the client cancelled it or went away)."""
+        self._end(job, job.cancel.cancel)
+
+    def supersede(self, job: Job) -> None:
+        """Supersede ``job``: a newer request for its document took its
+        place (the engine may park its generation for that request)."""
+        self._end(job, job.cancel.supersede)
+
+    def _end(self, job: Job, stop: Callable[[], None]) -> None:
+        """Stop ``job`` by ``stop``, its token's named operation. A queued
         job ends now, here, without reaching the engine; a running one is
         stopped by the engine within one decode step."""
         with self._lock:
@@ -125,9 +134,9 @@ class Worker:
             if was_queued:
                 job.state = "finished"
                 self._queued -= 1
-        job.cancel.cancel(reason)
+        stop()
         if was_queued:
-            job.deliver(job, Done(job.id, (), reason, job.timings_without_engine()))
+            job.deliver(job, Done(job.id, (), job.cancel.reason, job.timings_without_engine()))
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the thread after the job it is running (call after every job
@@ -201,9 +210,7 @@ class Worker:
 
     @staticmethod
     def _final(job: Job, done: Done, queue_ms: float) -> Done:
-        reason = done.finish_reason
-        if job.cancel.cancelled and reason in ("cancelled", "superseded"):
-            reason = job.cancel.reason
+        reason = job.cancel.finish(done.finish_reason)
         # everything else the engine said (its ends, the streamed answer) travels as it is
         return dataclasses.replace(done, id=job.id, finish_reason=reason,
                                    timings=_with_arrival(done.timings, job, queue_ms))

@@ -24,7 +24,7 @@ they share with real requests is result-neutral: the KV cache, whose values
 depend on positions only (``precise_until``, see :meth:`KVSession.prefill`),
 and the window memo (a pure cache).
 
-The worker cancels a speculation (reason ``superseded``) as soon as any
+The worker supersedes a speculation (``CancelToken.supersede``) as soon as any
 request arrives; the model part checks the token before every decode step
 and between prefill chunks, which :func:`speculate` keeps short
 (:data:`AHEAD_CHUNK` tokens).
@@ -139,7 +139,7 @@ def speculate(pipeline: Pipeline, part: AheadPart, ahead: CompletionRequest, can
     model part, detached (:meth:`Pipeline.foresee`), and keep its answer in
     ``part.foreseen`` when it finished; returns its ``Done``. Cancelled
     (``cancel``) it returns within one decode step or :data:`AHEAD_CHUNK`
-    prefill tokens; cancelled as ``superseded`` after its first token, the
+    prefill tokens; superseded (``cancel.supersede()``) after its first token, the
     generation is parked, so the accepted request may still resume it."""
     part.foreseen.clear()
     if cancel.cancelled:

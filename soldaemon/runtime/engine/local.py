@@ -26,7 +26,7 @@ from soldaemon.config import Config
 from soldaemon.errors import ConfigError, ModelError
 from soldaemon.fim import FimPrompt, FimTemplate, detect_template
 from soldaemon.weights.loader import LoadedModel, load_model
-from soldaemon.pipeline.completion import Pipeline
+from soldaemon.pipeline.completion import Pipeline, Settings
 from soldaemon.pipeline.prompt import LeadAnchors
 from soldaemon.pipeline.relevance import ContextSelector
 from soldaemon.runtime.forward.backend import LEAN_ARCHITECTURES, Backend, LeanBackend, make_backend
@@ -39,7 +39,7 @@ from soldaemon.runtime.forward.cudagraph import GraphDecoder
 from soldaemon.policy.draft import DraftLength
 from soldaemon.runtime.decode.draft import DraftModel
 from soldaemon.runtime.engine.foresight import ahead_of, speculate, warm
-from soldaemon.runtime.engine.part import EngineStats, LocalModelPart
+from soldaemon.runtime.engine.part import Drafts, EngineStats, LocalModelPart, Warmup
 from soldaemon.errors import BudgetTooSmall
 from soldaemon.runtime.memory.scheduler import MemoryScheduler
 from soldaemon.runtime.kv.session import SessionPool
@@ -71,7 +71,9 @@ class LocalEngine:
         prompt window in any config given to this engine is that model's."""
         self.served_model = served
         self.loaded = loaded
-        self.config = config
+        # the one config holder the pipeline and the model part read too
+        self.settings = Settings(config, adapt=self._served)
+        config = self.settings.config
         self.tokenizer = loaded.tokenizer
         self.template: FimTemplate = detect_template(loaded.tokenizer)
         if config.device.threads:
@@ -99,13 +101,20 @@ class LocalEngine:
                                   hint="raise sol.memory_budget, or lower model.max_context, model.kv_sessions "
                                        "or sol.prefetch_depth") from None
         # the stages shared with every engine, and their per-document memory
-        self.pipeline = Pipeline(config, self.template, self.tokenizer, self.backend.n_ctx, heal=True)
+        self.pipeline = Pipeline(self.settings, self.template, self.tokenizer, self.backend.n_ctx, heal=True)
         # what the pipeline asks of the model: sessions, drafts, counters, parked run, foreseen answer
-        self.part = LocalModelPart(self.pool, self.tokenizer, self.template, config, lock=lock, memory=self.memory)
-        self.graphs: GraphDecoder | None = None   # CUDA-graph decode steps (warmup() sets it up on CUDA)
+        self.part = LocalModelPart(self.pool, self.tokenizer, self.template, self.settings, lock=lock,
+                                   memory=self.memory)
         self.layer_compile: CompileChoice | None = None   # the graphs' layer compiled or not (warmup())
         # model.name / model.draft as load_engine resolved them (auto: the figures that decided)
         self.model_choice: dict[str, Any] | None = None
+
+    @property
+    def graphs(self) -> GraphDecoder | None:
+        """The CUDA-graph decode steps the backend replays through (warm-up
+        sets them up on CUDA; the backend holds them, the one owner)."""
+        graphs = self.backend.graphs
+        return graphs if isinstance(graphs, GraphDecoder) else None
 
     # -- the Engine protocol -------------------------------------------------
 
@@ -192,33 +201,40 @@ class LocalEngine:
         the part's memory scope."""
         return self.pipeline.run(req, cancel, self.part)
 
-    def warmup(self) -> None:
+    def warmup(self) -> Warmup:
         """Run one short completion so that kernels, allocator pools and
-        (on CUDA) graphs are ready before the first real request."""
+        (on CUDA) graphs are ready before the first real request; measure
+        what speculation weighs its drafts against. Returns what it
+        measured, which the model part drafts with from then on."""
         req = CompletionRequest(id="warmup", prefix="def add(a, b):\n    return ", suffix="\n", max_tokens=4)
         self.complete_all(req)
+        captured = 0
         if (self.config.device.cuda_graphs and isinstance(self.backend, LeanBackend)
                 and self.backend.device.type == "cuda"):
-            self.graphs = GraphDecoder(self.backend)
+            graphs = GraphDecoder(self.backend)
             # KVSession.decode_step replays through the backend's `graphs` when set
-            self.backend.graphs = self.graphs
-            self.layer_compile = choose_layer(self.graphs)   # compiled where faster (runtime/forward/compiled.py)
-            self.graphs.warm_up(caches=self.pool.caches(), later=True)   # the other KV slots' after a request
+            self.backend.graphs = graphs
+            self.layer_compile = choose_layer(graphs)   # compiled where faster (runtime/forward/compiled.py)
+            graphs.warm_up(caches=self.pool.caches(), later=True)   # the other KV slots' after a request
+            captured = graphs.captures
             self.complete_all(req)               # one step through the graphs before the first user
         self.choose_step_copy()
-        part = self.part
-        if self.config.completion.speculative:
+        drafts, costs = Drafts(model=self.part.draft_model), None
+        cc = self.config.completion
+        if cc.speculative:
             costs = self.measure_forward_costs()
-            part.draft_length = DraftLength(costs, self.config.completion.draft_tokens)
-            log.info("forward cost by tokens (ms): %s", {t: round(c, 1) for t, c in part.draft_length.costs_ms.items()})
-            if part.draft_model is not None:
-                step = part.draft_model.measure()
-                part.draft_model_length = DraftLength(costs, self.config.completion.draft_tokens, draft_ms=step)
+            drafts = Drafts(model=drafts.model, length=DraftLength(costs, cc.draft_tokens))
+            log.info("forward cost by tokens (ms): %s", {t: round(c, 1) for t, c in costs.items()})
+            if drafts.model is not None:
+                step = drafts.model.measure()
+                drafts = Drafts(drafts.model, drafts.length, DraftLength(costs, cc.draft_tokens, draft_ms=step))
                 log.info("draft model step: %.1f ms", step)
+        record = Warmup(drafts, costs, captured, bool(getattr(self.backend, "steps_on_rows", False)))
         self.pool.acquire(SCRATCH_URI).truncate(0)
-        part.stats = EngineStats()
+        self.part.warmed(record)
         self.forget_shown()
         trim_heap()
+        return record
 
     @property
     def stats(self) -> EngineStats:
@@ -261,7 +277,7 @@ class LocalEngine:
                 raise ConfigError(f"sol.memory_budget cannot hold {self.loaded.name} and its draft model "
                                   f"{draft.name}: {exc}",
                                   hint="raise sol.memory_budget, or model.draft: off") from None
-        self.part.draft_model = DraftModel(backend, vocab_limit=self.backend.vocab_size)
+        self.part.use_drafts(Drafts(model=DraftModel(backend, vocab_limit=self.backend.vocab_size)))
 
     def complete_all(self, req: CompletionRequest) -> Done:
         """Run ``req`` to its end; its Done."""
@@ -335,27 +351,27 @@ class LocalEngine:
 
     @property
     def config(self) -> Config:
-        return self._config
+        """The engine's config now (``settings``'s, which the pipeline and
+        the model part read)."""
+        return self.settings.config
 
     @config.setter
     def config(self, config: Config) -> None:
-        """A new config applies from the next request on (the pipeline and
-        the model part read it too). Its ``"auto"`` prompt windows become
-        the served model's: a bench column or a reload that swaps the config
-        of a running engine measures the windows the daemon serves (before,
-        ``bench --quality`` without ``--models`` and the trace's
-        ``--compare-spec`` column set the config load_engine had started
-        from, and ran the 0.5B at the generic 1024/256/128)."""
-        if self.served_model is not None:
-            config = replace(config, model=config.model.served_by(self.served_model),
-                             completion=config.completion.served_by(self.served_model))
-        self._config = config
-        pipeline: Pipeline | None = getattr(self, "pipeline", None)
-        if pipeline is not None:
-            pipeline.config = config
-        part: LocalModelPart | None = getattr(self, "part", None)
-        if part is not None:
-            part.config = config
+        """A new config applies from the next request on, to the engine, the
+        pipeline and the model part alike (one holder)."""
+        self.settings.use(config)
+
+    def _served(self, config: Config) -> Config:
+        """``config`` with its ``"auto"`` prompt windows the served model's: a
+        bench column or a reload that swaps the config of a running engine
+        measures the windows the daemon serves (before, ``bench --quality``
+        without ``--models`` and the trace's ``--compare-spec`` column set
+        the config load_engine had started from, and ran the 0.5B at the
+        generic 1024/256/128)."""
+        if self.served_model is None:
+            return config
+        return replace(config, model=config.model.served_by(self.served_model),
+                       completion=config.completion.served_by(self.served_model))
 
     # The pipeline's per-document memory, under the names the quality
     # benchmark and the tests use.

@@ -31,6 +31,7 @@ from soldaemon.config import Config
 from soldaemon.errors import Cancelled
 from soldaemon.fim import FimPrompt, FimTemplate
 from soldaemon.pipeline.clock import Clock
+from soldaemon.pipeline.completion import Settings
 from soldaemon.pipeline.sources import Generation, Source, Stats, Stream, precomputed
 from soldaemon.pipeline.candidates import Scorer
 from soldaemon.pipeline.ending import Ending, decide_multiline, repeats_below
@@ -60,6 +61,28 @@ class EngineStats:
     @property
     def kv_hit_ratio(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+@dataclass(frozen=True)
+class Drafts:
+    """What speculation drafts with: the draft model (``model.draft_model``)
+    and the draft sizing measured at warm-up (None: the fixed
+    ``completion.draft_tokens`` until then)."""
+
+    model: DraftModel | None = None
+    length: DraftLength | None = None          # prompt lookup's (and a sampled decode's, made from it)
+    model_length: DraftLength | None = None    # the draft model's, with its step's cost
+
+
+@dataclass(frozen=True)
+class Warmup:
+    """What the engine's warm-up measured: the part drafts with ``drafts``
+    from then on (:meth:`LocalModelPart.warmed`)."""
+
+    drafts: Drafts
+    forward_ms: dict[int, float] | None        # one forward of T tokens, per T (speculation on)
+    graphs_captured: int                       # CUDA graphs captured before the first request
+    steps_on_blocked_copy: bool                # decode steps read the blocked copy of the weights
 
 
 def _stats(s: GenStats, tokens: int) -> Stats:
@@ -160,29 +183,33 @@ class LocalModelPart:
 
     ``lock`` is the generation lock: held around every forward of a
     request, a warm or a resumed run; the memory scheduler (``memory``)
-    takes the same lock to move weights. ``config`` may be replaced between
-    requests (the engine does when its own is)."""
+    takes the same lock to move weights. ``settings``: the engine's config
+    holder, read at each request."""
 
-    def __init__(self, pool: SessionPool, tokenizer: Any, template: FimTemplate, config: Config, *,
-                 lock: threading.Lock, memory: MemoryScheduler | None) -> None:
-        self.config = config
+    def __init__(self, pool: SessionPool, tokenizer: Any, template: FimTemplate, settings: Settings, *,
+                 lock: threading.Lock, memory: MemoryScheduler | None, drafts: Drafts = Drafts()) -> None:
+        self.settings = settings
         self.tokenizer = tokenizer
         self.template = template
         self.stats = EngineStats()
         self.foreseen = Foreseen()                     # completion.speculative_fim's answer
-        # measured at warm-up (LocalEngine.warmup); until then speculation uses the fixed draft size
         self.draft_length: DraftLength | None = None
-        # model.draft_model (LocalEngine.attach_draft_model), with its own draft sizing
         self.draft_model: DraftModel | None = None
         self.draft_model_length: DraftLength | None = None
         # draft sizing of sampled decodes (_decode): (made from, its own)
         self._sampled_length: tuple[DraftLength, DraftLength] | None = None
+        self.use_drafts(drafts)
         self._pool = pool
         self._lock = lock
         self._memory = memory
         self._parked: Run | None = None              # a superseded generation kept for the next keystroke
         self._prefill_chunk: int | None = None       # at most this many prompt tokens per forward (prefill_chunks)
         self._token_texts: TokenTexts | None = None  # token healing's vocabulary index
+
+    @property
+    def config(self) -> Config:
+        """The engine's config now."""
+        return self.settings.config
 
     # -- for the pipeline (ModelPart) ------------------------------------------
 
@@ -366,6 +393,18 @@ class LocalModelPart:
         s.resumed += t.source == "resumed"
 
     # -- for the engine and foresight ------------------------------------------
+
+    def use_drafts(self, drafts: Drafts) -> None:
+        """Draft with ``drafts`` from the next generation on (the engine:
+        a draft model attached, the sizing its warm-up measured)."""
+        self.draft_model, self.draft_length, self.draft_model_length = drafts.model, drafts.length, drafts.model_length
+        self._sampled_length = None
+
+    def warmed(self, warmup: Warmup) -> None:
+        """After the engine's warm-up: draft as it measured, and count
+        requests from zero (the warm-up's are not the user's)."""
+        self.use_drafts(warmup.drafts)
+        self.stats = EngineStats()
 
     def prefill(self, uri: str, ids: list[int], *, precise_until: int | None,
                 cancel: CancelToken) -> PrefillResult | None:

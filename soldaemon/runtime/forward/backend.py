@@ -1,9 +1,11 @@
 """Backends: the forward pass over a preallocated KV cache.
 
-A backend owns the KV cache of one sequence (batch 1) and exposes one
-operation, :meth:`Backend.forward`: run ``tokens`` at positions
-``pos … pos+T-1``, write their keys/values into the cache at those positions,
-and return logits. Everything at positions ``>= pos`` is overwritten or
+A backend makes KV caches (:meth:`Backend.new_cache`; one of them, ``cache``,
+at construction) and exposes one operation, :meth:`Backend.forward`: run
+``tokens`` at positions ``pos … pos+T-1`` over the KV cache it is given
+(batch 1), write their keys/values into that cache at those positions, and
+return logits. A forward is always given its cache (the session's): the
+backend holds no "current cache" that others switch. Everything at positions ``>= pos`` is overwritten or
 ignored, so truncating the cache is free: the caller just calls ``forward``
 at a lower ``pos``. What is in the cache (which token ids at which positions)
 is the caller's bookkeeping (see :mod:`.session`).
@@ -48,12 +50,14 @@ class GraphSteps(Protocol):
     """Decode steps replayed from captured graphs (runtime/forward/cudagraph.py's
     GraphDecoder), which a backend may carry in ``graphs``."""
 
-    def step(self, token: int, pos: int) -> torch.Tensor | None:
-        """Logits [V] for ``token`` at ``pos``, or None: run the eager forward."""
+    def step(self, token: int, pos: int, cache: Any = None) -> torch.Tensor | None:
+        """Logits [V] for ``token`` at ``pos`` over ``cache`` (None: the
+        backend's own), or None: run the eager forward."""
         ...
 
-    def verify(self, tokens: Sequence[int], pos: int) -> torch.Tensor | None:
-        """Logits [T, V] for ``tokens`` at ``pos`` …, or None: run the eager forward."""
+    def verify(self, tokens: Sequence[int], pos: int, cache: Any = None) -> torch.Tensor | None:
+        """Logits [T, V] for ``tokens`` at ``pos`` … over ``cache``, or None:
+        run the eager forward."""
         ...
 
     def invalidate(self) -> None:
@@ -73,6 +77,9 @@ class GraphSteps(Protocol):
 class Backend(Protocol):
     n_ctx: int                 # positions in the KV cache
     vocab_size: int
+    # the KV cache made at construction: the one the pool's first document uses,
+    # the compute buffer of folding, and a forward's when given none
+    cache: Any
     device: torch.device
     # CUDA-graph decode steps: KVSession.decode_step replays through them
     # when set (None: eager steps). Set by the engine's warm-up.
@@ -90,24 +97,17 @@ class Backend(Protocol):
         """Bytes of one session's full KV buffer (0: not preallocated)."""
         ...
 
-    def forward(self, tokens: torch.Tensor, pos: int, *, last_only: bool = True,
+    def forward(self, tokens: torch.Tensor, pos: int, *, cache: Any = None, last_only: bool = True,
                 precise: bool = False) -> torch.Tensor:
-        """tokens: [T] int64 on device. Returns logits [1, V] (last_only) or
-        [T, V], float32. ``precise`` forbids the short-forward kernel
-        (prompt tokens: a prompt's logits must not depend on how much of it
-        was cached)."""
+        """tokens: [T] int64 on device, over ``cache`` (from
+        :meth:`new_cache`; None: ``self.cache``). Returns logits [1, V]
+        (last_only) or [T, V], float32. ``precise`` forbids the
+        short-forward kernel (prompt tokens: a prompt's logits must not
+        depend on how much of it was cached)."""
         ...
 
     def new_cache(self) -> Any:
         """Allocate another KV cache (for another document's session)."""
-        ...
-
-    def use_cache(self, cache: Any) -> None:
-        """Make ``cache`` (from :meth:`new_cache`) the one forward writes to."""
-        ...
-
-    def current_cache(self) -> Any:
-        """The cache forward writes to now."""
         ...
 
 
@@ -206,7 +206,7 @@ class LeanBackend:
             self._release(hf_model)
         # KV cache: [layers, kv_heads, n_ctx, head_dim], preallocated once.
         self._kv_shape = (n_layers, self.n_kv, n_ctx, self.head_dim)
-        self.k_cache, self.v_cache = self.new_cache()
+        self.cache = self.new_cache()
         # RoPE tables computed like transformers does (float32 outer product).
         inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.int64).to(self.device, torch.float32) / self.head_dim))
         self.inv_freq = inv_freq                         # [hd/2]
@@ -219,9 +219,10 @@ class LeanBackend:
         self.shape = Shape(self.n_heads, self.n_kv, self.head_dim, self.eps, self.scale,
                            inner=None if self.rotations is None else self.rotations.inner,
                            inner_exact=self.rotations is None or row_exact(inner_size, INNER_BLOCK))
-        # Sol's weight store (runtime/residency.py): None, or every layer's
-        # weights go through it. With all layers resident the forward takes
-        # the plain loop below (the store then only records the heatmap).
+        # Sol's weight store (runtime/memory/weightstore.py): None, or every
+        # layer's weights go through it (read_through). With all layers
+        # resident the forward takes the plain loop below (the store then
+        # only records the heatmap).
         self.residency: WeightStore | None = None
         # KV folding reads the last query of each layer (runtime/kvfold.py):
         # [layers, H, hd] when record_queries() was called, else None.
@@ -308,6 +309,11 @@ class LeanBackend:
         graphs captured before must be captured again."""
         return 0 if self.residency is None else self.residency.epoch
 
+    def read_through(self, store: WeightStore) -> None:
+        """From now on every forward reads the layers' weights through
+        ``store`` (built over :meth:`weight_sets`; the memory scheduler's)."""
+        self.residency = store
+
     def fixed_weights(self) -> list[torch.Tensor]:
         """Tensors outside the decoder layers (never offloaded)."""
         return [t for t in (self.embed_w, self.embed_s, self.norm, self.head_w, self.head_s) if t is not None]
@@ -333,11 +339,15 @@ class LeanBackend:
         k = torch.zeros(self._kv_shape, dtype=self.dtype, device=self.device)
         return k, torch.zeros_like(k)
 
-    def use_cache(self, cache: tuple[torch.Tensor, torch.Tensor]) -> None:
-        self.k_cache, self.v_cache = cache
+    @property
+    def k_cache(self) -> torch.Tensor:
+        """The keys of :attr:`cache` (the one made at construction)."""
+        return self.cache[0]
 
-    def current_cache(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.k_cache, self.v_cache
+    @property
+    def v_cache(self) -> torch.Tensor:
+        """The values of :attr:`cache`."""
+        return self.cache[1]
 
     @property
     def kv_bytes_per_session(self) -> int:
@@ -406,8 +416,9 @@ class LeanBackend:
         return self.head_linear(x, self.head_w, None, self.head_s).float()
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, pos: int, *, last_only: bool = True,
-                precise: bool = False) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, pos: int, *, cache: tuple[torch.Tensor, torch.Tensor] | None = None,
+                last_only: bool = True, precise: bool = False) -> torch.Tensor:
+        kv = self.cache if cache is None else cache
         T = tokens.shape[0]
         end = pos + T
         if end > self.n_ctx:
@@ -428,18 +439,18 @@ class LeanBackend:
         kind = "prompt" if attention == CAUSAL else ("step" if T == 1 else ("verify" if short else "prefill"))
         if store is None:
             for i, w in enumerate(layers):
-                x = self._block(x, w, i, pos, end, cos, sin, mask, attention, lin, kind if i == 0 else "")
+                x = self._block(x, w, i, kv, pos, end, cos, sin, mask, attention, lin, kind if i == 0 else "")
         elif store.all_resident:
             timed = not store.cuda   # on CUDA host clocks only see kernel launches
             marks = [time.perf_counter()]
             for i, w in enumerate(layers):
-                x = self._block(x, w, i, pos, end, cos, sin, mask, attention, lin, kind if i == 0 else "")
+                x = self._block(x, w, i, kv, pos, end, cos, sin, mask, attention, lin, kind if i == 0 else "")
                 marks.append(time.perf_counter())
             store.note_resident_forward([(b - a) * 1e3 for a, b in zip(marks, marks[1:])] if timed else None)
         else:
-            x = self._offloaded_layers(store, x, 0, pos, end, cos, sin, mask, attention, lin)
+            x = self._offloaded_layers(store, x, kv, pos, end, cos, sin, mask, attention, lin)
         if self.last_q is not None:
-            self.last_q_cache = self.k_cache
+            self.last_q_cache = kv[0]
         if last_only:
             x = x[-1:]
         return self.head_logits(self.final_norm(x))      # [T or 1, V]
@@ -458,26 +469,26 @@ class LeanBackend:
         # on a CPU, as the scores' addend once per forward (SDPA would convert it in every layer)
         return GROUPED, additive_mask(mask, self.dtype) if self.device.type == "cpu" else mask
 
-    def _block(self, x: torch.Tensor, w: LayerWeights, i: int, pos: int, end: int, cos: torch.Tensor,
-               sin: torch.Tensor, mask: torch.Tensor | None, attention: str, lin: Kernel,
-               kind: str = "") -> torch.Tensor:
+    def _block(self, x: torch.Tensor, w: LayerWeights, i: int, kv: tuple[torch.Tensor, torch.Tensor], pos: int,
+               end: int, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None, attention: str,
+               lin: Kernel, kind: str = "") -> torch.Tensor:
         """Decoder layer i on x [T, D] (the one layer, :func:`.layer.decoder_layer`);
-        writes its K/V at pos … end-1 and attends over 0 … end-1."""
-        return decoder_layer(self.shape, w, x, lin, cos, sin, self.k_cache[i], self.v_cache[i], pos, end, mask,
+        writes its K/V into ``kv`` at pos … end-1 and attends over 0 … end-1."""
+        return decoder_layer(self.shape, w, x, lin, cos, sin, kv[0][i], kv[1][i], pos, end, mask,
                              attention=attention, q_out=None if self.last_q is None else self.last_q[i],
                              kind=kind)
 
-    def _offloaded_layers(self, store: WeightStore, x: torch.Tensor, variant: int, pos: int, end: int,
-                          cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None, attention: str,
-                          lin: Any) -> torch.Tensor:
+    def _offloaded_layers(self, store: WeightStore, x: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor],
+                          pos: int, end: int, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
+                          attention: str, lin: Any) -> torch.Tensor:
         """The layer loop when some layers live in host memory: each layer's
         weights come from the store (resident, or a prefetched slot), and
         the store is told when the layer is done with them."""
-        store.begin_forward(variant)
+        store.begin_forward(0)
         for i in range(len(self.layers)):
             w, stall_ms, outcome, copied = store.layer(i)
             t0 = time.perf_counter()
-            x = self._block(x, w, i, pos, end, cos, sin, mask, attention, lin)
+            x = self._block(x, w, i, kv, pos, end, cos, sin, mask, attention, lin)
             ms = None if store.cuda else (time.perf_counter() - t0) * 1e3
             store.end_layer(i, ms, stall_ms, outcome, copied)
         store.end_forward()
@@ -515,23 +526,18 @@ class HFBackend:
 
         return DynamicCache(config=self._config)
 
-    def use_cache(self, cache: Any) -> None:
-        self.cache = cache
-
-    def current_cache(self) -> Any:
-        return self.cache
-
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, pos: int, *, last_only: bool = True,
+    def forward(self, tokens: torch.Tensor, pos: int, *, cache: Any = None, last_only: bool = True,
                 precise: bool = False) -> torch.Tensor:
-        have = self.cache.get_seq_length()
+        cache = self.cache if cache is None else cache
+        have = cache.get_seq_length()
         if pos > have:
             raise ValueError(f"forward at {pos} but the cache holds {have} positions")
         if pos < have:
-            self.cache.crop(pos - have)
+            cache.crop(pos - have)
         T = tokens.shape[0]
         out = self.model(
-            input_ids=tokens.unsqueeze(0), cache=self.cache,
+            input_ids=tokens.unsqueeze(0), cache=cache,
             cache_position=torch.arange(pos, pos + T, device=self.device),
             use_cache=True, logits_to_keep=1 if last_only else 0,
         )
@@ -544,6 +550,8 @@ class Offloadable(Backend, Protocol):
     (LeanBackend): what the memory scheduler (runtime/memsched.py) needs."""
 
     residency: WeightStore | None   # the store the forward reads through (None: plain tensors)
+
+    def read_through(self, store: WeightStore) -> None: ...
 
     def weight_sets(self) -> list[list[LayerWeights]]: ...
 

@@ -121,7 +121,8 @@ def save_choice(path: Path, choice: CompileChoice) -> None:
     os.replace(tmp, path)
 
 
-def time_steps(graphs: GraphDecoder, steps: int, *, token: int = 1, pos: int = 0) -> list[float]:
+def time_steps(graphs: GraphDecoder, steps: int, *, token: int = 1, pos: int = 0,
+               cache: Any = None) -> list[float]:
     """ms of each of ``steps`` decode steps through ``graphs`` (the first
     step, which may capture, untimed). Raises RuntimeError when a step
     does not replay a graph."""
@@ -130,7 +131,7 @@ def time_steps(graphs: GraphDecoder, steps: int, *, token: int = 1, pos: int = 0
     for i in range(steps + 1):
         sync(graphs.device)
         t0 = time.perf_counter()
-        replayed = graphs.step(token, pos + i % 8)
+        replayed = graphs.step(token, pos + i % 8, cache)
         sync(graphs.device)
         if replayed is None:
             raise RuntimeError(f"no graph replayed ({graphs.failure or 'graphs off'})")
@@ -158,20 +159,19 @@ def measure(graphs: GraphDecoder, *, steps: int = STEPS,
     that do not replay, or no memory for the scratch cache keep the eager
     layer, the reason said."""
     backend = graphs.b
-    current = backend.current_cache()
     layer: Callable[..., torch.Tensor] = decoder_layer
     eager: list[float] = []
     try:
-        backend.use_cache(backend.new_cache())
-        eager = time_steps(graphs, steps)
+        scratch = backend.new_cache()
+        eager = time_steps(graphs, steps, cache=scratch)
         sync = torch.cuda.synchronize if graphs.device.type == "cuda" else (lambda *_: None)
         graphs.use_layer(compiler())
         t0 = time.perf_counter()
-        if graphs.step(1, 0) is None:                 # compile + capture of the first graph
+        if graphs.step(1, 0, scratch) is None:                 # compile + capture of the first graph
             raise RuntimeError(f"no graph with the compiled layer ({graphs.failure})")
         sync(graphs.device)
         compile_s = time.perf_counter() - t0
-        timed = time_steps(graphs, steps)
+        timed = time_steps(graphs, steps, cache=scratch)
     except Exception as exc:                          # inductor's errors have no common base; OOM
         what = "compile failed" if eager else "eager steps failed"
         return CompileChoice(False, statistics.median(eager) if eager else None, None, None,
@@ -183,7 +183,6 @@ def measure(graphs: GraphDecoder, *, steps: int = STEPS,
         return choice
     finally:
         graphs.use_layer(layer)
-        backend.use_cache(current)
 
 
 def choose_layer(graphs: GraphDecoder, *, force: bool | None = None, root: Path | None = None,

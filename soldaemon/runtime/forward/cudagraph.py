@@ -14,7 +14,9 @@ shapes, so the step is written in *static form*:
   serves every position below its bucket.
 
 One graph is captured per (KV cache, bucket, rows) — a session's cache is a
-different tensor, so each slot of the session pool has its own graphs.
+different tensor, so each slot of the session pool has its own graphs. A
+step or a verify is given the cache it runs over (the session's), as an
+eager forward is; the graph captured for that cache is the one replayed.
 ``warm_up`` captures every slot's graphs (the pool's caches are made up
 front: a new document takes the least recently used slot, whose graphs
 exist), as many slots as free device memory holds, and *seals* the
@@ -167,25 +169,26 @@ class GraphDecoder:
         return found
 
     @torch.inference_mode()
-    def static_step(self, window: int) -> torch.Tensor:
+    def static_step(self, window: int, cache: Any = None) -> torch.Tensor:
         """One decode step of ``self.token`` at ``self.pos`` attending over the
-        first ``window`` cache positions; logits [1, V] (float32). Only
-        tensor operations whose shapes do not depend on the position. The
-        matrices are multiplied by the kernel an eager decode step uses
-        (the plan's short-forward kernel)."""
-        return self._static(self.token, self.pos, window, None, "graph-step")
+        first ``window`` positions of ``cache`` (None: the backend's own);
+        logits [1, V] (float32). Only tensor operations whose shapes do not
+        depend on the position. The matrices are multiplied by the kernel
+        an eager decode step uses (the plan's short-forward kernel)."""
+        return self._static(self.token, self.pos, window, None, "graph-step", cache)
 
     @torch.inference_mode()
-    def static_rows(self, window: int, rows: int) -> torch.Tensor:
+    def static_rows(self, window: int, rows: int, cache: Any = None) -> torch.Tensor:
         """A verify forward of the static tokens of row bucket ``rows`` at
-        their static positions over ``window`` cache positions: logits
-        [rows, V]."""
+        their static positions over ``window`` positions of ``cache``:
+        logits [rows, V]."""
         tokens, positions, last_row, _ = self._static_rows(rows)
-        return self._static(tokens, positions, window, last_row, "graph-verify")
+        return self._static(tokens, positions, window, last_row, "graph-verify", cache)
 
     def _static(self, tokens: torch.Tensor, positions: torch.Tensor, window: int, last_row: torch.Tensor | None,
-                kind: str) -> torch.Tensor:
+                kind: str, cache: Any) -> torch.Tensor:
         b = self.b
+        k_cache, v_cache = b.cache if cache is None else cache
         cos = b.cos.index_select(0, positions)           # [T, hd]
         sin = b.sin.index_select(0, positions)
         keep = torch.arange(window, device=self.device).unsqueeze(0) <= positions.unsqueeze(1)   # [T, window]
@@ -194,7 +197,7 @@ class GraphDecoder:
         x = b.embed_tokens(tokens)                       # [T, D]
         last_q = b.last_q
         for i, w in enumerate(b.layers):
-            x = self.layer(b.shape, w, x, lin, cos, sin, b.k_cache[i], b.v_cache[i], positions, window, mask,
+            x = self.layer(b.shape, w, x, lin, cos, sin, k_cache[i], v_cache[i], positions, window, mask,
                               q_out=None if last_q is None else last_q[i], q_row=last_row,
                               kind=kind if i == 0 else "", bucket=window)
         return b.head_logits(b.final_norm(x))
@@ -204,17 +207,19 @@ class GraphDecoder:
     def usable(self) -> bool:
         return self.enabled and not self.stale and self.b.all_resident
 
-    def step(self, token: int, pos: int) -> torch.Tensor | None:
-        """Logits [V] for ``token`` at ``pos`` through a graph, or None when
-        graphs are off (the caller then runs the eager forward). The logits
-        are a view of the graph's static output: the next replay of this
-        graph (this or another document's) overwrites them, so a caller
-        that keeps them copies them. With queries recorded, ``last_q`` then
-        holds this step's queries and ``last_q_cache`` is the cache."""
+    def step(self, token: int, pos: int, cache: Any = None) -> torch.Tensor | None:
+        """Logits [V] for ``token`` at ``pos`` over ``cache`` (None: the
+        backend's own) through its graph, or None when graphs are off (the
+        caller then runs the eager forward). The logits are a view of the
+        graph's static output: the next replay of this graph (this or
+        another document's) overwrites them, so a caller that keeps them
+        copies them. With queries recorded, ``last_q`` then holds this
+        step's queries and ``last_q_cache`` is the cache's keys."""
         if not self.usable():
             return None
+        cache = self.b.cache if cache is None else cache
         window = self.bucket(pos)
-        graph = self._graph(window, 1)
+        graph = self._graph(cache, window, 1)
         if graph is None:
             return None
         self.token.fill_(token)
@@ -223,20 +228,21 @@ class GraphDecoder:
         g.replay()
         self.replays += 1
         if self.b.last_q is not None:
-            self.b.last_q_cache = self.b.k_cache
+            self.b.last_q_cache = cache[0]
         return out[0]
 
-    def verify(self, tokens: Sequence[int], pos: int) -> torch.Tensor | None:
-        """Logits [T, V] for ``tokens`` at ``pos`` … through a graph of the
-        next row bucket, or None (eager): no bucket holds T rows, or the
-        padding would pass ``n_ctx``. A view of the graph's static output
-        (see :meth:`step`)."""
+    def verify(self, tokens: Sequence[int], pos: int, cache: Any = None) -> torch.Tensor | None:
+        """Logits [T, V] for ``tokens`` at ``pos`` … over ``cache`` through a
+        graph of the next row bucket, or None (eager): no bucket holds T
+        rows, or the padding would pass ``n_ctx``. A view of the graph's
+        static output (see :meth:`step`)."""
         T = len(tokens)
         rows = next((r for r in self.verify_rows if r >= T), None)
         if rows is None or not self.usable() or pos + rows > self.b.n_ctx:
             return None
+        cache = self.b.cache if cache is None else cache
         window = self.bucket(pos + rows - 1)
-        graph = self._graph(window, rows)
+        graph = self._graph(cache, window, rows)
         if graph is None:
             return None
         tok, positions, last_row, arange = self._static_rows(rows)
@@ -248,7 +254,7 @@ class GraphDecoder:
         g.replay()
         self.verify_replays += 1
         if self.b.last_q is not None:
-            self.b.last_q_cache = self.b.k_cache
+            self.b.last_q_cache = cache[0]
         return out[:T]
 
     def invalidate(self) -> None:
@@ -302,15 +308,16 @@ class GraphDecoder:
             (key, *entry) for key, entry in self._pending.items()]
         if self.stale:
             windows = sorted(self._windows_used) or self.buckets[:1]
-            for n, cache in enumerate(self._slots or [self.b.current_cache()]):
+            for n, cache in enumerate(self._slots or [self.b.cache]):
                 key = cache[0].data_ptr() if isinstance(cache, tuple) else id(cache)
                 # slots past the first are captured while the device's memory allows (a key: room checked)
                 todo += [(None if n == 0 else (key, window, rows), cache, window, rows)
                          for window in windows for rows in (1, *self.verify_rows)]
         return todo
 
-    def _graph(self, window: int, rows: int, *, capture: bool = False) -> tuple[Any, torch.Tensor] | None:
-        """The current cache's graph of ``window`` and ``rows``: replayed
+    def _graph(self, cache: Any, window: int, rows: int, *,
+               capture: bool = False) -> tuple[Any, torch.Tensor] | None:
+        """``cache``'s graph of ``window`` and ``rows``: replayed
         ones move to the back of the eviction order. A missing one is
         captured now, unless the decoder is sealed and ``capture`` is not
         set (a request's forward): then it is noted for :meth:`recapture`
@@ -319,20 +326,20 @@ class GraphDecoder:
         last_q = b.last_q
         # a graph writes the tensors it was captured with and reads the weights
         # it was captured over: key on their addresses and on the weights' epoch
-        key = (b.k_cache.data_ptr(), window, rows, 0 if last_q is None else last_q.data_ptr(), b.weights_epoch)
+        key = (cache[0].data_ptr(), window, rows, 0 if last_q is None else last_q.data_ptr(), b.weights_epoch)
         found = self._graphs.pop(key, None)
         if found is not None:
             self._graphs[key] = found                # least recently used first
             return found
         if self.sealed and not capture:
-            self._pending.setdefault((key[0], window, rows), (b.current_cache(), window, rows))
+            self._pending.setdefault((key[0], window, rows), (cache, window, rows))
             self.deferred += 1
             return None
         if len(self._graphs) >= self.max_graphs:
             self._graphs.pop(next(iter(self._graphs)))
             self.evictions += 1
         try:
-            found = self._capture(window, rows)
+            found = self._capture(cache, window, rows)
         except Exception as exc:  # capture is best effort: retry once, then eager for good
             self.failed_captures += 1
             self.failure = f"{type(exc).__name__}: {exc}"
@@ -351,17 +358,14 @@ class GraphDecoder:
 
     def _capture_for(self, cache: Any, window: int, rows: int) -> bool:
         """Make sure ``cache``'s graph of ``window`` and ``rows`` exists
-        (capturing it if not); the backend's current cache is left as it
-        was. False when the capture failed."""
-        current = self.b.current_cache()
-        self.b.use_cache(cache)
-        try:
-            return self._graph(window, rows, capture=True) is not None
-        finally:
-            self.b.use_cache(current)
+        (capturing it if not). False when the capture failed."""
+        return self._graph(cache, window, rows, capture=True) is not None
 
-    def _capture(self, window: int, rows: int) -> tuple[Any, torch.Tensor]:
-        run = (lambda: self.static_step(window)) if rows == 1 else (lambda: self.static_rows(window, rows))
+    def _capture(self, cache: Any, window: int, rows: int) -> tuple[Any, torch.Tensor]:
+        """A graph of a step (``rows`` 1) or a verify over ``cache``: the
+        graph binds that cache's tensors (an emulated one, its run)."""
+        run = (lambda: self.static_step(window, cache)) if rows == 1 else (
+            lambda: self.static_rows(window, rows, cache))
         if self.emulated:
             emulated = EmulatedGraph(run, rows, self.b.vocab_size, self.device)
             self.captures += 1
@@ -369,10 +373,10 @@ class GraphDecoder:
         t0 = time.perf_counter()
         # The capture writes K/V at the static positions: point them at the last
         # slots of the window, then restore what was there (it may be a live cache).
-        b = self.b
+        k_cache, v_cache = cache
         first = window - rows
-        saved_k = b.k_cache[:, :, first:window].clone()
-        saved_v = b.v_cache[:, :, first:window].clone()
+        saved_k = k_cache[:, :, first:window].clone()
+        saved_v = v_cache[:, :, first:window].clone()
         if rows == 1:
             self.pos.fill_(first)
         else:
@@ -391,8 +395,8 @@ class GraphDecoder:
         # thread_local: another thread's CUDA call during the capture does not break it
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             out = run()
-        b.k_cache[:, :, first:window] = saved_k
-        b.v_cache[:, :, first:window] = saved_v
+        k_cache[:, :, first:window] = saved_k
+        v_cache[:, :, first:window] = saved_v
         torch.cuda.current_stream(self.device).synchronize()
         ms = (time.perf_counter() - t0) * 1e3
         self.captures += 1
@@ -403,15 +407,15 @@ class GraphDecoder:
     def warm_up(self, max_pos: int | None = None, caches: Sequence[Any] = (), *, later: bool = False) -> None:
         """Before the first request: capture the graphs (steps and verify
         row buckets, windows up to ``max_pos``; default all) of every cache
-        in ``caches`` (the session pool's slots; default the current
-        cache), while the device keeps GRAPH_MEMORY_RESERVE of its memory
+        in ``caches`` (the session pool's slots; default the backend's
+        own), while the device keeps GRAPH_MEMORY_RESERVE of its memory
         free; then seal the decoder (no capture inside a request).
         ``later``: capture the first slot now and queue the others for
         :meth:`recapture` (the memory scheduler's background thread after
         the next request): a shorter start, still no capture in a request."""
         if not self.usable():
             return
-        self._slots = list(caches) or [self.b.current_cache()]
+        self._slots = list(caches) or [self.b.cache]
         windows = [w for i, w in enumerate(self.buckets) if max_pos is None or i == 0 or self.buckets[i - 1] <= max_pos]
         per_slot = len(windows) * (1 + len(self.verify_rows))
         self.max_graphs = max(self.max_graphs, per_slot * len(self._slots))

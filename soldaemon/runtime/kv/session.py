@@ -1,9 +1,10 @@
-"""KV bookkeeping for one sequence: which token ids the backend's cache holds.
+"""KV bookkeeping for one sequence: which token ids its KV cache holds.
 
 ``prefill`` computes only the tokens that differ from what the cache already
 holds (longest common prefix), in chunks, checking for cancellation between
 chunks. ``decode_step`` and ``verify`` append. Truncation is free: the next
-forward simply writes at a lower position.
+forward simply writes at a lower position. A session owns its cache and
+gives it to every forward and graph replay it runs.
 """
 
 from __future__ import annotations
@@ -73,8 +74,9 @@ class TokenUpload:
 class KVSession:
     def __init__(self, backend: Backend, *, chunk: int = 512, cache: Any = None) -> None:
         self.backend = backend
-        # this session's KV cache; the backend's current one when not given
-        self.cache = cache if cache is not None else backend.current_cache()
+        # this session's KV cache (every forward is given it); the one the
+        # backend made at construction when not given
+        self.cache = cache if cache is not None else backend.cache
         self.chunk = chunk
         # the longest forward the backend runs with its decode weights
         self.half_chunk = max(1, min(chunk, backend.decode_max_tokens))
@@ -88,10 +90,10 @@ class KVSession:
     def n_ctx(self) -> int:
         return self.backend.n_ctx
 
-    def _tensor(self, ids: Sequence[int]) -> torch.Tensor:
-        # every forward goes through here: point the backend at our cache
-        self.backend.use_cache(self.cache)
-        return self._upload(ids)
+    def _forward(self, ids: Sequence[int], pos: int, *, last_only: bool = True,
+                 precise: bool = False) -> torch.Tensor:
+        """The eager forward of ``ids`` at ``pos`` over this session's cache."""
+        return self.backend.forward(self._upload(ids), pos, cache=self.cache, last_only=last_only, precise=precise)
 
     def prefill(self, ids: Sequence[int], *, cancelled: Callable[[], bool] = lambda: False,
                 precise_until: int | None = None) -> PrefillResult:
@@ -142,7 +144,7 @@ class KVSession:
             # the typed line (past the split: decode cost) replays a graph where there is one
             rows = None if precise else self._replay(piece, pos)
             if rows is None:
-                rows = self.backend.forward(self._tensor(piece), pos, precise=precise)
+                rows = self._forward(piece, pos, precise=precise)
             logits = rows[-1]
             self.tokens.extend(piece)
             pos = end
@@ -157,11 +159,10 @@ class KVSession:
         graphs = self.backend.graphs
         if graphs is None:
             return None
-        self.backend.use_cache(self.cache)
         if len(tokens) == 1:
-            one = graphs.step(tokens[0], pos)
+            one = graphs.step(tokens[0], pos, self.cache)
             return None if one is None else one.unsqueeze(0).clone()
-        rows = graphs.verify(tokens, pos)
+        rows = graphs.verify(tokens, pos, self.cache)
         return None if rows is None else rows.clone()
 
     def decode_step(self, token: int) -> torch.Tensor:
@@ -172,7 +173,7 @@ class KVSession:
         self.version += 1
         rows = self._replay([token], len(self.tokens))       # a CUDA graph replay (None: eager)
         if rows is None:
-            rows = self.backend.forward(self._tensor([token]), len(self.tokens))
+            rows = self._forward([token], len(self.tokens))
         logits = rows[0]
         self.tokens.append(token)
         self._last_logits = logits
@@ -186,7 +187,7 @@ class KVSession:
         self.version += 1
         logits = self._replay(tokens, len(self.tokens))       # the path decode runs: a graph replay (None: eager)
         if logits is None:
-            logits = self.backend.forward(self._tensor(tokens), len(self.tokens), last_only=False)
+            logits = self._forward(tokens, len(self.tokens), last_only=False)
         self.tokens.extend(tokens)
         self._last_logits = logits[-1]
         return logits
@@ -255,7 +256,7 @@ class SessionPool:
         serve every document — a new one takes the least recently used
         slot. With folding on, the one compute buffer every session shares."""
         if self.folding:
-            return [self.backend.current_cache()]
+            return [self.backend.cache]
         while self._created < self.slots:
             cache = self.backend.new_cache() if self._created else None
             self._free.append(KVSession(self.backend, cache=cache))
@@ -274,7 +275,7 @@ class SessionPool:
             self._by_key[key] = current
             return current
         t0 = time.perf_counter()
-        buffer = self.backend.current_cache()
+        buffer = self.backend.cache
         if self._active is not None and self._active in self._by_key:
             self._park(self._active, self._by_key[self._active])
         session = self._by_key.pop(key, None)

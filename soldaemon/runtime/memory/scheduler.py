@@ -125,7 +125,7 @@ class MemoryScheduler:
         self.store = WeightStore(backend.weight_sets(), backend.fixed_weights(), backend.device,
                                  policy=sol.weight_offload_policy, prefetch_depth=sol.prefetch_depth,
                                  fallback_timeout_ms=sol.fallback_timeout_ms,
-                                 heatmap_window_s=sol.layer_heatmap_window)
+                                 heatmap_window_s=sol.layer_heatmap_window, kv_policy=self.kv_snapshot)
         self.budget = budget_bytes(sol.memory_budget, backend.device)
         self.bandwidth_gbs: float | None = None
         if self.budget is not None:
@@ -133,7 +133,7 @@ class MemoryScheduler:
             plan = self.store.make_plan(self.budget, kv_reserve_bytes, bandwidth_gbs=self.bandwidth_gbs)
             self.store.apply_plan(plan)
             log.info("residency plan: %s", plan.describe(self.store.unit_infos))
-        backend.residency = self.store
+        backend.read_through(self.store)
         self.idle_release_s = float(sol.idle_release_s)
         self.idle_release = idle_release_on(backend.device.type, idle_release)
         if pressure is None and on_timer is not True and self.idle_release and backend.device.type == "cuda":
@@ -157,7 +157,6 @@ class MemoryScheduler:
         self._free_bytes = free_bytes or (lambda: device_free_bytes(backend.device))
         self.kv_quantizing: bool | None = None    # None: not managed (folding off, or always quantizing)
         self.kv_switches = 0                       # times kv_quantizing changed after the first decision
-        self.store.kv_policy = self.kv_snapshot
         self.update_kv_folding()
 
     def touch(self) -> None:

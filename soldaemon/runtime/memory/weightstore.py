@@ -83,17 +83,19 @@ class WeightStore:
     """The decoder layers' weights across the two tiers (see module doc).
 
     Built by the engine over a :class:`~.backend.LeanBackend`'s weight lists;
-    ``backend.residency = store`` makes the forward read through it. All
+    ``backend.read_through(store)`` makes the forward read through it. All
     layers start resident; :meth:`apply_plan` moves units between tiers.
     Methods other than the snapshots are called with the engine's generation
     lock held (no forward in flight)."""
 
     def __init__(self, weight_sets: Sequence[Sequence[Any]], fixed: Sequence[torch.Tensor], device: torch.device,
                  *, policy: str = "layer", prefetch_depth: int = 2, fallback_timeout_ms: float = 50.0,
-                 heatmap_window_s: float = 60.0) -> None:
+                 heatmap_window_s: float = 60.0, kv_policy: Callable[[], dict[str, Any]] | None = None) -> None:
         """``weight_sets[v][i]``: layer i's LayerWeights in variant v (0: the
         model dtype; 1: the optional half-precision decode copy).
-        ``fixed``: tensors never offloaded (embedding, lm_head, final norm)."""
+        ``fixed``: tensors never offloaded (embedding, lm_head, final norm).
+        ``kv_policy``: asked for the KV folding policy the prefetch snapshot
+        shows (the memory scheduler's)."""
         if policy not in ("layer", "block"):
             raise ValueError(f"weight_offload_policy must be 'layer' or 'block', got {policy!r}")
         self.device = device
@@ -141,8 +143,7 @@ class WeightStore:
         # anything that captured weight addresses (CUDA graphs) must re-capture
         self.epoch = 0
         self._cuda_base = torch.cuda.memory_allocated(device) if self.cuda else 0
-        # the memory scheduler's KV folding policy, shown in the prefetch snapshot
-        self.kv_policy: Callable[[], dict[str, Any]] | None = None
+        self.kv_policy = kv_policy
 
     # -- sizes ------------------------------------------------------------------
 
