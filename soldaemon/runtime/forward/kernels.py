@@ -41,7 +41,13 @@ from soldaemon.policy.kernel_plan import (HEAD_STORAGES, KERNELS, PREFILL_ROWS, 
 
 log = logging.getLogger("soldaemon.kernels")
 
-PLAN_FORMAT = 4            # bump when the table's meaning (or the kernels) change (4: int8-onednn)
+# Bump when the table's meaning (or the kernels) change; a cached table of
+# another format is timed again at the next start (load_table drops it).
+# 5 (2026-12-05): ``blocks`` is one decoder layer's four products as the
+# forward runs them, q/k/v and gate/up each one product over their stacked
+# rows (:func:`packed_shapes`, LayerWeights); 4 timed seven separate products
+# (and added int8-onednn).
+PLAN_FORMAT = 5
 _DENSE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -298,13 +304,27 @@ def monotone(row_ms: dict[int, float]) -> dict[int, float]:
 
 
 def layer_shapes(cfg: Any) -> list[tuple[int, int]]:
-    """(N, K) of one decoder layer's seven products: q, k, v, o, gate, up, down."""
+    """(N, K) of one decoder layer's seven products: q, k, v, o, gate, up,
+    down (the model's own; the forward multiplies :func:`packed_shapes`)."""
     d = int(cfg.hidden_size)
     heads = int(cfg.num_attention_heads)
     hd = int(getattr(cfg, "head_dim", None) or d // heads)
     kv = int(cfg.num_key_value_heads) * hd
     f = int(cfg.intermediate_size)
     return [(heads * hd, d), (kv, d), (kv, d), (d, heads * hd), (f, d), (f, d), (d, f)]
+
+
+# the products of one decoder layer as the forward runs them (LayerWeights:
+# wqkv, wo, wgu, wd), in packed_shapes' order: what TimingTable.blocks times
+PACKED_PRODUCTS = ("qkv", "o", "gate_up", "down")
+
+
+def packed_shapes(cfg: Any) -> list[tuple[int, int]]:
+    """(N, K) of one decoder layer's four products as the forward
+    multiplies them (:data:`PACKED_PRODUCTS`): q, k and v stacked
+    ``[(H+2KV)*hd, D]``, o, gate and up stacked ``[2F, D]``, down."""
+    q, k, v, o, gate, up, down = layer_shapes(cfg)
+    return [(q[0] + k[0] + v[0], q[1]), o, (gate[0] + up[0], gate[1]), down]
 
 
 def machine_load() -> tuple[float | None, int]:
@@ -322,8 +342,9 @@ def measure_table(cfg: Any, device: torch.device, compute_dtype: torch.dtype, *,
                   say: Callable[[str], None] = lambda _s: None,
                   load: Callable[[], tuple[float | None, int]] = machine_load) -> TimingTable:
     """Time each kernel on random weights of ``cfg``'s shapes: one decoder
-    layer's products at every size, the output layer at the short sizes
-    (prefill keeps only the last row's logits). ``repeats`` rounds, each
+    layer's four products as the forward runs them (:func:`packed_shapes`:
+    q/k/v and gate/up each one product) at every size, the output layer at
+    the short sizes (prefill keeps only the last row's logits). ``repeats`` rounds, each
     timing every (kernel, size) once in turn, so that a burst of other work
     on the machine hits all kernels alike; the fastest of the rounds is kept
     (then :func:`monotone`). A kernel that fails on this device
@@ -334,7 +355,7 @@ def measure_table(cfg: Any, device: torch.device, compute_dtype: torch.dtype, *,
     started = time.time()
     gen = torch.Generator(device="cpu").manual_seed(0)
     vocab, d = int(cfg.vocab_size), int(cfg.hidden_size)
-    shapes = layer_shapes(cfg)
+    shapes = packed_shapes(cfg)
     dense_layer = [(torch.randn(n, k, generator=gen) * 0.02).to(device) for n, k in shapes]
     w_head = (torch.randn(vocab, d, generator=gen) * 0.02).to(device)
     inputs = {rows: {k: torch.randn(rows, k, generator=gen).to(device, compute_dtype) for _, k in shapes}
@@ -360,12 +381,9 @@ def measure_table(cfg: Any, device: torch.device, compute_dtype: torch.dtype, *,
             continue
 
         def layer(xs: dict[int, torch.Tensor], fn: Kernel = fn, packed: list = packed) -> None:
-            # as the forward runs them: q, k, v share one prepared input, gate and up another
-            for group, k in (((0, 1, 2), shapes[0][1]), ((3,), shapes[3][1]), ((4, 5), shapes[4][1]),
-                             ((6,), shapes[6][1])):
-                prepared = fn.prepare(xs[k])
-                for j in group:
-                    fn.multiply(prepared, packed[j][0], None, packed[j][1], xs[k].dtype)
+            # as the forward runs them: qkv, o, gate_up, down, each on its own input
+            for (_, k), (w, s) in zip(shapes, packed):
+                fn(xs[k], w, None, s)
 
         for rows, xs in inputs.items():
             jobs.append(("blocks", kernel, rows, functools.partial(layer, xs)))
@@ -397,7 +415,8 @@ def measure_table(cfg: Any, device: torch.device, compute_dtype: torch.dtype, *,
     head = {k: monotone(v) for k, v in head.items() if k in blocks}     # none for int4 (decoder layers only)
     return TimingTable(blocks, head, int(cfg.num_hidden_layers), machine_info(device), load_1m=load_1m,
                        cores=cores, measured_at=round(started, 1),
-                       model={"layers": int(cfg.num_hidden_layers), "hidden": d, "vocab": vocab})
+                       model={"layers": int(cfg.num_hidden_layers), "hidden": d, "vocab": vocab},
+                       products=PACKED_PRODUCTS)
 
 
 def cpu_flags() -> list[str]:
