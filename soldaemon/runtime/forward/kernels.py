@@ -21,6 +21,7 @@ replaces it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -340,7 +341,8 @@ def measure_table(cfg: Any, device: torch.device, compute_dtype: torch.dtype, *,
                   kernels: tuple[str, ...] = tuple(KERNELS), short_rows: tuple[int, ...] = SHORT_ROWS,
                   prefill_rows: tuple[int, ...] = PREFILL_ROWS, repeats: int = 5,
                   say: Callable[[str], None] = lambda _s: None,
-                  load: Callable[[], tuple[float | None, int]] = machine_load) -> TimingTable:
+                  load: Callable[[], tuple[float | None, int]] = machine_load,
+                  turn: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext) -> TimingTable:
     """Time each kernel on random weights of ``cfg``'s shapes: one decoder
     layer's four products as the forward runs them (:func:`packed_shapes`:
     q/k/v and gate/up each one product) at every size, the output layer at
@@ -350,7 +352,10 @@ def measure_table(cfg: Any, device: torch.device, compute_dtype: torch.dtype, *,
     (then :func:`monotone`). A kernel that fails on this device
     (unsupported dtype or product) is left out of the table. ``load()``
     is read as the timing begins (before our own threads add to it) and
-    recorded in the table with the time."""
+    recorded in the table with the time. ``turn()`` is held around each
+    piece of work (a kernel's packing, one timed run): a serving daemon's
+    generation lock, so that no request runs beside the timing
+    (:mod:`.retime`)."""
     load_1m, cores = load()
     started = time.time()
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -365,17 +370,18 @@ def measure_table(cfg: Any, device: torch.device, compute_dtype: torch.dtype, *,
     for kernel in kernels:
         fn, storage = KERNEL_FNS[kernel], KERNELS[kernel]
         try:
-            if storage not in packs:      # kernels reading one storage share its packed weights
-                head_pack = (pack(storage, w_head) if storage in HEAD_STORAGES or storage in ROW_KERNELS
-                             else (None, None))
-                packs[storage] = ([pack(storage, w) for w in dense_layer], head_pack)
-            packed, (hw, hs) = packs[storage]
-            # can it run here? at the most rows measured: torch._int_mm (int8-dynamic)
-            # needs more than 16 rows on CUDA, and a 1-row probe would rule it out
-            probe = max(inputs)
-            fn(inputs[probe][shapes[0][1]], packed[0][0], None, packed[0][1])
-            if hw is not None:
-                fn(inputs[probe][d], hw, None, hs)
+            with turn():
+                if storage not in packs:      # kernels reading one storage share its packed weights
+                    head_pack = (pack(storage, w_head) if storage in HEAD_STORAGES or storage in ROW_KERNELS
+                                 else (None, None))
+                    packs[storage] = ([pack(storage, w) for w in dense_layer], head_pack)
+                packed, (hw, hs) = packs[storage]
+                # can it run here? at the most rows measured: torch._int_mm (int8-dynamic)
+                # needs more than 16 rows on CUDA, and a 1-row probe would rule it out
+                probe = max(inputs)
+                fn(inputs[probe][shapes[0][1]], packed[0][0], None, packed[0][1])
+                if hw is not None:
+                    fn(inputs[probe][d], hw, None, hs)
         except (RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError) as exc:
             say(f"kernel {kernel}: not available here ({str(exc).splitlines()[0][:120]})")
             continue
@@ -396,7 +402,8 @@ def measure_table(cfg: Any, device: torch.device, compute_dtype: torch.dtype, *,
             if kernel in failed:
                 continue
             try:
-                ms = _time_once(run, device)
+                with turn():
+                    ms = _time_once(run, device)
             except (RuntimeError, NotImplementedError, TypeError) as exc:
                 say(f"kernel {kernel} failed at {rows} rows: {str(exc).splitlines()[0][:120]}")
                 failed.add(kernel)
