@@ -1,0 +1,33 @@
+"""Speculation changes no answer under the machine's ``auto`` kernel plan:
+the real 0.5B's greedy tokens on a few of ``bench --quality``'s holes are
+the same with speculation off and with prompt-lookup drafts of 1, 2, 4 and
+8 tokens (``scripts/spec_identity.py``, which the 48-hole check runs).
+Slow: the real model."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+
+def test_speculation_gives_the_same_tokens_for_every_draft_length() -> None:
+    import spec_identity
+
+    from soldaemon.config import config_from_dict
+    from soldaemon_bench.holes import cut_holes, default_corpus
+
+    engine = spec_identity.spec_engine(config_from_dict({"device": {"device": "cpu"}}))
+    holes = cut_holes(default_corpus(), 6, 0)
+    by_k = spec_identity.compare(engine, holes, 32, spec_identity.DRAFT_LENGTHS)
+    assert set(by_k) == {"1", "2", "4", "8"}
+    for k, v in by_k.items():
+        assert v["identical"] == v["holes"] == len(holes), (k, v["differ"], engine.info()["precision"]["summary"])
+    assert all(v["drafted_tokens"] > 0 for v in by_k.values())       # the verifies really ran
+    engine.close()
