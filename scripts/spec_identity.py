@@ -120,6 +120,20 @@ def spec_engine(config: Any, precision: str | None = None) -> Any:
     return load_engine(replace(config, completion=completion, model=model), progress=False)
 
 
+def _rows_alone(engine: Any, packed_shapes: Any, rows_alone: Any) -> dict[str, bool]:
+    plan = engine.info()["precision"]["plan"]
+    if plan is None:
+        return {}
+    cfg = engine.loaded.model.config
+    shapes = packed_shapes(cfg)
+    out = {}
+    for kernel in dict.fromkeys((plan["prefill"], plan["short"], plan["rows"])):
+        if kernel:
+            out[f"{kernel} (layers)"] = all(rows_alone(kernel, n, k) for n, k in shapes)
+    out[f"{plan['head']} (output layer)"] = rows_alone(plan["head"], 8192, int(cfg.hidden_size))
+    return out
+
+
 def _commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
@@ -145,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from soldaemon.config import load_config
-    from soldaemon.runtime.forward.kernels import cpu_flags
+    from soldaemon.runtime.forward.kernels import cpu_flags, packed_shapes, rows_alone
     from soldaemon_bench.holes import cut_holes, default_corpus
 
     def say(msg: str) -> None:
@@ -165,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         "tokens": args.tokens, "threads": torch.get_num_threads(), "cpu_flags": cpu_flags(),
         "load_avg_1m": round(os.getloadavg()[0], 2), "seconds": round(time.perf_counter() - t0, 1),
         "all_identical": all(v["identical"] == v["holes"] for v in by_k.values()),
+        # per kernel of the plan: each row of a 9-row product equal to that row alone, on the
+        # model's four packed products (the output layer's as 8,192 of its rows)
+        "rows_alone": _rows_alone(engine, packed_shapes, rows_alone),
         "by_draft_length": by_k,
     }
     text = json.dumps(report, indent=1)

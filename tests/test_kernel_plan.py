@@ -703,3 +703,18 @@ def test_every_recorded_table_names_the_products_it_timed() -> None:
         table = TimingTable.from_dict(doc["table"])
         assert table.products == ("q", "k", "v", "o", "gate", "up", "down"), f.name
         assert doc["format"] in (3, 4), f.name
+
+
+def test_the_integer_kernels_treat_every_row_alone_on_the_packed_shapes() -> None:
+    """What makes a verify equal the decode steps under the int8 plans: each
+    row of a 9-row product by the 0.5B's packed q/k/v, o, gate/up and down
+    weights has the bits of that row alone (docs/kernels.md, "Speculation
+    and the kernels")."""
+    from soldaemon.runtime.forward.kernels import onednn_int8_exact, packed_shapes, rows_alone
+    from soldaemon.weights.embedded import QWEN25_CODER_05B
+
+    shapes = packed_shapes(QWEN25_CODER_05B.shapes.config())
+    assert shapes == [(1152, 896), (896, 896), (9728, 896), (896, 4864)]
+    kernels = ["int8-dynamic"] + (["int8-onednn"] if onednn_int8_exact() else [])
+    for kernel in kernels:
+        assert all(rows_alone(kernel, n, k) for n, k in shapes), kernel

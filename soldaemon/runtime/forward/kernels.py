@@ -101,6 +101,23 @@ def onednn_int8_exact() -> bool:
     return torch.equal(got, torch._int_mm(x, w.t()).to(torch.float32))
 
 
+@functools.cache
+def rows_alone(kernel: str, n: int, k: int, rows: int = 9) -> bool:
+    """Whether ``kernel`` gives each row of a ``rows``-row product by a
+    random ``[n, k]`` weight the bits of that row multiplied alone, on
+    this machine: the condition for a speculative verify to equal the
+    decode steps bit for bit (docs/kernels.md, "Speculation and the
+    kernels"). The integer kernels do (exact sums, per-row scales); dense
+    float products may not (a one-row product takes another code path)."""
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(n, k, generator=gen) * 0.02
+    x = torch.randn(rows, k, generator=gen)
+    fn = KERNEL_FNS[kernel]
+    pw, ps = pack(kernel if kernel in ROW_COPIES else KERNELS[kernel], w)
+    full = fn(x, pw, None, ps)
+    return all(torch.equal(full[i:i + 1], fn(x[i:i + 1], pw, None, ps)) for i in range(rows))
+
+
 def blocked(q: torch.Tensor) -> torch.Tensor:
     """An int8 weight ``[N, K]`` (``pack("int8", ...)``'s) in oneDNN's
     blocked layout, made once: an opaque tensor only ``int8-onednn``
