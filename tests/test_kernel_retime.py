@@ -6,6 +6,7 @@ the timing itself is real, on the tiny model's shapes."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -28,15 +29,15 @@ def _loaded_table() -> TimingTable:
 
 
 class QuietAfter:
-    """A load reader: load 6 on 2 cores for the first ``busy`` readings, then 0.2."""
+    """A load reader on 2 cores: ``first`` (1-minute loads) in turn, then 0.2."""
 
-    def __init__(self, busy: int) -> None:
-        self.busy = busy
+    def __init__(self, first: list[float]) -> None:
+        self.first = first
         self.readings = 0
 
     def __call__(self) -> tuple[float | None, int]:
         self.readings += 1
-        return (6.0 if self.readings <= self.busy else 0.2), 2
+        return (self.first[self.readings - 1] if self.readings <= len(self.first) else 0.2), 2
 
 
 def _quick_measure() -> Any:
@@ -68,20 +69,19 @@ def test_a_loaded_table_is_timed_again_after_the_machine_stays_quiet(tiny_path: 
     plan = choose_plan(table)
     assert BackgroundRetime.wanted(table, plan, cpu)
     assert not BackgroundRetime.wanted(dataclasses.replace(table, load_1m=0.3), plan, cpu)
-    load = QuietAfter(busy=3)
+    load = QuietAfter([6.0, 0.2, 6.0])      # a busy reading between quiet ones starts the count again
     pieces: list[float] = []
 
-    @__import__("contextlib").contextmanager
+    @contextlib.contextmanager
     def turn() -> Iterator[None]:
         pieces.append(time.perf_counter())
         yield
 
     bg = BackgroundRetime(cfg, cpu, torch.float32, table, plan, row_copy=False, turn=turn, load=load,
                           poll_s=0.0, quiet_polls=2, measure=_quick_measure())
-    # a quiet reading between busy ones starts the count again
     got = bg.run()
     assert got is not None and bg.result is got
-    # 3 busy readings, 2 quiet ones, then the timing reads the load once as it begins
+    # 3 readings, 2 quiet ones in a row, then the timing reads the load once as it begins
     assert load.readings == 3 + 2 + 1
     assert len(pieces) > 6                       # packing and every timed run, each a piece
     new = got.table
@@ -89,8 +89,9 @@ def test_a_loaded_table_is_timed_again_after_the_machine_stays_quiet(tiny_path: 
     assert new.products == kernels.PACKED_PRODUCTS
     cached = kernels.load_table(kernels.plan_key(cfg, cpu, torch.float32))
     assert cached == new                          # saved: the next start reads it
-    assert got.in_use == (got.plan.storage, got.plan.prefill, got.plan.short, got.plan.head) == (
-        plan.storage, plan.prefill, plan.short, plan.head) or not got.in_use
+    assert got.plan == choose_plan(new, plan.precision, row_copy=False)
+    assert got.in_use == ((got.plan.storage, got.plan.prefill, got.plan.short, got.plan.head_storage, got.plan.head)
+                          == (plan.storage, plan.prefill, plan.short, plan.head_storage, plan.head))
     facts = got.facts()
     assert facts["background"] and facts["timed_under_load"] is False and "plan_in_use" in facts
 
@@ -148,13 +149,13 @@ def test_the_daemon_retimes_between_requests_never_during_one(tiny_path: Path, t
     in_request = threading.Event()
     during: list[bool] = []
 
-    @__import__("contextlib").contextmanager
+    @contextlib.contextmanager
     def turn() -> Iterator[None]:
         with engine.part.between_requests():
             during.append(in_request.is_set())
             yield
 
-    load = QuietAfter(busy=0)
+    load = QuietAfter([])
     engine.retime = BackgroundRetime(cfg, torch.device("cpu"), torch.float32, table, plan, row_copy=False,
                                      turn=turn, load=load, poll_s=0.0, quiet_polls=2, measure=_quick_measure())
     engine.forget()
