@@ -6,8 +6,11 @@ kept: dense in float32/bfloat16/float16, or int8 with one float32 scale per
 output row (symmetric, ``w ≈ q * s[:, None]``). A kernel multiplies
 activations ``x [T, K]`` (the runtime's compute dtype) by a weight in its
 storage and returns ``[T, N]`` in x's dtype. Every kernel computes each row
-of ``x`` on its own (no statistic across rows), so a token's result does not
-depend on which other tokens share its forward.
+of ``x`` on its own (no statistic across rows); to the bit only where the
+product's sums do not depend on the number of rows (:func:`rows_alone`: the
+integer kernels always, dense float products not always, since a one-row
+product takes another code path), which is what makes a speculative verify
+equal the decode steps.
 
 :func:`plan_for` measures the candidate kernels on the model's own shapes at
 prefill and decode/verify sizes, chooses, and caches the result per machine,
