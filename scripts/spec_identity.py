@@ -165,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     def say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    commit = _commit()                      # the tree the run starts from
     engine = spec_engine(load_config(args.config), args.precision)
     holes = cut_holes(default_corpus(), args.holes, args.seed, kinds=tuple(args.kinds))
     info = engine.info()
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "what": "greedy tokens with speculation (prompt lookup, a fixed draft length) against without, "
                 "the same prompt ids on a cold KV session per run",
-        "commit": _commit(), "model": info["model"], "plan": info["precision"]["summary"],
+        "commit": commit, "model": info["model"], "plan": info["precision"]["summary"],
         "plan_detail": info["precision"]["plan"], "holes": len(holes), "kinds": args.kinds, "seed": args.seed,
         "tokens": args.tokens, "threads": torch.get_num_threads(), "cpu_flags": cpu_flags(),
         "load_avg_1m": round(os.getloadavg()[0], 2), "seconds": round(time.perf_counter() - t0, 1),
