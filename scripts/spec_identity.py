@@ -83,8 +83,10 @@ def compare(engine: Any, holes: Sequence[Any], max_tokens: int,
     prompts = hole_prompts(engine, holes)
     off = []
     t0 = time.perf_counter()
-    for ids, until in prompts:
+    for i, (ids, until) in enumerate(prompts):
         off.append(greedy_tokens(engine, ids, until, max_tokens, 0)[0])
+        if (i + 1) % 8 == 0 and i + 1 < len(prompts):
+            say(f"speculation off: {i + 1} of {len(prompts)} holes, {time.perf_counter() - t0:.0f} s")
     say(f"speculation off: {len(prompts)} holes in {time.perf_counter() - t0:.0f} s")
     by_k: dict[str, Any] = {}
     for k in lengths:
