@@ -119,7 +119,10 @@ def spec_engine(config: Any, precision: str | None = None) -> Any:
 
     completion = replace(config.completion, token_healing=False, speculative=True)
     model = replace(config.model, precision=precision) if precision else config.model
-    return load_engine(replace(config, completion=completion, model=model), progress=False)
+    engine = load_engine(replace(config, completion=completion, model=model), progress=False)
+    if engine.retime is not None:
+        engine.retime.stop()     # greedy_tokens runs forwards outside the generation lock it times under
+    return engine
 
 
 def _rows_alone(engine: Any, packed_shapes: Any, rows_alone: Any) -> dict[str, bool]:

@@ -1,5 +1,5 @@
 """Speculation changes no answer under the machine's ``auto`` kernel plan:
-the real 0.5B's greedy tokens on a few of ``bench --quality``'s holes are
+the real 0.5B's greedy tokens on four of ``bench --quality``'s holes are
 the same with speculation off and with prompt-lookup drafts of 1, 2, 4 and
 8 tokens (``scripts/spec_identity.py``, which the 48-hole check runs).
 Slow: the real model."""
@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
 
+@pytest.mark.timeout(1800)       # 20 greedy decodes of the 0.5B after its load (and kernel timing)
 def test_speculation_gives_the_same_tokens_for_every_draft_length() -> None:
     import spec_identity
 
@@ -24,7 +25,7 @@ def test_speculation_gives_the_same_tokens_for_every_draft_length() -> None:
     from soldaemon_bench.holes import cut_holes, default_corpus
 
     engine = spec_identity.spec_engine(config_from_dict({"device": {"device": "cpu"}}))
-    holes = cut_holes(default_corpus(), 6, 0)
+    holes = cut_holes(default_corpus(), 4, 0)           # 2 line, 2 block
     by_k = spec_identity.compare(engine, holes, 32, spec_identity.DRAFT_LENGTHS)
     assert set(by_k) == {"1", "2", "4", "8"}
     for k, v in by_k.items():
