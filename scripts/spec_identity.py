@@ -2,8 +2,9 @@
 --quality``'s holes (the bench's own hole cutter, the default corpus) with
 speculation off, then with prompt lookup drafting a fixed number of tokens
 (1, 2, 4, 8: every verify runs the token plus up to k drafts), on the
-engine ``load_engine`` builds from the config (the real 0.5B, the machine's
-``auto`` plan unless ``--precision`` says otherwise).
+engine ``load_engine`` builds from the config with the embedded 0.5B
+(``--model``; no draft model), the machine's ``auto`` plan unless
+``--precision`` says otherwise.
 
     python scripts/spec_identity.py [--holes 48] [--tokens 64] [--draft-lengths 1 2 4 8]
                                     [--precision auto] [--seed 0] [--out FILE]
@@ -110,15 +111,22 @@ def compare(engine: Any, holes: Sequence[Any], max_tokens: int,
     return by_k
 
 
-def spec_engine(config: Any, precision: str | None = None) -> Any:
-    """The engine ``config`` loads (``precision``: model.precision instead
-    of the config's), speculation on, token healing off."""
+MODEL = "qwen2.5-coder-0.5b"
+
+
+def spec_engine(config: Any, precision: str | None = None, model_name: str = MODEL) -> Any:
+    """The engine ``config`` loads with the embedded model ``model_name``
+    (not ``auto``'s choice, which a loaded machine can tip to the 1.5B)
+    and no draft model (prompt lookup drafts here), ``precision`` as
+    model.precision instead of the config's; speculation on, token
+    healing off."""
     from dataclasses import replace
 
     from soldaemon.runtime.engine.local import load_engine
 
     completion = replace(config.completion, token_healing=False, speculative=True)
-    model = replace(config.model, precision=precision) if precision else config.model
+    model = replace(config.model, name=model_name, draft="off", path=None,
+                    **({"precision": precision} if precision else {}))
     engine = load_engine(replace(config, completion=completion, model=model), progress=False)
     if engine.retime is not None:
         engine.retime.stop()     # greedy_tokens runs forwards outside the generation lock it times under
@@ -155,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", nargs="+", default=["line", "block"], help="hole kinds, taken in turn")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--precision", default=None, help="model.precision (default: the config's, auto)")
+    ap.add_argument("--model", default=MODEL, help=f"the embedded model (default {MODEL})")
     ap.add_argument("--config", type=Path, default=None, help="a config file (default: the user's)")
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = ap.parse_args(argv)
@@ -171,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     commit = _commit()                      # the tree the run starts from
-    engine = spec_engine(load_config(args.config), args.precision)
+    engine = spec_engine(load_config(args.config), args.precision, args.model)
     holes = cut_holes(default_corpus(), args.holes, args.seed, kinds=tuple(args.kinds))
     info = engine.info()
     say(f"{info['model']}: {info['precision']['summary']}; {len(holes)} holes")

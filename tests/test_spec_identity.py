@@ -24,7 +24,15 @@ def test_speculation_gives_the_same_tokens_for_every_draft_length() -> None:
     from soldaemon.config import config_from_dict
     from soldaemon_bench.holes import cut_holes, default_corpus
 
+    from soldaemon.runtime.forward.kernels import packed_shapes, rows_alone
+
     engine = spec_identity.spec_engine(config_from_dict({"device": {"device": "cpu"}}))
+    plan = engine.info()["precision"]["plan"]
+    shapes = packed_shapes(engine.loaded.model.config)
+    if not all(rows_alone(plan["short"], n, k) for n, k in shapes):
+        # timed under load, auto can choose a dense float plan: no identity is promised then
+        pytest.skip(f"the auto plan here ({engine.info()['precision']['summary']}) has products that are "
+                    "not row-invariant (docs/kernels.md, 'Speculation and the kernels')")
     holes = cut_holes(default_corpus(), 4, 0)           # 2 line, 2 block
     by_k = spec_identity.compare(engine, holes, 32, spec_identity.DRAFT_LENGTHS)
     assert set(by_k) == {"1", "2", "4", "8"}
