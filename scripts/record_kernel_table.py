@@ -1,7 +1,10 @@
 """Record the kernel timing table of this machine for a model's shapes, as
 the daemon measures it at first start (soldaemon.runtime.forward.kernels), into a
 JSON file: the recorded tables the plan chooser is tested over
-(tests/data/kernel_tables/).
+(tests/data/kernel_tables/). The file says its ``format`` (kernels.PLAN_FORMAT)
+and ``table.products``: the products of one layer that ``blocks`` timed (the
+forward's packed four since format 5; the tables recorded before name the
+seven apart).
 
     python scripts/record_kernel_table.py --model-config DIR_OR_SHAPES --out FILE [--note TEXT]
 

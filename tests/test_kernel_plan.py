@@ -626,3 +626,95 @@ def test_a_dropped_blocked_copy_leaves_one_layout_and_the_same_bits(tiny_model) 
     assert backend.weight_bytes() < with_copy and "blocked copy dropped" in backend.plan.reason
     session.truncate(0)
     assert torch.equal(session.prefill(ids).logits, before)
+
+
+# -- the packed products (format 5) ------------------------------------------------------
+
+
+def test_the_table_times_the_packed_products_the_forward_multiplies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """measure_table packs and times q/k/v as one [(H+2KV)*hd, D] product and
+    gate/up as one [2F, D] (LayerWeights' wqkv and wgu), not seven apart."""
+    import torch
+    from transformers import Qwen2Config
+
+    from soldaemon.runtime.forward import kernels
+
+    cfg = Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2)
+    assert kernels.packed_shapes(cfg) == [(64 + 2 * 32, 64), (64, 64), (2 * 96, 64), (64, 96)]
+    packed: list[tuple[int, int]] = []
+    real_pack = kernels.pack
+
+    def spy(storage: str, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        packed.append(tuple(w.shape))          # type: ignore[arg-type]
+        return real_pack(storage, w)
+
+    monkeypatch.setattr(kernels, "pack", spy)
+    table = kernels.measure_table(cfg, torch.device("cpu"), torch.float32, kernels=("float32", "int8-dynamic"),
+                                  short_rows=(1, 2), prefill_rows=(8,), repeats=1, load=lambda: (0.1, 2))
+    assert set(packed) == {*kernels.packed_shapes(cfg), (256, 64)}          # the layer's four and the head
+    assert table.products == kernels.PACKED_PRODUCTS == ("qkv", "o", "gate_up", "down")
+    assert set(table.blocks) == {"float32", "int8-dynamic"} and set(table.blocks["float32"]) == {1, 2, 8}
+    assert TimingTable.from_dict(table.to_dict()) == table
+    choose_plan(table, row_copy=True)          # the one-copy rule reads the packed shapes' times too
+
+
+def test_an_older_formats_cached_table_is_timed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table cached by a daemon of an older PLAN_FORMAT (seven separate
+    products) is dropped by load_table, and plan_for times the packed shapes."""
+    import torch
+    from transformers import Qwen2Config
+
+    from soldaemon.runtime.forward import kernels
+
+    monkeypatch.setenv("SOLDAEMON_CACHE_DIR", str(tmp_path))
+    cfg = Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2)
+    cpu = torch.device("cpu")
+    key = kernels.plan_key(cfg, cpu, torch.float32)
+    old = json.loads((DATA / AVX512).read_text())
+    assert old["table"]["products"] == ["q", "k", "v", "o", "gate", "up", "down"]
+    path = tmp_path / "kernel-plans" / f"{key}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"format": kernels.PLAN_FORMAT - 1, "table": old["table"]}))
+    assert kernels.load_table(key) is None
+    path.write_text(json.dumps({"format": kernels.PLAN_FORMAT, "table": old["table"]}))
+    assert kernels.load_table(key) is not None              # the same file at this format is read
+    path.write_text(json.dumps({"format": kernels.PLAN_FORMAT - 1, "table": old["table"]}))
+    measured: list[int] = []
+    real = kernels.measure_table
+
+    def counted(*args: object, **kw: object) -> TimingTable:
+        measured.append(1)
+        kw.update(kernels=("float32",), short_rows=(1,), prefill_rows=(8,), repeats=1)
+        return real(*args, **kw)                           # type: ignore[arg-type]
+
+    monkeypatch.setattr(kernels, "measure_table", counted)
+    _, table, cached = kernels.plan_for(cfg, cpu, torch.float32, load=lambda: (0.1, 2))
+    assert not cached and measured == [1] and table.products == kernels.PACKED_PRODUCTS
+    assert json.loads(path.read_text())["format"] == kernels.PLAN_FORMAT
+
+
+def test_every_recorded_table_names_the_products_it_timed() -> None:
+    """The recordings were timed as seven products apart (format 3 and 4)
+    and say so; the record script writes what measure_table times."""
+    for f in sorted(DATA.glob("*.json")):
+        doc = json.loads(f.read_text())
+        table = TimingTable.from_dict(doc["table"])
+        assert table.products == ("q", "k", "v", "o", "gate", "up", "down"), f.name
+        assert doc["format"] in (3, 4), f.name
+
+
+def test_the_integer_kernels_treat_every_row_alone_on_the_packed_shapes() -> None:
+    """What makes a verify equal the decode steps under the int8 plans: each
+    row of a 9-row product by the 0.5B's packed q/k/v, o, gate/up and down
+    weights has the bits of that row alone (docs/kernels.md, "Speculation
+    and the kernels")."""
+    from soldaemon.runtime.forward.kernels import onednn_int8_exact, packed_shapes, rows_alone
+    from soldaemon.weights.embedded import QWEN25_CODER_05B
+
+    shapes = packed_shapes(QWEN25_CODER_05B.shapes.config())
+    assert shapes == [(1152, 896), (896, 896), (9728, 896), (896, 4864)]
+    kernels = ["int8-dynamic"] + (["int8-onednn"] if onednn_int8_exact() else [])
+    for kernel in kernels:
+        assert all(rows_alone(kernel, n, k) for n, k in shapes), kernel

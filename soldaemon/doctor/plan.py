@@ -131,6 +131,12 @@ def _load(facts: Mapping[str, Any]) -> str:
         return ""
     replaced = facts.get("replaced_load_1m")
     again = f", re-timed on a quiet start (the table it replaced: load {replaced:g})" if replaced is not None else ""
+    if facts.get("background"):     # timed again while the daemon served (runtime/forward/retime.py)
+        at = time.strftime("%Y-%m-%d %H:%M", time.localtime(facts.get("measured_at") or 0))
+        again = f", re-timed in the background at {at}" + (f" (the table it replaced: load {replaced:g})"
+                                                             if replaced is not None else "") + (
+            "" if facts.get("plan_in_use", True) else f"; it gives another plan, used from the next start: "
+                                                      f"{facts.get('retimed_plan')}")
     return f" at load {load:g}" + (f" on {cores} cores" if cores else "") + again
 
 

@@ -72,7 +72,8 @@ STORAGES = ("float32", "bfloat16", "float16", "int8", "int4")
 # int4 plan keeps its output layer in int8
 HEAD_STORAGES = ("float32", "bfloat16", "float16", "int8")
 PRECISIONS = ("auto",) + STORAGES          # model.precision
-PLAN_NOTE = ("ms: the fastest of N runs after a warm-up; blocks: one decoder layer's seven products; "
+PLAN_NOTE = ("ms: the fastest of N runs after a warm-up; blocks: one decoder layer's products "
+             "(table.products: qkv, o, gate_up, down as the forward runs them); "
              "head: the output layer; rows: tokens in the forward")
 SHORT_ROWS = (1, 2, 5, 9, 17)             # decode and verify sizes measured
 PREFILL_ROWS = (64, 512)                  # prefill sizes measured (512: the session's chunk)
@@ -170,9 +171,11 @@ def auto_kernels(quality: Mapping[str, Quality] = QUALITY, limit: float = MAX_QU
 class TimingTable:
     """Milliseconds measured on one machine for one model's shapes.
 
-    ``blocks[kernel][rows]``: the seven products of one decoder layer (q, k,
-    v, o, gate, up, down) on ``rows`` rows; ``head[kernel][rows]``: the
-    output layer. A kernel this device cannot run is absent. Beside the
+    ``blocks[kernel][rows]``: the products of one decoder layer on ``rows``
+    rows, as ``products`` names them (the forward's four: q/k/v stacked
+    into one product, o, gate/up stacked, down; tables recorded before
+    the packing name the seven apart); ``head[kernel][rows]``: the output
+    layer. A kernel this device cannot run is absent. Beside the
     times, how busy the machine was when they were taken (a table timed
     under load is re-timed on a later, quiet start: :func:`retime_reason`)."""
 
@@ -185,13 +188,16 @@ class TimingTable:
     measured_at: float | None = None  # when the timing began (Unix seconds)
     model: dict[str, int] = field(default_factory=dict)     # the shapes timed: layers, hidden, vocab
     replaced_load_1m: float | None = None   # the load of the table timed under load that this one replaced
+    products: tuple[str, ...] = ()    # one layer's products timed in ``blocks`` (empty: not recorded)
+    background: bool = False          # timed by a serving daemon in the background (measured_at: when)
 
     def to_dict(self) -> dict[str, Any]:
         return {"blocks": {k: {str(r): ms for r, ms in v.items()} for k, v in self.blocks.items()},
                 "head": {k: {str(r): ms for r, ms in v.items()} for k, v in self.head.items()},
                 "n_layers": self.n_layers, "machine": self.machine, "load_1m": self.load_1m,
                 "cores": self.cores, "measured_at": self.measured_at, "model": self.model,
-                "replaced_load_1m": self.replaced_load_1m}
+                "replaced_load_1m": self.replaced_load_1m, "products": list(self.products),
+                "background": self.background}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TimingTable:
@@ -209,7 +215,8 @@ class TimingTable:
                 cores=None if d.get("cores") is None else int(d["cores"]),
                 measured_at=None if d.get("measured_at") is None else float(d["measured_at"]),
                 model={str(k): int(v) for k, v in (d.get("model") or {}).items()},
-                replaced_load_1m=None if d.get("replaced_load_1m") is None else float(d["replaced_load_1m"]))
+                replaced_load_1m=None if d.get("replaced_load_1m") is None else float(d["replaced_load_1m"]),
+                products=tuple(str(p) for p in d.get("products") or ()), background=bool(d.get("background")))
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"malformed timing table: {exc!r}") from None
 
@@ -217,7 +224,7 @@ class TimingTable:
         """How and when it was timed (what ``doctor`` shows beside the plan)."""
         return {"load_1m": self.load_1m, "cores": self.cores, "threads": self.threads,
                 "measured_at": self.measured_at, "model": self.model, "replaced_load_1m": self.replaced_load_1m,
-                "timed_under_load": timed_under_load(self)}
+                "background": self.background, "timed_under_load": timed_under_load(self)}
 
     @property
     def threads(self) -> int:

@@ -31,11 +31,12 @@ from soldaemon.pipeline.prompt import LeadAnchors
 from soldaemon.pipeline.relevance import ContextSelector
 from soldaemon.runtime.forward.backend import LEAN_ARCHITECTURES, Backend, LeanBackend, make_backend
 from soldaemon.policy.kernel_plan import ROW_COPY_GAIN, KernelPlan, TimingTable, steps_on_blocked_copy
-from soldaemon.runtime.forward.kernels import trim_heap
+from soldaemon.runtime.forward.kernels import compute_dtype_for, trim_heap
 from soldaemon.runtime.engine.autoselect import choose_draft, choose_embedded
 from soldaemon.runtime.forward.precision import choose_kernels, lean_or_float32, may_keep_blocked_copy, precision_info
 from soldaemon.runtime.forward.compiled import CompileChoice, choose_layer
 from soldaemon.runtime.forward.cudagraph import GraphDecoder
+from soldaemon.runtime.forward.retime import BackgroundRetime
 from soldaemon.policy.draft import DraftLength
 from soldaemon.runtime.decode.draft import DraftModel
 from soldaemon.runtime.engine.foresight import ahead_of, speculate, warm
@@ -108,6 +109,8 @@ class LocalEngine:
         self.layer_compile: CompileChoice | None = None   # the graphs' layer compiled or not (warmup())
         # model.name / model.draft as load_engine resolved them (auto: the figures that decided)
         self.model_choice: dict[str, Any] | None = None
+        # re-times a table timed under load once the machine is quiet (load_engine starts it)
+        self.retime: BackgroundRetime | None = None
 
     @property
     def graphs(self) -> GraphDecoder | None:
@@ -125,7 +128,8 @@ class LocalEngine:
             # the compute dtype (residual stream, attention, KV); the weights' format is precision.plan
             "dtype": str(getattr(self.backend, "dtype", self.loaded.dtype)).removeprefix("torch."),
             "backend": "lean" if isinstance(self.backend, LeanBackend) else "transformers",
-            "precision": precision_info(self.backend, self.loaded.dtype, self.kernel_timings),
+            "precision": precision_info(self.backend, self.loaded.dtype, self.kernel_timings,
+                                        self.retime.result if self.retime is not None else None),
             "fim": self.template.family,
             "n_ctx": self.backend.n_ctx,
             "threads": torch.get_num_threads(),
@@ -172,7 +176,10 @@ class LocalEngine:
         return {"heatmap": self.memory.store.snapshot_heatmap(), "prefetch": prefetch}
 
     def close(self) -> None:
-        """Stop the memory scheduler's idle timer and prefetch thread."""
+        """Stop the memory scheduler's idle timer and prefetch thread, and
+        the background kernel timing."""
+        if self.retime is not None:
+            self.retime.stop()
         if self.memory is not None:
             self.memory.close()
 
@@ -398,8 +405,8 @@ def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:
     config = replace(config, model=mc.served_by(name), completion=config.completion.served_by(name))
     loaded = load_model(str(mc.path) if mc.path else None, name=name, device=config.device.device,
                         dtype="stored", progress=progress)
-    plan, table = choose_kernels(loaded, mc.precision, progress=progress,
-                                 row_copy=may_keep_blocked_copy(loaded, config))
+    row_copy = may_keep_blocked_copy(loaded, config)
+    plan, table = choose_kernels(loaded, mc.precision, progress=progress, row_copy=row_copy)
     engine = LocalEngine(loaded, config, plan=plan, timings=table, served=name)
     trim_heap()       # the module's released parameters and the timing runs' tensors
     draft_name, why = (None, "model.draft_model") if mc.draft_model else choose_draft(config, name or "",
@@ -419,4 +426,9 @@ def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:
     log.info("draft model: %s (%s)", draft_name or (mc.draft_model and str(mc.draft_model)) or "none", why)
     engine.model_choice = {"name": name or str(mc.path), "auto": auto, "draft": draft_name, "draft_reason": why}
     engine.warmup()
+    if plan is not None and table is not None and BackgroundRetime.wanted(table, plan, loaded.device):
+        engine.retime = BackgroundRetime(loaded.model.config, loaded.device,
+                                         compute_dtype_for(loaded.device, loaded.dtype), table, plan,
+                                         row_copy=row_copy, turn=engine.part.between_requests)
+        engine.retime.start()
     return engine

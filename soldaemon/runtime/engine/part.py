@@ -211,6 +211,16 @@ class LocalModelPart:
         """The engine's config now."""
         return self.settings.config
 
+    @contextlib.contextmanager
+    def between_requests(self) -> Iterator[None]:
+        """Hold the generation lock for one short piece of background work
+        (the kernel re-timing, :mod:`soldaemon.runtime.forward.retime`): no
+        request runs meanwhile. Waits 1 ms first, so that a request waiting
+        for the lock takes it (threading.Lock is not fair)."""
+        time.sleep(0.001)
+        with self._lock:
+            yield
+
     # -- for the pipeline (ModelPart) ------------------------------------------
 
     def scope(self, req: CompletionRequest) -> contextlib.AbstractContextManager[None]:

@@ -6,8 +6,11 @@ kept: dense in float32/bfloat16/float16, or int8 with one float32 scale per
 output row (symmetric, ``w ≈ q * s[:, None]``). A kernel multiplies
 activations ``x [T, K]`` (the runtime's compute dtype) by a weight in its
 storage and returns ``[T, N]`` in x's dtype. Every kernel computes each row
-of ``x`` on its own (no statistic across rows), so a token's result does not
-depend on which other tokens share its forward.
+of ``x`` on its own (no statistic across rows); to the bit only where the
+product's sums do not depend on the number of rows (:func:`rows_alone`: the
+integer kernels always, dense float products not always, since a one-row
+product takes another code path), which is what makes a speculative verify
+equal the decode steps.
 
 :func:`plan_for` measures the candidate kernels on the model's own shapes at
 prefill and decode/verify sizes, chooses, and caches the result per machine,
@@ -21,6 +24,7 @@ replaces it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -41,7 +45,13 @@ from soldaemon.policy.kernel_plan import (HEAD_STORAGES, KERNELS, PREFILL_ROWS, 
 
 log = logging.getLogger("soldaemon.kernels")
 
-PLAN_FORMAT = 4            # bump when the table's meaning (or the kernels) change (4: int8-onednn)
+# Bump when the table's meaning (or the kernels) change; a cached table of
+# another format is timed again at the next start (load_table drops it).
+# 5 (2026-12-05): ``blocks`` is one decoder layer's four products as the
+# forward runs them, q/k/v and gate/up each one product over their stacked
+# rows (:func:`packed_shapes`, LayerWeights); 4 timed seven separate products
+# (and added int8-onednn).
+PLAN_FORMAT = 5
 _DENSE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -92,6 +102,23 @@ def onednn_int8_exact() -> bool:
     except (RuntimeError, NotImplementedError, TypeError, AttributeError):
         return False
     return torch.equal(got, torch._int_mm(x, w.t()).to(torch.float32))
+
+
+@functools.cache
+def rows_alone(kernel: str, n: int, k: int, rows: int = 9) -> bool:
+    """Whether ``kernel`` gives each row of a ``rows``-row product by a
+    random ``[n, k]`` weight the bits of that row multiplied alone, on
+    this machine: the condition for a speculative verify to equal the
+    decode steps bit for bit (docs/kernels.md, "Speculation and the
+    kernels"). The integer kernels do (exact sums, per-row scales); dense
+    float products may not (a one-row product takes another code path)."""
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(n, k, generator=gen) * 0.02
+    x = torch.randn(rows, k, generator=gen)
+    fn = KERNEL_FNS[kernel]
+    pw, ps = pack(kernel if kernel in ROW_COPIES else KERNELS[kernel], w)
+    full = fn(x, pw, None, ps)
+    return all(torch.equal(full[i:i + 1], fn(x[i:i + 1], pw, None, ps)) for i in range(rows))
 
 
 def blocked(q: torch.Tensor) -> torch.Tensor:
@@ -298,13 +325,27 @@ def monotone(row_ms: dict[int, float]) -> dict[int, float]:
 
 
 def layer_shapes(cfg: Any) -> list[tuple[int, int]]:
-    """(N, K) of one decoder layer's seven products: q, k, v, o, gate, up, down."""
+    """(N, K) of one decoder layer's seven products: q, k, v, o, gate, up,
+    down (the model's own; the forward multiplies :func:`packed_shapes`)."""
     d = int(cfg.hidden_size)
     heads = int(cfg.num_attention_heads)
     hd = int(getattr(cfg, "head_dim", None) or d // heads)
     kv = int(cfg.num_key_value_heads) * hd
     f = int(cfg.intermediate_size)
     return [(heads * hd, d), (kv, d), (kv, d), (d, heads * hd), (f, d), (f, d), (d, f)]
+
+
+# the products of one decoder layer as the forward runs them (LayerWeights:
+# wqkv, wo, wgu, wd), in packed_shapes' order: what TimingTable.blocks times
+PACKED_PRODUCTS = ("qkv", "o", "gate_up", "down")
+
+
+def packed_shapes(cfg: Any) -> list[tuple[int, int]]:
+    """(N, K) of one decoder layer's four products as the forward
+    multiplies them (:data:`PACKED_PRODUCTS`): q, k and v stacked
+    ``[(H+2KV)*hd, D]``, o, gate and up stacked ``[2F, D]``, down."""
+    q, k, v, o, gate, up, down = layer_shapes(cfg)
+    return [(q[0] + k[0] + v[0], q[1]), o, (gate[0] + up[0], gate[1]), down]
 
 
 def machine_load() -> tuple[float | None, int]:
@@ -320,21 +361,26 @@ def measure_table(cfg: Any, device: torch.device, compute_dtype: torch.dtype, *,
                   kernels: tuple[str, ...] = tuple(KERNELS), short_rows: tuple[int, ...] = SHORT_ROWS,
                   prefill_rows: tuple[int, ...] = PREFILL_ROWS, repeats: int = 5,
                   say: Callable[[str], None] = lambda _s: None,
-                  load: Callable[[], tuple[float | None, int]] = machine_load) -> TimingTable:
+                  load: Callable[[], tuple[float | None, int]] = machine_load,
+                  turn: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext) -> TimingTable:
     """Time each kernel on random weights of ``cfg``'s shapes: one decoder
-    layer's products at every size, the output layer at the short sizes
-    (prefill keeps only the last row's logits). ``repeats`` rounds, each
+    layer's four products as the forward runs them (:func:`packed_shapes`:
+    q/k/v and gate/up each one product) at every size, the output layer at
+    the short sizes (prefill keeps only the last row's logits). ``repeats`` rounds, each
     timing every (kernel, size) once in turn, so that a burst of other work
     on the machine hits all kernels alike; the fastest of the rounds is kept
     (then :func:`monotone`). A kernel that fails on this device
     (unsupported dtype or product) is left out of the table. ``load()``
     is read as the timing begins (before our own threads add to it) and
-    recorded in the table with the time."""
+    recorded in the table with the time. ``turn()`` is held around each
+    piece of work (a kernel's packing, one timed run): a serving daemon's
+    generation lock, so that no request runs beside the timing
+    (:mod:`.retime`)."""
     load_1m, cores = load()
     started = time.time()
     gen = torch.Generator(device="cpu").manual_seed(0)
     vocab, d = int(cfg.vocab_size), int(cfg.hidden_size)
-    shapes = layer_shapes(cfg)
+    shapes = packed_shapes(cfg)
     dense_layer = [(torch.randn(n, k, generator=gen) * 0.02).to(device) for n, k in shapes]
     w_head = (torch.randn(vocab, d, generator=gen) * 0.02).to(device)
     inputs = {rows: {k: torch.randn(rows, k, generator=gen).to(device, compute_dtype) for _, k in shapes}
@@ -344,28 +390,26 @@ def measure_table(cfg: Any, device: torch.device, compute_dtype: torch.dtype, *,
     for kernel in kernels:
         fn, storage = KERNEL_FNS[kernel], KERNELS[kernel]
         try:
-            if storage not in packs:      # kernels reading one storage share its packed weights
-                head_pack = (pack(storage, w_head) if storage in HEAD_STORAGES or storage in ROW_KERNELS
-                             else (None, None))
-                packs[storage] = ([pack(storage, w) for w in dense_layer], head_pack)
-            packed, (hw, hs) = packs[storage]
-            # can it run here? at the most rows measured: torch._int_mm (int8-dynamic)
-            # needs more than 16 rows on CUDA, and a 1-row probe would rule it out
-            probe = max(inputs)
-            fn(inputs[probe][shapes[0][1]], packed[0][0], None, packed[0][1])
-            if hw is not None:
-                fn(inputs[probe][d], hw, None, hs)
+            with turn():
+                if storage not in packs:      # kernels reading one storage share its packed weights
+                    head_pack = (pack(storage, w_head) if storage in HEAD_STORAGES or storage in ROW_KERNELS
+                                 else (None, None))
+                    packs[storage] = ([pack(storage, w) for w in dense_layer], head_pack)
+                packed, (hw, hs) = packs[storage]
+                # can it run here? at the most rows measured: torch._int_mm (int8-dynamic)
+                # needs more than 16 rows on CUDA, and a 1-row probe would rule it out
+                probe = max(inputs)
+                fn(inputs[probe][shapes[0][1]], packed[0][0], None, packed[0][1])
+                if hw is not None:
+                    fn(inputs[probe][d], hw, None, hs)
         except (RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError) as exc:
             say(f"kernel {kernel}: not available here ({str(exc).splitlines()[0][:120]})")
             continue
 
         def layer(xs: dict[int, torch.Tensor], fn: Kernel = fn, packed: list = packed) -> None:
-            # as the forward runs them: q, k, v share one prepared input, gate and up another
-            for group, k in (((0, 1, 2), shapes[0][1]), ((3,), shapes[3][1]), ((4, 5), shapes[4][1]),
-                             ((6,), shapes[6][1])):
-                prepared = fn.prepare(xs[k])
-                for j in group:
-                    fn.multiply(prepared, packed[j][0], None, packed[j][1], xs[k].dtype)
+            # as the forward runs them: qkv, o, gate_up, down, each on its own input
+            for (_, k), (w, s) in zip(shapes, packed):
+                fn(xs[k], w, None, s)
 
         for rows, xs in inputs.items():
             jobs.append(("blocks", kernel, rows, functools.partial(layer, xs)))
@@ -378,7 +422,8 @@ def measure_table(cfg: Any, device: torch.device, compute_dtype: torch.dtype, *,
             if kernel in failed:
                 continue
             try:
-                ms = _time_once(run, device)
+                with turn():
+                    ms = _time_once(run, device)
             except (RuntimeError, NotImplementedError, TypeError) as exc:
                 say(f"kernel {kernel} failed at {rows} rows: {str(exc).splitlines()[0][:120]}")
                 failed.add(kernel)
@@ -397,7 +442,8 @@ def measure_table(cfg: Any, device: torch.device, compute_dtype: torch.dtype, *,
     head = {k: monotone(v) for k, v in head.items() if k in blocks}     # none for int4 (decoder layers only)
     return TimingTable(blocks, head, int(cfg.num_hidden_layers), machine_info(device), load_1m=load_1m,
                        cores=cores, measured_at=round(started, 1),
-                       model={"layers": int(cfg.num_hidden_layers), "hidden": d, "vocab": vocab})
+                       model={"layers": int(cfg.num_hidden_layers), "hidden": d, "vocab": vocab},
+                       products=PACKED_PRODUCTS)
 
 
 def cpu_flags() -> list[str]:

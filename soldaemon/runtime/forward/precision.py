@@ -15,6 +15,7 @@ from soldaemon.runtime.forward.backend import LEAN_ARCHITECTURES, LeanBackend
 from soldaemon.policy.kernel_plan import KernelPlan, TimingTable
 from soldaemon.policy.memory import blocked_copy_allowed
 from soldaemon.runtime.forward.kernels import compute_dtype_for, plan_for
+from soldaemon.runtime.forward.retime import Retimed
 
 log = logging.getLogger("soldaemon.engine")
 
@@ -81,11 +82,14 @@ def choose_kernels(loaded: LoadedModel, precision: str, *, progress: bool = True
     return plan, table
 
 
-def precision_info(backend: Any, loaded_dtype: torch.dtype, table: TimingTable | None) -> dict[str, Any]:
+def precision_info(backend: Any, loaded_dtype: torch.dtype, table: TimingTable | None,
+                   retimed: Retimed | None = None) -> dict[str, Any]:
     """``info()["precision"]``: the plan (what runs each phase, why), the
     bytes of the one weight copy, the timing table, the machine, and how
     busy it was when the table was timed (``table``: load, cores, when;
-    ``soldaemon doctor`` shows it)."""
+    ``soldaemon doctor`` shows it). Once the table was re-timed in the
+    background (``retimed``), the new one's facts, and whether the plan in
+    use is the one it gives (else the next start uses it)."""
     if not isinstance(backend, LeanBackend):
         return {"plan": None, "summary": "transformers fallback: the module in "
                 + str(loaded_dtype).removeprefix("torch.")}
@@ -96,4 +100,4 @@ def precision_info(backend: Any, loaded_dtype: torch.dtype, table: TimingTable |
             "steps_on_blocked_copy": backend.steps_on_rows,
             "timings_ms": None if table is None else {"blocks": table.blocks, "head": table.head},
             "machine": None if table is None else table.machine,
-            "table": None if table is None else table.facts()}
+            "table": retimed.facts() if retimed is not None else None if table is None else table.facts()}
