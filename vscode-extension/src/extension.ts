@@ -221,6 +221,10 @@ export class Controller implements vscode.Disposable {
         this.output.info(`starting sol-lsp: ${cmd.command} ${cmd.args.join(" ")}`);
         try {
             const child = await spawnServer(cmd);
+            if (this.disposed) {
+                terminate(child);
+                throw new Error("the extension was deactivated while sol-lsp started");
+            }
             this.process = child;
             this.output.info(`sol-lsp runs (pid ${child.pid})`);
             return child;
@@ -380,7 +384,9 @@ export class Controller implements vscode.Disposable {
         if (choice === "Restart Server") await this.restartServer();
     }
 
-    /** Stops sol-lsp (the daemon it found or started lives on: it is shared). */
+    /** Stops sol-lsp (the daemon it found or started lives on: it is
+     * shared). A sol-lsp that does not stop through the protocol (still
+     * starting, or not answering) is terminated: none outlives the extension. */
     async shutdown(): Promise<void> {
         this.disposed = true;
         try {
@@ -388,6 +394,7 @@ export class Controller implements vscode.Disposable {
         } catch {
             // already gone
         }
+        if (this.process) terminate(this.process);
     }
 
     dispose(): void {
@@ -400,6 +407,15 @@ export class Controller implements vscode.Disposable {
             }
         }
     }
+}
+
+/** SIGTERM, then SIGKILL when the process is still there after 2 s. */
+function terminate(child: ChildProcess): void {
+    const running = (): boolean => child.exitCode === null && child.signalCode === null;
+    if (!running()) return;
+    child.kill("SIGTERM");
+    const timer = setTimeout(() => { if (running()) child.kill("SIGKILL"); }, 2000);
+    child.once("exit", () => clearTimeout(timer));
 }
 
 let controller: Controller | undefined;

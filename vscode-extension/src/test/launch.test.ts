@@ -57,18 +57,30 @@ function selectInterpreter(python: string): void {
 }
 
 describe("a workspace's own sol-lsp", () => {
-    it("is not started at activation without the user's consent", async () => {
+    it("is not started at activation without the user's consent; PATH's runs instead and is stopped with the extension", async () => {
         const repo = hostileRepo();
+        // PATH's sol-lsp: one that never answers (a sol-lsp still starting)
+        const bin = fs.mkdtempSync(path.join(os.tmpdir(), "sol-path-"));
+        fs.writeFileSync(path.join(bin, "sol-lsp"), "#!/bin/sh\nexec sleep 600\n", { mode: 0o755 });
+        const savedPath = process.env.PATH;
+        process.env.PATH = [bin, savedPath].join(path.delimiter);
         vscode.resetRecorded({});
         selectInterpreter(repo.python);
         (vscode.workspace as any).workspaceFolders = [{ uri: { scheme: "file", fsPath: repo.root }, name: "repo", index: 0 }];
         const c = ext.activate({ subscriptions: [], workspaceState: memento(), extension: { packageJSON: {} } } as any);
         try {
             await until(() => fs.existsSync(repo.marker) || vscode.recorded.messages.length > 0, 3000);
-            await new Promise((r) => setTimeout(r, 500));
+            assert.ok(await until(() => c.process !== undefined, 5000), "PATH's sol-lsp was not started");
             assert.equal(fs.existsSync(repo.marker), false, "the workspace's sol-lsp ran");
-        } finally {
+            const child = c.process!;
+            assert.equal(child.spawnargs[0], "sol-lsp");
             c.dispose();
+            assert.ok(await until(() => child.exitCode !== null || child.signalCode !== null, 10_000),
+                "sol-lsp outlived the extension");
+        } finally {
+            process.env.PATH = savedPath;
+            c.dispose();
+            fs.rmSync(bin, { recursive: true, force: true });
             vscode.installedExtensions.clear();
             (vscode.workspace as any).workspaceFolders = undefined;
             fs.rmSync(repo.root, { recursive: true, force: true });
