@@ -4,6 +4,7 @@ config key, and reuse = recompute under every plan (tiny model)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from soldaemon.policy.kernel_plan import (
-    KERNELS, MAX_QUALITY_LOSS, QUALITY, QUALITY_ALPHA, ROW_KERNELS, STORAGES, KernelPlan, Quality, TimingTable,
+    EXACT_VERIFY, KERNELS, MAX_QUALITY_LOSS, QUALITY, QUALITY_ALPHA, ROW_KERNELS, STORAGES, KernelPlan, Quality, TimingTable,
     auto_kernels, choose_plan, speculation_pays,
 )
 
@@ -696,13 +697,59 @@ def test_an_older_formats_cached_table_is_timed_again(tmp_path: Path, monkeypatc
 
 
 def test_every_recorded_table_names_the_products_it_timed() -> None:
-    """The recordings were timed as seven products apart (format 3 and 4)
-    and say so; the record script writes what measure_table times."""
+    """The older recordings were timed as seven products apart (format 3
+    and 4), the Xeon AMX one as the forward's four packed products
+    (format 5), and each says so."""
+    from soldaemon.runtime.forward.kernels import PACKED_PRODUCTS
+
     for f in sorted(DATA.glob("*.json")):
         doc = json.loads(f.read_text())
         table = TimingTable.from_dict(doc["table"])
-        assert table.products == ("q", "k", "v", "o", "gate", "up", "down"), f.name
-        assert doc["format"] in (3, 4), f.name
+        if doc["format"] == 5:
+            assert table.products == PACKED_PRODUCTS, f.name
+        else:
+            assert table.products == ("q", "k", "v", "o", "gate", "up", "down"), f.name
+            assert doc["format"] in (3, 4), f.name
+
+
+XEON_AMX = "xeon_amx_0.5b.json"   # 2026-12-05, 2-core Xeon with AMX/AVX-512 BF16, load 0.55: format 5
+
+
+def test_with_speculation_on_every_recorded_cpu_verifies_with_integer_kernels() -> None:
+    """Speculation on (choose_plan's default ``exact``): on the AVX2-only,
+    the Zen 4 AVX-512 BF16 and the Xeon AMX tables, decode/verify and the
+    output layer run integer kernels (a verify gives the steps' bits) and
+    the plan says so; speculation off (``exact=None``) frees them, and the
+    freed plan is never predicted slower."""
+    for f in sorted(DATA.glob("*.json")):
+        table = _table(f.name)
+        plan = choose_plan(table)
+        assert plan.verify_exact is True, f.name
+        assert plan.short in EXACT_VERIFY and plan.head in EXACT_VERIFY, f.name
+        free = choose_plan(table, exact=None)
+        assert free.verify_exact is None
+        assert free.cold_ms is not None and free.step_ms is not None and plan.cold_ms is not None
+        assert free.cold_ms + 24 * free.step_ms <= plan.cold_ms + 24 * (plan.step_ms or 0) + 1e-6, f.name
+    # where a float product decodes fastest (AVX2 with oneDNN: int8 weight-only,
+    # bfloat16 activations), speculation on does not take it
+    avx2 = _table("avx2_only_onednn.json")
+    assert choose_plan(avx2, exact=None).short == "int8"
+    assert choose_plan(avx2).short == "int8-dynamic"
+    assert "avx512_bf16" in _table(XEON_AMX).machine["cpu_flags"]
+
+
+def test_without_an_exact_kernel_the_plan_says_so_and_a_gpu_is_not_asked() -> None:
+    table = _table(XEON_AMX)
+    for precision in ("float32", "bfloat16"):
+        plan = choose_plan(table, precision)
+        assert plan.storage == precision and plan.verify_exact is False
+        assert "decode steps' bits" in plan.reason
+    none_here = choose_plan(table, exact=frozenset())
+    assert none_here.verify_exact is False and none_here == dataclasses.replace(
+        choose_plan(table, exact=None), verify_exact=False, reason=none_here.reason)
+    gpu = dataclasses.replace(table, machine={**table.machine, "device": "cuda"})
+    assert choose_plan(gpu).verify_exact is None
+    assert KernelPlan.from_dict(choose_plan(table).to_dict()).verify_exact is True
 
 
 def test_the_integer_kernels_treat_every_row_alone_on_the_packed_shapes() -> None:
@@ -718,3 +765,29 @@ def test_the_integer_kernels_treat_every_row_alone_on_the_packed_shapes() -> Non
     kernels = ["int8-dynamic"] + (["int8-onednn"] if onednn_int8_exact() else [])
     for kernel in kernels:
         assert all(rows_alone(kernel, n, k) for n, k in shapes), kernel
+
+
+def test_the_engine_verifies_with_exact_kernels_while_it_speculates(tiny_model_path: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real load path on the tiny model: speculation on (the default)
+    gives a plan whose verify has the steps' bits; speculation off frees
+    the kernels; a pinned float precision keeps speculation and says its
+    verify is not exact."""
+    from soldaemon.config import config_from_dict
+    from soldaemon.runtime.engine.local import load_engine
+
+    monkeypatch.setenv("SOLDAEMON_CACHE_DIR", str(tmp_path))
+
+    def engine(**sections: dict) -> object:
+        model = {"path": str(tiny_model_path), "max_context": 2048, **sections.pop("model", {})}
+        return load_engine(config_from_dict({"model": model, "device": {"device": "cpu"}, **sections}),
+                           progress=False)
+
+    on = engine()
+    plan = on.backend.plan
+    assert plan.verify_exact is True and plan.short in EXACT_VERIFY and plan.head in EXACT_VERIFY
+    assert on.info()["drafter"] == "prompt lookup" and on.info()["precision"]["plan"]["verify_exact"] is True
+    off = engine(completion={"speculative": False})
+    assert off.backend.plan.verify_exact is None and off.info()["drafter"] == "off"
+    pinned = engine(model={"precision": "float32"})
+    assert pinned.backend.plan.verify_exact is False and pinned.config.completion.speculative

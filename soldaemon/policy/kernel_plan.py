@@ -49,7 +49,7 @@ Kernels (``KERNELS``: kernel → storage it reads):
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
 KERNELS: dict[str, str] = {
@@ -85,6 +85,15 @@ PREFILL_ROWS = (64, 512)                  # prefill sizes measured (512: the ses
 # decode steps at warm-up (steps_on_blocked_copy; the engine drops the copy
 # when they are not).
 ROW_COPY_GAIN = 0.15
+# Kernels whose k-row verify gives every row the bits of that row's decode
+# step: exact integer sums, a scale per row (docs/kernels.md, "Speculation
+# and the kernels"). Measured on the real 0.5B (scripts/spec_identity.py):
+# int8-dynamic kept every answer at draft lengths 1, 2, 4 and 8; bfloat16
+# changed 3 of 16 although its products alone pass the row test up to 9
+# rows. With speculation on, a CPU plan's decode/verify and output-layer
+# kernels are chosen among these (choose_plan's ``exact``); the engine
+# checks each on the model's shapes at start (kernels.rows_alone).
+EXACT_VERIFY = frozenset({"int8-dynamic", "int8-onednn"})
 
 @dataclass(frozen=True)
 class Quality:
@@ -285,6 +294,10 @@ class KernelPlan:
     step_ms: float | None = None     # predicted: one decode step (ms)
     verify_ms: float | None = None   # predicted: one verify forward of Workload.verify_rows (ms)
     reason: str = ""
+    # whether a verify gives the decode steps' bits (decode/verify and head
+    # kernels in choose_plan's ``exact``); None: not asked (speculation off,
+    # or a GPU's float products)
+    verify_exact: bool | None = None
 
     def __post_init__(self) -> None:
         for kernel, storage in ((self.prefill, self.storage), (self.short, self.storage),
@@ -320,7 +333,7 @@ class KernelPlan:
             return cls(**{k: d[k] for k in ("storage", "prefill", "short", "head_storage", "head")},
                        precision=str(d.get("precision", "auto")), cold_ms=d.get("cold_ms"),
                        step_ms=d.get("step_ms"), verify_ms=d.get("verify_ms"), reason=str(d.get("reason", "")),
-                       rows=d.get("rows"))
+                       rows=d.get("rows"), verify_exact=d.get("verify_exact"))
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed kernel plan: {exc!r}") from None
 
@@ -377,7 +390,8 @@ def head_ms(table: TimingTable, kernel: str, rows: int) -> float:
 
 
 def choose_plan(table: TimingTable, precision: str = "auto", *, allowed: frozenset[str] | None = None,
-                workload: Workload = Workload(), row_copy: bool = True) -> KernelPlan:
+                workload: Workload = Workload(), row_copy: bool = True,
+                exact: frozenset[str] | None = EXACT_VERIFY) -> KernelPlan:
     """The fastest plan for ``workload`` on the machine ``table`` was measured on.
 
     ``precision`` ``auto``: any storage, kernels from ``allowed`` (default:
@@ -392,8 +406,33 @@ def choose_plan(table: TimingTable, precision: str = "auto", *, allowed: frozens
     :data:`ROW_KERNELS` becomes ``rows`` when its twin runs every phase and
     it is predicted at least ROW_COPY_GAIN faster for the prompt, for a
     verification *and* for a decode step; otherwise one layout serves
-    every forward. Raises ValueError for an unknown precision or when no
-    measured kernel is left."""
+    every forward.
+
+    ``exact`` (speculation on; the default :data:`EXACT_VERIFY`): on a CPU,
+    the decode/verify and output-layer kernels are chosen among these, so
+    that speculation changes no answer; where no storage has one (a named
+    float precision), the plan is chosen without them and says
+    ``verify_exact=False`` (under ``auto`` the engine then decodes without
+    speculation; a named precision keeps it, with a warning).
+    ``None``: speculation off, every kernel may serve. A GPU table ignores
+    it (its float products are not row-exact; ``verify_exact`` None).
+    Raises ValueError for an unknown precision or when no measured kernel
+    is left."""
+    if exact is None or table.machine.get("device", "cpu") != "cpu":
+        return _choose(table, precision, allowed, workload, row_copy, None)
+    try:
+        return replace(_choose(table, precision, allowed, workload, row_copy, exact), verify_exact=True)
+    except ValueError:
+        plan = _choose(table, precision, allowed, workload, row_copy, None)
+        return replace(plan, verify_exact=False, reason=plan.reason + (
+            f"; no measured kernel for {precision!r} gives a verify the decode steps' bits here "
+            f"({', '.join(sorted(exact)) or 'none'})"))
+
+
+def _choose(table: TimingTable, precision: str, allowed: frozenset[str] | None, workload: Workload,
+            row_copy: bool, exact: frozenset[str] | None) -> KernelPlan:
+    """choose_plan's search; ``exact``: the kernels the decode/verify and
+    output-layer phases may use (None: any)."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r} (expected one of {', '.join(PRECISIONS)})")
     usable = (set(KERNELS) if precision != "auto" else set(allowed if allowed is not None else auto_kernels()))
@@ -408,10 +447,13 @@ def choose_plan(table: TimingTable, precision: str = "auto", *, allowed: frozens
     def kernels_of(storage: str, measured: Mapping[str, Any]) -> list[str]:
         return [k for k, s in KERNELS.items() if s == storage and k in usable and measured.get(k)]
 
+    def exact_of(kernels: list[str]) -> list[str]:
+        return kernels if exact is None else [k for k in kernels if k in exact]
+
     # the head: its own storage (auto) or the asked one (int8 for an int4 plan)
     head_choices = []
     for hs in dict.fromkeys(h if h in HEAD_STORAGES else "int8" for h in storages):
-        hk = best(kernels_of(hs, table.head), lambda k: head_ms(table, k, 1) + head_ms(table, k, v))
+        hk = best(exact_of(kernels_of(hs, table.head)), lambda k: head_ms(table, k, 1) + head_ms(table, k, v))
         if hk is not None:
             head_choices.append((head_ms(table, hk, 1) + head_ms(table, hk, v), hs, hk))
     if not head_choices:
@@ -422,7 +464,7 @@ def choose_plan(table: TimingTable, precision: str = "auto", *, allowed: frozens
     for s in storages:
         ks = kernels_of(s, table.blocks)
         pre = best(ks, lambda k: prefill_ms(table, k, workload.prompt_tokens))
-        sh = best(ks, lambda k: short_ms(table, k, 1) + short_ms(table, k, v))
+        sh = best(exact_of(ks), lambda k: short_ms(table, k, 1) + short_ms(table, k, v))
         if pre is None or sh is None:
             continue
         cold = prefill_ms(table, pre, workload.prompt_tokens) + head_ms(table, head, 1)
@@ -438,7 +480,7 @@ def choose_plan(table: TimingTable, precision: str = "auto", *, allowed: frozens
               f"predicted {total:.0f} ms" + (f" (vs {others})" if others else ""))
     rows = None
     for rk, twin in ROW_KERNELS.items() if row_copy else ():
-        if rk not in usable or not table.blocks.get(rk) or not table.head.get(rk) or not pre == sh == head == twin:
+        if rk not in usable or (exact is not None and rk not in exact) or not table.blocks.get(rk) or not table.head.get(rk) or not pre == sh == head == twin:
             continue
         # a prompt keeps only its last row's logits: the head runs one row, on the one copy
         r_cold = prefill_ms(table, rk, workload.prompt_tokens) + head_ms(table, head, 1)

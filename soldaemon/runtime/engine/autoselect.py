@@ -18,7 +18,7 @@ from soldaemon.policy.model_choice import LatencyBudget, ModelChoice, ModelFigur
 from soldaemon.weights.embedded import EMBEDDED_MODELS, EmbeddedModel, is_installed
 from soldaemon.weights.loader import resolve_device
 from soldaemon.policy.draft import DraftLength
-from soldaemon.policy.kernel_plan import KernelPlan
+from soldaemon.policy.kernel_plan import EXACT_VERIFY, KernelPlan
 from soldaemon.runtime.forward.kernels import compute_dtype_for, plan_for
 
 log = logging.getLogger("soldaemon.engine")
@@ -62,7 +62,8 @@ def candidates(config: Config, device: torch.device, *, progress: bool = False) 
     for name, model in EMBEDDED_MODELS.items():
         if model.shapes is None or not is_installed(model):
             continue
-        plan, _table, _cached = plan_for(model.shapes.config(), device, compute, precision, say=_say(progress))
+        plan, _table, _cached = plan_for(model.shapes.config(), device, compute, precision, say=_say(progress),
+                                         exact=EXACT_VERIFY if config.completion.speculative else None)
         weight_bytes = int(model.shapes.weight_count() * _STORAGE_BYTES.get(plan.storage, 4.0))
         out.append(Candidate(name, model, plan, weight_bytes))
     return out

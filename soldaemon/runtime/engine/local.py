@@ -31,7 +31,7 @@ from soldaemon.pipeline.prompt import LeadAnchors
 from soldaemon.pipeline.relevance import ContextSelector
 from soldaemon.runtime.forward.backend import LEAN_ARCHITECTURES, Backend, LeanBackend, make_backend
 from soldaemon.policy.kernel_plan import ROW_COPY_GAIN, KernelPlan, TimingTable, steps_on_blocked_copy
-from soldaemon.runtime.forward.kernels import compute_dtype_for, trim_heap
+from soldaemon.runtime.forward.kernels import compute_dtype_for, trim_heap, verify_exact_kernels
 from soldaemon.runtime.engine.autoselect import choose_draft, choose_embedded
 from soldaemon.runtime.forward.precision import choose_kernels, lean_or_float32, may_keep_blocked_copy, precision_info
 from soldaemon.runtime.forward.compiled import CompileChoice, choose_layer
@@ -406,7 +406,17 @@ def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:
     loaded = load_model(str(mc.path) if mc.path else None, name=name, device=config.device.device,
                         dtype="stored", progress=progress)
     row_copy = may_keep_blocked_copy(loaded, config)
-    plan, table = choose_kernels(loaded, mc.precision, progress=progress, row_copy=row_copy)
+    plan, table = choose_kernels(loaded, mc.precision, progress=progress, row_copy=row_copy,
+                                 speculative=config.completion.speculative)
+    if plan is not None and plan.verify_exact is False and config.completion.speculative:
+        # a verify would not give the decode steps' bits: speculation could change an answer
+        if mc.precision == "auto":
+            log.warning("speculation off: no kernel measured here gives a verify the decode steps' bits "
+                        "(plan: %s; docs/kernels.md)", plan.describe())
+            config = replace(config, completion=replace(config.completion, speculative=False))
+        else:
+            log.warning("model.precision %s: a speculative verify does not give the decode steps' bits, so "
+                        "speculation may change an answer (completion.speculative: false keeps them)", mc.precision)
     engine = LocalEngine(loaded, config, plan=plan, timings=table, served=name)
     trim_heap()       # the module's released parameters and the timing runs' tensors
     draft_name, why = (None, "model.draft_model") if mc.draft_model else choose_draft(config, name or "",
@@ -429,6 +439,8 @@ def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:
     if plan is not None and table is not None and BackgroundRetime.wanted(table, plan, loaded.device):
         engine.retime = BackgroundRetime(loaded.model.config, loaded.device,
                                          compute_dtype_for(loaded.device, loaded.dtype), table, plan,
-                                         row_copy=row_copy, turn=engine.part.between_requests)
+                                         row_copy=row_copy, turn=engine.part.between_requests,
+                                         exact=(verify_exact_kernels(loaded.model.config)
+                                                if config.completion.speculative else None))
         engine.retime.start()
     return engine

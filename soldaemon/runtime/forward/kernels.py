@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from soldaemon import paths
-from soldaemon.policy.kernel_plan import (HEAD_STORAGES, KERNELS, PREFILL_ROWS, ROW_KERNELS, SHORT_ROWS, KernelPlan,
+from soldaemon.policy.kernel_plan import (EXACT_VERIFY, HEAD_STORAGES, KERNELS, PREFILL_ROWS, ROW_KERNELS, SHORT_ROWS, KernelPlan,
                                           TimingTable, choose_plan, retime_reason)
 
 log = logging.getLogger("soldaemon.kernels")
@@ -119,6 +119,25 @@ def rows_alone(kernel: str, n: int, k: int, rows: int = 9) -> bool:
     pw, ps = pack(kernel if kernel in ROW_COPIES else KERNELS[kernel], w)
     full = fn(x, pw, None, ps)
     return all(torch.equal(full[i:i + 1], fn(x[i:i + 1], pw, None, ps)) for i in range(rows))
+
+
+def verify_exact_kernels(cfg: Any) -> frozenset[str]:
+    """The kernels of :data:`~soldaemon.policy.kernel_plan.EXACT_VERIFY`
+    that give every row of a verify its one-row bits on this machine, on
+    the model's own layer shapes and its output layer's width (the first
+    8,192 rows), at a verify's rows and a prompt chunk's (speculation on
+    and off group a prompt's rows differently): what a plan with
+    speculation on may decode and verify with."""
+    head = (min(int(cfg.vocab_size), 8192), int(cfg.hidden_size), 9)
+    checks = [(n, k, rows) for n, k in packed_shapes(cfg) for rows in (9, 64)] + [head]
+    out = set()
+    for kernel in EXACT_VERIFY:
+        try:
+            if all(rows_alone(kernel, n, k, rows) for n, k, rows in checks):
+                out.add(kernel)
+        except RuntimeError:        # int8-onednn where oneDNN's product is not exact (or absent)
+            continue
+    return frozenset(out)
 
 
 def blocked(q: torch.Tensor) -> torch.Tensor:
@@ -521,7 +540,8 @@ def save_table(key: str, table: TimingTable) -> None:
 
 def plan_for(cfg: Any, device: torch.device, compute_dtype: torch.dtype, precision: str = "auto", *,
              say: Callable[[str], None] = lambda _s: None, row_copy: bool = True,
-             load: Callable[[], tuple[float | None, int]] = machine_load) -> tuple[KernelPlan, TimingTable, bool]:
+             load: Callable[[], tuple[float | None, int]] = machine_load,
+             exact: frozenset[str] | None = EXACT_VERIFY) -> tuple[KernelPlan, TimingTable, bool]:
     """The kernel plan for a model of config ``cfg`` on ``device``: from the
     cached timing table when this machine/torch/model was measured before
     (unless that table was timed under load and the machine is quiet now:
@@ -529,8 +549,9 @@ def plan_for(cfg: Any, device: torch.device, compute_dtype: torch.dtype, precisi
     (seconds) and cached. Returns (plan, table, cached). ``row_copy``:
     whether memory holds a blocked second copy of the weights
     (:func:`~soldaemon.policy.kernel_plan.choose_plan`); ``load``: the
-    machine's load now (1-minute average, cores). Raises ValueError for a
-    bad precision or when nothing could be measured."""
+    machine's load now (1-minute average, cores); ``exact``: the kernels a
+    verify may use (speculation on; None: off; :func:`verify_exact_kernels`).
+    Raises ValueError for a bad precision or when nothing could be measured."""
     key = plan_key(cfg, device, compute_dtype)
     table = load_table(key)
     why = None
@@ -545,8 +566,8 @@ def plan_for(cfg: Any, device: torch.device, compute_dtype: torch.dtype, precisi
             fresh = dataclasses.replace(fresh, replaced_load_1m=table.load_1m)
         log.info("kernel timings measured in %.1f s", time.perf_counter() - t0)
         save_table(key, fresh)
-        return choose_plan(fresh, precision, row_copy=row_copy), fresh, False
-    return choose_plan(table, precision, row_copy=row_copy), table, True
+        return choose_plan(fresh, precision, row_copy=row_copy, exact=exact), fresh, False
+    return choose_plan(table, precision, row_copy=row_copy, exact=exact), table, True
 
 
 def trim_heap() -> bool:

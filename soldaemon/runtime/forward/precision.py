@@ -14,7 +14,7 @@ from soldaemon.weights.loader import LoadedModel
 from soldaemon.runtime.forward.backend import LEAN_ARCHITECTURES, LeanBackend
 from soldaemon.policy.kernel_plan import KernelPlan, TimingTable
 from soldaemon.policy.memory import blocked_copy_allowed
-from soldaemon.runtime.forward.kernels import compute_dtype_for, plan_for
+from soldaemon.runtime.forward.kernels import compute_dtype_for, plan_for, verify_exact_kernels
 from soldaemon.runtime.forward.retime import Retimed
 
 log = logging.getLogger("soldaemon.engine")
@@ -60,20 +60,25 @@ def may_keep_blocked_copy(loaded: LoadedModel, config: Any) -> bool:
 
 
 def choose_kernels(loaded: LoadedModel, precision: str, *, progress: bool = True,
-                   row_copy: bool = False) -> tuple[KernelPlan | None, TimingTable | None]:
+                   row_copy: bool = False, speculative: bool = True) -> tuple[KernelPlan | None, TimingTable | None]:
     """The kernel plan for ``loaded`` on its device (measured once per
     machine/model/torch, then cached), or (None, None) when the lean
     backend cannot run it (the transformers module then runs, in float32
     on a CPU). ``row_copy``: memory holds a blocked second copy
-    (:func:`may_keep_blocked_copy`). Raises ConfigError for a precision the
-    device cannot run."""
+    (:func:`may_keep_blocked_copy`); ``speculative``: speculation is on, so
+    on a CPU the decode/verify kernels are ones whose verify gives the
+    steps' bits here (:func:`verify_exact_kernels`; the plan says
+    ``verify_exact``). Raises ConfigError for a precision the device
+    cannot run."""
     if not lean_or_float32(loaded):
         return None, None
     compute = compute_dtype_for(loaded.device, loaded.dtype)
     say = (lambda m: print(f"soldaemon: {m}", flush=True)) if progress else (lambda m: log.info("%s", m))
     try:
+        exact = (verify_exact_kernels(loaded.model.config) if speculative and loaded.device.type == "cpu"
+                 else None)
         plan, table, cached = plan_for(loaded.model.config, loaded.device, compute, precision, say=say,
-                                       row_copy=row_copy)
+                                       row_copy=row_copy, exact=exact)
     except ValueError as exc:
         raise ConfigError(f"model.precision: {exc}",
                           hint="model.precision: auto chooses among the kernels this device runs") from None

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import torch
 
-from soldaemon.policy.kernel_plan import KernelPlan, TimingTable, choose_plan, retime_reason, timed_under_load
+from soldaemon.policy.kernel_plan import EXACT_VERIFY, KernelPlan, TimingTable, choose_plan, retime_reason, timed_under_load
 from soldaemon.runtime.forward.kernels import machine_load, measure_table, plan_key, save_table, trim_heap
 
 log = logging.getLogger("soldaemon.kernels")
@@ -78,15 +78,16 @@ class BackgroundRetime:
     :meth:`~soldaemon.runtime.engine.part.LocalModelPart.between_requests`);
     ``load()``: the machine's load (1-minute average, cores); ``plan``: the
     plan chosen at start from ``table`` (``row_copy``: whether memory held
-    the blocked copy then)."""
+    the blocked copy then; ``exact``: the kernels a verify may use, as
+    at start)."""
 
     def __init__(self, cfg: Any, device: torch.device, compute_dtype: torch.dtype, table: TimingTable,
-                 plan: KernelPlan, *, row_copy: bool,
+                 plan: KernelPlan, *, row_copy: bool, exact: frozenset[str] | None = EXACT_VERIFY,
                  turn: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
                  load: Callable[[], tuple[float | None, int]] = machine_load, poll_s: float = POLL_S,
                  quiet_polls: int = QUIET_POLLS, measure: Callable[..., TimingTable] = measure_table) -> None:
         self.cfg, self.device, self.compute_dtype = cfg, device, compute_dtype
-        self.table, self.plan, self.row_copy = table, plan, row_copy
+        self.table, self.plan, self.row_copy, self.exact = table, plan, row_copy, exact
         self.turn, self.load, self.poll_s, self.quiet_polls = turn, load, poll_s, quiet_polls
         self.measure = measure
         self.result: Retimed | None = None        # set once, by the thread
@@ -164,7 +165,7 @@ class BackgroundRetime:
         fresh = dataclasses.replace(fresh, replaced_load_1m=self.table.load_1m, background=True)
         save_table(plan_key(self.cfg, self.device, self.compute_dtype), fresh)
         try:
-            plan = choose_plan(fresh, self.plan.precision, row_copy=self.row_copy)
+            plan = choose_plan(fresh, self.plan.precision, row_copy=self.row_copy, exact=self.exact)
         except ValueError as exc:
             log.warning("the background kernel timing gives no plan: %s", exc)
             return None
