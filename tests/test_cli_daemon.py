@@ -170,16 +170,19 @@ def test_the_daemon_log_is_rotated(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 def test_doctor_kernel_plan_reads_the_configured_models_table(tmp_path: Path) -> None:
     """The 1.5B's table is the newest; a config naming the 0.5B (24 layers,
     2 threads) must read the 0.5B's, and one asking 4 threads finds none."""
-    import shutil
-
     from soldaemon.doctor import plan as plan_check
+    from soldaemon.policy.kernel_plan import PLAN_FORMAT
 
     tables = Path(__file__).parent / "data" / "kernel_tables"
     folder = tmp_path / "kernel-plans"
     folder.mkdir()
-    shutil.copy(tables / "zen4_avx512_bf16.json", folder / "a.json")
+    def cache(name: str, as_name: str) -> None:    # as a daemon of this version caches it
+        doc = json.loads((tables / name).read_text())
+        (folder / as_name).write_text(json.dumps({**doc, "format": PLAN_FORMAT}))
+
+    cache("zen4_avx512_bf16.json", "a.json")
     time.sleep(0.05)
-    shutil.copy(tables / "zen4_avx512_bf16_1.5b.json", folder / "b.json")     # newer
+    cache("zen4_avx512_bf16_1.5b.json", "b.json")     # newer
     flags = tuple(json.loads((tables / "zen4_avx512_bf16.json").read_text())["table"]["machine"]["cpu_flags"])
     newest = plan_check.plan_report(flags, root=tmp_path)
     for_05b = plan_check.plan_report(flags, root=tmp_path, layers=24, threads=2)

@@ -989,10 +989,13 @@ def test_daemon_health_reports_the_startup_checks(start_daemon, engine_args) -> 
 
 
 def _plan_table(folder: Path, name: str, *, layers: int, load: float, age_s: float,
-                flags: list[str]) -> Path:
+                flags: list[str], fmt: int | None = None) -> Path:
     """A recorded 0.5B table (tests/data/kernel_tables) as a cache file, with
     ``layers``, the load it was timed at and its age."""
+    from soldaemon.policy.kernel_plan import PLAN_FORMAT
+
     doc = json.loads((Path(__file__).parent / "data" / "kernel_tables" / "avx2_only.json").read_text())
+    doc["format"] = PLAN_FORMAT if fmt is None else fmt
     table = doc["table"]
     table.update(n_layers=layers, load_1m=load, cores=2, measured_at=time.time() - age_s)
     table["machine"] = {**table["machine"], "cpu_flags": flags}
@@ -1011,6 +1014,8 @@ def test_doctor_json_shows_the_tables_load_and_age_never_the_tiny_models(
     plans = tmp_path / "cache" / "kernel-plans"
     real = _plan_table(plans, "half.json", layers=24, load=7.99, age_s=3 * 3600, flags=["avx2", "fma"])
     _plan_table(plans, "tiny.json", layers=4, load=0.1, age_s=10, flags=["avx2", "fma"])
+    # newer, but of an older format: the daemon times it again, so it is not the one in use
+    _plan_table(plans, "older.json", layers=24, load=0.1, age_s=60, flags=["avx2", "fma"], fmt=4)
     assert doctor.main(["--json", "--port", str(closed_port())]) == 0
     check = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}["kernel_plan"]
     facts = check["facts"]

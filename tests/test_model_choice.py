@@ -6,7 +6,6 @@ predicted costs say it pays."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ import pytest
 from soldaemon.doctor import plan as plan_check
 from soldaemon.config import Config, config_from_dict
 from soldaemon.weights.embedded import EMBEDDED_MODELS, QWEN25_CODER_05B, QWEN25_CODER_15B
-from soldaemon.policy.kernel_plan import KernelPlan, TimingTable, choose_plan
+from soldaemon.policy.kernel_plan import PLAN_FORMAT, KernelPlan, TimingTable, choose_plan
 from soldaemon.runtime.engine import autoselect as model_choice
 from soldaemon.runtime.forward.kernels import layer_shapes
 
@@ -34,8 +33,9 @@ def test_registry_shapes_are_the_converted_models_shapes() -> None:
 def _cache_with(tmp_path: Path, tables: list[Path]) -> Path:
     folder = tmp_path / "kernel-plans"
     folder.mkdir(parents=True)
-    for i, t in enumerate(tables):
-        shutil.copy(t, folder / f"t{i}.json")
+    for i, t in enumerate(tables):      # as a daemon of this version caches it
+        doc = json.loads(t.read_text())
+        (folder / f"t{i}.json").write_text(json.dumps({**doc, "format": PLAN_FORMAT}))
     return tmp_path
 
 

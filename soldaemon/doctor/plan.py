@@ -16,18 +16,22 @@ from typing import Any, Mapping
 from soldaemon import paths
 from soldaemon.policy.model_choice import LatencyBudget, ModelChoice, ModelFigures, choose_model
 from soldaemon.weights.embedded import EMBEDDED_MODELS, is_installed
-from soldaemon.policy.kernel_plan import KernelPlan, TimingTable, choose_plan
+from soldaemon.policy.kernel_plan import PLAN_FORMAT, KernelPlan, TimingTable, choose_plan
 
 _RELEVANT = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "asimd")
 
 
 def read_tables(root: Path | None = None) -> list[tuple[Path, TimingTable]]:
-    """Every cached timing table that parses, newest first."""
+    """Every cached timing table that parses and is of this version's
+    format (a daemon times one of another format again), newest first."""
     folder = (root or paths.cache_dir()) / "kernel-plans"
     out: list[tuple[float, Path, TimingTable]] = []
     for f in folder.glob("*.json") if folder.is_dir() else ():
         try:
-            table = TimingTable.from_dict(json.loads(f.read_text())["table"])
+            doc = json.loads(f.read_text())
+            if doc.get("format") != PLAN_FORMAT:
+                continue
+            table = TimingTable.from_dict(doc["table"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
         out.append((f.stat().st_mtime, f, table))

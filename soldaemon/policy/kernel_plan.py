@@ -52,6 +52,14 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
+# The cached tables' format. Bump when the table's meaning (or the kernels)
+# change; a cached table of another format is timed again at the next start
+# (runtime/forward/kernels.py: load_table drops it; doctor skips it).
+# 5: ``blocks`` is one decoder layer's four products as the forward runs
+# them, q/k/v and gate/up each one product over their stacked rows; 4 timed
+# seven separate products.
+PLAN_FORMAT = 5
+
 KERNELS: dict[str, str] = {
     "float32": "float32",
     "bfloat16": "bfloat16",

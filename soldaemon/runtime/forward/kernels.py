@@ -40,18 +40,11 @@ import torch
 import torch.nn.functional as F
 
 from soldaemon import paths
-from soldaemon.policy.kernel_plan import (EXACT_VERIFY, HEAD_STORAGES, KERNELS, PREFILL_ROWS, ROW_KERNELS, SHORT_ROWS, KernelPlan,
+from soldaemon.policy.kernel_plan import (EXACT_VERIFY, HEAD_STORAGES, KERNELS, PLAN_FORMAT, PREFILL_ROWS, ROW_KERNELS, SHORT_ROWS, KernelPlan,
                                           TimingTable, choose_plan, retime_reason)
 
 log = logging.getLogger("soldaemon.kernels")
 
-# Bump when the table's meaning (or the kernels) change; a cached table of
-# another format is timed again at the next start (load_table drops it).
-# 5 (2026-12-05): ``blocks`` is one decoder layer's four products as the
-# forward runs them, q/k/v and gate/up each one product over their stacked
-# rows (:func:`packed_shapes`, LayerWeights); 4 timed seven separate products
-# (and added int8-onednn).
-PLAN_FORMAT = 5
 _DENSE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
