@@ -629,6 +629,42 @@ def test_a_dropped_blocked_copy_leaves_one_layout_and_the_same_bits(tiny_model) 
     assert torch.equal(session.prefill(ids).logits, before)
 
 
+def test_with_steps_on_the_blocked_copy_the_plain_layers_are_freed(tiny_model) -> None:
+    """Real steps faster on the blocked copy: every forward reads it, and the
+    engine frees the plain copy of the layers (LeanBackend.keep_only_row_copy):
+    the same bits for a prompt and a step, fewer weight bytes, and nothing
+    reads the freed tensors (they are empty)."""
+    import torch
+
+    from soldaemon.runtime.forward.backend import LeanBackend
+    from soldaemon.runtime.forward.kernels import onednn_int8_exact
+    from soldaemon.runtime.forward.weights import PACKED
+    from soldaemon.runtime.kv.session import KVSession
+
+    if not onednn_int8_exact():
+        pytest.skip("oneDNN's int8 product is not available or not exact here")
+    model, tok = tiny_model
+    plan = KernelPlan("int8", "int8-dynamic", "int8-dynamic", "int8", "int8-dynamic", rows="int8-onednn")
+    backend = LeanBackend(model, 512, plan=plan)
+    session = KVSession(backend)
+    ids = tok("def parse(self, text):\n    return self.rules.match(text, pos=0)\n" * 3).input_ids
+    before = session.prefill(ids).logits.clone()
+    step = session.decode_step(int(before.argmax())).clone()
+    assert backend.keep_only_row_copy() == 0            # steps still on the one copy: nothing to free
+    plain = [getattr(w, n) for w in backend.layers for n in PACKED]
+    with_both = backend.weight_bytes()
+    backend.steps_on_rows = True
+    freed = backend.keep_only_row_copy()
+    assert freed == sum(t.numel() for t in plain) and all(t.untyped_storage().nbytes() == 0 for t in plain)
+    assert backend.weight_bytes() == with_both - freed and "plain copy of the layers is freed" in backend.plan.reason
+    assert backend.layers is not backend.rows_layers and all(a is b for a, b in zip(backend.layers, backend.rows_layers))
+    session.truncate(0)
+    assert torch.equal(session.prefill(ids).logits, before)
+    assert torch.equal(session.decode_step(int(before.argmax())), step)
+    backend.drop_row_copy("never after the plain copy is freed")
+    assert backend.rows_layers is not None and backend.keep_only_row_copy() == 0
+
+
 # -- the packed products (format 5) ------------------------------------------------------
 
 

@@ -325,6 +325,11 @@ class LocalEngine:
                  "every forward reads the blocked copy" if b.steps_on_rows else "the blocked copy is dropped")
         if not b.steps_on_rows:
             b.drop_row_copy(f"real decode steps were not {ROW_COPY_GAIN:.0%} faster on it")
+        elif self.memory is None or (not self.memory.idle_release and self.memory.budget is None):
+            # nothing reads the plain copy of the layers now (the store never offloads without a budget)
+            freed = b.keep_only_row_copy()
+            trim_heap()
+            log.info("the plain copy of the layers freed (%.0f MB): one copy resident", freed / 2**20)
 
     def measure_forward_costs(self, sizes: tuple[int, ...] = (1, 2, 3, 5, 9)) -> dict[int, float]:
         """ms of one forward of T tokens after a 64-token context, per T

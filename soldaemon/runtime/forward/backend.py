@@ -199,6 +199,7 @@ class LeanBackend:
         # one-row forwards on that copy too (the same bits): set by the
         # engine's warm-up where real decode steps measured faster there
         self.steps_on_rows = False
+        self.plain_released = False                      # keep_only_row_copy: the layers read the blocked copy alone
         if self.plan.rows is not None:
             self._make_row_copy(self.plan.rows)
         self.released = False
@@ -262,10 +263,34 @@ class LeanBackend:
         self.rows_linear = KERNEL_FNS[kernel]
         self.rows_bytes = sum(getattr(w, n).numel() for w in self.layers for n in names) + self.head_w.numel()
 
+    def keep_only_row_copy(self) -> int:
+        """Every forward reads the blocked copy (``steps_on_rows``): free the
+        plain copy of the layers' products (the same bits), so that one copy
+        of the layers stays resident. The output layer's plain rows stay
+        (the embedding reads them). CPU only; returns the bytes freed (0
+        where it does not apply). The plain tensors' storage is emptied in
+        place, as the weight store offloads: every reference to them (the
+        store's) sees them empty, and nothing reads them again."""
+        if (not self.steps_on_rows or self.rows_layers is None or self.rows_linear is None
+                or self.device.type != "cpu" or self.plain_released):
+            return 0
+        freed = 0
+        for w in self.layers:
+            for name in PACKED:
+                storage = getattr(w, name).untyped_storage()
+                freed += storage.nbytes()
+                storage.resize_(0)
+        self.layers[:] = self.rows_layers        # in place: the store's list is this one
+        self.prefill_linear = self.short_linear = self.rows_linear
+        self.plain_released = True
+        self.plan = replace(self.plan, reason=self.plan.reason + "; every forward reads the blocked copy: "
+                            "the plain copy of the layers is freed")
+        return freed
+
     def drop_row_copy(self, why: str) -> None:
         """Free the blocked second copy: every forward reads the one copy
         from now on (the same bits), and the plan says why."""
-        if self.rows_layers is None:
+        if self.rows_layers is None or self.plain_released:
             return
         self.rows_layers = self.rows_head_w = None
         self.rows_linear = None
@@ -284,8 +309,8 @@ class LeanBackend:
 
     def _packed_tensors(self) -> list[torch.Tensor]:
         out = [t for t in (self.head_w, self.head_s, self.embed_w, self.embed_s, self.norm) if t is not None]
-        for w in self.layers:
-            out.extend(t for t in vars(w).values() if isinstance(t, torch.Tensor))
+        for w in self.layers:   # a blocked (opaque) tensor has no storage to read: rows_bytes counts it
+            out.extend(t for t in vars(w).values() if isinstance(t, torch.Tensor) and not t.is_mkldnn)
         return out
 
     def weight_bytes(self) -> int:
