@@ -603,12 +603,9 @@ def test_a_step_on_the_blocked_copy_gives_the_one_copys_bits(tiny_model) -> None
         session.decode_step(first)
 
 
-def test_a_dropped_blocked_copy_leaves_one_layout_and_the_same_bits(tiny_model) -> None:
-    """Real steps not faster on the blocked copy: the engine drops it
-    (LeanBackend.drop_row_copy); every forward reads the one copy, with
-    the bits it had, and the weights' bytes fall."""
-    import torch
-
+def _blocked_copy_backend(tiny_model):
+    """The tiny model under int8-dynamic with the blocked oneDNN copy, a KV
+    session on it and a prompt's ids (skips where oneDNN is not exact)."""
     from soldaemon.runtime.forward.backend import LeanBackend
     from soldaemon.runtime.forward.kernels import onednn_int8_exact
     from soldaemon.runtime.kv.session import KVSession
@@ -618,8 +615,17 @@ def test_a_dropped_blocked_copy_leaves_one_layout_and_the_same_bits(tiny_model) 
     model, tok = tiny_model
     plan = KernelPlan("int8", "int8-dynamic", "int8-dynamic", "int8", "int8-dynamic", rows="int8-onednn")
     backend = LeanBackend(model, 512, plan=plan)
-    session = KVSession(backend)
     ids = tok("def parse(self, text):\n    return self.rules.match(text, pos=0)\n" * 3).input_ids
+    return backend, KVSession(backend), ids
+
+
+def test_a_dropped_blocked_copy_leaves_one_layout_and_the_same_bits(tiny_model) -> None:
+    """Real steps not faster on the blocked copy: the engine drops it
+    (LeanBackend.drop_row_copy); every forward reads the one copy, with
+    the bits it had, and the weights' bytes fall."""
+    import torch
+
+    backend, session, ids = _blocked_copy_backend(tiny_model)
     before = session.prefill(ids).logits.clone()
     with_copy = backend.weight_bytes()
     backend.drop_row_copy("real decode steps were not 15 % faster on it")
@@ -636,18 +642,9 @@ def test_with_steps_on_the_blocked_copy_the_plain_layers_are_freed(tiny_model) -
     reads the freed tensors (they are empty)."""
     import torch
 
-    from soldaemon.runtime.forward.backend import LeanBackend
-    from soldaemon.runtime.forward.kernels import onednn_int8_exact
     from soldaemon.runtime.forward.weights import PACKED
-    from soldaemon.runtime.kv.session import KVSession
 
-    if not onednn_int8_exact():
-        pytest.skip("oneDNN's int8 product is not available or not exact here")
-    model, tok = tiny_model
-    plan = KernelPlan("int8", "int8-dynamic", "int8-dynamic", "int8", "int8-dynamic", rows="int8-onednn")
-    backend = LeanBackend(model, 512, plan=plan)
-    session = KVSession(backend)
-    ids = tok("def parse(self, text):\n    return self.rules.match(text, pos=0)\n" * 3).input_ids
+    backend, session, ids = _blocked_copy_backend(tiny_model)
     before = session.prefill(ids).logits.clone()
     step = session.decode_step(int(before.argmax())).clone()
     assert backend.keep_only_row_copy() == 0            # steps still on the one copy: nothing to free
