@@ -187,8 +187,10 @@ for shape in "${shape_list[@]}"; do
     if [ "$MODE" = cpu ]; then
         # 8 layers, so that a budget can offload some beside the staging ring
         step "build-$shape" "$PY" -c "from soldaemon.testing.tiny import build_tiny_model as b; b('$model', layers=8)"
+        # float32 pinned: the eager path is compared with transformers' forward only under a dense
+        # plan (a device's is; the tiny model's auto plan on a CPU is int8 while speculation is on)
         step "latency-$shape" "$PY" scripts/gpu_latency.py --model "$model" --device cpu --emulate-graphs \
-            --require-graphs --holes 2 --tokens 8 --check-steps 12 --prefill-tokens 256 --lines 1 \
+            --precision float32 --require-graphs --holes 2 --tokens 8 --check-steps 12 --prefill-tokens 256 --lines 1 \
             --attention-positions 255 1000 4000 ${COMPILED[@]+"${COMPILED[@]}"} --json "$STEPS/lat-$shape.json"
         step "memory-$shape" "$PY" scripts/gpu_memory.py --model "$model" --device cpu --prompt-tokens 160 \
             --tokens 4 --repeats 1 --pcts 100 25 --json "$STEPS/mem-$shape.json"
