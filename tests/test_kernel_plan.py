@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from soldaemon.policy.kernel_plan import (
-    EXACT_VERIFY, KERNELS, MAX_QUALITY_LOSS, QUALITY, QUALITY_ALPHA, ROW_KERNELS, STORAGES, KernelPlan, Quality, TimingTable,
-    auto_kernels, choose_plan, speculation_pays,
+    EXACT_VERIFY, KERNELS, MAX_QUALITY_LOSS, QUALITY, QUALITY_ALPHA, ROW_KERNELS, STORAGES, KernelPlan, Quality,
+    TimingTable, auto_kernels, choose_plan, speculation_pays,
 )
 
 DATA = Path(__file__).parent / "data" / "kernel_tables"
@@ -654,7 +654,8 @@ def test_with_steps_on_the_blocked_copy_the_plain_layers_are_freed(tiny_model) -
     freed = backend.keep_only_row_copy()
     assert freed == sum(t.numel() for t in plain) and all(t.untyped_storage().nbytes() == 0 for t in plain)
     assert backend.weight_bytes() == with_both - freed and "plain copy of the layers is freed" in backend.plan.reason
-    assert backend.layers is not backend.rows_layers and all(a is b for a, b in zip(backend.layers, backend.rows_layers))
+    assert backend.layers is not backend.rows_layers
+    assert all(a is b for a, b in zip(backend.layers, backend.rows_layers))
     session.truncate(0)
     assert torch.equal(session.prefill(ids).logits, before)
     assert torch.equal(session.decode_step(int(before.argmax())), step)

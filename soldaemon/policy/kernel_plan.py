@@ -488,7 +488,8 @@ def _choose(table: TimingTable, precision: str, allowed: frozenset[str] | None, 
               f"predicted {total:.0f} ms" + (f" (vs {others})" if others else ""))
     rows = None
     for rk, twin in ROW_KERNELS.items() if row_copy else ():
-        if rk not in usable or (exact is not None and rk not in exact) or not table.blocks.get(rk) or not table.head.get(rk) or not pre == sh == head == twin:
+        if rk not in usable or not exact_of([rk]) or not table.blocks.get(rk) or not table.head.get(rk) \
+                or not pre == sh == head == twin:
             continue
         # a prompt keeps only its last row's logits: the head runs one row, on the one copy
         r_cold = prefill_ms(table, rk, workload.prompt_tokens) + head_ms(table, head, 1)

@@ -40,8 +40,8 @@ import torch
 import torch.nn.functional as F
 
 from soldaemon import paths
-from soldaemon.policy.kernel_plan import (EXACT_VERIFY, HEAD_STORAGES, KERNELS, PLAN_FORMAT, PREFILL_ROWS, ROW_KERNELS, SHORT_ROWS, KernelPlan,
-                                          TimingTable, choose_plan, retime_reason)
+from soldaemon.policy.kernel_plan import (EXACT_VERIFY, HEAD_STORAGES, KERNELS, PLAN_FORMAT, PREFILL_ROWS, ROW_KERNELS,
+                                          SHORT_ROWS, KernelPlan, TimingTable, choose_plan, retime_reason)
 
 log = logging.getLogger("soldaemon.kernels")
 
