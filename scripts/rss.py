@@ -1,8 +1,10 @@
-"""Resident memory of the daemon's engine: after load, and after N
-completions on holes cut from real code (psutil; anonymous vs file-backed
-from /proc/self/smaps_rollup where Linux has it).
+"""Resident memory of the daemon's engine: after load, after N completions
+on holes cut from real code, and once idle (the free C heap handed back, as
+the worker does after a second without requests); psutil, anonymous vs
+file-backed from /proc/self/smaps_rollup where Linux has it.
 
-    python scripts/rss.py [--completions 500] [--precision auto] [--blocked-copy true|false] [--json FILE]
+    python scripts/rss.py [--completions 500] [--precision auto] [--blocked-copy true|false]
+                          [--heap-after-each] [--json FILE]
 
 Loads the engine exactly as ``soldaemon serve`` does (load_engine, warm-up),
 then completes holes from the standard library: each hole twice in a row
@@ -45,11 +47,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--blocked-copy", choices=("true", "false"), help="model.blocked_copy (default: the config's)")
+    ap.add_argument("--heap-after-each", action="store_true",
+                    help="hand the free heap back after every completion (what the daemon does after 1 s idle): "
+                         "the cost of a request that follows an idle pause")
     args = ap.parse_args(argv)
     from soldaemon.api import CancelToken, CompletionRequest, Done
     from soldaemon.config import config_from_dict
     from soldaemon_bench.holes import cut_line_holes, default_corpus
     from soldaemon.runtime.engine.local import load_engine
+    from soldaemon.runtime.memory.heap import return_free_heap
 
     before = _mem()
     t0 = time.perf_counter()
@@ -73,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
                                     max_tokens=args.max_tokens)
             done = [e for e in engine.complete(req, CancelToken()) if isinstance(e, Done)][0]
             done_n += 1
+            if args.heap_after_each:
+                return_free_heap()
             if j == 1 and done.items and done.items[0][:1] and done_n < args.completions:
                 typed = CompletionRequest(id=f"t{done_n}", uri=uri, prefix=prefix + done.items[0][:1],
                                           suffix=h.suffix, language="python", max_tokens=args.max_tokens)
@@ -81,10 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         i += 1
     gc.collect()
     after = _mem()
+    return_free_heap()          # the worker does this after HEAP_IDLE_S without requests
+    idle = _mem()
     plan = engine.info().get("precision") or {}
     result = {"precision": args.precision, "plan": plan.get("summary"), "weight_mb":
               round((plan.get("weight_bytes") or 0) / 2**20, 1), "before_load": before, "after_load": loaded,
-              "after_completions": after, "completions": done_n, "load_s": round(t1 - t0, 1),
+              "after_completions": after, "after_idle": idle, "heap_after_each": args.heap_after_each,
+              "completions": done_n, "load_s": round(t1 - t0, 1),
               "completions_s": round(time.perf_counter() - t1, 1), "sessions": len(engine.pool),
               "kv_mb": round(engine.pool.kv_bytes() / 2**20, 1)}
     print(json.dumps(result))

@@ -316,3 +316,50 @@ async def test_the_worker_passes_on_everything_the_engine_says_in_its_done() -> 
         assert done.timings.queue_ms >= 0 and done.finish_reason in ("stop", "length")
     finally:
         worker.stop()
+
+
+def test_the_free_heap_goes_back_to_the_system() -> None:
+    """Freed C-heap pages below a live block stay resident until the trim
+    returns them (glibc: CI and the supported Linux machines)."""
+    import psutil
+
+    from soldaemon.runtime.memory.heap import return_free_heap
+
+    proc = psutil.Process()
+    blocks = [bytes(4000) for _ in range(50_000)]      # ~200 MB through malloc, not Python's arenas
+    pin = bytes(4000)                                  # a live block above them keeps the heap's top
+    del blocks
+    held = proc.memory_info().rss
+    assert return_free_heap()
+    assert proc.memory_info().rss < held - 100 * 2**20
+    del pin
+
+
+@pytest.mark.asyncio
+async def test_the_worker_returns_the_heap_once_idle_after_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    import soldaemon.server.worker as worker_module
+
+    returned: list[float] = []
+    monkeypatch.setattr(worker_module, "HEAP_IDLE_S", 0.05)
+    monkeypatch.setattr(worker_module, "return_free_heap", lambda: returned.append(time.monotonic()) or True)
+    engine = GatedEngine()
+    worker = await started_worker(engine)
+    c = Collector()
+    try:
+        await asyncio.sleep(0.3)
+        assert worker.heap_returns == 1, "once after the load, then not again while nothing runs"
+        worker.submit(c.job("complete", "blocker", max_tokens=1))
+        await engine.running_blocker()
+        worker.submit(c.job("complete", "n1", max_tokens=1))
+        await asyncio.sleep(0.2)
+        assert worker.heap_returns == 1, "not while a request runs"
+        engine.gate.set()
+        await c.end("blocker")
+        done_at = time.monotonic()
+        await c.end("n1")
+        await asyncio.sleep(0.3)
+        assert worker.heap_returns == 2, "once after the two requests, not between them"
+        assert returned[-1] >= done_at + 0.04
+    finally:
+        engine.gate.set()
+        worker.stop()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import queue
 import threading
+import time
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -38,9 +39,11 @@ class FairQueue(Generic[T]):
             self._closed = True
             self._cond.notify_all()
 
-    def get(self, block: bool = True) -> T | None:
+    def get(self, block: bool = True, timeout: float | None = None) -> T | None:
         """The next item; ``block=False``: raises ``queue.Empty`` instead of
-        waiting when there is none (the worker then runs speculation)."""
+        waiting when there is none (the worker then runs speculation), as
+        does a blocking get still empty after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
                 if self._closed:
@@ -55,9 +58,10 @@ class FairQueue(Generic[T]):
                     if not owners:
                         del self._classes[priority]
                     return item
-                if not block:
+                left = None if deadline is None else deadline - time.monotonic()
+                if not block or (left is not None and left <= 0):
                     raise queue.Empty
-                self._cond.wait()
+                self._cond.wait(left)
 
     def __len__(self) -> int:
         with self._cond:

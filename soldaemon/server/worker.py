@@ -25,8 +25,11 @@ from soldaemon.server.fairqueue import FairQueue
 from soldaemon.policy.priority import job_rank
 from soldaemon.pipeline.clock import Clock
 from soldaemon.protocol import ErrorFrame, error_frame
+from soldaemon.runtime.memory.heap import return_free_heap
 
 log = logging.getLogger("soldaemon.server")
+
+HEAP_IDLE_S = 1.0   # idle this long after a request: the C heap's free pages go back (runtime/memory/heap.py)
 
 JobKind = Literal["complete", "warm"]
 
@@ -87,6 +90,7 @@ class Worker:
         self._queued = 0
         self._thread: threading.Thread | None = None
         self.engine: Engine | None = None
+        self.heap_returns = 0       # times the C heap's free pages went back to the system
         self.ahead = Ahead()        # the engine's work ahead (speculative FIM): runs only while the queue is empty
 
     @property
@@ -151,12 +155,18 @@ class Worker:
             self._loop.call_soon_threadsafe(callback, *args)
 
     def _serve(self, engine: Engine) -> None:
+        worked = True           # since the heap was last handed back (the load counts)
         while True:
             try:
-                job = self._queue.get(block=not self.ahead.pending)
-            except queue.Empty:     # idle with work ahead pending
-                self.ahead.run()
+                job = self._queue.get(block=not self.ahead.pending, timeout=HEAP_IDLE_S if worked else None)
+            except queue.Empty:
+                if self.ahead.pending:      # idle with work ahead pending
+                    self.ahead.run()
+                else:                       # idle for HEAP_IDLE_S after work
+                    self.heap_returns += return_free_heap()
+                    worked = False
                 continue
+            worked = True
             self.ahead.preempt()
             if job is None:
                 return
