@@ -31,7 +31,7 @@ from soldaemon.pipeline.prompt import LeadAnchors
 from soldaemon.pipeline.relevance import ContextSelector
 from soldaemon.runtime.forward.backend import LEAN_ARCHITECTURES, Backend, LeanBackend, make_backend
 from soldaemon.policy.kernel_plan import ROW_COPY_GAIN, KernelPlan, TimingTable, steps_on_blocked_copy
-from soldaemon.runtime.forward.kernels import compute_dtype_for, trim_heap, verify_exact_kernels
+from soldaemon.runtime.forward.kernels import compute_dtype_for, verify_exact_kernels
 from soldaemon.runtime.engine.autoselect import choose_draft, choose_embedded
 from soldaemon.runtime.forward.precision import choose_kernels, lean_or_float32, may_keep_blocked_copy, precision_info
 from soldaemon.runtime.forward.compiled import CompileChoice, choose_layer
@@ -45,6 +45,7 @@ from soldaemon.errors import BudgetTooSmall
 from soldaemon.runtime.memory.scheduler import MemoryScheduler
 from soldaemon.runtime.kv.session import SessionPool
 from soldaemon.runtime.forward.timing import elapsed_ms, synchronize
+from soldaemon.runtime.memory.heap import return_free_heap
 
 log = logging.getLogger("soldaemon.engine")
 
@@ -240,7 +241,7 @@ class LocalEngine:
         self.pool.acquire(SCRATCH_URI).truncate(0)
         self.part.warmed(record)
         self.forget_shown()
-        trim_heap()
+        return_free_heap()
         return record
 
     @property
@@ -328,7 +329,7 @@ class LocalEngine:
         elif self.memory is None or (not self.memory.idle_release and self.memory.budget is None):
             # nothing reads the plain copy of the layers now (the store never offloads without a budget)
             freed = b.keep_only_row_copy()
-            trim_heap()
+            return_free_heap()
             log.info("the plain copy of the layers freed (%.0f MB): one copy resident", freed / 2**20)
 
     def measure_forward_costs(self, sizes: tuple[int, ...] = (1, 2, 3, 5, 9)) -> dict[int, float]:
@@ -423,7 +424,7 @@ def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:
             log.warning("model.precision %s: a speculative verify does not give the decode steps' bits, so "
                         "speculation may change an answer (completion.speculative: false keeps them)", mc.precision)
     engine = LocalEngine(loaded, config, plan=plan, timings=table, served=name)
-    trim_heap()       # the module's released parameters and the timing runs' tensors
+    return_free_heap()       # the module's released parameters and the timing runs' tensors
     draft_name, why = (None, "model.draft_model") if mc.draft_model else choose_draft(config, name or "",
                                                                                      progress=progress)
     if mc.draft_model is not None or draft_name is not None:
@@ -437,7 +438,7 @@ def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:
             if mc.draft != "auto" or mc.draft_model is not None:
                 raise
             draft_name, why = None, f"no room for the pair: {exc.message}"   # auto: serve without it
-        trim_heap()
+        return_free_heap()
     log.info("draft model: %s (%s)", draft_name or (mc.draft_model and str(mc.draft_model)) or "none", why)
     engine.model_choice = {"name": name or str(mc.path), "auto": auto, "draft": draft_name, "draft_reason": why}
     engine.warmup()

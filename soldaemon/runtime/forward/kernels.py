@@ -563,21 +563,6 @@ def plan_for(cfg: Any, device: torch.device, compute_dtype: torch.dtype, precisi
     return choose_plan(table, precision, row_copy=row_copy, exact=exact), table, True
 
 
-def trim_heap() -> bool:
-    """Give freed heap memory back to the OS (glibc ``malloc_trim``): after
-    packing the weights and timing the kernels, tens of freed
-    tensors below the allocator's (adaptive) mmap threshold would otherwise
-    stay in the process's resident set. True when it ran."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        libc.malloc_trim(0)
-        return True
-    except (OSError, AttributeError):
-        return False
-
-
 def compute_dtype_for(device: torch.device, model_dtype: torch.dtype) -> torch.dtype:
     """The dtype of the residual stream, norms, attention and KV cache: float32
     on a CPU (cheap next to the products; keeps norms and softmax exact),

@@ -27,7 +27,8 @@ from typing import Any, Callable
 import torch
 
 from soldaemon.policy.kernel_plan import EXACT_VERIFY, KernelPlan, TimingTable, choose_plan, retime_reason, timed_under_load
-from soldaemon.runtime.forward.kernels import machine_load, measure_table, plan_key, save_table, trim_heap
+from soldaemon.runtime.forward.kernels import machine_load, measure_table, plan_key, save_table
+from soldaemon.runtime.memory.heap import return_free_heap
 
 log = logging.getLogger("soldaemon.kernels")
 
@@ -161,7 +162,7 @@ class BackgroundRetime:
             log.warning("the background kernel timing failed: %s", exc)
             return None
         finally:
-            trim_heap()
+            return_free_heap()
         fresh = dataclasses.replace(fresh, replaced_load_1m=self.table.load_1m, background=True)
         save_table(plan_key(self.cfg, self.device, self.compute_dtype), fresh)
         try:

@@ -5,7 +5,8 @@ allocator keeps the freed pages of its arenas mapped, so the 0.5B's resident
 memory grows by a few hundred MB over its first completions although the
 live data does not. :func:`return_free_heap` asks the allocator to give the
 free pages back (``malloc_trim(0)``, about 10 ms on a 2-core machine); the
-worker calls it after a second without requests, so no request pays it.
+worker calls it after a second without requests, so no request pays it, and
+the engine after packing weights and timing kernels at load.
 On a C library without ``malloc_trim`` (musl, macOS, Windows) it does
 nothing.
 """
