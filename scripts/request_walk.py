@@ -45,6 +45,7 @@ class Walk:
 
     def __init__(self) -> None:
         self.entered: list[str] = []
+        self.calls: list[tuple[str | None, str]] = []     # (from, into) of each entry
 
     def _profile(self, frame: FrameType, event: str, _arg: Any) -> None:
         if event != "call":
@@ -61,6 +62,7 @@ class Walk:
         came_from = _module_of(caller) if caller is not None else None
         if came_from != here:
             self.entered.append(here)
+            self.calls.append((came_from, here))
 
     def __enter__(self) -> Walk:
         sys.setprofile(self._profile)
@@ -96,6 +98,31 @@ def collapse(entered: list[str]) -> list[str]:
         if m is not None and (not out or out[-1] != m):
             out.append(m)
     return out
+
+
+def as_read(calls: list[tuple[str | None, str]], level: Any = lambda m: m) -> dict[str, int]:
+    """The walk as a reader follows the code: each call from one module into
+    another counted once (a loop's body is read once, not once per token),
+    at the granularity ``level`` gives. ``stops``: distinct calls;
+    ``returns``: those into a module the walk had already left when the
+    call was first made."""
+    seen: set[tuple[str, str]] = set()
+    left: set[str] = set()
+    stops = returns = 0
+    previous: str | None = None
+    for came_from, into in calls:
+        a, b = level(came_from) if came_from else None, level(into)
+        if b is None or a == b:
+            continue
+        if previous is not None and previous != b:
+            left.add(previous)
+        previous = b
+        if a is None or (a, b) in seen:
+            continue
+        seen.add((a, b))
+        stops += 1
+        returns += b in left
+    return {"stops": stops, "returns": returns}
 
 
 def summarize(entered: list[str]) -> dict[str, Any]:
@@ -143,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
                 if isinstance(event, Done) and event.items:
                     shown = event.items[0]
         report["cold"] = summarize(walk.entered)
+        report["cold"]["as_read"] = as_read(walk.calls)
+        report["cold"]["as_read_stages"] = as_read(walk.calls, coarse)
         # The user types the first character of what was shown: answered from
         # what the engine remembers (type-through), no model call.
         typed = CompletionRequest(id="walk-2", prefix=prefix + shown[:1], suffix="\n", max_tokens=8,
@@ -150,13 +179,19 @@ def main(argv: list[str] | None = None) -> int:
         with Walk() as walk:
             for _event in engine.complete(typed, CancelToken()):
                 pass
-        report["typed-through" if shown else "second"] = summarize(walk.entered)
+        label = "typed-through" if shown else "second"
+        report[label] = summarize(walk.entered)
+        report[label]["as_read"] = as_read(walk.calls)
+        report[label]["as_read_stages"] = as_read(walk.calls, coarse)
         engine.close()
 
     for label, s in report.items():
         print(f"== {label}: {s['entries']} module entries, {s['returns_to_a_module_left']} back to a module left")
         print("   order: " + " -> ".join(m.removeprefix("soldaemon.") for m in s["modules"]))
         print("   entries: " + ", ".join(f"{m.removeprefix('soldaemon.')} {n}" for m, n in s["per_module"].items()))
+        r, rs = s["as_read"], s["as_read_stages"]
+        print(f"   as read (each call between two modules once): {r['stops']} calls, {r['returns']} back "
+              f"to a module left; stage level {rs['stops']} calls, {rs['returns']} back")
         if "stages" in s:
             st = s["stages"]
             print(f"   stage level: {st['entries']} entries, "
