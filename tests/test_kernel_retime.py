@@ -183,3 +183,97 @@ def test_the_daemon_retimes_between_requests_never_during_one(tiny_path: Path, t
     if not result.in_use:
         assert "used from the next start" in report["detail"]
     engine.close()
+
+
+def _int8_plan(short: str, head: str) -> Any:
+    from soldaemon.policy.kernel_plan import KernelPlan
+
+    return KernelPlan("int8", "int8-dynamic", short, "int8", head)
+
+
+def test_kernels_swap_in_over_the_packed_weights_with_the_bits_of_a_fresh_backend(tiny_path: Path) -> None:
+    """A plan over the same storages is swapped into a serving backend: its
+    forwards then give exactly what a backend built for that plan gives. A
+    plan that needs the weights packed otherwise is refused, with why."""
+    import torch
+
+    from soldaemon.policy.kernel_plan import KernelPlan
+    from soldaemon.runtime.forward.backend import LeanBackend
+    from soldaemon.weights.loader import load_model
+
+    model = load_model(str(tiny_path), device="cpu", dtype="auto", progress=False).model
+    serving, fresh_plan = _int8_plan("int8", "int8"), _int8_plan("int8-dynamic", "int8-dynamic")
+    backend = LeanBackend(model, 64, plan=serving)
+    fresh = LeanBackend(model, 64, plan=fresh_plan)
+    tokens = torch.tensor([5, 17, 3, 99, 42, 7], dtype=torch.long)
+
+    def logits(b: LeanBackend) -> torch.Tensor:
+        b.forward(tokens[:4], 0, last_only=False)
+        return b.forward(tokens[4:], 4, last_only=False)        # a short forward: the plan's decode kernel
+
+    before = logits(backend)
+    assert backend.use_kernels(fresh_plan) is None
+    assert backend.plan.short == "int8-dynamic" and "swapped in while serving" in backend.plan.reason
+    after, expected = logits(backend), logits(fresh)
+    assert torch.equal(after, expected)
+    assert not torch.equal(after, before)                       # the kernels did change
+    why = backend.use_kernels(KernelPlan.uniform("float32"))
+    assert why is not None and "int8" in why and "float32" in why
+    assert backend.plan.short == "int8-dynamic"
+
+
+def test_a_retimed_plan_over_the_same_weights_is_swapped_in_between_requests(tiny_path: Path, tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon serves an int8 plan whose decode kernel is weight-only;
+    the quiet re-timing (here: of int8-dynamic alone) gives another plan over
+    the same packed weights: it is swapped in inside the generation lock,
+    health and doctor say so, and the answers are a fresh engine's on it."""
+    import torch
+
+    from soldaemon.api import CompletionRequest
+    from soldaemon.config import config_from_dict
+    from soldaemon.doctor.plan import plan_report
+    from soldaemon.runtime.engine.local import LocalEngine
+    from soldaemon.runtime.forward.kernels import measure_table
+    from soldaemon.runtime.forward.retime import BackgroundRetime
+    from soldaemon.weights.loader import load_model
+
+    monkeypatch.setenv("SOLDAEMON_CACHE_DIR", str(tmp_path))
+    config = config_from_dict({"device": {"device": "cpu"}, "model": {"max_context": 2048},
+                               "completion": {"speculative": False}})
+    serving = _int8_plan("int8", "int8")
+    table = _loaded_table()
+
+    def engine_on(plan: Any) -> LocalEngine:
+        return LocalEngine(load_model(str(tiny_path), device="cpu", dtype="auto", progress=False), config,
+                           plan=plan, timings=table)
+
+    engine = engine_on(serving)
+    held: list[bool] = []
+
+    @contextlib.contextmanager
+    def turn() -> Iterator[None]:
+        with engine.part.between_requests():
+            held.append(True)
+            yield
+
+    only_dynamic = functools.partial(measure_table, kernels=("int8-dynamic",), short_rows=(1, 2),
+                                     prefill_rows=(8,), repeats=1)
+    engine.retime = BackgroundRetime(engine.loaded.model.config, torch.device("cpu"), torch.float32, table, serving,
+                                     row_copy=False, turn=turn, load=QuietAfter([]), poll_s=0.0, quiet_polls=1,
+                                     measure=only_dynamic, swap=engine.backend.use_kernels)
+    result = engine.retime.run()
+    assert result is not None and result.swapped and result.in_use and result.not_swapped is None
+    assert engine.backend.plan.short == result.plan.short == "int8-dynamic" and held
+    info = engine.info()["precision"]
+    assert info["table"]["swapped_in"] and info["plan"]["short"] == "int8-dynamic"
+    report = plan_report(("avx2",), root=tmp_path, served={"daemon": "0.1", "state": "ready", "model": "tiny",
+                                                           "engine": {"precision": info}})
+    assert "swapped in while serving" in report["detail"]
+    req = CompletionRequest(id="r", prefix="def add(a, b):\n    return ", suffix="\n", max_tokens=12,
+                            uri="file:///a.py")
+    fresh = engine_on(result.plan)
+    assert engine.complete_all(req).items == fresh.complete_all(req).items
+    engine.close()
+    fresh.close()
+

@@ -139,8 +139,9 @@ def _load(facts: Mapping[str, Any]) -> str:
         at = time.strftime("%Y-%m-%d %H:%M", time.localtime(facts.get("measured_at") or 0))
         again = f", re-timed in the background at {at}" + (f" (the table it replaced: load {replaced:g})"
                                                              if replaced is not None else "") + (
-            "" if facts.get("plan_in_use", True) else f"; it gives another plan, used from the next start: "
-                                                      f"{facts.get('retimed_plan')}")
+            "; it gave another plan, swapped in while serving" if facts.get("swapped_in") else
+            "" if facts.get("plan_in_use", True) else f"; it gives another plan, used from the next start"
+            + (f" ({facts['not_swapped']})" if facts.get("not_swapped") else "") + f": {facts.get('retimed_plan')}")
     return f" at load {load:g}" + (f" on {cores} cores" if cores else "") + again
 
 

@@ -446,6 +446,8 @@ def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:
         engine.retime = BackgroundRetime(loaded.model.config, loaded.device,
                                          compute_dtype_for(loaded.device, loaded.dtype), table, plan,
                                          row_copy=row_copy, turn=engine.part.between_requests,
+                                         swap=engine.backend.use_kernels if isinstance(engine.backend, LeanBackend)
+                                         else None,
                                          exact=(verify_exact_kernels(loaded.model.config)
                                                 if config.completion.speculative else None))
         engine.retime.start()

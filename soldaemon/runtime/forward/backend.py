@@ -77,16 +77,11 @@ class GraphSteps(Protocol):
 class Backend(Protocol):
     n_ctx: int                 # positions in the KV cache
     vocab_size: int
-    # the KV cache made at construction: the one the pool's first document uses,
-    # the compute buffer of folding, and a forward's when given none
-    cache: Any
+    cache: Any                 # the KV cache made at construction (the first document's; folding's buffer)
     device: torch.device
-    # CUDA-graph decode steps: KVSession.decode_step replays through them
-    # when set (None: eager steps). Set by the engine's warm-up.
-    graphs: GraphSteps | None
-    # KV folding's input (runtime/kvfold.py): each layer's last-token query
-    # [L, H, hd] of the latest forward, while queries are recorded (else
-    # None), and the k cache those queries attended over.
+    graphs: GraphSteps | None  # CUDA-graph decode steps the sessions replay (None: eager); set at warm-up
+    # KV folding's input (runtime/kv/fold.py): each layer's last-token query [L, H, hd] of the latest
+    # forward while queries are recorded (else None), and the k cache they attended over
     last_q: torch.Tensor | None
     last_q_cache: torch.Tensor | None
     scale: float               # attention's score scale, head_dim ** -0.5 (folding's scores use it)
@@ -121,20 +116,14 @@ class LeanBackend:
 
     def __init__(self, hf_model: Any, n_ctx: int, *, plan: KernelPlan | None = None,
                  short_max_tokens: int = 16, release: bool = False, rotate: bool = True) -> None:
-        """``plan``: the kernels and the one weight storage (None: dense in
-        the model's own dtype, the reference math). Forwards of at most
-        ``short_max_tokens`` tokens that are not ``precise`` (decode steps,
-        draft verification, the typed line) run ``plan.short``, others
-        ``plan.prefill``; both read the same packed weights. ``rotate``:
-        where the plan quantizes activations (:mod:`.rotation`), rotate the
-        residual stream and the MLP's inner product so that they quantize
-        well (same result in exact arithmetic). The residual
-        stream, norms, attention and KV cache are in the compute dtype
-        (float32 on a CPU, the model's dtype on a GPU).
-
-        ``release``: afterwards, empty the HF module's parameters that the
-        packed weights do not share (one resident copy); the module can then
-        no longer run (``released`` is True)."""
+        """``plan``: the kernels and the one weight storage (None: the
+        model's own math in its dtype). Forwards of at most
+        ``short_max_tokens`` rows that are not ``precise`` run
+        ``plan.short``, others ``plan.prefill``, over the same packed
+        weights. ``rotate``: rotate the residual stream and the MLP's inner
+        product where the plan quantizes activations (:mod:`.rotation`).
+        ``release``: empty the module's parameters the packed weights do
+        not share (the module can no longer run)."""
         cfg = hf_model.config
         if cfg.model_type not in LEAN_ARCHITECTURES:
             raise ValueError(f"lean backend does not support model_type {cfg.model_type!r}")
@@ -161,13 +150,11 @@ class LeanBackend:
                                                layers=int(cfg.num_hidden_layers))
         self.short_max_tokens = short_max_tokens
         self.decode_max_tokens = short_max_tokens        # KVSession reads this name
-        # Short forwards of several rows (a verify, the typed line) attend
-        # row by row as decode steps do (layer.stepwise_attention): on a CPU,
-        # whose integer products are exact per row, a verify then equals the
-        # steps bit for bit. Not on a GPU: its products round by batch shape
-        # anyway, and one launch per row would cost more than it buys.
+        # short forwards of several rows attend row by row as steps do (layer.stepwise_attention): on a CPU a
+        # verify then equals the steps bit for bit; a GPU's products round by batch shape anyway
         self.stepwise_short = self.device.type == "cpu"
         hidden, inner_size = int(cfg.hidden_size), int(cfg.intermediate_size)
+        self._rotates = (rotate and not self.reference, hidden, inner_size)   # what use_kernels asks again
         self.rotations: Rotations | None = None
         if rotate and not self.reference and rotation_applies(
                 (self.plan.prefill, self.plan.short) + ((self.plan.rows,) if self.plan.rows else ()),
@@ -189,16 +176,12 @@ class LeanBackend:
             self.embed_w, self.embed_s = self._pack_table(inner.embed_tokens.weight)
         self.layers = [self._layer_weights(layer) for layer in inner.layers]
         n_layers = len(self.layers)
-        # plan.rows: a blocked second copy of the int8 weights that every
-        # forward of more than one row reads (prompts, verifies, the typed
-        # line), with the bits of the one copy's kernels
+        # plan.rows: a blocked second copy of the int8 weights, read by every forward of more than one row
         self.rows_linear: Kernel | None = None
         self.rows_layers: list[LayerWeights] | None = None
         self.rows_head_w: torch.Tensor | None = None
         self.rows_bytes = 0                              # ≈ bytes of that copy (its tensors are opaque)
-        # one-row forwards on that copy too (the same bits): set by the
-        # engine's warm-up where real decode steps measured faster there
-        self.steps_on_rows = False
+        self.steps_on_rows = False     # one-row forwards on that copy too: the warm-up's measured choice
         self.plain_released = False                      # keep_only_row_copy: the layers read the blocked copy alone
         if self.plan.rows is not None:
             self._make_row_copy(self.plan.rows)
@@ -286,6 +269,23 @@ class LeanBackend:
         self.plan = replace(self.plan, reason=self.plan.reason + "; every forward reads the blocked copy: "
                             "the plain copy of the layers is freed")
         return freed
+
+    def use_kernels(self, plan: KernelPlan) -> str | None:
+        """Run ``plan``'s kernels from now on if they read the weights as
+        packed (same storages, blocked copy and rotation): None, else why
+        not. Between forwards only."""
+        now, (rotate, hidden, inner_size) = self.plan, self._rotates
+        kernels = (plan.prefill, plan.short) + ((plan.rows,) if plan.rows else ())
+        if self.reference or (plan.storage, plan.head_storage, plan.rows) != (now.storage, now.head_storage, now.rows):
+            return (f"the weights are packed as {now.storage} (head {now.head_storage}, blocked copy {now.rows}), "
+                    f"the plan reads {plan.storage} (head {plan.head_storage}, blocked copy {plan.rows})")
+        if (rotate and rotation_applies(kernels, self.device, hidden, inner_size)) != (self.rotations is not None):
+            return "the new kernels rotate activations where the packed weights do not (or the reverse)"
+        if not self.plain_released:             # else every forward reads the blocked copy's kernel
+            self.prefill_linear, self.short_linear = KERNEL_FNS[plan.prefill], KERNEL_FNS[plan.short]
+        self.head_linear = KERNEL_FNS[plan.head]
+        self.plan = replace(plan, reason=plan.reason + "; swapped in while serving (timed again when quiet)")
+        return None
 
     def drop_row_copy(self, why: str) -> None:
         """Free the blocked second copy: every forward reads the one copy
@@ -572,7 +572,7 @@ class HFBackend:
 
 class Offloadable(Backend, Protocol):
     """A backend whose decoder weights Sol's weight store can move
-    (LeanBackend): what the memory scheduler (runtime/memsched.py) needs."""
+    (LeanBackend): what the memory scheduler (runtime/memory/scheduler.py) needs."""
 
     residency: WeightStore | None   # the store the forward reads through (None: plain tensors)
 

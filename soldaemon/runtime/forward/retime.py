@@ -9,9 +9,10 @@ has said "quiet" ``quiet_polls`` times in a row, it times the kernels again
 generation lock, so that no request runs beside a piece and a request
 waits at most one piece. The new table replaces the cached one
 (``background``: True). When the plan it gives differs from the one
-serving, the daemon says so (health → ``engine.precision``, ``doctor``):
-the next start uses it. Re-packing the weights of a running daemon into
-another storage is not done here (docs/kernels.md, "Gaps").
+serving and reads the weights as they are packed, it is swapped in between
+requests (``swap``: the backend's ``use_kernels``); when it needs the
+weights packed otherwise, the next start uses it. Either way the daemon
+says so (health → ``engine.precision``, ``doctor``).
 """
 
 from __future__ import annotations
@@ -47,11 +48,13 @@ class Retimed:
     in_use: bool                # the serving plan's kernels are that plan's (False: the next start uses it)
     seconds: float              # how long the re-timing took, waits for requests included (s)
     rss_peak_mb: float | None   # resident memory the timing's weights added at most (MB; None: not read)
+    swapped: bool = False       # in use because it was swapped in while serving
+    not_swapped: str | None = None  # why a different plan waits for the next start
 
     def facts(self) -> dict[str, Any]:
         """health → ``engine.precision.table`` once re-timed (``doctor``)."""
-        return {**self.table.facts(), "plan_in_use": self.in_use,
-                "retimed_plan": None if self.in_use else self.plan.describe(),
+        return {**self.table.facts(), "plan_in_use": self.in_use, "swapped_in": self.swapped,
+                "not_swapped": self.not_swapped, "retimed_plan": None if self.in_use else self.plan.describe(),
                 "retime_s": round(self.seconds, 1), "retime_rss_peak_mb": self.rss_peak_mb}
 
 
@@ -86,11 +89,12 @@ class BackgroundRetime:
                  plan: KernelPlan, *, row_copy: bool, exact: frozenset[str] | None = EXACT_VERIFY,
                  turn: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
                  load: Callable[[], tuple[float | None, int]] = machine_load, poll_s: float = POLL_S,
-                 quiet_polls: int = QUIET_POLLS, measure: Callable[..., TimingTable] = measure_table) -> None:
+                 quiet_polls: int = QUIET_POLLS, measure: Callable[..., TimingTable] = measure_table,
+                 swap: Callable[[KernelPlan], str | None] | None = None) -> None:
         self.cfg, self.device, self.compute_dtype = cfg, device, compute_dtype
         self.table, self.plan, self.row_copy, self.exact = table, plan, row_copy, exact
         self.turn, self.load, self.poll_s, self.quiet_polls = turn, load, poll_s, quiet_polls
-        self.measure = measure
+        self.measure, self.swap = measure, swap
         self.result: Retimed | None = None        # set once, by the thread
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -171,10 +175,20 @@ class BackgroundRetime:
             log.warning("the background kernel timing gives no plan: %s", exc)
             return None
         grew = None if rss0 is None or peak[0] is None else round(peak[0] - rss0, 1)
-        self.result = Retimed(fresh, plan, same_kernels(plan, self.plan), time.perf_counter() - t0, grew)
+        same = same_kernels(plan, self.plan)
+        why_not = None if same else "nothing to swap it into" if self.swap is None else None
+        if not same and self.swap is not None:
+            try:
+                with self._piece():
+                    why_not = self.swap(plan)
+            except _Stopped:
+                return None
+        swapped = not same and why_not is None
+        self.result = Retimed(fresh, plan, same or swapped, time.perf_counter() - t0, grew, swapped, why_not)
         log.info("kernel timings re-timed in the background in %.0f s (resident memory +%s MB at most): %s",
-                 self.result.seconds, grew, "the same plan" if self.result.in_use else
-                 f"another plan, used from the next start: {plan.describe()}")
+                 self.result.seconds, grew, "the same plan" if same else
+                 f"another plan, swapped in: {plan.describe()}" if swapped else
+                 f"another plan, used from the next start ({why_not}): {plan.describe()}")
         return self.result
 
 
