@@ -1050,3 +1050,33 @@ def test_doctor_shows_the_plan_the_running_daemon_serves_with(tmp_path: Path) ->
     assert plan_report(("avx2",), root=tmp_path)["facts"]["file"].endswith("half.json")
     own = plan_report(("avx2",), root=tmp_path, model_path="/models/mine.gguf")
     assert own["verdict"] == "info" and own["facts"] is None and "/models/mine.gguf" in own["detail"]
+
+
+def test_doctor_shows_the_plan_the_configured_precision_and_speculation_give(tmp_path: Path) -> None:
+    """Without a daemon, the plan shown for a cached table is the one a
+    start with the config's ``model.precision`` and ``completion.speculative``
+    would choose: on the AVX2 + oneDNN recording speculation keeps the
+    decode on int8-dynamic (row-exact), where the free choice is weight-only
+    int8."""
+    from soldaemon.doctor.plan import plan_report, would_choose
+    from soldaemon.policy.kernel_plan import PLAN_FORMAT, TimingTable
+
+    doc = json.loads((Path(__file__).parent / "data" / "kernel_tables" / "avx2_only_onednn.json").read_text())
+    doc["format"] = PLAN_FORMAT
+    doc["table"].update(load_1m=0.1, cores=2, measured_at=time.time() - 60)
+    flags = list(doc["table"]["machine"]["cpu_flags"])
+    (tmp_path / "kernel-plans").mkdir()
+    (tmp_path / "kernel-plans" / "onednn.json").write_text(json.dumps(doc))
+    table = TimingTable.from_dict(doc["table"])
+    layers = int(doc["table"]["n_layers"])
+    shown = {}
+    for precision, speculative in (("auto", True), ("auto", False), ("float32", True)):
+        plan = would_choose(table, precision, speculative)
+        assert plan is not None
+        report = plan_report(tuple(flags), root=tmp_path, layers=layers, precision=precision,
+                             speculative=speculative)
+        assert report["detail"].startswith(plan.describe()), (precision, speculative)
+        shown[precision, speculative] = plan
+    assert shown["auto", True].short == "int8-dynamic" and shown["auto", True].verify_exact
+    assert shown["auto", False].short == "int8"
+    assert shown["float32", True].storage == "float32"

@@ -452,11 +452,12 @@ def judge_daemon(d: DaemonReading) -> Check:
 
 def judge_machine(m: MachineReading, *, own_pid: int | None = None,
                   needed_bytes: int = MODEL_GPU_BYTES, layers: int | None = None,
-                  threads: int | None = None, model_path: str | None = None) -> list[Check]:
+                  threads: int | None = None, model_path: str | None = None, precision: str = "auto",
+                  speculative: bool = True) -> list[Check]:
     """All checks, GPU first (``cuda_device``, which GPU the configured
     ``cuda:N`` is, before the per-GPU lines). Without a GPU: one ``gpu``
     info check with :func:`no_gpu_line`, then what applies (torch, CPU,
-    cache, daemon)."""
+    cache, daemon). ``precision``, ``speculative``: the config's."""
     checks: list[Check] = []
     has_gpu = bool(m.gpu.gpus)
     if has_gpu:
@@ -473,8 +474,10 @@ def judge_machine(m: MachineReading, *, own_pid: int | None = None,
     checks += judge_cpu(m.cpu, has_gpu)
     checks.append(judge_cache(m.cache))
     checks.append(Check("kernel_plan", **plan_report(m.cpu.vector_flags, layers=layers, threads=threads,
-                                                     served=_served(m.daemon), model_path=model_path)))
-    checks.append(Check("model_choice", **model_report(m.cpu.vector_flags)))
+                                                     served=_served(m.daemon), model_path=model_path,
+                                                     precision=precision, speculative=speculative)))
+    checks.append(Check("model_choice", **model_report(m.cpu.vector_flags, precision=precision,
+                                                       speculative=speculative)))
     if m.daemon is not None:
         checks.append(judge_daemon(m.daemon))
     return checks
@@ -574,7 +577,9 @@ def run(args: argparse.Namespace, config: Any = None) -> int:
     machine = replace(machine, daemon=probe_running_daemon(config, args.port))
     layers, threads = configured_plan_key(config)
     path = str(config.model.path) if config is not None and config.model.path else None
-    checks = judge_machine(machine, own_pid=os.getpid(), layers=layers, threads=threads, model_path=path)
+    checks = judge_machine(machine, own_pid=os.getpid(), layers=layers, threads=threads, model_path=path,
+                           precision=config.model.precision if config is not None else "auto",
+                           speculative=config.completion.speculative if config is not None else True)
     if args.json:
         doc = {"schema": 1, **summarize(checks), "reading": asdict(machine)}
         print(json.dumps(doc, indent=2))

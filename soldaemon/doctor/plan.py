@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from soldaemon import paths
 from soldaemon.policy.model_choice import LatencyBudget, ModelChoice, ModelFigures, choose_model
 from soldaemon.weights.embedded import EMBEDDED_MODELS, is_installed
-from soldaemon.policy.kernel_plan import PLAN_FORMAT, KernelPlan, TimingTable, choose_plan
+from soldaemon.policy.kernel_plan import EXACT_VERIFY, PLAN_FORMAT, KernelPlan, TimingTable, choose_plan
 
 _RELEVANT = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "asimd")
 
@@ -40,7 +40,8 @@ def read_tables(root: Path | None = None) -> list[tuple[Path, TimingTable]]:
 
 def plan_report(cpu_flags: tuple[str, ...] | None, root: Path | None = None, *,
                 layers: int | None = None, threads: int | None = None, served: Mapping[str, Any] | None = None,
-                model_path: str | None = None, now: float | None = None) -> dict[str, Any]:
+                model_path: str | None = None, now: float | None = None, precision: str = "auto",
+                speculative: bool = True) -> dict[str, Any]:
     """The ``kernel_plan`` line: (verdict, detail, cost, fix, facts) for the
     table in use and why it is that one.
 
@@ -54,7 +55,9 @@ def plan_report(cpu_flags: tuple[str, ...] | None, root: Path | None = None, *,
     ``model_path`` (a model of the user's, shapes unknown here) an
     ``info`` line rather than a guess. ``facts``: the table's load, cores, age and when it was timed; a
     table timed under load warns (the next quiet start times it again).
-    An ``info`` line when none was measured yet."""
+    The plan shown for a cached table is the one the daemon would choose
+    from it with the config's ``precision`` and ``speculative``. An ``info``
+    line when none was measured yet."""
     now = time.time() if now is None else now
     in_use = _served_plan(served, now)
     if in_use is not None:
@@ -66,7 +69,7 @@ def plan_report(cpu_flags: tuple[str, ...] | None, root: Path | None = None, *,
     mine = _relevant(cpu_flags)
     why = "the configured model's"
     if layers is None:
-        choice = _auto_choice(cpu_flags, None, root)[0]
+        choice = _auto_choice(cpu_flags, None, root, precision, speculative)[0]
         shape = EMBEDDED_MODELS[choice.name].shapes if choice is not None else None
         layers = shape.layers if shape is not None else None
         why = f"model.name auto's choice ({choice.name})" if choice is not None else "an embedded model's"
@@ -78,7 +81,10 @@ def plan_report(cpu_flags: tuple[str, ...] | None, root: Path | None = None, *,
             continue
         if threads is not None and table.machine.get("device") == "cpu" and table.machine.get("threads") != threads:
             continue
-        plan = choose_plan(table)
+        plan = would_choose(table, precision, speculative)
+        if plan is None:
+            return {"verdict": "warn", "detail": f"model.precision {precision}: no kernel of the cached table "
+                    f"{path} runs it here", "cost": None, "fix": "model.precision: auto", "facts": None}
         measured = table.measured_at or path.stat().st_mtime
         facts = {"source": "cache", "file": str(path), "age_s": round(max(0.0, now - measured)),
                  **table.facts(), "why": f"the newest table of {why} shapes on this CPU"}
@@ -184,8 +190,19 @@ def _table_for(layers: int, cpu_flags: tuple[str, ...] | None, root: Path | None
     return next((t for t in found if t.machine.get("threads") == cores), found[0] if found else None)
 
 
-def _auto_choice(cpu_flags: tuple[str, ...] | None, budget: LatencyBudget | None,
-                 root: Path | None) -> tuple[ModelChoice | None, list[str]]:
+def would_choose(table: TimingTable, precision: str = "auto", speculative: bool = True) -> KernelPlan | None:
+    """The plan a daemon starting with ``precision`` and speculation on or
+    off would choose from ``table`` (None: none runs that precision). The
+    daemon checks each integer kernel's row-exactness at start; doctor
+    assumes all of :data:`EXACT_VERIFY` pass."""
+    try:
+        return choose_plan(table, precision, exact=EXACT_VERIFY if speculative else None)
+    except ValueError:
+        return None
+
+
+def _auto_choice(cpu_flags: tuple[str, ...] | None, budget: LatencyBudget | None, root: Path | None,
+                 precision: str = "auto", speculative: bool = True) -> tuple[ModelChoice | None, list[str]]:
     """The embedded model ``model.name: auto`` would serve by the cached
     timings of the installed ones (``None`` when none is timed), and the
     installed ones not timed yet."""
@@ -197,17 +214,19 @@ def _auto_choice(cpu_flags: tuple[str, ...] | None, budget: LatencyBudget | None
         if table is None:
             untimed.append(name)
             continue
-        plan = choose_plan(table)
+        plan = would_choose(table, precision, speculative)
+        if plan is None:
+            continue
         figures.append(ModelFigures(name, model.size, float(plan.cold_ms or float("inf")),
                                     float(plan.step_ms or float("inf"))))
     return (choose_model(figures, budget) if figures else None), untimed
 
 
 def model_report(cpu_flags: tuple[str, ...] | None, budget: LatencyBudget | None = None,
-                 root: Path | None = None) -> dict[str, Any]:
+                 root: Path | None = None, precision: str = "auto", speculative: bool = True) -> dict[str, Any]:
     """Which embedded model ``model.name: auto`` serves here, by the cached
     timings of each installed one (memory aside: the daemon checks it)."""
-    choice, untimed = _auto_choice(cpu_flags, budget, root)
+    choice, untimed = _auto_choice(cpu_flags, budget, root, precision, speculative)
     if choice is None:
         return {"verdict": "info", "detail": "model.name auto: decided at the daemon's first start (no kernel "
                 "timings of an installed embedded model cached yet)", "cost": None, "fix": None}
