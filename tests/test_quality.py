@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from soldaemon.cli import main
+from soldaemon.errors import BadRequest
 from soldaemon.testing.tiny import build_tiny_model
 from soldaemon_bench.holes import Hole, cut_holes, default_corpus
 from soldaemon_bench.quality import edit_similarity, exact_match, first_line_match, levenshtein, parses, score
@@ -208,3 +209,104 @@ def test_bench_windows_default_to_what_the_daemon_serves() -> None:
     assert (one.max_prefix_tokens, one.max_suffix_tokens) == (512, "auto")
     both = with_windows(config, parser.parse_args(["--max-prefix-tokens", "900", "--max-suffix-tokens", "64"]))
     assert both.model.windows("qwen2.5-coder-1.5b") == type(both.model.windows())(900, 64, 128)
+
+
+JS_LIB = '''\
+'use strict';
+
+/**
+ * Parse one option flag.
+ * @param {string} flags
+ */
+class Option {
+  constructor(flags, description) {
+    this.flags = flags;
+    this.description = description || '';
+    this.required = flags.includes('<'); // a value must follow
+    this.optional = flags.includes('[');
+  }
+
+  name() {
+    if (this.long) {
+      return this.long.replace(/^--/, '');
+    }
+    return this.short.replace(/^-/, '');
+  }
+
+  help(width) {
+    const lines = [];
+    for (const word of this.description.split(' ')) {
+      lines.push(word.padEnd(width));
+    }
+    const text = `${this.flags}
+  ${lines.join(' ')}`;
+    return text.trim();
+  }
+}
+
+const camel = (str) => {
+  return str.split('-').reduce((acc, word) => {
+    return acc + word[0].toUpperCase() + word.slice(1);
+  });
+};
+
+exports.Option = Option;
+exports.camel = camel;
+'''
+
+
+def _package(root: Path) -> Path:
+    """An npm package folder: its own JavaScript, a test, a minified build."""
+    pkg = root / "optparse-lite"
+    (pkg / "lib").mkdir(parents=True)
+    (pkg / "test").mkdir()
+    (pkg / "package.json").write_text(json.dumps({"name": "optparse-lite", "version": "1.0.0",
+                                                  "main": "lib/option.js"}))
+    (pkg / "lib" / "option.js").write_text(JS_LIB)
+    (pkg / "test" / "option.test.js").write_text("test('x', () => { expect(1).toBe(1); });\n")
+    (pkg / "lib" / "bundle.js").write_text("var a=" + "1+" * 400 + "1;\n")
+    return pkg
+
+
+def test_javascript_holes_from_an_npm_package_are_whole_statements_never_strings_or_comments(
+        tmp_path: Path) -> None:
+    """``npm:SPEC`` packs the package with npm (a local folder: offline),
+    keeps its hand-written JavaScript, and cut_holes cuts line and block
+    holes from the statements of its function bodies, in JavaScript."""
+    from soldaemon_bench.corpus import npm_package_files, resolve_corpus
+
+    pkg = _package(tmp_path)
+    files = npm_package_files(str(pkg), root=tmp_path / "cache")
+    assert [f.name for f in files] == ["option.js"]                 # no test, no minified build
+    assert npm_package_files(str(pkg), root=tmp_path / "cache") == files   # fetched once, then cached
+    holes = cut_holes(files, 12, seed=3, min_rest=3)
+    assert holes == cut_holes(files, 12, seed=3, min_rest=3)
+    assert {h.kind for h in holes} == {"line", "block"} and {h.language for h in holes} == {"javascript"}
+    lines = JS_LIB.splitlines()
+    template = {lines.index("    const text = `${this.flags}") + 1, lines.index("  ${lines.join(' ')}`;") + 1}
+    for h in holes:
+        assert h.prefix + h.expected + h.suffix == JS_LIB
+        assert h.line > 6                                          # below the doc comment, inside a body
+        first = lines[h.line - 1].strip()
+        assert not first.startswith(("//", "/*", "*")) and h.line not in template
+        if h.kind == "block":
+            assert h.expected == h.expected.strip() and 2 <= h.expected.count("\n") + 1 <= 6
+            assert h.suffix.startswith("\n") and not set(range(h.line, h.line + h.expected.count("\n") + 1)) & template
+    with pytest.raises(BadRequest, match="npm pack failed"):
+        resolve_corpus(["npm:" + str(tmp_path / "no-such-package")])
+    with pytest.raises(BadRequest, match="is not a file"):
+        resolve_corpus([str(tmp_path / "missing.js")])
+
+
+def test_bench_quality_on_javascript_sends_its_language(tiny_dir: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "js.json"
+    pkg = _package(tmp_path)
+    rc = main(["bench", "--quality", "--model", str(tiny_dir), "--threads", "1", "--holes", "4", "--tokens", "6",
+               "--corpus", str(pkg / "lib" / "option.js"), "--json", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert {h["language"] for h in data["holes"]} == {"javascript"} and len(data["holes"]) == 4
+    assert all(h["out"]["sol"]["parses"] is None for h in data["holes"])   # Python's parse says nothing here
+    rc = main(["bench", "--quality", "--functional", "--corpus", str(pkg / "lib" / "option.js")])
+    assert rc != 0 and "--functional" in capsys.readouterr().err

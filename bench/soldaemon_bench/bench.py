@@ -44,7 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--holes", type=int, help="number of holes (default 6; --quality: 40)")
     p.add_argument("--tokens", type=int, help="tokens generated per hole (default 24; --quality: at most 48)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--corpus", nargs="*", help="source files (default: modules of Python's standard library)")
+    p.add_argument("--corpus", nargs="*", help="source files (default: modules of Python's standard library); "
+                   "--quality also reads JavaScript and takes npm:NAME@VERSION, an npm package's own JavaScript")
     p.add_argument("--max-prefix-tokens", type=int,
                    help="the prompt's prefix window in tokens (default: the served model's, as the daemon serves it: "
                         "model.max_prefix_tokens auto, the 0.5B 768, the 1.5B 1024)")

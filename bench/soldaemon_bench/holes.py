@@ -1,5 +1,7 @@
 """Fill-in-the-middle holes cut from real source files, seeded and
-reproducible: the shared input of ``soldaemon bench``'s modes."""
+reproducible: the shared input of ``soldaemon bench``'s modes. Python files
+are read with :mod:`ast`, JavaScript ones with tree-sitter's grammar
+(``--quality`` cuts both; the other modes cut Python)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # Real, widely read modules of Python's standard library; present wherever
 # Python is.
@@ -25,6 +28,12 @@ class Hole:
     expected: str      # the text that was removed (rest of the line, or whole lines)
     kind: str = "line"  # "line": the rest of one line; "block": 2-6 whole lines
     file: str = ""      # the file's full path (not written to results: it names this machine)
+    language: str = "python"   # the LSP language id an editor would send
+
+# file suffix -> LSP language id of the files cut_holes reads
+LANGUAGES = {".py": "python", ".js": "javascript", ".mjs": "javascript", ".cjs": "javascript"}
+# how a comment line starts, per language (no hole is cut on one)
+COMMENT_STARTS = {"python": ("#",), "javascript": ("//", "/*", "*")}
 
 
 def default_corpus() -> list[Path]:
@@ -130,32 +139,94 @@ def _bodies(tree: ast.AST) -> list[list[ast.stmt]]:
     return out
 
 
-def _parsed(files: list[Path]) -> list[tuple[Path, str, ast.AST]]:
-    out: list[tuple[Path, str, ast.AST]] = []
+Spans = tuple[list[list[tuple[int, int]]], set[int]]   # (statement lists as (first, last) lines, string lines)
+
+
+def _python_spans(text: str) -> Spans | None:
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    bodies = [[(st.lineno, st.end_lineno or st.lineno) for st in stmts] for stmts in _bodies(tree)]
+    return bodies, _string_lines(tree)
+
+
+# tree-sitter node types of JavaScript functions: the statement blocks inside one are bodies
+_JS_FUNCTIONS = frozenset({"function_declaration", "function_expression", "function", "arrow_function",
+                           "method_definition", "generator_function_declaration", "generator_function"})
+_JS_SPANNING = frozenset({"template_string", "string", "comment", "regex"})
+
+
+def _javascript_spans(text: str) -> Spans | None:
+    """Statement lists of the blocks inside functions, each statement alone
+    on its lines (it starts at its line's first character and ends its
+    last line, a trailing comment aside), and the lines a multi-line
+    string, template or comment covers. None: the grammar is missing or the
+    file does not parse."""
+    try:
+        import tree_sitter
+        import tree_sitter_javascript
+    except ImportError:
+        return None
+    source = text.encode("utf-8")
+    tree = tree_sitter.Parser(tree_sitter.Language(tree_sitter_javascript.language())).parse(source)
+    if tree.root_node.has_error:
+        return None
+    lines = source.split(b"\n")
+    bodies: list[list[tuple[int, int]]] = []
+    strings: set[int] = set()
+
+    def alone(node: Any) -> bool:
+        (r0, c0), (r1, c1) = node.start_point, node.end_point
+        after = lines[r1][c1:].strip()
+        return not lines[r0][:c0].strip() and (not after or after.startswith(b"//"))
+
+    stack: list[tuple[Any, bool]] = [(tree.root_node, False)]
+    while stack:
+        node, in_function = stack.pop()
+        (r0, _), (r1, _) = node.start_point, node.end_point
+        if node.type in _JS_SPANNING and r1 > r0:
+            strings.update(range(r0 + 1, r1 + 2))
+        if node.type == "statement_block" and in_function:
+            stmts = [c for c in node.named_children if c.type != "comment"]
+            if stmts and all(alone(c) for c in stmts):
+                bodies.append([(c.start_point[0] + 1, c.end_point[0] + 1) for c in stmts])
+        inside = in_function or node.type in _JS_FUNCTIONS
+        stack.extend((c, inside) for c in node.children)
+    return bodies, strings
+
+
+def _parsed(files: list[Path]) -> list[tuple[Path, str, str, Spans]]:
+    """(path, text, language, spans) of each file whose language is known
+    and which parses."""
+    out: list[tuple[Path, str, str, Spans]] = []
     for path in files:
-        text = path.read_text(encoding="utf-8")
-        try:
-            out.append((path, text, ast.parse(text)))
-        except SyntaxError:
+        language = LANGUAGES.get(path.suffix)
+        if language is None:
             continue
+        text = path.read_text(encoding="utf-8")
+        spans = _python_spans(text) if language == "python" else _javascript_spans(text)
+        if spans is not None:
+            out.append((path, text, language, spans))
     return out
 
 
-def _line_hole(rng: random.Random, path: Path, text: str, ln: int, min_rest: int) -> Hole | None:
+def _line_hole(rng: random.Random, path: Path, text: str, ln: int, min_rest: int,
+               language: str = "python") -> Hole | None:
     lines = text.splitlines(keepends=True)
     body = lines[ln - 1].rstrip("\r\n").rstrip()
     indent = len(body) - len(body.lstrip())
-    if len(body) - indent < min_rest + 2 or body.lstrip().startswith("#"):
+    if len(body) - indent < min_rest + 2 or body.lstrip().startswith(COMMENT_STARTS[language]):
         return None
     col = rng.randrange(indent, len(body) - min_rest + 1)
     start = sum(len(s) for s in lines[: ln - 1])
     rest = body[col:]
     if not rest.strip() or len(rest.strip()) < 2:
         return None
-    return Hole(path.name, ln, text[: start + col], text[start + len(body):], rest, "line", str(path))
+    return Hole(path.name, ln, text[: start + col], text[start + len(body):], rest, "line", str(path), language)
 
 
-def _block_hole(path: Path, text: str, first: int, last: int) -> Hole | None:
+def _block_hole(path: Path, text: str, first: int, last: int, language: str = "python") -> Hole | None:
     """Lines ``first..last`` (1-based, inclusive) removed; the cursor sits
     after the first line's indentation, the suffix starts with the newline
     that ended the last line."""
@@ -167,7 +238,7 @@ def _block_hole(path: Path, text: str, first: int, last: int) -> Hole | None:
     expected = text[start + indent: end]
     if not expected.strip() or "\n" not in expected:
         return None
-    return Hole(path.name, first, text[: start + indent], text[end:], expected, "block", str(path))
+    return Hole(path.name, first, text[: start + indent], text[end:], expected, "block", str(path), language)
 
 
 @dataclass(frozen=True)
@@ -176,6 +247,7 @@ class _Cand:
     text: str
     first: int   # 1-based lines, inclusive
     last: int
+    language: str = "python"
 
 
 def _interleave(rng: random.Random, cands: list[_Cand]) -> list[_Cand]:
@@ -205,8 +277,10 @@ def cut_holes(files: list[Path], n: int, seed: int = 0, *, min_rest: int = 6,
     - ``block``: 2-6 whole lines made of consecutive statements of one body;
       the cursor after the first line's indentation.
 
-    Seeded and reproducible: the same files, ``n`` and ``seed`` give the same
-    holes. Unparsable files are skipped. Raises ValueError for an unknown kind.
+    Python (``.py``) and JavaScript (``.js``, ``.mjs``, ``.cjs``) files;
+    others and unparsable ones are skipped. Seeded and reproducible: the
+    same files, ``n`` and ``seed`` give the same holes. Raises ValueError
+    for an unknown kind.
     """
     for k in kinds:
         if k not in ("line", "block"):
@@ -214,27 +288,23 @@ def cut_holes(files: list[Path], n: int, seed: int = 0, *, min_rest: int = 6,
     rng = random.Random(seed)
     line_cands: list[_Cand] = []
     block_cands: list[_Cand] = []
-    for path, text, tree in _parsed(files):
-        strings = _string_lines(tree)
+    for path, text, language, (bodies, strings) in _parsed(files):
         n_lines = text.count("\n") + 1
         body_lines: set[int] = set()
-        for stmts in _bodies(tree):
-            for st in stmts:
-                assert st.end_lineno is not None
-                body_lines.update(range(st.lineno, st.end_lineno + 1))
-            for i, st in enumerate(stmts):
+        for stmts in bodies:
+            for first, last in stmts:
+                body_lines.update(range(first, last + 1))
+            for i, (first, _) in enumerate(stmts):
                 for j in range(i, len(stmts)):
-                    end = stmts[j].end_lineno
-                    assert end is not None
-                    span = range(st.lineno, end + 1)
+                    span = range(first, stmts[j][1] + 1)
                     if len(span) > 6:
                         break
                     if len(span) >= 2 and not strings.intersection(span):
-                        block_cands.append(_Cand(path, text, st.lineno, end))
+                        block_cands.append(_Cand(path, text, first, span[-1], language))
         all_lines = text.splitlines()
         for ln in sorted(body_lines - strings):
             if ln <= n_lines and all_lines[ln - 1].strip():
-                line_cands.append(_Cand(path, text, ln, ln))
+                line_cands.append(_Cand(path, text, ln, ln, language))
     pools = {"line": iter(_interleave(rng, line_cands)), "block": iter(_interleave(rng, block_cands))}
     holes: list[Hole] = []
     used: set[tuple[str, int]] = set()
@@ -247,9 +317,9 @@ def cut_holes(files: list[Path], n: int, seed: int = 0, *, min_rest: int = 6,
             continue
         for cand in pools[kind]:
             if kind == "line":
-                hole = _line_hole(rng, cand.path, cand.text, cand.first, min_rest)
+                hole = _line_hole(rng, cand.path, cand.text, cand.first, min_rest, cand.language)
             else:
-                hole = _block_hole(cand.path, cand.text, cand.first, cand.last)
+                hole = _block_hole(cand.path, cand.text, cand.first, cand.last, cand.language)
             if hole is not None and (str(cand.path), cand.first) not in used:
                 used.add((str(cand.path), cand.first))
                 holes.append(hole)

@@ -49,7 +49,7 @@ def run_sol(engine: Any, hole: Hole, uri: str, max_tokens: int,
     text = hole.prefix + hole.suffix
     start, end = document_window(text, len(hole.prefix))
     req = CompletionRequest(id="q", uri=uri, prefix=text[start:len(hole.prefix)], suffix=text[len(hole.prefix):end],
-                            language="python",
+                            language=hole.language,
                             max_tokens=max_tokens, received_ns=time.perf_counter_ns(), context=context)
     done = [ev for ev in engine.complete(req, CancelToken()) if isinstance(ev, Done)][0]
     engine.pool.acquire(uri).truncate(0)  # no type-through or reuse into the next column/hole
@@ -86,7 +86,7 @@ def postprocessed(engine: Any, hole: Hole, text: str) -> str:
     from soldaemon.pipeline.ending import ending_for
 
     cc = engine.config.completion
-    ending = ending_for(hole.prefix, hole.suffix, "python", "auto", cc.max_lines, cc.block_end)
+    ending = ending_for(hole.prefix, hole.suffix, hole.language, "auto", cc.max_lines, cc.block_end)
     ending.may_stop(text)
     return ending.shown(text, "stop", ending.rule).text
 

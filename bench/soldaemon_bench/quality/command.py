@@ -14,7 +14,8 @@ from soldaemon.config import Config
 from soldaemon.errors import BadRequest
 from soldaemon.pipeline.relevance import ContextSelector
 from soldaemon_bench.header import engine_label, with_windows
-from soldaemon_bench.holes import cut_holes, default_corpus
+from soldaemon_bench.corpus import resolve_corpus
+from soldaemon_bench.holes import cut_holes
 from soldaemon_bench.quality.columns import (ABLATIONS, CONFIG_ABLATIONS, LLAMA_VSCODE, MODEL_ALONE, LlamaCpp,
                                              LlamaVscode, ablation, llama_cpp_column, llama_vscode_column,
                                              make_precision_engines, model_configs, model_label, postprocessed, run_raw,
@@ -37,10 +38,10 @@ def run(args: argparse.Namespace, config: Config) -> int:
     if n_holes < 1 or max_tokens < 1:
         raise BadRequest(f"--holes and --tokens must be >= 1 (got {n_holes}, {max_tokens})")
     config = with_windows(config, args)
-    files = [Path(p) for p in args.corpus] if args.corpus else default_corpus()
-    for f in files:
-        if not f.is_file():
-            raise BadRequest(f"--corpus: {f} is not a file")
+    if args.corpus and getattr(args, "functional", False):
+        raise BadRequest("--functional cuts its holes from more-itertools and the standard library, whose tests "
+                         "it runs; --corpus is for runs judged by exact match")
+    files = resolve_corpus(args.corpus)
     say = lambda msg: print("  " + msg, file=sys.stderr, flush=True)  # noqa: E731
     functional = None
     if getattr(args, "functional", False):
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
         holes = cut_holes(files, n_holes, args.seed, kinds=tuple(getattr(args, "hole_kinds", None)
                                                                   or ("line", "block")))
     if not holes:
-        raise BadRequest("--corpus: no holes could be cut (no parsable Python with function bodies)")
+        raise BadRequest("--corpus: no holes could be cut (no parsable Python or JavaScript with function bodies)")
     holes, functional = _chosen(holes, functional, getattr(args, "hole_ids", None))
     models = model_configs(config, list(getattr(args, "models", None) or []))
     sol_configs = ([] if getattr(args, "baselines_only", False) or models

@@ -80,7 +80,7 @@ def write_json(path: Path, info: dict[str, Any], seed: int, max_tokens: int, fil
         "summary": {c.name: {"all": c.summary(kinds), **{k: c.summary(kinds, k) for k in ("line", "block")},
                              "ends": ends.summary(c, kinds, ends.raw_for(c, columns))}
                     for c in columns},
-        "holes": [{"path": h.path, "line": h.line, "kind": h.kind, "expected": h.expected,
+        "holes": [{"path": h.path, "line": h.line, "kind": h.kind, "language": h.language, "expected": h.expected,
                    "out": {c.name: {"text": c.texts[i], **asdict(c.scores[i]), "e2e_ms": c.e2e_ms[i],
                                     "end": c.ends[i] if i < len(c.ends) else "",
                                     "ttft_ms": c.ttft_ms[i], "prompt_tokens": c.prompt_tokens[i]}

@@ -69,7 +69,8 @@ class Score:
 
 def score(hole: Hole, pred: str, *, python: bool = True) -> Score:
     return Score(exact_match(pred, hole.expected), first_line_match(pred, hole.expected),
-                 edit_similarity(pred, hole.expected), parses(hole.prefix, pred, hole.suffix) if python else None)
+                 edit_similarity(pred, hole.expected),
+                 parses(hole.prefix, pred, hole.suffix) if python and hole.language == "python" else None)
 
 
 @dataclass

@@ -1,0 +1,85 @@
+"""Where ``--corpus`` takes its source files from: paths, or ``npm:SPEC``,
+an npm package's hand-written JavaScript.
+
+``npm:commander@12.1.0`` is fetched once with ``npm pack`` (the registry;
+a local folder or tarball works offline) into
+``cache_dir()/bench-corpus`` and unpacked there (tarfile's ``data``
+filter: no links out, no absolute paths). Its ``.js``/``.mjs``/``.cjs``
+files are the corpus, minus tests, builds, dependencies and minified
+files. No shell: ``npm`` gets the spec as one argument.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+
+from soldaemon.errors import BadRequest
+from soldaemon.paths import cache_dir
+from soldaemon_bench.holes import default_corpus
+
+NPM = "npm:"
+JS_SUFFIXES = (".js", ".mjs", ".cjs")
+SKIPPED_DIRS = frozenset({"node_modules", "test", "tests", "__tests__", "dist", "build", "coverage", "typings"})
+MINIFIED_LINE = 500   # a line this long: generated, not hand-written
+
+
+def resolve_corpus(items: list[str] | None) -> list[Path]:
+    """The files ``--corpus`` names (default: the standard library's modules)."""
+    if not items:
+        return default_corpus()
+    files: list[Path] = []
+    for item in items:
+        if item.startswith(NPM):
+            files.extend(npm_package_files(item[len(NPM):]))
+            continue
+        path = Path(item)
+        if not path.is_file():
+            raise BadRequest(f"--corpus: {item} is not a file (an npm package is npm:NAME@VERSION)")
+        files.append(path)
+    return files
+
+
+def npm_package_files(spec: str, root: Path | None = None) -> list[Path]:
+    """The hand-written JavaScript of npm package ``spec`` (see the module
+    doc), fetched into ``root`` (default ``cache_dir()/bench-corpus``) once."""
+    if not spec or spec.startswith("-"):
+        raise BadRequest(f"--corpus npm:{spec}: name a package, e.g. npm:commander@12.1.0")
+    folder = (root or cache_dir() / "bench-corpus") / re.sub(r"[^A-Za-z0-9._@-]+", "_", spec)
+    if not (folder / ".complete").exists():
+        _fetch(spec, folder)
+    files = sorted(p for p in (folder / "package").rglob("*")
+                   if p.suffix in JS_SUFFIXES and p.is_file() and not SKIPPED_DIRS.intersection(p.parts)
+                   and not p.name.endswith(".min.js") and not _minified(p))
+    if not files:
+        raise BadRequest(f"--corpus npm:{spec}: the package has no hand-written JavaScript")
+    return files
+
+
+def _fetch(spec: str, folder: Path) -> None:
+    npm = shutil.which("npm")
+    if npm is None:
+        raise BadRequest(f"--corpus npm:{spec}: npm is not on PATH (Node.js ships it)")
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            r = subprocess.run([npm, "pack", spec, "--pack-destination", tmp, "--silent"], capture_output=True,
+                               text=True, timeout=300, cwd=tmp)
+        except subprocess.TimeoutExpired:
+            raise BadRequest(f"--corpus npm:{spec}: npm pack took over 300 s") from None
+        tarballs = list(Path(tmp).glob("*.tgz"))
+        if r.returncode != 0 or len(tarballs) != 1:
+            raise BadRequest(f"--corpus npm:{spec}: npm pack failed: {(r.stderr or r.stdout).strip()[-400:]}")
+        if folder.exists():
+            shutil.rmtree(folder)
+        with tarfile.open(tarballs[0]) as tar:
+            tar.extractall(folder, filter="data")
+    (folder / ".complete").write_text(spec + "\n")
+
+
+def _minified(path: Path) -> bool:
+    with path.open(encoding="utf-8", errors="replace") as f:
+        return any(len(line) > MINIFIED_LINE for _, line in zip(range(50), f))
