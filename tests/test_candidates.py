@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import pytest
 import torch
@@ -129,6 +129,35 @@ def _req(rid: str, **kw) -> CompletionRequest:
 @pytest.fixture(scope="module")
 def engines(tiny_path: Path) -> tuple[LocalEngine, LocalEngine]:
     return _engine(tiny_path, 1), _engine(tiny_path, 3)
+
+
+@pytest.fixture(autouse=True)
+def always_sample() -> Iterator[None]:
+    """Samples after every greedy answer, however sure (the gate has its own
+    test); a patch of its own, so a test's ``monkeypatch.undo()`` keeps it."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(candidates, "SURE", float("inf"))
+        yield
+
+
+def test_a_greedy_answer_the_model_is_sure_of_stands_without_samples(engines, monkeypatch) -> None:
+    """Sure enough (mean log-p per shown token >= SURE): nothing is sampled,
+    the greedy answer is shown; below it the samples are decoded."""
+    off, on = engines
+    greedy = _done(off, _req("s0"))
+    sure: list[float] = []
+    confidence = candidates.confidence
+    monkeypatch.setattr(candidates, "confidence", lambda *a: sure.append(confidence(*a)) or sure[-1])
+    ranked = _done(on, _req("s1"))
+    assert len(sure) >= 2 and ranked.timings.generated_tokens > greedy.timings.generated_tokens
+    monkeypatch.setattr(candidates, "SURE", sure[0] - 1e-3)      # the greedy answer's own: sure enough
+    sure.clear()
+    stands = _done(on, _req("s2"))
+    assert len(sure) == 1 and stands.items == greedy.items and stands.streamed is None
+    assert stands.timings.generated_tokens == greedy.timings.generated_tokens
+    monkeypatch.setattr(candidates, "SURE", sure[0] + 1e-3)      # just short of it: sampled again
+    sure.clear()
+    assert _done(on, _req("s3")).items == ranked.items and len(sure) >= 2
 
 
 def test_candidates_are_decoded_and_the_one_the_model_is_surest_of_is_shown(engines, monkeypatch) -> None:

@@ -317,7 +317,8 @@ class Pipeline:
                 deadline: int | None) -> tuple[str, str, int]:
         """The shown answer and its end among the greedy one (``text``,
         ``end``) and the sampled candidates: the one the model is surest
-        of; and the tokens the samples generated."""
+        of (none sampled when the greedy one is :data:`candidates.SURE`);
+        and the tokens the samples generated."""
         text_of = scorer.texts(prompt)
 
         def scores(g: Generation) -> candidates.Scores:   # as decoded, or one forward more
@@ -325,6 +326,9 @@ class Pipeline:
                 else scorer.score(req, prompt, g.ids)
 
         best = candidates.confidence(scores(gen), candidates.shown_tokens(text_of, gen.ids, text))
+        if best >= candidates.SURE:
+            log.info("candidates id=%s: none sampled, the greedy answer is sure (mean log-p %.3f)", req.id, best)
+            return text, end, 0
         best_text, best_end, seen, sampled = text, end, {text}, 0
         for c in range(1, self.config.completion.candidate_count()):
             if cancel.cancelled or (deadline is not None and time.perf_counter_ns() >= deadline):
