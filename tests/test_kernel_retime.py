@@ -226,8 +226,10 @@ def test_a_retimed_plan_over_the_same_weights_is_swapped_in_between_requests(tin
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """The daemon serves an int8 plan whose decode kernel is weight-only;
     the quiet re-timing (here: of int8-dynamic alone) gives another plan over
-    the same packed weights: it is swapped in inside the generation lock,
-    health and doctor say so, and the answers are a fresh engine's on it."""
+    the same packed weights: it is swapped in under the generation lock, what
+    the old kernels computed (a document's KV) is dropped, the draft sizing
+    is measured again, health and doctor say so, and the answers are a fresh
+    engine's on the new plan."""
     import torch
 
     from soldaemon.api import CompletionRequest
@@ -239,8 +241,7 @@ def test_a_retimed_plan_over_the_same_weights_is_swapped_in_between_requests(tin
     from soldaemon.weights.loader import load_model
 
     monkeypatch.setenv("SOLDAEMON_CACHE_DIR", str(tmp_path))
-    config = config_from_dict({"device": {"device": "cpu"}, "model": {"max_context": 2048},
-                               "completion": {"speculative": False}})
+    config = config_from_dict({"device": {"device": "cpu"}, "model": {"max_context": 2048}})
     serving = _int8_plan("int8", "int8")
     table = _loaded_table()
 
@@ -249,31 +250,38 @@ def test_a_retimed_plan_over_the_same_weights_is_swapped_in_between_requests(tin
                            plan=plan, timings=table)
 
     engine = engine_on(serving)
-    held: list[bool] = []
+    req = CompletionRequest(id="r", prefix="def add(a, b):\n    return ", suffix="\n", max_tokens=12,
+                            uri="file:///a.py")
+    before = engine.complete_all(req).items
+    assert engine.pool.acquire("file:///a.py").tokens and engine.part.draft_length is None
+    locked_at_swap: list[bool] = []
+    use_kernels = engine.backend.use_kernels
 
-    @contextlib.contextmanager
-    def turn() -> Iterator[None]:
-        with engine.part.between_requests():
-            held.append(True)
-            yield
+    def watched(plan: Any) -> str | None:
+        locked_at_swap.append(engine.part._lock.locked())
+        return use_kernels(plan)
 
+    monkeypatch.setattr(engine.backend, "use_kernels", watched)
     only_dynamic = functools.partial(measure_table, kernels=("int8-dynamic",), short_rows=(1, 2),
                                      prefill_rows=(8,), repeats=1)
     engine.retime = BackgroundRetime(engine.loaded.model.config, torch.device("cpu"), torch.float32, table, serving,
-                                     row_copy=False, turn=turn, load=QuietAfter([]), poll_s=0.0, quiet_polls=1,
-                                     measure=only_dynamic, swap=engine.backend.use_kernels)
+                                     row_copy=False, turn=engine.part.between_requests, load=QuietAfter([]),
+                                     poll_s=0.0, quiet_polls=1, measure=only_dynamic, swap=engine.use_kernels)
     result = engine.retime.run()
     assert result is not None and result.swapped and result.in_use and result.not_swapped is None
-    assert engine.backend.plan.short == result.plan.short == "int8-dynamic" and held
+    assert engine.backend.plan.short == result.plan.short == "int8-dynamic" and locked_at_swap == [True]
+    assert not engine.pool.acquire("file:///a.py").tokens       # the old kernels' KV is gone
+    assert engine.part.draft_length is not None                # drafts sized by the new kernels' costs
     info = engine.info()["precision"]
     assert info["table"]["swapped_in"] and info["plan"]["short"] == "int8-dynamic"
     report = plan_report(("avx2",), root=tmp_path, served={"daemon": "0.1", "state": "ready", "model": "tiny",
                                                            "engine": {"precision": info}})
     assert "swapped in while serving" in report["detail"]
-    req = CompletionRequest(id="r", prefix="def add(a, b):\n    return ", suffix="\n", max_tokens=12,
-                            uri="file:///a.py")
     fresh = engine_on(result.plan)
-    assert engine.complete_all(req).items == fresh.complete_all(req).items
+    after = engine.complete_all(req).items
+    assert after == fresh.complete_all(req).items and before
+    # a plan whose verify would not give the steps' bits is refused while speculation is on
+    refused = dataclasses.replace(result.plan, verify_exact=False)
+    assert "speculation is on" in (engine.use_kernels(refused) or "")
     engine.close()
     fresh.close()
-

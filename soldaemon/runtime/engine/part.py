@@ -442,11 +442,26 @@ class LocalModelPart:
         """Drop the parked generation, the foreseen answer and every KV
         session's contents, as if just loaded."""
         with self._lock:
-            if self._parked is not None:
-                self._parked.close()
-                self._parked = None
-            self._pool.truncate_all()
-            self.foreseen.clear()
+            self._drop_computed()
+
+    def swap(self, apply: Callable[[], str | None]) -> str | None:
+        """Run ``apply`` (a change of the kernels every forward runs) between
+        requests; when it succeeds (None), drop what earlier forwards computed
+        (as :meth:`forget`), so that no prompt mixes two kernels' bits.
+        Returns ``apply``'s answer."""
+        time.sleep(0.001)           # a request waiting for the lock takes it first
+        with self._lock:
+            why = apply()
+            if why is None:
+                self._drop_computed()
+            return why
+
+    def _drop_computed(self) -> None:
+        if self._parked is not None:
+            self._parked.close()
+            self._parked = None
+        self._pool.truncate_all()
+        self.foreseen.clear()
 
     def token_texts(self) -> TokenTexts:
         """Every token's text, for token healing (built at first use)."""

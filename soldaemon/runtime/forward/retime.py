@@ -10,7 +10,7 @@ generation lock, so that no request runs beside a piece and a request
 waits at most one piece. The new table replaces the cached one
 (``background``: True). When the plan it gives differs from the one
 serving and reads the weights as they are packed, it is swapped in between
-requests (``swap``: the backend's ``use_kernels``); when it needs the
+requests (``swap``: the engine's ``use_kernels``); when it needs the
 weights packed otherwise, the next start uses it. Either way the daemon
 says so (health → ``engine.precision``, ``doctor``).
 """
@@ -177,12 +177,10 @@ class BackgroundRetime:
         grew = None if rss0 is None or peak[0] is None else round(peak[0] - rss0, 1)
         same = same_kernels(plan, self.plan)
         why_not = None if same else "nothing to swap it into" if self.swap is None else None
-        if not same and self.swap is not None:
-            try:
-                with self._piece():
-                    why_not = self.swap(plan)
-            except _Stopped:
+        if not same and self.swap is not None:      # it takes the generation lock itself
+            if self._stop.is_set():
                 return None
+            why_not = self.swap(plan)
         swapped = not same and why_not is None
         self.result = Retimed(fresh, plan, same or swapped, time.perf_counter() - t0, grew, swapped, why_not)
         log.info("kernel timings re-timed in the background in %.0f s (resident memory +%s MB at most): %s",

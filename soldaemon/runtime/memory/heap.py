@@ -4,9 +4,11 @@ A completion allocates and frees activations, logits and cache rows; glibc's
 allocator keeps the freed pages of its arenas mapped, so the 0.5B's resident
 memory grows by a few hundred MB over its first completions although the
 live data does not. :func:`return_free_heap` asks the allocator to give the
-free pages back (``malloc_trim(0)``, about 10 ms on a 2-core machine); the
-worker calls it after a second without requests, so no request pays it, and
-the engine after packing weights and timing kernels at load.
+free pages back (``malloc_trim(0)``, about 10 ms for the 0.5B on a 2-core
+machine). The worker calls it after a second without requests (a request
+that arrives meanwhile waits for the trim's end), the engine after packing
+weights and timing kernels at load, the server after closing a client that
+stopped reading.
 On a C library without ``malloc_trim`` (musl, macOS, Windows) it does
 nothing.
 """
