@@ -520,9 +520,13 @@ def speculation_pays(plan: KernelPlan, limit: float = 2.0) -> bool:
     return plan.verify_ms <= limit * plan.step_ms
 
 
-# A decode step moves to the blocked copy only when measured at least
-# ROW_COPY_GAIN faster there (rounds on a 2-core host vary by ~10 %).
-STEP_COPY_MARGIN = 1.0 - ROW_COPY_GAIN
+# Decode steps move to the blocked copy (and the plain one is freed) when
+# they are no slower there: the plan keeps the copy only where forwards of
+# more rows are predicted ROW_COPY_GAIN faster on it, so reading it for
+# every forward loses nothing. A 15 % margin here dropped the copy on the
+# AMX Xeon, whose steps measure ~20 % faster on it, in about half the starts
+# (the 0.5B's TTFT then 18 % slower on 128 block holes; docs/kernels.md).
+STEP_COPY_MARGIN = 1.0
 
 
 def steps_on_blocked_copy(one_copy_ms: list[float], blocked_ms: list[float],
@@ -538,7 +542,7 @@ def steps_on_blocked_copy(one_copy_ms: list[float], blocked_ms: list[float],
     on an AMX Xeon the real step is ~20 % faster. The bits are the same
     either way (ROW_KERNELS), so only time decides. Needs >= 3 rounds each;
     the blocked copy wins when its median is at most ``margin`` times the
-    one copy's and it is faster in most rounds."""
+    one copy's and it is faster in most rounds (ties: the one copy)."""
     if len(one_copy_ms) < 3 or len(one_copy_ms) != len(blocked_ms):
         return False
     ordered = sorted(one_copy_ms), sorted(blocked_ms)

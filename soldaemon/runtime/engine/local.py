@@ -30,7 +30,7 @@ from soldaemon.pipeline.completion import Pipeline, Settings
 from soldaemon.pipeline.prompt import LeadAnchors
 from soldaemon.pipeline.relevance import ContextSelector
 from soldaemon.runtime.forward.backend import LEAN_ARCHITECTURES, Backend, LeanBackend, make_backend
-from soldaemon.policy.kernel_plan import ROW_COPY_GAIN, KernelPlan, TimingTable, steps_on_blocked_copy
+from soldaemon.policy.kernel_plan import KernelPlan, TimingTable, steps_on_blocked_copy
 from soldaemon.runtime.forward.kernels import compute_dtype_for, verify_exact_kernels
 from soldaemon.runtime.engine.autoselect import choose_draft, choose_embedded
 from soldaemon.runtime.forward.precision import choose_kernels, lean_or_float32, may_keep_blocked_copy, precision_info
@@ -351,7 +351,7 @@ class LocalEngine:
                  [round(m, 1) for m in medians[False]], [round(m, 1) for m in medians[True]],
                  "every forward reads the blocked copy" if b.steps_on_rows else "the blocked copy is dropped")
         if not b.steps_on_rows:
-            b.drop_row_copy(f"real decode steps were not {ROW_COPY_GAIN:.0%} faster on it")
+            b.drop_row_copy("real decode steps were not faster on it")
         elif self.memory is None or (not self.memory.idle_release and self.memory.budget is None):
             # nothing reads the plain copy of the layers now (the store never offloads without a budget)
             freed = b.keep_only_row_copy()
