@@ -524,7 +524,7 @@ def speculation_pays(plan: KernelPlan, limit: float = 2.0) -> bool:
 # they are no slower there: the plan keeps the copy only where forwards of
 # more rows are predicted ROW_COPY_GAIN faster on it, so reading it for
 # every forward loses nothing. A 15 % margin here dropped the copy on the
-# AMX Xeon, whose steps measure ~20 % faster on it, in about half the starts
+# AMX Xeon, whose steps measure ~20 % faster on it, in two of three starts
 # (the 0.5B's TTFT then 18 % slower on 128 block holes; docs/kernels.md).
 STEP_COPY_MARGIN = 1.0
 
