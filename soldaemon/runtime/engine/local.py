@@ -468,9 +468,8 @@ def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:
     log.info("draft model: %s (%s)", draft_name or (mc.draft_model and str(mc.draft_model)) or "none", why)
     engine.model_choice = {"name": name or str(mc.path), "auto": auto, "draft": draft_name, "draft_reason": why}
     engine.warmup()
-    backend = engine.backend
-    if (plan is not None and table is not None and isinstance(backend, LeanBackend)
-            and BackgroundRetime.wanted(table, plan, loaded.device)):
+    if (plan is not None and table is not None and BackgroundRetime.wanted(table, plan, loaded.device)
+            and isinstance(backend := engine.backend, LeanBackend)):
         # against the plan serving after the warm-up (which may have dropped the blocked copy)
         engine.retime = BackgroundRetime(loaded.model.config, loaded.device,
                                          compute_dtype_for(loaded.device, loaded.dtype), table, backend.plan,
