@@ -317,3 +317,20 @@ def test_bench_quality_on_javascript_sends_its_language(tiny_dir: Path, tmp_path
     assert all(h["out"]["sol"]["parses"] is None for h in data["holes"])   # Python's parse says nothing here
     rc = main(["bench", "--quality", "--functional", "--corpus", str(pkg / "lib" / "option.js")])
     assert rc != 0 and "--functional" in capsys.readouterr().err
+
+
+def test_bench_quality_ablates_the_blocked_copy_with_an_engine_of_its_own(
+        tiny_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "calc.py"
+    src.write_text("def area(w, h):\n    if w < 0:\n        raise ValueError('w')\n    total = w * h\n"
+                   "    return total\n\n\ndef grow(w, factor):\n    size = w * factor\n    return size\n")
+    out = tmp_path / "q.json"
+    rc = main(["bench", "--quality", "--model", str(tiny_dir), "--threads", "1", "--holes", "2", "--tokens", "6",
+               "--corpus", str(src), "--ablate", "blocked_copy", "--json", str(out)])
+    assert rc == 0
+    assert "sol -blocked_copy: " in capsys.readouterr().err     # its own engine, loaded with the copy off
+    data = json.loads(out.read_text())
+    assert data["holes"]
+    for h in data["holes"]:
+        # either layout runs the same kernels' bits: the same answers
+        assert h["out"]["sol -blocked_copy"]["text"] == h["out"]["sol"]["text"]

@@ -86,14 +86,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--quality: a column sol[P] per model.precision P (auto float32 bfloat16 float16 int8), "
                         "each with the plan that precision gets on this machine")
     p.add_argument("--ablate", nargs="*", choices=("outline", "healing", "anchor", "speculation", "second_choice",
-                                                   "candidates"),
+                                                   "candidates", "blocked_copy"),
                    help="--quality: also run the daemon (with --models: the first model) with these parts toggled "
                         "(outline: toggled from the served model's model.max_outline_tokens -- by default off for the 0.5B, on "
                         "for the 1.5B; healing: off; anchor: the middle starts at the "
                         "cursor; speculation: off, for decode tok/s with and without on the same holes; second_choice: off, "
                         "a first line that repeats the line below dropped, not decoded again; candidates: toggled from the served "
                         "model's completion.candidates -- the greedy answer alone for the 1.5B, which ranks 4 block "
-                        "candidates by default, 4 for the 0.5B)")
+                        "candidates by default, 4 for the 0.5B; blocked_copy: a second engine loaded with "
+                        "model.blocked_copy toggled, for one weight layout against the blocked one in one run)")
     p.add_argument("--baselines-only", action="store_true",
                    help="--quality: only the --baselines columns (e.g. to add llama.vscode to an earlier run's holes)")
     p.add_argument("--models", nargs="*",

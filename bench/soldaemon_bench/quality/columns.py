@@ -101,19 +101,28 @@ CONFIG_ABLATIONS: dict[str, dict[str, Any]] = {
 }
 
 
+# What ``--ablate`` changes at load time: a second engine, loaded with the part toggled.
+LOAD_ABLATIONS: dict[str, dict[str, Any]] = {
+    "blocked_copy": {"model.blocked_copy": False},       # one layout (the plain one) for every forward
+}
+
+
 def ablation(part: str, config: Config) -> tuple[str, Config]:
     """The column's sign ("-" a part taken out, "+" one put in) and
-    ``config`` with ``part`` (a key of
-    :data:`CONFIG_ABLATIONS`) ablated. ``candidates`` is toggled from what
+    ``config`` with ``part`` (a key of :data:`CONFIG_ABLATIONS` or
+    :data:`LOAD_ABLATIONS`) ablated. ``candidates`` is toggled from what
     the served model ranks: ``-candidates`` (the greedy answer alone) where
-    it ranks several (the 1.5B by default), ``+candidates`` (4) where not."""
-    overrides, sign = CONFIG_ABLATIONS[part], "-"
+    it ranks several (the 1.5B by default), ``+candidates`` (4) where not;
+    ``blocked_copy`` from ``model.blocked_copy``."""
+    overrides, sign = {**CONFIG_ABLATIONS, **LOAD_ABLATIONS}[part], "-"
     if part == "candidates" and config.completion.candidate_count() <= 1:
         overrides, sign = {"completion.candidates": 4}, "+"
+    if part == "blocked_copy" and not config.model.blocked_copy:
+        overrides, sign = {"model.blocked_copy": True}, "+"
     return sign, config.with_overrides(overrides, source="bench")
 
 
-ABLATIONS = ("outline", *CONFIG_ABLATIONS)
+ABLATIONS = ("outline", *CONFIG_ABLATIONS, *LOAD_ABLATIONS)
 
 
 OUTLINE_TOKENS = 128  # the outline budget ``--ablate outline`` tries when model.max_outline_tokens is off
@@ -227,7 +236,7 @@ def llama_vscode_column(engine: Any, threads: int, say: Callable[[str], None]) -
 
 def make_precision_engines(engine: Any, config: Config, precisions: list[str],
                        say: Callable[[str], None]) -> list[tuple[str, Any]]:
-    """One engine per ``--precisions`` entry, each with the plan that
+    """(column, engine) per ``--precisions`` entry, each with the plan that
     ``model.precision`` would give it on this machine (from the main
     engine's timing table), all over one more loaded copy of the module
     (not released: they share it)."""
@@ -252,7 +261,7 @@ def make_precision_engines(engine: Any, config: Config, precisions: list[str],
         eng = LocalEngine(loaded, config, plan=plan, timings=table, release=False,
                           served=getattr(engine, "served_model", None))
         eng.warmup()
-        out.append((p, eng))
+        out.append((f"sol[{p}]", eng))
     return out
 
 

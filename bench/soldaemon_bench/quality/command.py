@@ -16,8 +16,8 @@ from soldaemon.pipeline.relevance import ContextSelector
 from soldaemon_bench.header import engine_label, with_windows
 from soldaemon_bench.corpus import resolve_corpus
 from soldaemon_bench.holes import cut_holes
-from soldaemon_bench.quality.columns import (ABLATIONS, CONFIG_ABLATIONS, LLAMA_VSCODE, MODEL_ALONE, LlamaCpp,
-                                             LlamaVscode, ablation, llama_cpp_column, llama_vscode_column,
+from soldaemon_bench.quality.columns import (ABLATIONS, CONFIG_ABLATIONS, LLAMA_VSCODE, LOAD_ABLATIONS, MODEL_ALONE,
+                                             LlamaCpp, LlamaVscode, ablation, llama_cpp_column, llama_vscode_column,
                                              make_precision_engines, model_configs, model_label, postprocessed, run_raw,
                                              run_sol, sibling_context, sol_variants, toggled_outline)
 from soldaemon_bench.quality.report import agreement, plot, ratios, table, write_json
@@ -71,6 +71,15 @@ def run(args: argparse.Namespace, config: Config) -> int:
             f"({choice.get('draft_reason')})")
     engine = by_model[0][2] if by_model else load_engine(config)
     precision_engines = make_precision_engines(engine, config, getattr(args, "precisions", None) or [], say)
+    # load-time ablations (the blocked copy): an engine of their own, beside the precision columns
+    base = (models[0][0], models[0][2]) if models else ("sol", config)
+    for part in (a for a in ablate if a in LOAD_ABLATIONS):
+        sign, cfg = ablation(part, base[1])
+        eng = load_engine(cfg)
+        name = f"{base[0]} {sign}{part}"
+        say(f"{name}: {eng.info()['precision']['summary']}; steps on the blocked copy: "
+            f"{eng.info()['precision'].get('steps_on_blocked_copy')}")
+        precision_engines.append((name, eng))
     baselines = args.baselines or []
     want_raw = "raw" in baselines or "generate" in baselines  # generate: the model alone, as in the speed bench
     threads = engine.info()["threads"]
@@ -141,7 +150,7 @@ def _run_holes(args: argparse.Namespace, config: Config, engine: Any, holes: lis
     siblings = getattr(args, "context", "none") == "siblings" and bool(sol_configs)
     ctx_rel = Column(f"{sol_configs[0][0]}+ctx") if siblings else None
     ctx_order = Column(f"{sol_configs[0][0]}+ctx[order]") if siblings else None
-    by_precision = [(Column(f"sol[{p}]"), eng) for p, eng in precision_engines]
+    by_precision = [(Column(name), eng) for name, eng in precision_engines]
     columns = ([Column(name) for name, _ in sol_configs] + [col for col, _t, _e in by_model]
                + [col for col, _ in by_precision]
                + ([no_outline] if no_outline else [])
