@@ -108,17 +108,20 @@ class ModelConfig:
     # documents whose KV cache is kept (LRU)
     kv_sessions: int = setting(4, int_in(1, 64))
 
-    def windows(self, served: str | None = None) -> PromptWindows:
-        """The prompt's windows, an ``"auto"`` one the embedded model
-        ``served``'s (None: ``name``; a ``path``: :data:`GENERIC_WINDOWS`)."""
-        own = GENERIC_WINDOWS if self.path is not None else WINDOWS_BY_MODEL.get(served or self.name, GENERIC_WINDOWS)
+    def windows(self, served: str | None = None, own: PromptWindows | None = None) -> PromptWindows:
+        """The prompt's windows, an ``"auto"`` one ``own`` (the engine's,
+        fitted to this machine) or else the embedded model ``served``'s
+        (None: ``name``; a ``path``: :data:`GENERIC_WINDOWS`)."""
+        if own is None:
+            own = GENERIC_WINDOWS if self.path is not None else WINDOWS_BY_MODEL.get(served or self.name,
+                                                                                   GENERIC_WINDOWS)
         return PromptWindows(own.prefix if self.max_prefix_tokens == "auto" else self.max_prefix_tokens,
                              own.suffix if self.max_suffix_tokens == "auto" else self.max_suffix_tokens,
                              own.outline if self.max_outline_tokens == "auto" else self.max_outline_tokens)
 
-    def served_by(self, served: str | None) -> ModelConfig:
-        """This section with every ``"auto"`` window the model ``served``'s."""
-        w = self.windows(served)
+    def served_by(self, served: str | None, own: PromptWindows | None = None) -> ModelConfig:
+        """This section with every ``"auto"`` window ``own`` or else the model ``served``'s."""
+        w = self.windows(served, own)
         return replace(self, max_prefix_tokens=w.prefix, max_suffix_tokens=w.suffix, max_outline_tokens=w.outline)
 
 

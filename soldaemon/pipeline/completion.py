@@ -50,7 +50,7 @@ class Settings:
 
     def __init__(self, config: Config, adapt: Callable[[Config], Config] | None = None) -> None:
         self._adapt = adapt
-        self._config = config if adapt is None else adapt(config)
+        self.use(config)
 
     @property
     def config(self) -> Config:
@@ -58,7 +58,12 @@ class Settings:
 
     def use(self, config: Config) -> None:
         """From the next request on, ``config`` applies (adapted)."""
+        self._given = config
         self._config = config if self._adapt is None else self._adapt(config)
+
+    def adapt_again(self) -> None:
+        """The config given last, adapted again (what ``adapt`` reads has changed)."""
+        self.use(self._given)
 
 
 @dataclass

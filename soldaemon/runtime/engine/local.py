@@ -23,6 +23,7 @@ import torch
 
 from soldaemon.api import CancelToken, CompletionRequest, Done, Event, Timings
 from soldaemon.config import Config
+from soldaemon.config.sections import GENERIC_WINDOWS, WINDOWS_BY_MODEL, PromptWindows
 from soldaemon.errors import ConfigError, ModelError
 from soldaemon.fim import FimPrompt, FimTemplate, detect_template
 from soldaemon.weights.loader import LoadedModel, load_model
@@ -38,6 +39,7 @@ from soldaemon.runtime.forward.compiled import CompileChoice, choose_layer
 from soldaemon.runtime.forward.cudagraph import GraphDecoder
 from soldaemon.runtime.forward.retime import BackgroundRetime
 from soldaemon.policy.draft import DraftLength
+from soldaemon.policy.windows import Fitted, fit_windows, prompt_ms
 from soldaemon.runtime.decode.draft import DraftModel
 from soldaemon.runtime.engine.foresight import ahead_of, speculate, warm
 from soldaemon.runtime.engine.part import Drafts, EngineStats, LocalModelPart, Warmup
@@ -73,6 +75,7 @@ class LocalEngine:
         prompt window in any config given to this engine is that model's."""
         self.served_model = served
         self.loaded = loaded
+        self.fitted: Fitted | None = None      # "auto" windows fitted to this machine's prefill (warmup)
         # the one config holder the pipeline and the model part read too
         self.settings = Settings(config, adapt=self._served)
         config = self.settings.config
@@ -132,6 +135,7 @@ class LocalEngine:
             "precision": precision_info(self.backend, self.loaded.dtype, self.kernel_timings,
                                         self.retime.result if self.retime is not None else None),
             "fim": self.template.family,
+            "windows": asdict(self.fitted) if self.fitted is not None else None,
             "n_ctx": self.backend.n_ctx,
             "threads": torch.get_num_threads(),
             "load_s": round(self.loaded.load_s, 2),
@@ -227,6 +231,7 @@ class LocalEngine:
             captured = graphs.captures
             self.complete_all(req)               # one step through the graphs before the first user
         self.choose_step_copy()
+        self._fit_windows()
         drafts, costs = self._measured_drafts()
         record = Warmup(drafts, costs, captured, bool(getattr(self.backend, "steps_on_rows", False)))
         self.pool.acquire(SCRATCH_URI).truncate(0)
@@ -234,6 +239,20 @@ class LocalEngine:
         self.forget_shown()
         return_free_heap()
         return record
+
+    def _fit_windows(self) -> None:
+        """The ``"auto"`` prompt windows: the model's own, shrunk where this
+        machine's kernels, as the backend runs them now, would read a cold
+        prompt of that size too slowly (policy/windows.py)."""
+        b, table = self.backend, self.kernel_timings
+        if not isinstance(b, LeanBackend) or table is None:
+            return
+        tuned = WINDOWS_BY_MODEL.get(self.served_model or "", GENERIC_WINDOWS)
+        per_token = prompt_ms(table, b.plan, 1024) / 1024
+        self.fitted = fit_windows(tuned.prefix, tuned.suffix, tuned.outline, per_token)
+        log.info("prompt windows prefix %d, suffix %d, outline %d: %s", self.fitted.prefix, self.fitted.suffix,
+                 self.fitted.outline, self.fitted.why)
+        self.settings.adapt_again()
 
     def _measured_drafts(self) -> tuple[Drafts, dict[int, float] | None]:
         """Draft sizing from forward costs measured now (speculation on),
@@ -264,6 +283,7 @@ class LocalEngine:
         why = self.part.swap(lambda: backend.use_kernels(plan))
         if why is None:
             self.pipeline.forget()
+            self._fit_windows()
             if self.config.completion.speculative:
                 with self.part.between_requests():
                     self.part.use_drafts(self._measured_drafts()[0])
@@ -401,15 +421,15 @@ class LocalEngine:
         self.settings.use(config)
 
     def _served(self, config: Config) -> Config:
-        """``config`` with its ``"auto"`` prompt windows the served model's: a
-        bench column or a reload that swaps the config of a running engine
-        measures the windows the daemon serves (before, ``bench --quality``
-        without ``--models`` and the trace's ``--compare-spec`` column set
-        the config load_engine had started from, and ran the 0.5B at the
-        generic 1024/256/128)."""
+        """``config`` with its ``"auto"`` prompt windows this engine's: the
+        served model's own, fitted to this machine once warm (so a bench
+        column or a reload that swaps the config measures the windows the
+        daemon serves)."""
+        own = None if self.fitted is None else PromptWindows(self.fitted.prefix, self.fitted.suffix,
+                                                             self.fitted.outline)
         if self.served_model is None:
-            return config
-        return replace(config, model=config.model.served_by(self.served_model),
+            return config if own is None else replace(config, model=config.model.served_by(None, own))
+        return replace(config, model=config.model.served_by(self.served_model, own),
                        completion=config.completion.served_by(self.served_model))
 
     # The pipeline's per-document memory, under the names the quality
@@ -433,8 +453,9 @@ def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:
     stored dtype, packed once into the kernel plan's format."""
     mc = config.model
     name, auto = (None, None) if mc.path else choose_embedded(config, progress=progress)
-    # the prompt's "auto" windows are the served model's (model.name auto is decided only now)
-    config = replace(config, model=mc.served_by(name), completion=config.completion.served_by(name))
+    # "auto" settings are the served model's (model.name auto is decided only now); the prompt's
+    # "auto" windows stay for the engine, which fits them to this machine (LocalEngine._fit_windows)
+    config = replace(config, completion=config.completion.served_by(name))
     loaded = load_model(str(mc.path) if mc.path else None, name=name, device=config.device.device,
                         dtype="stored", progress=progress)
     row_copy = may_keep_blocked_copy(loaded, config)
