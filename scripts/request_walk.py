@@ -32,6 +32,11 @@ PACKAGES = ("soldaemon", "lsp")
 
 
 def _module_of(frame: FrameType) -> str | None:
+    """The project module ``frame`` runs in; None outside the project and
+    for code no file holds (a dataclass's generated ``__init__``: building
+    a record is not a step a reader follows)."""
+    if frame.f_code.co_filename.startswith("<"):
+        return None
     name = frame.f_globals.get("__name__", "")
     if not isinstance(name, str) or name.split(".")[0] not in PACKAGES:
         return None

@@ -16,7 +16,7 @@ from soldaemon.api import CancelToken, CompletionRequest, Delta, Done
 from soldaemon.config import config_from_dict
 from soldaemon.pipeline import candidates
 from soldaemon.pipeline.ending import ParsedEnding, TextEnding
-from soldaemon.runtime.decode.detok import generated_text
+from soldaemon.runtime.decode.generate import generated_text
 from soldaemon.runtime.decode.second import token_scores
 from soldaemon.runtime.engine.local import LocalEngine, load_engine
 from soldaemon.runtime.forward.backend import LeanBackend

@@ -1,4 +1,4 @@
-"""Token healing (runtime/decode/healing.py, fim.make_prompt(heal=True)): the
+"""Token healing (runtime/decode/sampling.py, fim.make_prompt(heal=True)): the
 vocabulary index, the constrained sampler, the healed prompt, and — on the
 real model — a cursor inside a word completed without repeating what was
 typed."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from soldaemon.fim import Budget, Place, detect_template, encode_text, heal_tokens, make_prompt
-from soldaemon.runtime.decode.healing import HealingSampler, TokenTexts
+from soldaemon.runtime.decode.sampling import HealingSampler, TokenTexts
 from soldaemon.runtime.decode.sampling import Greedy
 from soldaemon.testing.tiny import build_tokenizer
 

@@ -13,7 +13,7 @@ import torch
 from soldaemon.api import CancelToken, CompletionRequest, Delta, Done
 from soldaemon.config import config_from_dict
 from soldaemon.runtime.decode.generate import generate
-from soldaemon.runtime.decode.healing import HealingSampler, TokenTexts
+from soldaemon.runtime.decode.sampling import HealingSampler, TokenTexts
 from soldaemon.runtime.decode.sampling import Greedy
 from soldaemon.runtime.decode.second import Replay, second_choice
 from soldaemon.runtime.engine.local import LocalEngine, load_engine

@@ -52,14 +52,10 @@ class Settings:
         self._adapt = adapt
         self.use(config)
 
-    @property
-    def config(self) -> Config:
-        return self._config
-
     def use(self, config: Config) -> None:
         """From the next request on, ``config`` applies (adapted)."""
         self._given = config
-        self._config = config if self._adapt is None else self._adapt(config)
+        self.config = config if self._adapt is None else self._adapt(config)
 
     def adapt_again(self) -> None:
         """The config given last, adapted again (what ``adapt`` reads has changed)."""

@@ -46,14 +46,15 @@ def ending_for(prefix: str, suffix: str, language: str | None, mode: Multiline, 
     or with a grammar also after an unfinished statement (a syntax error
     near the cursor)."""
     multiline = decide_multiline(prefix, suffix, mode)
+    cur = cursor_at(prefix, suffix)
     window = None
     if block_end == "model" and (multiline or may_be_unfinished(prefix, suffix, mode)):
         window = window_at(prefix, suffix, language or "")
         multiline = multiline or (window is not None and error_at_cursor(window))
     if window is None or not multiline:
-        return TextEnding(prefix, suffix, multiline, max_lines if multiline else 1)
+        return TextEnding(prefix, suffix, multiline, max_lines if multiline else 1, cur=cur)
     line = prefix[prefix.rfind("\n") + 1:]
     here = len(line.expandtabs(4)) - len(line.expandtabs(4).lstrip()) if line.strip() else len(line.expandtabs(4))
-    cur = cursor_at(prefix, suffix)    # the floor: the cursor's indentation or, less, the suffix's next line's
+    # the floor: the cursor's indentation or, less, the suffix's next line's
     floor = min(here, cur.next_indent) if cur.next_line is not None else 0
     return ParsedEnding(prefix, suffix, max_lines, window, floor)

@@ -36,13 +36,13 @@ class TextEnding:
     """
 
     def __init__(self, prefix: str, suffix: str, multiline: bool, max_lines: int,
-                 floor: int | None = None) -> None:
+                 floor: int | None = None, cur: Cursor | None = None) -> None:
         self.prefix = prefix
         self.suffix = suffix
         self.multiline = multiline
         self.max_lines = max_lines
         self.floor = floor
-        self._cur = cursor_at(prefix, suffix)
+        self._cur = cur if cur is not None else cursor_at(prefix, suffix)   # ``cur``: the caller's, computed once
         self.rule: str | None = None   # the rule that stopped generation (None: none did)
         self._reset()
 

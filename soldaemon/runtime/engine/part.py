@@ -35,13 +35,11 @@ from soldaemon.pipeline.completion import Settings
 from soldaemon.pipeline.sources import Generation, Source, Stats, Stream, precomputed
 from soldaemon.pipeline.candidates import Scorer
 from soldaemon.pipeline.ending import Ending, decide_multiline, repeats_below
-from soldaemon.runtime.decode.detok import Detok
 from soldaemon.policy.draft import AlongReference, DraftLength, DraftProposer, PromptLookup
 from soldaemon.runtime.engine.foresight import Foreseen, precise_until
 from soldaemon.runtime.decode.draft import DraftModel
-from soldaemon.runtime.decode.generate import GenStats, TokenEvent, generate
-from soldaemon.runtime.decode.healing import HealingSampler, TokenTexts
-from soldaemon.runtime.decode.sampling import Sampler, make_sampler
+from soldaemon.runtime.decode.generate import Detok, GenStats, TokenEvent, generate
+from soldaemon.runtime.decode.sampling import HealingSampler, Sampler, TokenTexts, make_sampler
 from soldaemon.runtime.decode.second import Replay, TokenScores, second_choice, token_scores
 from soldaemon.runtime.kv.session import KVSession, PrefillResult, SessionPool
 from soldaemon.runtime.memory.scheduler import MemoryScheduler
