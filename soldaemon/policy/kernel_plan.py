@@ -512,14 +512,6 @@ def _choose(table: TimingTable, precision: str, allowed: frozenset[str] | None, 
                       step_ms=round(step, 3), verify_ms=round(verify, 3), reason=reason, rows=rows)
 
 
-def speculation_pays(plan: KernelPlan, limit: float = 2.0) -> bool:
-    """Whether a verification forward costs at most ``limit`` times a decode
-    step under ``plan`` (the condition under which drafting can pay)."""
-    if plan.step_ms is None or plan.verify_ms is None:
-        return False
-    return plan.verify_ms <= limit * plan.step_ms
-
-
 # Decode steps move to the blocked copy (and the plain one is freed) when
 # they are no slower there: the plan keeps the copy only where forwards of
 # more rows are predicted ROW_COPY_GAIN faster on it, so reading it for
