@@ -122,7 +122,14 @@ def verify_exact_kernels(cfg: Any) -> frozenset[str]:
     and off group a prompt's rows differently): what a plan with
     speculation on may decode and verify with."""
     head = (min(int(cfg.vocab_size), 8192), int(cfg.hidden_size), 9)
-    checks = [(n, k, rows) for n, k in packed_shapes(cfg) for rows in (9, 64)] + [head]
+    checks = tuple([(n, k, rows) for n, k in packed_shapes(cfg) for rows in (9, 64)] + [head])
+    return _exact_over(checks, torch.get_num_threads())
+
+
+@functools.lru_cache(maxsize=8)
+def _exact_over(checks: tuple[tuple[int, int, int], ...], _threads: int) -> frozenset[str]:
+    """:func:`verify_exact_kernels` over these shapes, once per process and
+    thread count (a start asks for the plan and for its re-timing)."""
     out = set()
     for kernel in EXACT_VERIFY:
         try:
