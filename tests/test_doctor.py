@@ -1080,3 +1080,27 @@ def test_doctor_shows_the_plan_the_configured_precision_and_speculation_give(tmp
     assert shown["auto", True].short == "int8-dynamic" and shown["auto", True].verify_exact
     assert shown["auto", False].short == "int8"
     assert shown["float32", True].storage == "float32"
+
+
+def test_doctor_shows_the_plan_without_the_blocked_copy_when_the_config_turns_it_off(tmp_path: Path) -> None:
+    """On the Zen 4 + oneDNN recording a start keeps a blocked copy for
+    forwards of several rows; with ``model.blocked_copy: false`` it keeps
+    one layout, and doctor shows that plan."""
+    from soldaemon.doctor.plan import plan_report, would_choose
+    from soldaemon.policy.kernel_plan import PLAN_FORMAT, TimingTable
+
+    doc = json.loads((Path(__file__).parent / "data" / "kernel_tables" / "zen4_avx512_onednn.json").read_text())
+    doc["format"] = PLAN_FORMAT
+    doc["table"].update(load_1m=0.1, cores=2, measured_at=time.time() - 60)
+    (tmp_path / "kernel-plans").mkdir()
+    (tmp_path / "kernel-plans" / "zen4.json").write_text(json.dumps(doc))
+    table = TimingTable.from_dict(doc["table"])
+    flags, layers = tuple(doc["table"]["machine"]["cpu_flags"]), int(doc["table"]["n_layers"])
+    kept, one = would_choose(table), would_choose(table, blocked_copy=False)
+    assert kept is not None and one is not None
+    assert kept.rows == "int8-onednn" and one.rows is None
+    for plan, copy in ((kept, True), (one, False)):
+        report = plan_report(flags, root=tmp_path, layers=layers, blocked_copy=copy)
+        assert report["detail"].startswith(plan.describe())
+    assert plan_report(flags, root=tmp_path, layers=layers)["detail"] != \
+        plan_report(flags, root=tmp_path, layers=layers, blocked_copy=False)["detail"]

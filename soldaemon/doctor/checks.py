@@ -450,14 +450,13 @@ def judge_daemon(d: DaemonReading) -> Check:
     return Check("daemon", **daemon_report(d))
 
 
-def judge_machine(m: MachineReading, *, own_pid: int | None = None,
-                  needed_bytes: int = MODEL_GPU_BYTES, layers: int | None = None,
-                  threads: int | None = None, model_path: str | None = None, precision: str = "auto",
-                  speculative: bool = True) -> list[Check]:
+def judge_machine(m: MachineReading, *, own_pid: int | None = None, needed_bytes: int = MODEL_GPU_BYTES,
+                  layers: int | None = None, threads: int | None = None, model_path: str | None = None,
+                  precision: str = "auto", speculative: bool = True, blocked_copy: bool = True) -> list[Check]:
     """All checks, GPU first (``cuda_device``, which GPU the configured
     ``cuda:N`` is, before the per-GPU lines). Without a GPU: one ``gpu``
     info check with :func:`no_gpu_line`, then what applies (torch, CPU,
-    cache, daemon). ``precision``, ``speculative``: the config's."""
+    cache, daemon). ``precision``, ``speculative``, ``blocked_copy``: the config's."""
     checks: list[Check] = []
     has_gpu = bool(m.gpu.gpus)
     if has_gpu:
@@ -475,9 +474,10 @@ def judge_machine(m: MachineReading, *, own_pid: int | None = None,
     checks.append(judge_cache(m.cache))
     checks.append(Check("kernel_plan", **plan_report(m.cpu.vector_flags, layers=layers, threads=threads,
                                                      served=_served(m.daemon), model_path=model_path,
-                                                     precision=precision, speculative=speculative)))
+                                                     precision=precision, speculative=speculative,
+                                                     blocked_copy=blocked_copy)))
     checks.append(Check("model_choice", **model_report(m.cpu.vector_flags, precision=precision,
-                                                       speculative=speculative)))
+                                                       speculative=speculative, blocked_copy=blocked_copy)))
     if m.daemon is not None:
         checks.append(judge_daemon(m.daemon))
     return checks
@@ -579,7 +579,8 @@ def run(args: argparse.Namespace, config: Any = None) -> int:
     path = str(config.model.path) if config is not None and config.model.path else None
     checks = judge_machine(machine, own_pid=os.getpid(), layers=layers, threads=threads, model_path=path,
                            precision=config.model.precision if config is not None else "auto",
-                           speculative=config.completion.speculative if config is not None else True)
+                           speculative=config.completion.speculative if config is not None else True,
+                           blocked_copy=config.model.blocked_copy if config is not None else True)
     if args.json:
         doc = {"schema": 1, **summarize(checks), "reading": asdict(machine)}
         print(json.dumps(doc, indent=2))

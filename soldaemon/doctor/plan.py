@@ -41,7 +41,7 @@ def read_tables(root: Path | None = None) -> list[tuple[Path, TimingTable]]:
 def plan_report(cpu_flags: tuple[str, ...] | None, root: Path | None = None, *,
                 layers: int | None = None, threads: int | None = None, served: Mapping[str, Any] | None = None,
                 model_path: str | None = None, now: float | None = None, precision: str = "auto",
-                speculative: bool = True) -> dict[str, Any]:
+                speculative: bool = True, blocked_copy: bool = True) -> dict[str, Any]:
     """The ``kernel_plan`` line: (verdict, detail, cost, fix, facts) for the
     table in use and why it is that one.
 
@@ -69,7 +69,7 @@ def plan_report(cpu_flags: tuple[str, ...] | None, root: Path | None = None, *,
     mine = _relevant(cpu_flags)
     why = "the configured model's"
     if layers is None:
-        choice = _auto_choice(cpu_flags, None, root, precision, speculative)[0]
+        choice = _auto_choice(cpu_flags, None, root, precision, speculative, blocked_copy)[0]
         shape = EMBEDDED_MODELS[choice.name].shapes if choice is not None else None
         layers = shape.layers if shape is not None else None
         why = f"model.name auto's choice ({choice.name})" if choice is not None else "an embedded model's"
@@ -81,7 +81,7 @@ def plan_report(cpu_flags: tuple[str, ...] | None, root: Path | None = None, *,
             continue
         if threads is not None and table.machine.get("device") == "cpu" and table.machine.get("threads") != threads:
             continue
-        plan = would_choose(table, precision, speculative)
+        plan = would_choose(table, precision, speculative, blocked_copy)
         if plan is None:
             return {"verdict": "warn", "detail": f"model.precision {precision}: no kernel of the cached table "
                     f"{path} runs it here", "cost": None, "fix": "model.precision: auto", "facts": None}
@@ -190,19 +190,23 @@ def _table_for(layers: int, cpu_flags: tuple[str, ...] | None, root: Path | None
     return next((t for t in found if t.machine.get("threads") == cores), found[0] if found else None)
 
 
-def would_choose(table: TimingTable, precision: str = "auto", speculative: bool = True) -> KernelPlan | None:
-    """The plan a daemon starting with ``precision`` and speculation on or
-    off would choose from ``table`` (None: none runs that precision). The
-    daemon checks each integer kernel's row-exactness at start; doctor
-    assumes all of :data:`EXACT_VERIFY` pass."""
+def would_choose(table: TimingTable, precision: str = "auto", speculative: bool = True,
+                 blocked_copy: bool = True) -> KernelPlan | None:
+    """The plan a daemon starting with ``precision``, speculation on or off
+    and ``model.blocked_copy`` would choose from ``table`` (None: none runs
+    that precision). The daemon checks each integer kernel's row-exactness
+    and the free memory for the copy at start, and may drop the copy after
+    timing real steps; doctor assumes all of :data:`EXACT_VERIFY` pass and
+    the memory holds the copy."""
     try:
-        return choose_plan(table, precision, exact=EXACT_VERIFY if speculative else None)
+        return choose_plan(table, precision, exact=EXACT_VERIFY if speculative else None, row_copy=blocked_copy)
     except ValueError:
         return None
 
 
 def _auto_choice(cpu_flags: tuple[str, ...] | None, budget: LatencyBudget | None, root: Path | None,
-                 precision: str = "auto", speculative: bool = True) -> tuple[ModelChoice | None, list[str]]:
+                 precision: str = "auto", speculative: bool = True,
+                 blocked_copy: bool = True) -> tuple[ModelChoice | None, list[str]]:
     """The embedded model ``model.name: auto`` would serve by the cached
     timings of the installed ones (``None`` when none is timed), and the
     installed ones not timed yet."""
@@ -214,7 +218,7 @@ def _auto_choice(cpu_flags: tuple[str, ...] | None, budget: LatencyBudget | None
         if table is None:
             untimed.append(name)
             continue
-        plan = would_choose(table, precision, speculative)
+        plan = would_choose(table, precision, speculative, blocked_copy)
         if plan is None:
             continue
         figures.append(ModelFigures(name, model.size, float(plan.cold_ms or float("inf")),
@@ -223,10 +227,11 @@ def _auto_choice(cpu_flags: tuple[str, ...] | None, budget: LatencyBudget | None
 
 
 def model_report(cpu_flags: tuple[str, ...] | None, budget: LatencyBudget | None = None,
-                 root: Path | None = None, precision: str = "auto", speculative: bool = True) -> dict[str, Any]:
+                 root: Path | None = None, precision: str = "auto", speculative: bool = True,
+                 blocked_copy: bool = True) -> dict[str, Any]:
     """Which embedded model ``model.name: auto`` serves here, by the cached
     timings of each installed one (memory aside: the daemon checks it)."""
-    choice, untimed = _auto_choice(cpu_flags, budget, root, precision, speculative)
+    choice, untimed = _auto_choice(cpu_flags, budget, root, precision, speculative, blocked_copy)
     if choice is None:
         return {"verdict": "info", "detail": "model.name auto: decided at the daemon's first start (no kernel "
                 "timings of an installed embedded model cached yet)", "cost": None, "fix": None}
