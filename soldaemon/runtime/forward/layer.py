@@ -250,8 +250,8 @@ def stepwise_attention(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, 
     rows are a decode step's bit for bit wherever the products are (integer
     products are: speculation then cannot change an answer). One masked call
     for all rows would sum over a longer window with masked zeros, which
-    rounds differently (docs/quality.md, "Speculation that changes no
-    answer")."""
+    rounds differently (docs/kernels.md, "Speculation and the
+    kernels")."""
     T = q.shape[1]
     rows = [grouped_attention(q[:, t:t + 1], keys[:, :first + t + 1], vals[:, :first + t + 1], scale, None,
                               kind=kind if t == 0 else "", bucket=bucket or first + T)
