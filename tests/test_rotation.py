@@ -129,7 +129,7 @@ def test_nothing_is_rotated_where_nothing_is_quantized_or_when_asked(tiny128) ->
 
 def test_a_bench_header_names_the_plans_arithmetic_not_the_modules_dtype(tiny128) -> None:
     """A model under an int8 plan is held in float32 but computes its
-    products in int8: the benches' first line (measure/header.py) says so,
+    products in int8: the benches' first line (bench/soldaemon_bench/header.py) says so,
     and says rotated only where the plan rotates."""
     from soldaemon_bench.header import engine_label
     from soldaemon.runtime.forward.precision import precision_info

@@ -108,7 +108,7 @@ export class Controller implements vscode.Disposable {
 
     private clientOptions(): LanguageClientOptions {
         return {
-            // Only schemes whose path sol-lsp judges by the secret rule (soldaemon/sensitive.py:
+            // Only schemes whose path sol-lsp judges by the secret rule (soldaemon/privacy/rules.py:
             // PATH_SCHEMES, real paths, content redaction); any other scheme is refused there too.
             documentSelector: [{ scheme: "file" }, { scheme: "untitled" }, { scheme: "vscode-notebook-cell" }, { scheme: "vscode-remote" }],
             outputChannel: this.output,

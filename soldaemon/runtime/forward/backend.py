@@ -208,7 +208,7 @@ class LeanBackend:
         # resident the forward takes the plain loop below (the store then
         # only records the heatmap).
         self.residency: WeightStore | None = None
-        # KV folding reads the last query of each layer (runtime/kvfold.py):
+        # KV folding reads the last query of each layer (runtime/kv/fold.py):
         # [layers, H, hd] when record_queries() was called, else None.
         self.last_q: torch.Tensor | None = None
         self._q_buffer: torch.Tensor | None = None

@@ -266,7 +266,7 @@ class MemoryScheduler:
 
     def _invalidate_graphs(self) -> None:
         """Restored weights live at new addresses: CUDA graphs captured over
-        the old ones (runtime/cudagraph.py) must not replay."""
+        the old ones (runtime/forward/cudagraph.py) must not replay."""
         graphs = self.backend.graphs
         if graphs is not None:
             graphs.invalidate()
