@@ -828,3 +828,18 @@ def test_the_engine_verifies_with_exact_kernels_while_it_speculates(tiny_model_p
     assert off.backend.plan.verify_exact is None and off.info()["drafter"] == "off"
     pinned = engine(model={"precision": "float32"})
     assert pinned.backend.plan.verify_exact is False and pinned.config.completion.speculative
+
+
+def test_the_plan_cache_tells_cpu_generations_of_one_name_apart() -> None:
+    """Two Xeon VMs report the same name and flags; family/model/stepping
+    keep their tables apart (a table timed on one does not fit the other)."""
+    from soldaemon.runtime.forward.kernels import cpu_model
+
+    def info(model: int) -> str:
+        block = (f"processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: {model}\n"
+                 f"model name\t: Intel(R) Xeon(R) Processor\nstepping\t: 2\nflags\t\t: avx2\n\n")
+        return block + block.replace("processor\t: 0", "processor\t: 1")
+
+    assert cpu_model(info(207)) == "Intel(R) Xeon(R) Processor (family 6 model 207 stepping 2)"
+    assert cpu_model(info(167)) != cpu_model(info(207))
+    assert cpu_model("model name\t: Some CPU\n") == "Some CPU"      # no ids given: the name alone

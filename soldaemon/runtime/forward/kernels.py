@@ -481,11 +481,25 @@ def cpu_flags() -> list[str]:
     return []
 
 
-def _cpu_model() -> str:
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU's name, with its family, model and stepping where
+    /proc/cpuinfo (or ``cpuinfo``, its text) gives them: virtual machines of
+    different CPU generations can share a name ("Intel(R) Xeon(R)
+    Processor") and flags, and a table timed on one does not fit the other."""
     try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        fields: dict[str, str] = {}
+        text = Path("/proc/cpuinfo").read_text(errors="replace") if cpuinfo is None else cpuinfo
+        for line in text.splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("model name", "cpu family", "model", "stepping") and key not in fields:
+                fields[key] = value.strip()
+            elif not line.strip() and fields:
+                break                            # the first processor's block is enough
+        if "model name" in fields:
+            ids = " ".join(f"{k.removeprefix('cpu ')} {fields[k]}" for k in ("cpu family", "model", "stepping")
+                           if k in fields)
+            return fields["model name"] + (f" ({ids})" if ids else "")
     except OSError:
         pass
     return platform.processor() or platform.machine()
@@ -495,7 +509,7 @@ def machine_info(device: torch.device) -> dict[str, Any]:
     """What the table was measured on: shown beside every plan, and (less
     the thread-independent parts) the plan cache's key."""
     info: dict[str, Any] = {"torch": torch.__version__, "device": device.type, "threads": torch.get_num_threads(),
-                            "cpu": _cpu_model(), "cpu_flags": cpu_flags()}
+                            "cpu": cpu_model(), "cpu_flags": cpu_flags()}
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
         info["capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
