@@ -117,16 +117,18 @@ def test_a_named_model_is_served_without_measuring(monkeypatch: pytest.MonkeyPat
 ])
 def test_load_engine_gives_the_served_model_its_windows(monkeypatch: pytest.MonkeyPatch, served: str,
                                                         file: dict[str, object], windows: tuple[int, ...]) -> None:
-    """``model.name: auto`` is decided inside load_engine: the engine (and so
-    its pipeline and the bench's columns) gets the chosen model's windows as
-    numbers, a number from the file kept."""
+    """``model.name: auto`` is decided inside load_engine: the engine is told
+    the chosen model (``served``), so its ``"auto"`` windows (and so its
+    pipeline's and the bench's columns') are that model's until it fits them
+    to the machine once warm (tests/test_windows.py); a number from the file
+    is kept."""
     from soldaemon.runtime.engine import local
 
-    seen: dict[str, Config] = {}
+    seen: dict[str, object] = {}
 
     class Engine:
-        def __init__(self, _loaded: object, config: Config, **_k: object) -> None:
-            seen["config"] = config
+        def __init__(self, _loaded: object, config: Config, **k: object) -> None:
+            seen["config"], seen["served"] = config, k.get("served")
 
         def warmup(self) -> None:
             pass
@@ -138,9 +140,11 @@ def test_load_engine_gives_the_served_model_its_windows(monkeypatch: pytest.Monk
     monkeypatch.setattr(local, "choose_draft", lambda *a, **k: (None, "off"))
     monkeypatch.setattr(local, "LocalEngine", Engine)
     local.load_engine(config_from_dict({"model": file}), progress=False)
-    mc = seen["config"].model
+    config = seen["config"]
+    assert isinstance(config, Config) and seen["served"] == served
+    mc = config.model.served_by(served)          # what the engine's Settings resolve before warm-up
     assert (mc.max_prefix_tokens, mc.max_suffix_tokens, mc.max_outline_tokens) == windows
-    assert mc.name == "auto"          # the name stays as configured; only the windows are fixed
+    assert config.model.name == "auto"          # the name stays as configured
 
 
 def _triple(config: Config) -> tuple[int, int, int]:
