@@ -283,7 +283,8 @@ class LocalEngine:
         why = self.part.swap(lambda: backend.use_kernels(plan))
         if why is None:
             self.pipeline.forget()
-            self._fit_windows()
+            with self.part.between_requests():        # the windows change between requests, as the kernels did
+                self._fit_windows()
             if self.config.completion.speculative:
                 with self.part.between_requests():
                     self.part.use_drafts(self._measured_drafts()[0])
