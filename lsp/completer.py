@@ -1,17 +1,6 @@
-"""From "the editor wants a completion here" to items: the policy between the
-LSP wiring (lsp.server) and the daemon (lsp.daemon_client). No LSP I/O here.
-
-:meth:`Completer.suggest` returns None (show nothing) for an unknown, disabled
-or refused document (no text leaves the editor), a cursor move without an edit
-(that spot is warmed instead), a request overtaken during the debounce or
-while the daemon starts, a cancel, a timeout or no answer; it raises
-:class:`DaemonRequestFailed` only for an error retrying cannot fix. A newer
-request cancels older ones on the daemon; typing through a suggestion is
-answered from it; an invoked request gets up to ``alternatives`` items. With
-``early_lines`` a multi-line answer's first whole lines come back while the
-daemon writes the rest (:attr:`Completer.on_rest_ready` is called when it adds
-anything). docs/editors.md describes each behaviour.
-"""
+"""From "the editor wants a completion here" to items: the policy between the LSP wiring
+(lsp.server) and the daemon (lsp.daemon_client). No LSP I/O here; docs/editors.md describes
+each behaviour."""
 
 from __future__ import annotations
 
@@ -93,8 +82,8 @@ class _Rest:
 
 
 def tidy_items(items: tuple[str, ...], max_lines: int) -> tuple[list[str], list[int]]:
-    """The items capped at ``max_lines`` lines, stripped at the end, empty and
-    duplicate ones dropped, and their original indices."""
+    """The items capped at ``max_lines`` lines, stripped at the end, empty and duplicate ones
+    dropped; and their original indices."""
     kept: list[str] = []
     indices: list[int] = []
     for index, item in enumerate(items):
@@ -106,7 +95,9 @@ def tidy_items(items: tuple[str, ...], max_lines: int) -> tuple[list[str], list[
 
 
 class Completer:
-    """One per language server (see the module doc)."""
+    """One per language server. A newer request cancels older ones on the daemon; typing through
+    a suggestion is answered from it; with ``early_lines`` a multi-line answer's first lines come
+    back while the daemon writes the rest (:attr:`on_rest_ready` is called when it adds any)."""
 
     def __init__(self, settings: Settings, documents: DocumentStore, ring: ContextRing,
                  client: DaemonClient, on_withheld: Callable[[str | None], None] | None = None) -> None:
@@ -156,16 +147,15 @@ class Completer:
         return self.settings.complete_in_secret_files or self.ring.policy.may_complete(uri)
 
     def enabled(self, doc: Document) -> bool:
-        """Whether completions are on for ``doc``'s language."""
         return self.settings.language_enabled(doc.language)
 
     async def suggest(self, uri: str, position: types.Position, *, automatic: bool,
                       alternatives: bool | None = None, tag: str | None = None,
                       early: bool = False, start_wait_s: float | None = None) -> Suggestion | None:
-        """See the module doc. ``alternatives`` defaults to invoked; ``tag``:
-        the editor's request id; ``early``: an inline request may get early lines;
-        ``start_wait_s``: how long to wait for a starting daemon (None: until it is
-        ready or the request is cancelled), then None."""
+        """Items at ``position``, or None (show nothing): an unknown, disabled or refused
+        document (no text leaves the editor), a cursor move without an edit (warmed instead), a
+        request overtaken, cancelled, timed out or unanswered, or no daemon within ``start_wait_s``
+        (None: wait). Raises :class:`DaemonRequestFailed` only when retrying cannot help."""
         if alternatives is None:
             alternatives = not automatic
         t0 = time.perf_counter()
@@ -195,7 +185,7 @@ class Completer:
         cached = self._typed_through(doc, offset, line, line_prefix, line_suffix)
         rest = self._rests.get(uri)
         if cached is None and rest is not None and self._typed_all_of(rest, doc, offset):
-            # the early lines were accepted or typed: the rest is on its way, wait for it
+            # the early lines were typed or accepted: wait for the rest, on its way
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(rest.task), self.settings.timeout_ms / 1000)
             if self._generation.get(uri) != generation or doc.version != version:
@@ -273,8 +263,8 @@ class Completer:
 
     async def _add_alternatives(self, greedy: CompletionRequest, items: list[str], indices: list[int],
                                 ids: list[str], tag: str | None, t0: float) -> Done | None:
-        """Append distinct sampled items of a second request to ``items`` in
-        place and return its ``done``; None keeps the greedy items only."""
+        """Append a second, sampled request's distinct items to ``items`` in place and return its
+        ``done``; None keeps the greedy items only."""
         want = self.settings.alternatives - len(items)
         left_s = self.settings.timeout_ms / 1000 - (time.perf_counter() - t0)
         if want <= 0 or left_s <= 0.05:
@@ -322,8 +312,8 @@ class Completer:
 
     async def _ask(self, request: CompletionRequest, doc: Document, offset: int, line_prefix: str,
                    early: bool) -> tuple[Answer | None, str | None]:
-        """The daemon's answer, or with ``early`` ``(None, lines)`` once
-        :func:`early_text` allows the first lines; the request goes on."""
+        """The daemon's answer, or with ``early`` ``(None, lines)`` once :func:`early_text` allows
+        the first lines (the request goes on)."""
         timeout_s = self.settings.timeout_ms / 1000
         if not early:
             return await self.client.complete(request, timeout_s=timeout_s), None
@@ -359,8 +349,8 @@ class Completer:
         return None, text
 
     def _rest_done(self, uri: str, rest: _Rest) -> None:
-        """Serve typing (and once, the same place) from the finished rest of an
-        early answer; tell the client when it adds to what was shown."""
+        """Serve typing (and, once, the same place) from the finished rest of an early answer;
+        tell the client when it adds to what was shown."""
         if self._rests.get(uri) is rest:
             del self._rests[uri]
         if rest.task.cancelled() or rest.task.exception() is not None:
@@ -394,8 +384,8 @@ class Completer:
 
     def build_request(self, doc: Document, offset: int, request_id: str, *,
                       priority: str = "normal") -> CompletionRequest:
-        """The daemon request for the cursor at ``offset``: the windowed
-        document, context from the ring, secrets redacted."""
+        """The daemon request at ``offset``: the windowed document, context from the ring, secrets
+        redacted."""
         text = doc.text
         start, end = document_window(text, offset, self.settings.max_prefix_chars, self.settings.max_suffix_chars)
         context = self.ring.chunks(doc.uri, self.documents) if self.settings.context_chunks else ()
@@ -422,8 +412,8 @@ class Completer:
             self._warm_later(doc.uri, doc.version, offset, moved=moved), name=f"sol-warm {doc.uri}")
 
     async def _warm_later(self, uri: str, version: int, offset: int, *, moved: bool = False) -> None:
-        """After ``warm_delay_ms`` with no edit or completion since (``moved``:
-        no other move either), prefill the daemon's cache at ``offset``."""
+        """After ``warm_delay_ms`` with no edit or completion since (``moved``: no other move
+        either), prefill the daemon's cache at ``offset``."""
         try:
             generation = self._generation.get(uri)
             await asyncio.sleep(self.settings.warm_delay_ms / 1000)

@@ -1,16 +1,5 @@
-"""Extra context for a completion: a bounded ring of anchors ``(uri, line)``
-where documents were recently edited or opened.
-
-An edit's chunk is the lines around it, an open's the whole document (the
-daemon picks the relevant snippets, soldaemon/pipeline/relevance.py); text is
-read from the live document when a request is built, a closed one keeps a
-snapshot. :meth:`ContextRing.chunks` returns the most recent first, never the
-document being completed, within ``max_chunks``, ``max_chunk_chars`` and
-``max_total_chars``, in an order stable while only the current document is
-edited (the daemon's KV cache keeps its prefix). An edit within half a chunk
-of an anchor moves it; a document the :class:`ContextPolicy` refuses is never
-anchored.
-"""
+"""Extra context for a completion: a bounded ring of anchors ``(uri, line)`` where documents
+were recently edited or opened; the daemon picks the relevant snippets."""
 
 from __future__ import annotations
 
@@ -33,7 +22,8 @@ class _Anchor:
 
 
 class ContextRing:
-    """Recently edited and opened spots, newest last."""
+    """Recently edited and opened spots, newest last. An edit within half a chunk of an anchor
+    moves it; a document the :class:`ContextPolicy` refuses is never anchored."""
 
     def __init__(self, *, max_entries: int = 16, max_chunks: int = 8, chunk_lines: int = 40,
                  max_chunk_chars: int = 24000, max_total_chars: int = 64000,
@@ -96,10 +86,13 @@ class ContextRing:
         return text[: self.max_chunk_chars]
 
     def chunks(self, for_uri: str, store: DocumentStore) -> tuple[ContextChunk, ...]:
-        """Context for a completion in ``for_uri`` (see the module doc)."""
+        """Context for a completion in ``for_uri``: most recent first, never ``for_uri`` itself,
+        within ``max_chunks``, ``max_chunk_chars`` and ``max_total_chars``. An edit's chunk is the
+        lines around it, an open's the whole document. The order stays stable while only the current
+        document is edited, so the daemon's KV cache keeps its prefix."""
         out: list[ContextChunk] = []
         total = 0
-        # a document sent whole (it fits max_chunk_chars) needs no windows besides
+        # a document sent whole (it fits max_chunk_chars) needs no other windows
         whole = set()
         for anchor in self._anchors:
             doc = store.get(anchor.uri) if anchor.whole and anchor.snapshot is None else None

@@ -1,22 +1,5 @@
-"""The language server's side of the daemon's websocket API (docs/protocol.md).
-
-One :class:`DaemonClient` holds one websocket to the daemon, reconnecting with
-jittered exponential back-off; frames go through :mod:`soldaemon.protocol`.
-All methods run on the event loop thread.
-
-- :meth:`DaemonClient.complete` answers at once with an ``unavailable`` error
-  while the daemon is not connected and ready; a dropped connection resolves
-  every request in flight the same way.
-- Cancelling the awaiting task, or its timeout, sends a ``cancel`` frame (from
-  a ``finally``); :meth:`DaemonClient.cancel` cancels while the caller waits.
-- ``warm`` and ``event`` are fire and forget, dropped while not connected.
-- A daemon is started (``launcher``) only once something wanted it
-  (:meth:`DaemonClient.poke`); :meth:`DaemonClient.wait_ready` waits while one
-  is on its way.
-- Status changes go to ``on_status`` (``persistent`` after
-  ``failure_message_after_s``, ``busy`` while starting or loading); each
-  completion's round trip (ms) to ``on_latency``.
-"""
+"""The language server's side of the daemon's websocket API (docs/protocol.md): one
+:class:`DaemonClient` per daemon, on the event loop thread."""
 
 from __future__ import annotations
 
@@ -69,8 +52,10 @@ def unavailable(request_id: str, message: str = "not connected to soldaemon") ->
 
 
 class DaemonClient:
-    """See the module doc. ``resolve`` finds the daemon (URL and token) before
-    each attempt; ``launcher`` starts one when none answers."""
+    """One websocket to the daemon, reconnecting with jittered exponential back-off.
+    ``resolve`` finds the daemon (URL and token) before each attempt; ``launcher`` starts one,
+    only once a request wanted it (:meth:`poke`). Status changes go to ``on_status``, each
+    completion's round trip (ms) to ``on_latency``."""
 
     def __init__(self, resolve: Callable[[], Target], *,
                  on_status: Callable[[StatusUpdate], None] = lambda update: None,
@@ -132,8 +117,8 @@ class DaemonClient:
         return (f"{base}.lsp{tag}" if tag else base)[:128]
 
     def poke(self) -> None:
-        """Mark the daemon wanted (one may be started from now on) and retry
-        now if waiting out a back-off (at most once a second)."""
+        """Mark the daemon wanted (one may be started from now on) and retry now if waiting out
+        a back-off (at most once a second)."""
         first, self.wanted = not self.wanted, True
         if self._ws is None and (first or time.monotonic() - self._last_attempt >= 1.0):
             self._unanswered_poke = self._launcher is not None
@@ -145,8 +130,7 @@ class DaemonClient:
         return not self.ready and (self.last_status.busy or self._unanswered_poke)
 
     async def wait_ready(self) -> bool:
-        """Wait while a daemon is :attr:`coming`: True once ready, False when
-        none is coming."""
+        """Wait while a daemon is :attr:`coming`: True once ready, False when none is coming."""
         while not self.ready:
             if not self.coming:
                 return False
@@ -155,8 +139,9 @@ class DaemonClient:
 
     async def complete(self, req: CompletionRequest, *, timeout_s: float | None = None,
                        on_delta: Callable[[Delta], None] | None = None) -> Answer:
-        """Send ``complete`` and return its ``done`` or ``error`` (``timeout``
-        when ``timeout_s`` passes)."""
+        """Send ``complete`` and return its ``done`` or ``error`` (``timeout`` after ``timeout_s``).
+        Answers ``unavailable`` at once while not ready. A cancelled or timed-out wait sends the
+        daemon a ``cancel``."""
         if not self.ready or self._outbox is None:
             self.poke()
             return unavailable(req.id, self._not_ready_reason())
@@ -179,8 +164,8 @@ class DaemonClient:
         return answer
 
     def cancel(self, request_id: str) -> bool:
-        """Cancel ``request_id`` on the daemon (its ``complete`` gets the done);
-        False when it is not in flight."""
+        """Cancel ``request_id`` on the daemon (its ``complete`` gets the done); False when not in
+        flight."""
         pending = self._pending.get(request_id)
         if pending is None:
             return False
@@ -192,7 +177,7 @@ class DaemonClient:
         return [rid for rid, p in self._pending.items() if p.kind == kind]
 
     def warm(self, req: CompletionRequest) -> bool:
-        """Send ``warm`` (prefill only); False when not connected."""
+        """Send ``warm`` (prefill only, fire and forget); False when not ready."""
         if not self.ready or self._outbox is None:
             return False
         loop = asyncio.get_running_loop()
@@ -202,7 +187,7 @@ class DaemonClient:
         return True
 
     def event(self, event: CompletionEvent) -> bool:
-        """Forward an editor event (shown/accepted/partial/rejected)."""
+        """Forward an editor event (fire and forget); False when not connected."""
         if self._ws is None or self._outbox is None:
             return False
         self._outbox.put_nowait(encode_client(event))
@@ -218,8 +203,8 @@ class DaemonClient:
         self._outbox.put_nowait(encode_client(Cancel(request_id)))
 
     def _observe(self, answer: Answer, elapsed_ms: float) -> None:
-        """Report ``slow`` while the daemon's own TTFT exceeds ``slow_ms``,
-        ``ready`` once fast again; the round trip goes to ``on_latency``."""
+        """Report ``slow`` while the daemon's TTFT exceeds ``slow_ms``, ``ready`` once fast
+        again; the round trip goes to ``on_latency``."""
         if isinstance(answer, ErrorFrame) and answer.code == "timeout":
             slow, ttft = True, elapsed_ms
         elif not isinstance(answer, Done) or answer.finish_reason in ("cancelled", "superseded"):
@@ -307,8 +292,8 @@ class DaemonClient:
             await asyncio.wait_for(self._wake.wait(), seconds)
 
     async def _attempt(self) -> tuple[str | None, bool]:
-        """One connection: ``(None, _)`` after one that worked, else ``(why it
-        failed, whether nothing is listening)``."""
+        """One connection: ``(None, _)`` after one that worked, else ``(why it failed, whether
+        nothing is listening)``."""
         t0 = time.perf_counter()
         try:
             target = self._resolve()

@@ -1,16 +1,7 @@
-"""The language server's copy of the editor's open documents.
-
-LSP positions count code units of the negotiated encoding (UTF-16 by default,
-or UTF-8 / UTF-32); every conversion to Python string indices happens here.
-Lines end at ``\\n``, ``\\r\\n`` or ``\\r`` (LSP's rule; pygls' store also
-breaks at a form feed, and rebuilds the text on every change).
-
-- :meth:`Document.offset_at` never raises for a non-negative position: past
-  the line's end means its end, past the last line the document's end, inside
-  a character its start. :func:`units` is the inverse direction.
-- :class:`DocumentStore` applies ``didOpen``/``didChange``/``didClose`` in
-  order; :meth:`Document.apply` returns where the edit landed.
-"""
+"""The language server's copy of the editor's open documents; every conversion between LSP
+positions (code units of the negotiated encoding, UTF-16 by default) and string indices
+happens here. Lines end at ``\\n``, ``\\r\\n`` or ``\\r`` (LSP's rule; pygls' store also
+breaks at a form feed)."""
 
 from __future__ import annotations
 
@@ -91,11 +82,11 @@ class Document:
         return start, end
 
     def line_of(self, offset: int) -> int:
-        """The line holding ``offset``."""
         return max(0, bisect.bisect_right(self._starts, offset) - 1)
 
     def offset_at(self, position: types.Position, encoding: Encoding = "utf-16") -> int:
-        """String index of an LSP position (see the module doc)."""
+        """String index of an LSP position; never raises for a non-negative one: past the line's end
+        means its end, past the last line the document's end, inside a character its start."""
         if position.line >= len(self._starts):
             return len(self.text)
         start, end = self.line_span(position.line)
@@ -153,8 +144,8 @@ class DocumentStore:
         return doc
 
     def change(self, params: types.DidChangeTextDocumentParams) -> tuple[Document, int] | None:
-        """Apply every change in order: the document and the offset after the
-        last edit, or None when it is not open."""
+        """Apply every change in order: the document and the offset after the last edit, or None
+        when it is not open."""
         doc = self._docs.get(params.text_document.uri)
         if doc is None:
             return None

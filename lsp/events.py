@@ -1,9 +1,6 @@
-"""Editor events about a shown completion, as the daemon counts them: shown,
-partially accepted, rejected (under the ``sol/`` names and Copilot's, so an
-editor set up for Copilot needs no change) and the ``sol.accepted`` command;
-docs/editors.md lists the messages. An item is recognised by the
-``sol.accepted`` command on it. Pure: no I/O.
-"""
+"""Editor events about a shown completion, as the daemon counts them, under the ``sol/`` names
+and Copilot's (docs/editors.md lists them); an item is recognised by the ``sol.accepted``
+command on it. Pure: no I/O."""
 
 from __future__ import annotations
 
@@ -41,9 +38,8 @@ def plain(value: Any) -> Any:
 
 
 def event_target(params: Any) -> tuple[str, int, int | None] | None:
-    """``(request id, item index, accepted length)`` from ``{"item": <item
-    with our command>}`` or ``{"id", "index"}``, else None; the length counts
-    characters of the completion, the line before the cursor taken off."""
+    """``(request id, item index, accepted length)`` from ``{"item": <item with our command>}``
+    or ``{"id", "index"}``, else None; the length excludes the line before the cursor."""
     data = plain(params)
     if not isinstance(data, dict):
         return None

@@ -1,11 +1,7 @@
-"""The LSP base protocol, read strictly (pygls' reader skips unknown header
-lines and takes any length, so an HTTP request is served as an editor).
-
-Accepted: header lines ``Content-Length`` and ``Content-Type`` (any case, each
-at most once), a decimal length of 1 .. :data:`MAX_FRAME_BYTES`, ``\\r\\n``,
-then that many bytes of JSON. Anything else raises :class:`FramingError`; the
-server then logs one line and exits (the stream cannot be resynchronised).
-"""
+"""The LSP base protocol, read strictly (pygls' reader would serve an HTTP request as an
+editor): only ``Content-Length`` and ``Content-Type`` headers, each at most once, a length of
+1 .. :data:`MAX_FRAME_BYTES`, then JSON. Anything else raises :class:`FramingError` and the
+server exits, since the stream cannot be resynchronised."""
 
 from __future__ import annotations
 

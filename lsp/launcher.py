@@ -1,18 +1,7 @@
-"""Finding the daemon, and starting one when configured to.
-
-:func:`resolve_target` (over :func:`soldaemon.discovery.find_daemon`) runs
-before every connection attempt. sol-lsp reads no ``sol_config.yaml``: without
-a ``url`` setting it trusts only the record a ready daemon writes, so its token
-never goes to whatever else holds a port.
-
-:class:`DaemonLauncher` starts ``soldaemon serve`` (an argv, never a shell)
-detached in its own session, in the private state directory, logging to
-``daemon.log`` (raw output: ``daemon.out``, whose ``soldaemon: ...`` lines
-:meth:`DaemonLauncher.stage` reads). The daemon is shared by every window,
-exits after ``idle_exit_s`` unused, and takes a free port when its own is held.
-A failed start's reason comes from ``last-error.json``. Of two sol-lsp starting
-at once, the one holding ``start.lock`` starts the daemon.
-"""
+"""Finding the daemon, and starting one when configured to. sol-lsp reads no
+``sol_config.yaml``: without a ``url`` setting it trusts only a ready daemon's record, so its
+token never goes to whatever else holds a port. :class:`DaemonLauncher` starts ``soldaemon
+serve`` detached, shared by every window; ``start.lock`` lets one sol-lsp start it."""
 
 from __future__ import annotations
 
@@ -40,9 +29,8 @@ log = logging.getLogger("sol.lsp.launcher")
 
 
 def resolve_target(settings: Settings) -> Target:
-    """The daemon to connect to: ``url`` and ``token_file`` from the settings,
-    else the running daemon's record. Raises :class:`Unavailable` with no
-    record or token file, :class:`ConfigError` for an unsafe one."""
+    """``url`` and ``token_file`` from the settings, else the running daemon's record. Raises
+    :class:`Unavailable` with no record or token file, :class:`ConfigError` for an unsafe one."""
     return find_daemon(Fallback(), url=settings.url or None, token_path=settings.token_file)
 
 
@@ -60,8 +48,8 @@ def daemon_log_path() -> Path:
 
 
 def doctor_command(settings: Settings) -> list[str]:
-    """``soldaemon [--config FILE] doctor`` as ``python -I`` with this
-    soldaemon's directory first on ``sys.path``, whatever the environment."""
+    """``soldaemon [--config FILE] doctor`` as ``python -I`` with this soldaemon first on
+    ``sys.path``."""
     root = str(Path(soldaemon.__file__).resolve().parent.parent)
     boot = f"import sys; sys.path.insert(0, {root!r}); from soldaemon.cli import main; sys.exit(main())"
     argv = [sys.executable, "-I", "-c", boot]
@@ -71,9 +59,8 @@ def doctor_command(settings: Settings) -> list[str]:
 
 
 async def run_doctor(settings: Settings, *, timeout_s: float = 120.0) -> tuple[list[str], str, int | None]:
-    """Run :func:`doctor_command` in the private state directory, stdin
-    closed: ``(argv, output, exit status)``. Raises ``OSError`` or
-    ``TimeoutError``."""
+    """Run :func:`doctor_command` in the private state directory, stdin closed:
+    ``(argv, output, exit status)``. Raises ``OSError`` or ``TimeoutError``."""
     import asyncio
 
     argv = doctor_command(settings)
@@ -102,8 +89,8 @@ def read_last_error(since: float) -> str | None:
 
 
 def default_daemon_command(settings: Settings) -> list[str]:
-    """``soldaemon [--config FILE] serve --idle-exit-s N``: the console script
-    next to this Python, else :func:`_module_command`."""
+    """``soldaemon [--config FILE] serve --idle-exit-s N``: the console script next to this
+    Python, else :func:`_module_command`."""
     exe = shutil.which("soldaemon", path=str(Path(sys.executable).parent)) or shutil.which("soldaemon")
     argv = [exe] if exe else _module_command()
     if settings.config:      # absolute: the daemon runs in the state directory, not sol-lsp's cwd
@@ -112,8 +99,8 @@ def default_daemon_command(settings: Settings) -> list[str]:
 
 
 def _module_command() -> list[str]:
-    """``python -m soldaemon.cli`` that never imports a project's code: ``-I``
-    when installed in site-packages, else ``-P`` (no cwd on ``sys.path``)."""
+    """``python -m soldaemon.cli`` that never imports a project's code: ``-I`` when installed in
+    site-packages, else ``-P`` (no cwd on ``sys.path``)."""
     here = Path(soldaemon.__file__).resolve().parent
     sites = [Path(p).resolve() for p in site.getsitepackages()]
     if any(here.is_relative_to(p) for p in sites):
@@ -124,8 +111,8 @@ def _module_command() -> list[str]:
 
 
 class DaemonLauncher:
-    """Starts at most one daemon at a time; a failed start is retried only
-    after ``cooldown_s``."""
+    """Starts ``soldaemon serve`` (an argv, never a shell) in its own session in the private
+    state directory, at most one at a time; a failed start is retried after ``cooldown_s``."""
 
     def __init__(self, argv: Sequence[str], *, timeout_s: float = 180.0, cooldown_s: float = 60.0,
                  log_path: Path | None = None, lock: StartLock | None = None,
@@ -182,8 +169,8 @@ class DaemonLauncher:
         return None
 
     def stage(self) -> str | None:
-        """What a starting daemon (any window's) is doing, from the last
-        ``soldaemon: ...`` line of ``daemon.out``, or None."""
+        """What a starting daemon (any window's) is doing: the last ``soldaemon: ...`` line of
+        ``daemon.out``, or None."""
         out_path = (self.log_path or state_dir() / "daemon.log").with_suffix(".out")
         try:
             with open(out_path, "rb") as f:
@@ -196,15 +183,15 @@ class DaemonLauncher:
         return lines[-1][len(STAGE_PREFIX):][:200] if lines else None
 
     def ready(self) -> None:
-        """Forget the process after a connection (the daemon lives on);
-        a restart still waits ``cooldown_s``."""
+        """Forget the process after a connection (the daemon lives on); a restart still waits
+        ``cooldown_s``."""
         self.proc = None
         self.error = None
         self.lock.release()
 
     def start(self) -> bool:
-        """Spawn the daemon unless ours is still coming or the cooldown runs:
-        True when spawned now. A failure is kept in ``error``, never raised."""
+        """Spawn the daemon unless ours is still coming or the cooldown runs; True when spawned now.
+        A failure is kept in ``error``, never raised."""
         if self.proc is not None and self.proc.poll() is None:
             return False  # ours is alive: still preparing, or too slow (then check() says so)
         if self.started_at and time.monotonic() - self.started_at < self.cooldown_s:
@@ -220,7 +207,7 @@ class DaemonLauncher:
             if read_daemon_record() is not None:     # one became ready since our failed attempt
                 self.lock.release()
                 return False
-            # the daemon rotates daemon.log itself; daemon.out holds what it prints outside it
+            # daemon.log is the daemon's (it rotates it); daemon.out holds what it prints outside it
             out_path = log_path.with_suffix(".out")
             env = dict(os.environ, SOLDAEMON_LOG_FILE=str(log_path), SOLDAEMON_PORT_FALLBACK="1")
             if self.idle_exit_s is not None:

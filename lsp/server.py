@@ -1,12 +1,5 @@
-"""``sol-lsp``: the language server that brings soldaemon's completions to any
-LSP editor. The pygls wiring only: documents (:mod:`lsp.documents`), context
-(:mod:`lsp.context`), completions (:mod:`lsp.completer`), the daemon
-(:mod:`lsp.daemon_client`, :mod:`lsp.launcher`), settings (:mod:`lsp.settings`),
-events (:mod:`lsp.events`) and status (:mod:`lsp.status`).
-
-The LSP surface (inline and plain completion, events, ``sol/status``,
-``sol/completionReady``, errors) is docs/editors.md's reference.
-"""
+"""``sol-lsp``: the language server bringing soldaemon's completions to any LSP editor. Only
+the pygls wiring lives here; the LSP surface is documented in docs/editors.md."""
 
 from __future__ import annotations
 
@@ -45,9 +38,8 @@ __all__ = ["ACCEPT_COMMAND", "SOL_DID_PARTIALLY_ACCEPT", "SOL_DID_SHOW", "SOL_ST
 log = logging.getLogger("sol.lsp")
 
 MAX_LINE_PREFIX = 1000          # chars: longer lines get cursor-relative items
-# a plain completion waits this long for a daemon that is starting, then answers
-# an empty, incomplete list (asked again on the next key): eglot and lsp-mode
-# ask synchronously and give up after 10 s (jsonrpc/lsp-response timeouts)
+# How long a plain completion waits for a starting daemon before an empty, incomplete list:
+# eglot and lsp-mode ask synchronously and give up after 10 s.
 PLAIN_START_WAIT_S = 4.0
 CONFIG_SECTION = "soldaemon"    # workspace/didChangeConfiguration: settings.soldaemon
 COMPLETION_READY = "sol/completionReady"   # {uri}: the rest of an early inline answer is there
@@ -61,8 +53,8 @@ class RequestFailed(JsonRpcException):
 
 
 class SolProtocol(LanguageServerProtocol):
-    """pygls' protocol answering ``initialize`` once per process (a second is
-    refused with InvalidRequest), and keeping no copy of the documents."""
+    """pygls' protocol: ``initialize`` once per process (a second is refused with
+    InvalidRequest), and no copy of the documents (they live in :class:`DocumentStore` alone)."""
 
     _initialized_once = False
 
@@ -77,7 +69,6 @@ class SolProtocol(LanguageServerProtocol):
         result.capabilities.experimental = {"soldaemon": {"notifications": sorted(NOTIFICATIONS)}}
         return result
 
-    # the open documents live in lsp.documents.DocumentStore alone, not pygls' workspace too
     @lsp_method(types.TEXT_DOCUMENT_DID_OPEN)
     def lsp_text_document__did_open(self, params: types.DidOpenTextDocumentParams) -> Generator[Any, Any, None]:
         yield from self._to_handler(types.TEXT_DOCUMENT_DID_OPEN, params)
@@ -136,8 +127,8 @@ class SolLanguageServer(LanguageServer):
             self.shutdown()
 
     def configure(self, params: types.InitializeParams) -> None:
-        """Apply ``initialize``'s options and capabilities and start connecting
-        to the daemon; raises JsonRpcInvalidParams for a bad option."""
+        """Apply ``initialize``'s options and capabilities and start connecting to the daemon;
+        raises JsonRpcInvalidParams for a bad option."""
         try:
             settings, unknown = self.settings.with_options(params.initialization_options)
         except SettingsError as exc:
@@ -168,8 +159,8 @@ class SolLanguageServer(LanguageServer):
         self.start_daemon_client()
 
     def reconfigure(self, params: types.DidChangeConfigurationParams) -> None:
-        """Apply the ``soldaemon`` section (or a flat object of our keys) now;
-        an invalid value is shown and the settings stay."""
+        """Apply the ``soldaemon`` section (or a flat object of our keys) now; an invalid value
+        is shown and the settings stay."""
         raw = params.settings
         if isinstance(raw, dict) and CONFIG_SECTION in raw:
             section = raw[CONFIG_SECTION]
@@ -215,8 +206,7 @@ class SolLanguageServer(LanguageServer):
             self.client_has_inline = True
 
     def set_policy(self, folder_uris: Sequence[str] | None) -> None:
-        """Send only files inside ``folder_uris`` (None: anywhere) that the
-        :class:`ContextPolicy` allows."""
+        """Send only files inside ``folder_uris`` (None: anywhere) that the policy allows."""
         s = self.settings
         folders = folder_paths(folder_uris) if folder_uris is not None else None
         self.policy = ContextPolicy(folders, s.context_include, s.context_exclude)
@@ -269,8 +259,8 @@ class SolLanguageServer(LanguageServer):
             raise RequestFailed(str(exc), data={"code": exc.frame.code, "hint": exc.frame.hint}) from None
 
     def inline_items(self, s: Suggestion, position: types.Position) -> list[types.InlineCompletionItem]:
-        """Items replacing the cursor's whole line (docs/editors.md), or
-        inserted at the cursor on a line over MAX_LINE_PREFIX."""
+        """Items replacing the cursor's whole line (docs/editors.md), or inserted at the cursor
+        on a line over MAX_LINE_PREFIX."""
         items = []
         whole_line = len(s.line_prefix) + len(s.line_suffix) <= MAX_LINE_PREFIX
         line_end = types.Position(position.line,
@@ -353,7 +343,6 @@ class SolLanguageServer(LanguageServer):
 
 
 def build_server(settings: Settings) -> SolLanguageServer:
-    """A configured server with every feature registered."""
     server = SolLanguageServer(settings)
 
     @server.feature(types.INITIALIZE)
@@ -431,7 +420,6 @@ def build_server(settings: Settings) -> SolLanguageServer:
 
 
 def _forwarder(kind: str) -> Any:
-    """The handler of an event notification of ``kind``."""
     def forward(ls: SolLanguageServer, params: Any) -> None:
         ls.forward_event(kind, params)
     return forward

@@ -1,13 +1,7 @@
-"""sol-lsp settings: command-line flags, then the client's
-``initializationOptions`` on top. :data:`OPTIONS` names each option both ways
-(``--debounce-ms``, ``debounceMs``).
-
-:func:`parse_args` and :meth:`Settings.with_options` raise
-:class:`SettingsError` naming a bad value; unknown keys come back as warnings.
-Launch-only options (where the daemon is, how to start it, what widens the
-secret-file rule) come from the command line only, never from options a
-project can set (docs/security.md).
-"""
+"""sol-lsp settings: command-line flags, then the client's ``initializationOptions`` on top;
+:data:`OPTIONS` names each both ways. Launch-only options (where the daemon is, how to start it,
+what widens the secret-file rule) come from the command line only, never from options a
+project can set (docs/security.md)."""
 
 from __future__ import annotations
 
@@ -80,8 +74,8 @@ class Settings:
         return table.get(language or "", table.get("*", True))
 
     def with_options(self, options: Mapping[str, Any] | None) -> tuple[Settings, list[str]]:
-        """These settings with ``initializationOptions`` applied, and the keys
-        ignored (unknown, or ``"<key> (command line only)"``)."""
+        """These settings with ``initializationOptions`` applied, and the keys ignored (unknown, or
+        ``"<key> (command line only)"``). Raises :class:`SettingsError` for a bad value."""
         if not options:
             return self, []
         if not isinstance(options, Mapping):
@@ -100,7 +94,7 @@ class Settings:
         return dataclasses.replace(self, **changes), ignored
 
 
-# Parsers: of JSON values (initializationOptions) and strings (flags) alike
+# Parsers take JSON values (initializationOptions) and strings (flags) alike.
 
 
 @dataclass(frozen=True)

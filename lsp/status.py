@@ -1,7 +1,5 @@
-"""What the user sees of the daemon's state: ``sol/status``, one failure
-message per outage (:class:`StatusReporter`), ``$/progress`` while the daemon
-starts or loads (:class:`Progress`), and round trips (:class:`Latency`).
-"""
+"""What the user sees of the daemon's state: ``sol/status``, one failure message per outage,
+``$/progress`` while the daemon starts or loads, and completion round trips."""
 
 from __future__ import annotations
 
@@ -69,8 +67,8 @@ class Latency:
 
 
 class Progress:
-    """One ``$/progress`` bar at a time, titled "soldaemon" (none for a client
-    that refuses the token); called on the event loop thread."""
+    """One ``$/progress`` bar at a time, titled "soldaemon" (none for a client that refuses the
+    token). Event loop thread only."""
 
     _tokens = itertools.count(1)
 
@@ -125,9 +123,8 @@ class Progress:
 
 
 class StatusReporter:
-    """Turns :class:`StatusUpdate` into ``sol/status`` (while ``enabled``),
-    ``$/progress`` for ``busy`` ones, and at most one
-    ``window/showMessageRequest`` with :data:`ACTIONS` per outage and per
+    """Turns :class:`StatusUpdate` into ``sol/status`` (while ``enabled``), ``$/progress`` for
+    ``busy`` ones, and at most one ``window/showMessageRequest`` per outage and per
     ``MESSAGE_INTERVAL_S``."""
 
     def __init__(self, server: _Server, progress: Progress | None = None,

@@ -1,12 +1,5 @@
-"""The contract between the front doors (websocket, CLI, benchmark) and an
-inference engine. Pure data: no torch, no asyncio.
-
-An :class:`Engine` turns a :class:`CompletionRequest` into a stream of
-:class:`Delta` events ending in exactly one :class:`Done`. It is driven from one
-worker thread; the caller cancels it through a :class:`CancelToken`, which the
-engine checks between prefill chunks and before every decode step, so a cancel
-takes effect within one step.
-"""
+"""The contract between the front doors (websocket, CLI, benchmark) and an inference engine.
+Pure data: no torch, no asyncio."""
 
 from __future__ import annotations
 
@@ -16,10 +9,8 @@ from typing import Any, Iterator, Literal, Protocol
 
 Multiline = Literal["auto", "single", "multi"]
 Priority = Literal["normal", "high"]
-# Why a completion ended. "stop": a stop token, the end of the hole, or a
-# post-processing cut; "length": max_tokens; "budget": budget_ms ran out;
-# "cancelled": the client cancelled or disconnected; "superseded": a newer
-# request for the same document replaced it; "error": see the error frame.
+# Why a completion ended: "stop" (a stop token, the hole's end or a cut), "length" (max_tokens),
+# "budget" (budget_ms), "cancelled", "superseded" (by a newer request for the document), "error".
 FinishReason = Literal["stop", "length", "budget", "cancelled", "superseded", "error"]
 
 
@@ -40,7 +31,7 @@ class CompletionRequest:
     version: int | None = None             # editor's document version
     language: str | None = None            # LSP language id ("python", ...)
     context: tuple[ContextChunk, ...] = ()
-    max_tokens: int = 128                  # generated tokens, hard cap (config completion.max_tokens)
+    max_tokens: int = 128                  # generated tokens, hard cap (completion.max_tokens)
     budget_ms: float | None = None         # wall-clock budget from arrival, ms
     multiline: Multiline = "auto"
     priority: Priority = "normal"
@@ -48,13 +39,14 @@ class CompletionRequest:
     top_p: float = 1.0
     n: int = 1                             # candidates (n > 1 needs temperature > 0)
     seed: int | None = None
-    received_ns: int = 0                   # time.perf_counter_ns() at arrival (0: when the engine starts it)
+    received_ns: int = 0                   # perf_counter_ns() at arrival (0: engine start)
 
 
 @dataclass(frozen=True)
 class Timings:
-    """Per-request stage timings. Every figure the API, the logs and the
-    benchmark report comes from here."""
+    """Per-request stage timings: the source of every figure the API, logs and benchmark
+    report. ``source``: "model", "type-through" (from the last completion), "resumed" (a
+    superseded generation continued) or "speculative" (computed ahead)."""
 
     queue_ms: float = 0.0                  # arrival → worker picks it up
     prompt_ms: float = 0.0                 # windowing + tokenizing + FIM template
@@ -69,7 +61,7 @@ class Timings:
     accepted_tokens: int = 0               # speculative tokens accepted
     ttft_start_ns: int = 0                 # time.time_ns() at arrival
     ttft_end_ns: int = 0                   # time.time_ns() at first token
-    source: str = "model"                  # "model" | "type-through" (from the last completion) | "resumed" (a superseded generation continued) | "speculative" (computed ahead, runtime/engine/foresight.py)
+    source: str = "model"                  # see the class doc
 
     @property
     def tokens_per_s(self) -> float:
@@ -88,19 +80,16 @@ class Delta:
 
 @dataclass(frozen=True)
 class Done:
-    """The last event of a request. ``items`` are the final, post-processed
-    completions; a client shows these (the deltas are a preview of item 0)."""
+    """The last event of a request. ``items`` are the final completions a client shows (the
+    deltas preview item 0)."""
 
     id: str
     items: tuple[str, ...]
     finish_reason: FinishReason
     timings: Timings = field(default_factory=Timings)
-    # per item, why it ends where it does: "model" (its end token) or a cut
-    # rule (soldaemon.pipeline.ending); () when not known
+    # per item: "model" (its end token) or the cut rule that ended it; () when not known
     ends: tuple[str, ...] = ()
-    # the streamed answer (what the deltas previewed), post-processed, when
-    # item 0 is another one: a block candidate chosen over it
-    # (soldaemon.pipeline.candidates); None otherwise
+    # the post-processed streamed answer when a block candidate replaced it as item 0
     streamed: str | None = None
 
 
@@ -108,11 +97,9 @@ Event = Delta | Done
 
 
 class CancelToken:
-    """Set once, by any thread, through one of two named operations; read by
-    the engine between steps. :meth:`cancel`: the client no longer wants the
-    answer. :meth:`supersede`: a newer request for the same document took
-    its place; a generation that request may go on with is parked, not
-    ended (the local model part). The first operation wins."""
+    """Set once, by any thread; the first operation wins. The engine reads it between steps.
+    :meth:`cancel`: the client no longer wants the answer. :meth:`supersede`: a newer request
+    for the same document took its place (a generation it may go on with is parked)."""
 
     def __init__(self) -> None:
         self._event = threading.Event()
@@ -145,17 +132,17 @@ class CancelToken:
         return "superseded" if self.superseded else "cancelled"
 
     def finish(self, reason: FinishReason) -> FinishReason:
-        """The finish reason of an answer that ended with ``reason``: one the
-        engine ended because this token was stopped ("cancelled" or
-        "superseded") is told by the operation that stopped it."""
+        """``reason``, except that a stop this token caused reports the operation that caused it."""
         return self.reason if self.cancelled and reason in ("cancelled", "superseded") else reason
 
 
 class Engine(Protocol):
+    """An inference engine, driven from one worker thread. It checks the :class:`CancelToken`
+    between prefill chunks and before every decode step, so a stop takes effect within one step."""
+
     def complete(self, req: CompletionRequest, cancel: CancelToken) -> Iterator[Event]:
-        """Stream a completion. Yields zero or more ``Delta`` then one ``Done``.
-        Raises ``SolError`` subclasses for bad requests; never anything else
-        for a request problem."""
+        """Stream a completion: zero or more ``Delta`` then one ``Done``. Request problems raise
+        ``SolError`` subclasses only."""
         ...
 
     def warm(self, req: CompletionRequest, cancel: CancelToken) -> Timings:
@@ -163,8 +150,7 @@ class Engine(Protocol):
         ...
 
     def diagnosis(self) -> dict[str, Any]:
-        """The ``sol_diagnosis`` object: active, ttft_optimized,
-        prefetch_hit_rate, kv_fold_ratio, offloaded_layers."""
+        """The ``sol_diagnosis`` fields (see ``SOL_DIAGNOSIS_KEYS``) and engine counters."""
         ...
 
     def info(self) -> dict[str, Any]:
@@ -172,22 +158,18 @@ class Engine(Protocol):
         ...
 
 
-# What an editor client sends of a document around the cursor (sol-lsp's
-# defaults, and what ``bench --quality`` gives the daemon so that its figures
-# are an editor's): the token windows take their part, and the outline
-# (``soldaemon.fim.outline``) reads the rest.
+# How much of a document an editor client sends around the cursor (sol-lsp's defaults, also
+# used by ``bench --quality``); the outline (``soldaemon.fim.outline``) reads beyond the windows.
 DOCUMENT_PREFIX_CHARS = 128_000
 DOCUMENT_SUFFIX_CHARS = 64_000
-DOCUMENT_GRAIN = 4096   # chars: the start of the prefix sent moves in these steps (the KV cache keeps its start)
+DOCUMENT_GRAIN = 4096   # chars: the prefix start moves in these steps (the KV cache keeps it)
 
 
 def document_window(text: str, offset: int, max_prefix_chars: int = DOCUMENT_PREFIX_CHARS,
                     max_suffix_chars: int = DOCUMENT_SUFFIX_CHARS) -> tuple[int, int]:
-    """``(start, end)``: the part of ``text`` around the cursor at
-    ``offset`` a client sends, at most ``max_prefix_chars`` before it and
-    ``max_suffix_chars`` after it. The start moves in steps of
-    :data:`DOCUMENT_GRAIN` and then to the next line start (nearby cursors
-    share the prefix's start), the end is cut after a line's newline."""
+    """``(start, end)`` of the text a client sends around ``offset``: the start rounded up to
+    :data:`DOCUMENT_GRAIN`, then to a line start (nearby cursors share it); the end follows a
+    newline."""
     start = max(0, offset - max_prefix_chars)
     if start > 0:
         start = min(offset, -(-start // DOCUMENT_GRAIN) * DOCUMENT_GRAIN)

@@ -1,11 +1,7 @@
-"""The ``soldaemon`` command: ``serve``, ``status``, ``stop``,
-``complete FILE:LINE:COL``, ``bench``, ``doctor`` (``--config`` before or after).
-
-Every :class:`SolError` becomes one message on stderr and its exit code
-(``--debug``: the traceback): 0 success; 1 internal error or a failing doctor
-check; 2 bad configuration or arguments; 3 a model error; 4 no daemon running
-or answering; 130 interrupted.
-"""
+"""The ``soldaemon`` command (``--config`` before or after the subcommand). Every
+:class:`SolError` becomes one stderr message and its exit code (``--debug``: the traceback):
+0 success; 1 internal error or a failing doctor check; 2 bad configuration or arguments;
+3 a model error; 4 no daemon running or answering; 130 interrupted."""
 
 from __future__ import annotations
 
@@ -51,8 +47,7 @@ def parse_location(spec: str) -> tuple[Path, int, int]:
 
 
 def split_at(text: str, line: int, col: int) -> tuple[str, str]:
-    """Split ``text`` at 1-based ``line``/``col`` (a column past the end of
-    the line means its end)."""
+    """Split ``text`` at 1-based ``line``/``col``; a column past the line's end means its end."""
     lines = text.splitlines(keepends=True)
     if line > len(lines) + 1 or (line == len(lines) + 1 and text.endswith("\n") is False and lines):
         raise BadRequest(f"line {line} is past the end of the file ({len(lines)} lines)")
@@ -64,8 +59,8 @@ def split_at(text: str, line: int, col: int) -> tuple[str, str]:
 
 
 def cmd_complete(args: argparse.Namespace, config: Config) -> int:
-    """Complete on the running daemon, or with a model loaded here when none
-    answers, with ``--local`` or with a model option."""
+    """Complete on the running daemon; with a model loaded here when none answers, with
+    ``--local`` or with a model option."""
     from soldaemon.api import CompletionRequest, Delta, Done
 
     path, line, col = parse_location(args.location)
@@ -102,8 +97,8 @@ def cmd_complete(args: argparse.Namespace, config: Config) -> int:
 
 
 def _complete_on_daemon(config: Config, req: CompletionRequest, stream: Callable[[Delta], None]) -> Done | None:
-    """The running daemon's answer, or None when none runs or answers; a
-    secret file raises :class:`SecretDocument`, secrets in the text are redacted."""
+    """The running daemon's answer, or None when none runs or answers. A secret file raises
+    :class:`SecretDocument`; secrets in the text are redacted."""
     import asyncio
 
     from soldaemon.discovery import find_daemon
@@ -188,10 +183,8 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
 
 
 class _Command(argparse.ArgumentParser):
-    """A subcommand's parser whose options ``add_options`` adds when it is
-    first used (parsing its arguments, or its ``--help``): the options of
-    ``bench`` and ``doctor`` live beside their code, which ``serve`` and
-    ``status`` must not import (no measurement code on the product's path)."""
+    """A subcommand parser that adds its options (``add_options``) only when first used, so
+    ``serve`` and ``status`` never import bench's or doctor's code."""
 
     def __init__(self, *args: Any, add_options: Callable[[argparse.ArgumentParser], None] | None = None,
                  **kwargs: Any) -> None:
@@ -232,8 +225,7 @@ def _doctor_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    # each command's code is imported by its cmd_* when it runs (status starts without torch),
-    # bench's and doctor's options when that command is parsed (_Command)
+    # each command's code is imported only when it runs (status starts without torch)
     from soldaemon.server import arguments as server
 
     parser = argparse.ArgumentParser(prog="soldaemon", description="a local, resident code-completion daemon")

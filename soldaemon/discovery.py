@@ -1,18 +1,8 @@
-"""Finding the running daemon (the rule ``soldaemon status``, ``doctor`` and
-sol-lsp share) and reading the state files it writes (the writing side:
-:mod:`soldaemon.server.statefiles`, :mod:`soldaemon.server.auth`).
-
-:func:`find_daemon` takes the URL given, else the record ``daemon.json`` of a
-live ``soldaemon … serve`` of this user, else raises :class:`Unavailable`: a
-configured port is no address to send the token to, since any local user can
-listen there while the daemon is down. The state directory, the record and
-the token file are trusted only when nobody else could have written them
-(else another user could name any private file of ours as the token);
-each refusal is a :class:`ConfigError` whose hint is the fix.
-
-Light: sol-lsp imports it, so it loads only :mod:`soldaemon.errors` and
-:mod:`soldaemon.paths` (psutil where ``/proc`` is missing).
-"""
+"""Finding the running daemon (for ``soldaemon status``, ``doctor`` and sol-lsp) and reading its
+state files. A configured port is never sent the token (anyone may listen there while the
+daemon is down); state files are trusted only if nobody else could have written them.
+Light, for sol-lsp: imports only :mod:`soldaemon.errors`, :mod:`soldaemon.paths` (psutil
+without ``/proc``)."""
 
 from __future__ import annotations
 
@@ -39,13 +29,10 @@ log = logging.getLogger("soldaemon.discovery")
 RECORD_NAME = "daemon.json"
 TOKEN_NAME = "token"
 START_LOCK_NAME = "start.lock"
-# a token is one line of URL-safe base64 (so no other private file is sent as one)
+# a token is one line of URL-safe base64
 _TOKEN_CHARS = re.compile(r"[A-Za-z0-9_\-]{32,512}")
 # an argv word that runs soldaemon: the script, ``soldaemon.cli``, ``-c`` code importing it
 _NAMES_US = re.compile(r"(?<![\w-])soldaemon(?![\w-])")
-
-
-# Addresses
 
 
 def is_loopback_host(host: str) -> bool:
@@ -74,9 +61,6 @@ def ws_url(host: str, port: int) -> str:
     return f"ws://[{host}]:{port}" if ":" in host else f"ws://{host}:{port}"
 
 
-# The state directory and the daemon's record
-
-
 @dataclass(frozen=True)
 class DaemonRecord:
     url: str
@@ -94,8 +78,8 @@ def default_token_path() -> Path:
 
 
 def refuse_unless_ours(path: Path, info: os.stat_result, what: str) -> None:
-    """Raise :class:`ConfigError` when ``path`` (``info``: its ``lstat``) is
-    another user's or writable by others."""
+    """Raise :class:`ConfigError` when ``path`` (``info``: its ``lstat``) is another user's or
+    writable by others; the hint is the fix."""
     if hasattr(os, "getuid") and info.st_uid != os.getuid():
         raise ConfigError(f"{what} {path} belongs to another user (uid {info.st_uid})",
                           hint="remove it (as its owner or root), or set SOLDAEMON_STATE_DIR to a private directory")
@@ -106,8 +90,7 @@ def refuse_unless_ours(path: Path, info: os.stat_result, what: str) -> None:
 
 
 def check_private_dir(path: Path) -> None:
-    """Raise :class:`ConfigError` unless ``path`` is a directory of ours
-    that others cannot write."""
+    """Raise :class:`ConfigError` unless ``path`` is our directory that others cannot write."""
     info = path.stat()
     if not stat.S_ISDIR(info.st_mode):
         raise ConfigError(f"the state directory {path} is not a directory", hint=f"remove {path}")
@@ -115,8 +98,8 @@ def check_private_dir(path: Path) -> None:
 
 
 def make_private_dir(path: Path) -> Path:
-    """The state directory ``path``, created 0700 when missing, checked, and
-    tightened to 0700 (with a warning) when others may read it."""
+    """The state directory ``path``, created 0700 when missing, checked, and tightened to 0700
+    (with a warning) when others may read it."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     check_private_dir(path)
     mode = stat.S_IMODE(path.stat().st_mode)
@@ -158,8 +141,8 @@ def _process(pid: int) -> tuple[int, list[str]] | None:
 
 
 def is_our_daemon(pid: int) -> bool:
-    """Whether ``pid`` is a live ``soldaemon … serve`` process of this user
-    (the console script, ``-m soldaemon.cli`` or ``-c`` code)."""
+    """Whether ``pid`` is a live ``soldaemon … serve`` process of this user (console script,
+    ``-m soldaemon.cli`` or ``-c`` code)."""
     if pid <= 1:
         return False
     found = _process(pid)
@@ -173,9 +156,9 @@ def is_our_daemon(pid: int) -> bool:
 
 
 def read_daemon_record(*, allow_remote: bool = False) -> DaemonRecord | None:
-    """The record of a daemon still running as ours, or None (none, stale or
-    unreadable). Raises :class:`ConfigError` when someone else could have
-    written it, or it names a non-loopback URL without ``allow_remote``."""
+    """The record of a daemon still running as ours, or None (none, stale or unreadable).
+    Raises :class:`ConfigError` when someone else could have written it, or it names a
+    non-loopback URL without ``allow_remote``."""
     path = record_path()
     try:
         check_private_dir(path.parent)
@@ -199,12 +182,9 @@ def read_daemon_record(*, allow_remote: bool = False) -> DaemonRecord | None:
     return record
 
 
-# The token file
-
-
 def check_token_file(path: Path) -> str:
-    """The token in ``path``. Raises :class:`FileNotFoundError`, or
-    :class:`ConfigError` when others could read it or it holds no token."""
+    """The token in ``path``. Raises :class:`FileNotFoundError`, or :class:`ConfigError` when
+    others could read it or it holds no token (so no other private file is sent as one)."""
     info = path.lstat()
     if not stat.S_ISREG(info.st_mode):
         raise ConfigError(f"token file {path} is not a regular file",
@@ -226,16 +206,13 @@ def check_token_file(path: Path) -> str:
 
 
 def read_token(path: Path) -> str:
-    """The token for a client. Raises :class:`Unavailable` when there is no
-    token file yet, :class:`ConfigError` when it is unsafe."""
+    """The token for a client. Raises :class:`Unavailable` when there is no token file yet,
+    :class:`ConfigError` when it is unsafe."""
     try:
         return check_token_file(path)
     except FileNotFoundError:
         raise Unavailable(f"no token file at {path}",
                           hint="start the daemon first: soldaemon serve") from None
-
-
-# Finding the daemon
 
 
 @dataclass(frozen=True)
@@ -261,9 +238,9 @@ class Target:
 
 def find_daemon(fallback: Fallback = Fallback(), *, url: str | None = None,
                 token_path: Path | None = None) -> Target:
-    """The daemon to connect to (see the module doc); the token from
-    ``token_path``, else the record's, else the fallback's. Raises
-    :class:`Unavailable` (no daemon, no token file) or :class:`ConfigError`."""
+    """The daemon to connect to: ``url``, else a live ``daemon.json`` record, else
+    ``fallback.url``; the token from ``token_path``, else the record's, else the fallback's.
+    Raises :class:`Unavailable` (no daemon, no token file) or :class:`ConfigError`."""
     if url is not None:
         source, pid = "settings", None
     else:
@@ -281,20 +258,17 @@ def find_daemon(fallback: Fallback = Fallback(), *, url: str | None = None,
     return Target(url, read_token(token_path), token_path, source, pid)
 
 
-# The start lock
-
-
 class StartLock:
-    """``start.lock`` in the state directory, held (``flock``) by the one
-    client starting a daemon; the kernel drops it when its holder exits."""
+    """``start.lock`` in the state directory, held (``flock``) by the one client starting a
+    daemon; the kernel drops it when its holder exits."""
 
     def __init__(self, directory: Path | None = None) -> None:
         self.path = (directory or state_dir()) / START_LOCK_NAME
         self._fd: int | None = None
 
     def acquire(self) -> bool:
-        """Take the lock without waiting: False when another process holds it.
-        Raises ConfigError for a state directory that is not private."""
+        """Take the lock without waiting: False when another process holds it. Raises
+        ConfigError for a state directory that is not private."""
         import fcntl
 
         if self._fd is not None:

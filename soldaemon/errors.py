@@ -1,15 +1,13 @@
-"""One error hierarchy: every error a user or client can see is a
-:class:`SolError` with a stable ``code``, a message saying what is wrong and a
-``hint`` saying what to do; each boundary maps it to its own shape (error
-frame, JSON-RPC error, CLI exit code), never a traceback.
-"""
+"""One error hierarchy: every error a user or client can see is a :class:`SolError` with a
+stable ``code``, a message (what is wrong) and a ``hint`` (what to do); each boundary maps it
+to its own shape (error frame, JSON-RPC error, exit code), never a traceback."""
 
 from __future__ import annotations
 
 
 class SolError(Exception):
-    """Base class. ``code`` is stable and documented; ``retryable`` tells a
-    client whether sending the same request again may succeed."""
+    """Base class. ``code`` is stable and documented; ``retryable``: the same request may
+    succeed if sent again."""
 
     code: str = "internal"
     exit_code: int = 1

@@ -1,8 +1,5 @@
-"""The websocket wire protocol, version 1 (docs/protocol.md): pure
-encode/decode, no I/O. The daemon uses :func:`decode_client` and
-:func:`encode_server`, clients :func:`encode_client` and :func:`decode_server`.
-Unknown fields are ignored; unknown message types are an error.
-"""
+"""The websocket wire protocol, version 1 (docs/protocol.md): pure encode/decode, no I/O.
+Unknown fields are ignored; unknown message types are an error."""
 
 from __future__ import annotations
 
@@ -21,8 +18,8 @@ PROTOCOL_VERSION = 1
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds applied while decoding (lengths in characters), and the defaults
-    of a ``complete`` message's fields (the config's ``completion:``)."""
+    """Bounds applied while decoding (lengths in characters), and the defaults of a
+    ``complete`` message's fields (the config's ``completion:``)."""
 
     max_message_bytes: int = 1024 * 1024       # one frame, bytes
     max_id_chars: int = 128
@@ -33,7 +30,6 @@ class Limits:
     max_tokens: int = 2048                      # cap on complete.max_tokens
     max_n: int = 8
     max_budget_ms: float = 120_000.0            # ms
-    # defaults of a complete message's fields (config completion:)
     default_max_tokens: int = 128
     default_budget_ms: float | None = None
     default_multiline: str = "auto"
@@ -53,16 +49,14 @@ DEBUG_PARTS: tuple[DebugPart, ...] = ("heatmap", "prefetch")
 
 @dataclass(frozen=True)
 class Complete:
-    """Stream a completion: zero or more ``delta`` then one ``done`` (or one
-    ``error``) with the same id."""
+    """Stream a completion: ``delta`` frames, then one ``done`` or ``error`` with the same id."""
 
     request: CompletionRequest
 
 
 @dataclass(frozen=True)
 class Warm:
-    """Prefill the prompt into the KV cache; ends with a ``done`` whose
-    ``items`` is empty (or one ``error``)."""
+    """Prefill the prompt into the KV cache; ends with a ``done`` without items, or an ``error``."""
 
     request: CompletionRequest
 
@@ -76,8 +70,7 @@ class Cancel:
 
 @dataclass(frozen=True)
 class CompletionEvent:
-    """What the editor did with a completion (telemetry, counted in metrics).
-    No reply."""
+    """What the editor did with a completion (counted in metrics); no reply."""
 
     id: str
     kind: EventKind
@@ -121,8 +114,8 @@ StatusKind = Literal["hello", "health", "debug", "state"]
 
 @dataclass(frozen=True)
 class Status:
-    """A status frame: ``hello`` on connect, ``state`` on each change of
-    state, ``health`` and ``debug`` answering their requests (``id`` echoed)."""
+    """``hello`` on connect, ``state`` on each change, ``health`` and ``debug`` answering their
+    requests (``id`` echoed)."""
 
     kind: StatusKind
     body: Mapping[str, Any] = field(default_factory=dict)
@@ -133,9 +126,8 @@ ServerMessage = Delta | Done | ErrorFrame | Status
 
 
 def error_frame(exc: BaseException, request_id: str | None = None) -> ErrorFrame:
-    """The error frame of any exception (the one mapper of this boundary): a
-    :class:`SolError` keeps its code, message and hint, anything else is
-    ``internal`` with no detail."""
+    """The error frame of any exception (this boundary's one mapper): a :class:`SolError` keeps
+    its code, message and hint; anything else is ``internal`` with no detail."""
     if isinstance(exc, ProtocolError) and request_id is None:
         request_id = exc.request_id
     if isinstance(exc, SolError):
@@ -159,8 +151,8 @@ def _has_surrogate(text: str) -> bool:
 
 
 class _Reader:
-    """Typed field access on one decoded JSON object; a failure raises a
-    ProtocolError naming the field, never echoing its value."""
+    """Typed field access on a decoded JSON object; a :class:`ProtocolError` names the field,
+    never echoing its value."""
 
     def __init__(self, obj: dict[str, Any], request_id: str | None, limits: Limits) -> None:
         self.obj = obj
@@ -296,8 +288,8 @@ def _read_request(r: _Reader) -> CompletionRequest:
 
 
 def validate_request(req: CompletionRequest, limits: Limits = DEFAULT_LIMITS) -> None:
-    """Raise :class:`BadField` when ``req``'s sampling fields break the
-    protocol's rules (for decoded and in-process requests alike)."""
+    """Raise :class:`BadField` when ``req``'s sampling fields break the protocol's rules
+    (decoded and in-process requests alike)."""
     def fail(message: str) -> NoReturn:
         raise BadField(message, request_id=req.id)
 
@@ -334,8 +326,8 @@ def _read_debug(r: _Reader) -> Debug:
 
 
 def decode_client(data: bytes | str, limits: Limits = DEFAULT_LIMITS) -> ClientMessage:
-    """Decode one client frame (bytes or str); raises only a
-    :class:`ProtocolError`, with the ``id`` when one could be read."""
+    """Decode one client frame; raises only :class:`ProtocolError`, with the ``id`` when
+    readable."""
     try:
         return _decode_client(data, limits)
     except ProtocolError:
@@ -479,8 +471,8 @@ FINISH_REASONS: tuple[FinishReason, ...] = ("stop", "length", "budget", "cancell
 
 
 def decode_server(data: bytes | str) -> ServerMessage:
-    """Decode a daemon frame (for clients). Raises :class:`BadJson` or
-    :class:`BadField` when the frame is not a version-1 daemon message."""
+    """Decode a daemon frame (for clients). Raises :class:`BadJson` or :class:`BadField` for
+    anything but a version-1 daemon message."""
     try:
         obj = json.loads(data)
     except (ValueError, RecursionError):

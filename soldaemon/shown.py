@@ -1,13 +1,6 @@
-"""What an editor is shown between the daemon's answers: rules the daemon and
-sol-lsp both follow (pure: no I/O, no torch, no config reader).
-
-* **Type-through**: the user typed the start of the answer shown; its rest is
-  the answer, with no model call (:func:`typed_since`, :func:`rests_after`;
-  the daemon's memory: :func:`type_through`, :func:`remember`).
-* **Early lines**: the first whole lines of a streamed multi-line answer that
-  sol-lsp may show early (:func:`early_text`), waiting wherever the daemon's
-  ending might still cut.
-"""
+"""What an editor is shown between the daemon's answers, by rules the daemon and sol-lsp both
+follow (pure: no I/O, torch or config): type-through (the rest of an answer whose start was
+typed, with no model call) and early lines (the first whole lines of a streamed answer)."""
 
 from __future__ import annotations
 
@@ -17,22 +10,20 @@ from soldaemon.api import CompletionRequest
 
 
 def typed_since(prefix: str, suffix: str, now_prefix: str, now_suffix: str) -> str | None:
-    """The text typed at the cursor since an answer was shown between
-    ``prefix`` and ``suffix`` ("": none); None when the document changed
-    otherwise."""
+    """Text typed at the cursor since an answer was shown between ``prefix`` and ``suffix``
+    ("": none); None when the document changed otherwise."""
     if now_suffix != suffix or not now_prefix.startswith(prefix):
         return None
     return now_prefix[len(prefix):]
 
 
 def rests_after(typed: str, texts: Sequence[str]) -> list[tuple[int, str]]:
-    """(index, rest) of each of ``texts`` that starts with ``typed`` and has
-    more than white space left."""
+    """(index, rest) of each of ``texts`` that starts with ``typed``, where rest is not blank."""
     return [(i, text[len(typed):]) for i, text in enumerate(texts)
             if text.startswith(typed) and text[len(typed):].strip()]
 
 
-# -- the daemon's memory of what it showed -----------------------------------
+# The daemon's memory of what it showed.
 
 MAX_SHOWN = 64  # documents remembered for type-through
 
@@ -48,8 +39,8 @@ Shown = MutableMapping[str, tuple[str, str, tuple[str, ...], tuple[Any, ...]]]
 
 
 def type_through(shown: Shown, req: CompletionRequest) -> tuple[str, ...]:
-    """The rests of the last completion shown in ``req``'s document when the
-    user typed its start (a greedy request, same inputs); () when none."""
+    """The rests of the last completion shown in ``req``'s document whose start was typed
+    (greedy requests with the same inputs only); () when none."""
     last = shown.get(req.uri)
     if last is None or req.n != 1 or req.temperature > 0:
         return ()
@@ -61,8 +52,8 @@ def type_through(shown: Shown, req: CompletionRequest) -> tuple[str, ...]:
 
 
 def remember(shown: Shown, req: CompletionRequest, text: str, streamed: str | None = None) -> None:
-    """Record ``text`` (and the ``streamed`` one it replaced) as shown for
-    ``req``; "" forgets; at most :data:`MAX_SHOWN` documents."""
+    """Record ``text`` (and the ``streamed`` one it replaced) as shown for ``req``; "" forgets.
+    Keeps at most :data:`MAX_SHOWN` documents."""
     shown.pop(req.uri, None)
     if text:
         shown[req.uri] = (req.prefix, req.suffix, (text,) if streamed is None else (text, streamed),
@@ -71,7 +62,7 @@ def remember(shown: Shown, req: CompletionRequest, text: str, streamed: str | No
             shown.pop(next(iter(shown)))
 
 
-# -- early lines (sol-lsp) ----------------------------------------------------
+# Early lines (sol-lsp).
 
 # Endings of a line that goes on below: a block opener, an open call, a continuation.
 _GOES_ON = (":", "{", "(", "[", ",", "\\", "=", "+", "-", "*", "/", " and", " or", "->", "=>")
@@ -91,9 +82,9 @@ def _indent(line: str) -> int:
 
 
 def early_text(streamed: str, line_prefix: str, next_line: str | None) -> str | None:
-    """The whole lines of a streamed answer that may be shown before the
-    rest, or None: those up to the block's end, with code, not ending on a
-    line that goes on below, the first not repeating ``next_line``."""
+    """The whole lines of a streamed answer that may show before the rest, or None: up to the
+    block's end, with code, not ending on a line that goes on below, the first not repeating
+    ``next_line``."""
     head, newline, _ = streamed.rpartition("\n")
     if not newline:
         return None

@@ -1,4 +1,2 @@
-"""The daemon's own command-line clients: ``soldaemon status``, ``stop`` and
-the daemon half of ``complete`` (:mod:`.commands`). A websocket client and
-nothing more: no server, no torch. The daemon is found through its record
-(:mod:`soldaemon.discovery`), as sol-lsp finds it."""
+"""The daemon's own command-line clients (:mod:`.commands`): a websocket client and nothing more
+(no server, no torch), finding the daemon through its record as sol-lsp does."""

@@ -1,7 +1,5 @@
-"""``soldaemon status``, ``stop`` and the daemon half of ``complete``: a light
-websocket client (no server, no torch) of the daemon :mod:`soldaemon.discovery`
-finds through its record; a pid is signalled only when it is ours.
-"""
+"""``soldaemon status``, ``stop`` and the daemon half of ``complete``: a light websocket client of
+the daemon :mod:`soldaemon.discovery` finds; a pid is signalled only when it is ours."""
 
 from __future__ import annotations
 
@@ -27,8 +25,7 @@ if TYPE_CHECKING:
 
 
 async def query_health(url: str, token: str, timeout: float = 5.0) -> dict[str, Any]:
-    """Connect, ask ``health``, return the status body. Raises
-    :class:`Unavailable` when no daemon answers."""
+    """Connect, ask ``health``, return the body; raises :class:`Unavailable` if none answers."""
     from websockets.asyncio.client import connect
 
     try:
@@ -61,8 +58,7 @@ def _format_health(url: str, body: Mapping[str, Any]) -> str:
 
 
 def run_status(args: argparse.Namespace, config: Config) -> int:
-    """``soldaemon status``: print the running daemon's health. Raises
-    :class:`Unavailable` when none answers."""
+    """``soldaemon status``: print the daemon's health; raises Unavailable if none answers."""
     target = find_daemon(config.server.fallback(), url=getattr(args, "url", None))
     body = asyncio.run(query_health(target.url, target.token, getattr(args, "timeout", 5.0) or 5.0))
     print(json.dumps(body, indent=2) if getattr(args, "json", False) else _format_health(target.url, body))
@@ -71,9 +67,8 @@ def run_status(args: argparse.Namespace, config: Config) -> int:
 
 async def ask_complete(url: str, token: str, req: CompletionRequest, *, timeout: float = 60.0,
                        on_delta: Callable[[Delta], None] | None = None) -> Done:
-    """One completion from the running daemon: its ``done``. Raises
-    :class:`Unavailable` when none answers (or it is still loading), the
-    daemon's error as a :class:`SolError` otherwise."""
+    """One completion's ``done`` from the running daemon. Raises :class:`Unavailable` when none
+    answers (or it is still loading), else the daemon's error as a :class:`SolError`."""
     from websockets.asyncio.client import connect
 
     try:
@@ -97,12 +92,10 @@ async def ask_complete(url: str, token: str, req: CompletionRequest, *, timeout:
 
 
 def stop_daemon(config: Config, *, url: str | None = None, timeout: float = 20.0) -> int:
-    """``soldaemon stop``: find the running daemon, check that the process
-    to signal is the one answering with our token (its health names its
-    pid, the record's when there is one) and is a ``soldaemon serve`` of
-    this user, send SIGTERM (a graceful drain), wait for it to exit.
-    Returns its pid. Raises :class:`Unavailable` when none answers, the pid
-    is not our daemon's, or it does not exit."""
+    """``soldaemon stop``: SIGTERM (a graceful drain) to the daemon answering with our token, once
+    its health's pid matches the record's and is this user's ``soldaemon serve``; wait for the
+    exit. Returns the pid; raises :class:`Unavailable` when none answers, the pid is not our
+    daemon's, or it does not exit."""
     target = find_daemon(config.server.fallback(), url=url)
     body = asyncio.run(query_health(target.url, target.token, min(timeout, 5.0)))
     pid = (body.get("process") or {}).get("pid")
@@ -123,7 +116,6 @@ def stop_daemon(config: Config, *, url: str | None = None, timeout: float = 20.0
 
 
 def run_stop(args: argparse.Namespace, config: Config) -> int:
-    """``soldaemon stop``."""
     pid = stop_daemon(config, url=getattr(args, "url", None), timeout=getattr(args, "timeout", 20.0) or 20.0)
     print(f"soldaemon (pid {pid}) stopped")
     return 0

@@ -1,17 +1,8 @@
-"""The configuration file, ``sol_config.yaml``: six sections (``sol``,
-``model``, ``device``, ``server``, ``completion``, ``backend``), each a frozen
-dataclass (:mod:`.sections`); a missing key keeps its default. docs/config.md
-describes every key; :func:`find_config_file` says where the file is found
-(never the current directory: a project does not configure the daemon).
-
-- Every problem is a :class:`~soldaemon.errors.ConfigError` naming the file,
-  line, dotted key, bad value and what is allowed; all of a file's problems
-  are reported together. Unknown keys are errors (with "did you mean").
-- Types are strict (a string is no number, a bool no int); relative paths
-  are relative to the file; ``~`` is expanded.
-- A ``Config`` is immutable: :meth:`Config.with_overrides` validates a change,
-  ``dataclasses.replace`` does not.
-"""
+"""``sol_config.yaml``: six sections, each a frozen dataclass (:mod:`.sections`, docs/config.md);
+a missing key keeps its default. The file is never found in the current directory (a project does
+not configure the daemon). All of a file's problems raise one ConfigError naming file, line, key,
+value and what is allowed; unknown keys are errors; types are strict; relative paths are relative
+to the file. Change a Config with :meth:`Config.with_overrides` (``replace`` does not validate)."""
 
 from __future__ import annotations
 

@@ -27,8 +27,7 @@ _T = TypeVar("_T")
 
 @dataclass(frozen=True)
 class Config:
-    """The whole configuration. ``source`` is the file it was loaded from
-    (absolute), or None for defaults / a dict."""
+    """The whole configuration; ``source``: the file loaded (absolute), None for defaults/a dict."""
 
     sol: SolConfig = field(default_factory=SolConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -44,9 +43,7 @@ class Config:
         return cls()
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
-        """Plain YAML-able data (paths as strings, tuples as lists, the
-        memory budget as an int MB or a float fraction) such that
-        ``config_from_dict(c.to_dict())`` equals ``c`` apart from ``source``."""
+        """Plain YAML-able data; ``config_from_dict(c.to_dict())`` is ``c`` but for ``source``."""
         out: dict[str, dict[str, Any]] = {}
         for name in SECTIONS:
             section = getattr(self, name)
@@ -56,10 +53,8 @@ class Config:
     def with_overrides(
         self, overrides: Mapping[str, object], source: str = "<overrides>"
     ) -> Config:
-        """A copy with dotted keys set (``{"sol.prefetch_depth": 4}``), validated
-        as if they were in the file; errors name ``source``. Relative paths
-        are kept as given (relative to the process's current directory).
-        ``source`` of the result is this config's ``source``."""
+        """A copy with dotted keys set (``{"sol.prefetch_depth": 4}``), validated as in the file;
+        errors name ``source``. Relative paths stay as given; the result keeps this ``source``."""
         data = self.to_dict()
         problems: list[str] = []
         for dotted, value in overrides.items():
@@ -86,9 +81,6 @@ def _plain(value: object) -> object:
     if isinstance(value, MemoryBudget):
         return value.to_yaml()
     return value
-
-
-# Building and checking
 
 
 def _show(value: object) -> str:
@@ -233,9 +225,8 @@ def build_config(
     base: Path | None,
     source_path: Path | None,
 ) -> Config:
-    """The Config of ``data`` (the parsed file); ``lines`` maps a dotted key to
-    its line in ``source``, for messages. Raises ConfigError naming every
-    problem found."""
+    """The Config of ``data`` (the parsed file); ``lines`` maps a dotted key to its line in
+    ``source``. Raises ConfigError naming every problem found."""
     problems = _Problems(source, lines)
     if data is None:
         return Config(source=source_path)
@@ -261,11 +252,7 @@ def build_config(
 def config_from_dict(
     data: Mapping[str, Any] | None, source: str = "<dict>", *, base_dir: Path | None = None
 ) -> Config:
-    """Validate ``data`` (what the YAML file would parse to) into a Config.
-
-    ``source`` names the origin in error messages. Relative paths are joined
-    to ``base_dir`` when given, else kept as given. ``None`` or ``{}`` gives
-    the defaults. The result's ``source`` is None. Raises ConfigError.
-    """
+    """``data`` (what the YAML file would parse to) validated into a Config whose ``source`` is
+    None; errors name ``source``. Relative paths join ``base_dir`` if given. Raises ConfigError."""
     plain = dict(data) if isinstance(data, Mapping) else data
     return build_config(plain, source, {}, base_dir, None)

@@ -1,6 +1,5 @@
-"""The value checks. Each takes the raw YAML value and the directory relative
-paths are taken from (None: leave them as given) and returns the typed value,
-or raises Bad with a description of what is allowed."""
+"""The value checks: each takes the raw YAML value and the base of relative paths (None: as given)
+and returns the typed value, or raises Bad saying what is allowed."""
 
 from __future__ import annotations
 
@@ -47,8 +46,7 @@ def int_in(lo: int, hi: int | None = None) -> Check:
 
 
 def int_or_auto(lo: int, hi: int | None = None) -> Check:
-    """An integer >= ``lo`` (and <= ``hi``), or ``"auto"`` (the value is
-    decided elsewhere)."""
+    """An integer >= ``lo`` (and <= ``hi``), or ``"auto"`` (decided elsewhere)."""
     inner = int_in(lo, hi)
 
     def check(value: object, base: Path | None) -> object:
@@ -64,8 +62,7 @@ def int_or_auto(lo: int, hi: int | None = None) -> Check:
 
 
 def float_in(lo: float, *, lo_open: bool = False, hi: float | None = None) -> Check:
-    """A finite number (int or float) with ``value > lo`` (``lo_open``) or
-    ``value >= lo``, and ``value <= hi`` when ``hi`` is given."""
+    """A finite number ``> lo`` (``lo_open``) or ``>= lo``, and ``<= hi`` when given."""
     low = f"> {lo:g}" if lo_open else f">= {lo:g}"
     if hi is None:
         expected = f"a number {low}"

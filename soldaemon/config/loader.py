@@ -21,9 +21,8 @@ log = logging.getLogger("sol.config")
 
 
 def find_config_file(explicit: str | os.PathLike[str] | None = None) -> Path | None:
-    """The config file: ``explicit``, else ``$SOLDAEMON_CONFIG``, else
-    ``config_home()/sol_config.yaml``; None: use the defaults. Raises
-    ConfigError when a path given on purpose is not an existing file."""
+    """``explicit``, else ``$SOLDAEMON_CONFIG``, else ``config_home()/sol_config.yaml``, else None
+    (the defaults). Raises ConfigError when a path given on purpose is not a file."""
     if explicit is not None:
         return _must_exist(Path(explicit).expanduser(), "--config")
     env = os.environ.get(ENV_VAR)
@@ -35,8 +34,7 @@ def find_config_file(explicit: str | os.PathLike[str] | None = None) -> Path | N
 
 
 def _note_project_file() -> None:
-    """Warn that a ``sol_config.yaml`` in the current directory (a project's)
-    is not read, unless it is the user's own (docs/security.md)."""
+    """Warn that a project's ``sol_config.yaml`` in the current directory is not read."""
     try:
         here, home = Path.cwd() / CONFIG_FILENAME, config_home() / CONFIG_FILENAME
         if here.is_file() and not (home.is_file() and home.samefile(here)):
@@ -89,8 +87,7 @@ def _key_lines(node: yaml.Node, prefix: str, lines: dict[str, int], dups: list[s
 
 
 def _parse_yaml(text: str, source: str) -> tuple[object, dict[str, int]]:
-    """The data and the line of each dotted key; a syntax error raises
-    ConfigError naming ``source`` and the line."""
+    """The data and each dotted key's line; raises ConfigError naming ``source`` and the line."""
     loader = _Loader(text)
     try:
         node = loader.get_single_node()
@@ -122,8 +119,7 @@ def _parse_yaml(text: str, source: str) -> tuple[object, dict[str, int]]:
 
 
 def load_config(path: str | os.PathLike[str] | None = None) -> Config:
-    """Find, read and validate the config file (none: ``Config.default()``);
-    raises only ConfigError."""
+    """Find, read and validate the config file (none: the defaults); raises only ConfigError."""
     found = find_config_file(path)
     if found is None:
         return Config.default()

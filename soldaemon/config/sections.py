@@ -48,8 +48,7 @@ CANDIDATES_BY_MODEL: dict[str, int] = {"qwen2.5-coder-1.5b": 4}
 
 @dataclass(frozen=True)
 class SolConfig:
-    """``sol:`` — the Sol scheduler (layer prefetch, KV folding, weight
-    offload) and the memory it may use."""
+    """``sol:`` — the Sol scheduler (prefetch, KV folding, offload) and the memory it may use."""
 
     # window over which per-layer activity decides residency and prefetch; s
     layer_heatmap_window: float = setting(60.0, float_in(0.0, lo_open=True))
@@ -109,9 +108,8 @@ class ModelConfig:
     kv_sessions: int = setting(4, int_in(1, 64))
 
     def windows(self, served: str | None = None, own: PromptWindows | None = None) -> PromptWindows:
-        """The prompt's windows, an ``"auto"`` one ``own`` (the engine's,
-        fitted to this machine) or else the embedded model ``served``'s
-        (None: ``name``; a ``path``: :data:`GENERIC_WINDOWS`)."""
+        """The prompt's windows; an ``"auto"`` one is ``own``'s (the engine's fit), else the
+        embedded model ``served``'s (None: ``name``; with a ``path``: :data:`GENERIC_WINDOWS`)."""
         if own is None:
             own = GENERIC_WINDOWS if self.path is not None else WINDOWS_BY_MODEL.get(served or self.name,
                                                                                    GENERIC_WINDOWS)
@@ -164,8 +162,7 @@ class ServerConfig:
         return self.token_file if self.token_file is not None else default_token_path()
 
     def fallback(self) -> Fallback:
-        """What :func:`find_daemon` takes from this section; no address (the
-        token goes only to a daemon its record names)."""
+        """What :func:`find_daemon` takes; no address (the token goes only to a recorded daemon)."""
         return Fallback(None, self.token_path(), self.allow_remote, "sol_config.yaml")
 
 
@@ -173,14 +170,11 @@ class ServerConfig:
 class CompletionConfig:
     """``completion:`` — defaults for a request (its own fields override them)."""
 
-    # generated tokens, cap
     max_tokens: int = setting(128, int_in(1, 2048))
-    # lines in a completion, cap
     max_lines: int = setting(8, int_in(1))
     multiline: Multiline = setting("auto", one_of(get_args(Multiline)))
     # 0: greedy
     temperature: float = setting(0.0, float_in(0.0))
-    # nucleus sampling mass
     top_p: float = setting(1.0, float_in(0.0, lo_open=True, hi=1.0))
     # wall-clock budget from arrival; ms, None: none
     budget_ms: float | None = setting(None, optional(float_in(0.0, lo_open=True)))
@@ -212,15 +206,13 @@ class CompletionConfig:
 
 @dataclass(frozen=True)
 class BackendConfig:
-    """``backend:`` — where completions are computed: the Sol runtime here
-    (``local``) or an OpenAI-compatible engine (``remote``, docs/remote.md)."""
+    """``backend:`` — the Sol runtime here (``local``) or an OpenAI-compatible engine (remote)."""
 
     kind: BackendKind = setting("local", one_of(get_args(BackendKind)))
     # the engine's base URL, required when remote
     url: str | None = setting(None, optional(http_url()))
     # None: the engine's only model
     model_name: str | None = setting(None, optional(nonempty_text()))
-    # the environment variable holding the API key
     api_key_env: str | None = setting(None, optional(env_name()))
     # a file whose first line is the API key (when api_key_env gives none)
     api_key_file: Path | None = setting(None, optional(file_path()))
@@ -228,7 +220,6 @@ class BackendConfig:
     tokenizer: Path | None = setting(None, optional(file_path()))
     # the prompt as text (every engine) or token ids (vLLM, llama.cpp's server)
     prompt_format: PromptFormat = setting("text", one_of(get_args(PromptFormat)))
-    # s
     connect_timeout_s: float = setting(2.0, float_in(0.0, lo_open=True))
     # for the first byte, then each chunk; s
     timeout_s: float = setting(30.0, float_in(0.0, lo_open=True))

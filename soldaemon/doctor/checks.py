@@ -1,19 +1,8 @@
-"""``soldaemon doctor``: is this machine ready for low-latency completions?
+"""``soldaemon doctor``: judge machine readings and print the verdicts.
 
-Reading lives in :mod:`soldaemon.doctor.readers`; this module only judges readings
-and prints the verdicts. Every :class:`Check` says what was found, what it
-costs, and the command a user could run to fix it. Contracts:
-
-- :func:`judge` and :func:`judge_machine` are pure: the same reading gives the
-  same checks, with no I/O.
-- The doctor never runs a fix and never changes a GPU setting. Fix commands
-  (``sudo nvidia-smi -pm 1``, ...) are text for the user.
-- Verdicts: ``ok`` (ready), ``info`` (worth knowing, nothing to do), ``warn``
-  (works, but slower or fragile), ``fail`` (a part that cannot work as is).
-  :func:`run` exits 1 if any check fails, else 0.
-- :func:`startup_checks` is what the daemon runs at start: same judges, no
-  daemon probe; it logs them (:func:`log_checks`) and serves
-  :func:`summarize` in ``health``.
+Reading lives in :mod:`soldaemon.doctor.readers`; the judges here are pure (no I/O). The doctor
+never runs a fix or changes a GPU setting: a ``fix`` is a command for the user to run.
+Verdicts: ok; info (nothing to do); warn (works, slower or fragile); fail (cannot work as is).
 """
 
 from __future__ import annotations
@@ -39,10 +28,9 @@ VERDICTS: tuple[Verdict, ...] = ("ok", "info", "warn", "fail")
 GiB = 1024 ** 3
 MiB = 1024 ** 2
 
-# GPU memory the embedded model needs with its KV cache and the CUDA context
-# (a 0.5B-parameter model in bf16 is about 1 GiB of weights).
+# GPU memory the embedded model needs with its KV cache and the CUDA context.
 MODEL_GPU_BYTES = 2 * GiB
-# RAM below which the CPU path (and the one-time model conversion) cannot run / is tight.
+# Available RAM below which the CPU path and the model conversion fail / are tight.
 RAM_FAIL_BYTES = 3 * GiB // 2
 RAM_WARN_BYTES = 4 * GiB
 # Disk the first-start conversion needs in the cache folder.
@@ -72,11 +60,8 @@ TORCH_CUDA_TAGS: tuple[tuple[int, int], ...] = (
 
 @dataclass(frozen=True)
 class Check:
-    """One verdict. ``name`` is a stable id ("gpu0.persistence", "cpu.ram");
-    ``cost`` says what the finding costs (``None`` when nothing); ``fix`` is a
-    command for the user to run (``None`` when there is none to give);
-    ``facts``: the figures behind the detail, for ``--json`` (the kernel
-    plan's table: its load, cores, age and why it is the one in use)."""
+    """One verdict. ``name`` is a stable id ("gpu0.persistence"); ``cost``, ``fix`` (a command
+    for the user) and ``facts`` (figures for ``--json``) are ``None`` when there are none."""
 
     name: str
     verdict: Verdict
@@ -84,9 +69,6 @@ class Check:
     cost: str | None = None
     fix: str | None = None
     facts: dict[str, Any] | None = None
-
-
-# ----------------------------------------------------------------------- helpers
 
 
 def _gib(n: int | None) -> str:
@@ -122,9 +104,8 @@ def arch_name(cc: tuple[int, int]) -> str:
 
 
 def torch_install_fix(driver_cuda: str | None) -> str | None:
-    """A pip command installing the newest torch CUDA build this driver runs:
-    the newest tag not above the driver's CUDA, else the newest of the same
-    major version (CUDA minor-version compatibility); ``None`` if none fits."""
+    """Pip command for the newest torch CUDA build not above the driver's CUDA, else the newest
+    of the same major (minor-version compatibility); ``None`` if none fits."""
     drv = _version(driver_cuda)
     tags = [t for t in TORCH_CUDA_TAGS if drv is None or t <= drv]
     if not tags and drv is not None:
@@ -148,9 +129,6 @@ def _lspci_fix(r: GpuReading) -> str:
     return f"sudo lspci -vv{sel} | grep -E 'LnkCap|LnkSta'"
 
 
-# ------------------------------------------------------------------- GPU judges
-
-
 def judge(
     reading: GpuReading,
     torch_cuda_version: str | None,
@@ -161,11 +139,9 @@ def judge(
     needed_bytes: int = MODEL_GPU_BYTES,
     visible_devices: str | None = None,
 ) -> list[Check]:
-    """All checks for one GPU. ``torch_cuda_version`` is ``torch.version.cuda``
-    (``None``: CPU build); ``torch_version`` is ``None`` when torch is not
-    importable. ``include_driver`` adds the driver/CUDA check (once per
-    machine). ``own_pid`` is left out of "other processes";
-    ``visible_devices`` is ``CUDA_VISIBLE_DEVICES`` (for MIG)."""
+    """All checks for one GPU. ``torch_cuda_version``: ``None`` for a CPU build;
+    ``torch_version``: ``None`` when torch is not importable; ``include_driver`` adds the
+    once-per-machine CUDA check; ``own_pid`` is not an "other process"."""
     p = f"gpu{reading.index}"
     if reading.name == "(unreadable)":
         why = "; ".join(reading.notes) or "no handle"
@@ -367,9 +343,6 @@ def no_gpu_line(probe: GpuProbe) -> str:
             f"nvidia-smi: {probe.smi_error or 'not tried'}) — running on CPU")
 
 
-# ------------------------------------------------------------- machine judges
-
-
 def judge_torch(t: TorchReading, has_gpu: bool) -> Check:
     if t.version is None:
         return Check("torch", "fail", f"torch is not importable ({t.error})",
@@ -381,7 +354,7 @@ def judge_torch(t: TorchReading, has_gpu: bool) -> Check:
 
 
 def judge_cpu(c: CpuReading, has_gpu: bool) -> list[Check]:
-    """Cores, RAM and vector extensions. The cores matter most without a GPU."""
+    """Cores, RAM and vector extensions; the core count is judged only without a GPU."""
     out: list[Check] = []
     cores = f"{c.logical_cores or '?'} logical / {c.physical_cores or '?'} physical cores"
     if c.model:
@@ -446,17 +419,14 @@ def judge_cache(c: CacheReading) -> Check:
 
 
 def judge_daemon(d: DaemonReading) -> Check:
-    """The ``daemon`` line (soldaemon.doctor.daemon says which)."""
     return Check("daemon", **daemon_report(d))
 
 
 def judge_machine(m: MachineReading, *, own_pid: int | None = None, needed_bytes: int = MODEL_GPU_BYTES,
                   layers: int | None = None, threads: int | None = None, model_path: str | None = None,
                   precision: str = "auto", speculative: bool = True, blocked_copy: bool = True) -> list[Check]:
-    """All checks, GPU first (``cuda_device``, which GPU the configured
-    ``cuda:N`` is, before the per-GPU lines). Without a GPU: one ``gpu``
-    info check with :func:`no_gpu_line`, then what applies (torch, CPU,
-    cache, daemon). ``precision``, ``speculative``, ``blocked_copy``: the config's."""
+    """All checks, GPU first (``cuda_device``, then per GPU); without a GPU one ``gpu`` info
+    check. ``precision``, ``speculative``, ``blocked_copy`` are the config's."""
     checks: list[Check] = []
     has_gpu = bool(m.gpu.gpus)
     if has_gpu:
@@ -484,8 +454,7 @@ def judge_machine(m: MachineReading, *, own_pid: int | None = None, needed_bytes
 
 
 def _served(d: DaemonReading | None) -> dict[str, Any] | None:
-    """The running daemon's health document, when the probe got one (its
-    plan is the one in use)."""
+    """The running daemon's health document, when the probe got one."""
     if d is None or not d.reachable or d.status not in (200, 503):
         return None
     try:
@@ -493,9 +462,6 @@ def _served(d: DaemonReading | None) -> dict[str, Any] | None:
     except ValueError:
         return None
     return doc if isinstance(doc, dict) and "daemon" in doc else None
-
-
-# ------------------------------------------------------------------ reporting
 
 
 def worst(checks: Iterable[Check]) -> Verdict:
@@ -507,8 +473,7 @@ def worst(checks: Iterable[Check]) -> Verdict:
 
 
 def summarize(checks: Sequence[Check]) -> dict[str, Any]:
-    """JSON-able summary for ``health`` and ``--json``:
-    ``{"status": worst verdict, "counts": {verdict: n}, "checks": [...]}``."""
+    """``{"status": worst verdict, "counts": {verdict: n}, "checks": [...]}`` (JSON-able)."""
     return {
         "status": worst(checks),
         "counts": {v: sum(1 for c in checks if c.verdict == v) for v in VERDICTS},
@@ -517,8 +482,7 @@ def summarize(checks: Sequence[Check]) -> dict[str, Any]:
 
 
 def format_human(checks: Sequence[Check]) -> str:
-    """One line per check, ``[ ok ] name: detail``, then indented ``cost:``
-    and ``fix:`` lines; the no-GPU sentence stands alone; a summary last."""
+    """``[ ok ] name: detail`` per check with indented cost/fix lines, then a summary."""
     lines: list[str] = []
     for c in checks:
         if c.name == "gpu" and c.verdict == "info":
@@ -536,8 +500,7 @@ def format_human(checks: Sequence[Check]) -> str:
 
 
 def log_checks(checks: Sequence[Check], log: logging.Logger | None = None) -> None:
-    """Log each check at a level matching its verdict (fail: error, warn:
-    warning, otherwise info)."""
+    """Log each check: fail at ERROR, warn at WARNING, the rest at INFO."""
     log = log or logging.getLogger("soldaemon.doctor.checks")
     levels = {"fail": logging.ERROR, "warn": logging.WARNING}
     for c in checks:
@@ -548,10 +511,8 @@ def log_checks(checks: Sequence[Check], log: logging.Logger | None = None) -> No
 
 
 def startup_checks() -> list[Check]:
-    """The checks the daemon runs at start: all of the doctor's except the
-    daemon probe. Reads NVML (``nvidia-smi`` only if NVML fails, 2 s timeout),
-    torch, the CPU and the cache folder; well under a second once torch is
-    imported. Never raises."""
+    """The doctor's checks minus the daemon probe, for the daemon's start and ``health``.
+    ``nvidia-smi`` (the NVML fallback) gets a 2 s timeout. Never raises."""
     try:
         machine = readers.read_machine(
             port=None, run=lambda argv: readers.run_nvidia_smi(argv, timeout_s=2.0))
@@ -560,19 +521,14 @@ def startup_checks() -> list[Check]:
         return [Check("doctor", "warn", f"start-up checks failed: {type(exc).__name__}: {exc}")]
 
 
-# ------------------------------------------------------------------------- CLI
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``soldaemon doctor``."""
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT,
                         help=f"port of a running daemon to probe (default {DEFAULT_PORT})")
 
 
 def run(args: argparse.Namespace, config: Any = None) -> int:
-    """Read the machine, judge, print. Returns 1 if any check fails, else 0.
-    Changes nothing on the machine."""
+    """Read the machine, judge, print; 1 if any check fails, else 0."""
     machine = readers.read_machine(port=None, device=config.device.device if config is not None else None)
     machine = replace(machine, daemon=probe_running_daemon(config, args.port))
     layers, threads = configured_plan_key(config)

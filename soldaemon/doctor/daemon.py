@@ -1,7 +1,5 @@
-"""``soldaemon doctor``'s daemon line: the running daemon, asked with its
-token (found as ``soldaemon status`` finds it), recognised by its health
-document; and which kernel-timing table the configured model and thread
-count read. No torch, no websockets server."""
+"""``soldaemon doctor``'s daemon line (the running daemon, probed with its token) and the
+configured kernel-plan key. No torch, no websockets server."""
 
 from __future__ import annotations
 
@@ -16,9 +14,8 @@ def _line(verdict: str, detail: str, *, cost: str | None = None, fix: str | None
 
 
 def configured_plan_key(config: Any) -> tuple[int | None, int | None]:
-    """(layers of the configured embedded model, torch threads) for the
-    kernel-plan line; ``None`` where the config does not fix it (a model
-    path, ``model.name: auto``)."""
+    """(embedded model layers, torch threads) for the kernel-plan line; ``None`` where the
+    config does not fix it (a model path, ``model.name: auto``)."""
     from soldaemon.weights.embedded import EMBEDDED_MODELS
 
     model = None if config is None or config.model.path else EMBEDDED_MODELS.get(config.model.name)
@@ -28,10 +25,8 @@ def configured_plan_key(config: Any) -> tuple[int | None, int | None]:
 
 
 def probe_running_daemon(config: Any, port: int | None) -> DaemonReading:
-    """``GET /healthz`` of the running daemon with its token (found through
-    its record, as ``soldaemon status`` finds it). Without a record nothing
-    is sent: whatever listens on ``port`` then is not ours, so the reading
-    only says whether the port is free (tried by binding it)."""
+    """``GET /healthz`` of the daemon its record names, with its token. Without a record nothing
+    is sent (whatever listens is not ours): the reading only says whether the port is free."""
     import urllib.error
     import urllib.request
 
@@ -60,8 +55,7 @@ def probe_running_daemon(config: Any, port: int | None) -> DaemonReading:
 
 
 def _port_note(port: int) -> str:
-    """``; port N is held by another program`` when binding it on loopback
-    fails (nothing is sent to it), else ``""``."""
+    """``; port N is held by another program`` when a loopback bind fails, else ``""``."""
     import socket
 
     try:
@@ -82,7 +76,7 @@ def _health(body: str) -> dict[str, Any] | None:
 
 
 def daemon_report(d: DaemonReading) -> dict[str, Any]:
-    """The ``daemon`` line of ``soldaemon doctor``: verdict, detail, cost, fix."""
+    """The ``daemon`` line: verdict, detail, cost, fix."""
     if not d.reachable:
         return _line("info", f"no daemon answering at {d.url} ({d.detail})" if d.url
                      else f"no daemon answering ({d.detail})")

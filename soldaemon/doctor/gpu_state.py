@@ -1,12 +1,8 @@
-"""``soldaemon doctor``'s judgement of a GPU's state around the daemon:
-persistence mode (with a display attached or headless), MIG, compute mode,
-power cap, temperature, and which GPU of the report the configured
-``cuda:N`` is. Pure: readings in, lines out; each line is the keyword
-arguments of a :class:`soldaemon.doctor.checks.Check` without its name.
+"""``soldaemon doctor``'s judgement of GPU state: persistence, MIG, compute mode, power cap,
+temperature, and which reported GPU the configured ``cuda:N`` is.
 
-A reading the source did not give (``None``) is judged ``info`` and says
-"unknown"; nothing here raises for a missing field. Fix lines are commands
-for the machine's administrator: the doctor changes no GPU setting.
+Pure: each line is a :class:`soldaemon.doctor.checks.Check`'s keyword arguments without its
+name. A missing reading (``None``) is judged ``info``; nothing here raises for one.
 """
 
 from __future__ import annotations
@@ -37,13 +33,9 @@ def _w(x: float | None) -> str:
     return "unknown" if x is None else f"{x:.0f} W"
 
 
-# --------------------------------------------------------------- persistence
-
-
 def persistence_line(r: GpuReading) -> dict[str, Any]:
-    """On: ok. Off with a display attached: ok (the display server holds the
-    GPU, so the driver stays loaded). Off on a headless GPU (or display
-    unknown): warn, with the fix."""
+    """On, or off with a display attached (the display server keeps the driver loaded): ok.
+    Off on a headless GPU or with the display unknown: warn."""
     facts = {"persistence_mode": r.persistence_mode, "display_active": r.display_active}
     if r.persistence_mode is None:
         return _line("info", "persistence mode unknown (not reported; Windows has none)", facts=facts)
@@ -61,17 +53,13 @@ def persistence_line(r: GpuReading) -> dict[str, Any]:
                  facts=facts)
 
 
-# ----------------------------------------------------------------------- MIG
-
-
 def _visible(visible_devices: str | None) -> list[str]:
     return [e.strip() for e in (visible_devices or "").split(",") if e.strip()]
 
 
 def mig_line(r: GpuReading, visible_devices: str | None) -> dict[str, Any]:
-    """MIG off or absent: ok / info. On: the daemon runs on one slice; it
-    says which slices exist and their memory, and warns unless
-    ``CUDA_VISIBLE_DEVICES`` names one of them by its MIG UUID."""
+    """MIG on: lists the slices and warns unless ``CUDA_VISIBLE_DEVICES`` names one by its
+    MIG UUID (the daemon sees one slice only)."""
     slices = r.mig_slices or ()
     facts = {"mig_enabled": r.mig_enabled,
              "mig_slices": [{"uuid": s.uuid, "memory_total_bytes": s.memory_total_bytes} for s in slices]}
@@ -96,14 +84,9 @@ def mig_line(r: GpuReading, visible_devices: str | None) -> dict[str, Any]:
                  facts=facts)
 
 
-# -------------------------------------------------------------- compute mode
-
-
 def compute_mode_line(r: GpuReading, other_compute: int) -> dict[str, Any]:
-    """Default: ok. Prohibited: fail (no process may create a CUDA context).
-    Exclusive (process or thread): warn, or fail when another compute process
-    already holds the GPU (then the daemon's CUDA start fails).
-    ``other_compute`` is the number of other compute processes seen."""
+    """Default: ok; Prohibited: fail; exclusive: warn, or fail when any of ``other_compute``
+    (other compute processes seen) holds the GPU, since the daemon's CUDA start then fails."""
     mode = r.compute_mode
     facts = {"compute_mode": mode}
     fix = f"sudo nvidia-smi -c DEFAULT -i {r.index}   (the administrator's choice; the doctor changes nothing)"
@@ -125,12 +108,9 @@ def compute_mode_line(r: GpuReading, other_compute: int) -> dict[str, Any]:
                  fix=fix, facts=facts)
 
 
-# ----------------------------------------------------------------- power cap
-
-
 def power_line(r: GpuReading) -> dict[str, Any]:
-    """The enforced power limit against the default (else the max) limit:
-    warn, with the figures, when it is under :data:`POWER_CAP_SHARE` of it."""
+    """Warn when the enforced power limit is under :data:`POWER_CAP_SHARE` of the default
+    (else the max) limit."""
     cap, default, most = r.power_limit_w, r.power_default_limit_w, r.power_max_limit_w
     facts = {"power_limit_w": cap, "power_default_limit_w": default, "power_max_limit_w": most}
     if cap is None:
@@ -150,12 +130,8 @@ def power_line(r: GpuReading) -> dict[str, Any]:
     return _line("ok", text, facts=facts)
 
 
-# --------------------------------------------------------------- temperature
-
-
 def temperature_line(r: GpuReading) -> dict[str, Any]:
-    """Warn at or within :data:`TEMPERATURE_MARGIN_C` of the slowdown
-    threshold, with both numbers."""
+    """Warn at or within :data:`TEMPERATURE_MARGIN_C` of the slowdown threshold."""
     t, slow = r.temperature_c, r.temperature_slowdown_c
     facts = {"temperature_c": t, "temperature_slowdown_c": slow}
     if t is None:
@@ -172,9 +148,6 @@ def temperature_line(r: GpuReading) -> dict[str, Any]:
     return _line("ok", text, facts=facts)
 
 
-# -------------------------------------------------- cuda:N against NVML's numbers
-
-
 def _cuda_index(device: str) -> int | None:
     m = re.fullmatch(r"cuda(?::(\d+))?", device.strip())
     if m is None:
@@ -183,8 +156,7 @@ def _cuda_index(device: str) -> int | None:
 
 
 def _by_uuid(gpus: Sequence[GpuReading], uuid: str) -> GpuReading | None:
-    """The GPU whose UUID (or one of whose MIG slices' UUID) starts with
-    ``uuid`` (CUDA accepts a unique prefix)."""
+    """The GPU whose UUID, or a MIG slice's, starts with ``uuid`` (CUDA accepts a prefix)."""
     u = uuid.lower()
     for g in gpus:
         ids = [g.uuid] + [s.uuid for s in g.mig_slices or ()]
@@ -198,11 +170,9 @@ def _same_models(gpus: Sequence[GpuReading]) -> bool:
 
 
 def resolve_cuda_device(view: CudaView, gpus: Sequence[GpuReading]) -> tuple[GpuReading | None, str]:
-    """Which NVML GPU ``view.device`` is, and how that was decided (or why it
-    cannot be): torch's own UUID / PCI bus id where CUDA is initialised,
-    else ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``. NVML numbers
-    GPUs by PCI bus id; CUDA numbers them fastest first unless
-    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (identical GPUs keep PCI order)."""
+    """Which NVML GPU ``view.device`` is, and how that was decided (or why it cannot be).
+    Uses torch's UUID / bus id when known, else ``CUDA_VISIBLE_DEVICES``: NVML numbers by
+    PCI bus id, CUDA fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` or all GPUs match."""
     n = _cuda_index(view.device)
     if n is None:
         return None, f"device {view.device!r} is not a CUDA device"
@@ -243,11 +213,8 @@ def resolve_cuda_device(view: CudaView, gpus: Sequence[GpuReading]) -> tuple[Gpu
 
 
 def cuda_device_line(view: CudaView, gpus: Sequence[GpuReading]) -> dict[str, Any]:
-    """Which ``gpuK`` lines of the report are the configured ``cuda:N``.
-    ok: the same number; info: another number that ``CUDA_VISIBLE_DEVICES``
-    explains; warn: another number with no such variable (the ``gpuN`` lines
-    a reader takes for the daemon's GPU are another GPU's), or no way to
-    tell."""
+    """Which ``gpuK`` lines are the configured ``cuda:N``. ok: K == N; info: K != N explained
+    by ``CUDA_VISIBLE_DEVICES``; warn: K != N otherwise, or no way to tell."""
     g, how = resolve_cuda_device(view, gpus)
     n = _cuda_index(view.device)
     facts = {"device": view.device, "nvml_index": g.index if g else None,

@@ -1,9 +1,6 @@
-"""``soldaemon doctor``'s kernel-plan and model-choice checks: the plan the
-running daemon serves with (from its health document), or the one it would
-choose for the model it would serve, and which embedded model
-``model.name: auto`` serves, from the timing tables cached at start-up
-(``cache_dir()/kernel-plans``), each with how busy the machine was when it
-was timed and how long ago. Reads files only: no torch, no model."""
+"""``soldaemon doctor``'s kernel-plan and model-choice checks, from the running daemon's health
+document or the timing tables cached in ``cache_dir()/kernel-plans``.
+Reads files only: no torch, no model."""
 
 from __future__ import annotations
 
@@ -22,8 +19,7 @@ _RELEVANT = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_i
 
 
 def read_tables(root: Path | None = None) -> list[tuple[Path, TimingTable]]:
-    """Every cached timing table that parses and is of this version's
-    format (a daemon times one of another format again), newest first."""
+    """Every cached timing table that parses and has this version's format, newest first."""
     folder = (root or paths.cache_dir()) / "kernel-plans"
     out: list[tuple[float, Path, TimingTable]] = []
     for f in folder.glob("*.json") if folder.is_dir() else ():
@@ -42,22 +38,10 @@ def plan_report(cpu_flags: tuple[str, ...] | None, root: Path | None = None, *,
                 layers: int | None = None, threads: int | None = None, served: Mapping[str, Any] | None = None,
                 model_path: str | None = None, now: float | None = None, precision: str = "auto",
                 speculative: bool = True, blocked_copy: bool = True) -> dict[str, Any]:
-    """The ``kernel_plan`` line: (verdict, detail, cost, fix, facts) for the
-    table in use and why it is that one.
-
-    ``served``: the running daemon's health document; when it carries a
-    plan, that is the table in use (the model the daemon serves). Else the
-    newest cached table measured on a CPU with these flags, of the model
-    the daemon would serve -- ``layers`` (the configured model) when
-    given, else the one ``model.name: auto`` would choose, else any
-    embedded model's (never a table of another model, such as the test
-    suite's tiny one) -- timed with ``threads`` threads when given; for a
-    ``model_path`` (a model of the user's, shapes unknown here) an
-    ``info`` line rather than a guess. ``facts``: the table's load, cores, age and when it was timed; a
-    table timed under load warns (the next quiet start times it again).
-    The plan shown for a cached table is the one the daemon would choose
-    from it with the config's ``precision`` and ``speculative``. An ``info``
-    line when none was measured yet."""
+    """The ``kernel_plan`` line (verdict, detail, cost, fix, facts): the plan in ``served`` (the
+    daemon's health document) if any, else what the daemon would choose from the newest cached
+    table for this CPU's flags, the model (``layers``, else auto's choice, else any embedded
+    model, never a test model's) and ``threads``. ``info`` for a ``model_path`` or no table."""
     now = time.time() if now is None else now
     in_use = _served_plan(served, now)
     if in_use is not None:
@@ -100,9 +84,8 @@ def plan_report(cpu_flags: tuple[str, ...] | None, root: Path | None = None, *,
 
 
 def _served_plan(health: Mapping[str, Any] | None, now: float) -> dict[str, Any] | None:
-    """The ``kernel_plan`` line for the plan a running daemon serves with,
-    from its health document; ``None`` when it has none (no daemon, a
-    transformers fallback, a remote engine)."""
+    """The ``kernel_plan`` line for the plan in a health document; ``None`` when it has none
+    (no daemon, a transformers fallback, a remote engine)."""
     engine = (health or {}).get("engine")
     if not isinstance(engine, dict):
         return None
@@ -141,7 +124,7 @@ def _load(facts: Mapping[str, Any]) -> str:
         return ""
     replaced = facts.get("replaced_load_1m")
     again = f", re-timed on a quiet start (the table it replaced: load {replaced:g})" if replaced is not None else ""
-    if facts.get("background"):     # timed again while the daemon served (runtime/forward/retime.py)
+    if facts.get("background"):     # re-timed while serving (runtime/forward/retime.py)
         at = time.strftime("%Y-%m-%d %H:%M", time.localtime(facts.get("measured_at") or 0))
         again = f", re-timed in the background at {at}" + (f" (the table it replaced: load {replaced:g})"
                                                              if replaced is not None else "") + (
@@ -164,8 +147,7 @@ def _relevant(flags: Any) -> list[str]:
 
 
 def _embedded(table: TimingTable) -> bool:
-    """The table is of an embedded model's shapes (its layers, and its
-    width and vocabulary where the table records them)."""
+    """The table has an embedded model's layers (and width and vocabulary where recorded)."""
     for model in EMBEDDED_MODELS.values():
         shape = model.shapes
         if shape is None or table.n_layers != shape.layers:
@@ -177,9 +159,8 @@ def _embedded(table: TimingTable) -> bool:
 
 
 def _table_for(layers: int, cpu_flags: tuple[str, ...] | None, root: Path | None) -> TimingTable | None:
-    """The newest cached table of a model with ``layers`` layers measured on
-    this CPU, preferring one timed with a thread per core (the daemon's
-    default)."""
+    """The newest cached table for ``layers`` on this CPU, preferring one timed with a thread
+    per core (the daemon's default)."""
     mine = sorted(f for f in (cpu_flags or ()) if f in _RELEVANT)
     found = []
     for _path, table in read_tables(root):
@@ -192,12 +173,9 @@ def _table_for(layers: int, cpu_flags: tuple[str, ...] | None, root: Path | None
 
 def would_choose(table: TimingTable, precision: str = "auto", speculative: bool = True,
                  blocked_copy: bool = True) -> KernelPlan | None:
-    """The plan a daemon starting with ``precision``, speculation on or off
-    and ``model.blocked_copy`` would choose from ``table`` (None: none runs
-    that precision). The daemon checks each integer kernel's row-exactness
-    and the free memory for the copy at start, and may drop the copy after
-    timing real steps; doctor assumes all of :data:`EXACT_VERIFY` pass and
-    the memory holds the copy."""
+    """The plan a daemon with these settings would choose from ``table``; ``None`` when no kernel
+    runs ``precision``. Assumes every :data:`EXACT_VERIFY` check passes and the copy fits in
+    memory (the daemon checks both at start)."""
     try:
         return choose_plan(table, precision, exact=EXACT_VERIFY if speculative else None, row_copy=blocked_copy)
     except ValueError:
@@ -207,9 +185,8 @@ def would_choose(table: TimingTable, precision: str = "auto", speculative: bool 
 def _auto_choice(cpu_flags: tuple[str, ...] | None, budget: LatencyBudget | None, root: Path | None,
                  precision: str = "auto", speculative: bool = True,
                  blocked_copy: bool = True) -> tuple[ModelChoice | None, list[str]]:
-    """The embedded model ``model.name: auto`` would serve by the cached
-    timings of the installed ones (``None`` when none is timed), and the
-    installed ones not timed yet."""
+    """(auto's choice among installed embedded models by cached timings, or ``None``; the
+    installed ones not timed yet)."""
     figures, untimed = [], []
     for name, model in EMBEDDED_MODELS.items():
         if model.shapes is None or not is_installed(model):
@@ -229,8 +206,8 @@ def _auto_choice(cpu_flags: tuple[str, ...] | None, budget: LatencyBudget | None
 def model_report(cpu_flags: tuple[str, ...] | None, budget: LatencyBudget | None = None,
                  root: Path | None = None, precision: str = "auto", speculative: bool = True,
                  blocked_copy: bool = True) -> dict[str, Any]:
-    """Which embedded model ``model.name: auto`` serves here, by the cached
-    timings of each installed one (memory aside: the daemon checks it)."""
+    """The ``model_choice`` line: which embedded model ``model.name: auto`` serves here, by
+    cached timings (memory is the daemon's to check)."""
     choice, untimed = _auto_choice(cpu_flags, budget, root, precision, speculative, blocked_copy)
     if choice is None:
         return {"verdict": "info", "detail": "model.name auto: decided at the daemon's first start (no kernel "

@@ -1,16 +1,8 @@
-"""Fill-in-the-middle prompts, built at the token level.
-
-:func:`detect_template` finds a tokenizer's FIM family; :func:`make_prompt`
-windows a :class:`Place` to a token :class:`Budget` and builds the ids.
-
-* **No injection.** User text is encoded with special tokens not parsed
-  (:func:`encode_text`); control tokens enter only through :func:`build_prompt`.
-* **PSM or SPM order** (per-family layouts: :mod:`.layout`).
-* **Stable window.** :func:`window_prefix` cuts the prefix on a coarse grid of
-  lines, so typing on the last line does not move the cut.
-* Every function is pure given the tokenizer (a caller may lend
-  :func:`make_prompt` a :class:`WindowMemo`).
-"""
+"""Fill-in-the-middle prompts at the token level: :func:`detect_template` finds the FIM family,
+:func:`make_prompt` windows a :class:`Place` to a :class:`Budget`, PSM or SPM (:mod:`.layout`).
+User text never yields a control token (:func:`encode_text`): they come only from build_prompt.
+The prefix window is cut on a coarse grid of lines, so typing on the last line keeps the cut.
+Every function is pure given the tokenizer (a caller may lend a :class:`WindowMemo`)."""
 
 from __future__ import annotations
 

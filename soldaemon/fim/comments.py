@@ -40,9 +40,8 @@ DEFAULT_LINE_COMMENT = "#"
 
 
 def comment_header(language: str | None, path: str, text: str) -> str:
-    """``text`` of file ``path`` as a comment block in LSP language
-    ``language`` (unknown: ``#``), headed ``Path: {path}``, ending with a
-    newline; a block comment's closer inside ``text`` is defused."""
+    """``text`` of ``path`` as a comment block in LSP ``language`` (unknown: ``#``) headed
+    ``Path: {path}``, ending with "\\n"; a block closer inside ``text`` is defused."""
     lang = (language or "").lower()
     lines = text.split("\n")
     if lines and lines[-1] == "":

@@ -23,12 +23,9 @@ def _control_tokens(tokenizer: Any) -> list[tuple[str, int]]:
 
 
 def encode_text(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
-    """Token ids of ``text`` as plain text: no bos/eos, no control token.
-
-    ``split_special_tokens`` is shared state in the Rust tokenizer and misses
-    added tokens without the special flag, so when a control token's id comes
-    out anyway the text is re-encoded in pieces split inside each occurrence.
-    """
+    """Token ids of ``text`` as plain text: no bos/eos, no control token. ``split_special_tokens``
+    misses added tokens without the special flag, so a control token's id that comes out anyway
+    makes the text re-encoded in pieces split inside each occurrence."""
     if not text:
         return []
     enc = tokenizer(text, add_special_tokens=False, split_special_tokens=True)

@@ -1,19 +1,8 @@
-"""The token layout of a FIM prompt per family, and the families' quirks of
-encoding the text around the FIM tokens. PSM (``[X]`` a control token):
-
-* Qwen2.5-Coder: ``[<|fim_prefix|>]prefix[<|fim_suffix|>]suffix[<|fim_middle|>]``;
-  with context ``[<|repo_name|>]name\\n([<|file_sep|>]path\\ncode)*[<|file_sep|>]path\\n``
-  in front.
-* StarCoder2: likewise with ``<fim_prefix>`` ...; the file's path goes after
-  the last ``<file_sep>`` and ``<fim_prefix>``.
-* DeepSeek-Coder: ``[bos][<｜fim▁begin｜>]prefix[<｜fim▁hole｜>]suffix[<｜fim▁end｜>]``.
-* CodeLlama: ``[bos][<PRE>]" "+prefix[<SUF>]suffix[<MID>]`` (Meta's
-  ``infilling_prompt_tokens``: no ``▁`` in front of the suffix).
-
-Families without file separators get context as comment headers in front of
-the prefix. SPM (llama.cpp's ``spm_infill``) puts the suffix first, so typing
-only appends.
-"""
+"""The token layout of a FIM prompt per family and their encoding quirks around the FIM tokens.
+Context goes after file separators (``[repo_name]name\\n([file_sep]path\\ncode)*``: Qwen2.5-Coder,
+and StarCoder2, whose own path follows ``<fim_prefix>``), else as comment headers before the prefix.
+CodeLlama follows Meta's ``infilling_prompt_tokens``: ``" " + prefix``, no ``▁`` before the suffix.
+SPM (llama.cpp's ``spm_infill``) puts the suffix first, so typing only appends."""
 
 from __future__ import annotations
 
@@ -63,12 +52,9 @@ def build_prompt(
     order: FimOrder = "psm",
     lead_ids: Sequence[int] = (),
 ) -> list[int]:
-    """The prompt ids in ``order`` from windowed, encoded parts (CodeLlama's
-    ``prefix_ids`` encode ``" " + prefix``). ``context``: ``[(path, code_ids)]``
-    after file separators where the family has them (then ``tokenizer`` is
-    required, else ``ValueError``), else code ids (comment headers) in front
-    of the prefix. ``lead_ids``: the typed start of the middle.
-    """
+    """The prompt ids in ``order`` from encoded parts. ``context``: ``[(path, code_ids)]`` after
+    file separators where the family has them (then ``tokenizer`` is required, else ValueError),
+    else code ids (comment headers) before the prefix. ``lead_ids``: the middle's typed start."""
     ids: list[int] = []
     if template.bos_id is not None:
         ids.append(template.bos_id)

@@ -21,8 +21,7 @@ def _indent_width(line: str) -> int:
 
 
 def _statement_end(lines: list[str], i: int, max_lines: int = 6) -> int:
-    """The index after the statement starting at line ``i`` (open brackets and
-    backslashes continue it, at most ``max_lines`` lines)."""
+    """The index after the statement at line ``i``; brackets and ``\\`` continue it (max_lines)."""
     depth = 0
     j = i
     while j < len(lines) and j - i < max_lines:
@@ -39,12 +38,9 @@ def _statement_end(lines: list[str], i: int, max_lines: int = 6) -> int:
 
 
 def scope_outline(prefix: str, n_cut: int, suffix: str, *, near_lines: int = 12) -> list[tuple[int, str]]:
-    """``(priority, statement)`` in file order from the first ``n_cut``
-    characters of ``prefix``, lower numbers first: 0 the headers of the scopes
-    enclosing the cursor, 1 definitions of names used near it, 2 imports,
-    ``3 + rank`` other definitions at the enclosing depths, nearest first.
-    Each text ends with a newline.
-    """
+    """``(priority, statement)`` in file order from the first ``n_cut`` characters of ``prefix``:
+    0 headers of the scopes enclosing the cursor, 1 definitions of names used near it, 2 imports,
+    ``3 + rank`` other definitions at the enclosing depths, nearest first. Texts end with "\\n"."""
     lines = split_lines(prefix)
     cut_lines = len(split_lines(prefix[:n_cut])) - 1  # lines wholly in the cut part
     if cut_lines <= 0:
@@ -82,8 +78,7 @@ def scope_outline(prefix: str, n_cut: int, suffix: str, *, near_lines: int = 12)
 
 
 def _statements(lines: list[str], pri: dict[int, int], stop: int) -> list[tuple[int, str]]:
-    """``(priority, statement)`` per line of ``pri`` in file order, up to line
-    ``stop``; a text that occurs twice only where it occurs last."""
+    """``(priority, statement)`` per line of ``pri`` up to ``stop``; a repeated text only last."""
     out: list[tuple[int, str]] = []
     covered = -1
     for i in sorted(pri):
@@ -97,8 +92,7 @@ def _statements(lines: list[str], pri: dict[int, int], stop: int) -> list[tuple[
 
 
 def _enclosing(prefix_lines: list[str]) -> list[tuple[int, str]]:
-    """``(indentation, line)`` of the scope headers enclosing the cursor (the
-    prefix's last line), innermost first."""
+    """``(indentation, line)`` of the scope headers enclosing the last line, innermost first."""
     cursor = prefix_lines[-1] if prefix_lines else ""
     limit = _indent_width(cursor) if cursor.strip() else len(cursor.expandtabs(4))
     out = []
@@ -114,12 +108,10 @@ def _enclosing(prefix_lines: list[str]) -> list[tuple[int, str]]:
 
 def below_outline(prefix: str, suffix: str, n_kept: int, visible: str, *,
                   near_lines: int = 12, max_line_chars: int = 120, max_lines: int = 400) -> list[tuple[int, str]]:
-    """``(priority, statement)`` in file order from ``suffix`` after its first
-    ``n_kept`` characters, lower numbers first: 0 in a method, the first line
-    using each ``self`` attribute that ``visible`` never names; 1 definitions
-    of names used near the cursor that ``visible`` lacks; ``3 + rank`` other
-    definitions at the enclosing depths. Reads at most ``max_lines`` lines,
-    skips lines over ``max_line_chars``; each text ends with a newline."""
+    """``(priority, statement)`` in file order from ``suffix`` past ``n_kept`` characters: 0 in a
+    method, the first line using each ``self`` attribute ``visible`` never names; 1 definitions of
+    names used near the cursor that ``visible`` lacks; ``3 + rank`` other definitions at the
+    enclosing depths. Reads at most ``max_lines`` lines, skips longer than ``max_line_chars``."""
     kept_lines = len(split_lines(suffix[:n_kept])) - 1 if n_kept > 0 else 0
     lines = split_lines(suffix)[:kept_lines + max_lines]
     if kept_lines >= len(lines):
@@ -164,8 +156,7 @@ _HEADER_WORDS = ("if", "elif", "else", "for", "while", "with", "try", "except", 
 
 
 def _looks_like_header(line: str) -> bool:
-    """Whether ``line`` opens a scope (a definition, a control keyword, a
-    ``:`` or ``{`` at its end)."""
+    """Whether ``line`` opens a scope: a definition, control keyword, or ``:``/``{`` at its end."""
     stripped = line.strip()
     if _DEF.match(line):
         return True

@@ -71,9 +71,8 @@ class FimPrompt:
 
 
 def heal_token(tokenizer: Any, prefix_ids: Sequence[int], prefix_text: str, *, blank: bool = False) -> str:
-    """The text of the prompt's last prefix token when token healing should
-    drop it, else "": an ASCII token ending ``prefix_text`` after text on the
-    cursor line, or with ``blank`` (a lead's token) one of whitespace."""
+    """The last prefix token's text when healing should drop it, else "": an ASCII token ending
+    ``prefix_text`` after text on the cursor line, or with ``blank`` (a lead's) a whitespace one."""
     if not prefix_ids:
         return ""
     text = tokenizer.decode([prefix_ids[-1]])
@@ -94,10 +93,8 @@ def _word_char(c: str) -> bool:
 
 
 def heal_tokens(tokenizer: Any, ids: Sequence[int], prefix_text: str, *, blank: bool = False) -> tuple[str, int]:
-    """``(text, n)``: the prompt's last ``n`` tokens (text ``text``) for
-    token healing to drop: :func:`heal_token`'s, extended back to the start
-    of the word it is inside (at most :data:`HEAL_MAX_TOKENS` tokens and
-    :data:`HEAL_MAX_CHARS` characters). ``("", 0)``: nothing to heal."""
+    """``(text, n)``: the last ``n`` tokens for healing to drop, :func:`heal_token`'s extended back
+    to its word's start (within the HEAL_MAX_* limits); ``("", 0)``: nothing to heal."""
     text = heal_token(tokenizer, ids, prefix_text, blank=blank)
     n = 1 if text else 0
     while text and n < min(HEAL_MAX_TOKENS, len(ids)) and _word_char(text[0]):
@@ -117,8 +114,7 @@ def lead_reserve(max_prefix_tokens: int) -> int:
 
 
 def line_anchor(prefix: str) -> int:
-    """Where a lead on the cursor line starts: after its indentation, or at
-    its start when the line is blank (docs/quality.md)."""
+    """Where a lead on the cursor line starts: after its indentation (a blank line: its start)."""
     start = prefix.rfind("\n") + 1
     line = prefix[start:]
     if not line.strip():
@@ -192,8 +188,8 @@ def _chunk_fields(chunk: ContextChunk | tuple[str, str]) -> tuple[str, str]:
 
 
 def pack_context(template: FimTemplate, tokenizer: Any, place: Place, tokens: int, enc: Encoders) -> Context:
-    """``place.context`` within ``tokens``, each chunk kept from its start to
-    a line end: files after separators, or comment headers."""
+    """``place.context`` within ``tokens``, each chunk's start up to a line end: files after
+    separators, or comment headers."""
     if template.has_repo_tokens:
         return Context(_file_chunks(tokenizer, place.context, tokens), [])
     return Context([], _comment_headers(tokenizer, place, tokens, enc))
@@ -271,8 +267,7 @@ def split_lead(place: Place, max_prefix_tokens: int, encode: Callable[[str], lis
 
 def cut_windows(tokenizer: Any, place: Place, lead: Lead, budget: Budget, enc: Encoders,
                 memo: WindowMemo) -> Windows:
-    """The prefix window (before the lead, on the stable grid) and the suffix
-    window, within their budgets."""
+    """The prefix window (before the lead, on the grid) and the suffix window."""
     after_headers = enc.first is enc.plain       # the window's encoder: part of its key
     head_key = ("prefix", id(tokenizer), lead.head, budget.prefix, budget.grain_lines, after_headers)
     head_text, prefix_ids = memo.through(head_key, lambda: fit_prefix(
@@ -284,9 +279,8 @@ def cut_windows(tokenizer: Any, place: Place, lead: Lead, budget: Budget, enc: E
 
 def add_outlines(tokenizer: Any, place: Place, lead: Lead, windows: Windows, budget: Budget, enc: Encoders,
                  memo: WindowMemo) -> Outlined:
-    """Outlines of what the windows left out, within ``budget.outline_tokens``:
-    above in front of the prefix window, below after the suffix window. With
-    a lead, read only up to the anchor so typing keeps them."""
+    """Outlines of what the windows left out, within ``budget.outline_tokens``, before the prefix
+    window and after the suffix window; with a lead, read up to the anchor so typing keeps them."""
     prefix, head, suffix = place.prefix, lead.head, place.suffix
     outline_tokens = budget.outline_tokens
     cut = head[: len(head) - len(windows.head_text)]
@@ -323,9 +317,8 @@ def add_outlines(tokenizer: Any, place: Place, lead: Lead, windows: Windows, bud
 
 def heal_end(tokenizer: Any, lead: Lead, prefix_ids: list[int], prefix_text: str, can_heal: bool,
              encode: Callable[[str], list[int]]) -> Healed:
-    """The prompt's last tokens (:func:`heal_tokens`) left out, their text
-    the start the generation must have; a lead ending in indentation heals
-    only its last blank."""
+    """The last tokens (:func:`heal_tokens`) left out, their text the generation's required start;
+    a lead ending in indentation heals only its last blank."""
     if not can_heal:
         return Healed("", prefix_ids, lead.ids, 0)
     blank_end = lead.text[lead.text.rfind("\n") + 1:]

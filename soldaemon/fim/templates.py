@@ -124,9 +124,8 @@ def _tokenizer_name(tokenizer: Any) -> str:
 
 
 def detect_template(tokenizer: PreTrainedTokenizerBase) -> FimTemplate:
-    """The first family of :data:`SUPPORTED_FAMILIES` whose prefix, suffix
-    and middle tokens are all in ``tokenizer``'s vocabulary; raises
-    :class:`~soldaemon.errors.NoFimTokens` when none is."""
+    """The first supported family whose prefix, suffix and middle tokens are all in the vocabulary;
+    raises :class:`~soldaemon.errors.NoFimTokens` when none is."""
     vocab: dict[str, int] = dict(tokenizer.get_vocab())
     for spec in _FAMILIES:
         pre = _lookup(vocab, spec.prefix)

@@ -18,8 +18,7 @@ def split_lines(text: str) -> list[str]:
 
 
 def count_tokens(tokenizer: Any, texts: Sequence[str]) -> list[int]:
-    """Estimated token counts of ``texts``, one at a time through the Rust
-    backend where there is one (``encode_batch``'s threads cost more)."""
+    """Estimated token counts of ``texts``, one by one (``encode_batch``'s threads cost more)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and hasattr(backend, "encode"):
         return [len(backend.encode(t, add_special_tokens=False).ids) if t else 0 for t in texts]
@@ -37,9 +36,8 @@ _BATCH = 8  # chunks counted per tokenizer call
 
 
 def _tail_fit(tokenizer: Any, lines: list[str], max_tokens: int, grain: int) -> int | None:
-    """The smallest multiple of ``grain`` where ``lines[cut:]`` is estimated
-    to fit ``max_tokens``, else the smallest fitting line after the last grid
-    line, else None."""
+    """The smallest multiple of ``grain`` where ``lines[cut:]`` is estimated to fit ``max_tokens``,
+    else the smallest fitting line after the last grid line, else None."""
     last = len(lines) - 1
     starts = list(range(0, last + 1, grain))
     total = 0
@@ -102,8 +100,7 @@ def _head_fit(tokenizer: Any, lines: list[str], max_tokens: int, grain: int) -> 
 
 
 def _effective_grain(grain_lines: int, max_tokens: int) -> int:
-    """``grain_lines``, lowered to ``max_tokens // 64`` for small budgets so
-    stability costs at most about an eighth of the budget."""
+    """``grain_lines``, at most ``max_tokens // 64``: stability costs at most ~1/8 of the budget."""
     return max(1, min(grain_lines, max_tokens // 64))
 
 
@@ -150,13 +147,9 @@ def window_prefix(
     *,
     grain_lines: int = 16,
 ) -> str:
-    """The end of ``prefix`` (the file's start) that fits ``max_tokens``.
-
-    The cut is at the earliest line whose index is a multiple of
-    ``grain_lines`` and whose tail fits, so typing on the last line keeps it
-    until the budget forces it a grain further; with no such line, the
-    earliest fitting line, or a token boundary inside the cursor line.
-    """
+    """The end of ``prefix`` that fits ``max_tokens``, cut at the earliest line that is a multiple
+    of ``grain_lines`` and fits (so typing on the last line keeps the cut); else at the earliest
+    fitting line, else at a token boundary inside the cursor line."""
     text, _ = fit_prefix(
         prefix, tokenizer, max_tokens, grain_lines, lambda t: encode_text(tokenizer, t)
     )
@@ -196,8 +189,7 @@ def fit_suffix(
 
 
 def window_suffix(suffix: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> str:
-    """The start of ``suffix`` that fits ``max_tokens``, cut at a line end (or
-    a token boundary inside a first line that does not fit)."""
+    """The start of ``suffix`` that fits ``max_tokens``, cut at a line end (else inside line 1)."""
     text, _ = fit_suffix(suffix, tokenizer, max_tokens, lambda t: encode_text(tokenizer, t))
     return text
 

@@ -1,6 +1,3 @@
-"""The completion pipeline shared by every engine.
-
-:mod:`.completion` runs the stages (:class:`Pipeline`) over an engine's
-model part, with type-through and the streamed preview; :mod:`.prompt` is
-the prompt stage.
+"""The completion pipeline shared by every engine: :mod:`.completion` runs the stages
+(:class:`Pipeline`) with type-through and the streamed preview; :mod:`.prompt` is the prompt stage.
 """

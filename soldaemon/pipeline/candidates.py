@@ -1,12 +1,7 @@
-"""A block answer chosen among several (``completion.candidates`` = N > 1,
-local backend): after the greedy answer, unless the model is sure of it
-(mean log-probability per shown token at least :data:`SURE`), N - 1 samples
-(seeded: the same request gets the same answers, drafted along the greedy
-tokens), each under the same ending; the one whose shown tokens have the
-highest mean log-probability (:func:`confidence`) is shown, the greedy one
-on a tie. A cancel or the budget leaves the greedy answer. docs/quality.md
-("Block candidates"). No torch here: the model part scores (:class:`Scorer`).
-"""
+"""A block answer chosen among N (``completion.candidates`` > 1, local; docs/quality.md): unless the
+greedy answer is :data:`SURE`, N - 1 seeded samples (drafted along the greedy tokens) run under the
+same ending, and the highest :func:`confidence` of shown tokens wins, the greedy one on a tie.
+A cancel or the budget leaves the greedy answer. No torch here: the model part scores (Scorer)."""
 
 from __future__ import annotations
 
@@ -20,9 +15,7 @@ from soldaemon.pipeline.sources import Stream
 
 SAMPLE_TEMPERATURE = 0.4
 SAMPLE_SEED = 1000
-# A greedy answer this sure stands without samples: on the 1.5B's 128 block
-# holes the samples won passes only below it, and 60 % of the answers are
-# above it (docs/quality.md, "Block candidates").
+# A greedy answer this sure (mean log-probability per shown token) stands without samples.
 SURE = -0.2
 
 
@@ -52,8 +45,7 @@ class Scorer(Protocol):
     def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, ending: Ending,
                  cancel: CancelToken, deadline: int | None, *, keep_logp: bool = False,
                  reference: Sequence[int] = ()) -> Stream:
-        """A decode as :meth:`ModelPart.generate`, drafting from the
-        ``reference`` answer's tokens first (the greedy one's)."""
+        """A decode as :meth:`ModelPart.generate`, drafting from ``reference`` (the greedy ids)."""
 
 
 def sampled(req: CompletionRequest, candidate: int) -> CompletionRequest:

@@ -1,7 +1,5 @@
-"""A request's clock, and the one place its :class:`~soldaemon.api.Timings`
-are built (every source of an answer reports through :meth:`Clock.timings`,
-so the figures mean the same whoever answered). No torch, no I/O.
-"""
+"""A request's clock, and the one place its :class:`~soldaemon.api.Timings` are built, so the
+figures mean the same whoever answered. No torch, no I/O."""
 
 from __future__ import annotations
 

@@ -29,10 +29,9 @@ def context_selector(model: ModelConfig) -> ContextSelector:
 
 
 class LeadAnchors:
-    """Where each document's middle starts under ``model.fim_anchor: sticky``:
-    where typing began on a line, kept while the text before it and the
-    suffix are unchanged and the lead within :data:`MAX_LEAD_LINES` and
-    :data:`MAX_LEAD_CHARS`, else the cursor line's :func:`line_anchor`."""
+    """Each document's middle start under ``fim_anchor: sticky``: where typing began, kept while
+    the text before it and the suffix are unchanged and the lead within MAX_LEAD_LINES and
+    MAX_LEAD_CHARS, else the cursor line's :func:`line_anchor`."""
 
     def __init__(self) -> None:
         self._anchors: dict[str, tuple[str, str]] = {}   # uri → (text before the anchor, suffix)
@@ -55,8 +54,7 @@ class LeadAnchors:
 
 
 def lead_from(model: ModelConfig, req: CompletionRequest, anchors: LeadAnchors | None) -> int | None:
-    """Where ``req``'s middle starts under ``model.fim_anchor`` (None: at
-    the cursor); ``sticky`` without ``anchors`` acts as ``line``."""
+    """Where ``req``'s middle starts (None: the cursor); sticky without ``anchors`` acts as line."""
     if model.fim_anchor == "cursor":
         return None
     if model.fim_anchor == "sticky" and anchors is not None:
@@ -68,17 +66,15 @@ def build_fim_prompt(template: FimTemplate, tokenizer: Any, model: ModelConfig, 
                      n_ctx: int, *, heal: bool = False, selector: ContextSelector | None = None,
                      anchors: LeadAnchors | None = None,
                      memo: WindowMemo | None = None) -> tuple[FimPrompt, float]:
-    """``(prompt, ms)``: ``req`` windowed, tokenized and templated under
-    ``model``; ``heal``: token healing (a local engine; the lead anchor needs
-    it), ``selector``: context by relevance (else the chunks in order).
+    """``(prompt, ms)``: ``req`` windowed, tokenized and templated under ``model``; ``heal``: token
+    healing and the lead anchor (local engines), ``selector``: context by relevance (else in order).
     Raises :class:`BadRequest` when prompt plus ``max_tokens`` exceeds ``n_ctx``."""
     t0 = time.perf_counter_ns()
     context = req.context
-    # the typed line ends mid-word inside the middle: only healing makes that work (docs/bench.md)
+    # the typed line ends mid-word inside the middle: only healing makes that work
     start = lead_from(model, req, anchors) if heal else None
     windows = model.windows()
     lead = lead_reserve(windows.prefix) if start is not None else 0
-    # context gets what the window budgets, the lead and the completion leave of n_ctx
     ctx_tokens = max(0, min(model.max_context_tokens,
                             n_ctx - windows.prefix - lead - windows.suffix - req.max_tokens - 16))
     if selector is not None and context:

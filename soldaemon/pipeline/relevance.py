@@ -1,15 +1,8 @@
-"""Which context from other files goes into the prompt: the request's chunks
-cut into snippets (top-level definitions, else blocks of lines), of which only
-those that define a name the code near the cursor uses and the current file
-does not define are kept (docs/quality.md: anything looser made answers worse).
-
-Scores weigh the names near the cursor by rarity (a name defined counts three
-times one mentioned, over a size penalty), imported names and modules, and
-the client's recency on ties. The choice stays stable while the user types
-(the context sits before the prefix, in the KV cache): the query leaves out
-the cursor's line, chosen snippets keep the candidates' order, and a
-:class:`ContextSelector` keeps the previous choice unless a new one is
-clearly better.
+"""Which context from other files goes into the prompt: snippets (top-level definitions, else
+blocks of lines) kept only when they define a name used near the cursor that the file itself does
+not (anything looser made answers worse: docs/quality.md). Scores weigh names by rarity, imports
+and recency. The choice stays stable while typing (the context is cached KV before the prefix):
+the query skips the cursor's line, and :class:`ContextSelector` keeps a choice not clearly beaten.
 """
 
 from __future__ import annotations
@@ -32,8 +25,7 @@ _PY_IMPORT = re.compile(r"^\s*import\s+(.+)$")
 _JS_IMPORT = re.compile(r"""^\s*import\s+(.+?)\s+from\s+['"]([^'"]+)['"]""")
 _TOP = re.compile(r"^(?:@|async\s+def\s|def\s|class\s|export\s|function\s|fn\s|func\s|pub\s|impl\s|struct\s)")
 
-# Words that say nothing about relevance (keywords and very common names of
-# the languages a code model sees most).
+# Keywords and very common names: they say nothing about relevance.
 _STOP = frozenset("""
 and as assert async await break class continue def del elif else except finally for from global if import in is
 lambda nonlocal not or pass raise return try while with yield None True False self cls
@@ -69,8 +61,7 @@ def _module_stem(uri: str) -> str:
 
 
 def imports_of(prefix: str) -> tuple[set[str], set[str]]:
-    """(module stems, imported names) of the import lines in ``prefix``
-    (Python ``import``/``from … import``, JS/TS ``import … from``)."""
+    """(module stems, imported names) of the Python and JS/TS import lines in ``prefix``."""
     stems: set[str] = set()
     names: set[str] = set()
     for line in prefix.splitlines():
@@ -117,8 +108,7 @@ _ANY_ASSIGN = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?::[^=]*)?=(?!=)")
 
 
 def _defined(text: str, assign: re.Pattern[str] = _ASSIGN) -> set[str]:
-    """Names ``text`` defines: defs and classes, and assignments ``assign``
-    matches (top-level by default)."""
+    """Names ``text`` defines: defs, classes and ``assign``'s assignments (top-level by default)."""
     out: set[str] = set()
     for line in text.splitlines():
         m = _DEF.match(line) or assign.match(line)
@@ -143,7 +133,6 @@ def rank(prefix: str, suffix: str, chunks: Sequence[ContextChunk], *,
     query = Counter(identifiers(near))
     stems, imported = imports_of(prefix)
     local = _defined(prefix + suffix, _ANY_ASSIGN)
-    # what the code near the cursor uses and this file does not define
     wanted = {w for w in query if w not in local}
     wanted_imports = {w for w in imported if w not in local}
     snippets: list[tuple[int, int, str, str, frozenset[str], frozenset[str]]] = []
@@ -202,9 +191,8 @@ def pack(chosen: Sequence[Snippet]) -> list[ContextChunk]:
 
 
 class ContextSelector:
-    """:func:`rank`, :func:`choose` and :func:`pack`, keeping a document's
-    previous choice while its snippets are all still there and it scores at
-    least ``1 / stickiness`` of the new best."""
+    """:func:`rank`, :func:`choose` and :func:`pack`, keeping a document's previous choice while
+    its snippets are all still there and it scores at least ``1 / stickiness`` of the new best."""
 
     def __init__(self, max_chars: int = 4096, stickiness: float = 1.5, max_docs: int = 64) -> None:
         self.max_chars = max_chars

@@ -1,9 +1,6 @@
-"""Whether cuDNN may serve attention on a CUDA device, chosen from timings
-measured when the model loads (:func:`soldaemon.runtime.forward.layer.plan_attention`):
-cuDNN plans every new shape of a masked attention call, which can cost
-hundreds of ms per new prompt length, and a daemon meets one at nearly every
-keystroke (docs/gpu.md). A keystroke costs ``cold + (layers - 1) * warm``
-(medians); cuDNN stays only when that is lower with it. No torch here.
+"""Whether cuDNN may serve attention on a CUDA device, from timings taken at load
+(:func:`soldaemon.runtime.forward.layer.plan_attention`): cuDNN plans every new attention shape,
+and a daemon meets a new prompt length at nearly every keystroke (docs/gpu.md). No torch here.
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ class AttentionTimings:
     warm_ms: tuple[float, ...]
 
     def keystroke_ms(self, layers: int) -> float:
-        """What one new prompt shape costs over ``layers`` layers."""
+        """What one new prompt shape costs over ``layers`` layers: ``cold + (layers-1) * warm``."""
         if not self.cold_ms or not self.warm_ms:
             raise ValueError("no timings")
         return statistics.median(self.cold_ms) + max(layers - 1, 0) * statistics.median(self.warm_ms)
@@ -44,8 +41,7 @@ class AttentionChoice:
 
 
 def choose_cudnn(with_cudnn: AttentionTimings, without_cudnn: AttentionTimings, layers: int) -> AttentionChoice:
-    """Keep cuDNN in SDPA's order only when a new prompt shape costs less
-    with it (:meth:`AttentionTimings.keystroke_ms`); without it on a tie."""
+    """Keep cuDNN in SDPA's order only when a new prompt shape costs less with it (tie: off)."""
     on, off = with_cudnn.keystroke_ms(layers), without_cudnn.keystroke_ms(layers)
     keep = on < off
     reason = (f"a new prompt shape over {layers} layers: {on:.2f} ms with cuDNN, {off:.2f} ms without "

@@ -1,11 +1,6 @@
-"""Draft policy for speculative decoding: what to propose and how much of
-it to verify.
-
-Prompt lookup: code repeats itself (names, call patterns, whole lines), so the
-tokens that followed the last occurrence of the current n-gram are a cheap,
-often right guess. It works on token id lists, so it lives here, beside the
-rule that chooses the draft length from measured forward costs. The draft
-model (a second network) is mechanism: :mod:`soldaemon.runtime.decode.draft`.
+"""Draft policy for speculative decoding: what to propose (prompt lookup over token ids) and
+how many draft tokens to verify, from measured forward costs. The draft model is mechanism:
+:mod:`soldaemon.runtime.decode.draft`.
 """
 
 from __future__ import annotations
@@ -14,6 +9,8 @@ from typing import Protocol, Sequence
 
 
 class DraftProposer(Protocol):
+    """Proposes draft tokens to follow a generation's history."""
+
     def reset(self, history: Sequence[int]) -> None:
         """Start a new generation; ``history`` is the context + prompt tokens."""
         ...
@@ -27,17 +24,14 @@ class DraftProposer(Protocol):
         ...
 
     def kind(self) -> int:
-        """What the next proposal would rest on, as a small int the draft
-        length keeps a separate acceptance rate for (prompt lookup: the
-        n-gram length that matches now); 0 when there is nothing to propose."""
+        """What the next proposal rests on, as a small int with its own acceptance rate in
+        :class:`DraftLength`; 0 when there is nothing to propose."""
         ...
 
 
 class PromptLookup:
-    """n-gram lookup over the history, longest n first (``max_n`` … ``min_n``).
-
-    An index maps each n-gram to the position after its most recent
-    occurrence, updated incrementally, so a proposal costs O(max_n)."""
+    """n-gram lookup over the history, longest n first (``max_n`` … ``min_n``); an incremental
+    index of each n-gram's most recent continuation makes a proposal O(max_n)."""
 
     def __init__(self, max_n: int = 3, min_n: int = 1) -> None:
         self.max_n = max_n
@@ -55,22 +49,19 @@ class PromptLookup:
         for t in tokens:
             toks.append(t)
             end = len(toks)
-            # index the n-grams ending just before the new token: they now
-            # have a continuation (the new token at position end-1)
+            # the n-grams ending just before the new token now have a continuation
             for n in range(self.min_n, self.max_n + 1):
                 if end - 1 - n < 0:
                     break
                 self.index[tuple(toks[end - 1 - n:end - 1])] = end - 1
 
     def _match(self) -> tuple[int, int]:
-        """(n, start): the longest n-gram ending the history seen before,
-        and the position after its last occurrence; (0, 0) when none."""
+        """:meth:`match_of` the history itself."""
         return self.match_of(self.tokens)
 
     def match_of(self, toks: Sequence[int]) -> tuple[int, int]:
-        """(n, start): the longest n-gram ending ``toks`` that this history
-        holds with a token after it, and the position of that token; (0, 0)
-        when none."""
+        """(n, start): the longest n-gram ending ``toks`` that this history holds with a token
+        after it, and that token's position; (0, 0) when none."""
         for n in range(self.max_n, self.min_n - 1, -1):
             if len(toks) < n:
                 continue
@@ -84,25 +75,16 @@ class PromptLookup:
         return self.tokens[start:start + k] if n else []
 
     def kind(self) -> int:
-        """The n-gram length the next proposal rests on (0: none). On the
-        0.5B's answers to 128 block holes its first token was right 77 % of
-        the time after a 3-gram match, 48 % after a 2-gram and 32 % after a
-        single token (docs/bench.md): one acceptance rate for all would
-        price the good guesses by the poor ones."""
+        """The n-gram length the next proposal rests on (0: none); longer matches are accepted
+        far more often, so each length keeps its own rate."""
         return self._match()[0]
 
 
 class AlongReference:
-    """Prompt lookup that looks first in a reference answer: the tokens of
-    another answer to the same prompt (the greedy one, when block
-    candidates are sampled: :mod:`soldaemon.pipeline.candidates`). A sample
-    at a low temperature follows it most of the way, leaves it for a few
-    tokens and often comes back; an n-gram of what was generated, matched
-    in the reference (which starts with the prompt's last ``max_n`` tokens,
-    so the first tokens match too), proposes what the reference has next.
-    Where the history's own match is longer, it proposes (:class:`PromptLookup`).
-    A reference proposal's kind is ``REFERENCE`` + n: its acceptance rate is
-    kept apart from the history's."""
+    """Prompt lookup that looks first in a reference answer to the same prompt (the greedy one
+    when block candidates are sampled), prefixed with the prompt's last ``max_n`` tokens; the
+    history's own match proposes where it is longer. A reference proposal's kind is
+    ``REFERENCE`` + n."""
 
     REFERENCE = 16
 
@@ -134,33 +116,17 @@ class AlongReference:
 
 
 class DraftLength:
-    """How many draft tokens to verify per step, chosen from what a forward of
-    T tokens costs on this machine and how often drafts are accepted.
+    """How many draft tokens to verify per step: ``choose`` maximizes expected tokens per ms,
+    where k drafts cost a forward of k+1 tokens and yield 1 + a + … + a^k at acceptance rate a.
 
-    Verifying k drafts runs T = k+1 tokens in one forward and yields, with a
-    per-token acceptance rate a, 1 + a + … + a^k tokens on average. On a GPU
-    (or any memory-bound step) cost(T) barely grows with T, so long drafts
-    pay; on a CPU a forward of 9 tokens can cost 2–4× one token, where only
-    short drafts, or none, pay. ``choose`` maximizes tokens per millisecond;
-    0 means do not speculate.
-
-    The rate is kept per *kind* of proposal (:meth:`DraftProposer.kind`):
-    prompt lookup's 3-gram matches are right far more often than its
-    single-token ones. Each rate is the geometric model's own estimate, a =
-    accepted / (accepted + rejections), where a draft of k tokens with m
-    accepted shows m acceptances and one rejection when m < k (a plain
-    accepted/drafted counts the tokens after the first rejection, never
-    tested, as failures and reads a = 0.5 as ~0.23 for 8-token drafts).
-    Acceptances and rejections are exponentially weighted (``weight``).
-    And since a kind that is never drafted is never measured again, one
-    that ``choose`` turned down ``explore_every`` times in a row is drafted
-    one token once: a rate that fell on a bad stretch can come back (at most
-    one short verify in ``explore_every`` steps)."""
+    a is kept per proposal kind as accepted / (accepted + rejections), exponentially weighted;
+    tokens after the first rejection were never tested, so they do not count. A kind declined
+    ``explore_every`` times in a row is drafted one token once, so its rate can recover."""
 
     def __init__(self, costs_ms: dict[int, float], max_k: int, *, prior: float = 0.5, weight: float = 0.2,
                  draft_ms: float = 0.0, explore_every: int = 32) -> None:
-        """``draft_ms``: what proposing one draft token costs (a draft
-        model's step; ~0 for prompt lookup)."""
+        """``costs_ms``: T → ms of a forward of T tokens (needs T=1); ``draft_ms``: the cost
+        of proposing one token (a draft model's step; ~0 for prompt lookup)."""
         if 1 not in costs_ms:
             raise ValueError("costs_ms needs the cost of a 1-token forward")
         self.costs_ms = dict(sorted(costs_ms.items()))   # T → ms per forward
@@ -169,24 +135,20 @@ class DraftLength:
         self.weight = weight
         self.draft_ms = draft_ms
         self.explore_every = explore_every
-        # kind → [acceptances, rejections], exponentially weighted; one
-        # pseudo-draft of the prior to start
+        # kind → [acceptances, rejections], starting from one pseudo-draft of the prior
         self._counts: dict[int, list[float]] = {}
         self._all = [prior, 1.0 - prior]               # every kind together: ``rate``
         self._declined: dict[int, int] = {}
 
     def fresh(self) -> DraftLength:
-        """The same costs (a copy) and settings, acceptance rates from the
-        prior: for drafts whose acceptance differs in kind (sampled
-        decodes keep a draft token with its probability, not when it is
-        the argmax)."""
+        """A copy of the costs and settings with acceptance rates from the prior (sampled
+        decodes accept drafts differently)."""
         return type(self)(dict(self.costs_ms), self.max_k, prior=self.prior, weight=self.weight,
                           draft_ms=self.draft_ms, explore_every=self.explore_every)
 
     @property
     def rate(self) -> float:
-        """Per-token acceptance over every kind of proposal (what health
-        shows)."""
+        """Per-token acceptance over every kind (what health shows)."""
         return _ratio(self._all)
 
     def rate_of(self, kind: int = 0) -> float:
@@ -229,18 +191,13 @@ class DraftLength:
         return best_k
 
     def observe(self, t: int, ms: float) -> None:
-        """A forward of ``t`` tokens just took ``ms`` in real use: fold it
-        into the cost table (EMA, weight ``weight``). The start-up samples
-        are few and taken on a cold context; on a loaded 2-core machine
-        they were seen to make drafts look cheaper than they were (drafting
-        lost 9 % on the keystroke trace, docs/bench.md)."""
+        """Fold a real forward of ``t`` tokens taking ``ms`` into the cost table (EMA, weight
+        ``weight``): the few start-up samples, on a cold context, can make drafts look cheap."""
         if t < 1 or ms <= 0:
             return
         old = self.costs_ms.get(t)
-        # one sample counts for at most twice the estimate: a forward that
-        # another process pre-empted (seen: 1.6 s for a 27 ms verify while a
-        # test suite ran) must not price drafts out for good, since a size
-        # that is never drafted is never observed again
+        # capped at twice the estimate: a pre-empted forward must not price drafts out for
+        # good, since a size never drafted is never observed again
         ref = old if old is not None else self.cost(t)
         ms = min(ms, 2.0 * ref)
         self.costs_ms[t] = ms if old is None else (1 - self.weight) * old + self.weight * ms
@@ -248,8 +205,7 @@ class DraftLength:
             self.costs_ms = dict(sorted(self.costs_ms.items()))
 
     def update(self, drafted: int, accepted: int, kind: int = 0) -> None:
-        """A draft of ``drafted`` tokens of ``kind`` had its first
-        ``accepted`` confirmed."""
+        """A draft of ``drafted`` tokens of ``kind`` had its first ``accepted`` confirmed."""
         if drafted <= 0:
             return
         rejected = 1.0 if accepted < drafted else 0.0

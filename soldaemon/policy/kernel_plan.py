@@ -1,49 +1,7 @@
-"""The kernel plan: which linear kernel serves each phase, chosen from timings
-measured on this machine. Pure policy: no torch here (the measuring and the
-kernels themselves are :mod:`soldaemon.runtime.forward.kernels`), so it is tested over recorded tables.
-
-Why measure: the same "2-core EPYC" has been AVX2-only (bfloat16 and float16
-products slower than float32) and Zen 4 with AVX-512 BF16/VNNI (bfloat16 4x,
-int8 with integer products 7x faster than float32). A fixed choice is wrong on
-one of them, and one precision for every phase is wrong on both: a prefill
-forward multiplies hundreds of rows (compute-bound), a decode step one row
-(memory-bound), a speculative verification a handful.
-
-What is chosen (one :class:`KernelPlan`):
-
-- ``storage``: the one format the decoder layers' weights are kept in (no
-  second copy beside it);
-- ``prefill``: the kernel over that storage for prompt tokens (long forwards);
-- ``short``: the kernel over that storage for decode steps, draft
-  verification and the typed line after the middle token. One kernel for all
-  short forwards, because the session computes a position with the same
-  weights whether it ran alone or in a batch (reuse = recompute);
-- ``head_storage`` / ``head``: the output layer (151,936 rows for Qwen2.5,
-  unlike the blocks), whose storage also serves the embedding lookup;
-- ``rows``: None (one layout for every forward: the default), or a kernel
-  that reads a *second*, blocked copy of the int8 weights (layers and
-  output layer) — kept only where it is measured at least ROW_COPY_GAIN
-  faster for one-row steps *and* for forwards of more rows (prompts,
-  verifications, the typed line), where ``torch._int_mm`` re-lays the
-  weight out on every call (docs/kernels.md, "How it chooses": one copy by
-  default). Only a kernel that gives its twin's bits (:data:`ROW_KERNELS`)
-  may: a verify then still equals the decode steps bit for bit, and a
-  prompt's logits do not change.
-
-Kernels (``KERNELS``: kernel → storage it reads):
-
-- ``float32``, ``bfloat16``, ``float16``: dense products in that dtype;
-- ``int8``: int8 weights (one float scale per output row), activations cast
-  to bfloat16, the weight-only int8 product;
-- ``int8-dynamic``: the same int8 weights; activations quantized per row to
-  int8 at run time, integer products, one rescale;
-- ``int4``: 4-bit weights in groups of 32 along K (a bfloat16 scale and zero
-  per group), bfloat16 activations, torch's int4 weight-only product (CPU).
-  Decoder layers only; never measured for quality (not in QUALITY);
-- ``int8-onednn``: ``int8-dynamic``'s integer products on a weight oneDNN
-  laid out once for its kernel (``onednn.qlinear_prepack``); only as
-  ``rows``, never the one storage (its single-row product is slower than
-  ``_int_mm``'s in the forward, which reads every layer from memory).
+"""The kernel plan: which linear kernel serves each phase (prompt, short forwards, output
+layer), chosen from timings measured on this machine, since the fastest precision differs
+per CPU and per phase (docs/kernels.md, "How it chooses"). Pure policy, no torch: the
+measuring and the kernels are :mod:`soldaemon.runtime.forward.kernels`.
 """
 
 from __future__ import annotations
@@ -52,14 +10,14 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
-# The cached tables' format. Bump when the table's meaning (or the kernels)
-# change; a cached table of another format is timed again at the next start
-# (runtime/forward/kernels.py: load_table drops it; doctor skips it).
-# 5: ``blocks`` is one decoder layer's four products as the forward runs
-# them, q/k/v and gate/up each one product over their stacked rows; 4 timed
-# seven separate products.
+# The cached tables' format: bump when a table's meaning or the kernels change (kernels.load_table
+# drops a table of another format, so it is timed again). 5: ``blocks`` times the forward's four
+# products per layer, q/k/v and gate/up each stacked.
 PLAN_FORMAT = 5
 
+# kernel → the storage it reads. int8: per-row float scales, bfloat16 activations; int8-dynamic:
+# activations quantized per row, integer products; int4: groups of 32 along K, decoder layers only;
+# int8-onednn: a oneDNN-prepacked weight, only ever KernelPlan.rows.
 KERNELS: dict[str, str] = {
     "float32": "float32",
     "bfloat16": "bfloat16",
@@ -69,15 +27,11 @@ KERNELS: dict[str, str] = {
     "int4": "int4",
     "int8-onednn": "int8-onednn",
 }
-# Kernels for the blocked second copy (KernelPlan.rows) → the kernel whose
-# bits they give (checked at run time before a kernel is measured:
-# runtime/forward/kernels.py); the plan's prefill, decode and head kernels
-# must all be that twin.
+# Kernels for the blocked second copy (KernelPlan.rows) → the twin whose bits they give (checked
+# by runtime/forward/kernels.py before timing); prefill, short and head must all be that twin.
 ROW_KERNELS: dict[str, str] = {"int8-onednn": "int8-dynamic"}
-# formats the decoder layers (the one copy) can be kept in
 STORAGES = ("float32", "bfloat16", "float16", "int8", "int4")
-# formats the output layer (and so the embedding lookup) can be kept in; an
-# int4 plan keeps its output layer in int8
+# the output layer's (and so the embedding's) formats; an int4 plan keeps its output layer in int8
 HEAD_STORAGES = ("float32", "bfloat16", "float16", "int8")
 PRECISIONS = ("auto",) + STORAGES          # model.precision
 PLAN_NOTE = ("ms: the fastest of N runs after a warm-up; blocks: one decoder layer's products "
@@ -85,30 +39,19 @@ PLAN_NOTE = ("ms: the fastest of N runs after a warm-up; blocks: one decoder lay
              "head: the output layer; rows: tokens in the forward")
 SHORT_ROWS = (1, 2, 5, 9, 17)             # decode and verify sizes measured
 PREFILL_ROWS = (64, 512)                  # prefill sizes measured (512: the session's chunk)
-# The blocked second copy costs the int8 weights' memory again (0.5B: +532 MB
-# after load, 1,742 against 1,210 MB; docs/kernels.md). One layout serves
-# every forward unless the copy is measured at least this much faster (a
-# fraction of the one copy's time) for one-row steps and for forwards of
-# more rows alike: the table's prediction first (choose_plan), then real
-# decode steps at warm-up (steps_on_blocked_copy; the engine drops the copy
-# when they are not).
+# The blocked second copy costs the int8 weights' memory again, so it is kept only when predicted
+# this fraction faster for one-row steps and forwards of more rows alike (choose_plan), then
+# confirmed on real decode steps at warm-up (steps_on_blocked_copy).
 ROW_COPY_GAIN = 0.15
-# Kernels whose k-row verify gives every row the bits of that row's decode
-# step: exact integer sums, a scale per row (docs/kernels.md, "Speculation
-# and the kernels"). Measured on the real 0.5B (scripts/spec_identity.py):
-# int8-dynamic kept every answer at draft lengths 1, 2, 4 and 8; bfloat16
-# changed 3 of 16 although its products alone pass the row test up to 9
-# rows. With speculation on, a CPU plan's decode/verify and output-layer
-# kernels are chosen among these (choose_plan's ``exact``); the engine
-# checks each on the model's shapes at start (kernels.rows_alone).
+# Kernels whose k-row verify gives every row its decode step's bits (exact integer sums, a scale
+# per row; scripts/spec_identity.py checks the answers). With speculation on, a CPU plan's short
+# and head kernels come from these; the engine checks each at start (kernels.rows_alone).
 EXACT_VERIFY = frozenset({"int8-dynamic", "int8-onednn"})
 
 @dataclass(frozen=True)
 class Quality:
-    """One kernel against float32 on the same holes, each hole right or not
-    (exact match on line holes, its tests passed on block holes): ``lost``
-    holes right with float32 only, ``won`` right with the kernel only, of
-    ``n``; ``run`` names the measurement (docs/quality.md)."""
+    """One kernel against float32 on the same ``n`` holes: ``lost`` right with float32 only,
+    ``won`` right with the kernel only; ``run`` names the measurement (docs/quality.md)."""
 
     lost: int
     won: int
@@ -122,15 +65,13 @@ class Quality:
 
     @property
     def p_worse(self) -> float:
-        """One-sided sign test over the holes that differ: the chance of at
-        least ``lost`` losses among ``lost + won`` were the kernel no worse
-        than float32 (each such hole a coin toss)."""
+        """One-sided sign test: the chance of ``lost`` or more losses among ``lost + won``
+        holes that differ, were the kernel no worse than float32."""
         d = self.lost + self.won
         return sum(math.comb(d, i) for i in range(self.lost, d + 1)) / 2 ** d if d else 1.0
 
     def refused(self, limit: float, alpha: float) -> bool:
-        """Worse by more than ``limit`` points, and beyond what the holes
-        that differ allow by chance (``p_worse < alpha``)."""
+        """Worse by more than ``limit`` points and beyond chance (``p_worse < alpha``)."""
         return self.points > limit and self.p_worse < alpha
 
     def note(self) -> str:
@@ -138,25 +79,9 @@ class Quality:
                 f"({self.lost} lost, {self.won} won, sign test p {self.p_worse:.2f})")
 
 
-# Each kernel against float32 on the same holes, 0.5B (``soldaemon bench
-# --quality --precisions ...``; docs/quality.md, "Precision and answers").
-# ``auto`` never chooses a kernel never measured (absent) nor one refused
-# (:meth:`Quality.refused`): worse by more than MAX_QUALITY_LOSS points *and*
-# beyond chance on the holes that differ. A point estimate alone is noise at
-# these sizes (one hole of 248 is 0.4 points).
-# - bfloat16: 120 line holes, exact match (the float32 column of
-#   docs/results/2026-12-02-line-120-0.5b-float32.json) plus 128 block holes,
-#   pass@1 (docs/results/2026-12-03-block-128-0.5b-precisions.json). No hole won.
-# - int8-dynamic (rotated, the output layer too; the plan int8-dynamic in
-#   every phase): the same holes against the same float32 columns
-#   (docs/results/2026-12-03-line-120-0.5b-output-layer-rotated.json and
-#   2026-12-03-block-128-0.5b-output-layer-rotated.json): 3 line holes and
-#   1 block hole lost, none won.
-# - int8 (weight-only): only ever measured inside the plan of 2026-12-01 (74df3e1) (int8
-#   decode, int8-dynamic prefill and head), 60 holes
-#   (docs/results/2026-12-01-precision-60.json).
-# float16 and int4 were not measured (float16's CPU products are the slowest),
-# so auto never picks them; model.precision: float16 / int4 still can.
+# Each kernel against float32 on the 0.5B (``soldaemon bench --quality``; docs/quality.md,
+# "Precision and answers"). ``auto`` never chooses a kernel absent here (float16, int4) nor one
+# :meth:`Quality.refused`; a point estimate alone is noise at these sizes.
 QUALITY: dict[str, Quality] = {
     "float32": Quality(0, 0, 248, "the reference"),
     "bfloat16": Quality(2, 0, 248, "0.5B, 120 line + 128 block holes, 2026-12-02/03"),
@@ -164,23 +89,16 @@ QUALITY: dict[str, Quality] = {
     "int8-dynamic": Quality(4, 0, 248, "0.5B, rotated with the output layer, 120 line + 128 block holes, 2026-12-03"),
 }
 QUALITY["int8-onednn"] = QUALITY["int8-dynamic"]    # int8-dynamic's bits (ROW_KERNELS)
-# Points of exact match / pass@1. 2.5 since 2026-12-03, set after
-# int8-dynamic measured +2.0 (p 0.03) above: at 1.0 ``auto`` would give up
-# int8 on every CPU recorded in tests/data/kernel_tables for bfloat16 or
-# float32 at 1.8-2.7x the decode step (up to 2.1x a cold completion). The
-# limit keeps out kernels that break answers; a user who wants the float
-# model's answers sets model.precision: bfloat16 (docs/kernels.md). Since
-# the output layer is rotated too the record is +1.6 (p 0.06), inside even
-# the old limit's chance; 2.5 is kept so that one more hole either way does
-# not flip the plan on every machine.
+# Points of exact match / pass@1: keeps out kernels that break answers while leaving int8 its
+# speed; wide enough that one more hole either way does not flip the plan on every machine
+# (docs/kernels.md). model.precision: bfloat16 gives the float model's answers.
 MAX_QUALITY_LOSS = 2.5
 QUALITY_ALPHA = 0.05         # the sign test's level
 
 
 def auto_kernels(quality: Mapping[str, Quality] = QUALITY, limit: float = MAX_QUALITY_LOSS,
                  alpha: float = QUALITY_ALPHA) -> frozenset[str]:
-    """The kernels ``auto`` may choose: measured against float32, and not
-    shown worse than it by more than ``limit`` points (:meth:`Quality.refused`)."""
+    """The kernels ``auto`` may choose: measured and not :meth:`Quality.refused`."""
     return frozenset(k for k, q in quality.items() if k in KERNELS and not q.refused(limit, alpha))
 
 
@@ -188,13 +106,8 @@ def auto_kernels(quality: Mapping[str, Quality] = QUALITY, limit: float = MAX_QU
 class TimingTable:
     """Milliseconds measured on one machine for one model's shapes.
 
-    ``blocks[kernel][rows]``: the products of one decoder layer on ``rows``
-    rows, as ``products`` names them (the forward's four: q/k/v stacked
-    into one product, o, gate/up stacked, down; tables recorded before
-    the packing name the seven apart); ``head[kernel][rows]``: the output
-    layer. A kernel this device cannot run is absent. Beside the
-    times, how busy the machine was when they were taken (a table timed
-    under load is re-timed on a later, quiet start: :func:`retime_reason`)."""
+    ``blocks[kernel][rows]``: one decoder layer's products (``products``) on ``rows`` rows;
+    ``head[kernel][rows]``: the output layer. A kernel this device cannot run is absent."""
 
     blocks: dict[str, dict[int, float]]
     head: dict[str, dict[int, float]]
@@ -218,9 +131,8 @@ class TimingTable:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TimingTable:
-        """Raises ValueError on a malformed table (a damaged cache file).
-        A table recorded before the load had its own field keeps the load
-        read after its timing (``machine["load_avg_1m"]``)."""
+        """Raises ValueError on a malformed table; an older table's load is read from
+        ``machine["load_avg_1m"]``."""
         try:
             machine = dict(d.get("machine") or {})
             load = d.get("load_1m") if d.get("load_1m") is not None else machine.get("load_avg_1m")
@@ -249,29 +161,23 @@ class TimingTable:
         return max(1, int(self.machine.get("threads") or 1))
 
 
-# How busy is too busy to time kernels, as a 1-minute load average per
-# logical core: above BUSY the kernels' threads shared the cores with other
-# work (the issue-58 bench: load 12 on 2 cores timed bfloat16 ahead of the
-# quiet plan's int8); at or below QUIET a new timing is worth taking. The gap
-# keeps a machine that hovers near one figure from re-timing at every start.
+# 1-minute load average per logical core: above BUSY a timing shared the cores with other work;
+# at or below QUIET a new timing is worth taking. The gap keeps a machine hovering near one figure
+# from re-timing at every start.
 BUSY_LOAD_PER_CORE = 1.0
 QUIET_LOAD_PER_CORE = 0.5
 
 
 def timed_under_load(table: TimingTable) -> bool:
-    """The table was timed while other work held the cores: its 1-minute
-    load average was above BUSY_LOAD_PER_CORE per core (the cores recorded,
-    else its thread count). False when no load was recorded."""
+    """Its load was above BUSY_LOAD_PER_CORE per core (cores, else threads); False if unrecorded."""
     if table.load_1m is None:
         return False
     return table.load_1m > BUSY_LOAD_PER_CORE * (table.cores or table.threads)
 
 
 def retime_reason(table: TimingTable, load_1m: float | None, cores: int) -> str | None:
-    """Why a cached ``table`` should be timed again now, with the machine
-    at ``load_1m`` (its 1-minute load average; ``None``: unknown) on
-    ``cores`` logical cores: it was timed under load and the machine is
-    quiet now (at most QUIET_LOAD_PER_CORE per core). ``None``: keep it."""
+    """Why to re-time ``table``: it was timed under load and the machine is quiet now
+    (``load_1m`` at most QUIET_LOAD_PER_CORE per core; None: unknown). ``None``: keep it."""
     if not timed_under_load(table) or load_1m is None or load_1m > QUIET_LOAD_PER_CORE * max(1, cores):
         return None
     return (f"the cached timings were taken at load {table.load_1m:g} on {table.cores or table.threads} "
@@ -280,9 +186,7 @@ def retime_reason(table: TimingTable, load_1m: float | None, cores: int) -> str 
 
 @dataclass(frozen=True)
 class Workload:
-    """What a plan is scored on: one cold completion at the daemon's default
-    windows (a ~1k-token FIM prompt, two dozen tokens) plus the steps of
-    typing along (short forwards)."""
+    """What a plan is scored on: one cold completion at the default windows."""
 
     prompt_tokens: int = 1024
     decode_steps: int = 24
@@ -291,6 +195,9 @@ class Workload:
 
 @dataclass(frozen=True)
 class KernelPlan:
+    """The weights' storage and the kernel per phase. ``short`` serves every short forward, so
+    a position gets the same bits alone or in a batch (reuse = recompute)."""
+
     storage: str                 # format of the decoder layers' weights (the one copy)
     prefill: str                 # kernel for prompt tokens
     short: str                   # kernel for decode steps, verification, the typed line
@@ -302,9 +209,7 @@ class KernelPlan:
     step_ms: float | None = None     # predicted: one decode step (ms)
     verify_ms: float | None = None   # predicted: one verify forward of Workload.verify_rows (ms)
     reason: str = ""
-    # whether a verify gives the decode steps' bits (decode/verify and head
-    # kernels in choose_plan's ``exact``); None: not asked (speculation off,
-    # or a GPU's float products)
+    # a verify gives the decode steps' bits (choose_plan's ``exact``); None: not asked
     verify_exact: bool | None = None
 
     def __post_init__(self) -> None:
@@ -321,8 +226,7 @@ class KernelPlan:
 
     @classmethod
     def uniform(cls, storage: str, reason: str = "") -> KernelPlan:
-        """Every phase dense in ``storage`` (a float dtype's name): the
-        reference math of the model in that dtype."""
+        """Every phase dense in ``storage``, a float dtype's name."""
         if storage not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"uniform plans are dense float formats, not {storage!r}")
         return cls(storage, storage, storage, storage, storage, precision=storage, reason=reason or "fixed")
@@ -349,8 +253,7 @@ class KernelPlan:
         """One line for the log and ``doctor``."""
         pred = ""
         if self.cold_ms is not None and self.step_ms is not None:
-            # the products' measured times only: a real step adds norms,
-            # attention and dispatch (docs/kernels.md)
+            # the products alone: a real step adds norms, attention and dispatch
             pred = f"; kernels alone: 1k-token prefill {self.cold_ms:.0f} ms, step {self.step_ms:.1f} ms"
             if self.verify_ms is not None:
                 pred += f", 9-row verify {self.verify_ms:.1f} ms"
@@ -360,8 +263,7 @@ class KernelPlan:
 
 
 def _at(row_ms: Mapping[int, float], rows: int) -> float:
-    """ms at ``rows``, linear between measured sizes (the first/last measured
-    rate outside them); inf when nothing was measured."""
+    """ms at ``rows``, linear between measured sizes; inf when nothing was measured."""
     if not row_ms:
         return float("inf")
     sizes = sorted(row_ms)
@@ -378,8 +280,7 @@ def _at(row_ms: Mapping[int, float], rows: int) -> float:
 
 
 def prefill_ms(table: TimingTable, kernel: str, tokens: int) -> float:
-    """Predicted ms of all decoder layers over ``tokens`` prompt tokens in
-    chunks of the largest prefill size measured."""
+    """Predicted ms of all layers over ``tokens`` in chunks of the largest size measured."""
     rows = table.blocks.get(kernel, {})
     if not rows:
         return float("inf")
@@ -400,32 +301,13 @@ def head_ms(table: TimingTable, kernel: str, rows: int) -> float:
 def choose_plan(table: TimingTable, precision: str = "auto", *, allowed: frozenset[str] | None = None,
                 workload: Workload = Workload(), row_copy: bool = True,
                 exact: frozenset[str] | None = EXACT_VERIFY) -> KernelPlan:
-    """The fastest plan for ``workload`` on the machine ``table`` was measured on.
+    """The plan with the least predicted cold completion for ``workload`` on ``table``'s machine.
 
-    ``precision`` ``auto``: any storage, kernels from ``allowed`` (default:
-    :func:`auto_kernels`: measured against float32 and not shown worse
-    by more than MAX_QUALITY_LOSS points); a storage name: that storage for the layers and the head, its
-    fastest kernels. Per storage, ``prefill`` is the fastest kernel at the
-    prefill size, ``short`` the fastest over a decode step plus a
-    verification (equal weight: speculation makes both common), ``head``
-    likewise; the storage with the least predicted time of one cold
-    completion (prompt + decode steps) wins. Then, with ``row_copy`` (the
-    engine's word that memory holds a second copy), a kernel of
-    :data:`ROW_KERNELS` becomes ``rows`` when its twin runs every phase and
-    it is predicted at least ROW_COPY_GAIN faster for the prompt, for a
-    verification *and* for a decode step; otherwise one layout serves
-    every forward.
-
-    ``exact`` (speculation on; the default :data:`EXACT_VERIFY`): on a CPU,
-    the decode/verify and output-layer kernels are chosen among these, so
-    that speculation changes no answer; where no storage has one (a named
-    float precision), the plan is chosen without them and says
-    ``verify_exact=False`` (under ``auto`` the engine then decodes without
-    speculation; a named precision keeps it, with a warning).
-    ``None``: speculation off, every kernel may serve. A GPU table ignores
-    it (its float products are not row-exact; ``verify_exact`` None).
-    Raises ValueError for an unknown precision or when no measured kernel
-    is left."""
+    ``precision`` ``auto``: any storage, kernels from ``allowed`` (default :func:`auto_kernels`);
+    a storage name: that storage's fastest kernels. ``row_copy``: memory may hold the blocked copy.
+    ``exact`` (speculation on): a CPU plan's short and head kernels come from it, else the plan
+    says ``verify_exact=False``; None or a GPU table: any kernel. Raises ValueError for an unknown
+    precision or when no measured kernel is left."""
     if exact is None or table.machine.get("device", "cpu") != "cpu":
         return _choose(table, precision, allowed, workload, row_copy, None)
     try:
@@ -439,8 +321,7 @@ def choose_plan(table: TimingTable, precision: str = "auto", *, allowed: frozens
 
 def _choose(table: TimingTable, precision: str, allowed: frozenset[str] | None, workload: Workload,
             row_copy: bool, exact: frozenset[str] | None) -> KernelPlan:
-    """choose_plan's search; ``exact``: the kernels the decode/verify and
-    output-layer phases may use (None: any)."""
+    """choose_plan's search; ``exact``: the short and head kernels allowed (None: any)."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r} (expected one of {', '.join(PRECISIONS)})")
     usable = (set(KERNELS) if precision != "auto" else set(allowed if allowed is not None else auto_kernels()))
@@ -458,7 +339,7 @@ def _choose(table: TimingTable, precision: str, allowed: frozenset[str] | None, 
     def exact_of(kernels: list[str]) -> list[str]:
         return kernels if exact is None else [k for k in kernels if k in exact]
 
-    # the head: its own storage (auto) or the asked one (int8 for an int4 plan)
+    # an int4 plan's head is int8
     head_choices = []
     for hs in dict.fromkeys(h if h in HEAD_STORAGES else "int8" for h in storages):
         hk = best(exact_of(kernels_of(hs, table.head)), lambda k: head_ms(table, k, 1) + head_ms(table, k, v))
@@ -512,29 +393,17 @@ def _choose(table: TimingTable, precision: str, allowed: frozenset[str] | None, 
                       step_ms=round(step, 3), verify_ms=round(verify, 3), reason=reason, rows=rows)
 
 
-# Decode steps move to the blocked copy (and the plain one is freed) when
-# they are no slower there: the plan keeps the copy only where forwards of
-# more rows are predicted ROW_COPY_GAIN faster on it, so reading it for
-# every forward loses nothing. A 15 % margin here dropped the copy on the
-# AMX Xeon, whose steps measure ~20 % faster on it, in two of three starts
-# (the 0.5B's TTFT then 18 % slower on 128 block holes; docs/kernels.md).
+# Decode steps move to the blocked copy when no slower there: the plan keeps the copy only where
+# forwards of more rows pay, so reading it for every forward loses nothing (docs/kernels.md).
 STEP_COPY_MARGIN = 1.0
 
 
 def steps_on_blocked_copy(one_copy_ms: list[float], blocked_ms: list[float],
                           margin: float = STEP_COPY_MARGIN) -> bool:
-    """Whether one-row forwards (decode steps, the prompt's last row through
-    the output layer) should read the blocked copy too, from real decode
-    steps timed both ways in alternating rounds (each list: one median per
-    round); when not, the engine drops the copy (one layout for every
-    forward: the copy stays only where it pays for steps and forwards of
-    more rows alike). The kernel plan's table cannot say: it times one layer
-    cache-hot, and ranked oneDNN ahead at one row on Zen 4, where the real
-    step, reading 24 layers from memory, was 17 % slower (docs/kernels.md);
-    on an AMX Xeon the real step is ~20 % faster. The bits are the same
-    either way (ROW_KERNELS), so only time decides. Needs >= 3 rounds each;
-    the blocked copy wins when its median is at most ``margin`` times the
-    one copy's and it is faster in most rounds (ties: the one copy)."""
+    """Whether one-row forwards should read the blocked copy too (else the engine drops it),
+    from real decode steps timed both ways in alternating rounds (one median per round; >= 3).
+    True when its median is at most ``margin`` times the one copy's and it wins most rounds;
+    the table cannot say, since it times one layer cache-hot."""
     if len(one_copy_ms) < 3 or len(one_copy_ms) != len(blocked_ms):
         return False
     ordered = sorted(one_copy_ms), sorted(blocked_ms)

@@ -18,8 +18,8 @@ def kv_memory_short(free: int, total: int, below: Threshold) -> bool:
 
 
 def kv_folding_free_below(sol: Any, *, records_queries: bool) -> Threshold | None:
-    """The free-memory threshold under which parked sessions are quantized;
-    None when folding is off or the backend records no queries to score by."""
+    """The free-memory threshold under which parked sessions are quantized; None when folding
+    is off or the backend records no queries to score by."""
     if float(getattr(sol, "kv_folding_entropy_threshold", 0.0)) > 0 and records_queries:
         return getattr(sol, "kv_folding_free_below", None)
     return None
@@ -32,14 +32,13 @@ def idle_release_on(device_type: str, asked: bool | None) -> bool:
 
 def idle_release_due(now: float, last_active: float, idle_release_s: float, *, released: bool,
                      pins: int) -> bool:
-    """Whether to release device memory now: enabled, not released, not
-    pinned, idle for ``idle_release_s`` (s)."""
+    """Whether to release device memory now: enabled, not released, not pinned, idle for
+    ``idle_release_s`` (s)."""
     return not (idle_release_s <= 0 or released or pins or now - last_active < idle_release_s)
 
 
 def should_replan(budget_bytes: int | None, pins: int) -> bool:
-    """After a restore, re-plan residency from the heatmap only under a
-    budget and while no high-priority request pins the layers."""
+    """After a restore, re-plan residency only under a budget and while nothing pins layers."""
     return budget_bytes is not None and not pins
 
 
@@ -48,8 +47,8 @@ ROW_COPY_MARGIN = 1 << 30     # free RAM left beside the blocked copy (KV caches
 
 def blocked_copy_allowed(asked: bool, budget_set: bool, available: int, copy_bytes: int,
                          margin: int = ROW_COPY_MARGIN) -> tuple[bool, str]:
-    """Whether the kernel plan may keep a blocked second copy of the weights,
-    and why: asked for, no ``sol.memory_budget``, and room with ``margin``."""
+    """Whether the kernel plan may keep a blocked second copy of the weights, and why: asked
+    for, no ``sol.memory_budget``, and room with ``margin``."""
     if not asked:
         return False, "model.blocked_copy: false"
     if budget_set:

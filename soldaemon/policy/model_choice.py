@@ -1,11 +1,6 @@
-"""``model.name: auto``: which installed embedded model to serve, by measurement.
-
-Pure policy: the figures come from the start-up measurement (the one the
-kernel plan takes), so this module needs no torch and is tested over recorded
-figures. The rule: the largest installed model whose measured cold TTFT and
-decode step both fit the latency budget; when none fits, the smallest, since
-it is the fastest there is. The :class:`ModelChoice` keeps the figures that
-decided, for the log, ``health`` and ``doctor``.
+"""``model.name: auto``: the largest installed embedded model whose cold TTFT and decode step,
+predicted from the kernel timings, fit the latency budget; else the smallest. No torch: the
+figures come from :mod:`soldaemon.runtime.engine.autoselect`.
 """
 
 from __future__ import annotations
@@ -23,9 +18,9 @@ class ModelFigures:
 
     name: str              # registry name, e.g. "qwen2.5-coder-1.5b"
     size: int              # bytes of its weights as shipped (orders the models: larger is better)
-    ttft_ms: float         # ms: measured cold TTFT of the reference prompt (1k tokens, nothing cached)
+    ttft_ms: float         # ms: cold TTFT of the reference prompt (1k tokens, nothing cached)
     decode_ms: float       # ms: one decode step at that context
-    fits_memory: bool = True  # whether its weights and KV cache fit in memory here (the residency planner says)
+    fits_memory: bool = True  # whether its weights and KV cache fit in memory here
 
 
 @dataclass(frozen=True)
@@ -51,9 +46,8 @@ class ModelChoice:
 
 
 def choose_model(figures: Sequence[ModelFigures], budget: LatencyBudget | None = None) -> ModelChoice:
-    """The largest model in ``figures`` that ``budget`` admits, else the
-    smallest. Raises ValueError when ``figures`` is empty or names a model
-    twice."""
+    """The largest model in ``figures`` that ``budget`` admits, else the smallest. Raises
+    ValueError when ``figures`` is empty or names a model twice."""
     budget = budget or LatencyBudget()
     if not figures:
         raise ValueError("no installed model was measured; auto has nothing to choose from")

@@ -1,8 +1,5 @@
-"""Job priority: the order the daemon's worker takes queued jobs in.
-
-A ``priority: high`` completion goes before a normal one; cache warming
-(``warm``) is background work and waits behind every completion, whatever
-its priority. Lower rank runs first.
+"""Job priority: the order the daemon's worker takes queued jobs in. A ``high`` completion goes
+first; ``warm`` is background work behind every completion, whatever its priority.
 """
 
 from __future__ import annotations
@@ -17,7 +14,6 @@ JOB_PRIORITY: dict[tuple[str, str], int] = {
 
 
 def job_rank(kind: str, priority: str) -> int:
-    """The queue rank of a ``kind`` job ("complete" | "warm") at
-    ``priority`` ("high" | "normal"). Raises KeyError for any other pair:
-    the protocol has already refused other values."""
+    """The queue rank of a ``kind`` job ("complete" | "warm") at ``priority`` ("high" |
+    "normal"). Raises KeyError for any other pair (the protocol refuses them first)."""
     return JOB_PRIORITY[(kind, priority)]

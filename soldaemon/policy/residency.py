@@ -1,9 +1,6 @@
-"""Sol's residency policy: which decoder weight units stay on the device
-under a memory budget, and the per-layer heatmap that ranks them.
-
-Pure Python, no torch: the weight store (:mod:`soldaemon.runtime.memory.weightstore`)
-measures the units and records each forward here; :func:`plan_residency`
-decides from those numbers alone, so it is tested without a device.
+"""Sol's residency policy: which decoder weight units stay on the device under a memory
+budget, and the per-layer heatmap that ranks them. No torch: the weight store
+(:mod:`soldaemon.runtime.memory.weightstore`) measures and records; this module decides.
 """
 
 from __future__ import annotations
@@ -30,8 +27,7 @@ class UnitInfo:
 
 @dataclass(frozen=True)
 class ResidencyPlan:
-    """What :func:`plan_residency` decided, with the bytes and the predicted
-    latency cost of the decision."""
+    """What :func:`plan_residency` decided, with its bytes and predicted latency cost."""
 
     budget_bytes: int | None          # None: no cap
     resident: frozenset[int]          # unit ids kept on the device
@@ -73,18 +69,11 @@ def plan_residency(units: Sequence[UnitInfo], *, budget_bytes: int | None, fixed
                    heat: dict[int, tuple[int, float]] | None = None, first_layers: int = 2,
                    bandwidth_gbs: float | None = None,
                    compute_ms_per_forward: float | None = None) -> ResidencyPlan:
-    """Choose the resident units under ``budget_bytes``.
-
-    Everything stays resident when it fits (no slots needed). Otherwise
-    ``prefetch_depth + 2`` buffers of ``slot_bytes`` (the ring + the
-    fallback buffer) are reserved and units are kept in this order while
-    they fit: the first ``first_layers`` layers (TTFT: they compute while
-    the rest is fetched), then by heat — ``heat[layer] = (calls, stall_ms)``
-    over the heatmap window, hotter first — then by layer index. Smaller
-    units (block policy) fill what larger ones leave.
-
-    Raises :class:`BudgetTooSmall` naming the parts when the fixed part,
-    the KV reserve and the slots alone exceed the budget."""
+    """Choose the resident units under ``budget_bytes``: all when they fit; else, after
+    ``prefetch_depth + 2`` staging buffers of ``slot_bytes``, greedily the first
+    ``first_layers`` layers (they compute while the rest is fetched), then hotter
+    ``heat[layer] = (calls, stall_ms)``, then lower layers. Raises :class:`BudgetTooSmall`
+    when the fixed part, KV reserve and buffers alone exceed the budget."""
     everything = sum(u.nbytes for u in units)
     base = fixed_bytes + kv_reserve_bytes
     ring = (prefetch_depth + 2) * slot_bytes
@@ -115,18 +104,12 @@ def plan_residency(units: Sequence[UnitInfo], *, budget_bytes: int | None, fixed
     copy_ms = extra_ms = None
     if bandwidth_gbs:
         copy_ms = copy_bytes / (bandwidth_gbs * 1e9) * 1e3
-        # A ring of prefetches hides copies behind compute at best; with no
-        # prefetch every copy is on the critical path.
+        # prefetch hides copies behind compute at best; without it every copy is on the path
         hidden = compute_ms_per_forward if (prefetch_depth > 0 and compute_ms_per_forward) else 0.0
         extra_ms = max(0.0, copy_ms - hidden)
     return ResidencyPlan(budget_bytes, frozenset(kept), offloaded, fixed_bytes, kv_reserve_bytes, ring,
                          sum(units[i].nbytes for i in kept), copy_bytes, bandwidth_gbs,
                          compute_ms_per_forward, copy_ms, extra_ms)
-
-
-# --------------------------------------------------------------------------
-# The layer heatmap: the planner's input, written by the store
-# --------------------------------------------------------------------------
 
 
 @dataclass
@@ -144,10 +127,8 @@ _OUTCOME_KEYS = {"hit": "hits", "late": "late", "miss": "misses", "fallback": "f
 
 
 class Heatmap:
-    """Per-layer activity over the last ``window_s`` seconds: calls, compute
-    time, bytes copied, prefetch outcomes (residency is added by the store's
-    snapshot). One record per forward; written by the forward thread, read
-    by the server's loop thread."""
+    """Per-layer activity over the last ``window_s`` seconds, one record per forward. Written
+    by the forward thread, read by the server's loop thread (under its own lock)."""
 
     def __init__(self, n_layers: int, window_s: float) -> None:
         self.n_layers = n_layers

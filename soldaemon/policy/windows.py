@@ -1,12 +1,7 @@
-"""How much of the document an ``"auto"`` prompt keeps on this machine.
-
-Each embedded model has windows measured best for its quality
-(``WINDOWS_BY_MODEL``). Where this machine's kernels would take longer than
-:data:`COLD_PROMPT_BUDGET_MS` to read a whole cold prompt of that size, the
-windows shrink to what fits: the outline goes first, then prefix and
-suffix alike, never below :data:`FLOOR` (512 tokens, what llama-server keeps
-of an ``/infill`` prompt). Typed-along requests reuse the KV cache, so the
-budget is about the first suggestion after opening or jumping in a file.
+"""How much of the document an ``"auto"`` prompt keeps on this machine: the model's tuned
+windows (``config.sections.WINDOWS_BY_MODEL``), shrunk where the kernels would read a cold prompt
+slower than :data:`COLD_PROMPT_BUDGET_MS`. Typed-along requests reuse the KV cache, so the budget
+is about the first suggestion after opening or jumping in a file.
 """
 
 from __future__ import annotations
@@ -16,7 +11,7 @@ from dataclasses import dataclass
 from soldaemon.policy.kernel_plan import KernelPlan, TimingTable, head_ms, prefill_ms
 
 COLD_PROMPT_BUDGET_MS = 2500.0      # kernels alone over a cold prompt at the windows kept
-FLOOR = (384, 128)                  # prefix, suffix: never fewer tokens than these
+FLOOR = (384, 128)                  # prefix, suffix: never fewer (512, as llama-server's /infill)
 
 
 @dataclass(frozen=True)
@@ -30,18 +25,16 @@ class Fitted:
 
 
 def prompt_ms(table: TimingTable, plan: KernelPlan, tokens: int) -> float:
-    """Predicted ms of ``plan``'s kernels over a cold prompt of ``tokens``:
-    every decoder layer (on the blocked copy where the plan keeps one) and
-    the output layer's one row."""
+    """Predicted ms of ``plan``'s kernels over a cold prompt of ``tokens`` (all layers, on the
+    blocked copy where kept, plus the output layer's one row)."""
     return prefill_ms(table, plan.rows or plan.prefill, tokens) + head_ms(table, plan.head, 1)
 
 
 def fit_windows(prefix: int, suffix: int, outline: int, ms_per_token: float,
                 budget_ms: float | None = None) -> Fitted:
-    """The windows (``prefix``, ``suffix``, ``outline`` tokens: the model's
-    tuned ones) that a cold prompt read at ``ms_per_token`` keeps within
-    ``budget_ms`` (None: :data:`COLD_PROMPT_BUDGET_MS`); unchanged where the
-    whole fits."""
+    """The tuned windows (tokens) shrunk so a cold prompt at ``ms_per_token`` fits ``budget_ms``
+    (None: :data:`COLD_PROMPT_BUDGET_MS`): the outline first, then prefix and suffix in
+    proportion, never below :data:`FLOOR`."""
     budget_ms = COLD_PROMPT_BUDGET_MS if budget_ms is None else budget_ms
     total = prefix + suffix + outline
     cost = total * ms_per_token

@@ -1,15 +1,8 @@
-"""Which documents may be sent as model input: the secret-file rule, one for
-every place text leaves an editor or the machine (sol-lsp, the remote backend).
-
-A document whose path (or real path, links resolved) matches a secret pattern
-is never sent, nor, with workspace folders known, one outside them. Patterns
-are case-insensitive globs over every path component and the whole path, a
-backup suffix stripped first (``.env~`` is ``.env``); a :class:`ContextPolicy`
-adds include and exclude globs. URIs of :data:`PATH_SCHEMES` are judged by
-their path, ``untitled:`` as a buffer, any other scheme is refused;
-:meth:`ContextPolicy.allows` never raises. Secrets inside the text:
-:mod:`soldaemon.privacy.scan`.
-"""
+"""Which documents may be sent as model input: the one secret-file rule for sol-lsp and the remote
+backend (secrets inside the text: :mod:`.scan`). A path or real path matching a secret glob (any
+component or the whole path, case-insensitive, backup suffix stripped) is never sent, nor a file
+outside known workspace folders. URIs of :data:`PATH_SCHEMES` are judged by path, ``untitled:`` as
+a buffer, other schemes refused; :meth:`ContextPolicy.allows` never raises."""
 
 from __future__ import annotations
 
@@ -161,14 +154,12 @@ class ContextPolicy:
         return self.refusal(uri) is None
 
     def may_complete(self, uri: str) -> bool:
-        """Whether the text around a cursor in ``uri`` may be sent: as
-        :meth:`allows`, and an ``untitled:`` buffer may."""
+        """Whether text around a cursor in ``uri`` may be sent: :meth:`allows`, or ``untitled:``."""
         return uri.lower().startswith("untitled:") or self.allows(uri)
 
 
 def _inside(authority: str, path: str, folder: str) -> bool:
-    """Whether ``path`` on ``authority`` is inside ``folder`` (a
-    :func:`folder_paths` key)."""
+    """Whether ``path`` on ``authority`` is inside ``folder`` (a :func:`folder_paths` key)."""
     where, _, root = folder.rpartition("|")
     if where != authority:
         return False
@@ -176,8 +167,7 @@ def _inside(authority: str, path: str, folder: str) -> bool:
 
 
 def folder_paths(uris: Sequence[str]) -> tuple[str, ...]:
-    """Workspace folder URIs as ``authority|path`` keys (``|/w/proj``, a local
-    folder's real path too); unknown schemes dropped."""
+    """Workspace folders as ``authority|path`` keys (local ones' real paths too); others dropped."""
     keys: list[str] = []
     for uri in uris:
         where = _split(uri)
@@ -194,10 +184,9 @@ class SecretDocument(BadRequest):
 
 
 def outbound(req: CompletionRequest, *, send_untitled: bool = False) -> CompletionRequest:
-    """``req`` as it may be sent off the machine: context chunks of secret or
-    unknown-scheme documents dropped, secrets in the text redacted, files
-    named by their path inside their project. Raises :class:`SecretDocument`
-    for such a document itself, or an untitled buffer unless ``send_untitled``."""
+    """``req`` as it may leave the machine: secret or unknown-scheme context dropped, secrets
+    redacted, paths relative to their project. Raises :class:`SecretDocument` for such a document
+    itself, or an untitled buffer unless ``send_untitled``."""
     why = _outbound_refusal(req.uri, send_untitled)
     if why is not None:
         raise SecretDocument(f"this document {why}; it is not sent to the remote backend",
@@ -210,8 +199,7 @@ def outbound(req: CompletionRequest, *, send_untitled: bool = False) -> Completi
 
 
 def redact_request(req: CompletionRequest) -> tuple[CompletionRequest, tuple[str, ...]]:
-    """``req`` with the secrets in its texts replaced, scanned as sent (prefix
-    and suffix as one text, each file's chunks joined), and what was withheld
+    """``req`` with its texts' secrets replaced (scanned as sent), and what was withheld
     (``"notes.py: Private Key"``); URIs stay."""
     withheld: list[str] = []
     name = _base(req.uri)

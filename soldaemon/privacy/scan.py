@@ -1,15 +1,8 @@
-"""Secrets in the text itself (the file-name half: :mod:`soldaemon.privacy.rules`),
-each replaced with :data:`REDACTED_MARK` so the rest still helps the completion.
-
-What is sent is scanned as one text (prefix and suffix joined, a file's chunks
-joined) for: private-key blocks and bodies; what detect-secrets' default
-plugins and filters find on a line, widened to the whole token; the value of
-an assignment whose name says it holds a secret (``*_TOKEN = …``); unquoted
-high-entropy tokens; a string left open at the cursor, read as closed there.
-Findings are cached per line text, so typing re-scans only the edited line.
-The ``redact*`` functions never raise; without detect-secrets this module's
-own rules still run (:data:`DETECTOR` says which).
-"""
+"""Secrets in sent text, each replaced with :data:`REDACTED_MARK` (secret files: :mod:`.rules`).
+Text is scanned as sent (prefix+suffix, a file's chunks joined) for private keys, detect-secrets'
+findings widened to the token, secret-named assignments, high-entropy tokens and a string open at
+the cursor; findings are cached per line. The ``redact*`` functions never raise; without
+detect-secrets this module's own rules still run (:data:`DETECTOR` says which)."""
 
 from __future__ import annotations
 
@@ -58,8 +51,7 @@ _settings: Any = None       # detect-secrets' default_settings, loaded on first 
 
 
 def _load_detector() -> Any:
-    """detect-secrets' settings context, imported on first use; None when
-    it is not installed."""
+    """detect-secrets' settings context, imported on first use; None when not installed."""
     global _settings, DETECTOR
     if _settings is None:
         try:
@@ -271,8 +263,7 @@ def _open_string(line: str) -> str | None:
 
 
 def _closed_at_cursor(text: str, cursor: int) -> tuple[int, str] | None:
-    """``(start, line)``: the cursor's line up to the cursor with its open
-    string closed there, or None when no string is open."""
+    """``(start, line)``: the cursor's line up to the cursor, its open string closed; else None."""
     start = text.rfind("\n", 0, cursor) + 1
     before = text[start:cursor]
     quote = _open_string(before)
@@ -341,8 +332,7 @@ def _safely(fallback: int, work: Callable[[], tuple[Redacted, ...]]) -> tuple[Re
 
 
 def redact(text: str, filename: str = "document") -> Redacted:
-    """``text`` with every secret replaced; ``filename`` (a base name) lets
-    the detector skip lock files and the like."""
+    """``text`` with every secret replaced; ``filename`` is a base name (lock files are skipped)."""
     return _safely(1, lambda: _split_back([text], "", _find(text, filename)))[0]
 
 

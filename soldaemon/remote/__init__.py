@@ -1,7 +1,3 @@
-"""The remote backend: completions from an OpenAI-compatible engine elsewhere.
-
-:mod:`.engine` is the Engine (the shared pipeline over an HTTP stream, with
-its fallback to the local model); :mod:`.stream` one streamed request and
-its SSE parsing; :mod:`.endpoint` the URL, API key and back-off;
-:mod:`.probe` the reachability probe.
-"""
+"""The remote backend: completions from an OpenAI-compatible engine elsewhere. :mod:`.engine` is
+the Engine (with its local fallback); :mod:`.stream` one streamed request and its SSE parsing;
+:mod:`.endpoint` the URL, API key and back-off; :mod:`.probe` the reachability probe."""

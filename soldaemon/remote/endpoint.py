@@ -31,8 +31,7 @@ class Endpoint:
 
     @classmethod
     def parse(cls, url: str) -> Endpoint:
-        """``http(s)://host[:port][/prefix][/v1]`` → the endpoint whose API
-        paths are ``<prefix>/v1/...``. Raises ConfigError."""
+        """``http(s)://host[:port][/prefix][/v1]``, API at ``<prefix>/v1``; raises ConfigError."""
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError(f"backend.url = {url!r}: expected an http:// or https:// URL with a host")
@@ -52,8 +51,7 @@ class Endpoint:
         return cls(parts.scheme == "https", host, port, base, f"{parts.scheme}://{netloc}{base}", userinfo)
 
     def refuse_clear_text(self, allow_insecure: bool) -> None:
-        """Raise :class:`ConfigError` for plain ``http://`` to another host
-        unless ``allow_insecure``."""
+        """Raise ConfigError for plain ``http://`` to another host unless ``allow_insecure``."""
         if not self.https and not is_loopback_host(self.host) and not allow_insecure:
             raise ConfigError(
                 f"backend.url {self.shown} is plain http:// to another host: the API key and every prompt "
@@ -66,9 +64,8 @@ class Endpoint:
 
     @functools.cached_property
     def client(self) -> httpx.Client:
-        """The HTTP client shared by the requests and the probe: no connection
-        kept alive, no proxy or ``.netrc`` from the environment, the system's
-        CA store, no compression."""
+        """The client shared by requests and probe: no keep-alive, no proxy or ``.netrc`` from
+        the environment, the system's CA store, no compression."""
         return httpx.Client(
             verify=ssl.create_default_context(),
             trust_env=False,
@@ -78,8 +75,7 @@ class Endpoint:
 
 
 class Backoff:
-    """Exponential back-off: after failure k the engine rests
-    ``min(max_s, first_s * 2**(k-1))`` seconds; a success resets it."""
+    """Back-off: failure k rests ``min(max_s, first_s * 2**(k-1))`` seconds; a success resets it."""
 
     def __init__(self, first_s: float, max_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.first_s, self.max_s = first_s, max_s

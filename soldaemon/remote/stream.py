@@ -1,6 +1,5 @@
-"""One streamed ``POST /v1/completions`` over httpx and the parsing of its
-server-sent events (every line bounded by :data:`MAX_LINE`: the answer is
-untrusted input); HTTP failures become the remote errors."""
+"""One streamed ``POST /v1/completions`` over httpx and its SSE parsing (lines bounded by
+:data:`MAX_LINE`: the answer is untrusted); HTTP failures become the remote errors."""
 
 from __future__ import annotations
 
@@ -39,9 +38,8 @@ class CouldNotConnect(Exception):
 
 
 class UpstreamStream:
-    """One ``POST /v1/completions`` with ``stream: true``: :meth:`open`, then
-    :meth:`pieces`. :meth:`close`, from any thread at any time, shuts the
-    connection's socket so a blocked read returns at once."""
+    """:meth:`open`, then :meth:`pieces`; :meth:`close`, from any thread at any time, shuts the
+    socket so a blocked read returns at once."""
 
     def __init__(self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str], *,
                  connect_timeout_s: float, timeout_s: float) -> None:
@@ -89,8 +87,7 @@ class UpstreamStream:
             raise _http_error(self.endpoint, resp)
 
     def _traced(self, event: str, info: dict[str, Any]) -> None:
-        """httpcore's trace hook: keep the connection's socket (shut at once
-        when :meth:`close` came first)."""
+        """httpcore's trace hook: keep the socket (shut at once if :meth:`close` came first)."""
         if event not in _SOCKET_EVENTS:
             return
         sock = info["return_value"].get_extra_info("socket")
@@ -101,9 +98,8 @@ class UpstreamStream:
             self._shutdown()
 
     def pieces(self) -> Iterator[Piece]:
-        """The stream's events until ``[DONE]`` (quietly none after
-        :meth:`close`). Raises RemoteUnavailable, RemoteTimeout or
-        RemoteBadResponse."""
+        """The events until ``[DONE]`` (quietly none after :meth:`close`). Raises
+        RemoteUnavailable, RemoteTimeout or RemoteBadResponse."""
         resp = self._resp
         if resp is None or self.closed:
             return
@@ -247,8 +243,7 @@ def _http_error(endpoint: Endpoint, resp: httpx.Response) -> RemoteHttpError:
 
 
 def parse_chunk(endpoint: Endpoint, payload: bytes) -> Piece:
-    """One JSON event of the stream as a Piece; raises RemoteBadResponse, or
-    RemoteHttpError for an ``error`` event."""
+    """One JSON event as a Piece; raises RemoteBadResponse, or RemoteHttpError for an ``error``."""
     try:
         obj = json.loads(payload)
     except ValueError:

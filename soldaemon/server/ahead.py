@@ -1,19 +1,7 @@
-"""The inference worker's slot for lowest-priority work (speculative FIM).
-
-After a ``complete`` was delivered, the engine may name work to do next
-(``work_ahead(req, done)``, optional: engines without it never do any; the
-local engine decides and does speculative FIM in
-:mod:`soldaemon.runtime.engine.foresight`). :class:`Ahead` holds that one
-piece of work between the worker thread and the event loop:
-
-- the worker :meth:`~Ahead.offer` s it when a completion ends, and
-  :meth:`~Ahead.run` s it only when its queue is empty;
-- every request that arrives :meth:`~Ahead.preempt` s it: a pending one is
-  dropped, a running one is superseded (``CancelToken.supersede``) and stops
-  within one engine step, so the request waits at most that long.
-
-No job, id or frame: nobody waits for it, and it never reaches a client.
-"""
+"""The worker's slot for lowest-priority work an engine names after a completion (its optional
+``work_ahead(req, done)``; speculative FIM in :mod:`soldaemon.runtime.engine.foresight`).
+It runs only when the queue is empty and any arriving request preempts it within one engine
+step. No job, id or frame: it never reaches a client."""
 
 from __future__ import annotations
 
@@ -28,9 +16,8 @@ log = logging.getLogger("soldaemon.server.ahead")
 
 
 class Ahead:
-    """At most one piece of work, pending or running (see the module doc).
-    Thread-safe: :meth:`preempt` is called from the event loop thread,
-    the rest from the worker thread."""
+    """At most one piece of work, pending or running. :meth:`preempt` is called from the event
+    loop thread, the rest from the worker thread."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -44,8 +31,7 @@ class Ahead:
         return self._pending is not None
 
     def offer(self, engine: Any, req: CompletionRequest, done: Done) -> None:
-        """After ``done`` was delivered for ``req``: keep the work the
-        engine names for next (its ``work_ahead``), if any."""
+        """Keep the work the engine's ``work_ahead`` names after ``done`` for ``req``, if any."""
         work_ahead = getattr(engine, "work_ahead", None)
         work = work_ahead(req, done) if work_ahead is not None else None
         if work is None:
@@ -54,8 +40,7 @@ class Ahead:
             self._pending = (req.id, work)
 
     def preempt(self) -> None:
-        """A request arrived (or the worker stops): drop the pending
-        speculation, cancel the running one."""
+        """Drop the pending work and supersede the running one (a request arrived, or shutdown)."""
         with self._lock:
             self._pending = None
             running = self._running
@@ -64,8 +49,8 @@ class Ahead:
             self.preempted += 1
 
     def run(self) -> None:
-        """Run the pending work to its end or until :meth:`preempt`.
-        Never raises: a failure is logged (nobody waits for the result)."""
+        """Run the pending work to its end or until :meth:`preempt`. Never raises: failures are
+        logged."""
         with self._lock:
             pending, self._pending = self._pending, None
             if pending is None:

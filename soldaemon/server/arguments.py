@@ -1,6 +1,5 @@
-"""The options of ``soldaemon serve`` and ``soldaemon status``, apart from
-the code that runs them, so that building the CLI's parser imports neither
-the server nor the engine."""
+"""The options of ``soldaemon serve`` and ``soldaemon status``, kept apart so that building the
+CLI's parser imports neither the server nor the engine."""
 
 from __future__ import annotations
 
@@ -22,7 +21,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_status_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``soldaemon status``."""
     parser.add_argument("--url", help="the daemon's ws:// URL (default: the running daemon's, else from config)")
     parser.add_argument("--json", action="store_true", help="print the health document as JSON")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")

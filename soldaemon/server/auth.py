@@ -1,22 +1,7 @@
-"""Who may talk to the daemon: the per-user token, the Origin and Host checks,
-and the bind-address rule. Pure functions over strings and files; the server
-calls them from its HTTP handshake hook.
-
-The rules (docs/protocol.md §2):
-
-- a random token lives in ``state_dir()/token`` (mode 0600, directory 0700) and
-  must be presented as ``Authorization: Bearer <token>`` on every connection
-  and HTTP request;
-- a request carrying an ``Origin`` header (every browser sends one) is refused
-  unless that origin is allow-listed;
-- while listening on loopback, the ``Host`` header must name a loopback host
-  (defeats DNS rebinding);
-- the daemon listens on a non-loopback address only when explicitly allowed.
-
-This is the daemon's side (making the token, checking handshakes); a
-client's reading of the token file, with the same safety checks, is
-:func:`soldaemon.discovery.read_token`.
-"""
+"""Who may talk to the daemon (docs/protocol.md §2): the per-user bearer token on every request,
+Origin allow-listing, a loopback ``Host`` while on loopback (against DNS rebinding), and
+loopback binding unless allowed. The daemon's side; clients read the token with
+:func:`soldaemon.discovery.read_token`."""
 
 from __future__ import annotations
 
@@ -34,8 +19,7 @@ TOKEN_BYTES = 32  # random bytes; the file holds their URL-safe base64 (43 chars
 
 
 def check_bind(host: str, allow_remote: bool) -> None:
-    """Raise :class:`ConfigError` when ``host`` is not loopback and remote
-    access was not explicitly allowed."""
+    """Raise :class:`ConfigError` for a non-loopback ``host`` unless ``allow_remote``."""
     if not allow_remote and not is_loopback_host(host):
         raise ConfigError(
             f"refusing to listen on {host!r}: not a loopback address, so anyone who can reach "
@@ -45,20 +29,11 @@ def check_bind(host: str, allow_remote: bool) -> None:
         )
 
 
-# --------------------------------------------------------------------------
-# The token file
-# --------------------------------------------------------------------------
-
-
 def load_or_create_token(path: Path) -> str:
-    """Return the token in ``path``, creating it first if it does not exist.
-
-    Creation is atomic and race-free: the token is written to a private
-    temporary file (mode 0600) and hard-linked into place, so a concurrent
-    reader never sees a partial file and two daemons starting at once agree on
-    one token. The parent directory is created with mode 0700. Raises
-    :class:`ConfigError` for an existing file that is not private to this
-    user, or when the file cannot be written."""
+    """The token in ``path``, created first if missing (parent 0700). Creation writes a private
+    temporary file and hard-links it into place, so readers never see a partial file and two
+    daemons starting at once agree on one token. Raises :class:`ConfigError` for a file not
+    private to this user or one that cannot be written."""
     try:
         return check_token_file(path)
     except FileNotFoundError:
@@ -89,14 +64,8 @@ def load_or_create_token(path: Path) -> str:
     return check_token_file(path)
 
 
-# --------------------------------------------------------------------------
-# Handshake checks
-# --------------------------------------------------------------------------
-
-
 def bearer_ok(authorization: str | None, token: str) -> bool:
-    """True when the ``Authorization`` header value is ``Bearer <token>``.
-    Constant-time in the token's content."""
+    """True when the header value is ``Bearer <token>``; constant-time in the token's content."""
     if not authorization:
         return False
     scheme, _, presented = authorization.strip().partition(" ")
@@ -106,9 +75,8 @@ def bearer_ok(authorization: str | None, token: str) -> bool:
 
 
 def origin_ok(origin: str | None, allowed: Sequence[str]) -> bool:
-    """No ``Origin`` header (a non-browser client) is fine; otherwise the
-    origin must be listed exactly (compared case-insensitively, no trailing
-    slash). ``"null"`` (sandboxed frames, files) is refused unless listed."""
+    """No ``Origin`` (a non-browser client) passes; otherwise it must be listed (case-insensitive,
+    no trailing slash). ``"null"`` is refused unless listed."""
     if origin is None:
         return True
     wanted = origin.strip().rstrip("/").lower()
@@ -116,9 +84,8 @@ def origin_ok(origin: str | None, allowed: Sequence[str]) -> bool:
 
 
 def host_header_ok(host_header: str | None, listening_on_loopback: bool) -> bool:
-    """While the daemon listens on loopback, the ``Host`` header must name a
-    loopback host (any port), so a page on a rebound DNS name cannot reach
-    it. Anything goes when remote access is on (the token still applies)."""
+    """On loopback the ``Host`` header must name a loopback host (against DNS rebinding);
+    anything goes when remote access is on (the token still applies)."""
     if not listening_on_loopback:
         return True
     return host_is_loopback(host_header)

@@ -1,8 +1,5 @@
-"""``soldaemon serve``: start-up and shutdown (:func:`serve`), and the
-command's options and entry point (:func:`run`, wired by :mod:`soldaemon.cli`).
-
-The protocol is docs/protocol.md; security is :mod:`soldaemon.server.auth`.
-"""
+"""``soldaemon serve``: start-up and shutdown (:func:`serve`) and the entry point (:func:`run`).
+The protocol is docs/protocol.md; security is :mod:`soldaemon.server.auth`."""
 
 from __future__ import annotations
 
@@ -42,20 +39,15 @@ log = logging.getLogger("soldaemon.server")
 
 async def serve(settings: ServerSettings, load: Callable[[], Engine], model_label: str,
                 *, ready_out: Any = None, port_fallback: bool = False) -> int:
-    """Run the daemon until SIGTERM/SIGINT; return the exit status.
-
-    Order: check the bind address, create/read the token, bind the port
-    (a taken port fails at once, before the slow model load; with
-    ``port_fallback`` a free port is taken instead, and the record says
-    which), load the model on the worker thread, print the ready line,
-    serve, drain. Raises :class:`SolError` for start-up problems."""
+    """Run the daemon until SIGTERM/SIGINT; return the exit status. The port is bound before
+    the slow model load so a taken port fails at once (``port_fallback`` takes a free one
+    instead; the record names it). Raises :class:`SolError` for start-up problems."""
     check_bind(settings.host, settings.allow_remote)
     statefiles.ensure_state_dir()
     token = load_or_create_token(settings.token_path)
     loop = asyncio.get_running_loop()
     daemon = Daemon(settings, token, model_label, loop)
-    # The machine checks of `soldaemon doctor` (GPU persistence mode, ECC,
-    # driver/CUDA match, PCIe link, CPU): logged once, reported in health.
+    # `soldaemon doctor`'s machine checks: logged once, reported in health.
     from soldaemon.doctor import checks as doctor
 
     checks = doctor.startup_checks()
@@ -145,9 +137,8 @@ LAST_ERROR_NAME = "last-error.json"   # lsp/launcher.py reads it (same name)
 
 
 def _setup_logging(level: str) -> None:
-    """Log to stderr, or, when ``SOLDAEMON_LOG_FILE`` is set (sol-lsp sets
-    it for a daemon it starts), to that file, rotated. No progress bar
-    where nobody watches a terminal (tqdm's and Hugging Face's bars off)."""
+    """Log to stderr, or to ``SOLDAEMON_LOG_FILE`` (set by sol-lsp) rotated; progress bars off
+    where nobody watches a terminal."""
     root = logging.getLogger()
     layout = "%(asctime)s %(levelname)s %(name)s: %(message)s"
     log_file = os.environ.get("SOLDAEMON_LOG_FILE")
@@ -167,8 +158,8 @@ def _setup_logging(level: str) -> None:
 
 
 def write_last_error(exc: SolError) -> None:
-    """``last-error.json`` in the state directory: why this start failed,
-    for the editor that started the daemon (lsp/launcher.py). Never raises."""
+    """Write ``last-error.json`` (why this start failed) for the editor that started the
+    daemon. Never raises."""
     with contextlib.suppress(Exception):
         path = statefiles.ensure_state_dir() / LAST_ERROR_NAME
         tmp = path.with_name(f".{LAST_ERROR_NAME}.{os.getpid()}.tmp")
@@ -180,8 +171,8 @@ def write_last_error(exc: SolError) -> None:
 
 
 def _as_sol_error(exc: BaseException) -> SolError | None:
-    """Start-up failures the user can act on, typed: running out of memory
-    becomes :class:`OutOfMemory` (a loader may raise it untyped)."""
+    """``exc`` as a :class:`SolError` the user can act on (untyped out-of-memory becomes
+    :class:`OutOfMemory`), or ``None``."""
     untyped_oom = isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
     if isinstance(exc, SolError) and not (type(exc) is ModelError and untyped_oom):
         return exc
@@ -192,13 +183,9 @@ def _as_sol_error(exc: BaseException) -> SolError | None:
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
-    """``soldaemon serve``. Returns the exit status; raises :class:`SolError`
-    for start-up problems (the CLI writes it to ``last-error.json`` and maps
-    it to a message and an exit code); running out of memory is typed. ``SOLDAEMON_IDLE_EXIT_S``
-    stands in for ``--idle-exit-s`` when that is not given (sol-lsp sets
-    it for every daemon it starts, whatever the command), and
-    ``SOLDAEMON_PORT_FALLBACK=1`` (sol-lsp's daemons too) lets a held
-    ``server.port`` give way to a free one."""
+    """``soldaemon serve``: returns the exit status; raises :class:`SolError` for start-up
+    problems. ``SOLDAEMON_IDLE_EXIT_S`` stands in for an absent ``--idle-exit-s`` and
+    ``SOLDAEMON_PORT_FALLBACK=1`` lets a held ``server.port`` give way (sol-lsp sets both)."""
     _setup_logging(getattr(args, "log_level", "info") or "info")
     env_idle = os.environ.get("SOLDAEMON_IDLE_EXIT_S")
     if getattr(args, "idle_exit_s", None) is None and env_idle:

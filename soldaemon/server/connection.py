@@ -1,11 +1,6 @@
-"""One websocket connection.
-
-A :class:`Connection` decodes frames with :mod:`soldaemon.protocol`, applies
-the rate limit, supersedes and cancels its own jobs, and writes frames in
-order through one writer task. What it needs from the daemon is the
-:class:`Hub` protocol below (the daemon module imports this one, not the
-other way round).
-"""
+"""One websocket connection: decode, rate limit, supersede and cancel its own jobs, and write
+frames in order through one writer task. It sees the daemon only through :class:`Hub`
+(:mod:`.daemon` imports this module, not the other way round)."""
 
 from __future__ import annotations
 
@@ -33,8 +28,7 @@ log = logging.getLogger("soldaemon.server")
 
 
 class Hub(Protocol):
-    """What a connection uses of the daemon that all connections share
-    (:class:`soldaemon.server.daemon.Daemon`)."""
+    """What a connection uses of the shared :class:`soldaemon.server.daemon.Daemon`."""
 
     settings: ServerSettings
     limits: Limits
@@ -70,8 +64,7 @@ class TokenBucket:
 
 
 class Connection:
-    """One client. Requests ids are scoped to the connection; so is
-    supersession (same ``uri``, same connection)."""
+    """One client. Request ids and supersession (same ``uri``) are scoped to the connection."""
 
     _ids = itertools.count(1)
 
@@ -113,9 +106,8 @@ class Connection:
                 release_memory()
 
     def send(self, msg: Delta | Done | ErrorFrame | Status) -> None:
-        """Queue a frame for the writer. A client that lets more than
-        ``max_outbox_frames`` pile up is not reading: it is closed with 1008
-        (its work is then cancelled like any disconnect)."""
+        """Queue a frame for the writer. A client with more than ``max_outbox_frames`` (or
+        ``max_outbox_bytes``) unread is closed with 1008, which cancels its work."""
         if not self.open:
             return
         frame = encode_server(msg)
@@ -146,11 +138,9 @@ class Connection:
             finally:
                 self._outbox.task_done()
 
-    # -- inbound -----------------------------------------------------------
-
     def handle(self, data: bytes | str) -> None:
-        """Answer one frame. Never raises: a bad frame gets an error frame
-        (naming the frame's id when one could be read)."""
+        """Answer one frame. Never raises: a bad frame gets an error frame (with its id when
+        readable)."""
         allowed = self._bucket.take()  # every frame counts, valid or not
         request_id: str | None = None
         try:
@@ -205,7 +195,7 @@ class Connection:
         self.daemon.track(job)
         self.daemon.worker.submit(job)
 
-    # -- outbound (event loop thread, from the worker) ---------------------
+    # Runs on the event loop thread: the worker posts its events there.
 
     def deliver(self, job: Job, event: Delta | Done | ErrorFrame) -> None:
         if isinstance(event, Delta):

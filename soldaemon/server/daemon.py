@@ -1,11 +1,6 @@
-"""What connections share: the worker, the job registry, metrics, the HTTP
-hook (auth, ``/healthz``, ``/metrics``), state and drain.
-
-:class:`Daemon` lives on the event loop thread. ``Engine.diagnosis`` and the
-optional ``Engine.debug_snapshots`` are called from there while a request
-may be running, so engines must make them safe to call concurrently (they
-read counters).
-"""
+"""What connections share: the worker, job registry, metrics, HTTP hook, state and drain.
+:class:`Daemon` lives on the event loop thread, so ``Engine.diagnosis`` and
+``Engine.debug_snapshots`` are called while a request may run: engines keep them concurrent-safe."""
 
 from __future__ import annotations
 
@@ -65,8 +60,6 @@ class Daemon:
         self.refusals = RefusalLog(log.warning)   # failed handshakes, logged in aggregate
         self.metrics = Metrics(self._live, self._engine_stats)
 
-    # -- state --------------------------------------------------------------
-
     def set_state(self, state: DaemonState) -> None:
         self.state = state
         log.info("state: %s", state)
@@ -95,8 +88,6 @@ class Daemon:
         self.set_state("ready")
         return engine
 
-    # -- jobs ---------------------------------------------------------------
-
     def job_ended(self, conn: Connection, job: Job, event: Done | ErrorFrame) -> None:
         self.jobs.discard(job)
         if not self.jobs:
@@ -114,8 +105,7 @@ class Daemon:
                      event.code, job.age_ms())
 
     def active_connections(self, asking: int) -> int:
-        """Connections with work in flight, and ``asking`` (the fair share
-        divides among them)."""
+        """Connections with work in flight plus ``asking``: what the fair share divides among."""
         return len({job.owner for job in self.jobs} | {asking})
 
     def track(self, job: Job) -> None:
@@ -128,8 +118,6 @@ class Daemon:
         except asyncio.TimeoutError:
             return False
         return True
-
-    # -- bodies -------------------------------------------------------------
 
     def _live(self) -> Mapping[str, int]:
         return {"queue_depth": self.worker.queue_depth, "in_flight": len(self.jobs),
@@ -168,8 +156,7 @@ class Daemon:
         }
 
     def debug_body(self, parts: tuple[str, ...]) -> dict[str, Any]:
-        """The engine's memory-scheduler snapshots (``debug_snapshots()``
-        when the engine has it); empty objects otherwise."""
+        """The engine's ``debug_snapshots()`` for ``parts``; empty objects when it has none."""
         snapshots: Mapping[str, Any] = {}
         engine = self.worker.engine
         get = getattr(engine, "debug_snapshots", None)
@@ -177,11 +164,9 @@ class Daemon:
             snapshots = _safe_call(get)
         return {part: snapshots.get(part) or {} for part in parts}
 
-    # -- HTTP hook (runs before the websocket upgrade) ------------------------
-
     def process_request(self, conn: ServerConnection, request: Request) -> Response | None:
-        """Authenticate every request; answer ``/healthz`` and ``/metrics``;
-        let authenticated websocket upgrades on ``/`` or ``/v1`` through."""
+        """HTTP hook before the websocket upgrade: authenticate every request, answer ``/healthz``
+        and ``/metrics``, let authenticated upgrades on :data:`WS_PATHS` through (``None``)."""
         path = request.path.split("?", 1)[0]
         headers = request.headers
         if path not in WS_PATHS + ("/healthz", "/metrics"):
@@ -227,9 +212,8 @@ class Daemon:
             self._unused_since = time.monotonic()
 
     async def exit_when_unused(self, stop: asyncio.Event) -> None:
-        """Set ``stop`` once no client was connected for ``idle_exit_s``
-        (a daemon an editor started must not live forever); returns at once
-        when ``idle_exit_s`` is 0 (never)."""
+        """Set ``stop`` once no client was connected for ``idle_exit_s``, so a daemon an editor
+        started does not live forever; returns at once when ``idle_exit_s`` is 0 (never)."""
         idle_s = self.settings.idle_exit_s
         if idle_s <= 0:
             return
@@ -242,11 +226,9 @@ class Daemon:
                 return
             await asyncio.sleep(min(max(idle_s - unused, 0.05), 5.0) if not self.connections else min(idle_s, 5.0))
 
-    # -- shutdown -----------------------------------------------------------
-
     async def drain(self, server: Server) -> None:
-        """Let in-flight work finish (bounded by ``drain_timeout_s``), cancel
-        the rest, flush the last frames, close every connection with 1001."""
+        """Let in-flight work finish (up to ``drain_timeout_s``), cancel the rest, flush the last
+        frames, close every connection with 1001."""
         self.set_state("draining")
         if self.jobs:
             log.info("draining %d request(s), up to %.1f s", len(self.jobs), self.settings.drain_timeout_s)
@@ -262,8 +244,7 @@ class Daemon:
 
 
 def engine_summary(info: Mapping[str, Any]) -> str:
-    """One readable line of the engine's info: the scalar fields worth a
-    glance (model, device, dtype, backend, ...), never its tables."""
+    """One line of the engine info's scalar fields worth a glance, never its tables."""
     keys = ("model", "device", "dtype", "backend", "fim", "n_ctx", "threads", "drafter", "load_s")
     return " ".join(f"{k}={info[k]}" for k in keys if isinstance(info.get(k), (str, int, float)))
 

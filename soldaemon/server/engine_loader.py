@@ -1,7 +1,6 @@
-"""Which engine ``soldaemon serve`` loads: a test factory (``--engine``),
-the remote engine (with the local model as its fallback, built here and
-handed in: ``remote/`` never imports the runtime), or the local torch
-runtime (imported only when loaded, on the worker thread)."""
+"""Which engine ``soldaemon serve`` loads: a test factory (``--engine``), the remote engine
+(its local fallback is built here: ``remote/`` never imports the runtime), or the local torch
+runtime, imported only when loaded on the worker thread."""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ if TYPE_CHECKING:
 
 
 def overridden(config: Config, args: argparse.Namespace) -> Config:
-    """``config`` with the options of ``soldaemon serve`` given on the command line."""
+    """``config`` with the command line's ``serve`` options applied."""
     overrides: dict[str, object] = {}
     for arg, key in (("host", "server.host"), ("port", "server.port"), ("model", "model.path"),
                      ("allow_remote", "server.allow_remote"), ("idle_exit_s", "server.idle_exit_s")):
@@ -28,7 +27,7 @@ def overridden(config: Config, args: argparse.Namespace) -> Config:
 
 
 def engine_loader(args: argparse.Namespace, config: Config) -> tuple[Callable[[], Engine], str]:
-    """The engine's loader (run later, on the worker thread) and its label for the logs."""
+    """``(loader, label)``: the engine's loader (run later, on the worker thread), its log label."""
     spec = getattr(args, "engine", None)
     if spec:
         module_name, _, attr = spec.partition(":")

@@ -1,10 +1,6 @@
-"""The worker's queue: strict priority classes, round-robin between owners
-(connections) inside a class, FIFO per owner.
-
-A client that queues 30 requests and one that queues 1 at the same priority
-alternate: the second waits for at most one of the first's, not thirty.
-Thread-safe: the event loop puts, the inference thread gets.
-"""
+"""The worker's queue: strict priority classes, round-robin between owners (connections)
+inside a class, FIFO per owner, so a client's one request waits behind at most one of
+another's. Thread-safe: the event loop puts, the inference thread gets."""
 
 from __future__ import annotations
 
@@ -40,9 +36,8 @@ class FairQueue(Generic[T]):
             self._cond.notify_all()
 
     def get(self, block: bool = True, timeout: float | None = None) -> T | None:
-        """The next item; ``block=False``: raises ``queue.Empty`` instead of
-        waiting when there is none (the worker then runs speculation), as
-        does a blocking get still empty after ``timeout`` seconds."""
+        """The next item, or ``None`` once closed. Raises ``queue.Empty`` when there is none and
+        ``block`` is false or ``timeout`` seconds passed."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:

@@ -1,7 +1,6 @@
-"""The websocket connection class that counts handshakes in progress
-(:class:`soldaemon.server.handshake.HandshakeGate`): a socket is counted from the
-TCP accept until its opening handshake ends, and the gate's bounds close the
-oldest ones. ``serve(..., create_connection=gated_connection(gate))``."""
+"""A websocket connection class that counts each socket in a
+:class:`~soldaemon.server.handshake.HandshakeGate` from the TCP accept until its opening
+handshake ends. ``serve(..., create_connection=gated_connection(gate))``."""
 
 from __future__ import annotations
 
@@ -15,8 +14,8 @@ from soldaemon.server.handshake import HandshakeGate
 
 def gated_connection(gate: HandshakeGate[Any],
                      on_evict: Callable[[str], None] | None = None) -> type[ServerConnection]:
-    """A :class:`ServerConnection` subclass bound to ``gate``; ``on_evict``
-    is told the peer of each handshake the bounds close."""
+    """A :class:`ServerConnection` subclass bound to ``gate``; ``on_evict`` gets the peer of each
+    handshake the bounds close."""
 
     class GatedConnection(ServerConnection):
         def connection_made(self, transport: asyncio.BaseTransport) -> None:

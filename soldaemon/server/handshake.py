@@ -1,12 +1,6 @@
-"""Handshake hygiene around :mod:`soldaemon.server.auth`'s checks: headers that
-must appear at most once, a strict ``Host`` parse, refusals logged in
-aggregate so a flood of bad handshakes cannot flood the log, and a bound on
-handshakes in progress (:class:`HandshakeGate`) so sockets that connect and
-never send a request cannot pile up until editors are locked out.
-
-Pure over strings and a clock; the server's ``process_request`` hook uses
-them (soldaemon/server/daemon.py).
-"""
+"""Handshake hygiene around :mod:`soldaemon.server.auth`'s checks: single headers, a strict
+``Host`` parse, refusals logged in aggregate, and a bound on handshakes in progress. Pure
+over strings and a clock."""
 
 from __future__ import annotations
 
@@ -19,8 +13,7 @@ from soldaemon.discovery import is_loopback_host
 
 SINGLE_HEADERS = ("Host", "Origin", "Authorization")
 
-# host[:port], where host is a bracketed IPv6 literal or a name / IPv4
-# address (letters, digits, dots, hyphens). Nothing may follow the port.
+# host[:port]: a bracketed IPv6 literal or a name / IPv4 address; nothing may follow the port.
 _HOST = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9.-]+))(?::(?P<port>[0-9]{1,5}))?")
 
 
@@ -33,8 +26,8 @@ def duplicated(get_all: Callable[[str], list[str]], names: Iterable[str] = SINGL
 
 
 def parse_host(value: str) -> str | None:
-    """The host part of a ``Host`` header value (IPv6 in brackets), or
-    ``None`` when the value is not exactly ``host[:port]``."""
+    """The host part of a ``Host`` value (IPv6 in brackets); ``None`` unless exactly
+    ``host[:port]``."""
     match = _HOST.fullmatch(value.strip())
     if match is None:
         return None
@@ -46,8 +39,8 @@ def parse_host(value: str) -> str | None:
 
 
 def host_is_loopback(value: str | None) -> bool:
-    """A ``Host`` header that names a loopback host, strictly parsed
-    (``[::1]evil.example`` is not ``[::1]``)."""
+    """True for a ``Host`` naming a loopback host, strictly parsed (``[::1]evil.example``
+    is not)."""
     if not value:
         return False
     host = parse_host(value)
@@ -55,10 +48,8 @@ def host_is_loopback(value: str | None) -> bool:
 
 
 class RefusalLog:
-    """Logs the first refusal of each reason at once, then at most one line
-    per reason and ``interval_s``, carrying the count of the refusals since.
-    Reasons are a small fixed set, so a flood of bad handshakes costs a few
-    log lines per interval, not one per handshake."""
+    """Logs a reason's first refusal at once, then at most one line per reason and
+    ``interval_s`` with the count since, so a flood of bad handshakes costs a few lines."""
 
     def __init__(self, emit: Callable[[str], None], interval_s: float = 10.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -90,17 +81,10 @@ K = TypeVar("K", bound=Hashable)
 
 
 class HandshakeGate(Generic[K]):
-    """Connections whose opening handshake is still in progress, at most
-    ``max_total`` of them and ``max_per_peer`` per peer address.
-
-    A new connection is always admitted; when a bound is passed, the
-    *oldest* handshake in progress (of that peer, else of all) is the one
-    to close. A legitimate client completes its handshake in milliseconds,
-    so a flood of idle sockets evicts itself, not the editors (refusing the
-    newcomer instead would let the flood hold every slot). Together with a
-    short handshake timeout this bounds the sockets and file descriptors a
-    peer — or every local user together, who share the loopback address —
-    can hold open. Pure: the server closes what :meth:`admit` returns."""
+    """Handshakes in progress, at most ``max_total`` and ``max_per_peer`` per peer address.
+    A newcomer is always admitted and the *oldest* handshake (of that peer, else of all) is
+    closed: legitimate clients finish in milliseconds, so a flood of idle sockets evicts itself
+    rather than holding every slot. Pure: the server closes what :meth:`admit` returns."""
 
     def __init__(self, max_total: int = 64, max_per_peer: int = 16) -> None:
         if max_total < 1 or max_per_peer < 1:

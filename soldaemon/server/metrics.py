@@ -1,11 +1,6 @@
-"""Prometheus metrics for ``GET /metrics`` (prometheus-client).
-
-One :class:`Metrics` per daemon, with its own registry (so tests can build
-several). The server records each request once, when it ends; gauges that
-mirror live state (queue depth, in-flight, connections) and the engine's own
-counters (prefetch fallbacks) are read at scrape time through callables, so
-they can never drift. Names and labels are documented in docs/protocol.md §7.
-"""
+"""Prometheus metrics for ``GET /metrics``, one registry per :class:`Metrics`. Live gauges
+and engine counters are read at scrape time through callables, so they cannot drift.
+Names and labels are documented in docs/protocol.md §7."""
 
 from __future__ import annotations
 
@@ -43,10 +38,8 @@ class _EngineCollector(Collector):
 
 
 class _AcceptRateCollector(Collector):
-    """``sol_accept_rate`` only once a client reported a shown event: many
-    clients (Neovim, Helix, eglot, lsp-mode) never send one, and a rate of
-    0 there would be a lie. The counters ``sol_completion_events{kind}``
-    are always exported; take the ratio from them where it is valid."""
+    """``sol_accept_rate``, exported only once a client reported a shown event: many clients
+    never send one, and 0 there would be a lie."""
 
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
@@ -62,10 +55,9 @@ class _AcceptRateCollector(Collector):
 
 
 class Metrics:
-    """The daemon's metrics. ``live`` gives the current queue depth, in-flight
-    requests and connections; ``engine_stats`` gives engine counters (at least
-    ``fallback_count`` when the engine keeps one). Both are called at scrape
-    time, from the event loop thread."""
+    """The daemon's metrics. ``live`` (queue depth, in-flight, connections) and
+    ``engine_stats`` (at least ``fallback_count`` when kept) are called at scrape time on the
+    event loop thread."""
 
     def __init__(self, live: Callable[[], Mapping[str, int]],
                  engine_stats: Callable[[], Mapping[str, Any]] = lambda: {}) -> None:
@@ -101,8 +93,7 @@ class Metrics:
         return self._cached_total / self._prompt_total if self._prompt_total else 0.0
 
     def record_done(self, kind: str, done: Done) -> None:
-        """Count a request that ended with ``done``; its timings feed the
-        histograms (completions only) and token counters."""
+        """Count a request that ended with ``done`` (histograms: completions only)."""
         self.requests.labels(kind, done.finish_reason).inc()
         self._count_tokens(done.timings)
         if kind == "complete":
@@ -119,22 +110,19 @@ class Metrics:
         self.client_errors.labels(code).inc()
 
     def record_event(self, kind: str, accepted_chars: int | None = None) -> None:
-        """Count an editor event; a ``partial`` one also counts its
-        characters."""
+        """Count an editor event; a ``partial`` one also counts its characters."""
         self.events.labels(kind).inc()
         self._event_totals[kind] = self._event_totals.get(kind, 0) + 1
         if kind == "partial" and accepted_chars:
             self.accepted_chars.inc(accepted_chars)
 
     def accept_rate(self) -> float | None:
-        """Accepted / shown since start; ``None`` before anything was shown
-        (no client reported one: the ratio is not known, not 0)."""
+        """Accepted / shown since start; ``None`` (unknown, not 0) before anything was shown."""
         shown = self._event_totals.get("shown", 0)
         return min(1.0, self._event_totals.get("accepted", 0) / shown) if shown else None
 
     def event_counts(self) -> dict[str, Any]:
-        """The event totals and the accept rate (``None`` before a shown
-        event), for ``health``."""
+        """The event totals and the accept rate, for ``health``."""
         counts: dict[str, Any] = {kind: self._event_totals.get(kind, 0)
                                   for kind in ("shown", "accepted", "partial", "rejected")}
         rate = self.accept_rate()

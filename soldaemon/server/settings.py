@@ -1,5 +1,5 @@
-"""The server's settings, built once from ``config.server``, and the keys of
-the Sol diagnosis that both the daemon and ``soldaemon status`` show."""
+"""The server's settings, and the Sol diagnosis keys that ``health`` and ``soldaemon status``
+show."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class ServerSettings:
     max_handshakes: int = 64                       # handshakes in progress; past it the oldest is closed
     max_handshakes_per_peer: int = 16              # the same, per peer address
     idle_exit_s: float = 0.0                       # s without a connection before exiting; 0: never
-    # what a complete message that leaves the field out gets (config completion:)
+    # defaults for fields a complete message leaves out (config completion:)
     default_max_tokens: int = 128
     default_budget_ms: float | None = None
     default_multiline: str = "auto"

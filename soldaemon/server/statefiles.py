@@ -1,15 +1,5 @@
-"""The daemon's side of the state files: the state directory created
-private, and the running daemon's record (``daemon.json``) written and
-removed. Reading them, with the checks that refuse what another user could
-have written, is :mod:`soldaemon.discovery` (sol-lsp and ``soldaemon
-status`` read them; only the daemon writes them).
-
-- the state directory is created 0700, checked, and tightened to 0700
-  when others may read it (:func:`ensure_state_dir`);
-- ``daemon.json`` is written through a fresh ``O_EXCL | O_NOFOLLOW``
-  temporary file, fsynced, then renamed (:func:`write_daemon_record`), and
-  removed at shutdown only by the process it names.
-"""
+"""The daemon's side of the state files: the private state directory and the daemon record
+(``daemon.json``), which only the daemon writes. Reading them is :mod:`soldaemon.discovery`."""
 
 from __future__ import annotations
 
@@ -24,15 +14,13 @@ from soldaemon.paths import state_dir
 
 
 def ensure_state_dir(path: Path | None = None) -> Path:
-    """The state directory, created 0700 when missing; checked and
-    tightened either way (:func:`soldaemon.discovery.make_private_dir`)."""
+    """The state directory, created 0700 when missing, checked and tightened either way."""
     return make_private_dir(path or state_dir())
 
 
 def write_daemon_record(url: str, token_path: Path) -> Path:
-    """Write ``daemon.json`` atomically: a new private temporary file
-    (``O_EXCL | O_NOFOLLOW``: never an existing file or a planted link),
-    fsynced, renamed into place."""
+    """Write ``daemon.json`` atomically through a fresh private temporary file (``O_EXCL |
+    O_NOFOLLOW``: never an existing file or a planted link), fsynced, then renamed."""
     path = record_path()
     ensure_state_dir(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")

@@ -1,10 +1,5 @@
-"""Jobs and the one inference thread.
-
-The :class:`Worker` loads the engine, then runs jobs from a priority queue
-(``complete`` high, ``complete`` normal, then ``warm``) and hands every event
-back to the event loop with ``call_soon_threadsafe``. It never touches a
-socket. The engine runs on this thread only.
-"""
+"""Jobs and the one inference thread, the only thread the engine runs on. It never touches
+a socket: every event goes back to the event loop with ``call_soon_threadsafe``."""
 
 from __future__ import annotations
 
@@ -36,14 +31,10 @@ JobKind = Literal["complete", "warm"]
 
 @dataclass(eq=False)
 class Job:
-    """One ``complete`` or ``warm`` from arrival to its last frame.
-
-    ``request.received_ns`` is the arrival (``perf_counter_ns``), stamped by
-    :meth:`arrive`; the engine measures queue, TTFT, total and the budget
-    from it. ``state`` moves queued → running → finished, guarded by the
-    worker's lock (a queued job withdrawn by the loop goes straight to
-    finished and the worker skips it). ``deliver`` is called on the event loop
-    thread with each event, the last being a ``Done`` or an ``ErrorFrame``."""
+    """One ``complete`` or ``warm`` from arrival to its last frame. ``request.received_ns``
+    (stamped by :meth:`arrive`) is what the engine measures from. ``state`` (queued → running →
+    finished) is guarded by the worker's lock. ``deliver`` runs on the event loop thread; its last
+    event is a ``Done`` or an ``ErrorFrame``."""
 
     kind: JobKind
     request: CompletionRequest
@@ -68,23 +59,17 @@ class Job:
         return (time.perf_counter_ns() - self.request.received_ns) / 1e6
 
     def timings_without_engine(self) -> Timings:
-        """Timings for a job that ended before the engine saw it: all of
-        its time was queue time."""
+        """Timings for a job that ended before the engine saw it: all queue time."""
         now = time.perf_counter_ns()
         return Clock(self.request.received_ns, self.arrival_ns, now).timings(first_ns=None, end_ns=now)
 
 
 class Worker:
-    """The single inference thread.
-
-    :meth:`start` runs ``load`` on the thread and resolves the returned future
-    with the engine; the thread then serves jobs until :meth:`stop`. All
-    methods except the thread's own loop are called from the event loop
-    thread."""
+    """The single inference thread. :meth:`start` loads the engine there and resolves the
+    returned future with it. Every method but the thread's loop runs on the event loop thread."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        # priority classes; round-robin between connections inside one (soldaemon.server.fairqueue)
         self._queue: FairQueue[Job] = FairQueue()
         self._lock = threading.Lock()
         self._queued = 0
@@ -125,14 +110,12 @@ class Worker:
         self._end(job, job.cancel.cancel)
 
     def supersede(self, job: Job) -> None:
-        """Supersede ``job``: a newer request for its document took its
-        place (the engine may park its generation for that request)."""
+        """Supersede ``job`` by a newer request for its document (the engine may park its work)."""
         self._end(job, job.cancel.supersede)
 
     def _end(self, job: Job, stop: Callable[[], None]) -> None:
-        """Stop ``job`` by ``stop``, its token's named operation. A queued
-        job ends now, here, without reaching the engine; a running one is
-        stopped by the engine within one decode step."""
+        """Apply ``stop`` (a cancel-token operation): a queued job ends here without reaching the
+        engine; a running one stops within one decode step."""
         with self._lock:
             was_queued = job.state == "queued"
             if was_queued:
@@ -143,8 +126,7 @@ class Worker:
             job.deliver(job, Done(job.id, (), job.cancel.reason, job.timings_without_engine()))
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop the thread after the job it is running (call after every job
-        was withdrawn)."""
+        """Stop the thread after its current job (call once every job was withdrawn)."""
         self.ahead.preempt()
         self._queue.close()
         if self._thread is not None:
@@ -221,14 +203,12 @@ class Worker:
     @staticmethod
     def _final(job: Job, done: Done, queue_ms: float) -> Done:
         reason = job.cancel.finish(done.finish_reason)
-        # everything else the engine said (its ends, the streamed answer) travels as it is
         return dataclasses.replace(done, id=job.id, finish_reason=reason,
                                    timings=_with_arrival(done.timings, job, queue_ms))
 
 
 def _with_arrival(t: Timings, job: Job, queue_ms: float) -> Timings:
-    """The engine measures from ``request.received_ns`` (the arrival); fill
-    in what it left at zero (a ``warm`` reports no queue time or stamps)."""
+    """Fill in the arrival-based timings the engine left at zero (a ``warm`` reports none)."""
     return dataclasses.replace(
         t, queue_ms=t.queue_ms or queue_ms, total_ms=t.total_ms or job.age_ms(),
         ttft_start_ns=t.ttft_start_ns or job.arrival_ns)

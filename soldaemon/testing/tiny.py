@@ -1,11 +1,6 @@
-"""A tiny random-weight model of the embedded model's architecture (Qwen2),
-with a real byte-level BPE tokenizer carrying Qwen2.5-Coder's FIM special
-tokens. Built in code in about a second; no download.
-
-It produces gibberish, but every code path — FIM template detection, the static
-KV cache, prefill/decode, speculation, streaming, cancellation — runs on it
-exactly as on the real model, only faster.
-"""
+"""Random-weight Qwen2 models with a real byte-level BPE tokenizer carrying Qwen2.5-Coder's FIM
+tokens, built in code with no download: gibberish text, but every code path runs on them as on
+the real model."""
 
 from __future__ import annotations
 
@@ -31,8 +26,7 @@ def _corpus() -> list[str]:
 
 
 def build_tokenizer(vocab_size: int = 2048):
-    """A byte-level BPE tokenizer (transformers fast tokenizer) whose
-    special tokens are Qwen2.5-Coder's."""
+    """A byte-level BPE fast tokenizer whose special tokens are Qwen2.5-Coder's."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -51,8 +45,7 @@ def build_tokenizer(vocab_size: int = 2048):
 
 
 def _build(path: str | Path, marker_name: str, stamp: dict[str, Any], make: Callable[[Any], Any]) -> Path:
-    """Write ``make(tokenizer)``'s model and the tokenizer to ``path``
-    unless a marker file there already records ``stamp``; return ``path``."""
+    """Write ``make(tokenizer)``'s model and the tokenizer to ``path`` unless marked ``stamp``."""
     out = Path(path)
     marker = out / marker_name
     if marker.exists() and json.loads(marker.read_text()) == stamp:
@@ -68,8 +61,7 @@ def _build(path: str | Path, marker_name: str, stamp: dict[str, Any], make: Call
 
 def build_tiny_model(path: str | Path, *, layers: int = 4, hidden: int = 64, heads: int = 4,
                      kv_heads: int = 2, seed: int = 0) -> Path:
-    """Write a tiny Qwen2 model + tokenizer to ``path`` (idempotent) and
-    return it. The same arguments always give the same weights."""
+    """Write a tiny Qwen2 model + tokenizer to ``path`` (idempotent, deterministic); return it."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -83,8 +75,7 @@ def build_tiny_model(path: str | Path, *, layers: int = 4, hidden: int = 64, hea
         )
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
-        # A random init gives near-uniform logits; scale up so greedy decoding is
-        # decisive (no float ties) and outputs vary with the prompt.
+        # random init gives near-uniform logits: scaled, greedy decoding is decisive (no float ties)
         with torch.no_grad():
             for p in model.parameters():
                 if p.dim() == 2:
@@ -95,8 +86,7 @@ def build_tiny_model(path: str | Path, *, layers: int = 4, hidden: int = 64, hea
     return _build(path, "tiny.json", stamp, make)
 
 
-# Qwen2.5-Coder's shapes (config.json of the released models), for GPU runs
-# with random weights where the real ones cannot be carried.
+# Qwen2.5-Coder's shapes (the released config.json), for GPU runs where real weights cannot go.
 SHAPES: dict[str, dict[str, int]] = {
     "0.5b": {"hidden": 896, "intermediate": 4864, "layers": 24, "heads": 14, "kv_heads": 2},
     "1.5b": {"hidden": 1536, "intermediate": 8960, "layers": 28, "heads": 12, "kv_heads": 2},
@@ -107,13 +97,9 @@ SHAPE_SCALE = 4.0     # the tiny model's factor on every matrix
 
 def build_shaped_model(path: str | Path, shape: str, *, layers: int | None = None, dtype: str = "bfloat16",
                        seed: int = 0) -> Path:
-    """Write a random-weight Qwen2 model of Qwen2.5-Coder's ``shape`` (a key
-    of :data:`SHAPES`; ``layers`` overrides its depth) with the tiny
-    tokenizer to ``path`` (idempotent) and return it. Weights follow
-    transformers' initialization (normal, std 0.02) with every matrix
-    scaled by :data:`SHAPE_SCALE` as the tiny model's are, tied embeddings
-    as in the released models, stored in ``dtype``: the bytes a decode step reads
-    are the real model's, the text is gibberish."""
+    """Write a random-weight model of ``shape`` (a :data:`SHAPES` key; ``layers`` overrides its
+    depth) with the tiny tokenizer to ``path`` (idempotent) and return it: matrices scaled by
+    SHAPE_SCALE, tied embeddings, ``dtype``, so a decode step reads the real model's bytes."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -133,9 +119,7 @@ def build_shaped_model(path: str | Path, shape: str, *, layers: int | None = Non
         device = "cuda" if torch.cuda.is_available() else "cpu"
         with torch.device(device):                 # initializing 1.5B weights is seconds on a GPU
             model = Qwen2ForCausalLM(config)
-            # as the tiny model: transformers' init (std 0.02) gives logits of
-            # ~N(0, 0.6) whose top two are often within bfloat16's rounding; the
-            # matrices scaled by SHAPE_SCALE make greedy decoding decisive
+            # as the tiny model: unscaled, the top two logits often tie within bfloat16's rounding
             with torch.no_grad():
                 for p in model.parameters():
                     if p.dim() == 2:

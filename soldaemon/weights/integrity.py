@@ -1,9 +1,6 @@
-"""Integrity of the converted model cache. The marker
-(``soldaemon-complete.json``) lists each file's size, a sample digest (sha256
-over both ends and 64 spread blocks, ~6 MiB read: checked before loading) and
-the full sha256 (checked on a thread while loading, :func:`start_full_check`).
-:func:`write_marker` fsyncs every file and the directory before the rename
-that publishes the cache.
+"""Integrity of the converted model cache: the marker lists each file's size, a sample digest
+(checked before loading) and the full sha256 (checked on a thread while loading).
+:func:`write_marker` fsyncs every file and the directory before the rename that publishes it.
 """
 
 from __future__ import annotations
@@ -58,9 +55,8 @@ def _fsync(path: Path) -> None:
 
 
 def write_marker(directory: Path, info: dict[str, Any]) -> None:
-    """Hash and fsync every file of ``directory``, write the marker with
-    ``info`` and the file records, fsync it and the directory. Call last,
-    before the directory is renamed into place."""
+    """Hash and fsync every file of ``directory``, then write and fsync the marker (``info`` and
+    the file records) and the directories. Call last, before the rename into place."""
     files: dict[str, dict[str, Any]] = {}
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):
         _fsync(path)
@@ -90,8 +86,7 @@ def recorded_files(directory: Path) -> dict[str, dict[str, Any]] | None:
 
 
 def quick_check(directory: Path) -> str | None:
-    """What is wrong with ``directory`` by size and sample digest (a file
-    missing, truncated, grown or changed where sampled), or ``None``."""
+    """What is wrong with ``directory`` by size and sample digest, or ``None``."""
     files = recorded_files(directory)
     if files is None:
         return "the completion marker records no file hashes"

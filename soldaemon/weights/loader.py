@@ -1,9 +1,7 @@
-"""Find, verify, convert and load a model: the embedded model ``name``
-(assembled from its installed parts and verified, :mod:`.embedded`), a
-``.gguf`` file, or a Hugging Face directory. A GGUF is converted once into
-``cache_dir()/models/<key>/``, renamed into place only when complete; its
-marker records each file's size and hashes (:mod:`.integrity`), and a cache
-that no longer matches is rebuilt from its GGUF.
+"""Find, verify, convert and load a model: an embedded model (:mod:`.embedded`), a ``.gguf``
+file or a Hugging Face directory. A GGUF is converted once into ``cache_dir()/models/<key>/``,
+renamed into place only when complete, with a marker of its files' hashes (:mod:`.integrity`);
+a cache that no longer matches is rebuilt from its GGUF.
 """
 
 from __future__ import annotations
@@ -59,8 +57,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device, directory: Path | None = None) -> torch.dtype:
-    """``auto``: the device's natural dtype; ``stored``: on a CPU the stored
-    one (the backend packs it later, no float32 copy), on a GPU ``auto``."""
+    """``auto``: the device's natural dtype; ``stored``: on a CPU the stored one (the backend
+    packs it later, no float32 copy), on a GPU ``auto``."""
     if name == "stored":
         if device.type == "cpu" and directory is not None:
             stored = _stored_dtype_name(directory).removeprefix("torch.")
@@ -77,8 +75,8 @@ def resolve_dtype(name: str, device: torch.device, directory: Path | None = None
 
 def prepare_model_dir(path: str | None, *, name: str | None = None,
                       progress: bool = True) -> tuple[Path, Path | None, str]:
-    """``(hf_dir, gguf_path, name)`` of a model source (``path``, else the
-    embedded model ``name``), a GGUF converted when needed. Raises ModelError."""
+    """``(hf_dir, gguf_path, name)`` of ``path``, else of the embedded model ``name``, a GGUF
+    converted when needed. Raises ModelError."""
     if path is None:
         return prepare_embedded(resolve_model_name(name), progress=progress)
     p = Path(path).expanduser()
@@ -94,8 +92,7 @@ def prepare_model_dir(path: str | None, *, name: str | None = None,
 
 
 def prepare_embedded(model: EmbeddedModel, *, progress: bool = True) -> tuple[Path, Path, str]:
-    """Assemble and verify ``model``'s GGUF, convert it once into the cache;
-    ``(hf_dir, gguf_path, name)`` as :func:`prepare_model_dir`."""
+    """Assemble, verify and convert ``model``'s GGUF; returns as :func:`prepare_model_dir`."""
     gguf = assemble_gguf(_embedded_gguf(model), model, progress=progress)
     return convert_gguf(gguf, _embedded_cache(model), progress=progress), gguf, model.name
 
@@ -117,9 +114,8 @@ def _gguf_cache_name(p: Path) -> str:
 
 
 def tokenizer_dir(path: str | None, *, name: str | None = None, progress: bool = True) -> tuple[Path, str]:
-    """A directory holding the tokenizer of a model source (as for
-    :func:`prepare_model_dir`) and its name, without converting the weights;
-    a GGUF's tokenizer alone is cached once. Raises ModelError."""
+    """A directory holding a model source's tokenizer, and its name, without converting the
+    weights (a GGUF's tokenizer alone is cached once). Raises ModelError."""
     root = paths.cache_dir() / "models"
     if path is None:
         model = resolve_model_name(name)
@@ -174,8 +170,7 @@ def _tokenizer_locked(gguf: Path, dest: Path) -> Path:
 
 
 def load_tokenizer(path: str | None, *, name: str | None = None, progress: bool = True) -> tuple[Any, str]:
-    """The tokenizer of a model source (see :func:`tokenizer_dir`) and the
-    source's name. Raises ModelError."""
+    """The tokenizer of a model source (:func:`tokenizer_dir`) and its name. Raises ModelError."""
     import transformers
 
     directory, shown = tokenizer_dir(path, name=name, progress=progress)
@@ -208,8 +203,8 @@ def _usable(directory: Path) -> bool:
 
 
 def convert_gguf(gguf: Path, dest: Path, *, progress: bool = True) -> Path:
-    """De-quantize ``gguf`` into a safetensors copy at ``dest``, atomically
-    and under its cache lock; a ``dest`` that matches its marker is kept."""
+    """De-quantize ``gguf`` into a safetensors copy at ``dest``, atomically and under its cache
+    lock; a ``dest`` that matches its marker is kept."""
     with cache_lock(dest, exclusive=True):
         return _convert_locked(gguf, dest, progress)
 
@@ -300,9 +295,8 @@ def _stored_itemsize(directory: Path) -> int:
 
 def load_model(path: str | None = None, *, name: str | None = None, device: str = "auto",
                dtype: str = "auto", progress: bool = True) -> LoadedModel:
-    """Prepare and load a model with its tokenizer (sources as for
-    :func:`prepare_model_dir`). A converted cache is checked, its full sha256
-    while loading; a corrupt one is rebuilt from its GGUF once, else
+    """Prepare and load a model with its tokenizer (sources as :func:`prepare_model_dir`). A
+    converted cache is verified while loading; a corrupt one is rebuilt from its GGUF once, else
     :class:`ModelHashMismatch` is raised."""
     t0 = time.perf_counter()
     dev = resolve_device(device)
@@ -327,13 +321,14 @@ def load_model(path: str | None = None, *, name: str | None = None, device: str 
 
 def load_embedded(name: str, *, device: str = "auto", dtype: str = "auto",
                   progress: bool = True) -> LoadedModel:
-    """:func:`load_model` of the embedded model ``name``; raises ModelError
-    (ModelPartsMissing when its parts are not installed)."""
+    """:func:`load_model` of the embedded model ``name``; raises ModelError (ModelPartsMissing
+    when its parts are not installed)."""
     return load_model(None, name=name, device=device, dtype=dtype, progress=progress)
 
 
 def _load_verified(directory: Path, dev: torch.device, dt: torch.dtype, progress: bool) -> tuple[Any, Any]:
-    """Weights and tokenizer from ``directory``, checked; raises ModelError."""
+    """Weights and tokenizer from ``directory``, checked; raises ModelError (ModelHashMismatch
+    on a cache that does not match its marker)."""
     import transformers
     from safetensors import SafetensorError
 

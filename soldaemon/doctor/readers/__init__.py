@@ -1,28 +1,8 @@
-"""Reading the machine: GPUs (NVML, ``nvidia-smi``), CPU, torch, the model
-cache, a running daemon. Pure reading, no judging (see :mod:`soldaemon.doctor.checks`).
-
-One module per source: :mod:`.nvml`, :mod:`.smi` (``nvidia-smi``),
-:mod:`.host` (CPU, torch, model cache, daemon); the data they return is
-:mod:`.readings`. Here: :func:`read_gpus` and :func:`read_machine`, which
-put them together.
-
-Contracts:
-
-- Every reader returns frozen, JSON-able data (:class:`GpuReading`,
-  :class:`MachineReading`, ...). A value the source did not report is ``None``;
-  why it is missing goes into ``notes``. Readers never raise for a field that
-  cannot be read, only :class:`ProbeUnavailable` when the whole source is
-  unusable (no NVML library, no ``nvidia-smi``, no driver).
-- Read-only. :func:`read_nvml` calls only ``nvmlInit``, ``nvmlShutdown``,
-  ``nvmlSystemGet*`` and ``nvmlDeviceGet*``. :func:`read_nvidia_smi` passes its
-  runner only the argv lists in :data:`READ_ONLY_ARGVS`, and the real runner
-  (:func:`run_nvidia_smi`) refuses anything else, runs without a shell and
-  with a timeout. Nothing here changes a GPU setting; the doctor prints the
-  commands that would, for the user to run.
-- Injectable: :func:`read_nvml` takes the ``pynvml`` module as a parameter and
-  :func:`read_nvidia_smi` takes the command runner, so tests replay recorded
-  readings from fake devices.
-"""
+"""Reading the machine for the doctor (no judging): :mod:`.nvml`, :mod:`.smi`, :mod:`.host`,
+data types in :mod:`.readings`. Readings are frozen and JSON-able; an unreported value is
+``None`` with the reason in ``notes``; only a wholly unusable source raises
+:class:`ProbeUnavailable`. Read-only: nothing here changes a GPU setting. The NVML module and
+the ``nvidia-smi`` runner are injectable, so tests replay recorded readings."""
 
 from __future__ import annotations
 
@@ -31,10 +11,7 @@ from typing import Any, Callable
 
 from soldaemon.errors import ProbeUnavailable
 
-# Re-exported: callers and tests use ``readers.<name>``. read_gpus and
-# read_machine below look the readers up here, so patching
-# ``readers.read_torch`` (or load_nvml, run_nvidia_smi, read_cpu,
-# probe_daemon) changes what they call.
+# Re-exported; read_gpus and read_machine look these names up here, so tests patch them here.
 from soldaemon.doctor.readers.host import (DEFAULT_PORT, VECTOR_FLAGS, parse_cpuinfo, probe_daemon, read_cache,
                                            read_cpu, read_cuda_view, read_torch)
 from soldaemon.doctor.readers.nvml import cuda_version_from_int, load_nvml, read_nvml
@@ -47,8 +24,8 @@ from soldaemon.doctor.readers.smi import (READ_ONLY_ARGVS, SMI_APP_FIELDS, SMI_A
 
 
 def read_gpus(nvml_loader: Callable[[], Any] | None = None, run: Runner | None = None) -> GpuProbe:
-    """NVML first, ``nvidia-smi`` as the fallback. Never raises: a source
-    that fails leaves its reason in the result."""
+    """NVML first, ``nvidia-smi`` as the fallback. Never raises: a failed source leaves its
+    reason in the result."""
     loader = nvml_loader if nvml_loader is not None else load_nvml
     runner = run if run is not None else run_nvidia_smi
     nvml_error: str
@@ -79,9 +56,8 @@ def read_machine(
     cpu_reader: Callable[[], CpuReading] | None = None,
     device: str | None = None,
 ) -> MachineReading:
-    """Everything the doctor judges. ``port=None`` skips the daemon probe
-    (start-up: the daemon is the one starting); ``device`` is the
-    configured ``device.device``. Never raises."""
+    """Everything the doctor judges. ``port=None`` skips the daemon probe (used at the daemon's
+    own start); ``device`` is the configured ``device.device``. Never raises."""
     gpu = read_gpus(nvml_loader, run)
     return MachineReading(
         gpu=gpu,

@@ -1,5 +1,4 @@
-"""Reading the rest of the machine: the CPU, torch (without importing it),
-the model cache, a running daemon."""
+"""Reading the CPU, torch (without importing it), the model cache and a running daemon."""
 
 from __future__ import annotations
 
@@ -19,8 +18,6 @@ from soldaemon.doctor.readers.readings import (CacheReading, CachedModel, CpuRea
                                                DaemonReading, TorchReading)
 
 
-# ---------------------------------------------------------------------------- CPU
-
 # The vector extensions that matter to torch's CPU kernels, x86 then Arm.
 VECTOR_FLAGS: tuple[str, ...] = (
     "avx", "avx2", "fma", "avx_vnni", "avx512f", "avx512bw", "avx512_vnni",
@@ -30,8 +27,8 @@ VECTOR_FLAGS: tuple[str, ...] = (
 
 
 def parse_cpuinfo(text: str) -> tuple[str | None, tuple[str, ...]]:
-    """The CPU model and the :data:`VECTOR_FLAGS` present, from the text of
-    ``/proc/cpuinfo`` (x86 "flags", Arm "Features"; the first CPU counts)."""
+    """(CPU model, :data:`VECTOR_FLAGS` present) from ``/proc/cpuinfo`` text; the first CPU
+    counts."""
     model: str | None = None
     flags: set[str] = set()
     seen_flags = False
@@ -49,8 +46,7 @@ def parse_cpuinfo(text: str) -> tuple[str | None, tuple[str, ...]]:
 
 
 def read_cpu(cpuinfo_path: str = "/proc/cpuinfo") -> CpuReading:
-    """Cores, RAM (psutil) and vector extensions (``/proc/cpuinfo`` where it
-    exists; elsewhere ``vector_flags`` is ``None``)."""
+    """Cores, RAM and vector extensions (``None`` where there is no ``/proc/cpuinfo``)."""
     import psutil
 
     model: str | None = None
@@ -84,15 +80,10 @@ def read_cpu(cpuinfo_path: str = "/proc/cpuinfo") -> CpuReading:
     )
 
 
-# -------------------------------------------------------------------------- torch
-
-
 def read_torch() -> TorchReading:
-    """torch's version and the CUDA runtime it was built for, read from the
-    installed ``torch/version.py`` without importing torch (``soldaemon
-    doctor`` starts in a fraction of the second torch's import takes); from
-    the module itself when it is already imported, or when that file cannot
-    be read. Does not initialise CUDA."""
+    """torch's version and CUDA build, parsed from ``torch/version.py`` so the doctor skips
+    torch's slow import; from the module when it is already imported or that file is
+    unreadable. Does not initialise CUDA."""
     if "torch" not in sys.modules:
         try:
             spec = importlib.util.find_spec("torch")   # a top-level name: finds, does not import
@@ -114,9 +105,7 @@ def read_torch() -> TorchReading:
 
 
 def _version_fields(spec: importlib.machinery.ModuleSpec) -> dict[str, str] | None:
-    """The string constants ``__version__`` and ``cuda`` of torch's
-    ``version.py`` (a generated file of plain assignments); ``None`` when it
-    cannot be read."""
+    """``__version__`` and ``cuda`` from torch's generated ``version.py``, or ``None``."""
     for folder in spec.submodule_search_locations or ():
         try:
             tree = ast.parse((Path(folder) / "version.py").read_text(encoding="utf-8"))
@@ -135,14 +124,10 @@ def _version_fields(spec: importlib.machinery.ModuleSpec) -> dict[str, str] | No
     return None
 
 
-# ------------------------------------------------------------ CUDA's numbering
-
-
 def read_cuda_view(device: str | None = None) -> CudaView:
-    """The configured device (``None``, "auto" and "cuda" read as "cuda:0"),
-    the environment that decides CUDA's device order, and torch's device
-    list where this process has already initialised CUDA (the daemon after
-    its model load). Never imports torch, never initialises CUDA."""
+    """The configured device (``None``, "auto", "cuda" mean "cuda:0"), CUDA's ordering
+    environment, and torch's devices if this process already initialised CUDA.
+    Never imports torch or initialises CUDA."""
     dev = device if device not in (None, "auto", "cuda") else "cuda:0"
     assert dev is not None
     return CudaView(device=dev, visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
@@ -161,9 +146,8 @@ def _torch_cuda_devices() -> tuple[CudaDevice, ...] | None:
 
 
 def _cuda_device(index: int, props: object) -> CudaDevice:
-    """One ``torch.cuda.get_device_properties`` result in NVML's spelling:
-    the UUID with its "GPU-" prefix, the PCI address as "0000DDDD:BB:DD.0"
-    (fields a torch too old to report stay ``None``)."""
+    """Device properties in NVML's spelling ("GPU-" UUID, "0000DDDD:BB:DD.0" bus id); fields an
+    old torch does not report stay ``None``."""
     uuid = getattr(props, "uuid", None)
     uuid_s = str(uuid) if uuid is not None else None
     if uuid_s and not uuid_s.startswith(("GPU-", "MIG-")):
@@ -171,9 +155,6 @@ def _cuda_device(index: int, props: object) -> CudaDevice:
     dom, bus, dev = (getattr(props, f"pci_{k}_id", None) for k in ("domain", "bus", "device"))
     pci = f"{dom:08X}:{bus:02X}:{dev:02X}.0" if all(isinstance(v, int) for v in (dom, bus, dev)) else None
     return CudaDevice(index=index, name=str(getattr(props, "name", "?")), uuid=uuid_s, pci_bus_id=pci)
-
-
-# -------------------------------------------------------------------- model cache
 
 
 def _dir_size(path: Path) -> int:
@@ -193,9 +174,8 @@ def _is_model_dir(path: Path) -> bool:
 
 
 def read_cache(root: Path | None = None, *, max_depth: int = 3) -> CacheReading:
-    """Converted models under ``root`` (default :func:`paths.cache_dir`): any
-    folder, at most ``max_depth`` below, holding ``config.json`` and
-    ``model.safetensors`` (or its shard index); plus free disk space there."""
+    """Converted models (folders with ``config.json`` and safetensors) at most ``max_depth``
+    below ``root`` (default :func:`paths.cache_dir`), and the free disk space there."""
     root = root if root is not None else paths.cache_dir()
     models: list[CachedModel] = []
     if root.is_dir():
@@ -224,14 +204,11 @@ def read_cache(root: Path | None = None, *, max_depth: int = 3) -> CacheReading:
                         models=tuple(sorted(models, key=lambda m: m.name)), disk_free_bytes=free)
 
 
-# ------------------------------------------------------------------------- daemon
-
 DEFAULT_PORT = 8765
 
 
 def probe_daemon(port: int = DEFAULT_PORT, *, host: str = "127.0.0.1", timeout_s: float = 1.0) -> DaemonReading:
-    """``GET http://host:port/healthz`` with a ``timeout_s`` timeout, ignoring
-    proxy settings. Never raises."""
+    """``GET http://host:port/healthz``, ignoring proxy settings. Never raises."""
     url = f"http://{host}:{port}/healthz"
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:

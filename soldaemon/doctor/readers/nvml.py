@@ -1,5 +1,5 @@
-"""Reading GPUs through NVML (``pynvml``): only ``nvmlInit``,
-``nvmlShutdown``, ``nvmlSystemGet*`` and ``nvmlDeviceGet*`` are ever called."""
+"""Reading GPUs through NVML: only ``nvmlInit``, ``nvmlShutdown``, ``nvmlSystemGet*`` and
+``nvmlDeviceGet*`` are ever called."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ def cuda_version_from_int(value: int) -> str:
 
 
 class ReadOnlyNvml:
-    """Calls into a pynvml-like module, turning NVMLError into ``None`` plus a
-    note. Refuses any function that is not a read (see ``_NVML_ALLOWED``)."""
+    """Calls a pynvml-like module, turning NVMLError into ``None`` plus a note; refuses (raises
+    ValueError for) any function ``_NVML_ALLOWED`` does not match."""
 
     def __init__(self, module: Any) -> None:
         self.m = module
@@ -50,8 +50,7 @@ class ReadOnlyNvml:
 
 
 def load_nvml() -> Any:
-    """Import ``pynvml`` (package ``nvidia-ml-py``). Raises
-    :class:`ProbeUnavailable` if it is not installed."""
+    """Import ``pynvml`` (package ``nvidia-ml-py``); :class:`ProbeUnavailable` if missing."""
     try:
         import pynvml
     except ImportError as exc:
@@ -60,9 +59,8 @@ def load_nvml() -> Any:
 
 
 def read_nvml(nvml: Any) -> list[GpuReading]:
-    """Read every GPU through ``nvml`` (the ``pynvml`` module or a fake with
-    the same functions). Raises :class:`ProbeUnavailable` when ``nvmlInit``
-    or the device count fails; returns ``[]`` when the driver sees no GPU."""
+    """Read every GPU through ``nvml`` (``pynvml`` or a fake). Raises :class:`ProbeUnavailable`
+    when ``nvmlInit`` or the device count fails; ``[]`` when the driver sees no GPU."""
     api = ReadOnlyNvml(nvml)
     try:
         nvml.nvmlInit()
@@ -181,8 +179,7 @@ def _watts(milliwatts: Any) -> float | None:
 
 
 def _read_nvml_state(api: ReadOnlyNvml, notes: list[str], handle: Any) -> dict[str, Any]:
-    """Display, MIG, compute mode, power limits and temperature: the
-    :class:`GpuReading` fields of those names (``None`` where not reported)."""
+    """The :class:`GpuReading` display, MIG, compute-mode, power and temperature fields."""
     def get(fn: str, *args: Any) -> Any:
         return api.call(notes, fn, handle, *args)
 
@@ -208,8 +205,7 @@ def _read_nvml_state(api: ReadOnlyNvml, notes: list[str], handle: Any) -> dict[s
 
 
 def _read_mig_slices(api: ReadOnlyNvml, notes: list[str], handle: Any) -> tuple[MigSlice, ...] | None:
-    """The MIG devices configured on a GPU in MIG mode; ``None`` when they
-    cannot be listed."""
+    """The MIG devices of a GPU in MIG mode; ``None`` when they cannot be listed."""
     count = _int_or_none(api.call(notes, "nvmlDeviceGetMaxMigDeviceCount", handle))
     if count is None:
         return None

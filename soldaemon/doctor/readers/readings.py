@@ -13,8 +13,8 @@ Runner = Callable[[list[str]], str]
 
 @dataclass(frozen=True)
 class GpuProcess:
-    """A process holding a context on a GPU. ``used_bytes`` is ``None`` where
-    the driver does not say (Windows WDDM, some containers)."""
+    """A process holding a context on a GPU; ``used_bytes`` is ``None`` where the driver does
+    not say (Windows WDDM, some containers)."""
 
     pid: int
     name: str | None
@@ -27,7 +27,7 @@ ComputeMode = Literal["Default", "Exclusive_Thread", "Prohibited", "Exclusive_Pr
 
 @dataclass(frozen=True)
 class MigSlice:
-    """One MIG device (a slice of a GPU in MIG mode), as CUDA addresses it."""
+    """One MIG device (a slice of a GPU in MIG mode)."""
 
     uuid: str | None                          # "MIG-..."; what CUDA_VISIBLE_DEVICES names
     memory_total_bytes: int | None
@@ -35,9 +35,7 @@ class MigSlice:
 
 @dataclass(frozen=True)
 class CudaDevice:
-    """One device as torch's CUDA numbers it (``cuda:N``), from
-    ``torch.cuda.get_device_properties``; ``None`` where this torch does
-    not report the field."""
+    """One device as torch numbers it (``cuda:N``); ``None`` where torch does not report a field."""
 
     index: int                                # N of cuda:N
     name: str
@@ -47,9 +45,7 @@ class CudaDevice:
 
 @dataclass(frozen=True)
 class CudaView:
-    """How the configured ``cuda:N`` relates to NVML's numbering: the
-    environment that decides CUDA's order, and torch's own device list
-    where CUDA was already initialised in this process (the daemon)."""
+    """What decides which NVML GPU the configured ``cuda:N`` is."""
 
     device: str                               # "cuda:0"; config device.device ("auto" reads as cuda:0)
     visible_devices: str | None               # CUDA_VISIBLE_DEVICES; None: unset
@@ -59,8 +55,7 @@ class CudaView:
 
 @dataclass(frozen=True)
 class GpuReading:
-    """One GPU as the driver reports it. ``None`` = not reported (see
-    ``notes`` for why: "Not Supported", "Insufficient Permissions", ...)."""
+    """One GPU as the driver reports it; ``None``: not reported (``notes`` says why)."""
 
     index: int
     name: str
@@ -105,9 +100,8 @@ class GpuReading:
 
 @dataclass(frozen=True)
 class GpuProbe:
-    """What the GPU readers found. ``source`` is ``None`` when neither worked
-    or no GPU exists; ``nvml_error`` / ``smi_error`` say why (``None`` for a
-    source that was not needed)."""
+    """What the GPU readers found; ``source`` is ``None`` when neither found a GPU, and
+    ``nvml_error`` / ``smi_error`` say why (``None`` for a source not needed)."""
 
     source: GpuSource | None
     gpus: tuple[GpuReading, ...]

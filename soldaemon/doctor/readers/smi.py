@@ -25,9 +25,8 @@ SMI_FIELDS: tuple[str, ...] = (
     "clocks_throttle_reasons.active",
     "memory.total", "memory.free", "memory.used",
 )
-# Older drivers reject the whole query if one field is unknown
-# ("Field ... is not a valid field to query"), so retry with fields every
-# driver of the last decade knows.
+# Older drivers reject a whole query over one unknown field ("... is not a valid field to
+# query"); the retry uses only these.
 SMI_CORE_FIELDS: tuple[str, ...] = (
     "index", "name", "uuid", "pci.bus_id", "driver_version", "persistence_mode",
     "ecc.mode.current", "pcie.link.gen.current", "pcie.link.gen.max",
@@ -35,10 +34,7 @@ SMI_CORE_FIELDS: tuple[str, ...] = (
     "clocks.sm", "clocks.max.sm", "memory.total", "memory.free", "memory.used",
 )
 SMI_APP_FIELDS: tuple[str, ...] = ("gpu_uuid", "pid", "used_gpu_memory", "process_name")
-# The GPU's state around the daemon (display, MIG, compute mode, power,
-# temperature): a query of its own, so a driver that rejects one of these
-# fields leaves only these unknown. The slowdown temperature and the MIG
-# slices are NVML's only.
+# A query of its own, so a driver that rejects one of these fields leaves only these unknown.
 SMI_STATE_FIELDS: tuple[str, ...] = (
     "index", "display_active", "mig.mode.current", "compute_mode", "enforced.power.limit",
     "power.default_limit", "power.max_limit", "temperature.gpu",
@@ -63,15 +59,10 @@ _NA = {"", "n/a", "[n/a]", "not supported", "[not supported]", "unknown error",
 
 
 def run_nvidia_smi(argv: list[str], *, timeout_s: float = 5.0) -> str:
-    """Run one of :data:`READ_ONLY_ARGVS` (never a shell) and return stdout.
-
-    ``nvidia-smi`` is run by its absolute path, found in the absolute
-    entries of ``PATH`` only: a relative entry (``.``, an empty one) would
-    find the current directory's, a project's own ``nvidia-smi``.
-
-    Raises ``ValueError`` for any other argv, ``FileNotFoundError`` if
-    ``nvidia-smi`` is not on ``PATH``, :class:`CommandFailed` on a non-zero
-    exit or after ``timeout_s``."""
+    """Run one of :data:`READ_ONLY_ARGVS` without a shell and return stdout. Only absolute
+    ``PATH`` entries are searched, so a project's own ``./nvidia-smi`` never runs.
+    Raises ``ValueError`` for any other argv, ``FileNotFoundError`` if not found, and
+    :class:`CommandFailed` on a non-zero exit or after ``timeout_s``."""
     if tuple(argv) not in READ_ONLY_ARGVS:
         raise ValueError(f"refusing to run {argv!r}: doctor runs only read-only queries")
     search = [p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if os.path.isabs(p)]
@@ -126,10 +117,8 @@ def _smi_mib(raw: str | None) -> int | None:
 
 
 def read_nvidia_smi(run: Runner) -> list[GpuReading]:
-    """Read every GPU by running ``nvidia-smi`` through ``run`` (argv in,
-    stdout out; it raises on failure). ``run`` only ever receives argv lists
-    from :data:`READ_ONLY_ARGVS`. Raises :class:`ProbeUnavailable` when
-    ``nvidia-smi`` is missing or fails; returns ``[]`` for no GPU."""
+    """Read every GPU through ``run`` (argv from :data:`READ_ONLY_ARGVS` in, stdout out).
+    Raises :class:`ProbeUnavailable` when ``nvidia-smi`` is missing or fails; ``[]`` for no GPU."""
     notes: list[str] = []
     fields = SMI_FIELDS
     try:
@@ -205,8 +194,7 @@ def _smi_watts(raw: str | None) -> float | None:
 
 
 def _read_smi_state(run: Runner, notes: list[str]) -> dict[int, dict[str, Any]]:
-    """:data:`SMI_STATE_FIELDS` per GPU index, as :class:`GpuReading` field
-    values; ``{}`` (all unknown, the reason in ``notes``) when the query fails."""
+    """:class:`GpuReading` state fields per GPU index; ``{}`` (reason in ``notes``) on failure."""
     try:
         out = run(list(SMI_STATE_ARGV))
     except (CommandFailed, OSError) as exc:

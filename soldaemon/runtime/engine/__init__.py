@@ -1,6 +1,3 @@
-"""The local engine: :mod:`.local` (:class:`LocalEngine`, the Engine the
-server calls: builds the model, its sessions, drafts and memory scheduler),
-:mod:`.part` (the model part the pipeline drives; it owns the generation
-lock, the session access, the parked run and the foreseen answer),
-:mod:`.foresight` (warm and speculative FIM: the decision and the work),
-:mod:`.autoselect` (``model.name: auto``/``model.draft: auto`` at start-up)."""
+"""The local engine: :mod:`.local` (the Engine the server calls), :mod:`.part` (the model part
+the pipeline drives; it owns the generation lock and the sessions), :mod:`.foresight` (warm and
+speculative FIM), :mod:`.autoselect` (``model.name``/``model.draft: auto`` at start-up)."""

@@ -1,9 +1,7 @@
-"""``model.name: auto`` and ``model.draft: auto`` at start-up: which embedded
-model to serve, and whether a smaller one drafts for it, from this machine's
-kernel timings (:mod:`.kernels`, measured once per machine and model shapes,
-then cached -- the same measurement the kernel plan is chosen from). The
-rules are plain functions: :func:`soldaemon.policy.model_choice.choose_model` and
-:func:`draft_pays`."""
+"""``model.name: auto`` and ``model.draft: auto`` at start-up: which embedded model to serve
+and whether a smaller one drafts for it, from the cached kernel timings the plan is chosen from
+(:mod:`soldaemon.runtime.forward.kernels`). The rules: :func:`choose_model` and :func:`draft_pays`.
+"""
 
 from __future__ import annotations
 
@@ -23,12 +21,10 @@ from soldaemon.runtime.forward.kernels import compute_dtype_for, plan_for
 
 log = logging.getLogger("soldaemon.engine")
 
-# Bytes per weight in each storage (int8/int4 rows carry a float scale each).
+# bytes per weight in each storage (int8/int4 rows carry a float scale each)
 _STORAGE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.02, "int4": 0.55}
 MEMORY_SHARE = 0.6   # of the memory available at start-up the served weights (and a draft's) may take
-# Acceptance assumed for a same-family draft before any is measured (each
-# request's drafts are then sized from the measured rate): the 0.5B drafting
-# for the 1.5B accepted about that share of tokens on code (docs/model.md).
+# acceptance assumed for a same-family draft before any is measured (docs/model.md)
 DRAFT_PRIOR = 0.7
 
 
@@ -54,8 +50,7 @@ def available_bytes(device: torch.device) -> int:
 
 
 def candidates(config: Config, device: torch.device, *, progress: bool = False) -> list[Candidate]:
-    """Every installed embedded model with the kernel plan it would run
-    (timings measured now when this machine never timed its shapes)."""
+    """Every installed embedded model with the kernel plan it would run (timed now if uncached)."""
     precision = config.model.precision
     compute = compute_dtype_for(device, torch.float16)   # the embedded models are stored in float16
     out = []
@@ -75,8 +70,7 @@ def _kv_bytes(config: Config, model: EmbeddedModel) -> int:
 
 
 def choose_embedded(config: Config, *, progress: bool = False) -> tuple[str, dict[str, Any] | None]:
-    """The embedded model to load and, for ``model.name: auto``, what decided
-    (for the log, ``health`` and ``doctor``)."""
+    """The embedded model to load and, for ``model.name: auto``, what decided."""
     mc = config.model
     if mc.name != "auto":
         return mc.name, None
@@ -100,10 +94,8 @@ def describe(choice: ModelChoice) -> dict[str, Any]:
 
 
 def draft_pays(target: KernelPlan, draft: KernelPlan, max_k: int) -> bool:
-    """Whether drafting with a model whose decode step costs ``draft``'s can
-    pay for ``target`` at the prior acceptance rate: the draft length
-    sizing (:class:`DraftLength`, the same rule that sizes each request's
-    drafts) picks a length > 0 from the plans' predicted costs."""
+    """Whether :class:`DraftLength`, at DRAFT_PRIOR and the plans' predicted costs, would draft
+    at all for ``target`` with a model stepping at ``draft.step_ms``."""
     if not (target.step_ms and target.verify_ms and draft.step_ms):
         return False
     rows = 9   # the verify size the plan predicts (KernelPlan.verify_ms)

@@ -1,33 +1,8 @@
-"""Work the local engine does ahead of a request it can foresee (issue 16,
-item 5); speculative FIM lives here whole.
-
-- ``warm``: prefill the prompt the next ``complete`` at that place will use,
-  so that the first suggestion after the user pauses somewhere new reuses
-  the KV cache instead of prefilling a whole FIM prompt.
-- speculative FIM (``completion.speculative_fim``, what llama.vscode calls
-  speculative FIM): after a completion was delivered, compute the one the
-  next request would get if the user accepts it (the prefix plus the
-  completion, the same suffix), and keep it for that request. The decision
-  (:func:`ahead_of`), the work (:func:`speculate`) and the kept answer
-  (:class:`Foreseen`, owned by the model part, which answers from it) are
-  here; the server's worker only gives the work its slot
-  (:mod:`soldaemon.server.ahead`: run while the queue is empty, cancelled by
-  any request).
-
-Both go through the engine's own pipeline -- the same prompt construction
-(anchor, windows, context, healing cut) and the same KV cache -- and both
-must leave what the user later gets unchanged. So they run detached: on a
-copy of the pipeline's per-document memory (the sticky anchor, the relevance
-context's choice, the text shown for type-through), not counted
-(:meth:`Pipeline.foresee`, ``Pipeline.build_prompt(detached=True)``). What
-they share with real requests is result-neutral: the KV cache, whose values
-depend on positions only (``precise_until``, see :meth:`KVSession.prefill`),
-and the window memo (a pure cache).
-
-The worker supersedes a speculation (``CancelToken.supersede``) as soon as any
-request arrives; the model part checks the token before every decode step
-and between prefill chunks, which :func:`speculate` keeps short
-(:data:`AHEAD_CHUNK` tokens).
+"""Work the local engine does ahead of a foreseeable request: ``warm`` (prefill the next
+prompt) and speculative FIM (compute the answer after the user accepts one; the server's
+:mod:`soldaemon.server.ahead` only gives it a slot). Both run detached, on a copy of the
+pipeline's per-document memory, so they never change what the user later gets; they share
+only the KV cache, whose values depend on positions alone, and the window memo.
 """
 
 from __future__ import annotations
@@ -47,9 +22,7 @@ AHEAD_CHUNK = 32     # tokens per prefill chunk while speculating: the longest w
 
 
 class AheadPart(ModelPart, Protocol):
-    """What foresight asks of the local model part
-    (:class:`soldaemon.runtime.engine.part.LocalModelPart`) besides what
-    the pipeline does."""
+    """What foresight asks of the local model part beyond what the pipeline does."""
 
     foreseen: Foreseen
 
@@ -60,19 +33,14 @@ class AheadPart(ModelPart, Protocol):
 
 
 def precise_until(prompt: FimPrompt) -> int | None:
-    """Where the prompt's positions switch to decode-cost computation (the
-    middle token, :meth:`KVSession.prefill`'s ``precise_until``); None: the
-    prompt has no lead. Every prefill of a prompt must pass the same value,
-    or a later reuse of its KV would change the answer."""
+    """:meth:`KVSession.prefill`'s ``precise_until`` for ``prompt`` (None: no lead). Every
+    prefill of a prompt must pass the same value, or reusing its KV would change the answer."""
     return len(prompt.ids) - prompt.n_middle if prompt.n_middle else None
 
 
 def warm(pipeline: Pipeline, part: AheadPart, req: CompletionRequest, cancel: CancelToken) -> Timings:
-    """Prefill exactly the prompt ``complete(req)`` would compute now (the
-    Engine protocol's ``warm``): the same prompt, built detached, the same
-    ``precise_until``. Afterwards a ``complete`` with ``req``'s text
-    computes nothing of its prompt (only its logits are re-read), one with
-    a few characters typed since only those."""
+    """Prefill exactly the prompt ``complete(req)`` would compute now (built detached, the
+    same ``precise_until``), so that request then computes none of its prompt."""
     clock = Clock.now(req)
     prompt, prompt_ms = pipeline.build_prompt(req, detached=True)
     t1 = time.perf_counter_ns()
@@ -86,10 +54,8 @@ def warm(pipeline: Pipeline, part: AheadPart, req: CompletionRequest, cancel: Ca
 
 
 def accepted_request(req: CompletionRequest, item: str) -> CompletionRequest | None:
-    """The request that follows accepting ``item`` at ``req``: the same
-    document, suffix, context and options, ``item`` appended to the prefix;
-    None when there is nothing to foresee (empty item, sampling, several
-    candidates)."""
+    """``req`` with ``item`` appended to its prefix; None for an empty item, sampling or
+    several candidates."""
     if not item or req.n != 1 or req.temperature > 0:
         return None
     return dataclasses.replace(req, id=f"{req.id}~ahead", prefix=req.prefix + item, version=None,
@@ -97,10 +63,8 @@ def accepted_request(req: CompletionRequest, item: str) -> CompletionRequest | N
 
 
 def ahead_of(config: CompletionConfig, req: CompletionRequest, done: Done) -> CompletionRequest | None:
-    """The decision, after ``done`` was delivered for ``req``: the request
-    to compute ahead (:func:`accepted_request` of its first item), or None
-    when ``completion.speculative_fim`` is off or there is nothing to accept
-    (no whole answer, no text)."""
+    """The request to compute ahead after ``done`` for ``req`` (accepting its first item), or
+    None when ``completion.speculative_fim`` is off or there is no whole answer."""
     if not config.speculative_fim or done.finish_reason not in ("stop", "length") or not done.items:
         return None
     return accepted_request(req, done.items[0])
@@ -112,10 +76,8 @@ def _key(req: CompletionRequest) -> CompletionRequest:
 
 
 class Foreseen:
-    """The last speculative answer: the accepted request and its ``Done``.
-    One entry; :meth:`take` empties it whatever it returns, so only the
-    request right after the speculation can be answered from it (later, the
-    engine's per-document state may have moved on)."""
+    """The last speculative answer. :meth:`take` empties it whatever it returns: only the
+    request right after the speculation may be answered from it."""
 
     def __init__(self) -> None:
         self._entry: tuple[CompletionRequest, Done] | None = None
@@ -135,12 +97,9 @@ class Foreseen:
 
 
 def speculate(pipeline: Pipeline, part: AheadPart, ahead: CompletionRequest, cancel: CancelToken) -> Done | None:
-    """Compute ``ahead`` (from :func:`ahead_of`) with ``pipeline`` over the
-    model part, detached (:meth:`Pipeline.foresee`), and keep its answer in
-    ``part.foreseen`` when it finished; returns its ``Done``. Cancelled
-    (``cancel``) it returns within one decode step or :data:`AHEAD_CHUNK`
-    prefill tokens; superseded (``cancel.supersede()``) after its first token, the
-    generation is parked, so the accepted request may still resume it."""
+    """Compute ``ahead`` detached and keep a finished answer in ``part.foreseen``; returns its
+    Done. Cancelled, it returns within one decode step or :data:`AHEAD_CHUNK` prefill tokens;
+    superseded after its first token, the generation is parked for the request to resume."""
     part.foreseen.clear()
     if cancel.cancelled:
         return None

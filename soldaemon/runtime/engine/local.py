@@ -1,14 +1,7 @@
-"""The local engine: a completion request in, a stream of events out.
-
-The stages (checks, type-through, prompt, preview, post-processing,
-timings) are the shared pipeline's (:mod:`soldaemon.pipeline`); this engine
-loads and warms the model, builds its backend, KV session pool, drafts and
-memory scheduler, and gives the pipeline its model part
-(:mod:`soldaemon.runtime.engine.part`, which owns the generation lock, the
-session access, the parked run and the foreseen answer: prefill with KV
-reuse, decode, speculation, stop checks). Work ahead of a request (warm,
-speculative FIM) is :mod:`soldaemon.runtime.engine.foresight`'s.
-Implements :class:`soldaemon.api.Engine`; driven from one worker thread.
+"""The local engine (:class:`soldaemon.api.Engine`, driven from one worker thread): loads and
+warms the model, builds its backend, KV pool, drafts and memory scheduler, and runs the shared
+pipeline (:mod:`soldaemon.pipeline`) over its model part (:mod:`.part`, which owns the generation
+lock and the sessions). Work ahead of a request is :mod:`.foresight`'s.
 """
 
 from __future__ import annotations
@@ -51,32 +44,24 @@ from soldaemon.runtime.memory.heap import return_free_heap
 
 log = logging.getLogger("soldaemon.engine")
 
-# the document of requests without one (warm-up, benchmarks): its KV session
-# is the one start-up measurements and benchmarks run on
+# the document of requests without one; start-up measurements run on its KV session
 SCRATCH_URI = "untitled:"
 
 
 class LocalEngine:
-    """The Sol runtime on a local model (see module doc)."""
+    """The Sol runtime on a local model."""
 
     def __init__(self, loaded: LoadedModel, config: Config, *, plan: KernelPlan | None = None,
                  timings: TimingTable | None = None,
                  release: bool | None = None, served: str | None = None) -> None:
-        """``plan``: the lean backend's kernels and weight storage (from
-        :func:`load_engine`'s measurement); None: dense in the model's
-        dtype, the HF module's own tensors (the reference math). With a
-        plan, the module's parameters are released after packing: one
-        resident copy of the weights. ``timings``: the table the plan was
-        chosen from (shown by info());
-        ``release`` (default: when a plan is given) empties the module's
-        parameters the packed weights do not share (False: several engines
-        over one loaded module, as ``bench --quality --precisions`` builds).
-        ``served``: the embedded model's name (None: a path): an ``"auto"``
-        prompt window in any config given to this engine is that model's."""
+        """``plan``: the lean backend's kernels and storage (None: the HF module's own tensors);
+        ``timings``: the table it was chosen from. ``release`` (default: with a plan) frees the
+        module's parameters the packed weights do not share; False lets several engines share one
+        module. ``served``: the embedded model's name, whose ``"auto"`` windows apply."""
         self.served_model = served
         self.loaded = loaded
         self.fitted: Fitted | None = None      # "auto" windows fitted to this machine's prefill (warmup)
-        # the one config holder the pipeline and the model part read too
+        # the one config holder, shared with the pipeline and the model part
         self.settings = Settings(config, adapt=self._served)
         config = self.settings.config
         self.tokenizer = loaded.tokenizer
@@ -94,8 +79,6 @@ class LocalEngine:
         self.pool.acquire(SCRATCH_URI)     # the first session takes the cache the backend was built with
         self.started = time.time()
         lock = threading.Lock()   # one generation at a time: the model part's, lent to the memory scheduler
-        # Sol's memory scheduler (runtime/memory/scheduler.py): residency under
-        # sol.memory_budget, prefetch, heatmap, idle release, priority pins
         self.memory: MemoryScheduler | None = None
         if isinstance(self.backend, LeanBackend):
             try:
@@ -105,9 +88,7 @@ class LocalEngine:
                 raise ConfigError(f"sol.memory_budget: {exc}",
                                   hint="raise sol.memory_budget, or lower model.max_context, model.kv_sessions "
                                        "or sol.prefetch_depth") from None
-        # the stages shared with every engine, and their per-document memory
         self.pipeline = Pipeline(self.settings, self.template, self.tokenizer, self.backend.n_ctx, heal=True)
-        # what the pipeline asks of the model: sessions, drafts, counters, parked run, foreseen answer
         self.part = LocalModelPart(self.pool, self.tokenizer, self.template, self.settings, lock=lock,
                                    memory=self.memory)
         self.layer_compile: CompileChoice | None = None   # the graphs' layer compiled or not (warmup())
@@ -118,8 +99,7 @@ class LocalEngine:
 
     @property
     def graphs(self) -> GraphDecoder | None:
-        """The CUDA-graph decode steps the backend replays through (warm-up
-        sets them up on CUDA; the backend holds them, the one owner)."""
+        """The backend's CUDA-graph decode steps (set up by warm-up on CUDA), or None."""
         graphs = self.backend.graphs
         return graphs if isinstance(graphs, GraphDecoder) else None
 
@@ -168,10 +148,8 @@ class LocalEngine:
         }
 
     def debug_snapshots(self) -> dict[str, Any]:
-        """The ``debug`` message's snapshots: the layer heatmap over
-        ``sol.layer_heatmap_window`` and the prefetcher's state (hit rate,
-        fallbacks, residency plan and its predicted cost, measured device
-        bytes, KV folding). Called from the server's loop thread."""
+        """The ``debug`` message's layer heatmap and prefetcher state; called from the server's
+        loop thread."""
         if self.memory is None:
             return {"heatmap": {}, "prefetch": {"kv": self.pool.kv_stats()}}
         prefetch = self.memory.store.snapshot_prefetch()
@@ -181,50 +159,39 @@ class LocalEngine:
         return {"heatmap": self.memory.store.snapshot_heatmap(), "prefetch": prefetch}
 
     def close(self) -> None:
-        """Stop the memory scheduler's idle timer and prefetch thread, and
-        the background kernel timing."""
+        """Stop the memory scheduler's threads and the background kernel timing."""
         if self.retime is not None:
             self.retime.stop()
         if self.memory is not None:
             self.memory.close()
 
     def warm(self, req: CompletionRequest, cancel: CancelToken) -> Timings:
-        """Prefill exactly the prompt the next ``complete`` at ``req``'s
-        cursor computes, leaving its answer unchanged
-        (:func:`soldaemon.runtime.engine.foresight.warm`)."""
+        """Prefill the prompt the next ``complete`` at ``req``'s cursor computes, leaving its
+        answer unchanged."""
         return warm(self.pipeline, self.part, req, cancel)
 
     def work_ahead(self, req: CompletionRequest, done: Done) -> Callable[[CancelToken], Done | None] | None:
-        """After ``done`` was delivered for ``req``: the lowest-priority work
-        to do next -- compute the completion that follows accepting it, for
-        the next request (speculative FIM,
-        :func:`soldaemon.runtime.engine.foresight.ahead_of`) -- or None.
-        The work returns the speculation's Done (None: cancelled before it
-        began); the server runs it only while idle."""
+        """After ``done`` for ``req``: work that computes the completion following its acceptance
+        (run only while idle; returns that Done, None if cancelled before it began), or None."""
         ahead = ahead_of(self.config.completion, req, done)
         if ahead is None:
             return None
         return lambda cancel: speculate(self.pipeline, self.part, ahead, cancel)
 
     def complete(self, req: CompletionRequest, cancel: CancelToken) -> Iterator[Event]:
-        """Stream one completion (the Engine protocol): the shared pipeline
-        (:class:`soldaemon.pipeline.Pipeline`) over this engine's model
-        part (:class:`soldaemon.runtime.engine.part.LocalModelPart`), inside
-        the part's memory scope."""
+        """Stream one completion: the shared pipeline over this engine's model part."""
         return self.pipeline.run(req, cancel, self.part)
 
     def warmup(self) -> Warmup:
-        """Run one short completion so that kernels, allocator pools and
-        (on CUDA) graphs are ready before the first real request; measure
-        what speculation weighs its drafts against. Returns what it
-        measured, which the model part drafts with from then on."""
+        """Ready kernels, allocator pools and CUDA graphs with one short completion, choose the
+        step copy, fit the windows and measure draft costs; returns what the part drafts with."""
         req = CompletionRequest(id="warmup", prefix="def add(a, b):\n    return ", suffix="\n", max_tokens=4)
         self.complete_all(req)
         captured = 0
         if (self.config.device.cuda_graphs and isinstance(self.backend, LeanBackend)
                 and self.backend.device.type == "cuda"):
             graphs = GraphDecoder(self.backend)
-            # KVSession.decode_step replays through the backend's `graphs` when set
+            # KVSession.decode_step replays through the backend's `graphs` once set
             self.backend.graphs = graphs
             self.layer_compile = choose_layer(graphs)   # compiled where faster (runtime/forward/compiled.py)
             graphs.warm_up(caches=self.pool.caches(), later=True)   # the other KV slots' after a request
@@ -241,9 +208,7 @@ class LocalEngine:
         return record
 
     def _fit_windows(self) -> None:
-        """The ``"auto"`` prompt windows: the model's own, shrunk where this
-        machine's kernels, as the backend runs them now, would read a cold
-        prompt of that size too slowly (policy/windows.py)."""
+        """Fit the ``"auto"`` prompt windows to the kernels the backend runs now."""
         b, table = self.backend, self.kernel_timings
         if not isinstance(b, LeanBackend) or table is None:
             return
@@ -255,8 +220,7 @@ class LocalEngine:
         self.settings.adapt_again()
 
     def _measured_drafts(self) -> tuple[Drafts, dict[int, float] | None]:
-        """Draft sizing from forward costs measured now (speculation on),
-        and those costs."""
+        """Draft sizing from forward costs measured now (speculation on), and those costs."""
         drafts, cc = Drafts(model=self.part.draft_model), self.config.completion
         if not cc.speculative:
             return drafts, None
@@ -270,11 +234,8 @@ class LocalEngine:
         return drafts, costs
 
     def use_kernels(self, plan: KernelPlan) -> str | None:
-        """Swap ``plan``'s kernels in between requests (the kernel
-        re-timing, :mod:`soldaemon.runtime.forward.retime`): None when
-        swapped, else why not. What the old kernels computed (KV, parked
-        and foreseen answers) is dropped, and the forward costs drafts are
-        sized by are measured again (one piece under the lock)."""
+        """Swap ``plan``'s kernels in between requests: None when swapped, else why not. What
+        the old kernels computed is dropped and the windows and draft costs are measured again."""
         backend = self.backend
         if not isinstance(backend, LeanBackend):
             return "the transformers fallback runs no kernel plan"
@@ -293,29 +254,25 @@ class LocalEngine:
 
     @property
     def stats(self) -> EngineStats:
-        """The model part's counters (requests, tokens, drafts, resumed runs)."""
+        """The model part's counters."""
         return self.part.stats
 
     def forget(self) -> None:
-        """Drop every per-document memory — KV caches, type-through, the
-        parked generation, the foreseen answer, anchors, windows, context
-        choices — as if just loaded (benchmarks run a second configuration
-        on the same weights)."""
+        """Drop every per-document memory (KV, type-through, parked and foreseen answers,
+        anchors, context choices), as if just loaded."""
         self.part.forget()
         self.pipeline.forget()
 
     def forget_shown(self, uri: str | None = None) -> None:
-        """Forget the completion shown at ``uri`` (None: everywhere): the
-        next request there is answered by the model, not by type-through."""
+        """Forget the completion shown at ``uri`` (None: everywhere), so the model answers next."""
         if uri is None:
             self.pipeline.documents.shown.clear()
         else:
             self.pipeline.forget(uri)
 
     def attach_draft_model(self, draft: LoadedModel) -> None:
-        """Speculate with ``draft`` (``model.draft_model``) instead of prompt
-        lookup. Its tokenizer must be the target's: a draft token id means
-        the same text to both models."""
+        """Speculate with ``draft`` instead of prompt lookup. Raises ModelError unless it shares
+        the target's vocabulary, ConfigError when sol.memory_budget cannot hold the pair."""
         if draft.tokenizer.get_vocab() != self.tokenizer.get_vocab():
             raise ModelError(f"model.draft_model {draft.name} does not share the tokenizer of {self.loaded.name}",
                              hint="use a smaller model of the same family (same vocabulary), or no draft model")
@@ -325,7 +282,6 @@ class LocalEngine:
             plan = replace(plan, rows=None)      # the draft keeps one copy: its forwards are mostly steps
         backend = make_backend(draft.model, self.backend.n_ctx, plan=plan, release=plan is not None)
         if self.memory is not None and isinstance(backend, LeanBackend):
-            # the residency planner keeps room for the pair (sol.memory_budget)
             try:
                 self.memory.reserve(backend.weight_bytes() + backend.kv_bytes_per_session, "the draft model")
             except BudgetTooSmall as exc:
@@ -342,11 +298,8 @@ class LocalEngine:
         return done
 
     def choose_step_copy(self, rounds: int = 4, steps: int = 4) -> None:
-        """Decode steps on the blocked copy too where real steps, after a
-        256-token context, measured faster there in alternating rounds
-        (:func:`steps_on_blocked_copy`; the same bits either way); where
-        they did not, the copy is dropped (one layout for every forward).
-        CPU only, and only where the plan keeps the copy."""
+        """Time real decode steps on both copies (:func:`steps_on_blocked_copy`) and keep one:
+        the blocked copy for every forward, or the plain one. CPU plans with a blocked copy only."""
         b = self.backend
         if not isinstance(b, LeanBackend) or b.rows_layers is None or b.device.type != "cpu":
             return
@@ -380,9 +333,8 @@ class LocalEngine:
             log.info("the plain copy of the layers freed (%.0f MB): one copy resident", freed / 2**20)
 
     def measure_forward_costs(self, sizes: tuple[int, ...] = (1, 2, 3, 5, 9)) -> dict[int, float]:
-        """ms of one forward of T tokens after a 64-token context, per T
-        (the median of three, each timed to the end of its device work):
-        what speculation weighs its drafts against."""
+        """ms of one forward of T tokens after a 64-token context, per T in ``sizes`` (median of
+        three, timed to the end of device work): what speculation weighs its drafts against."""
         n = 64
         ids = [int(t) for t in torch.randint(0, min(self.backend.vocab_size, 30000), (n + max(sizes),))]
         session = self.pool.acquire(SCRATCH_URI)
@@ -404,28 +356,22 @@ class LocalEngine:
     # -- stages --------------------------------------------------------------
 
     def build_prompt(self, req: CompletionRequest) -> tuple[FimPrompt, float]:
-        """Window, tokenize and template the request (the pipeline's
-        stage, with token healing when ``completion.token_healing``).
-        Returns (prompt, ms)."""
+        """The pipeline's prompt stage; returns (prompt, ms)."""
         return self.pipeline.build_prompt(req)
 
     @property
     def config(self) -> Config:
-        """The engine's config now (``settings``'s, which the pipeline and
-        the model part read)."""
+        """The engine's config now (``settings``'s)."""
         return self.settings.config
 
     @config.setter
     def config(self, config: Config) -> None:
-        """A new config applies from the next request on, to the engine, the
-        pipeline and the model part alike (one holder)."""
+        """Applies from the next request on, to the engine, pipeline and model part alike."""
         self.settings.use(config)
 
     def _served(self, config: Config) -> Config:
-        """``config`` with its ``"auto"`` prompt windows this engine's: the
-        served model's own, fitted to this machine once warm (so a bench
-        column or a reload that swaps the config measures the windows the
-        daemon serves)."""
+        """``config`` with the served model's ``"auto"`` settings and this engine's fitted
+        windows, so a swapped-in config gets the windows the daemon serves."""
         own = None if self.fitted is None else PromptWindows(self.fitted.prefix, self.fitted.suffix,
                                                              self.fitted.outline)
         if self.served_model is None:
@@ -433,8 +379,7 @@ class LocalEngine:
         return replace(config, model=config.model.served_by(self.served_model, own),
                        completion=config.completion.served_by(self.served_model))
 
-    # The pipeline's per-document memory, under the names the quality
-    # benchmark and the tests use.
+    # the pipeline's per-document memory, under the names the benchmark and tests use
 
     @property
     def lead_anchors(self) -> LeadAnchors:
@@ -450,12 +395,11 @@ class LocalEngine:
 
 
 def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:
-    """Prepare, load and warm the configured model: weights read in their
-    stored dtype, packed once into the kernel plan's format."""
+    """Load the configured model (and draft) in their stored dtype, pack the weights once into
+    the measured kernel plan's format, warm up, and start a background re-timing if wanted."""
     mc = config.model
     name, auto = (None, None) if mc.path else choose_embedded(config, progress=progress)
-    # "auto" settings are the served model's (model.name auto is decided only now); the prompt's
-    # "auto" windows stay for the engine, which fits them to this machine (LocalEngine._fit_windows)
+    # "auto" settings are the served model's; the engine fits the "auto" windows itself
     config = replace(config, completion=config.completion.served_by(name))
     loaded = load_model(str(mc.path) if mc.path else None, name=name, device=config.device.device,
                         dtype="stored", progress=progress)

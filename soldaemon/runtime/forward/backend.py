@@ -1,23 +1,8 @@
-"""Backends: the forward pass over a preallocated KV cache.
+"""Backends: the forward pass (batch 1) over a KV cache the caller gives it.
 
-A backend makes KV caches (:meth:`Backend.new_cache`; one of them, ``cache``,
-at construction) and exposes one operation, :meth:`Backend.forward`: run
-``tokens`` at positions ``pos … pos+T-1`` over the KV cache it is given
-(batch 1), write their keys/values into that cache at those positions, and
-return logits. A forward is always given its cache (the session's): the
-backend holds no "current cache" that others switch. Everything at positions ``>= pos`` is overwritten or
-ignored, so truncating the cache is free: the caller just calls ``forward``
-at a lower ``pos``. What is in the cache (which token ids at which positions)
-is the caller's bookkeeping (see :mod:`.session`).
-
-Two implementations:
-
-- :class:`LeanBackend` — a lean Qwen2/Llama-family decoder written against the
-  model's own weight tensors (no copy): static KV cache, no per-token
-  allocation of cache or masks, logits only where asked.
-- :class:`HFBackend` — any transformers causal LM through its own cache;
-  the fallback for architectures the lean path lacks.
-"""
+``forward`` runs ``tokens`` at ``pos … pos+T-1``, writes their K/V into that cache and returns
+logits; positions ``>= pos`` are overwritten or ignored, so truncating is free. The backend holds
+no "current cache"; which tokens a cache holds is :mod:`soldaemon.runtime.kv.session`'s business."""
 
 from __future__ import annotations
 
@@ -47,17 +32,14 @@ log = logging.getLogger("soldaemon.backend")
 
 
 class GraphSteps(Protocol):
-    """Decode steps replayed from captured graphs (runtime/forward/cudagraph.py's
-    GraphDecoder), which a backend may carry in ``graphs``."""
+    """Decode steps replayed from CUDA graphs (:class:`.cudagraph.GraphDecoder`), in ``graphs``."""
 
     def step(self, token: int, pos: int, cache: Any = None) -> torch.Tensor | None:
-        """Logits [V] for ``token`` at ``pos`` over ``cache`` (None: the
-        backend's own), or None: run the eager forward."""
+        """Logits [V] for ``token`` at ``pos`` over ``cache`` (None: own), or None: eager."""
         ...
 
     def verify(self, tokens: Sequence[int], pos: int, cache: Any = None) -> torch.Tensor | None:
-        """Logits [T, V] for ``tokens`` at ``pos`` … over ``cache``, or None:
-        run the eager forward."""
+        """Logits [T, V] for ``tokens`` at ``pos`` … over ``cache``, or None: eager."""
         ...
 
     def invalidate(self) -> None:
@@ -69,19 +51,20 @@ class GraphSteps(Protocol):
         ...
 
     def recapture(self, lock: threading.Lock | None = None) -> int:
-        """Capture what ``owes`` names, outside any request, each capture
-        under ``lock`` on its own; how many were captured."""
+        """Capture what ``owes`` names, outside any request, each under ``lock`` alone; a count."""
         ...
 
 
 class Backend(Protocol):
+    """The forward pass the sessions and the engine call (module doc)."""
+
     n_ctx: int                 # positions in the KV cache
     vocab_size: int
     cache: Any                 # the KV cache made at construction (the first document's; folding's buffer)
     device: torch.device
     graphs: GraphSteps | None  # CUDA-graph decode steps the sessions replay (None: eager); set at warm-up
-    # KV folding's input (runtime/kv/fold.py): each layer's last-token query [L, H, hd] of the latest
-    # forward while queries are recorded (else None), and the k cache they attended over
+    # KV folding's input: the latest forward's last-token queries [L, H, hd] (None: not recorded)
+    # and the k cache they attended over
     last_q: torch.Tensor | None
     last_q_cache: torch.Tensor | None
     scale: float               # attention's score scale, head_dim ** -0.5 (folding's scores use it)
@@ -94,11 +77,9 @@ class Backend(Protocol):
 
     def forward(self, tokens: torch.Tensor, pos: int, *, cache: Any = None, last_only: bool = True,
                 precise: bool = False) -> torch.Tensor:
-        """tokens: [T] int64 on device, over ``cache`` (from
-        :meth:`new_cache`; None: ``self.cache``). Returns logits [1, V]
-        (last_only) or [T, V], float32. ``precise`` forbids the
-        short-forward kernel (prompt tokens: a prompt's logits must not
-        depend on how much of it was cached)."""
+        """Logits [1, V] (``last_only``) or [T, V] float32 for ``tokens`` [T] (int64, on device)
+        over ``cache`` (None: ``self.cache``). ``precise`` forbids the short-forward kernel:
+        a prompt's logits must not depend on how much of it was cached."""
         ...
 
     def new_cache(self) -> Any:
@@ -107,23 +88,16 @@ class Backend(Protocol):
 
 
 class LeanBackend:
-    """A Qwen2/Llama/Mistral decoder over a static KV cache.
-
-    The math is the model's: RMSNorm in float32, rotary embeddings in the
-    rotate-half form, grouped-query attention, SwiGLU MLP. The linear
-    layers run the kernels of a :class:`~.kernel_plan.KernelPlan`.
-    """
+    """A Qwen2/Llama/Mistral decoder over a static KV cache: the model's math (float32 RMSNorm,
+    rotate-half RoPE, grouped-query attention, SwiGLU), the linear layers run by a
+    :class:`~soldaemon.policy.kernel_plan.KernelPlan`'s kernels."""
 
     def __init__(self, hf_model: Any, n_ctx: int, *, plan: KernelPlan | None = None,
                  short_max_tokens: int = 16, release: bool = False, rotate: bool = True) -> None:
-        """``plan``: the kernels and the one weight storage (None: the
-        model's own math in its dtype). Forwards of at most
-        ``short_max_tokens`` rows that are not ``precise`` run
-        ``plan.short``, others ``plan.prefill``, over the same packed
-        weights. ``rotate``: rotate the residual stream and the MLP's inner
-        product where the plan quantizes activations (:mod:`.rotation`).
-        ``release``: empty the module's parameters the packed weights do
-        not share (the module can no longer run)."""
+        """``plan``: the kernels and the one weight storage (None: the model's math in its dtype);
+        forwards of at most ``short_max_tokens`` rows, not ``precise``, run ``plan.short``, others
+        ``plan.prefill``. ``rotate``: rotate activations where the plan quantizes them
+        (:mod:`.rotation`). ``release``: empty the module's unshared parameters (it cannot run)."""
         cfg = hf_model.config
         if cfg.model_type not in LEAN_ARCHITECTURES:
             raise ValueError(f"lean backend does not support model_type {cfg.model_type!r}")
@@ -166,9 +140,7 @@ class LeanBackend:
         self.head_linear = KERNEL_FNS[self.plan.head]
         self.norm = inner.norm.weight.to(self.dtype)     # [D]
         tied = hf_model.lm_head.weight is inner.embed_tokens.weight
-        # the output layer and the embedding: [V, D] in the head storage
-        # (rotated where the stream is: the embedding then reads rotated
-        # rows, the output layer a rotated input; rotation.py)
+        # the output layer and the embedding [V, D] in the head storage, rotated where the stream is
         self.head_w, self.head_s = self._pack_table(hf_model.lm_head.weight)
         if tied:
             self.embed_w, self.embed_s = self.head_w, self.head_s
@@ -188,7 +160,6 @@ class LeanBackend:
         self.released = False
         if release:
             self._release(hf_model)
-        # KV cache: [layers, kv_heads, n_ctx, head_dim], preallocated once.
         self._kv_shape = (n_layers, self.n_kv, n_ctx, self.head_dim)
         self.cache = self.new_cache()
         # RoPE tables computed like transformers does (float32 outer product).
@@ -203,13 +174,9 @@ class LeanBackend:
         self.shape = Shape(self.n_heads, self.n_kv, self.head_dim, self.eps, self.scale,
                            inner=None if self.rotations is None else self.rotations.inner,
                            inner_exact=self.rotations is None or row_exact(inner_size, INNER_BLOCK))
-        # Sol's weight store (runtime/memory/weightstore.py): None, or every
-        # layer's weights go through it (read_through). With all layers
-        # resident the forward takes the plain loop below (the store then
-        # only records the heatmap).
+        # the weight store every layer's weights are read through (read_through), or None
         self.residency: WeightStore | None = None
-        # KV folding reads the last query of each layer (runtime/kv/fold.py):
-        # [layers, H, hd] when record_queries() was called, else None.
+        # KV folding's input (kv/fold.py): [layers, H, hd] after record_queries(), else None
         self.last_q: torch.Tensor | None = None
         self._q_buffer: torch.Tensor | None = None
         self.last_q_cache: torch.Tensor | None = None   # the k_cache those queries attended over
@@ -217,10 +184,8 @@ class LeanBackend:
 
     @torch.no_grad()
     def _pack_table(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """A [V, D] table (the output layer, the embedding) in the head
-        storage, its rows rotated where the stream is (``W Q``): packed
-        TABLE_CHUNK rows at a time, so that the float32 copy the rotation
-        needs is never the whole table (the head storages pack row by row)."""
+        """A [V, D] table in the head storage, rows rotated where the stream is (``W Q``), packed
+        TABLE_CHUNK rows at a time so the rotation's float32 copy is never the whole table."""
         if self.rotations is None:
             return pack(self.plan.head_storage, w)
         parts = [pack(self.plan.head_storage, self.rotations.residual.rotate(w[i:i + TABLE_CHUNK].float()))
@@ -229,9 +194,8 @@ class LeanBackend:
         return torch.cat([q for q, _ in parts]), torch.cat(scales) if scales else None
 
     def _make_row_copy(self, kernel: str) -> None:
-        """Lay the layers' and the output layer's weights out again for
-        ``kernel`` (plan.rows). Where that fails (oneDNN missing or not
-        exact here), the plan drops ``rows`` and says so in the log."""
+        """Lay the layers' and output layer's weights out again for ``kernel`` (plan.rows); where
+        that fails (oneDNN missing or inexact) the plan drops ``rows``, logged."""
         make = ROW_COPIES[kernel]
         names = PACKED
         try:
@@ -247,13 +211,10 @@ class LeanBackend:
         self.rows_bytes = sum(getattr(w, n).numel() for w in self.layers for n in names) + self.head_w.numel()
 
     def keep_only_row_copy(self) -> int:
-        """Every forward reads the blocked copy (``steps_on_rows``): free the
-        plain copy of the layers' products (the same bits), so that one copy
-        of the layers stays resident. The output layer's plain rows stay
-        (the embedding reads them). CPU only; returns the bytes freed (0
-        where it does not apply). The plain tensors' storage is emptied in
-        place, as the weight store offloads: every reference to them (the
-        store's) sees them empty, and nothing reads them again."""
+        """When every forward reads the blocked copy (``steps_on_rows``, CPU): free the plain copy
+        of the layers' products; returns bytes freed (0: does not apply). Storages are emptied in
+        place, so the store's references see them empty; the output layer's plain rows stay (the
+        embedding reads them)."""
         if (not self.steps_on_rows or self.rows_layers is None or self.rows_linear is None
                 or self.device.type != "cpu" or self.plain_released):
             return 0
@@ -271,9 +232,8 @@ class LeanBackend:
         return freed
 
     def use_kernels(self, plan: KernelPlan) -> str | None:
-        """Run ``plan``'s kernels from now on if they read the weights as
-        packed (same storages, blocked copy and rotation): None, else why
-        not. Between forwards only."""
+        """Run ``plan``'s kernels from now on if they read the weights as packed (same storages,
+        blocked copy and rotation): None, else why not. Between forwards only."""
         now, (rotate, hidden, inner_size) = self.plan, self._rotates
         kernels = (plan.prefill, plan.short) + ((plan.rows,) if plan.rows else ())
         if self.reference or (plan.storage, plan.head_storage, plan.rows) != (now.storage, now.head_storage, now.rows):
@@ -288,8 +248,7 @@ class LeanBackend:
         return None
 
     def drop_row_copy(self, why: str) -> None:
-        """Free the blocked second copy: every forward reads the one copy
-        from now on (the same bits), and the plan says why."""
+        """Free the blocked copy: every forward reads the one copy; the plan says ``why``."""
         if self.rows_layers is None or self.plain_released:
             return
         self.rows_layers = self.rows_head_w = None
@@ -299,8 +258,7 @@ class LeanBackend:
         self.plan = replace(self.plan, rows=None, reason=self.plan.reason + f"; blocked copy dropped: {why}")
 
     def _release(self, hf_model: Any) -> None:
-        """Empty every parameter of the HF module whose storage no packed
-        tensor shares: only what the plan's kernels read stays resident."""
+        """Empty every HF parameter no packed tensor shares: only what the kernels read stays."""
         kept = {t.untyped_storage().data_ptr() for t in self._packed_tensors()}
         for p in hf_model.parameters():
             if p.numel() and p.untyped_storage().data_ptr() not in kept:
@@ -323,20 +281,16 @@ class LeanBackend:
 
     @property
     def all_resident(self) -> bool:
-        """True when every layer's weights are on the device (no store, or
-        the store offloads nothing): CUDA-graph capture is only valid then."""
+        """No store, or it offloads nothing: CUDA-graph capture is only valid then."""
         return self.residency is None or self.residency.all_resident
 
     @property
     def weights_epoch(self) -> int:
-        """Changes whenever the store moved layer weights (offload, idle
-        release, restore): restored weights live at new addresses, so CUDA
-        graphs captured before must be captured again."""
+        """Changes whenever the store moves layer weights: graphs captured before must be redone."""
         return 0 if self.residency is None else self.residency.epoch
 
     def read_through(self, store: WeightStore) -> None:
-        """From now on every forward reads the layers' weights through
-        ``store`` (built over :meth:`weight_sets`; the memory scheduler's)."""
+        """From now on every forward reads the layers' weights through ``store``."""
         self.residency = store
 
     def fixed_weights(self) -> list[torch.Tensor]:
@@ -344,16 +298,13 @@ class LeanBackend:
         return [t for t in (self.embed_w, self.embed_s, self.norm, self.head_w, self.head_s) if t is not None]
 
     def weight_sets(self) -> list[list[LayerWeights]]:
-        """The layer lists a WeightStore manages (the store updates them in
-        place): one, the plan's single storage."""
+        """The layer lists a WeightStore manages, updated in place: one, the plan's storage."""
         return [self.layers]
 
     def record_queries(self, on: bool = True) -> None:
-        """Keep each layer's last-token query (after RoPE) of the latest
-        forward in ``last_q``: what KV folding weighs blocks by."""
+        """Keep each layer's last-token query (after RoPE) of the latest forward in ``last_q``."""
         if on and self._q_buffer is None:
-            # one buffer for the backend's life: a CUDA graph captured while
-            # queries are recorded writes it, so its address must not change
+            # one buffer for life: a graph captured while queries are recorded writes its address
             self._q_buffer = torch.zeros(len(self.layers), self.n_heads, self.head_dim, dtype=self.dtype,
                                          device=self.device)
         self.last_q = self._q_buffer if on else None
@@ -383,10 +334,8 @@ class LeanBackend:
 
     @torch.no_grad()
     def _layer_weights(self, layer: Any) -> LayerWeights:
-        """Layer tensors packed into the plan's storage, q/k/v and gate/up
-        each stacked into one product. Where the packed rows are the
-        module's own values (dense storage in its dtype, no rotation), the
-        module's parameters become views of them: one resident copy."""
+        """The layer's tensors packed in the plan's storage, q/k/v and gate/up each one product;
+        where the packed rows are the module's own values, its parameters become views of them."""
         a, m = layer.self_attn, layer.mlp
         st, dt, rot = self.plan.storage, self.dtype, self.rotations
         ln1, ln2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
@@ -418,15 +367,12 @@ class LeanBackend:
         return w
 
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens [T] → embeddings [T, D] in the compute dtype (rotated
-        where the residual stream is: the table's rows are, rotation.py)."""
+        """tokens [T] → embeddings [T, D] in the compute dtype (rotated where the stream is)."""
         return embed_rows(tokens, self.embed_w, self.embed_s, self.dtype)
 
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
-        """The last hidden rows [T, D] → the output layer's input, the final
-        RMSNorm. Where the stream is rotated: rotated back for the norm's
-        gain, then rotated again for the (rotated) output layer, whose int8
-        activations would otherwise meet the stream's outlier channels."""
+        """The final RMSNorm of hidden rows [T, D]; a rotated stream is rotated back for the gain,
+        then again for the rotated output layer (whose int8 activations would meet the outliers)."""
         if self.rotations is None:
             return rms_norm(x, self.norm, self.eps)
         res = self.rotations.residual
@@ -434,8 +380,7 @@ class LeanBackend:
                                self.rotation_exact)
 
     def head_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, D] after the final norm → logits [T, V] float32 (more than
-        one row: from the blocked copy where there is one)."""
+        """x [T, D] after the final norm → logits [T, V] float32 (rows > 1: the blocked copy)."""
         if (x.shape[0] > 1 or self.steps_on_rows) and self.rows_linear is not None and self.rows_head_w is not None:
             return self.rows_linear(x, self.rows_head_w, None, self.head_s).float()
         return self.head_linear(x, self.head_w, None, self.head_s).float()
@@ -454,9 +399,7 @@ class LeanBackend:
         attention, mask = self._attention(T, pos, short)
         x = self.embed_tokens(tokens)                    # [T, D]
         store = self.residency
-        # more than one row (one too, with steps_on_rows): the blocked copy
-        # where there is one (the same bits: KernelPlan.rows), unless the
-        # store serves offloaded layers
+        # the blocked copy where there is one (same bits), unless the store serves offloaded layers
         layers, lin = self.layers, self.short_linear if short else self.prefill_linear
         if (T > 1 or self.steps_on_rows) and self.rows_layers is not None and self.rows_linear is not None and (
                 store is None or store.all_resident):
@@ -481,8 +424,7 @@ class LeanBackend:
         return self.head_logits(self.final_norm(x))      # [T or 1, V]
 
     def _attention(self, T: int, pos: int, short: bool) -> tuple[str, torch.Tensor | None]:
-        """How this forward's rows attend (:func:`.layer.decoder_layer`'s
-        ``attention``) and the mask a GROUPED call needs."""
+        """How this forward's rows attend (decoder_layer's ``attention``), and the GROUPED mask."""
         if T == 1:
             return GROUPED, None
         if pos == 0:
@@ -506,9 +448,8 @@ class LeanBackend:
     def _offloaded_layers(self, store: WeightStore, x: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor],
                           pos: int, end: int, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
                           attention: str, lin: Any) -> torch.Tensor:
-        """The layer loop when some layers live in host memory: each layer's
-        weights come from the store (resident, or a prefetched slot), and
-        the store is told when the layer is done with them."""
+        """The layer loop when some layers live in host memory: weights come from the store
+        (resident or a prefetched slot), and the store hears when each layer is done."""
         store.begin_forward(0)
         for i in range(len(self.layers)):
             w, stall_ms, outcome, copied = store.layer(i)
@@ -521,10 +462,8 @@ class LeanBackend:
 
 
 class HFBackend:
-    """Any transformers causal LM through its own ``DynamicCache``, cropped
-    to ``pos`` before each forward (transformers' StaticCache cannot be
-    rewound). Slower: the full module stack runs per step. The fallback for
-    architectures the lean path lacks."""
+    """Any transformers causal LM over its own ``DynamicCache``, cropped to ``pos`` before each
+    forward (StaticCache cannot be rewound); the fallback for architectures the lean path lacks."""
 
     def __init__(self, hf_model: Any, n_ctx: int) -> None:
         self.model = hf_model
@@ -533,8 +472,7 @@ class HFBackend:
         self.device = next(hf_model.parameters()).device
         self._config = hf_model.config
         self.cache = self.new_cache()
-        # the Backend interface's Sol hooks, unused here: no graphs, no
-        # recorded queries (so no KV folding), no weight store
+        # the Backend hooks, unused here: no graphs, no recorded queries (no KV folding)
         self.graphs: GraphSteps | None = None
         self.last_q: torch.Tensor | None = None
         self.last_q_cache: torch.Tensor | None = None
@@ -571,8 +509,7 @@ class HFBackend:
 
 
 class Offloadable(Backend, Protocol):
-    """A backend whose decoder weights Sol's weight store can move
-    (LeanBackend): what the memory scheduler (runtime/memory/scheduler.py) needs."""
+    """A backend whose layer weights the weight store can move: what the memory scheduler needs."""
 
     residency: WeightStore | None   # the store the forward reads through (None: plain tensors)
 
@@ -587,9 +524,8 @@ class Offloadable(Backend, Protocol):
 
 def make_backend(hf_model: Any, n_ctx: int, *, plan: KernelPlan | None = None, release: bool = False,
                  rotate: bool = True) -> Backend:
-    """The lean backend where the architecture allows (with ``plan``'s
-    kernels; ``release``: one resident weight copy; ``rotate``: rotated
-    activations where the plan quantizes them), else the HF one."""
+    """The lean backend where the architecture allows (arguments as :class:`LeanBackend`'s),
+    else the HF one."""
     if getattr(hf_model.config, "model_type", None) in LEAN_ARCHITECTURES:
         try:
             return LeanBackend(hf_model, n_ctx, plan=plan, release=release, rotate=rotate)

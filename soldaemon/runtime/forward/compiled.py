@@ -1,29 +1,8 @@
-"""The decoder layer under ``torch.compile`` (inductor), kept only where it
-is faster.
-
-The graph step (:class:`~.cudagraph.GraphDecoder`) replays every layer from
-one CUDA graph, so the launch overhead is gone already; what inductor can
-still win is fewer, fused kernels per layer (the norm, rotary and
-activation element-wise work). Whether it does depends on the device, so it
-is measured once, at load, before warm-up captures the pool's graphs
-(:func:`choose_layer`):
-
-1. decode steps through graphs of the eager layer, timed;
-2. the layer compiled (inductor, mode "default": no CUDA graphs of its own,
-   ours capture it), its first step (the compile and the capture) timed as
-   the compile time, then the same steps timed;
-3. :func:`decide` keeps the compiled layer when its median step is at least
-   :data:`MIN_GAIN` faster, else the graphs go back to the eager layer.
-
-The choice, its timings and the compile time are recorded under
-``cache_dir()/layer-compile/<key>.json`` (the key names the device, torch
-and the model's shapes), so a later start reuses the decision without
-measuring; inductor's own on-disk cache makes its compile cheap the second
-time. On a CPU it is off by default: the CPU path runs the kernel plan's
-int8/bf16 products, which inductor does not fuse into, and a compile there
-costs tens of seconds of a start for element-wise work that is a small share
-of a step; ``force=True`` runs it anyway (the tests do, on the tiny model).
-"""
+"""The decoder layer under ``torch.compile`` (inductor), kept only where measured faster: at load,
+before warm-up, :func:`choose_layer` times decode steps through graphs of the eager and compiled
+layer and :func:`decide` keeps the faster. The choice is recorded under
+``cache_dir()/layer-compile`` per device, torch and model shapes. Off on a CPU by default: the
+kernel plan's products do not fuse, and the compile costs a start tens of seconds."""
 
 from __future__ import annotations
 
@@ -56,8 +35,7 @@ ENV_OVERRIDE = "SOLDAEMON_LAYER_COMPILE"
 
 @dataclass(frozen=True)
 class CompileChoice:
-    """Whether the decoder layer runs compiled, and the measurement behind
-    it (ms are medians of decode steps through the same graphs)."""
+    """Whether the decoder layer runs compiled, and why (ms: medians of steps through graphs)."""
 
     compiled: bool
     eager_ms: float | None        # ms a step, eager layer
@@ -69,8 +47,7 @@ class CompileChoice:
 
 def decide(eager_ms: Sequence[float], compiled_ms: Sequence[float], compile_s: float | None, *,
            min_gain: float = MIN_GAIN) -> CompileChoice:
-    """Keep the compiled layer when its median step is at least ``min_gain``
-    faster than the eager one's (both over the same graphs). Pure."""
+    """Keep the compiled layer when its median step is at least ``min_gain`` faster. Pure."""
     if not eager_ms or not compiled_ms:
         return CompileChoice(False, None, None, compile_s, "no timings")
     e, c = statistics.median(eager_ms), statistics.median(compiled_ms)
@@ -81,9 +58,8 @@ def decide(eager_ms: Sequence[float], compiled_ms: Sequence[float], compile_s: f
 
 
 def compile_layer() -> Callable[..., torch.Tensor]:
-    """:func:`~.layer.decoder_layer` under inductor in its default mode (no
-    CUDA graphs of its own). Compiles lazily, per shape, at first call: the
-    graph capture's warm-up runs (outside the capture) pay it."""
+    """:func:`~.layer.decoder_layer` under inductor's default mode (no CUDA graphs of its own: ours
+    capture it). Compiles lazily per shape, in the capture's warm-up runs."""
     import torch._dynamo.config as dynamo_config
 
     # one variant per (window, rows) the graphs capture: more than the default 8
@@ -93,8 +69,7 @@ def compile_layer() -> Callable[..., torch.Tensor]:
 
 
 def record_key(device: torch.device, shape_key: str) -> str:
-    """The record's key: the device's name, torch's version and the model's
-    shapes (``shape_key``), as a file name."""
+    """The record's file name: the device's name, torch's version and ``shape_key``."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     raw = f"{name}-torch{torch.__version__}-{shape_key}"
     return "".join(ch if ch.isalnum() or ch in "-._" else "_" for ch in raw)
@@ -123,9 +98,8 @@ def save_choice(path: Path, choice: CompileChoice) -> None:
 
 def time_steps(graphs: GraphDecoder, steps: int, *, token: int = 1, pos: int = 0,
                cache: Any = None) -> list[float]:
-    """ms of each of ``steps`` decode steps through ``graphs`` (the first
-    step, which may capture, untimed). Raises RuntimeError when a step
-    does not replay a graph."""
+    """ms of each of ``steps`` decode steps through ``graphs`` (a first, capturing step untimed).
+    Raises RuntimeError when a step does not replay a graph."""
     sync = torch.cuda.synchronize if graphs.device.type == "cuda" else (lambda *_: None)
     out: list[float] = []
     for i in range(steps + 1):
@@ -141,8 +115,7 @@ def time_steps(graphs: GraphDecoder, steps: int, *, token: int = 1, pos: int = 0
 
 
 def shape_key(backend: Any) -> str:
-    """The model's shapes and the decode kernel (the plan's weight format
-    and short-forward kernel), for :func:`record_key`."""
+    """The model's shapes, weight format and decode kernel, for :func:`record_key`."""
     plan = backend.plan
     return (f"L{len(backend.layers)}-H{backend.n_heads}-KV{backend.n_kv}-hd{backend.head_dim}-"
             f"{str(backend.dtype).removeprefix('torch.')}-{plan.storage}-{plan.short}")
@@ -150,14 +123,10 @@ def shape_key(backend: Any) -> str:
 
 def measure(graphs: GraphDecoder, *, steps: int = STEPS,
             compiler: Callable[[], Callable[..., torch.Tensor]] = compile_layer) -> CompileChoice:
-    """Time ``steps`` decode steps eager and compiled through the same
-    graphs (see the module doc), on a scratch KV cache of their own (no
-    session's cache is written); leaves ``graphs`` on the faster layer with
-    no graph captured (the measuring graphs, over the scratch cache, are
-    dropped with it). Before warm-up (``graphs`` not sealed: a missing graph
-    is captured at the step). Never raises: a compile that fails, or graphs
-    that do not replay, or no memory for the scratch cache keep the eager
-    layer, the reason said."""
+    """Before warm-up (``graphs`` not sealed): time ``steps`` decode steps eager, then compiled,
+    through the same graphs over a scratch KV cache; leaves ``graphs`` on the faster layer with no
+    graph captured. Never raises: a failed compile, graphs that do not replay, or no memory for
+    the scratch cache keep the eager layer, the reason said."""
     backend = graphs.b
     layer: Callable[..., torch.Tensor] = decoder_layer
     eager: list[float] = []
@@ -187,12 +156,9 @@ def measure(graphs: GraphDecoder, *, steps: int = STEPS,
 
 def choose_layer(graphs: GraphDecoder, *, force: bool | None = None, root: Path | None = None,
                  steps: int = STEPS, on_cpu: bool = False) -> CompileChoice:
-    """At load, before :meth:`~.cudagraph.GraphDecoder.warm_up`: the layer
-    the graphs run. ``force`` True/False: compiled / eager without
-    measuring; None: :data:`ENV_OVERRIDE` says ("on", "off"), else auto:
-    off on a CPU (``on_cpu``: measure there too), else the recorded choice
-    for this device, torch and model, or :func:`measure` and record it.
-    Logs the choice and the compile time."""
+    """At load, before :meth:`~.cudagraph.GraphDecoder.warm_up`: the layer the graphs run.
+    ``force`` True/False: compiled / eager unmeasured; None: :data:`ENV_OVERRIDE`, else off on a
+    CPU (unless ``on_cpu``), else the recorded choice, or :func:`measure` and record it. Logged."""
     if force is None:
         force = {"on": True, "off": False}.get(os.environ.get(ENV_OVERRIDE, "auto").strip().lower())
     if force is False or not graphs.usable():

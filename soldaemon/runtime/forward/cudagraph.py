@@ -1,69 +1,8 @@
-"""Decode steps through CUDA graphs.
-
-At batch 1 a decode step of a small model is a few hundred tiny kernels; on a
-GPU the host's launch overhead, not the math, sets the step time. A CUDA graph
-replays the whole step with one launch. A graph fixes its tensor addresses and
-shapes, so the step is written in *static form*:
-
-- the token and its position live in preallocated device tensors, written
-  before each replay (no host sync inside the step);
-- rotary tables are gathered by position (``index_select``) instead of sliced;
-- K/V are written into the cache with ``index_copy_`` at the position tensor;
-- attention runs over a fixed-length window of the cache (a *bucket*: 256,
-  512, … up to ``n_ctx``) with a mask ``key position <= pos``, so one graph
-  serves every position below its bucket.
-
-One graph is captured per (KV cache, bucket, rows) — a session's cache is a
-different tensor, so each slot of the session pool has its own graphs. A
-step or a verify is given the cache it runs over (the session's), as an
-eager forward is; the graph captured for that cache is the one replayed.
-``warm_up`` captures every slot's graphs (the pool's caches are made up
-front: a new document takes the least recently used slot, whose graphs
-exist), as many slots as free device memory holds, and *seals* the
-decoder: from then on a forward whose graph is missing runs eagerly and
-the graph is captured after the request (:meth:`GraphDecoder.recapture`),
-never inside one. Captured graphs are evicted least recently used first
-(``max_graphs``). Two failed captures in a row disable graphs for good,
-reported (``info()["cuda_graphs"]``); the eager step is then used: outputs never
-depend on which path ran (the static step is the same math; the tests check it
-against the eager forward on the CPU, where :meth:`GraphDecoder.static_step`
-runs without capture).
-
-Graphs are only used while every layer is resident (``backend.all_resident``):
-weight offload moves weights between steps, which a graph cannot follow.
-
-A replay writes its logits into the graph's one static output tensor, which
-every later replay of that graph overwrites (and documents that share a
-compute buffer share the graph): :meth:`GraphDecoder.step` returns a view of
-it, valid until the next replay; whoever keeps logits copies them (see
-``KVSession.decode_step``). When the backend records queries for KV folding
-(``record_queries``), the static step writes each layer's query too, so
-folding weighs parked KV by the last decode step on a GPU as on a CPU.
-
-Verify forwards (the last token and a draft: ``T`` rows) and the typed
-line (a prompt's tail computed at decode cost, up to 16 rows) are graphed
-too (:meth:`GraphDecoder.verify`), with ``T`` rounded up to a row bucket
-(:data:`VERIFY_ROWS`): the padding rows write K/V past the real ones, at
-positions the session treats as free (the cache contract: positions at and
-after the end are overwritten or ignored), and their logits are dropped.
-
-Capture is made robust against the daemon's other threads: it runs with
-``capture_error_mode="thread_local"`` (a health handler's or idle thread's
-CUDA call elsewhere does not invalidate it), every graph shares one memory
-pool, the key holds the backend's ``weights_epoch``, and a failed capture
-is retried once before graphs are given up. After the weights move
-(:meth:`GraphDecoder.invalidate`, an idle release or restore) the graphs
-are *stale*: steps run eagerly, nothing is captured inside the request, and
-:meth:`GraphDecoder.recapture` (the memory scheduler's background thread,
-after the request) captures them again one at a time, each capture under
-the generation lock on its own: a keystroke meanwhile decodes eagerly and
-waits for one capture at most, and replays every graph already captured.
-
-``emulate=True`` runs the same machinery off CUDA: "capture" builds an
-:class:`EmulatedGraph` whose ``replay`` runs the static step and copies its
-result into one static output tensor, as a CUDA graph does. The tests and
-``scripts/gpu_check.sh --cpu`` use it to run the graph path on a CPU.
-"""
+"""Decode steps and verifies replayed from CUDA graphs: at batch 1 the host's launch overhead,
+not the math, sets a small model's step time. The step is written in static form (shapes never
+depend on the position), one graph per (KV cache, window bucket, rows, weights epoch); outputs
+never depend on whether a graph or the eager forward ran. Capture happens at warm-up and in
+:meth:`GraphDecoder.recapture`, never inside a request; ``emulate=True`` runs it all off CUDA."""
 
 from __future__ import annotations
 
@@ -100,15 +39,13 @@ def buckets(n_ctx: int) -> list[int]:
 
 
 class GraphDecoder:
-    """Static-form decode steps over a :class:`~.backend.LeanBackend`, replayed
-    from CUDA graphs on a CUDA device (see the module doc)."""
+    """Static-form decode steps and verifies over a :class:`~.backend.LeanBackend`, replayed from
+    CUDA graphs while :meth:`usable`; two failed captures in a row turn graphs off for good."""
 
     def __init__(self, backend: LeanBackend, *, max_graphs: int = 48, emulate: bool = False,
                  verify_rows: tuple[int, ...] = VERIFY_ROWS) -> None:
-        """``emulate``: off CUDA, replay :class:`EmulatedGraph` stand-ins
-        (tests, dry runs) instead of reporting graphs unavailable.
-        ``verify_rows``: the row buckets verify forwards are graphed at
-        (empty: verify runs eagerly)."""
+        """``emulate``: off CUDA, replay :class:`EmulatedGraph` stand-ins instead of reporting
+        graphs unavailable. ``verify_rows``: row buckets verifies are graphed at (empty: eager)."""
         self.b = backend
         self.device = backend.device
         self.buckets = buckets(backend.n_ctx)
@@ -122,8 +59,8 @@ class GraphDecoder:
         self.pos = torch.zeros(1, dtype=torch.long, device=self.device)
         # verify rows: per row bucket, static tokens [R], positions [R], the last real row [1], 0 … R-1
         self._rows: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-        # (k_cache address, window, rows, last_q address or 0, weights epoch) → (graph, its static logits)
-        # in least recently replayed order (the first is evicted at max_graphs)
+        # (k_cache address, window, rows, last_q address or 0, weights epoch) → (graph, its logits),
+        # least recently replayed first (evicted at max_graphs)
         self._graphs: dict[tuple[int, int, int, int, int], tuple[Any, torch.Tensor]] = {}
         self._slots: list[Any] = []                  # the pool's KV caches warm_up captured graphs for
         self.slots_captured = 0                      # of which free memory held every graph
@@ -143,9 +80,8 @@ class GraphDecoder:
         self.layer: Callable[..., torch.Tensor] = decoder_layer   # or its compiled form (compiled.py)
 
     def use_layer(self, layer: Callable[..., torch.Tensor]) -> None:
-        """The static step runs ``layer`` (:func:`decoder_layer` or its
-        compiled form) from now on; graphs of the other are dropped, with
-        their pool (see :meth:`invalidate`), and captured again as needed."""
+        """Run ``layer`` (:func:`decoder_layer` or its compiled form) in the static step from now
+        on; the other's graphs and their pool are dropped (see :meth:`invalidate`)."""
         self.layer = layer
         self._graphs.clear()
         self._pool = None
@@ -170,18 +106,14 @@ class GraphDecoder:
 
     @torch.inference_mode()
     def static_step(self, window: int, cache: Any = None) -> torch.Tensor:
-        """One decode step of ``self.token`` at ``self.pos`` attending over the
-        first ``window`` positions of ``cache`` (None: the backend's own);
-        logits [1, V] (float32). Only tensor operations whose shapes do not
-        depend on the position. The matrices are multiplied by the kernel
-        an eager decode step uses (the plan's short-forward kernel)."""
+        """One decode step of ``self.token`` at ``self.pos`` over the first ``window`` positions of
+        ``cache`` (None: the backend's): logits [1, V] float32, by the eager step's kernel."""
         return self._static(self.token, self.pos, window, None, "graph-step", cache)
 
     @torch.inference_mode()
     def static_rows(self, window: int, rows: int, cache: Any = None) -> torch.Tensor:
-        """A verify forward of the static tokens of row bucket ``rows`` at
-        their static positions over ``window`` positions of ``cache``:
-        logits [rows, V]."""
+        """A verify of row bucket ``rows``'s static tokens and positions over ``window`` positions
+        of ``cache``: logits [rows, V]."""
         tokens, positions, last_row, _ = self._static_rows(rows)
         return self._static(tokens, positions, window, last_row, "graph-verify", cache)
 
@@ -189,6 +121,7 @@ class GraphDecoder:
                 kind: str, cache: Any) -> torch.Tensor:
         b = self.b
         k_cache, v_cache = b.cache if cache is None else cache
+        # static form: tables gathered by position, the whole window masked to key position <= pos
         cos = b.cos.index_select(0, positions)           # [T, hd]
         sin = b.sin.index_select(0, positions)
         keep = torch.arange(window, device=self.device).unsqueeze(0) <= positions.unsqueeze(1)   # [T, window]
@@ -205,16 +138,13 @@ class GraphDecoder:
     # -- graphs ----------------------------------------------------------------
 
     def usable(self) -> bool:
+        """Graphs on, not stale, and every layer resident (offload moves weights under a graph)."""
         return self.enabled and not self.stale and self.b.all_resident
 
     def step(self, token: int, pos: int, cache: Any = None) -> torch.Tensor | None:
-        """Logits [V] for ``token`` at ``pos`` over ``cache`` (None: the
-        backend's own) through its graph, or None when graphs are off (the
-        caller then runs the eager forward). The logits are a view of the
-        graph's static output: the next replay of this graph (this or
-        another document's) overwrites them, so a caller that keeps them
-        copies them. With queries recorded, ``last_q`` then holds this
-        step's queries and ``last_q_cache`` is the cache's keys."""
+        """Logits [V] for ``token`` at ``pos`` over ``cache`` (None: the backend's) through its
+        graph, or None: eager. A view of the graph's output that its next replay (any document's)
+        overwrites: copy to keep. With queries recorded, ``last_q`` holds this step's."""
         if not self.usable():
             return None
         cache = self.b.cache if cache is None else cache
@@ -232,10 +162,9 @@ class GraphDecoder:
         return out[0]
 
     def verify(self, tokens: Sequence[int], pos: int, cache: Any = None) -> torch.Tensor | None:
-        """Logits [T, V] for ``tokens`` at ``pos`` … over ``cache`` through a
-        graph of the next row bucket, or None (eager): no bucket holds T
-        rows, or the padding would pass ``n_ctx``. A view of the graph's
-        static output (see :meth:`step`)."""
+        """Logits [T, V] for ``tokens`` at ``pos`` … through the next row bucket's graph (a view, as
+        :meth:`step`), or None: no bucket holds T rows, or the padding would pass ``n_ctx``.
+        Padding rows write K/V at free positions past the real ones; their logits are dropped."""
         T = len(tokens)
         rows = next((r for r in self.verify_rows if r >= T), None)
         if rows is None or not self.usable() or pos + rows > self.b.n_ctx:
@@ -258,12 +187,8 @@ class GraphDecoder:
         return out[:T]
 
     def invalidate(self) -> None:
-        """The weights moved (idle release, restore): drop every captured
-        graph; steps run eagerly until :meth:`recapture`. The shared memory
-        pool goes with them: once its last graph is gone the CUDA caching
-        allocator counts the pool unused (``use_count`` 0) and a capture
-        into the same handle dies of an internal assert (seen on the H200,
-        torch 2.11, docs/gpu.md), so the next capture takes a new pool."""
+        """The weights moved: drop every graph and the shared pool (capturing into a pool whose last
+        graph is gone hits an internal assert, docs/gpu.md); eager until :meth:`recapture`."""
         self._graphs.clear()
         self._pool = None
         self.stale = True
@@ -273,12 +198,10 @@ class GraphDecoder:
         return self.enabled and (self.stale or bool(self._pending))
 
     def recapture(self, lock: threading.Lock | None = None) -> int:
-        """Outside any request: capture what requests ran eagerly for — after
-        the weights moved (stale), every slot's graphs of the buckets used
-        before (at least the first); graphs a sealed decoder missed. With
-        ``lock`` (the generation lock) each capture holds it on its own, so
-        a request waits for one capture at most; the first is not waited
-        for (a request holds it: nothing now, 0). Returns graphs captured."""
+        """Outside any request: capture what requests ran eagerly for (when stale, every slot's
+        graphs of the windows used; graphs a sealed decoder missed). Each capture holds ``lock``
+        alone, so a request waits for one at most; if it is held at the start, nothing is done.
+        Returns graphs captured."""
         todo = self._missing()
         before = self.captures
         for i, (pending, cache, window, rows) in enumerate(todo):
@@ -317,11 +240,9 @@ class GraphDecoder:
 
     def _graph(self, cache: Any, window: int, rows: int, *,
                capture: bool = False) -> tuple[Any, torch.Tensor] | None:
-        """``cache``'s graph of ``window`` and ``rows``: replayed
-        ones move to the back of the eviction order. A missing one is
-        captured now, unless the decoder is sealed and ``capture`` is not
-        set (a request's forward): then it is noted for :meth:`recapture`
-        and None returned (the forward runs eagerly)."""
+        """``cache``'s graph of ``window`` and ``rows`` (moved to the back of the eviction order). A
+        missing one is captured now, unless sealed and not ``capture``: then it is queued for
+        :meth:`recapture` and None returned (eager)."""
         b = self.b
         last_q = b.last_q
         # a graph writes the tensors it was captured with and reads the weights
@@ -357,13 +278,11 @@ class GraphDecoder:
         return found
 
     def _capture_for(self, cache: Any, window: int, rows: int) -> bool:
-        """Make sure ``cache``'s graph of ``window`` and ``rows`` exists
-        (capturing it if not). False when the capture failed."""
+        """Ensure ``cache``'s graph of ``window`` and ``rows`` exists; False when capture failed."""
         return self._graph(cache, window, rows, capture=True) is not None
 
     def _capture(self, cache: Any, window: int, rows: int) -> tuple[Any, torch.Tensor]:
-        """A graph of a step (``rows`` 1) or a verify over ``cache``: the
-        graph binds that cache's tensors (an emulated one, its run)."""
+        """A graph of a step (``rows`` 1) or a verify, bound to ``cache``'s tensors."""
         run = (lambda: self.static_step(window, cache)) if rows == 1 else (
             lambda: self.static_rows(window, rows, cache))
         if self.emulated:
@@ -405,14 +324,10 @@ class GraphDecoder:
         return graph, out
 
     def warm_up(self, max_pos: int | None = None, caches: Sequence[Any] = (), *, later: bool = False) -> None:
-        """Before the first request: capture the graphs (steps and verify
-        row buckets, windows up to ``max_pos``; default all) of every cache
-        in ``caches`` (the session pool's slots; default the backend's
-        own), while the device keeps GRAPH_MEMORY_RESERVE of its memory
-        free; then seal the decoder (no capture inside a request).
-        ``later``: capture the first slot now and queue the others for
-        :meth:`recapture` (the memory scheduler's background thread after
-        the next request): a shorter start, still no capture in a request."""
+        """Before the first request: capture each of ``caches``'s graphs (the pool's slots; default
+        the backend's; windows up to ``max_pos``) while :meth:`_room` allows, then seal (no capture
+        inside a request). ``later``: capture the first slot now, queue the rest for
+        :meth:`recapture`."""
         if not self.usable():
             return
         self._slots = list(caches) or [self.b.cache]
@@ -435,8 +350,7 @@ class GraphDecoder:
         self.sealed = True
 
     def _room(self) -> bool:
-        """Whether another slot's graphs fit: more than GRAPH_MEMORY_RESERVE
-        of the device's memory free (always, off CUDA)."""
+        """More than GRAPH_MEMORY_RESERVE of the device's memory free (always, off CUDA)."""
         if self.device.type != "cuda":
             return True
         free, total = torch.cuda.mem_get_info(self.device)
@@ -465,11 +379,8 @@ class GraphDecoder:
 
 
 class EmulatedGraph:
-    """A CUDA graph's contract without CUDA: ``replay`` runs the decoder's
-    static form (``run``: a step or a verify of ``rows`` rows) and writes the
-    logits into ``out``, the one static output tensor every replay reuses
-    (as a captured graph's output is). Only for
-    ``GraphDecoder(..., emulate=True)``."""
+    """A CUDA graph's contract without CUDA (``emulate=True``): ``replay`` runs the static step and
+    copies its logits into ``out``, the one output every replay reuses."""
 
     def __init__(self, run: Callable[[], torch.Tensor], rows: int, vocab_size: int, device: torch.device) -> None:
         self.run = run

@@ -1,26 +1,8 @@
-"""Linear kernels and their weight formats, and the start-up measurement that
-the kernel plan (:mod:`.kernel_plan`) is chosen from.
-
-A weight format ("storage") is how one linear layer's weight ``[N, K]`` is
-kept: dense in float32/bfloat16/float16, or int8 with one float32 scale per
-output row (symmetric, ``w ≈ q * s[:, None]``). A kernel multiplies
-activations ``x [T, K]`` (the runtime's compute dtype) by a weight in its
-storage and returns ``[T, N]`` in x's dtype. Every kernel computes each row
-of ``x`` on its own (no statistic across rows); to the bit only where the
-product's sums do not depend on the number of rows (:func:`rows_alone`: the
-integer kernels always, dense float products not always, since a one-row
-product takes another code path), which is what makes a speculative verify
-equal the decode steps.
-
-:func:`plan_for` measures the candidate kernels on the model's own shapes at
-prefill and decode/verify sizes, chooses, and caches the result per machine,
-model shapes, torch version and thread count (``cache_dir()/kernel-plans``),
-so later starts skip the measurement. Each table records how busy the
-machine was as its timing began (1-minute load average, cores); a table
-timed under load is timed again at a later start when the machine is quiet
-(:func:`~soldaemon.policy.kernel_plan.retime_reason`), and the new table
-replaces it.
-"""
+"""Linear kernels, their weight formats ("storages"), and the start-up timing the kernel plan
+(:mod:`soldaemon.policy.kernel_plan`) is chosen from. A kernel multiplies x [T, K] by a weight
+[N, K] in its storage into [T, N] in x's dtype, each row of x on its own. :func:`plan_for` caches
+the timing table per machine, model shapes, torch and threads (``cache_dir()/kernel-plans``); a
+table timed under load is timed again once the machine is quiet."""
 
 from __future__ import annotations
 
@@ -49,14 +31,12 @@ _DENSE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 
-# --------------------------------------------------------------------------
-# Formats and kernels
-# --------------------------------------------------------------------------
+# -- formats and kernels ----------------------------------------------------
 
 
 def pack(storage: str, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``w [N, K]`` (any float dtype) in ``storage``: (weight, scale or None).
-    A dense weight already in that dtype is returned as is (no copy)."""
+    """``w [N, K]`` (any float dtype) in ``storage``: (weight, scale or None); int8 is symmetric,
+    one float32 scale a row (``w ≈ q * s[:, None]``). A dense weight in that dtype is not copied."""
     if storage in _DENSE:
         return w.to(_DENSE[storage]).contiguous(), None
     if storage == "int8":
@@ -74,10 +54,8 @@ def pack(storage: str, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | No
 
 @functools.cache
 def onednn_int8_exact() -> bool:
-    """Whether oneDNN's int8 product runs here and gives ``torch._int_mm``'s
-    integers: checked once on full-range values (every input 255 after the
-    offset, every weight ±127, beside random rows), where a CPU without
-    VNNI pairs products in 16 bits and can saturate."""
+    """Whether oneDNN's int8 product runs here with ``torch._int_mm``'s integers, checked once on
+    full-range values (a CPU without VNNI pairs products in 16 bits and can saturate)."""
     op = getattr(torch.ops, "onednn", None)
     if op is None or not hasattr(op, "qlinear_prepack") or not torch.backends.mkldnn.is_available():
         return False
@@ -99,12 +77,9 @@ def onednn_int8_exact() -> bool:
 
 @functools.cache
 def rows_alone(kernel: str, n: int, k: int, rows: int = 9) -> bool:
-    """Whether ``kernel`` gives each row of a ``rows``-row product by a
-    random ``[n, k]`` weight the bits of that row multiplied alone, on
-    this machine: the condition for a speculative verify to equal the
-    decode steps bit for bit (docs/kernels.md, "Speculation and the
-    kernels"). The integer kernels do (exact sums, per-row scales); dense
-    float products may not (a one-row product takes another code path)."""
+    """Whether ``kernel`` gives each row of a ``rows``-row product by an ``[n, k]`` weight the bits
+    of that row alone, here: what makes a speculative verify equal the decode steps
+    (docs/kernels.md, "Speculation and the kernels")."""
     gen = torch.Generator().manual_seed(1)
     w = torch.randn(n, k, generator=gen) * 0.02
     x = torch.randn(rows, k, generator=gen)
@@ -115,12 +90,9 @@ def rows_alone(kernel: str, n: int, k: int, rows: int = 9) -> bool:
 
 
 def verify_exact_kernels(cfg: Any) -> frozenset[str]:
-    """The kernels of :data:`~soldaemon.policy.kernel_plan.EXACT_VERIFY`
-    that give every row of a verify its one-row bits on this machine, on
-    the model's own layer shapes and its output layer's width (the first
-    8,192 rows), at a verify's rows and a prompt chunk's (speculation on
-    and off group a prompt's rows differently): what a plan with
-    speculation on may decode and verify with."""
+    """The :data:`~soldaemon.policy.kernel_plan.EXACT_VERIFY` kernels that give every row its
+    one-row bits here, on the model's layer shapes and output width at a verify's and a prompt
+    chunk's rows: what a plan with speculation on may decode and verify with."""
     head = (min(int(cfg.vocab_size), 8192), int(cfg.hidden_size), 9)
     checks = tuple([(n, k, rows) for n, k in packed_shapes(cfg) for rows in (9, 64)] + [head])
     return _exact_over(checks, torch.get_num_threads())
@@ -128,8 +100,7 @@ def verify_exact_kernels(cfg: Any) -> frozenset[str]:
 
 @functools.lru_cache(maxsize=8)
 def _exact_over(checks: tuple[tuple[int, int, int], ...], _threads: int) -> frozenset[str]:
-    """:func:`verify_exact_kernels` over these shapes, once per process and
-    thread count (a start asks for the plan and for its re-timing)."""
+    """:func:`verify_exact_kernels` over ``checks``, once per process and thread count."""
     out = set()
     for kernel in EXACT_VERIFY:
         try:
@@ -141,10 +112,8 @@ def _exact_over(checks: tuple[tuple[int, int, int], ...], _threads: int) -> froz
 
 
 def blocked(q: torch.Tensor) -> torch.Tensor:
-    """An int8 weight ``[N, K]`` (``pack("int8", ...)``'s) in oneDNN's
-    blocked layout, made once: an opaque tensor only ``int8-onednn``
-    reads. Raises RuntimeError where oneDNN's product would not give
-    ``_int_mm``'s bits (:func:`onednn_int8_exact`) or off the CPU."""
+    """An int8 weight [N, K] in oneDNN's blocked layout (opaque: only ``int8-onednn`` reads it).
+    Raises RuntimeError off the CPU or where oneDNN is not exact (:func:`onednn_int8_exact`)."""
     if q.device.type != "cpu" or not onednn_int8_exact():
         raise RuntimeError("oneDNN's int8 product is not exact here (or not a CPU)")
     return torch.ops.onednn.qlinear_prepack(q, None)
@@ -183,10 +152,8 @@ def unpack(w: torch.Tensor, s: torch.Tensor | None, dtype: torch.dtype) -> torch
 
 
 class Kernel:
-    """A linear kernel in two steps: ``prepare`` the activations once
-    (cast, or quantize per row), then ``multiply`` them by any number of
-    weights in the kernel's storage. Products sharing an input (q, k and v;
-    gate and up) prepare it once. Calling the kernel does both."""
+    """A linear kernel in two steps: ``prepare`` the activations once (cast, or quantize per row),
+    then ``multiply`` them by any number of weights in its storage. Calling it does both."""
 
     def prepare(self, x: torch.Tensor) -> Any:
         raise NotImplementedError
@@ -237,17 +204,14 @@ class WeightOnly(Kernel):
 
 
 class Int8Dynamic(Kernel):
-    """Activations quantized per row (symmetric int8, one scale a row),
-    integer products (exact in int32), then both scales:
+    """Activations quantized per row (symmetric int8), exact int32 products, then both scales:
     y = (xq @ wq^T) * sx * sw."""
 
     @staticmethod
     def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each row as whole numbers in [-127, 127] (still float32) and its
-        scale [T, 1]."""
+        """Each row as whole numbers in [-127, 127] (still float32) and its scale [T, 1]."""
         xf = x.to(torch.float32)
-        # abs().amax() rather than an inf-norm: the same scales, and on a CPU
-        # ~8x faster for a prompt's rows (torch's inf-norm reduction is slow)
+        # abs().amax(), not an inf-norm: the same scales, and torch's inf-norm is slow on a CPU
         sx = xf.abs().amax(dim=-1, keepdim=True).clamp_(min=1e-12).div_(127.0)   # [T, 1]
         return torch.mul(xf, 1.0 / sx).round_(), sx
 
@@ -263,11 +227,8 @@ class Int8Dynamic(Kernel):
 
 
 class OneDNNInt8(Int8Dynamic):
-    """``int8-dynamic``'s products on a weight in oneDNN's blocked layout
-    (:func:`blocked`): the same per-row int8 activations, offset by 128
-    (oneDNN's unsigned input, zero point 128), the same integer sums, then
-    ``float(acc) * sw * sx`` as ``int8-dynamic`` — the same bits
-    (:func:`onednn_int8_exact`), without ``_int_mm``'s re-layout of the
+    """``int8-dynamic``'s products, bit for bit, on a blocked weight (:func:`blocked`): the int8
+    activations offset by 128 (oneDNN's unsigned input), without ``_int_mm``'s re-layout of the
     weight on every call of more than one row."""
 
     def __init__(self) -> None:
@@ -275,9 +236,7 @@ class OneDNNInt8(Int8Dynamic):
 
     def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         q, sx = self.quantize(x)
-        # q + 128 as bytes: the int8 values' bytes plus 128, wrapping (the same
-        # bytes as float q + 128 cast to uint8, which torch does ~10x slower than
-        # the cast to int8 on a prompt's rows: docs/kernels.md, 2026-12-03 (aa62a5e))
+        # q + 128 as wrapping bytes: float q + 128 cast to uint8 gives the same, much slower
         return q.to(torch.int8).view(torch.uint8).add_(128), sx
 
     def multiply(self, p: tuple[torch.Tensor, torch.Tensor], w: torch.Tensor, b: torch.Tensor | None,
@@ -312,9 +271,7 @@ def embed_rows(ids: torch.Tensor, w: torch.Tensor, s: torch.Tensor | None, dtype
     return x if s is None else x * s[ids, None].to(dtype)
 
 
-# --------------------------------------------------------------------------
-# Measurement
-# --------------------------------------------------------------------------
+# -- measurement -------------------------------------------------------------
 
 
 def _sync(device: torch.device) -> None:
@@ -331,10 +288,8 @@ def _time_once(fn: Callable[[], Any], device: torch.device) -> float:
 
 
 def monotone(row_ms: dict[int, float]) -> dict[int, float]:
-    """A product of fewer rows is taken to cost no more than one of more
-    rows: each entry is lowered to the least measured at its size or above.
-    Undoes a run that another process pre-empted (on 2 busy cores a 1-row
-    product was once timed at 60 ms and the 17-row one at 1 ms)."""
+    """Each entry lowered to the least time at its row count or above (fewer rows never cost
+    more): undoes a timing another process pre-empted."""
     out: dict[int, float] = {}
     best = float("inf")
     for rows in sorted(row_ms, reverse=True):
@@ -354,8 +309,7 @@ def layer_shapes(cfg: Any) -> list[tuple[int, int]]:
     return [(heads * hd, d), (kv, d), (kv, d), (d, heads * hd), (f, d), (f, d), (d, f)]
 
 
-# the products of one decoder layer as the forward runs them (LayerWeights:
-# wqkv, wo, wgu, wd), in packed_shapes' order: what TimingTable.blocks times
+# one layer's products as the forward runs them, in packed_shapes' order (TimingTable.blocks)
 PACKED_PRODUCTS = ("qkv", "o", "gate_up", "down")
 
 
@@ -382,19 +336,10 @@ def measure_table(cfg: Any, device: torch.device, compute_dtype: torch.dtype, *,
                   say: Callable[[str], None] = lambda _s: None,
                   load: Callable[[], tuple[float | None, int]] = machine_load,
                   turn: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext) -> TimingTable:
-    """Time each kernel on random weights of ``cfg``'s shapes: one decoder
-    layer's four products as the forward runs them (:func:`packed_shapes`:
-    q/k/v and gate/up each one product) at every size, the output layer at
-    the short sizes (prefill keeps only the last row's logits). ``repeats`` rounds, each
-    timing every (kernel, size) once in turn, so that a burst of other work
-    on the machine hits all kernels alike; the fastest of the rounds is kept
-    (then :func:`monotone`). A kernel that fails on this device
-    (unsupported dtype or product) is left out of the table. ``load()``
-    is read as the timing begins (before our own threads add to it) and
-    recorded in the table with the time. ``turn()`` is held around each
-    piece of work (a kernel's packing, one timed run): a serving daemon's
-    generation lock, so that no request runs beside the timing
-    (:mod:`.retime`)."""
+    """Time each kernel on random weights: a layer's :func:`packed_shapes` at every row count, the
+    output layer at the short ones; ``repeats`` interleaved rounds (a burst of other work hits all
+    kernels alike), the fastest kept. Kernels that fail here are left out. ``load()`` is recorded
+    as timing begins; ``turn()`` is held around each piece (a daemon's generation lock)."""
     load_1m, cores = load()
     started = time.time()
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -482,10 +427,8 @@ def cpu_flags() -> list[str]:
 
 
 def cpu_model(cpuinfo: str | None = None) -> str:
-    """The CPU's name, with its family, model and stepping where
-    /proc/cpuinfo (or ``cpuinfo``, its text) gives them: virtual machines of
-    different CPU generations can share a name ("Intel(R) Xeon(R)
-    Processor") and flags, and a table timed on one does not fit the other."""
+    """The CPU's name with family, model and stepping from /proc/cpuinfo (or ``cpuinfo``): VMs of
+    different CPU generations can share a name and flags, and a table does not carry over."""
     try:
         fields: dict[str, str] = {}
         text = Path("/proc/cpuinfo").read_text(errors="replace") if cpuinfo is None else cpuinfo
@@ -506,8 +449,7 @@ def cpu_model(cpuinfo: str | None = None) -> str:
 
 
 def machine_info(device: torch.device) -> dict[str, Any]:
-    """What the table was measured on: shown beside every plan, and (less
-    the thread-independent parts) the plan cache's key."""
+    """What the table was measured on: shown beside every plan, and part of the cache key."""
     info: dict[str, Any] = {"torch": torch.__version__, "device": device.type, "threads": torch.get_num_threads(),
                             "cpu": cpu_model(), "cpu_flags": cpu_flags()}
     if device.type == "cuda":
@@ -556,16 +498,10 @@ def plan_for(cfg: Any, device: torch.device, compute_dtype: torch.dtype, precisi
              say: Callable[[str], None] = lambda _s: None, row_copy: bool = True,
              load: Callable[[], tuple[float | None, int]] = machine_load,
              exact: frozenset[str] | None = EXACT_VERIFY) -> tuple[KernelPlan, TimingTable, bool]:
-    """The kernel plan for a model of config ``cfg`` on ``device``: from the
-    cached timing table when this machine/torch/model was measured before
-    (unless that table was timed under load and the machine is quiet now:
-    then timed again, and the new table replaces it), else measured now
-    (seconds) and cached. Returns (plan, table, cached). ``row_copy``:
-    whether memory holds a blocked second copy of the weights
-    (:func:`~soldaemon.policy.kernel_plan.choose_plan`); ``load``: the
-    machine's load now (1-minute average, cores); ``exact``: the kernels a
-    verify may use (speculation on; None: off; :func:`verify_exact_kernels`).
-    Raises ValueError for a bad precision or when nothing could be measured."""
+    """(plan, table, cached) for ``cfg`` on ``device``, from the cached table unless a CPU table
+    was timed under load and the machine is quiet now (``load()``), else timed and cached now.
+    ``row_copy``: memory holds the blocked copy; ``exact``: the kernels a verify may use (None:
+    speculation off). Raises ValueError for a bad precision or when nothing could be measured."""
     key = plan_key(cfg, device, compute_dtype)
     table = load_table(key)
     why = None

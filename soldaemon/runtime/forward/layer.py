@@ -1,26 +1,8 @@
-"""The decoder layer, written once: the eager forward (:mod:`.backend`) and
-the static graph step (:mod:`.cudagraph`) both run :func:`decoder_layer`.
-
-Grouped-query attention (``H`` query heads share ``KV`` key/value heads,
-``G = H // KV`` per group) runs without repeating K/V per query head: the
-queries of one group are stacked into one matrix ``[KV, G*T, hd]`` and
-attend to their group's keys ``[KV, S, hd]`` — a plain multi-head attention
-with ``KV`` heads, which every SDPA backend takes with a mask. (PyTorch's
-``enable_gqa=True`` with a mask is served by the math kernel only on CUDA:
-K/V repeated for every head, fp32 intermediates.) The mask for ``T`` rows
-``[T, S]`` is tiled to ``[G*T, S]`` once per forward (:func:`group_mask`).
-
-A fresh prompt (causal, no mask) keeps SDPA's own ``is_causal`` with
-``enable_gqa`` (flash attention takes both). On a CPU a verify attends row
-by row, each row as its decode step would (:func:`stepwise_attention`:
-speculation then changes no bit).
-
-Which SDPA backend serves each kind of call is decided once per (device,
-dtype, masked) by :func:`torch._fused_sdp_choice` and recorded in
-:data:`ATTENTION_LOG` (kind, bucket → backend, calls); where it would be the
-math kernel on CUDA, a batched-matmul attention with the same mask (fp32
-softmax) runs instead.
-"""
+"""The decoder layer, written once: the eager forward (:mod:`.backend`) and the graph step
+(:mod:`.cudagraph`) both run :func:`decoder_layer`. Grouped-query attention stacks each group's
+queries into [KV, G*T, hd], a plain multi-head call every SDPA backend takes with a mask (with a
+mask, ``enable_gqa`` gets only CUDA's math kernel). The SDPA backend per kind of call is recorded
+in :data:`ATTENTION_LOG`; where CUDA would run the math kernel, a batched matmul runs instead."""
 
 from __future__ import annotations
 
@@ -42,8 +24,7 @@ GROUPED_MATMUL = "grouped-matmul"
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm as the model computes it: the statistics in float32 (in
-    float32, torch's own rms_norm: the same values in one call)."""
+    """RMSNorm as the model computes it, the statistics in float32 (torch's own in float32)."""
     if x.dtype == torch.float32 and w.dtype == torch.float32:
         return F.rms_norm(x, (x.shape[-1],), w, eps)
     h = x.to(torch.float32)
@@ -52,9 +33,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def add_rms_norm(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The residual add and the next RMSNorm as one step: (x + y, the norm
-    of it). The same math as the two written apart; the one place a fused
-    kernel (or the compiler's fusion) replaces."""
+    """(x + y, its RMSNorm): the one place a fused kernel (or the compiler's fusion) replaces."""
     x = x + y
     return x, rms_norm(x, w, eps)
 
@@ -67,11 +46,9 @@ def signed_sin(sin: torch.Tensor) -> torch.Tensor:
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding (rotate-half form) on x [.., T, hd] or [T, heads, hd]
-    (cos/sin [T, hd] or [T, 1, hd]); ``sin_signed`` from :func:`signed_sin`.
-    The halves swapped by one flip (no ``cat``, no negation):
-    ``rotate_half(x) * sin`` is ``(-x2 * s1, x1 * s2)``, which is
-    ``(x2, x1) * signed_sin`` bit for bit (a sign flip is exact)."""
+    """Rotary embedding (rotate-half form) on x [.., T, hd] or [T, heads, hd] (cos/sin [T, hd] or
+    [T, 1, hd], ``sin_signed`` from :func:`signed_sin`): the halves swapped by one flip, bit for
+    bit ``rotate_half(x) * sin`` (a sign flip is exact)."""
     swapped = x.unflatten(-1, (2, x.shape[-1] // 2)).flip(-2).flatten(-2)     # (x2, x1), one copy
     return x * cos + swapped * sin_signed
 
@@ -90,11 +67,8 @@ def group_mask(mask: torch.Tensor | None, groups: int) -> torch.Tensor | None:
 
 
 def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """A bool mask as the scores' addend (0 where True, -inf where False),
-    made once per forward: SDPA converts a bool mask to this in every call
-    (every layer); given the addend it computes the same bits (0 added is
-    exact) without that conversion. On a CPU, the masked prefill chunks'
-    attention takes ~20 % less time (docs/kernels.md)."""
+    """A bool mask as the scores' addend (0 / -inf), made once per forward: SDPA would convert it
+    in every layer, and the bits are the same."""
     if mask is None or mask.dtype != torch.bool:
         return mask
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
@@ -102,19 +76,16 @@ def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor
 
 @dataclass
 class AttentionLog:
-    """Which attention kernel ran for which (kind, bucket): ``choices`` maps
-    (device type, dtype, masked) to the backend chosen once; ``calls``
-    counts forwards per (kind, bucket, backend); ``cudnn``: whether cuDNN
-    may serve, as :func:`plan_attention` measured it."""
+    """Which attention backend ran: ``choices`` (device type, dtype, masked) → backend, chosen
+    once; ``calls`` per (kind, bucket, backend); ``cudnn``: :func:`plan_attention`'s choice."""
 
     choices: dict[tuple[str, str, bool], str] = field(default_factory=dict)
     calls: dict[tuple[str, int, str], int] = field(default_factory=dict)
-    cudnn: AttentionChoice | None = None      # plan_attention's measured choice (CUDA)
+    cudnn: AttentionChoice | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def note(self, kind: str, bucket: int, backend: str) -> None:
-        """One forward of ``kind`` over ``bucket`` positions (an eager
-        forward's exact length is rounded up to a power of two from 256)."""
+        """One forward of ``kind`` over ``bucket`` positions (eager: rounded up to 2^n >= 256)."""
         if not kind.startswith("graph"):
             bucket = max(256, 1 << (bucket - 1).bit_length())
         key = (kind, bucket, backend)
@@ -134,9 +105,8 @@ ATTENTION_LOG = AttentionLog()
 
 
 def _choose(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> str:
-    """The SDPA backend for this kind of call (decided once per device,
-    dtype and masked-or-not), or GROUPED_MATMUL where SDPA would run its
-    math kernel on CUDA."""
+    """The SDPA backend for this kind of call (once per device, dtype and masked-or-not), or
+    GROUPED_MATMUL where SDPA would run its math kernel on CUDA."""
     key = (q.device.type, str(q.dtype), mask is not None)
     found = ATTENTION_LOG.choices.get(key)
     if found is not None:
@@ -154,18 +124,10 @@ def _choose(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, causal:
 
 def plan_attention(device: torch.device, *, kv_heads: int, groups: int, head_dim: int, dtype: torch.dtype,
                    layers: int, shapes: tuple[tuple[int, int], ...] = ((16, 1103), (128, 1201))) -> AttentionChoice | None:
-    """On CUDA, whether cuDNN stays in SDPA's backend order, measured once
-    per process (:mod:`soldaemon.policy.attention`): masked grouped calls of
-    ``shapes`` (rows, positions: a typed line and a prefill chunk), each a
-    shape the process has not met, timed with cuDNN allowed and not,
-    interleaved, each option's kernels loaded by an untimed call first;
-    cuDNN is turned off unless a new prompt shape costs less with it. cuDNN
-    plans per shape: on the first device run (H200, torch 2.11, 2026-12-04)
-    the eager path's cold TTFT was 0.99-1.31 s on some prompts against
-    72-84 ms on others, and a keystroke's prompt has a new length. None on a
-    CPU, or when cuDNN attention was already off (nothing to choose).
-    Process-wide (the daemon owns its process): the choice is in
-    ``ATTENTION_LOG.cudnn``."""
+    """On CUDA, whether cuDNN stays in SDPA's backend order: it plans per shape, and each
+    keystroke's prompt is a new length. Masked grouped calls of new ``shapes`` (rows, positions)
+    are timed cold and warm with cuDNN on and off (:mod:`soldaemon.policy.attention` decides).
+    Once per process, kept in ``ATTENTION_LOG.cudnn``; None on a CPU or when cuDNN was off."""
     if device.type != "cuda":
         return None
     with _PLAN_LOCK:
@@ -201,8 +163,7 @@ def plan_attention(device: torch.device, *, kv_heads: int, groups: int, head_dim
 
 def _attention_call(device: torch.device, kv_heads: int, groups: int, head_dim: int, dtype: torch.dtype,
                     rows: int, positions: int, cudnn: bool) -> float:
-    """One masked grouped SDPA call as a prompt's forward makes it (the last
-    ``rows`` of ``positions``), cuDNN allowed or not; its time in ms."""
+    """ms of one masked grouped SDPA call (the last ``rows`` of ``positions``), cuDNN on or off."""
     torch.backends.cuda.enable_cudnn_sdp(cudnn)
     gen = torch.Generator(device=device).manual_seed(positions)
     q = torch.randn(1, kv_heads, groups * rows, head_dim, device=device, dtype=dtype, generator=gen)
@@ -244,14 +205,9 @@ def grouped_attention(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, s
 
 def stepwise_attention(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, scale: float, first: int,
                        *, kind: str = "", bucket: int = 0) -> torch.Tensor:
-    """q [H, T, hd] at positions ``first`` … ``first+T-1``, each row over the
-    keys up to its own position: per row the very call a decode step makes
-    (one query row, no mask, the window ending at that row), so a verify's
-    rows are a decode step's bit for bit wherever the products are (integer
-    products are: speculation then cannot change an answer). One masked call
-    for all rows would sum over a longer window with masked zeros, which
-    rounds differently (docs/kernels.md, "Speculation and the
-    kernels")."""
+    """q [H, T, hd] at positions ``first`` …, each row over the keys up to its own position by the
+    very call a decode step makes, so a verify's rows equal the steps bit for bit where the
+    products do (one masked call rounds differently; docs/kernels.md)."""
     T = q.shape[1]
     rows = [grouped_attention(q[:, t:t + 1], keys[:, :first + t + 1], vals[:, :first + t + 1], scale, None,
                               kind=kind if t == 0 else "", bucket=bucket or first + T)
@@ -281,8 +237,7 @@ class Shape:
     head_dim: int
     eps: float
     scale: float
-    # the MLP's inner product rotated before the down product (rotation.py;
-    # None: not rotated), and whether all rows may be rotated at once
+    # the MLP inner product's rotation (None: none), and whether all rows may rotate at once
     inner: Any = None
     inner_exact: bool = True
 
@@ -291,18 +246,11 @@ def decoder_layer(shape: Shape, w: Any, x: torch.Tensor, lin: Any, cos: torch.Te
                   k_cache: torch.Tensor, v_cache: torch.Tensor, at: int | torch.Tensor, window: int,
                   mask: torch.Tensor | None, *, attention: str = GROUPED, q_out: torch.Tensor | None = None,
                   q_row: torch.Tensor | None = None, kind: str = "", bucket: int = 0) -> torch.Tensor:
-    """One decoder layer on x [T, D] (``w``: the layer's
-    :class:`~.weights.LayerWeights`): writes its K/V into this layer's cache
-    [KV, n_ctx, hd] at positions ``at`` (an int: at … at+T-1, sliced; a
-    long tensor [T]: ``index_copy_``, the graph step's static form), attends
-    over the first ``window`` positions as ``attention`` says: GROUPED under
-    ``mask`` (see :func:`group_mask`; None: every key), CAUSAL (a fresh
-    prompt) or STEPWISE (:func:`stepwise_attention`, ``at`` an int). ``q_out``
-    [H, hd]: receives the query of row ``q_row`` (a long tensor [1]; None:
-    the last row) — KV folding's input. ``cos``, ``sin`` [T, hd]: the
-    rotary tables at the rows' positions, ``sin`` as :func:`signed_sin`
-    makes it. ``w.wqkv`` holds q's, k's and v's rows in one product,
-    ``w.wgu`` gate's and up's (packed at load): one product each."""
+    """One decoder layer on x [T, D] with :class:`~.weights.LayerWeights` ``w``: writes K/V into
+    the layer's cache [KV, n_ctx, hd] at ``at`` (int: sliced; long tensor [T]: the graph's
+    ``index_copy_``), then attends over ``window`` positions: GROUPED under ``mask``, CAUSAL, or
+    STEPWISE (int ``at``). ``cos``/``sin`` [T, hd] at the rows' positions, ``sin`` from
+    :func:`signed_sin`. ``q_out`` [H, hd] gets row ``q_row``'s query (None: the last row)."""
     T = x.shape[0]
     H, KV, hd = shape.n_heads, shape.n_kv, shape.head_dim
     dt = x.dtype

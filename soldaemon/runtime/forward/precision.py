@@ -33,9 +33,7 @@ def lean_or_float32(loaded: LoadedModel) -> bool:
 
 
 def blocked_copy_bytes(loaded: LoadedModel) -> int:
-    """≈ bytes of a blocked int8 copy of ``loaded``'s weights: a byte per
-    parameter of the decoder layers and the output layer (norms and biases
-    are a rounding error)."""
+    """≈ bytes of a blocked int8 copy of ``loaded``'s weights: a byte per weight-matrix element."""
     seen: set[int] = set()
     total = 0
     for p in loaded.model.parameters():
@@ -61,15 +59,10 @@ def may_keep_blocked_copy(loaded: LoadedModel, config: Any) -> bool:
 
 def choose_kernels(loaded: LoadedModel, precision: str, *, progress: bool = True,
                    row_copy: bool = False, speculative: bool = True) -> tuple[KernelPlan | None, TimingTable | None]:
-    """The kernel plan for ``loaded`` on its device (measured once per
-    machine/model/torch, then cached), or (None, None) when the lean
-    backend cannot run it (the transformers module then runs, in float32
-    on a CPU). ``row_copy``: memory holds a blocked second copy
-    (:func:`may_keep_blocked_copy`); ``speculative``: speculation is on, so
-    on a CPU the decode/verify kernels are ones whose verify gives the
-    steps' bits here (:func:`verify_exact_kernels`; the plan says
-    ``verify_exact``). Raises ConfigError for a precision the device
-    cannot run."""
+    """The kernel plan and timing table for ``loaded`` (cached per machine, model and torch), or
+    (None, None) when the lean backend cannot run it. ``row_copy``: memory holds the blocked copy;
+    ``speculative``: on a CPU, only kernels whose verify gives the steps' bits
+    (:func:`verify_exact_kernels`). Raises ConfigError for a precision the device cannot run."""
     if not lean_or_float32(loaded):
         return None, None
     compute = compute_dtype_for(loaded.device, loaded.dtype)
@@ -89,12 +82,9 @@ def choose_kernels(loaded: LoadedModel, precision: str, *, progress: bool = True
 
 def precision_info(backend: Any, loaded_dtype: torch.dtype, table: TimingTable | None,
                    retimed: Retimed | None = None) -> dict[str, Any]:
-    """``info()["precision"]``: the plan (what runs each phase, why), the
-    bytes of the one weight copy, the timing table, the machine, and how
-    busy it was when the table was timed (``table``: load, cores, when;
-    ``soldaemon doctor`` shows it). Once the table was re-timed in the
-    background (``retimed``), the new one's facts, and whether the plan in
-    use is the one it gives (else the next start uses it)."""
+    """``info()["precision"]``: the plan and why, the weights' bytes, the timing table, the
+    machine and its load when timed (``doctor`` shows it); after a background re-timing
+    (``retimed``), the new table's facts and whether its plan is in use."""
     if not isinstance(backend, LeanBackend):
         return {"plan": None, "summary": "transformers fallback: the module in "
                 + str(loaded_dtype).removeprefix("torch.")}

@@ -1,19 +1,8 @@
-"""A kernel table timed under load, timed again while the daemon serves.
-
-A daemon that started with a table timed under load (cached from a busy
-start, or timed under load at this one) keeps a thread that reads the
-machine's load every ``poll_s``; once :func:`~soldaemon.policy.kernel_plan.retime_reason`
-has said "quiet" ``quiet_polls`` times in a row, it times the kernels again
-(:func:`~.kernels.measure_table`) in small pieces, each one timed run
-(milliseconds to a few hundred) inside the engine's ``turn``: the
-generation lock, so that no request runs beside a piece and a request
-waits at most one piece. The new table replaces the cached one
-(``background``: True). When the plan it gives differs from the one
-serving and reads the weights as they are packed, it is swapped in between
-requests (``swap``: the engine's ``use_kernels``); when it needs the
-weights packed otherwise, the next start uses it. Either way the daemon
-says so (health → ``engine.precision``, ``doctor``).
-"""
+"""A kernel table timed under load, timed again while the daemon serves: once
+:func:`~soldaemon.policy.kernel_plan.retime_reason` says "quiet" ``quiet_polls`` times in a row, a
+thread times the kernels in small pieces, each inside the engine's generation lock. The new table
+replaces the cached one; a different plan is swapped in between requests where it reads the
+weights as packed, else used from the next start (health ``engine.precision``, ``doctor``)."""
 
 from __future__ import annotations
 
@@ -59,8 +48,7 @@ class Retimed:
 
 
 def same_kernels(a: KernelPlan, b: KernelPlan) -> bool:
-    """The two plans run the same kernels over the same storages (their
-    predictions and reasons aside)."""
+    """The two plans run the same kernels over the same storages (predictions and reasons aside)."""
     def fields(p: KernelPlan) -> tuple[Any, ...]:
         return (p.storage, p.prefill, p.short, p.head_storage, p.head, p.rows)
     return fields(a) == fields(b)
@@ -76,14 +64,10 @@ def _rss_mb() -> float | None:
 
 
 class BackgroundRetime:
-    """Times ``table`` (the serving plan's, timed under load) again once
-    the machine is quiet, in a thread (see the module doc). ``turn()``: a
-    context held around each timed piece (the engine's generation lock,
-    :meth:`~soldaemon.runtime.engine.part.LocalModelPart.between_requests`);
-    ``load()``: the machine's load (1-minute average, cores); ``plan``: the
-    plan chosen at start from ``table`` (``row_copy``: whether memory held
-    the blocked copy then; ``exact``: the kernels a verify may use, as
-    at start)."""
+    """Times ``table`` (the serving plan's, timed under load) again in a thread once the machine
+    is quiet. ``turn()``: held around each timed piece (``LocalModelPart.between_requests``);
+    ``load()``: (1-minute load, cores); ``plan``, ``row_copy``, ``exact``: as chosen at start;
+    ``swap``: tries a new plan between requests, returning why not or None."""
 
     def __init__(self, cfg: Any, device: torch.device, compute_dtype: torch.dtype, table: TimingTable,
                  plan: KernelPlan, *, row_copy: bool, exact: frozenset[str] | None = EXACT_VERIFY,
@@ -101,8 +85,7 @@ class BackgroundRetime:
 
     @staticmethod
     def wanted(table: TimingTable | None, plan: KernelPlan | None, device: torch.device) -> bool:
-        """Whether a daemon serving ``plan`` from ``table`` should re-time in
-        the background: a CPU table timed under load."""
+        """Whether to re-time in the background: a CPU table timed under load."""
         return table is not None and plan is not None and device.type == "cpu" and timed_under_load(table)
 
     def start(self) -> None:
@@ -110,8 +93,7 @@ class BackgroundRetime:
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Ask the thread to end (between pieces) and wait for it a while;
-        idempotent."""
+        """Ask the thread to end (between pieces) and wait for it a while; idempotent."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -121,8 +103,7 @@ class BackgroundRetime:
             self._thread.join(timeout)
 
     def wait_quiet(self) -> str | None:
-        """Block until the load has been quiet ``quiet_polls`` readings in a
-        row: the reason then; None when stopped first."""
+        """Block until ``quiet_polls`` quiet readings in a row: the reason; None when stopped."""
         quiet = 0
         while not self._stop.is_set():
             why = retime_reason(self.table, *self.load())
@@ -141,9 +122,8 @@ class BackgroundRetime:
             yield
 
     def run(self) -> Retimed | None:
-        """The thread's body: wait for quiet, time, save, compare. Returns
-        (and keeps in ``result``) what it found; None when stopped or when
-        the timing failed (logged)."""
+        """The thread's body: wait for quiet, time, save, compare, maybe swap. Returns (and keeps in
+        ``result``) what it found; None when stopped or the timing failed (logged)."""
         why = self.wait_quiet()
         if why is None:
             return None

@@ -1,34 +1,8 @@
-"""Rotations that make int8 activations accurate (a plan whose products
-quantize each row's activations to int8: ``int8-dynamic`` and its blocked
-twin).
-
-Quantizing a row to int8 with one scale loses most where a few channels
-hold values far above the rest: the scale follows the outliers and the
-other channels keep a few levels. Qwen2.5's residual stream and its MLP's
-inner product (silu(gate) * up) have such channels. An orthogonal rotation
-spreads them over all channels before quantizing and changes no result in
-exact arithmetic:
-
-- the residual stream is kept rotated, ``x' = x Q`` with ``Q = diag(s) H``
-  (a block Hadamard of 128 with random signs): the embedding is rotated as it is
-  read, every layer's readers (q, k, v, gate, up) get ``W diag(g) Q`` (the
-  RMSNorm gain ``g`` folded in; RMSNorm commutes with an orthogonal
-  rotation), its writers (o, down) ``Q^T W``, and the final hidden rows are
-  rotated back before the output layer (so the embedding table, tied to the
-  output layer, is not copied);
-- the MLP's inner product is rotated before the down product (``Q_d``,
-  blocks of 32 over the 4,864 channels), the down weight gets ``W Q_d``;
-  this one costs a small product per row at run time.
-
-Measured on the 0.5B (docs/kernels.md, "Rotated activations"): the int8
-plan's next-token agreement with float32 rose from 97.0 % to 98.6 % and its
-KL divergence fell 4.7x, to weight-only int8's level.
-
-A rotation is applied to each row on its own (a product over blocks of the
-row): a verify's rows get the same bits as decode steps, checked once per
-process (:func:`row_exact`); where the library's product rounds by batch
-shape, short forwards rotate row by row.
-"""
+"""Rotations that make int8 activations accurate for kernels that quantize each row: a few outlier
+channels set a row's scale, and an orthogonal rotation spreads them first, changing no exact
+result. The residual stream stays rotated, ``x Q`` (``Q`` folded into every reader's and writer's
+weights, the embedding and the output layer); the MLP's inner product is rotated per row at run
+time before the down product. Design and figures: docs/kernels.md, "Rotated activations"."""
 
 from __future__ import annotations
 
@@ -39,14 +13,12 @@ from dataclasses import dataclass
 import torch
 
 RESIDUAL_BLOCK = 128   # the stream's rotation is folded into the weights: free at run time
-INNER_BLOCK = 32       # rotated per row at run time: 32 halves 64's cost (a 1k prompt +8 % against +17 %) for
-                       # little accuracy (simulated KL to float32 0.00140 against 0.00127)
+INNER_BLOCK = 32       # rotated per row at run time: half 64's cost for little accuracy
 ROTATING_KERNELS = frozenset({"int8-dynamic", "int8-onednn"})   # kernels that quantize activations per row
 
 
 def hadamard(n: int) -> torch.Tensor:
-    """The Sylvester Hadamard matrix of order ``n`` (a power of two), scaled
-    to be orthonormal (symmetric: its own inverse)."""
+    """The orthonormal Sylvester Hadamard matrix of order ``n`` (a power of 2): its own inverse."""
     if n < 1 or n & (n - 1):
         raise ValueError(f"a Hadamard block needs a power of two, not {n}")
     h = torch.ones(1, 1)
@@ -62,10 +34,8 @@ def signs(n: int, seed: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class BlockRotation:
-    """``Q = blockdiag(M, M, …)`` with ``M = diag(s) H_b`` (random signs
-    times an orthonormal Hadamard block, the same block along the row):
-    ``rotate`` is ``x Q``, ``unrotate`` ``x Q^T``, for rows of ``x`` whose
-    length the block divides. One small product per row, no other pass."""
+    """``Q = blockdiag(M, M, …)``, ``M = diag(s) H_b`` (random signs times a Hadamard block):
+    ``rotate`` is ``x Q``, ``unrotate`` ``x Q^T``, for rows whose length the block divides."""
 
     m: torch.Tensor          # [b, b] orthogonal
     mt: torch.Tensor         # its transpose, contiguous
@@ -88,8 +58,7 @@ class BlockRotation:
         return self._blocks(x, self.mt)
 
     def _rows(self, x: torch.Tensor, m: torch.Tensor, exact: bool) -> torch.Tensor:
-        """A [T, n] forward's rows times ``m``'s blocks; with ``exact`` False
-        (the product rounds by batch shape here) row by row, as a decode step."""
+        """[T, n] rows times ``m``'s blocks; row by row, as a decode step, unless ``exact``."""
         if exact or x.shape[0] == 1:
             return self._blocks(x, m)
         return torch.cat([self._blocks(x[i:i + 1], m) for i in range(x.shape[0])])
@@ -127,18 +96,16 @@ class Rotations:
 
 
 def rotation_applies(kernels: tuple[str, ...], device: torch.device, hidden: int, intermediate: int) -> bool:
-    """Whether a plan running ``kernels`` on ``device`` gets the rotations:
-    one of them quantizes activations per row, on a CPU (the only place
-    those kernels run), with shapes the blocks divide."""
+    """Whether a plan running ``kernels`` gets the rotations: one quantizes activations per row,
+    on a CPU (where those kernels run), with shapes the blocks divide."""
     return (device.type == "cpu" and bool(ROTATING_KERNELS & set(kernels))
             and hidden % RESIDUAL_BLOCK == 0 and intermediate % INNER_BLOCK == 0)
 
 
 @functools.cache
 def row_exact(n: int, block: int) -> bool:
-    """Whether this machine's product gives a row of a many-row rotation
-    the bits of the same row rotated alone (then short forwards rotate all
-    rows at once)."""
+    """Whether a row of a many-row rotation gets the bits of that row alone on this machine (then
+    short forwards rotate all rows at once, and a verify still equals the steps)."""
     rot = BlockRotation.make(n, block, seed=2)
     x = torch.randn(9, n, generator=torch.Generator().manual_seed(3)) * 8
     many = rot.rotate(x)

@@ -1,10 +1,6 @@
-"""Host clocks around device work.
-
-CUDA kernels run asynchronously: a host clock read right after a forward
-measures the kernel launches, not the work. Every cost the runtime measures
-to decide with (``DraftLength``'s forward costs, a draft model's step) reads
-the clock after :func:`synchronize`.
-"""
+"""Host clocks around device work: CUDA kernels run asynchronously, so every cost the runtime
+decides with (``DraftLength``'s forward costs, a draft model's step) reads the clock after
+:func:`synchronize`."""
 
 from __future__ import annotations
 
@@ -13,7 +9,7 @@ from typing import Callable
 
 import torch
 
-# device type → how to wait for its queued work (a CPU runs eagerly: nothing)
+# device type → how to wait for its queued work
 SYNCHRONIZERS: dict[str, Callable[[torch.device], None]] = {
     "cuda": lambda device: torch.cuda.synchronize(device),
     "cpu": lambda device: None,

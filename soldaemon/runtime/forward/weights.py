@@ -12,12 +12,9 @@ import torch
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """One decoder layer's tensors in the plan's weight storage
-    (:mod:`.kernels`): ``w*`` the packed weights, ``s*`` their per-row scales
-    (int8 storage; None for dense), ``b*`` biases in the compute dtype.
-    Products that read the same input are packed as one at load (their
-    rows stacked): q, k and v in ``wqkv``, gate and up in ``wgu``. Per-row
-    scales make the stacked int8 weight the parts' rows as they were."""
+    """One decoder layer's tensors in the plan's storage: ``w*`` packed weights, ``s*`` per-row
+    scales (int8; None for dense), ``b*`` biases in the compute dtype. Products reading one input
+    are stacked: q, k, v in ``wqkv``, gate and up in ``wgu`` (per-row scales keep parts exact)."""
 
     ln1: torch.Tensor                  # [D] input RMSNorm
     ln2: torch.Tensor                  # [D] post-attention RMSNorm
@@ -71,9 +68,8 @@ PACKED = ("wqkv", "wo", "wgu", "wd")   # LayerWeights' product weights
 
 
 def share_rows(linears: Sequence[Any], packed: torch.Tensor, bias: torch.Tensor | None) -> None:
-    """Point the modules' weights (and biases) at their rows of ``packed``
-    where those hold the very values (same dtype and device: dense
-    storage): the module then keeps no copy of its own."""
+    """Point the modules' weights (and biases) at their rows of ``packed`` where those hold the
+    very values (dense storage, same dtype and device): no second copy."""
     weights = [lin.weight for lin in linears]
     if packed.dtype != weights[0].dtype or packed.device != weights[0].device or packed.is_mkldnn:
         return

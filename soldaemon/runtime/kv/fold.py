@@ -1,26 +1,8 @@
-"""KV folding: a parked session's KV stored compactly.
-
-The active session's static KV buffer is the compute buffer and stays full
-precision. A session parked in the :class:`~.session.SessionPool` LRU is
-*folded*: cut to the tokens it holds (trimming), and each full block of
-:data:`BLOCK` tokens, per layer and KV head, whose attention share is under
-``sol.kv_folding_entropy_threshold`` is stored as int8 (keys with a scale
-per channel, values with a scale per token, as KIVI does); blocks that
-carry attention stay in the model's dtype, and so does the partial last
-block. Acquiring the session again dequantizes into the compute buffer.
-Without scores (the backend records no queries: the memory scheduler turns
-that off while memory is not short, ``sol.kv_folding_free_below``) a parked
-session is only trimmed, a plain copy.
-
-A block's score is the attention mass the session's last query (per layer,
-averaged over the query heads of a KV head) puts on it, divided by the
-largest block's mass for that layer and head: 1.0 for the most attended
-block, near 0 for blocks nobody looks at. Threshold 0 folds nothing;
-threshold 1 folds every block but the most attended one. Which blocks fold
-is policy (:mod:`soldaemon.policy.fold`); this module scores, folds and
-unfolds. The quality measurement and its command line are in
-:mod:`soldaemon_bench.kvfold`.
-"""
+"""KV folding: a session parked in the :class:`~.session.SessionPool` keeps its KV compactly,
+cut to its tokens, with each full :data:`BLOCK`-token block (per layer and KV head) scored under
+``sol.kv_folding_entropy_threshold`` stored as int8 (KIVI's scales); the rest stays in the model's
+dtype. Without recorded queries a parked session is only trimmed. Which blocks fold is policy
+(:mod:`soldaemon.policy.fold`); this module scores, folds and unfolds."""
 
 from __future__ import annotations
 
@@ -63,17 +45,15 @@ class FoldedKV:
     def folded_block_bytes(self) -> int:
         """Unfolded bytes of the blocks stored as int8."""
         hd = self.k_tail.shape[-1]
-        # the count from a shape (a plain int): health and debug read this from
-        # another thread, and summing the device mask would sync the device
+        # from a shape: other threads read this, and summing the device mask would sync the device
         return 2 * self.k_q.shape[0] * BLOCK * hd * self.k_tail.element_size()
 
 
 @torch.inference_mode()
 def block_scores(k_cache: torch.Tensor, last_q: torch.Tensor, n: int, scale: float) -> torch.Tensor:
-    """Relative attention mass per full block: [L, KV, n // BLOCK] in [0, 1].
-
-    k_cache: [L, KV, n_ctx, hd]; last_q: [L, H, hd] (the last token's query
-    per layer, after RoPE); positions 0 … n-1 are scored."""
+    """Each full block's attention mass from ``last_q`` [L, H, hd] (after RoPE; mean over a KV
+    head's queries) over the largest block's: [L, KV, n // BLOCK] in [0, 1], for positions
+    0 … n-1 of ``k_cache`` [L, KV, n_ctx, hd]."""
     L, KV, _, hd = k_cache.shape
     H = last_q.shape[1]
     nb = n // BLOCK
@@ -87,23 +67,16 @@ def block_scores(k_cache: torch.Tensor, last_q: torch.Tensor, n: int, scale: flo
 
 def fold(k_cache: torch.Tensor, v_cache: torch.Tensor, n: int, scores: torch.Tensor | None,
          threshold: float) -> FoldedKV:
-    """Fold positions 0 … n-1 of a [L, KV, n_ctx, hd] cache pair: blocks with
-    ``scores < threshold`` to int8 (the policy's
-    :func:`~soldaemon.policy.fold.blocks_to_fold`), the rest copied.
-    ``scores`` None (no query known): nothing folded, only trimmed."""
+    """:func:`fold_blocks` with the blocks the policy folds for ``scores`` and ``threshold``
+    (:func:`~soldaemon.policy.fold.blocks_to_fold`; ``scores`` None: only trimmed)."""
     return fold_blocks(k_cache, v_cache, n, blocks_to_fold(scores, threshold))
 
 
 @torch.inference_mode()
 def fold_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, n: int, mask: torch.Tensor | None) -> FoldedKV:
-    """Fold positions 0 … n-1 of a [L, KV, n_ctx, hd] cache pair: the full
-    blocks where ``mask`` [L, KV, n // BLOCK] is True to int8, the rest
-    copied. ``mask`` None: nothing folded, only trimmed.
-
-    Runs on every document switch, so each byte is touched as few times as
-    possible: the blocks are views of the cache, a boolean gather is the
-    only copy of each block, and the int8 conversion works in place on the
-    gathered copy."""
+    """Fold positions 0 … n-1 of a [L, KV, n_ctx, hd] cache pair: full blocks where ``mask``
+    [L, KV, n // BLOCK] is True to int8, the rest copied (None: only trimmed). Runs on every
+    document switch: one copy of each block, quantized in place."""
     L, KV, _, hd = k_cache.shape
     nb = n // BLOCK
     cut = nb * BLOCK

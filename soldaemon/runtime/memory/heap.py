@@ -1,17 +1,7 @@
-"""The C heap handed back to the system when the daemon goes idle.
-
-A completion allocates and frees activations, logits and cache rows; glibc's
-allocator keeps the freed pages of its arenas mapped, so the 0.5B's resident
-memory grows by a few hundred MB over its first completions although the
-live data does not. :func:`return_free_heap` asks the allocator to give the
-free pages back (``malloc_trim(0)``, about 10 ms for the 0.5B on a 2-core
-machine). The worker calls it after a second without requests (a request
-that arrives meanwhile waits for the trim's end), the engine after packing
-weights and timing kernels at load, the server after closing a client that
-stopped reading.
-On a C library without ``malloc_trim`` (musl, macOS, Windows) it does
-nothing.
-"""
+"""The C heap handed back to the system: glibc keeps freed arena pages mapped, so resident memory
+grows though live data does not. :func:`return_free_heap` (``malloc_trim(0)``) runs when the
+worker goes idle, after load-time packing and timing, and after closing a stalled client; it does
+nothing on a C library without ``malloc_trim`` (musl, macOS, Windows)."""
 
 from __future__ import annotations
 
@@ -35,8 +25,7 @@ def _malloc_trim() -> Callable[[int], Any] | None:
 
 
 def return_free_heap() -> bool:
-    """Hand the allocator's free pages back to the system; False where the
-    C library cannot (nothing was done)."""
+    """Hand the allocator's free pages back to the system; False where the C library cannot."""
     trim = _malloc_trim()
     if trim is None:
         return False

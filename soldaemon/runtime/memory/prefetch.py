@@ -1,14 +1,6 @@
-"""Prefetch: the copies that bring an offloaded layer's weights into a
-staging slot of the weight store's ring.
-
-A :class:`CopyJob` is one layer's copy (one weight variant) into one slot.
-Copiers move the bytes: on CUDA a side stream ordered by events (no host
-synchronisation, no host polling: the compute stream waits on the copy's
-event, and a copy waits on the event of the last compute that read its
-slot), on a CPU a background thread the forward waits for (with a fallback
-copy after ``fallback_timeout_ms``). :class:`PrefetchStats`
-counts how each offloaded layer's weights arrived.
-"""
+"""Prefetch: copies of an offloaded layer's weights into a staging slot of the weight store's
+ring. On CUDA a side stream ordered by events, with no host synchronisation; on a CPU a
+background thread the forward waits for, up to ``fallback_timeout_ms``."""
 
 from __future__ import annotations
 
@@ -60,9 +52,7 @@ class PrefetchStats:
         return self.hits / self.uses if self.uses else None
 
 
-# --------------------------------------------------------------------------
-# Copiers: who moves the bytes
-# --------------------------------------------------------------------------
+# -- copiers: who moves the bytes ---------------------------------------------
 
 
 # (LayerWeights field name, host tensor to copy from) per offloaded tensor
@@ -81,8 +71,7 @@ class Copier:
 
 
 class ThreadCopier(Copier):
-    """CPU: one background thread, jobs in FIFO order (so a job never
-    overwrites a slot the previous job for that slot is still filling)."""
+    """CPU: one background thread, jobs in FIFO order (none overwrites a slot still filling)."""
 
     def __init__(self) -> None:
         self._q: queue.Queue[tuple[CopyJob, list[tuple[str, torch.Tensor]], float] | None] = queue.Queue()
@@ -114,9 +103,8 @@ class ThreadCopier(Copier):
 
 
 class StreamCopier(Copier):
-    """CUDA: copies from pinned memory on a side stream; the copy waits on
-    the event of the compute that last read the slot, and records an event
-    the compute stream waits on. No host synchronisation."""
+    """CUDA: copies from pinned memory on a side stream, after the event of the slot's last
+    reader, recording an event the compute stream waits on. No host synchronisation."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -140,16 +128,14 @@ class StreamCopier(Copier):
 
 
 def wait_copy(job: CopyJob, timeout_s: float | None) -> bool:
-    """CPU copies: wait until ``job``'s copy has landed; False on timeout.
-    A CUDA copy is never waited for on the host: the compute stream waits on
-    its event (:func:`order_after`)."""
+    """CPU copies: wait until ``job``'s copy has landed; False on timeout. Raises ValueError for a
+    CUDA copy, which the host never waits for (:func:`order_after`)."""
     if job.cuda_event is not None:
         raise ValueError("wait_copy is for the CPU copier: order a CUDA copy with order_after()")
     return job.done.wait(timeout_s)
 
 
 def order_after(job: CopyJob, stream: Any) -> None:
-    """CUDA: make ``stream``'s later work wait for ``job``'s copy (an event
-    wait on the device; the host goes on)."""
+    """CUDA: make ``stream``'s later work wait for ``job``'s copy (on the device, not the host)."""
     if job.cuda_event is not None:
         stream.wait_event(job.cuda_event)

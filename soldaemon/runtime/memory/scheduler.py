@@ -1,14 +1,8 @@
-"""Sol's memory scheduler: the engine's side of residency.
-
-Plans residency under ``sol.memory_budget``, releases device memory when
-idle — on CUDA when another process wants the GPU's memory (NVML shows it:
-:func:`nvml_pressure`), elsewhere after ``idle_release_s`` without
-requests — and restores it on the next request, pins a
-``priority: high`` request's layers, and turns KV folding's quantizing on
-only while memory is short. The rules are policy
-(:mod:`soldaemon.policy.memory`); this module reads the clock and the
-device and moves the weights through the :class:`~.weightstore.WeightStore`.
-"""
+"""Sol's memory scheduler, the engine's side of residency: plans it under ``sol.memory_budget``,
+releases device memory when idle (on CUDA when NVML shows another process wants it, elsewhere
+after ``idle_release_s``) and restores it on the next request, pins ``priority: high`` requests,
+and lets KV folding quantize only while memory is short. The rules are
+:mod:`soldaemon.policy.memory`'s; this module reads clocks and devices and moves the weights."""
 
 from __future__ import annotations
 
@@ -31,8 +25,7 @@ log = logging.getLogger("soldaemon.residency")
 
 
 def budget_bytes(budget: Any, device: torch.device) -> int | None:
-    """``sol.memory_budget`` (a config MemoryBudget or None) in bytes. A
-    fraction is of the GPU's total memory, or of RAM on a CPU."""
+    """``sol.memory_budget`` (a MemoryBudget or None) in bytes; a fraction is of the GPU or RAM."""
     if budget is None:
         return None
     if budget.mb is not None:
@@ -47,8 +40,7 @@ def budget_bytes(budget: Any, device: torch.device) -> int | None:
 
 
 def device_free_bytes(device: torch.device) -> tuple[int, int]:
-    """(free, total) bytes of the device's memory: the GPU's, or RAM's
-    (available, total) on a CPU."""
+    """(free, total) bytes of the GPU's memory, or RAM's (available, total) on a CPU."""
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         return int(free), int(total)
@@ -64,16 +56,14 @@ PRESSURE_FREE_MIN = 1 << 30   # ... or under 1 GiB, whichever is more, while ano
 
 
 def under_pressure(free: int, total: int, others: int) -> bool:
-    """Whether another process wants the GPU's memory: it holds some
-    (``others`` bytes, NVML's per-process accounting) and the device's free
-    memory is nearly gone (bytes)."""
+    """Whether another process wants the GPU's memory: it holds ``others`` bytes and the device's
+    ``free`` bytes are nearly gone."""
     return others > 0 and free < max(PRESSURE_FREE_MIN, PRESSURE_FREE_SHARE * total)
 
 
 def nvml_pressure(device: torch.device) -> Callable[[], bool] | None:
-    """A reader of :func:`under_pressure` for ``device`` through NVML (the
-    device found by its UUID, so CUDA_VISIBLE_DEVICES does not matter), or
-    None where NVML or the device cannot be read."""
+    """A reader of :func:`under_pressure` through NVML (the device found by UUID, whatever
+    CUDA_VISIBLE_DEVICES says), or None where NVML or the device cannot be read."""
     try:
         import pynvml
 
@@ -99,20 +89,10 @@ def nvml_pressure(device: torch.device) -> Callable[[], bool] | None:
 
 
 class MemoryScheduler:
-    """Sol's memory contract for one engine: plan residency under the
-    budget, release device memory after ``idle_release_s`` without requests
-    and bring it back (layer 0 first) on the next one, pin a
-    ``priority: high`` request's layers for its duration, and let KV
-    folding quantize parked sessions only while memory is short.
-
-    ``gen_lock`` is the engine's generation lock: release and restore hold
-    it, so no forward runs while weights move. ``free_bytes`` () → (free,
-    total) is how memory is read (default :func:`device_free_bytes`).
-
-    ``on_timer``: release after ``idle_release_s`` idle (True), or only
-    when ``pressure`` () says another process wants the memory, once idle
-    for PRESSURE_MIN_IDLE_S (False). Default: on memory pressure on CUDA
-    where NVML reads it (:func:`nvml_pressure`), else on the timer."""
+    """Sol's memory contract for one engine (module doc). ``gen_lock``: the generation lock, held
+    while weights move; ``free_bytes()`` → (free, total). ``on_timer``: release after
+    ``idle_release_s`` idle (True), or on ``pressure()`` once idle PRESSURE_MIN_IDLE_S (False);
+    default: pressure on CUDA where NVML reads it, else the timer."""
 
     def __init__(self, backend: Offloadable, sol: Any, gen_lock: threading.Lock, *, kv_reserve_bytes: int,
                  idle_release: bool | None = None,
@@ -148,11 +128,8 @@ class MemoryScheduler:
         if self.idle_release and (self.idle_release_s > 0 or not self.on_timer):
             self._timer = threading.Thread(target=self._idle_loop, name="sol-idle", daemon=True)
             self._timer.start()
-        # KV folding (sol.kv_folding_entropy_threshold > 0) quantizes parked
-        # sessions only while free memory is under sol.kv_folding_free_below.
-        # The lever is the session pool's contract: it scores, and so
-        # quantizes, only when the backend records queries; without them a
-        # parked session is only trimmed.
+        # the pool quantizes parked sessions only while the backend records queries: the lever
+        # update_kv_folding pulls while free memory is under sol.kv_folding_free_below
         self.kv_free_below = kv_folding_free_below(sol, records_queries=True)   # Offloadable names record_queries
         self._free_bytes = free_bytes or (lambda: device_free_bytes(backend.device))
         self.kv_quantizing: bool | None = None    # None: not managed (folding off, or always quantizing)
@@ -164,9 +141,8 @@ class MemoryScheduler:
 
     @contextlib.contextmanager
     def request(self, priority: str = "normal") -> Iterator[None]:
-        """Around one request (complete or warm): note activity, restore
-        released weights (layer 0 first) and, for ``priority: high``, pin
-        them until the request ends."""
+        """Around one request: note activity, restore released weights (layer 0 first) and, for
+        ``priority: high``, pin them until it ends."""
         self.touch()
         if self.store.released:
             with self.gen_lock:
@@ -183,10 +159,8 @@ class MemoryScheduler:
             self.recapture_soon()
 
     def recapture_soon(self) -> threading.Thread | None:
-        """After a request: when the CUDA graphs owe captures (stale after a
-        restore, or missed by the request), capture them on a background
-        thread (:meth:`recapture_graphs`); the next keystrokes decode eagerly
-        meanwhile and wait for one capture at most. The thread, or None."""
+        """After a request: start (or return) the thread that runs :meth:`recapture_graphs` when
+        the graphs owe captures; None when they owe none or the weights are released."""
         graphs = self.backend.graphs
         if graphs is None or not graphs.owes() or self.store.released:
             return None
@@ -197,23 +171,18 @@ class MemoryScheduler:
         return self.recapturer
 
     def recapture_graphs(self) -> int:
-        """Outside any request: capture the CUDA graphs the requests ran
-        eager forwards for (stale since the weights moved, or missed), one
-        at a time, each under the generation lock on its own
-        (:meth:`~soldaemon.runtime.forward.cudagraph.GraphDecoder.recapture`).
-        Skips when a request holds the lock at the start (the next one's
-        end does it). Returns graphs captured."""
+        """Outside any request: capture the graphs requests ran eagerly for, each under the
+        generation lock alone (:meth:`~soldaemon.runtime.forward.cudagraph.GraphDecoder.recapture`).
+        Returns graphs captured."""
         graphs = self.backend.graphs
         if graphs is None or not graphs.owes() or self.store.released:
             return 0
         return graphs.recapture(self.gen_lock)
 
     def update_kv_folding(self) -> bool | None:
-        """Read free memory; turn the backend's query recording (and so the
-        pool's quantizing of parked sessions, from the next document switch
-        on) on when it is under ``sol.kv_folding_free_below``, off when not.
-        Called at start and before each request; takes the generation lock
-        only when the state changes. Returns the state (None: not managed)."""
+        """Turn query recording (so parked-session quantizing) on while free memory is under
+        ``sol.kv_folding_free_below``, off otherwise; takes the generation lock only on a change.
+        Returns the state (None: not managed)."""
         if self.kv_free_below is None:
             return None
         free, total = self._free_bytes()
@@ -230,18 +199,14 @@ class MemoryScheduler:
         return short
 
     def kv_snapshot(self) -> dict[str, Any]:
-        """``debug`` → ``prefetch.kv_policy``: whether the policy is managed
-        here, whether parked sessions are quantized now, the setting, and how
-        often that changed."""
+        """``debug`` → ``prefetch.kv_policy``: managed, quantizing now, the setting, switches."""
         return {"managed": self.kv_free_below is not None, "quantizing": self.kv_quantizing,
                 "free_below": str(self.kv_free_below) if self.kv_free_below is not None else None,
                 "switches": self.kv_switches}
 
     def reserve(self, nbytes: int, what: str) -> None:
-        """Keep ``nbytes`` of the budget for something resident beside these
-        weights (a draft model's weights and KV cache) and re-plan. Raises
-        BudgetTooSmall, with nothing changed, when the budget cannot hold
-        both."""
+        """Keep ``nbytes`` of the budget for something beside these weights (a draft model) and
+        re-plan. Raises BudgetTooSmall, nothing changed, when the budget cannot hold both."""
         if self.budget is None:
             self.kv_reserve_bytes += nbytes
             return
@@ -265,15 +230,14 @@ class MemoryScheduler:
         return ms
 
     def _invalidate_graphs(self) -> None:
-        """Restored weights live at new addresses: CUDA graphs captured over
-        the old ones (runtime/forward/cudagraph.py) must not replay."""
+        """Restored weights live at new addresses: graphs captured over the old must not replay."""
         graphs = self.backend.graphs
         if graphs is not None:
             graphs.invalidate()
 
     def release_if_idle(self, now: float | None = None) -> int:
-        """Release when idle for idle_release_s; bytes freed (0: not now).
-        Skips when a request holds the generation lock or pins layers."""
+        """Release when idle (on the timer, or under pressure); bytes freed (0: not now). Skips
+        when a request holds the generation lock or pins layers."""
         now = time.monotonic() if now is None else now
         if self.on_timer or self.pressure is None:
             due = idle_release_due(now, self.last_active, self.idle_release_s,

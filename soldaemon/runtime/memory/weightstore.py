@@ -1,27 +1,8 @@
-"""Sol's weight store: the decoder layers' weights across two tiers.
-
-Each offloadable *unit* (a whole layer, or with ``weight_offload_policy:
-block`` its attention and MLP halves) lives in one of:
-
-- **device** — the tensors the forward reads. On CUDA: GPU memory. On a
-  CPU-only machine the same mechanism runs with the "device" tier being the
-  resident tensors plus the staging slots, so the tests exercise it.
-- **host** — a copy made when a unit is first offloaded (CUDA: pinned host
-  memory, so copies are asynchronous DMA). An offloaded unit's device
-  storage is freed (``untyped_storage().resize_(0)``), so the saving is real.
-
-Offloaded layers are computed from a ring of ``prefetch_depth + 1`` staging
-slots filled ahead of use (:mod:`.prefetch`). A prefetch not ready within
-``fallback_timeout_ms`` is abandoned for a synchronous copy into a separate
-fallback buffer (``fallback_count``, a ``SOL_FALLBACK`` log line): the
-output never changes, only the time does.
-
-Which units stay resident is policy (:func:`soldaemon.policy.residency.plan_residency`);
-the store carries out a :class:`~soldaemon.policy.residency.ResidencyPlan`.
-The budget is checked against measured allocations — the bytes of the tensors
-the store actually holds on the device tier (and, on CUDA,
-``memory_allocated`` deltas) — not estimates.
-"""
+"""Sol's weight store: each offloadable unit (a layer, or its attention and MLP halves with
+``weight_offload_policy: block``) is on the device or offloaded to a host copy (pinned on CUDA),
+its device storage freed. Offloaded layers run from a ring of prefetched staging slots
+(:mod:`.prefetch`); a late prefetch falls back to a synchronous copy (``SOL_FALLBACK``). Which
+units stay is :mod:`soldaemon.policy.residency`'s plan; the budget is checked on measured bytes."""
 
 from __future__ import annotations
 
@@ -49,10 +30,8 @@ _ALIGN = 64  # bytes: slot views start on this boundary
 class _Unit:
     info: UnitInfo
     names: tuple[str, ...]
-    # variant (0 = model dtype, 1 = half decode copy) → name → the tensor
-    # object the backend holds (the HF module's parameters may be views of
-    # it). Offload shrinks its storage to nothing; restore grows it back and
-    # copies the host data in.
+    # variant → name → the tensor the backend holds (HF parameters may view it); offload
+    # shrinks its storage to nothing, restore grows it back and copies the host data in
     tensors: list[dict[str, torch.Tensor]]
     resident: bool = True
     host: list[dict[str, torch.Tensor]] | None = None   # made at first offload, kept
@@ -80,22 +59,15 @@ def measure_copy_bandwidth(device: torch.device, nbytes: int = 64 << 20, reps: i
 
 
 class WeightStore:
-    """The decoder layers' weights across the two tiers (see module doc).
-
-    Built by the engine over a :class:`~.backend.LeanBackend`'s weight lists;
-    ``backend.read_through(store)`` makes the forward read through it. All
-    layers start resident; :meth:`apply_plan` moves units between tiers.
-    Methods other than the snapshots are called with the engine's generation
-    lock held (no forward in flight)."""
+    """The decoder layers' weights across device and host (module doc); the forward reads through
+    it after ``backend.read_through(store)``. All layers start resident; :meth:`apply_plan` moves
+    units. Call everything but the snapshots with the generation lock held."""
 
     def __init__(self, weight_sets: Sequence[Sequence[Any]], fixed: Sequence[torch.Tensor], device: torch.device,
                  *, policy: str = "layer", prefetch_depth: int = 2, fallback_timeout_ms: float = 50.0,
                  heatmap_window_s: float = 60.0, kv_policy: Callable[[], dict[str, Any]] | None = None) -> None:
-        """``weight_sets[v][i]``: layer i's LayerWeights in variant v (0: the
-        model dtype; 1: the optional half-precision decode copy).
-        ``fixed``: tensors never offloaded (embedding, lm_head, final norm).
-        ``kv_policy``: asked for the KV folding policy the prefetch snapshot
-        shows (the memory scheduler's)."""
+        """``weight_sets[v][i]``: layer i's LayerWeights in variant v. ``fixed``: tensors never
+        offloaded. ``kv_policy``: gives the KV folding state the prefetch snapshot shows."""
         if policy not in ("layer", "block"):
             raise ValueError(f"weight_offload_policy must be 'layer' or 'block', got {policy!r}")
         self.device = device
@@ -139,8 +111,7 @@ class WeightStore:
         self._fwd: ForwardRecord | None = None
         self._copier: Copier | None = None
         self.all_resident = True
-        # bumped whenever a unit's device storage changes (offload/restore):
-        # anything that captured weight addresses (CUDA graphs) must re-capture
+        # bumped when device storage changes: whatever captured weight addresses must re-capture
         self.epoch = 0
         self._cuda_base = torch.cuda.memory_allocated(device) if self.cuda else 0
         self.kv_policy = kv_policy
@@ -156,9 +127,7 @@ class WeightStore:
         return _unique_bytes(self._fixed)
 
     def device_bytes(self) -> int:
-        """Measured: bytes of every tensor storage the store holds on the
-        device tier (resident units, fixed tensors, slots, fallback buffer),
-        each storage counted once."""
+        """Measured bytes of every storage the store holds on the device, each counted once."""
         tensors = list(self._fixed) + list(self._slots)
         if self._fallback is not None:
             tensors.append(self._fallback)
@@ -189,10 +158,8 @@ class WeightStore:
         return float(sum(means))
 
     def apply_plan(self, plan: ResidencyPlan) -> None:
-        """Move units so that exactly ``plan.resident`` is on the device:
-        offloads first (freeing memory), then restores in layer order.
-        Afterwards device_bytes() <= the budget (offloads free before
-        restores allocate)."""
+        """Move units so that exactly ``plan.resident`` is on the device: offloads first, so
+        memory is freed before restores (in layer order) allocate. Raises while pinned."""
         if self._pins:
             raise RuntimeError("cannot re-plan while a high-priority request pins the layers")
         self._drain()
@@ -218,8 +185,7 @@ class WeightStore:
         return len(self._order)
 
     def offloaded_copy_bytes(self, variant: int) -> int:
-        """Bytes one forward in weight variant ``variant`` copies to the device:
-        every offloaded layer's host copy."""
+        """Bytes one forward in ``variant`` copies to the device: every offloaded layer's."""
         return sum(self._layer_copy_bytes(i, variant) for i in self._order)
 
     def _offload(self, u: _Unit) -> None:
@@ -232,10 +198,8 @@ class WeightStore:
                                 for n, t in d.items()} for d in u.tensors]
         for d, sizes in zip(u.tensors, u.storage_bytes):
             for n, t in d.items():
-                # the backend's LayerWeights and the HF module (whose parameters
-                # may be views of these rows) share this storage: freed for all.
-                # A storage that cannot shrink (a file's mapping) is the module's
-                # own parameter, held by no view: its data is swapped out instead
+                # the storage is shared with the HF module's views: freed for all; one that cannot
+                # shrink (a file mapping) is a parameter no view holds: its data is swapped out
                 if sizes[n] is None:
                     t.data = torch.empty(0, dtype=t.dtype, device=t.device)
                 else:
@@ -304,9 +268,8 @@ class WeightStore:
         return freed
 
     def restore(self) -> float:
-        """Bring back the current plan's resident set after an idle release,
-        layer 0 first (the first layers are what the next prompt's TTFT
-        waits on). Returns ms spent."""
+        """Bring back the plan's resident set after an idle release, layer 0 first (the next
+        prompt waits on the first layers). Returns ms spent."""
         if not self.released:
             return 0.0
         t0 = time.perf_counter()
