@@ -6,7 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from soldaemon.pipeline.ending import TextEnding, decide_multiline, may_repeat_below, postprocess
+from soldaemon.pipeline.ending import TextEnding, decide_multiline, postprocess
+from soldaemon.pipeline.ending.lines import cursor_at
+from soldaemon.pipeline.ending.text import may_repeat_below
 
 
 def pp(text: str, prefix: str, suffix: str = "", *, multi: bool = True, max_lines: int = 10) -> str:
@@ -297,14 +299,14 @@ def test_first_line_on_a_line_of_its_own_repeating_the_line_below() -> None:
 
 def test_the_preview_holds_a_first_line_that_may_become_the_line_below() -> None:
     prefix = "def f(a):\n    b = a + 1\n    "
-    held = may_repeat_below(prefix, "\n    x = b * 2\n    return x\n")
+    held = may_repeat_below(cursor_at(prefix, "\n    x = b * 2\n    return x\n"))
     assert held("x") and held("x = b") and held("x = b * 2")      # may still be the line below
     assert held("x = b * 2\n    return")                          # it is: post-processing drops it all
     assert not held("x = b + 1") and not held("x = b * 20") and not held("y")
     assert not held("x = b * 3\n    return x")
     # text before the cursor, or no line below: nothing is held
-    assert not may_repeat_below("def f(a):\n    x = ", "\n    x = b * 2\n")("b * 2")
-    assert not may_repeat_below(prefix, "\n")("x")
+    assert not may_repeat_below(cursor_at("def f(a):\n    x = ", "\n    x = b * 2\n"))("b * 2")
+    assert not may_repeat_below(cursor_at(prefix, "\n"))("x")
 
 
 def test_completion_repeating_several_suffix_lines() -> None:

@@ -27,10 +27,10 @@ from soldaemon.config import Config
 from soldaemon.fim import FimPrompt, FimTemplate, WindowMemo
 from soldaemon.pipeline import candidates
 from soldaemon.pipeline.clock import Clock
-from soldaemon.pipeline.ending import Ending, TextEnding, ending_for, may_repeat_below
+from soldaemon.pipeline.ending import Ending, TextEnding, ending_for
 from soldaemon.pipeline.prompt import LeadAnchors, build_fim_prompt, context_selector
 from soldaemon.pipeline.relevance import ContextSelector
-from soldaemon.pipeline.sources import Early, Generation, Source, Stream, typed
+from soldaemon.pipeline.sources import Early, Generation, Source, Stats, Stream, typed
 from soldaemon.protocol import validate_request
 from soldaemon.shown import Shown, remember, type_through
 
@@ -91,7 +91,7 @@ class ModelPart(Protocol):
         """Around the whole request, type-through included (e.g. the local
         model's memory scheduler: weights restored, pinned for priority)."""
 
-    def early(self, req: CompletionRequest, cancel: CancelToken, clock: Clock,
+    def early(self, req: CompletionRequest, cancel: CancelToken, deadline: int | None,
               typed_through: bool) -> Early | Source | None:
         """Called after the checks, before and whatever type-through answers
         (``typed_through``: it did; the return is then ignored). An answer
@@ -116,10 +116,6 @@ class ModelPart(Protocol):
     def recover(self, req: CompletionRequest, cancel: CancelToken, exc: Exception,
                 streamed: bool, candidate: int) -> Iterator[Event] | None:
         """Another answer after ``generate`` raised ``exc`` (None: re-raise)."""
-
-    def timings(self, req: CompletionRequest, gens: list[Generation], prompt: FimPrompt, prompt_ms: float,
-                clock: Clock) -> Timings:
-        """The request's timings from its candidates' generations."""
 
     def account(self, timings: Timings) -> None:
         """Count one finished request."""
@@ -200,7 +196,8 @@ class Pipeline:
         clock = Clock.now(req)
         validate_request(req)
         rests = type_through(state.shown, req)
-        early = model.early(req, cancel, clock, bool(rests))
+        deadline = clock.deadline(req)
+        early = model.early(req, cancel, deadline, bool(rests))
         if rests:
             early = typed(rests)
         if isinstance(early, Source):
@@ -211,8 +208,7 @@ class Pipeline:
             return
         prompt, prompt_ms = self._prompt(req, state)
         ending = self._ending(req)
-        deadline = clock.deadline(req)
-        previewer = Previewer(ending.multiline, may_repeat_below(req.prefix, req.suffix))
+        previewer = Previewer(ending.multiline, ending.may_repeat_below())
         items: list[str] = []
         ends: list[str] = []
         gens: list[Generation] = []
@@ -247,7 +243,7 @@ class Pipeline:
                 streamed = greedy if greedy.strip() and items[0] != greedy else None
         last = gens[-1].finish if gens else "stop"
         finish = cancel.finish(last)
-        yield self._finish(req, items, finish, model.timings(req, gens, prompt, prompt_ms, clock), state, model,
+        yield self._finish(req, items, finish, _timings(clock, gens, len(prompt.ids), prompt_ms), state, model,
                            counted, ends, streamed)
 
     def _previewed(self, req: CompletionRequest, text: Stream,
@@ -384,6 +380,18 @@ class Pipeline:
             yield event
 
 
+def _timings(clock: Clock, gens: list[Generation], prompt_tokens: int, prompt_ms: float) -> Timings:
+    """A model answer's timings: its first text and prompt as the first
+    generation had them, the tokens of all of them (``req.n`` candidates)."""
+    first = gens[0].stats if gens else Stats()
+    return clock.timings(first_ns=first.first_ns, first_wall_ns=first.first_wall_ns, prompt_ms=prompt_ms,
+                         prefill_ms=first.prefill_ms, prompt_tokens=prompt_tokens,
+                         cached_tokens=min(first.cached_tokens, prompt_tokens),
+                         generated_tokens=sum(g.stats.generated_tokens for g in gens),
+                         draft_tokens=sum(g.stats.draft_tokens for g in gens),
+                         accepted_tokens=sum(g.stats.accepted_tokens for g in gens))
+
+
 def yield_all(text: Stream) -> Generation:
     """Run ``text`` to its end; its Generation."""
     while True:
@@ -408,7 +416,7 @@ class Previewer:
     ``push(raw)`` returns the new preview characters, or "" when the preview
     did not grow (or would rewrite what was sent). ``held(raw)``: True while
     nothing of ``raw`` may be shown yet (a first line that is, or may become,
-    the line below the cursor: :func:`may_repeat_below`). ``hold_back``:
+    the line below the cursor: :meth:`Ending.may_repeat_below`). ``hold_back``:
     the characters held back at the end ("": a text shown as it is)."""
 
     def __init__(self, multiline: bool, held: Callable[[str], bool] | None = None,

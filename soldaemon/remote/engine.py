@@ -1,16 +1,8 @@
-"""The remote engine: completions sampled by an engine elsewhere (vLLM, TGI,
-a llama.cpp server) over the OpenAI-compatible streaming ``/v1/completions``,
-behind the same :class:`soldaemon.api.Engine` contract as the local runtime
-(docs/remote.md). The prompt, type-through, the ending, cancel and timings
-stay in the daemon's :class:`Pipeline`; the engine only samples.
-
-A cancel, the budget or the ending's stop closes the upstream socket (from a
-watcher thread, within :data:`WATCH_INTERVAL_S`). Failures raise retryable
-``remote_*`` errors; consecutive ones back off (:class:`Backoff`), meanwhile
-failing at once or answering from the local model (``backend.fallback_local``).
-``complete``/``warm`` run on the worker thread; ``info``/``diagnosis`` only
-read state, on the event loop thread.
-"""
+"""The Engine over an OpenAI-compatible streaming ``/v1/completions`` (vLLM, TGI, llama.cpp's
+server; docs/remote.md): the shared :class:`Pipeline` owns prompt, type-through, ending and timings.
+A cancel, the budget or the ending's stop closes the upstream socket; failures raise retryable
+``remote_*`` errors and back off, meanwhile failing at once or answering locally.
+``complete``/``warm`` run on the worker thread; ``info``/``diagnosis`` only read state."""
 
 from __future__ import annotations
 
@@ -64,8 +56,7 @@ class _Attempt:
 
 
 class _Watch:
-    """A thread, inside its ``with``, that closes the stream it follows once
-    the request is cancelled or out of budget (``fired`` says which)."""
+    """Inside its ``with``, a thread closing the followed stream on cancel or budget (``fired``)."""
 
     def __init__(self, cancel: CancelToken, deadline: int | None) -> None:
         self.cancel, self.deadline = cancel, deadline
@@ -100,9 +91,8 @@ class _Watch:
 
 
 class RemoteEngine:
-    """The Engine protocol over an OpenAI-compatible completions engine;
-    ``tokenizer`` is the remote model family's, ``local`` loads the fallback
-    engine (at most once, in the background)."""
+    """The Engine protocol over a remote engine; ``tokenizer`` is the remote model family's,
+    ``local`` loads the fallback engine (at most once, in the background)."""
 
     def __init__(self, config: Config, tokenizer: Any, tokenizer_name: str, *,
                  local: Callable[[], Engine] | None = None) -> None:
@@ -115,7 +105,7 @@ class RemoteEngine:
         self.tokenizer = tokenizer
         self.tokenizer_name = tokenizer_name
         self.template: FimTemplate = detect_template(tokenizer)
-        # the stages shared with every engine; no healing (the engine elsewhere samples the first token)
+        # no healing: the engine elsewhere samples the first token
         self.pipeline = Pipeline(self.settings, self.template, tokenizer, config.model.max_context, heal=False,
                                  outbound=functools.partial(outbound, send_untitled=bc.send_untitled))
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
@@ -143,7 +133,7 @@ class RemoteEngine:
 
     @property
     def config(self) -> Config:
-        """The engine's config (its settings', the pipeline reads the same)."""
+        """The config the pipeline reads too."""
         return self.settings.config
 
     def info(self) -> dict[str, Any]:
@@ -200,23 +190,20 @@ class RemoteEngine:
         return {"heatmap": {}, "prefetch": {}}
 
     def warm(self, req: CompletionRequest, cancel: CancelToken) -> Timings:
-        """Build the prompt only: engines keep their own prefix caches, and a
-        warm-up per keystroke would spend a shared engine on text nobody reads."""
+        """Build the prompt only: the engine caches its own prefixes and may be shared."""
         clock = Clock.now(req)
         prompt, prompt_ms = self.build_prompt(req)
         return clock.timings(first_ns=None, prompt_ms=prompt_ms, prompt_tokens=len(prompt.ids))
 
     def complete(self, req: CompletionRequest, cancel: CancelToken) -> Iterator[Event]:
-        """Stream one completion: the shared pipeline over the HTTP stream."""
         return self.pipeline.run(req, cancel, self)
 
     # the model part of the Pipeline
 
     def scope(self, req: CompletionRequest) -> contextlib.AbstractContextManager[None]:
-        """Nothing to hold around a request."""
         return contextlib.nullcontext()
 
-    def early(self, req: CompletionRequest, cancel: CancelToken, clock: Clock, typed_through: bool) -> Early | None:
+    def early(self, req: CompletionRequest, cancel: CancelToken, deadline: int | None, typed_through: bool) -> Early | None:
         """While backing off, the local model answers (``backend.fallback_local``)."""
         if typed_through or self._local_loader is None or self.backoff.remaining() <= 0:
             return None
@@ -249,8 +236,7 @@ class RemoteEngine:
 
     def recover(self, req: CompletionRequest, cancel: CancelToken, exc: Exception,
                 streamed: bool, candidate: int) -> Iterator[Event] | None:
-        """The local model's answer to a retryable failure of the first
-        candidate before anything streamed, or None."""
+        """The local answer to a retryable failure of candidate 0 before any text, or None."""
         if not isinstance(exc, (RemoteUnavailable, RemoteTimeout, RemoteHttpError, RemoteBadResponse)):
             return None
         self.stats.failures += 1
@@ -258,17 +244,6 @@ class RemoteEngine:
             return None
         log.warning("remote engine failed (%s); answering %s from the local model", exc.message, req.id)
         return self._fallback(req, cancel, exc.message)
-
-    def timings(self, req: CompletionRequest, gens: list[Generation], prompt: FimPrompt, prompt_ms: float,
-                clock: Clock) -> Timings:
-        """TTFT from the first candidate; tokens as the engine reported them."""
-        first_ns = gens[0].stats.first_ns if gens else 0
-        first_wall = gens[0].stats.first_wall_ns if gens else 0
-        generated = sum(g.stats.generated_tokens for g in gens)
-        cached = sum(g.stats.cached_tokens for g in gens)
-        return clock.timings(first_ns=first_ns, first_wall_ns=first_wall, prompt_ms=prompt_ms,
-                             prompt_tokens=len(prompt.ids), cached_tokens=min(cached, len(prompt.ids) * req.n),
-                             generated_tokens=generated)
 
     def account(self, t: Timings) -> None:
         self.stats.requests += 1
@@ -278,8 +253,7 @@ class RemoteEngine:
     # the request upstream
 
     def prompt_text(self, prompt: FimPrompt) -> str:
-        """The prompt as text with the control tokens spelled out, without a
-        leading bos (the engine adds its own)."""
+        """The prompt as text, control tokens spelled out, no leading bos (the engine adds one)."""
         ids = prompt.ids
         if ids and self.template.bos_id is not None and ids[0] == self.template.bos_id:
             ids = ids[1:]
@@ -309,8 +283,7 @@ class RemoteEngine:
 
     def _generate(self, body: dict[str, Any], attempt: _Attempt, ending: Ending, cancel: CancelToken,
                   deadline: int | None) -> Iterator[str]:
-        """Stream one completion into ``attempt``, yielding the raw text after
-        each piece; a cancel or the budget closes it at any point."""
+        """Stream into ``attempt``, yielding the raw text so far; a cancel or the budget ends it."""
         with _Watch(cancel, deadline) as watch:
             stream = self._open(body, cancel, deadline, watch)
             if stream is None:  # cancelled or out of budget before the engine answered
@@ -348,9 +321,8 @@ class RemoteEngine:
 
     def _open(self, body: dict[str, Any], cancel: CancelToken, deadline: int | None,
               watch: _Watch) -> UpstreamStream | None:
-        """An open stream after up to ``1 + backend.retries`` tries, or None when
-        cancelled or out of budget first. Raises RemoteUnavailable,
-        RemoteTimeout or RemoteHttpError."""
+        """An open stream after up to ``1 + backend.retries`` tries, or None when cancelled or out
+        of budget first. Raises RemoteUnavailable, RemoteTimeout or RemoteHttpError."""
         bc = self.config.backend
         tries = 1 + bc.retries
         for attempt in range(tries):
@@ -456,10 +428,8 @@ def _sleep(seconds: float, cancel: CancelToken, deadline: int | None) -> bool:
 
 def load_remote_engine(config: Config, *, local: Callable[[], Engine] | None = None,
                        progress: bool = True) -> RemoteEngine:
-    """The remote engine for ``config.backend``, with the family's tokenizer
-    (``backend.tokenizer``, ``model.path``'s or the embedded model's) and one
-    probe (an engine down now is logged, not fatal). ``local`` builds the
-    fallback engine; it loads lazily, at once when the engine is down."""
+    """The remote engine for ``config.backend``, probed once (down is logged, not fatal).
+    ``local`` builds the fallback engine: loaded lazily, or at once when the engine is down."""
     from soldaemon.weights.loader import load_tokenizer
 
     bc = config.backend

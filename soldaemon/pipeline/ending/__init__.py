@@ -11,15 +11,14 @@ names why an answer ended (docs/protocol.md). The decode loop gets only
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 from soldaemon.api import Multiline
 from soldaemon.pipeline.ending.lines import cursor_at, decide_multiline
 from soldaemon.pipeline.ending.parsed import ParsedEnding, error_at_cursor, may_be_unfinished, window_at
-from soldaemon.pipeline.ending.text import Answer, TextEnding, may_repeat_below, postprocess, repeats_below
+from soldaemon.pipeline.ending.text import Answer, TextEnding, postprocess
 
-__all__ = ["Answer", "Ending", "ParsedEnding", "TextEnding", "decide_multiline", "ending_for", "may_repeat_below",
-           "postprocess", "repeats_below"]
+__all__ = ["Answer", "Ending", "ParsedEnding", "TextEnding", "decide_multiline", "ending_for", "postprocess"]
 
 class Ending(Protocol):
     """Where one request's answer ends (one per generation)."""
@@ -39,6 +38,13 @@ class Ending(Protocol):
     def restart(self) -> None:
         """Check a new generation from its start."""
 
+    def may_repeat_below(self) -> Callable[[str], bool]:
+        """The preview's test: True while a first line on a line of its own
+        may still become the line below the cursor (which :meth:`shown` drops)."""
+
+    def repeats_below(self, text: str) -> bool:
+        """Whether :meth:`shown` drops all of ``text`` for repeating the line below."""
+
 
 def ending_for(prefix: str, suffix: str, language: str | None, mode: Multiline, max_lines: int,
                block_end: str) -> Ending:
@@ -57,4 +63,4 @@ def ending_for(prefix: str, suffix: str, language: str | None, mode: Multiline, 
     here = len(line.expandtabs(4)) - len(line.expandtabs(4).lstrip()) if line.strip() else len(line.expandtabs(4))
     # the floor: the cursor's indentation or, less, the suffix's next line's
     floor = min(here, cur.next_indent) if cur.next_line is not None else 0
-    return ParsedEnding(prefix, suffix, max_lines, window, floor)
+    return ParsedEnding(prefix, suffix, max_lines, window, floor, cur)

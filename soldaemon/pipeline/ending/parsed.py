@@ -16,7 +16,7 @@ from functools import lru_cache
 from typing import Any, Iterator
 
 from soldaemon.api import Multiline
-from soldaemon.pipeline.ending.lines import indent_of
+from soldaemon.pipeline.ending.lines import Cursor, indent_of
 from soldaemon.pipeline.ending.text import STOPPED, Answer, TextEnding, postprocess_why
 
 # LSP language id -> (grammar module, its function returning the language)
@@ -294,8 +294,9 @@ class ParsedEnding(TextEnding):
     stop (rule ``opener``) once a line in the cursor's block opens a block
     without a deeper next line (no longer text can make that fit)."""
 
-    def __init__(self, prefix: str, suffix: str, max_lines: int, window: Window, floor: int) -> None:
-        super().__init__(prefix, suffix, True, max_lines, floor)
+    def __init__(self, prefix: str, suffix: str, max_lines: int, window: Window, floor: int,
+                 cur: Cursor | None = None) -> None:
+        super().__init__(prefix, suffix, True, max_lines, floor, cur)
         self.window = window
 
     def may_stop(self, text_so_far: str) -> bool:

@@ -50,6 +50,14 @@ class TextEnding:
         """Check a new generation from its start (its rule cleared)."""
         self._reset()
 
+    def may_repeat_below(self) -> Callable[[str], bool]:
+        """The preview's hold test (:func:`may_repeat_below` at this cursor)."""
+        return may_repeat_below(self._cur)
+
+    def repeats_below(self, text: str) -> bool:
+        """Whether ``text``'s first line repeats the line below (:func:`repeats_below`)."""
+        return repeats_below(self._cur, text)
+
     def _reset(self) -> None:
         self._scanner = LineScanner(self._cur, self.multiline, self.max_lines, self.floor)
         self._pos = 0
@@ -287,16 +295,15 @@ class LineScanner:
         self.i = i + 1
 
 
-def repeats_below(prefix: str, suffix: str, text: str) -> bool:
+def repeats_below(cur: Cursor, text: str) -> bool:
     """Whether :func:`postprocess` drops all of ``text`` because its first
     line, on a line of its own, repeats a line below the cursor."""
-    return first_repeats(cursor_at(prefix, suffix), text.split("\n", 1)[0])
+    return first_repeats(cur, text.split("\n", 1)[0])
 
 
-def may_repeat_below(prefix: str, suffix: str) -> Callable[[str], bool]:
+def may_repeat_below(cur: Cursor) -> Callable[[str], bool]:
     """A test for the streamed preview: True while the text's first line may
     still become one that :func:`repeats_below` drops."""
-    cur = cursor_at(prefix, suffix)
     if not on_own_line(cur) or cur.next_line is None:
         return lambda _text: False
     lines = [cur.next_line, *(ln for ln in cur.later_lines if len(ln.strip()) >= LATER_MIN_CHARS)]

@@ -30,11 +30,10 @@ from soldaemon.api import CancelToken, CompletionRequest, Event, FinishReason, T
 from soldaemon.config import Config
 from soldaemon.errors import Cancelled
 from soldaemon.fim import FimPrompt, FimTemplate
-from soldaemon.pipeline.clock import Clock
 from soldaemon.pipeline.completion import Settings
 from soldaemon.pipeline.sources import Generation, Source, Stats, Stream, precomputed
 from soldaemon.pipeline.candidates import Scorer
-from soldaemon.pipeline.ending import Ending, decide_multiline, repeats_below
+from soldaemon.pipeline.ending import Ending, decide_multiline
 from soldaemon.policy.draft import AlongReference, DraftLength, DraftProposer, PromptLookup
 from soldaemon.runtime.engine.foresight import Foreseen, precise_until
 from soldaemon.runtime.decode.draft import DraftModel
@@ -227,7 +226,7 @@ class LocalModelPart:
         memory = self._memory
         return contextlib.nullcontext() if memory is None else memory.request(req.priority)
 
-    def early(self, req: CompletionRequest, cancel: CancelToken, clock: Clock,
+    def early(self, req: CompletionRequest, cancel: CancelToken, deadline: int | None,
               typed_through: bool) -> Source | None:
         """A speculative answer kept for ``req``, or the parked generation
         resumed when ``req`` typed what it had produced; a parked generation
@@ -245,7 +244,7 @@ class LocalModelPart:
         if parked is not None:
             typed = parked.typed_by(req)
             if typed is not None:
-                parked.adopt(req, typed, cancel, clock.deadline(req))
+                parked.adopt(req, typed, cancel, deadline)
                 return Source(self._resume(parked), parked.ending, "resumed", prompt_tokens=parked.prompt_tokens)
             parked.close()
         return None
@@ -274,7 +273,7 @@ class LocalModelPart:
         run, gen = yield from self._decode(req, prompt, session, sampler, ending, cancel, deadline, keep_logp,
                                            reference=reference)
         if not (self.config.completion.second_choice and run.finish == "stop" and not run.parked
-                and req.n == 1 and sampler.greedy and repeats_below(req.prefix, req.suffix, run.decode.current)):
+                and req.n == 1 and sampler.greedy and ending.repeats_below(run.decode.current)):
             return gen
         first = run.decode
         line = self._first_line(first)
@@ -380,16 +379,6 @@ class LocalModelPart:
                 streamed: bool, candidate: int) -> Iterator[Event] | None:
         """No other engine to hand a failure to."""
         return None
-
-    def timings(self, req: CompletionRequest, gens: list[Generation], prompt: FimPrompt, prompt_ms: float,
-                clock: Clock) -> Timings:
-        """From the last candidate's generation stats; tokens summed over all."""
-        stats = gens[-1].stats if gens else Stats()
-        return clock.timings(first_ns=stats.first_ns, first_wall_ns=stats.first_wall_ns,
-                             prompt_ms=prompt_ms, prefill_ms=stats.prefill_ms, prompt_tokens=len(prompt.ids),
-                             cached_tokens=stats.cached_tokens,
-                             generated_tokens=sum(g.stats.generated_tokens for g in gens),
-                             draft_tokens=stats.draft_tokens, accepted_tokens=stats.accepted_tokens)
 
     def account(self, t: Timings) -> None:
         s = self.stats
