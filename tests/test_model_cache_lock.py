@@ -66,3 +66,35 @@ def test_concurrent_conversions_share_one_result(tmp_path: Path) -> None:
     assert len({out.split()[1] for out, _ in outs}) == 1
     models = tmp_path / "cache" / "models"
     assert not [p.name for p in models.iterdir() if p.name.endswith((".tmp", ".old"))]
+
+
+def test_threads_of_one_process_exclude_each_other(tmp_path: Path) -> None:
+    """The lock is re-entrant per thread, not per process: a second thread's
+    exclusive hold waits for the first's to end (each thread its own file)."""
+    import threading
+    import time
+
+    from soldaemon.weights.cachelock import cache_lock
+
+    cache = tmp_path / "model"
+    order: list[str] = []
+    first_in = threading.Event()
+
+    def first() -> None:
+        with cache_lock(cache, exclusive=True):
+            with cache_lock(cache, exclusive=True):      # re-entrant in its own thread
+                first_in.set()
+                time.sleep(0.3)
+                order.append("first done")
+
+    def second() -> None:
+        first_in.wait()
+        with cache_lock(cache, exclusive=True):
+            order.append("second in")
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert order == ["first done", "second in"]

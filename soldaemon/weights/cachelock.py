@@ -1,5 +1,6 @@
 """One ``flock`` per model cache directory (``.<name>.lock`` beside it): writers hold it
-exclusively, readers shared. Re-entrant within a process; exclusive inside shared upgrades it.
+exclusively, readers shared. Re-entrant within a thread; exclusive inside shared upgrades it.
+Each thread holds its own open file, so threads of one process exclude each other as processes do.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import threading
 from pathlib import Path
 from typing import Iterator
 
-_held: dict[Path, tuple[int, int, int]] = {}      # lock path → (fd, depth, flock mode)
+_held: dict[tuple[Path, int], tuple[int, int, int]] = {}   # (lock path, thread) → (fd, depth, flock mode)
 _guard = threading.Lock()
 
 
@@ -23,20 +24,21 @@ def lock_path(directory: Path) -> Path:
 def cache_lock(directory: Path, *, exclusive: bool) -> Iterator[None]:
     """Hold the lock of cache ``directory`` (waiting for it)."""
     path = lock_path(directory)
+    key = (path, threading.get_ident())
     mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
     with _guard:
-        held = _held.get(path)
+        held = _held.get(key)
     if held is not None:
         fd, depth, had = held
         if mode == fcntl.LOCK_EX and had == fcntl.LOCK_SH:
             fcntl.flock(fd, fcntl.LOCK_EX)            # upgrade; callers re-check the cache after it
         with _guard:
-            _held[path] = (fd, depth + 1, fcntl.LOCK_EX if fcntl.LOCK_EX in (mode, had) else fcntl.LOCK_SH)
+            _held[key] = (fd, depth + 1, fcntl.LOCK_EX if fcntl.LOCK_EX in (mode, had) else fcntl.LOCK_SH)
         try:
             yield
         finally:
             with _guard:
-                _held[path] = (fd, depth, had)
+                _held[key] = (fd, depth, had)
             if mode == fcntl.LOCK_EX and had == fcntl.LOCK_SH:
                 fcntl.flock(fd, fcntl.LOCK_SH)
         return
@@ -45,11 +47,11 @@ def cache_lock(directory: Path, *, exclusive: bool) -> Iterator[None]:
     try:
         fcntl.flock(fd, mode)
         with _guard:
-            _held[path] = (fd, 1, mode)
+            _held[key] = (fd, 1, mode)
         yield
     finally:
         with _guard:
-            _held.pop(path, None)
+            _held.pop(key, None)
         os.close(fd)                                   # drops the flock
 
 
