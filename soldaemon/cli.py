@@ -48,7 +48,8 @@ def parse_location(spec: str) -> tuple[Path, int, int]:
 
 def split_at(text: str, line: int, col: int) -> tuple[str, str]:
     """Split ``text`` at 1-based ``line``/``col``; a column past the line's end means its end."""
-    lines = text.splitlines(keepends=True)
+    lines = text.split("\n")
+    lines = [ln + "\n" for ln in lines[:-1]] + ([lines[-1]] if lines[-1] else [])   # editors break at \n only
     if line > len(lines) + 1 or (line == len(lines) + 1 and text.endswith("\n") is False and lines):
         raise BadRequest(f"line {line} is past the end of the file ({len(lines)} lines)")
     offset = sum(len(s) for s in lines[: line - 1])

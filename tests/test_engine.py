@@ -135,6 +135,9 @@ def test_locations(tmp_path: Path) -> None:
     assert split_at(text, 1, 1) == ("", text)
     with pytest.raises(BadRequest, match="past the end"):
         split_at(text, 9, 1)
+    # lines as an editor counts them: a form feed or U+2028 inside a line is not a line break
+    paged = "a\x0cb\nc\u2028d\nx = 1\n"
+    assert split_at(paged, 3, 5) == ("a\x0cb\nc\u2028d\nx = ", "1\n")
 
 
 def test_type_through_answers_without_the_model(engine: LocalEngine) -> None:

@@ -282,6 +282,8 @@ def test_streams_with_the_local_pipeline(tiny_tokenizer: Any, scripted: Scripted
     body = scripted.bodies[-1]
     assert body["stream"] is True and body["max_tokens"] == 20 and body["model"] == "coder"
     assert body["temperature"] == 0.0
+    # four stop strings (the API's limit): end of text and file separator first, the FIM tokens last
+    assert body["stop"] == ["<|endoftext|>", "<|file_sep|>", "<|im_end|>", "<|fim_pad|>"]
     # the FIM prompt of the local pipeline, as text the engine parses back to the same ids
     prompt, _ = engine.build_prompt(_req())
     assert body["prompt"].startswith("<|fim_prefix|>def add(a, b):") and body["prompt"].endswith("<|fim_middle|>")

@@ -278,8 +278,13 @@ class RemoteEngine:
         return body
 
     def _stop_strings(self) -> list[str]:
-        names = self.tokenizer.convert_ids_to_tokens(list(self.template.stop_ids))
-        return sorted({str(n) for n in names if n})[:4]  # the OpenAI API allows up to 4
+        """At most four (the OpenAI API's limit): eos, the file separator, the other end tokens,
+        and last the prompt's own FIM tokens, which a model rarely writes after the middle."""
+        t = self.template
+        rank = {self.tokenizer.eos_token_id: 0, t.file_sep_id: 1, t.prefix_id: 3, t.suffix_id: 3, t.middle_id: 3}
+        ids = sorted(t.stop_ids, key=lambda i: (rank.get(i, 2), i))
+        names = [str(n) for n in self.tokenizer.convert_ids_to_tokens(ids) if n]
+        return list(dict.fromkeys(names))[:4]
 
     def _generate(self, body: dict[str, Any], attempt: _Attempt, ending: Ending, cancel: CancelToken,
                   deadline: int | None) -> Iterator[str]:

@@ -16,7 +16,7 @@ from soldaemon.policy.model_choice import LatencyBudget, ModelChoice, ModelFigur
 from soldaemon.weights.embedded import EMBEDDED_MODELS, EmbeddedModel, is_installed
 from soldaemon.weights.loader import resolve_device
 from soldaemon.policy.draft import DraftLength
-from soldaemon.policy.kernel_plan import EXACT_VERIFY, KernelPlan
+from soldaemon.policy.kernel_plan import EXACT_VERIFY, KernelPlan, Workload
 from soldaemon.runtime.forward.kernels import compute_dtype_for, plan_for
 
 log = logging.getLogger("soldaemon.engine")
@@ -98,7 +98,7 @@ def draft_pays(target: KernelPlan, draft: KernelPlan, max_k: int) -> bool:
     at all for ``target`` with a model stepping at ``draft.step_ms``."""
     if not (target.step_ms and target.verify_ms and draft.step_ms):
         return False
-    rows = 9   # the verify size the plan predicts (KernelPlan.verify_ms)
+    rows = Workload.verify_rows   # the verify size KernelPlan.verify_ms is predicted at
     costs = {1: target.step_ms, rows: target.verify_ms}
     for t in range(2, rows):   # linear between the two predicted sizes
         costs[t] = target.step_ms + (target.verify_ms - target.step_ms) * (t - 1) / (rows - 1)
