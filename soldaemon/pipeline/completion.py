@@ -1,16 +1,7 @@
-"""The completion pipeline, written once for every engine.
-
-checks → type-through → (an engine's early answer) → prompt → generate →
-preview → where it ends → remember. :class:`Pipeline` runs these stages and
-owns the per-document state they need (:class:`DocumentState`: the text
-shown for type-through, the sticky lead anchors, the relevance context's
-choice, the window memo). An engine supplies only the model part
-(:class:`ModelPart`): text from a prompt -- the local runtime's prefill and
-decode, or a remote engine's HTTP stream. Whatever the source of an answer
-(the model, a parked generation resumed, an answer computed ahead,
-type-through: :mod:`soldaemon.pipeline.sources`), the preview, the cut and
-the timings (:meth:`Clock.timings`) are done here, on one path. Nothing here
-imports torch.
+"""The completion pipeline, written once for every engine: checks → type-through → early answer →
+prompt → generate → preview → ending → remember. :class:`Pipeline` owns the per-document state
+(:class:`DocumentState`); an engine supplies only its :class:`ModelPart`. Every answer's source
+(:mod:`.sources`) is previewed, cut and timed here, on one path. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -36,38 +27,33 @@ from soldaemon.shown import Shown, remember, type_through
 
 log = logging.getLogger("soldaemon.pipeline")
 
-# Characters a preview holds back at its end: post-processing may still drop
-# them (trailing blanks, closers the suffix already has).
+# Held back at a preview's end: post-processing may still drop them.
 HOLD_BACK = " \t)]}>\"'`;,"
 
 
 class Settings:
-    """An engine's one config, held once and shared by the parts that read
-    it (the engine, its pipeline, its model part): each reads ``config``
-    at each request, none keeps a copy; :meth:`use` replaces it, whole,
-    between requests. ``adapt`` is applied to every config given (the local
-    engine: the served model's ``"auto"`` prompt windows)."""
+    """An engine's one config, shared by its parts: each reads ``config`` per request, none keeps
+    a copy; :meth:`use` replaces it between requests. ``adapt`` is applied to every config given."""
 
     def __init__(self, config: Config, adapt: Callable[[Config], Config] | None = None) -> None:
         self._adapt = adapt
         self.use(config)
 
     def use(self, config: Config) -> None:
-        """From the next request on, ``config`` applies (adapted)."""
+        """Apply ``config`` (adapted) from the next request on."""
         self._given = config
         self.config = config if self._adapt is None else self._adapt(config)
 
     def adapt_again(self) -> None:
-        """The config given last, adapted again (what ``adapt`` reads has changed)."""
+        """Re-adapt the config given last (what ``adapt`` reads changed)."""
         self.use(self._given)
 
 
 @dataclass
 class DocumentState:
-    """The pipeline's per-document state: what later requests' answers
-    depend on besides their own text."""
+    """Per-document state that later answers depend on besides their own text."""
 
-    shown: Shown                          # uri → the last completion shown and its prompt inputs (type-through)
+    shown: Shown                          # uri → the last completion shown (type-through)
     anchors: LeadAnchors                  # model.fim_anchor: sticky
     selector: ContextSelector | None      # by relevance (None: the chunks as sent)
     memo: WindowMemo                      # windows unchanged while typing (a pure cache)
@@ -77,41 +63,32 @@ class DocumentState:
         return cls({}, LeadAnchors(), context_selector(config.model), WindowMemo())
 
     def copy(self) -> DocumentState:
-        """A copy whose changes leave this one as it is (the window memo,
-        a pure cache, is shared)."""
+        """An independent copy; the window memo (a pure cache) is shared."""
         return DocumentState(dict(self.shown), copy.deepcopy(self.anchors), copy.deepcopy(self.selector),
                              self.memo)
 
 
 class ModelPart(Protocol):
-    """What an engine supplies to the pipeline: the model's part of a
-    completion. Called on the engine's worker thread."""
+    """What an engine supplies to the pipeline; called on the engine's worker thread."""
 
     def scope(self, req: CompletionRequest) -> ContextManager[None]:
-        """Around the whole request, type-through included (e.g. the local
-        model's memory scheduler: weights restored, pinned for priority)."""
+        """Around the whole request, type-through included."""
 
     def early(self, req: CompletionRequest, cancel: CancelToken, deadline: int | None,
               typed_through: bool) -> Early | Source | None:
-        """Called after the checks, before and whatever type-through answers
-        (``typed_through``: it did; the return is then ignored). An answer
-        without a prompt -- events passed on as they are (:class:`Early`),
-        or a :class:`Source` (a parked generation resumed, this request's
-        answer computed ahead) -- or None."""
+        """An answer without a prompt (:class:`Early` events or a :class:`Source`), or None.
+        Called after the checks, always; when ``typed_through`` the return is ignored."""
 
     def generating(self, req: CompletionRequest) -> ContextManager[None]:
-        """Around all of ``req``'s candidates (e.g. the local model's lock)."""
+        """Around all of ``req``'s candidates."""
 
     def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, ending: Ending,
                  cancel: CancelToken, deadline: int | None, *, keep_logp: bool = False) -> Stream:
-        """Generate candidate ``candidate``: yield the raw text after each
-        step, return its :class:`Generation`. Stops early when
-        ``ending.may_stop`` says the rest would be cut, on cancel and past
-        ``deadline``. ``keep_logp``: record each token's log-probability
-        where the part can."""
+        """Yield the raw text after each step, return the :class:`Generation`; stop when
+        ``ending.may_stop``, on cancel and past ``deadline``. ``keep_logp``: record log-probs."""
 
     def scorer(self) -> candidates.Scorer | None:
-        """What samples and ranks block candidates (None: this part does not)."""
+        """What samples and ranks block candidates, or None."""
 
     def recover(self, req: CompletionRequest, cancel: CancelToken, exc: Exception,
                 streamed: bool, candidate: int) -> Iterator[Event] | None:
@@ -122,15 +99,9 @@ class ModelPart(Protocol):
 
 
 class Pipeline:
-    """The stages of a completion and their per-document state (see the
-    module doc). ``heal``: the engine can heal tokens (the local one: it
-    constrains the first token), then ``completion.token_healing`` decides;
-    ``n_ctx``: the context the prompt and ``max_tokens`` must fit;
-    ``outbound``: what of a request may leave the machine (a remote engine:
-    :func:`soldaemon.privacy.rules.outbound`), applied before its prompt.
-    ``settings``: the engine's config holder; an engine may replace its
-    config between requests (the quality benchmark does): every stage reads
-    it at each request."""
+    """The stages of a completion and their per-document state. ``heal``: the engine can heal
+    tokens (``completion.token_healing`` then decides); ``n_ctx``: what prompt + ``max_tokens``
+    must fit; ``outbound``: the request filter applied before its prompt (remote engines)."""
 
     def __init__(self, settings: Settings, template: FimTemplate, tokenizer: Any, n_ctx: int, *, heal: bool,
                  outbound: Callable[[CompletionRequest], CompletionRequest] | None = None) -> None:
@@ -144,22 +115,17 @@ class Pipeline:
 
     @property
     def config(self) -> Config:
-        """The engine's config now (read at each request)."""
         return self.settings.config
 
     def forget(self, uri: str | None = None) -> None:
-        """Drop every per-document state, as if just built; with ``uri``,
-        only the text shown there (its next request is not type-through)."""
+        """Drop all per-document state; with ``uri``, only the text shown there."""
         if uri is not None:
             self.documents.shown.pop(uri, None)
         else:
             self.documents = DocumentState.fresh(self.config)
 
     def build_prompt(self, req: CompletionRequest, *, detached: bool = False) -> tuple[FimPrompt, float]:
-        """Window, tokenize and template ``req`` (:func:`build_fim_prompt`
-        with this pipeline's per-document state; ``detached``: with a copy
-        of it, so that later prompts are as if this one was never built).
-        Returns (prompt, ms)."""
+        """(prompt, ms) for ``req``; ``detached``: on a copy of the state, leaving no trace."""
         return self._prompt(req, self.documents.copy() if detached else self.documents)
 
     def _prompt(self, req: CompletionRequest, state: DocumentState) -> tuple[FimPrompt, float]:
@@ -170,18 +136,14 @@ class Pipeline:
                                 selector=state.selector, anchors=state.anchors, memo=state.memo)
 
     def run(self, req: CompletionRequest, cancel: CancelToken, model: ModelPart) -> Iterator[Event]:
-        """Stream one completion: zero or more Delta, then one Done. Raises
-        :class:`soldaemon.errors.BadRequest` for a request the protocol
-        refuses or whose prompt does not fit."""
+        """Stream zero or more Delta, then one Done. Raises :class:`soldaemon.errors.BadRequest`
+        for an invalid request or a prompt that does not fit."""
         with model.scope(req):
             yield from self._run(req, cancel, model, self.documents, counted=True)
 
     def foresee(self, req: CompletionRequest, cancel: CancelToken, model: ModelPart) -> Done | None:
-        """Compute ``req``'s answer ahead of it (speculative FIM): the
-        stages :meth:`run` goes through, on a copy of the per-document
-        state and not counted, so that what later requests get is as if
-        it never ran. Its Done (logged like any), or None when the model
-        part ended without one. Raises what :meth:`run` raises."""
+        """``req``'s Done computed ahead (speculative FIM) on a copy of the state, not counted;
+        None when the model part gave none. Raises what :meth:`run` raises."""
         done: Done | None = None
         with model.scope(req):
             for event in self._run(req, cancel, model, self.documents.copy(), counted=False):
@@ -191,8 +153,7 @@ class Pipeline:
 
     def _run(self, req: CompletionRequest, cancel: CancelToken, model: ModelPart, state: DocumentState, *,
              counted: bool) -> Iterator[Event]:
-        """The stages over ``state``; the Done goes into the model part's
-        counters when ``counted``."""
+        """The stages over ``state``; ``counted``: the Done goes into the model part's counters."""
         clock = Clock.now(req)
         validate_request(req)
         rests = type_through(state.shown, req)
@@ -248,9 +209,8 @@ class Pipeline:
 
     def _previewed(self, req: CompletionRequest, text: Stream,
                    previewer: Previewer | None) -> Generator[Event, None, tuple[Generation, int, int]]:
-        """Pass ``text`` through ``previewer`` as deltas (None: none);
-        returns the stream's Generation and when the first delta went
-        (perf_counter_ns, time_ns; 0: none did)."""
+        """``text`` as deltas through ``previewer`` (None: no deltas); returns the Generation and
+        the first delta's perf_counter_ns and time_ns (0: none)."""
         first_ns = first_wall = 0
         while True:
             try:
@@ -265,12 +225,9 @@ class Pipeline:
 
     def _deliver(self, req: CompletionRequest, source: Source, cancel: CancelToken, clock: Clock,
                  state: DocumentState, model: ModelPart, counted: bool) -> Iterator[Event]:
-        """An answer without a prompt of ``req``'s own: previewed as it
-        comes; a generation cut for ``req`` (whose ending may differ from the
-        one it was started under: another plan is cut by the text rules
-        alone, and its end is not known), timed from ``req``'s arrival
-        (its first delta is its first token; an answer shown whole came at
-        once)."""
+        """A prompt-less answer, previewed, cut for ``req`` and timed from its arrival. Started
+        under another multi-line plan, it is cut by the text rules alone and its end is unknown;
+        one without an ending is shown as is and timed as come at once."""
         started = source.ending
         previewer = Previewer(started.multiline) if started is not None else Previewer(True, hold_back="")
         gen, first_ns, first_wall = yield from self._previewed(req, source.text, previewer)
@@ -293,29 +250,24 @@ class Pipeline:
                            also=source.also)
 
     def _ending(self, req: CompletionRequest) -> Ending:
-        """Where ``req``'s answer ends (restarted for each of its
-        generations)."""
+        """``req``'s ending (restarted per generation)."""
         cc = self.config.completion
         return ending_for(req.prefix, req.suffix, req.language, req.multiline, cc.max_lines, cc.block_end)
 
     def _may_sample(self, req: CompletionRequest, ending: Ending, gens: list[Generation]) -> bool:
-        """Block candidates (:mod:`.candidates`) for this answer: a greedy
-        single multi-line answer that ended whole (not cancelled, superseded
-        or past the budget)."""
+        """Whether to sample block candidates: a rankable answer that ended whole."""
         return self._may_rank(req, ending) and len(gens) == 1 and gens[0].whole \
             and bool(gens[0].ids)
 
     def _may_rank(self, req: CompletionRequest, ending: Ending) -> bool:
-        """Whether this request's answer may be chosen among candidates."""
+        """Whether the answer may be chosen among candidates (greedy, single, multi-line)."""
         return self.config.completion.candidate_count() > 1 and ending.multiline and req.n == 1 and req.temperature == 0
 
     def _chosen(self, req: CompletionRequest, prompt: FimPrompt, ending: Ending, gen: Generation,
                 text: str, end: str, scorer: candidates.Scorer, cancel: CancelToken,
                 deadline: int | None) -> tuple[str, str, int]:
-        """The shown answer and its end among the greedy one (``text``,
-        ``end``) and the sampled candidates: the one the model is surest
-        of (none sampled when the greedy one is :data:`candidates.SURE`);
-        and the tokens the samples generated."""
+        """(text, end, tokens sampled) of the candidate the model is surest of, the greedy
+        ``text`` included; nothing is sampled when it is :data:`candidates.SURE`."""
         text_of = scorer.texts(prompt)
 
         def scores(g: Generation) -> candidates.Scores:   # as decoded, or one forward more
@@ -351,10 +303,8 @@ class Pipeline:
     def _finish(self, req: CompletionRequest, items: list[str], finish: str, timings: Timings, state: DocumentState,
                 model: ModelPart, counted: bool, ends: list[str] | None = None, streamed: str | None = None, *,
                 also: str | None = None) -> Done:
-        """The request's Done; counted by ``model`` when ``counted``, its
-        first item remembered for type-through when it finished whole, and
-        after it the ``streamed`` answer a candidate replaced (typing along
-        the lines the deltas showed goes on from it) or ``also``."""
+        """The request's Done; a whole answer's first item is remembered for type-through, with
+        ``streamed`` (the streamed answer a candidate replaced) or else ``also``."""
         if counted:
             model.account(timings)
         if finish in ("stop", "length") and items:
@@ -368,8 +318,7 @@ class Pipeline:
 
     def _relay(self, req: CompletionRequest, early: Early, state: DocumentState, model: ModelPart,
                counted: bool) -> Iterator[Event]:
-        """Another engine's events (a fallback), its Done finished like the
-        pipeline's own."""
+        """A fallback engine's events, its Done finished like the pipeline's own."""
         for event in early.events:
             if isinstance(event, Done):
                 if early.counted:
@@ -381,8 +330,7 @@ class Pipeline:
 
 
 def _timings(clock: Clock, gens: list[Generation], prompt_tokens: int, prompt_ms: float) -> Timings:
-    """A model answer's timings: its first text and prompt as the first
-    generation had them, the tokens of all of them (``req.n`` candidates)."""
+    """Timings: first token and prompt from the first generation, tokens summed over all."""
     first = gens[0].stats if gens else Stats()
     return clock.timings(first_ns=first.first_ns, first_wall_ns=first.first_wall_ns, prompt_ms=prompt_ms,
                          prefill_ms=first.prefill_ms, prompt_tokens=prompt_tokens,
@@ -393,7 +341,7 @@ def _timings(clock: Clock, gens: list[Generation], prompt_tokens: int, prompt_ms
 
 
 def yield_all(text: Stream) -> Generation:
-    """Run ``text`` to its end; its Generation."""
+    """Run ``text`` to its end and return its Generation."""
     while True:
         try:
             next(text)
@@ -405,19 +353,15 @@ def yield_all(text: Stream) -> Generation:
 
 
 def preview(raw: str, multiline: bool, hold_back: str = HOLD_BACK) -> str:
-    """What may be streamed of the raw generated text so far: its first line
-    when single-line, minus the ``hold_back`` characters at its end."""
+    """What may stream of ``raw``: its first line when single-line, ``hold_back`` stripped."""
     text = raw if multiline else raw.split("\n", 1)[0]
     return text.rstrip(hold_back) if hold_back else text
 
 
 class Previewer:
-    """Turns the growing raw text into ``Delta`` texts that only ever append:
-    ``push(raw)`` returns the new preview characters, or "" when the preview
-    did not grow (or would rewrite what was sent). ``held(raw)``: True while
-    nothing of ``raw`` may be shown yet (a first line that is, or may become,
-    the line below the cursor: :meth:`Ending.may_repeat_below`). ``hold_back``:
-    the characters held back at the end ("": a text shown as it is)."""
+    """Turns the growing raw text into append-only ``Delta`` texts: ``push(raw)`` returns the new
+    characters, or "" when none (or the preview would rewrite what was sent). ``held(raw)``: True
+    while nothing may show yet (:meth:`Ending.may_repeat_below`)."""
 
     def __init__(self, multiline: bool, held: Callable[[str], bool] | None = None,
                  hold_back: str = HOLD_BACK) -> None:

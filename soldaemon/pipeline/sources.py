@@ -1,13 +1,7 @@
-"""Where an answer's text comes from, as one shape: a :data:`Stream` that
-yields the text after each step and returns its :class:`Generation` (the
-text, how it ended, its :class:`Stats`).
-
-The model part's ``generate`` is one (a decode, or a remote engine's HTTP
-stream); an answer that needs no prompt is a :class:`Source` around one: a
-parked generation resumed (the local part), an answer computed ahead
-(:func:`precomputed`), the rest of an answer the user typed the start of
-(:func:`typed`). :class:`soldaemon.pipeline.completion.Pipeline` previews,
-cuts, remembers and times them on one path. Nothing here imports torch.
+"""Where an answer's text comes from, as one shape: a :data:`Stream` yielding the text after each
+step and returning its :class:`Generation`. A model part's ``generate`` is one; a prompt-less
+answer (a parked run resumed, :func:`precomputed`, :func:`typed`) is a :class:`Source` around one.
+Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -21,8 +15,7 @@ from soldaemon.pipeline.ending import Ending
 
 @dataclass(frozen=True)
 class Stats:
-    """How a generation went, for the request's timings (the fields of
-    :meth:`soldaemon.pipeline.clock.Clock.timings` a model part measures)."""
+    """What a model part measures of a generation, for :meth:`.clock.Clock.timings`."""
 
     first_ns: int = 0              # perf_counter_ns at its first token (0: none came)
     first_wall_ns: int = 0         # the same instant in time_ns (0: derived)
@@ -38,39 +31,35 @@ class Generation:
     """One generation, as its stream returns it when done."""
 
     raw: str                       # the text generated
-    finish: FinishReason           # how it ended ("cancelled": see the request's cancel reason)
+    finish: FinishReason           # "cancelled": the request's cancel says why
     stats: Stats = Stats()
-    ids: tuple[int, ...] = ()      # its tokens, where the model part has them (the local one)
-    logp: tuple[float, ...] | None = None   # each of ``ids``' log-probability, when asked for and known
+    ids: tuple[int, ...] = ()      # its tokens, where the model part has them
+    logp: tuple[float, ...] | None = None   # per ``ids``, when asked for and known
 
     @property
     def whole(self) -> bool:
-        """It ended on its own (an end, a cut, ``max_tokens``), not stopped
-        by a cancel, a supersede or the budget."""
+        """Ended on its own (end, cut, ``max_tokens``), not by cancel, supersede or budget."""
         return self.finish in ("stop", "length")
 
 
-# The text after each step (raw, or final for a Source without an ending);
-# returns the Generation when done.
+# Yields the text after each step (final for a Source without an ending); returns the Generation.
 Stream = Generator[str, None, Generation]
 
 
 @dataclass
 class Source:
-    """An answer without a prompt of this request's own, previewed, cut,
-    remembered and timed like a generated one."""
+    """An answer without a prompt of this request's own, handled like a generated one."""
 
-    text: Stream                   # see Stream
-    ending: Ending | None          # the ending it was generated under (None: ``text`` is the answer as shown)
+    text: Stream
+    ending: Ending | None          # the one it was generated under (None: ``text`` is shown as is)
     kind: str                      # Timings.source: "resumed" | "speculative" | "type-through"
-    prompt_tokens: int = 0         # its prompt, all cached: nothing of it is computed for this request
+    prompt_tokens: int = 0         # its prompt, counted all cached
     counted: bool = True           # its Done goes into the model part's counters
     also: str | None = None        # another answer typing along goes on from (remembered, not sent)
 
 
 class Early(NamedTuple):
-    """Events an engine answers with before any prompt is built, passed on
-    as they are (a fallback engine's answer)."""
+    """A fallback engine's events, passed on as they are."""
 
     events: Iterator[Event]
     counted: bool        # its Done goes into the engine's counters (account)
@@ -83,8 +72,7 @@ def shown_once(text: str, finish: FinishReason, stats: Stats = Stats()) -> Strea
 
 
 def precomputed(done: Done) -> Source:
-    """This very request's answer, computed ahead (speculative FIM): its
-    first item, its prompt counted cached."""
+    """This request's answer computed ahead (speculative FIM): its first item, prompt cached."""
     t = done.timings
     text = done.items[0] if done.items else ""
     return Source(shown_once(text, done.finish_reason, Stats(generated_tokens=t.generated_tokens)), None,
@@ -92,9 +80,8 @@ def precomputed(done: Done) -> Source:
 
 
 def typed(rests: tuple[str, ...]) -> Source:
-    """The rest of the answer shown here, the user having typed its start
-    (:func:`soldaemon.shown.type_through`); the rest of the streamed answer
-    it replaced, when typed along too, kept for the next keystroke. Not
-    counted."""
+    """The rest of the shown answer whose start the user typed
+    (:func:`soldaemon.shown.type_through`); ``also``: the rest of the streamed answer it replaced.
+    Not counted."""
     return Source(shown_once(rests[0], "stop"), None, "type-through", counted=False,
                   also=rests[1] if len(rests) > 1 else None)

@@ -1,12 +1,7 @@
-"""Where an answer ends: while the text streams (:meth:`Ending.may_stop`)
-and at the end (:meth:`Ending.shown`, what is shown and why it ends there).
-
-:func:`ending_for` picks a strategy per request: the text rules
-(:class:`TextEnding`), or for a block answer with a tree-sitter grammar and
-``completion.block_end: model`` the parse (:class:`ParsedEnding`: the model's
-end stands, cut only where the text is provably wrong). :attr:`Answer.end`
-names why an answer ended (docs/protocol.md). The decode loop gets only
-``may_stop`` as a plain callable; nothing here imports torch.
+"""Where an answer ends: while streaming (:meth:`Ending.may_stop`) and at the end
+(:meth:`Ending.shown`). :func:`ending_for` picks the text rules (:class:`TextEnding`) or, for a
+block answer with a grammar and ``completion.block_end: model``, the parse (:class:`ParsedEnding`).
+:attr:`Answer.end` names why (docs/protocol.md). Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -28,29 +23,26 @@ class Ending(Protocol):
     rule: str | None    # the rule that stopped generation (None: none did)
 
     def may_stop(self, text_so_far: str) -> bool:
-        """True once more text could not change what :meth:`shown` shows
-        (then it stays True); called with the whole text after every step."""
+        """True, and from then on, once more text cannot change :meth:`shown`; ``text_so_far``:
+        the whole text after each step."""
 
     def shown(self, raw: str, finish: str, rule: str | None) -> Answer:
-        """What is shown of ``raw``, which ended with ``finish`` after ``rule``
-        stopped it (None: none did)."""
+        """What is shown of ``raw``, which ended with ``finish``; ``rule``: what stopped it."""
 
     def restart(self) -> None:
         """Check a new generation from its start."""
 
     def may_repeat_below(self) -> Callable[[str], bool]:
-        """The preview's test: True while a first line on a line of its own
-        may still become the line below the cursor (which :meth:`shown` drops)."""
+        """The preview's hold test: True while the first line may become one :meth:`shown` drops."""
 
     def repeats_below(self, text: str) -> bool:
-        """Whether :meth:`shown` drops all of ``text`` for repeating the line below."""
+        """Whether :meth:`shown` drops all of ``text`` as repeating the line below."""
 
 
 def ending_for(prefix: str, suffix: str, language: str | None, mode: Multiline, max_lines: int,
                block_end: str) -> Ending:
-    """The request's :class:`Ending`: multi-line per :func:`decide_multiline`,
-    or with a grammar also after an unfinished statement (a syntax error
-    near the cursor)."""
+    """The request's :class:`Ending`: multi-line per :func:`decide_multiline`, or with a grammar
+    also after an unfinished statement (a syntax error near the cursor)."""
     multiline = decide_multiline(prefix, suffix, mode)
     cur = cursor_at(prefix, suffix)
     window = None

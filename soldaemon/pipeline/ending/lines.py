@@ -1,9 +1,7 @@
 """What the text rules know before any text: the cursor (:class:`Cursor`,
-:func:`decide_multiline`), block keywords, indentation and brackets.
-
-Each cut rule looks only at a line and the lines before it, which makes early
-stopping exact. Lines split on ``"\\n"`` (a ``"\\r"`` is trailing whitespace);
-indentation is in columns, a tab counting 4.
+:func:`decide_multiline`), block keywords, indentation and brackets. A cut rule looks only at a
+line and those before it, which makes early stopping exact. Lines split on ``"\\n"`` (``"\\r"`` is
+trailing whitespace); indentation is in columns, a tab counting 4.
 """
 
 from __future__ import annotations
@@ -17,14 +15,13 @@ CLOSE_TO_OPEN = {")": "(", "]": "[", "}": "{"}
 _OPENERS = "([{"
 CLOSERS = ")]}"
 QUOTES = "\"'`"
-# The rest of the cursor line may hold only these for a multi-line completion.
+# All the cursor line's rest may hold for a multi-line completion.
 _REST_ALLOWED = frozenset(CLOSERS + QUOTES + ";, \t\r")
 _COMMENT_STARTS = ("#", "//", "--", "/*", "*", "<!--", ";", "%", "'''", '"""')
 _OPENER_WORDS = ("do", "then", "else", "begin")
 
 
-# A dedented line that goes on with the cursor's statement: keyword -> the
-# header keywords it may follow.
+# Dedented keyword continuing the statement -> the header keywords it may follow.
 CONTINUES: dict[str, tuple[str, ...]] = {
     "elif": ("if", "elif"),
     "else": ("if", "elif", "for", "while", "try", "except", "async for", "async while"),
@@ -34,13 +31,13 @@ CONTINUES: dict[str, tuple[str, ...]] = {
 }
 # Brace languages: ``} else {``, ``} catch (e) {``, ``} finally {``, ``} while (x);``.
 BRACE_CONTINUES = ("else", "catch", "finally", "except", "while")
-# A line starting a new definition: past the cursor's block, the answer ends before it.
+# Past the cursor's block, the answer ends before a line starting a definition.
 DEFINES = ("def", "async def", "class", "function", "async function", "func", "fn", "pub fn", "impl", "export")
 
 
 def starts_definition(line: str) -> bool:
-    """Whether ``line`` (complete or not) starts a definition: a word of
-    :data:`DEFINES`, a space and a name (not ``fn(x)``), or ``@name``."""
+    """Whether ``line`` (complete or not) starts a definition: a :data:`DEFINES` word, a space
+    and a name (not ``fn(x)``), or ``@name``."""
     lead = line.lstrip()
     if lead.startswith("@"):
         return len(lead) > 1 and (lead[1].isalpha() or lead[1] == "_")
@@ -84,8 +81,8 @@ def bracket_depth(text: str) -> int:
 
 
 def _opens_block(before: str) -> bool:
-    """Whether ``before`` ends with a block opener: a bracket, ``=>``, `` ->``,
-    a ``:`` outside brackets, or ``do``/``then``/``else``/``begin``."""
+    """Whether ``before`` ends with a block opener: a bracket, ``=>``, `` ->``, ``:`` outside
+    brackets, or ``do``/``then``/``else``/``begin``."""
     s = before.rstrip()
     if not s:
         return False
@@ -112,8 +109,7 @@ def _cursor_line(prefix: str) -> str:
 
 
 def _column0(before: str, rest: str) -> bool:
-    """Whether the cursor is at column 0 before text (a completion inserts
-    whole lines above)."""
+    """Whether the cursor is at column 0 before text (the completion inserts lines above)."""
     return before == "" and bool(rest.strip())
 
 
@@ -123,11 +119,9 @@ def _rest_of_line(suffix: str) -> str:
 
 
 def decide_multiline(prefix: str, suffix: str, mode: Multiline) -> bool:
-    """Whether to generate a multi-line completion. ``"auto"``: at column 0
-    before text, or when the rest of the line holds only closers, quotes and
-    ``;,`` and the line before the cursor is blank or (not a comment) ends
-    with a block opener.
-    """
+    """Whether to generate a multi-line completion. ``"auto"``: at column 0 before text, or when
+    the line's rest holds only closers, quotes and ``;,`` and the text before the cursor is blank
+    or (not a comment) ends with a block opener."""
     if mode == "single":
         return False
     if mode == "multi":
@@ -148,7 +142,7 @@ def decide_multiline(prefix: str, suffix: str, mode: Multiline) -> bool:
 
 @dataclass(frozen=True)
 class Cursor:
-    """What the cut rules need to know about the document around the cursor."""
+    """The document around the cursor, as the cut rules need it."""
 
     prefix: str
     suffix: str
@@ -157,13 +151,12 @@ class Cursor:
     indent: int              # indentation of the cursor line
     opener: bool             # ``before`` ends with a block opener
     next_line: str | None    # first non-blank suffix line after the cursor line, rstripped
-    later_lines: tuple[str, ...] = ()  # the next few non-blank suffix lines after it, rstripped
-    column0: bool = False    # at column 0 before existing text: ``rest`` counts as the next line
+    later_lines: tuple[str, ...] = ()  # the next few non-blank suffix lines after it
+    column0: bool = False    # at column 0 before text: ``rest`` counts as the next line
     next_indent: int = 0     # indentation of ``next_line`` (0 when there is none)
 
 
 def cursor_at(prefix: str, suffix: str) -> Cursor:
-    """The :class:`Cursor` between ``prefix`` and ``suffix``."""
     before = _cursor_line(prefix)
     nl = suffix.find("\n")
     rest = _rest_of_line(suffix)
@@ -195,15 +188,14 @@ def cursor_at(prefix: str, suffix: str) -> Cursor:
     )
 
 
-# A line also repeats one of this many suffix lines further when it has at least
-# LATER_MIN_CHARS non-blank characters (``else:`` or ``return`` recur legitimately).
+# A line of LATER_MIN_CHARS or more also repeats one of the _LATER_LINES after the next
+# (short ones such as ``else:`` recur legitimately).
 _LATER_LINES = 2
 LATER_MIN_CHARS = 8
 
 
 def repeats_suffix(cur: Cursor, text: str) -> bool:
-    """Whether completed line ``text`` is the suffix's next line, or a long
-    one of the few after it."""
+    """Whether completed line ``text`` is the suffix's next line, or a long one of the few after."""
     if cur.next_line is not None and text == cur.next_line:
         return True
     return len(text.strip()) >= LATER_MIN_CHARS and text in cur.later_lines
@@ -215,6 +207,5 @@ def on_own_line(cur: Cursor) -> bool:
 
 
 def first_repeats(cur: Cursor, line: str) -> bool:
-    """Whether a completion's first ``line``, on a line of its own, repeats
-    the suffix."""
+    """Whether a completion's first ``line``, on a line of its own, repeats the suffix."""
     return on_own_line(cur) and bool(line.strip()) and repeats_suffix(cur, (cur.before + line).rstrip())

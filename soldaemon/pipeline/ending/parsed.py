@@ -1,11 +1,6 @@
-"""Where an answer ends by its parse: :class:`ParsedEnding`, the text rules
-plus tree-sitter over a :class:`Window` of lines around the cursor.
-
-:meth:`Window.fits` says whether an insertion adds a syntax error that prefix
-+ suffix alone do not have; the window is parsed once, then incrementally per
-insertion, so the cost does not grow with the document. Grammars come from the
-``tree-sitter-<language>`` wheels; a missing wheel means no grammar (the text
-rules alone decide), never an error.
+"""Where an answer ends by its parse: :class:`ParsedEnding`, the text rules plus tree-sitter over
+a :class:`Window` around the cursor, parsed once and then incrementally per insertion. Grammars
+come from ``tree-sitter-<language>`` wheels; a missing one means the text rules alone decide.
 """
 
 from __future__ import annotations
@@ -32,8 +27,8 @@ GRAMMARS: dict[str, tuple[str, str]] = {
     "cpp": ("tree_sitter_cpp", "language"),
     "java": ("tree_sitter_java", "language"),
 }
-# Blocks by indentation: tree-sitter's Python grammar takes a body-less ``for x:``
-# or an unexpected indent without an error node, so those are checked by indent.
+# Checked by indent too: tree-sitter's Python grammar accepts a body-less ``for x:`` or a bad
+# indent without an error node.
 INDENTED = frozenset({"python"})
 
 WINDOW_LINES = 120   # lines of context each side of the cursor, at most
@@ -43,8 +38,7 @@ _GOES_ON = ("else", "elif", "except", "finally", "catch", ")", "]", "}")
 
 @lru_cache(maxsize=None)
 def _parser(language: str) -> Any | None:
-    """A tree-sitter parser for LSP language id ``language``, or None when
-    its grammar is not installed."""
+    """A tree-sitter parser for LSP language id ``language``, or None without its grammar."""
     spec = GRAMMARS.get(language)
     if spec is None:
         return None
@@ -71,9 +65,8 @@ def _triples(text: str) -> int:
 
 
 def _window(prefix: str, suffix: str) -> tuple[str, str]:
-    """``prefix`` from the last top-level line before the cursor's line and
-    ``suffix`` up to the next one after it, each at most :data:`WINDOW_LINES`
-    lines (a line inside a multi-line string is not top-level)."""
+    """``prefix`` from the last top-level line before the cursor's and ``suffix`` up to the next,
+    each at most :data:`WINDOW_LINES` lines (none inside a multi-line string is top-level)."""
     head = prefix.split("\n")[-WINDOW_LINES - 1:]
     quotes = _triples(prefix[: len(prefix) - len("\n".join(head))])
     inside: list[bool] = []
@@ -97,7 +90,7 @@ def _window(prefix: str, suffix: str) -> tuple[str, str]:
 
 
 def _errors(node: Any) -> int:
-    """How many error and missing nodes lie under ``node``."""
+    """The count of error and missing nodes under ``node``."""
     return sum(1 for _ in _error_nodes(node))
 
 
@@ -118,8 +111,8 @@ class Window:
     errors: int          # its error and missing nodes
 
     def fits(self, insert: str) -> bool:
-        """Whether ``before + insert + after`` has no more syntax errors than
-        ``before + after`` (indented languages: and keeps the block rules)."""
+        """Whether ``before + insert + after`` has no more syntax errors than ``before + after``
+        (and, indented languages, keeps the block rules)."""
         if not insert:
             return True
         if self.language in INDENTED and not (bodies_fit(self.before, insert)
@@ -136,8 +129,7 @@ class Window:
         return _errors(new.root_node) <= self.errors
 
     def longest_fit(self, text: str) -> tuple[str, bool]:
-        """The longest whole-line prefix of ``text`` that :meth:`fits`, and
-        whether that is all of ``text``."""
+        """The longest whole-line prefix of ``text`` that :meth:`fits`, and whether it is all."""
         if self.fits(text):
             return text, True
         lines = text.rstrip("\n").split("\n")
@@ -161,12 +153,11 @@ def _last_code_line(text: str) -> str | None:
 
 
 def _indent_fits(before: str, insert: str, after: str) -> bool:
-    """Python's block rules where the insertion meets the code after it: a
-    ``...:`` last line needs a deeper next line, any other last line a next
-    line no deeper (outside brackets)."""
+    """Python's block rules where the insertion meets the code after: a ``...:`` last line needs
+    a deeper next line, any other a next line no deeper (outside brackets)."""
     first, _, more = after.partition("\n")
     if first.strip() and not (before + insert).endswith("\n"):
-        return True       # the rest of the cursor's line goes on with the last line: the parse judges it
+        return True       # the cursor line's rest continues the last line: the parse judges
     nxt = first if first.strip() else next(
         (ln for ln in more.split("\n") if ln.strip() and not ln.lstrip().startswith("#")), None)
 
@@ -184,15 +175,14 @@ def _indent_fits(before: str, insert: str, after: str) -> bool:
 
 
 def bodies_fit(before: str, insert: str) -> bool:
-    """Python's block rule inside the insertion: a line opening a block
-    (``...:``) is followed by a deeper line with code or by none. True when
-    the cursor is inside a bracket or string (the parse judges)."""
+    """Python's block rule inside the insertion: a ``...:`` line is followed by a deeper code
+    line or none. True inside a bracket or string (the parse judges)."""
     lines = insert.split("\n")
     if len(lines) < 2 or _scan_before(before) != (0, False):
         return True
     cursor_line = before[before.rfind("\n") + 1:]
     head = cursor_line
-    start = ""          # the first physical line of the statement being read
+    start = ""          # the statement's first physical line
     for j, line in enumerate(lines[:-1]):
         text = (cursor_line if j == 0 else "") + line
         if j == 0 or _scan(head) == (0, False):
@@ -212,7 +202,7 @@ def bodies_fit(before: str, insert: str) -> bool:
 
 @lru_cache(maxsize=8)
 def _scan_before(before: str) -> tuple[int, bool]:
-    """:func:`_scan` of the text before the cursor's line (cached per window)."""
+    """:func:`_scan` of the lines before the cursor's (cached per window)."""
     return _scan(before[:before.rfind("\n") + 1])
 
 
@@ -222,8 +212,8 @@ def _open_brackets(text: str) -> int:
 
 
 def _scan(text: str) -> tuple[int, bool]:
-    """(brackets left open at the end of ``text``, whether it ends inside a
-    triple-quoted string), lexing Python roughly."""
+    """(brackets open at the end of ``text``, whether it ends in a triple-quoted string), by a
+    rough Python lexer."""
     depth = 0
     i, n = 0, len(text)
     while i < n:
@@ -247,8 +237,7 @@ def _scan(text: str) -> tuple[int, bool]:
 
 
 def _string_end(text: str, i: int) -> int:
-    """The index after the string literal opened at ``i`` (unclosed: its
-    line's end, or the text's end for a triple quote)."""
+    """The index after the string opened at ``i`` (unclosed: its line's end; triple: text end)."""
     quote = text[i:i + 3] if text[i:i + 3] in ('"""', "'''") else text[i]
     j, n = i + len(quote), len(text)
     while j < n:
@@ -274,8 +263,7 @@ def window_at(prefix: str, suffix: str, language: str) -> Window | None:
 
 
 def opens_without_body(prefix: str, text: str, suffix: str) -> bool:
-    """Whether ``text`` inserted at the cursor ends on a block opener
-    (``...:``, ``... {``) whose body the suffix does not hold."""
+    """Whether ``text`` at the cursor ends on a block opener whose body the suffix lacks."""
     last = _last_code_line(prefix[prefix.rfind("\n") + 1:] + text)
     if last is None:
         return False
@@ -283,16 +271,14 @@ def opens_without_body(prefix: str, text: str, suffix: str) -> bool:
         return False
     first, _, more = suffix.partition("\n")
     if first.strip():
-        return False      # the rest of the line goes on with it
+        return False      # the line's rest continues it
     nxt = next((ln for ln in more.split("\n") if ln.strip()), None)
     return nxt is None or indent_of(nxt) <= indent_of(last)
 
 
 class ParsedEnding(TextEnding):
-    """The text rules with the parse, for multi-line answers. While decoding:
-    the text rules above ``floor`` (columns), and in an indented language a
-    stop (rule ``opener``) once a line in the cursor's block opens a block
-    without a deeper next line (no longer text can make that fit)."""
+    """The text rules with the parse, multi-line. While decoding: the text rules above ``floor``
+    (columns); in an indented language, stop (``opener``) at a block opener with no deeper line."""
 
     def __init__(self, prefix: str, suffix: str, max_lines: int, window: Window, floor: int,
                  cur: Cursor | None = None) -> None:
@@ -312,10 +298,9 @@ class ParsedEnding(TextEnding):
         return self._stop("opener")
 
     def shown(self, raw: str, finish: str, rule: str | None) -> Answer:
-        """The text rules cut ``raw`` (above the floor only when the model
-        ended it itself), then it is cut back to the longest line-prefix
-        that parses with the suffix (end ``opener`` or ``parse``)."""
-        # a model stopped by a rule ran on: trusted no more than one that hit max_tokens
+        """The text rules' cut (the floor only when the model ended it), then the longest line
+        prefix that parses with the suffix (end ``opener`` or ``parse``)."""
+        # a run a rule stopped is trusted no more than one that hit max_tokens
         by_model = finish == "stop" and rule is None
         text, cut = postprocess_why(raw, prefix=self.prefix, suffix=self.suffix, multiline=True,
                                     max_lines=self.max_lines, floor=self.floor if by_model else None)
@@ -333,9 +318,8 @@ _UNFINISHED = (",", "+", "-", "*", "/", "%", "&", "|", "\\", " and", " or", "&&"
 
 
 def may_be_unfinished(prefix: str, suffix: str, mode: Multiline) -> bool:
-    """Whether the cursor line ends inside a bracket it opened with a comma
-    or operator (``call(x,|``) and only closers follow: the parse then
-    decides whether the statement is unfinished."""
+    """Whether the cursor line ends in a bracket it opened with a comma or operator
+    (``call(x,|``), only closers following: the parse then decides."""
     line = prefix[prefix.rfind("\n") + 1:]
     rest = suffix.split("\n", 1)[0]
     if mode != "auto" or rest.strip(" \t\r)]}\"'`;,") or not line.rstrip().endswith(_UNFINISHED):
@@ -348,8 +332,7 @@ def may_be_unfinished(prefix: str, suffix: str, mode: Multiline) -> bool:
 
 
 def error_at_cursor(window: Window) -> bool:
-    """Whether a syntax error lies between the cursor line's start and the
-    end of the next line with code."""
+    """Whether a syntax error lies from the cursor line's start to the next code line's end."""
     node = window.tree.root_node
     if not node.has_error:
         return False
@@ -366,7 +349,7 @@ def _line_ends(text: bytes) -> list[int]:
 
 
 def _error_nodes(node: Any) -> Iterator[Any]:
-    """The error and missing nodes under ``node`` (a tree-sitter node)."""
+    """The error and missing nodes under tree-sitter ``node``."""
     if node.is_error or node.is_missing:
         yield node
     if node.has_error:
@@ -380,8 +363,8 @@ def _in_block(text: str, base: int) -> bool:
 
 
 def _opens(text: str, shown: str, cursor_line: str = "") -> bool:
-    """Whether the cut dropped a block opener without its body: the dropped
-    text's last line, or its first with code when the next is not deeper."""
+    """Whether the cut dropped a block opener without its body (the dropped text's last line, or
+    its first code line when the next is not deeper)."""
     dropped = text[len(shown):].rstrip()
     if not shown:
         dropped = cursor_line + dropped

@@ -1,7 +1,5 @@
-"""Where an answer ends by its text alone: :class:`TextEnding` (the strategy),
-:class:`LineScanner` (the cut rules, one line at a time), :func:`postprocess`
-(what is shown) and :func:`may_repeat_below` / :func:`repeats_below` (a first
-line that repeats the line below). Pure string functions.
+"""Where an answer ends by its text alone: :class:`TextEnding`, the cut rules
+(:class:`LineScanner`), :func:`postprocess` and the repeat-below tests. Pure string functions.
 """
 
 from __future__ import annotations
@@ -24,16 +22,12 @@ class Answer:
     """One shown completion and why it ends where it does."""
 
     text: str   # what the editor shows
-    end: str    # "model", a cut rule or how generation stopped (soldaemon.pipeline.ending)
+    end: str    # "model", a cut rule or how generation stopped
 
 
 class TextEnding:
-    """Where one request's answer ends, by the text rules.
-
-    ``may_stop(t)`` True guarantees ``shown(u) == shown(t)`` for every
-    extension ``u`` of ``t``; it then stays True and :attr:`rule` names the
-    rule. Each call costs only the characters new since the last one.
-    """
+    """Where one request's answer ends, by the text rules. ``may_stop(t)`` True guarantees
+    ``shown(u) == shown(t)`` for every extension ``u`` of ``t``; each call scans only new text."""
 
     def __init__(self, prefix: str, suffix: str, multiline: bool, max_lines: int,
                  floor: int | None = None, cur: Cursor | None = None) -> None:
@@ -42,20 +36,17 @@ class TextEnding:
         self.multiline = multiline
         self.max_lines = max_lines
         self.floor = floor
-        self._cur = cur if cur is not None else cursor_at(prefix, suffix)   # ``cur``: the caller's, computed once
-        self.rule: str | None = None   # the rule that stopped generation (None: none did)
+        self._cur = cur if cur is not None else cursor_at(prefix, suffix)
+        self.rule: str | None = None   # the rule that stopped generation
         self._reset()
 
     def restart(self) -> None:
-        """Check a new generation from its start (its rule cleared)."""
         self._reset()
 
     def may_repeat_below(self) -> Callable[[str], bool]:
-        """The preview's hold test (:func:`may_repeat_below` at this cursor)."""
         return may_repeat_below(self._cur)
 
     def repeats_below(self, text: str) -> bool:
-        """Whether ``text``'s first line repeats the line below (:func:`repeats_below`)."""
         return repeats_below(self._cur, text)
 
     def _reset(self) -> None:
@@ -65,7 +56,6 @@ class TextEnding:
         self.rule = None
 
     def may_stop(self, text_so_far: str) -> bool:
-        """True when generation can stop now (see the class)."""
         if self._stopped:
             return True
         text = text_so_far
@@ -92,26 +82,23 @@ class TextEnding:
         return True
 
     def shown(self, raw: str, finish: str, rule: str | None) -> Answer:
-        """The shown answer for ``raw``, which ended with ``finish``."""
         text, cut = postprocess_why(raw, prefix=self.prefix, suffix=self.suffix, multiline=self.multiline,
                                     max_lines=self.max_lines)
         return Answer(text, cut or (finish if finish in STOPPED else "model"))
 
 
-# A cut: drop from line ``at`` ("before") or after it ("after"), and the rule's
-# name (the ``end`` a completion reports, docs/protocol.md).
+# A cut: drop from line ``at`` ("before") or after it ("after"), and the rule (the ``end``).
 _Cut = tuple[Literal["before", "after"], int, str]
 
 class LineScanner:
-    """The cut rules of :func:`postprocess`, fed one line at a time:
-    :meth:`decide` for line ``i`` (pure), then :meth:`advance` when it is kept
-    and complete."""
+    """:func:`postprocess`'s cut rules, one line at a time: :meth:`decide` (pure), then
+    :meth:`advance` when the line is kept and complete."""
 
     def __init__(self, cur: Cursor, multiline: bool, max_lines: int, floor: int | None = None) -> None:
         self.cur = cur
         self.multiline = multiline
         self.max_lines = max(1, max_lines)
-        self.floor = floor              # None: a dedent out of the block ends; else only one below this
+        self.floor = floor              # None: a dedent ends; else only one below this
         self.i = 0
         self.first_blank = False
         self.base = cur.indent          # body lines are indented at least this much
@@ -121,8 +108,7 @@ class LineScanner:
         self._header: tuple[str, int] | None | Literal[False] = False  # lazy
 
     def header(self) -> tuple[str, int] | None:
-        """The line that opened the completion's block, with its indentation
-        (the cursor line when it ends with an opener)."""
+        """The line opening the completion's block and its indentation (lazy, cached)."""
         if self._header is not False:
             return self._header
         found: tuple[str, int] | None = None
@@ -142,8 +128,7 @@ class LineScanner:
         return found
 
     def suffix_closes(self, closer: str, indent: int) -> bool:
-        """Whether the suffix's first line at or left of ``indent`` starts
-        with ``closer``."""
+        """Whether the suffix's first line at or left of ``indent`` starts with ``closer``."""
         suffix = self.cur.suffix
         nl = suffix.find("\n")
         if nl < 0:
@@ -161,10 +146,8 @@ class LineScanner:
         return False
 
     def closer_kept(self, closer: str, indent: int) -> bool:
-        """Whether a dedented line starting with ``closer`` is kept as the
-        block's last line: it closes the header's opener at the header's
-        indentation and the suffix does not close it (except right after the
-        cursor)."""
+        """Whether a dedented ``closer`` line is kept as the block's last: it closes the header's
+        opener at its indentation and the suffix does not (unless right after the cursor)."""
         header = self.header()
         if header is None:
             return False
@@ -176,9 +159,8 @@ class LineScanner:
         return not self.suffix_closes(closer, h_indent)
 
     def continues(self, stripped: str, indent: int, complete: bool) -> bool | None:
-        """Whether a dedented line goes on with the completion's statement
-        (``else``, ``} catch (e) {`` ...); None while an incomplete line could
-        still become one."""
+        """Whether a dedented line continues the statement (``else``, ``} catch (e) {``); None
+        while an incomplete line could still become one."""
         header = self.header()
         if header is None or indent != header[1]:
             return False
@@ -202,14 +184,11 @@ class LineScanner:
         return False
 
     def repeats(self, text: str) -> bool:
-        """Whether completed line ``text`` repeats the suffix's next lines or
-        a branch of its statement."""
+        """Whether completed line ``text`` repeats the suffix's next lines or its branches."""
         return repeats_suffix(self.cur, text) or self.repeats_branch(text)
 
     def repeats_branch(self, text: str) -> bool:
-        """Whether completed line ``text`` opens a branch (``elif x:``,
-        ``else:`` ...) that the suffix's statement already has, however far
-        below."""
+        """Whether line ``text`` opens a branch (``elif x:``) the suffix's statement already has."""
         stripped = text.strip()
         if keyword(stripped, CONTINUES) is None:
             return False
@@ -225,11 +204,9 @@ class LineScanner:
         return False
 
     def decide(self, line: str, complete: bool) -> _Cut | None:
-        """The cut that line ``self.i`` causes, or None; for an incomplete
-        line only a cut that more text could not change."""
+        """The cut line ``self.i`` causes, or None; for an incomplete line only a final one."""
         i = self.i
         if i == 0:
-            # on a line of its own, a first line equal to the line below shows it twice
             if complete and first_repeats(self.cur, line):
                 return ("before", 0, "suffix")
             return None
@@ -259,7 +236,7 @@ class LineScanner:
                 return ("after", i, "scope")
             return ("before", i, "scope")
         if ind < self.base and starts_definition(line):
-            return ("before", i, "scope")   # past the block (above the floor): a new definition
+            return ("before", i, "scope")   # a new definition above the floor
         if not complete:
             return None
         text = line.rstrip()
@@ -270,7 +247,7 @@ class LineScanner:
         return None
 
     def advance(self, line: str) -> None:
-        """Line ``self.i`` is complete and kept: update the state."""
+        """Take line ``self.i`` as complete and kept."""
         i = self.i
         if i == 0:
             self.first_blank = not line.strip()
@@ -296,14 +273,12 @@ class LineScanner:
 
 
 def repeats_below(cur: Cursor, text: str) -> bool:
-    """Whether :func:`postprocess` drops all of ``text`` because its first
-    line, on a line of its own, repeats a line below the cursor."""
+    """Whether :func:`postprocess` drops all of ``text``: its first line repeats a line below."""
     return first_repeats(cur, text.split("\n", 1)[0])
 
 
 def may_repeat_below(cur: Cursor) -> Callable[[str], bool]:
-    """A test for the streamed preview: True while the text's first line may
-    still become one that :func:`repeats_below` drops."""
+    """The preview's test: True while the first line may become one :func:`repeats_below` drops."""
     if not on_own_line(cur) or cur.next_line is None:
         return lambda _text: False
     lines = [cur.next_line, *(ln for ln in cur.later_lines if len(ln.strip()) >= LATER_MIN_CHARS)]
@@ -319,8 +294,7 @@ def may_repeat_below(cur: Cursor) -> Callable[[str], bool]:
 
 
 def _can_drop(head: str, tail: str) -> bool:
-    """Whether ``tail`` can be cut from after ``head``: it closes no bracket
-    or string that ``head`` opened."""
+    """Whether ``tail`` closes no bracket or string that ``head`` opened."""
     if any(ch in CLOSERS for ch in tail) and bracket_depth(head) > 0:
         return False
     for q in QUOTES:
@@ -330,9 +304,8 @@ def _can_drop(head: str, tail: str) -> bool:
 
 
 def _trim_rest_overlap(text: str, rest: str) -> str:
-    """``text`` without the longest end that repeats the start of ``rest``
-    (the cursor line's rest) and is all of it or only closers, quotes and
-    ``;,:``."""
+    """``text`` minus its longest end that repeats the start of ``rest`` (the cursor line's rest)
+    and is all of it or only closers, quotes and ``;,:``."""
     core = rest.rstrip()
     if not core:
         return text
@@ -380,23 +353,18 @@ def _cut_lines(lines: list[str], scanner: LineScanner) -> tuple[list[str], str |
 def postprocess(
     text: str, *, prefix: str, suffix: str, multiline: bool, max_lines: int
 ) -> str:
-    """What to show for generated ``text`` at the cursor; "" shows nothing.
-
-    Lines are cut at the first of: a newline (single-line); line
-    ``max_lines + 1``; a line left of the enclosing block (a closer of its
-    header's opener is kept, a continuing ``else``/``} catch {`` is no end);
-    a line equal to one of the suffix's next lines; a third repetition. Then
-    trailing whitespace goes, and the end that repeats the rest of the cursor
-    line (``foo(`` + ``a, b)`` before ``)`` gives ``a, b``).
-    """
+    """What to show for ``text`` at the cursor ("": nothing). Cut at the first: newline (single-
+    line), line ``max_lines + 1``, line left of the block (its header's closer kept, ``else`` goes
+    on), repeat of the suffix's next lines, third repetition. Then trailing blanks go, and the end
+    repeating the cursor line's rest (``a, b)`` before ``)`` gives ``a, b``)."""
     return postprocess_why(text, prefix=prefix, suffix=suffix, multiline=multiline, max_lines=max_lines)[0]
 
 
 def postprocess_why(
     text: str, *, prefix: str, suffix: str, multiline: bool, max_lines: int, floor: int | None = None
 ) -> tuple[str, str | None]:
-    """:func:`postprocess` and the rule that cut (None: none). With ``floor``
-    (columns) only a line indented less than it ends the block."""
+    """:func:`postprocess` and the rule that cut (or None). ``floor`` (columns): only a line
+    indented less ends the block."""
     cur = cursor_at(prefix, suffix)
     lines, rule = _cut_lines(text.split("\n"), LineScanner(cur, multiline, max_lines, floor))
     return _finish(lines, cur), rule

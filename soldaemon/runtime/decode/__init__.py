@@ -1,3 +1,2 @@
-"""Decoding: the generation loop with verification of drafts
-(:mod:`.generate`), drafting (:mod:`.draft`), sampling, token healing and
-incremental detokenizing."""
+"""Decoding: the generation loop with draft verification (:mod:`.generate`), the draft model
+(:mod:`.draft`), sampling and token healing (:mod:`.sampling`), second choices (:mod:`.second`)."""

@@ -1,10 +1,6 @@
-"""Draft proposers for speculative decoding: the draft model.
-
-Prompt lookup and the draft length are policy (plain Python, no torch) in
-:mod:`soldaemon.policy.draft`. A draft model
-(``model.draft_model``: a smaller model with the same tokenizer) guesses
-where nothing repeats, at the cost of its own decode steps. Verification (see :mod:`.generate`) keeps only what greedy
-decoding would have produced, so a wrong guess costs time, never output.
+"""The draft model for speculative decoding (``model.draft_model``: a smaller model, same
+tokenizer). Prompt lookup and draft sizing are policy (:mod:`soldaemon.policy.draft`, no torch).
+Verification keeps only what the sampler would produce: a wrong guess costs time, never output.
 """
 
 from __future__ import annotations
@@ -20,10 +16,8 @@ if TYPE_CHECKING:
 
 
 class DraftModel:
-    """Drafts from a smaller model with the target's vocabulary: greedy
-    decode steps on its own KV cache, which follows the target's history
-    (prompt + accepted tokens) and reuses its common prefix across requests,
-    so a keystroke costs the draft model only the new tokens too."""
+    """Greedy drafts on the draft model's own KV session, which follows the target's history
+    (prompt + accepted tokens) and reuses its common prefix across requests."""
 
     def __init__(self, backend: Backend, vocab_limit: int) -> None:
         from soldaemon.runtime.kv.session import KVSession
@@ -31,7 +25,7 @@ class DraftModel:
         self.session = KVSession(backend, cache=backend.new_cache())
         self.vocab_limit = vocab_limit          # draft ids at or above it are not the target's
         self.history: list[int] = []
-        self.step_ms = 0.0                      # measured cost of one draft step (warm-up)
+        self.step_ms = 0.0                      # one draft step, ms (measure())
 
     def reset(self, history: Sequence[int]) -> None:
         self.history = list(history)
@@ -40,7 +34,7 @@ class DraftModel:
         self.history.extend(tokens)
 
     def kind(self) -> int:
-        """One kind of proposal: the draft model's greedy tokens."""
+        """The one proposal kind (1), or 0 with no history."""
         return 1 if self.history else 0
 
     @torch.inference_mode()
@@ -61,8 +55,7 @@ class DraftModel:
         return out
 
     def measure(self, n: int = 64) -> float:
-        """ms per draft decode step after an ``n``-token context, each timed
-        to the end of its device work."""
+        """Median ms of a draft step after an ``n``-token context, to the end of device work."""
         import time
 
         from soldaemon.runtime.forward.timing import elapsed_ms, synchronize

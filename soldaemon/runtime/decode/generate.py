@@ -1,10 +1,6 @@
-"""Generation as a generator of token events, gpt-fast style steps, and
-the text of the tokens generated (:class:`Detok`).
-
-``generate`` yields a :class:`TokenEvent` per model step (one token, or several
-when a speculative draft was accepted); the last event carries
-``finish_reason``. Cancellation, the time budget and stop conditions are
-checked before every step, so a cancel takes effect within one step.
+"""Generation as a generator of :class:`TokenEvent` (one per model step, the last with
+``finish_reason``), and the text of generated tokens (:class:`Detok`). Cancel, budget and stop
+are checked before every step, so a cancel takes effect within one step.
 """
 
 from __future__ import annotations
@@ -28,8 +24,8 @@ class GenStats:
     steps: int = 0                 # model forwards after prefill
     draft_tokens: int = 0          # speculative tokens proposed
     accepted_tokens: int = 0       # of which accepted
-    first_token_ns: int = 0        # time.perf_counter_ns() at the first token
-    first_token_wall_ns: int = 0   # time.time_ns() at the first token
+    first_token_ns: int = 0        # perf_counter_ns at the first token
+    first_token_wall_ns: int = 0   # time_ns at the first token
 
 
 @dataclass
@@ -55,31 +51,16 @@ def generate(
     precise_until: int | None = None,
     logp: list[float] | None = None,
 ) -> Iterator[TokenEvent]:
-    """Prefill ``prompt`` (reusing the cache) and decode up to ``max_tokens``.
-
-    ``should_stop(generated)`` lets the caller end early (post-processing
-    would cut the rest); ``deadline_ns`` is a ``perf_counter_ns`` budget.
-    Speculation keeps the sampler's output: the draft is kept while the
-    sampler, drawing row by row as it would step by step, picks it (the
-    argmax for greedy; a seeded sampler's very draws,
-    :meth:`sampling.TopP.accept`). ``draft_length`` (when given) picks the
-    draft size per step from measured costs, at most ``draft_k``; 0 skips speculation for that step.
-    Raises session.Cancelled if cancelled during prefill. ``precise_until``:
-    see :meth:`KVSession.prefill`.
-    ``logp`` (when given) gets each generated token's log-probability under
-    the model's own distribution (temperature 1, nothing masked), in step
-    with the tokens: what :func:`second.token_scores` computes in a forward
-    of its own (the block candidates' ranking).
-
-    The generator may be left suspended after any event and resumed later
-    (the engine does that to keep a generation the user is typing along):
-    ``cancelled`` and ``deadline_ns`` (when a callable) are re-read at every
-    step, so the caller can point them at a newer request."""
+    """Prefill ``prompt`` (reusing the cache), then decode up to ``max_tokens``; raises
+    :class:`soldaemon.errors.Cancelled` if cancelled in prefill. Drafts (at most ``draft_k``, sized
+    by ``draft_length``) are kept while the sampler picks them, so output never changes. ``logp``
+    gets each token's log-probability (temperature 1, unmasked). ``cancelled`` and a callable
+    ``deadline_ns`` (perf_counter_ns) are re-read each step: a suspended generator may resume."""
     deadline = deadline_ns if callable(deadline_ns) else (lambda: deadline_ns)
     stats = GenStats()
     t0 = time.perf_counter_ns()
     pre = session.prefill(prompt, cancelled=cancelled, precise_until=precise_until)
-    stats.prefill_ms = elapsed_ms(t0, session.backend.device)   # to the end of its kernels (CUDA runs async)
+    stats.prefill_ms = elapsed_ms(t0, session.backend.device)   # to its kernels' end
     stats.cached_tokens, stats.computed_tokens = pre.cached, pre.computed
     speculate = drafter is not None and draft_k > 0
     if speculate:
@@ -109,7 +90,7 @@ def generate(
             k = min(draft_k, budget)
             kind = drafter.kind()
             if getattr(sampler, "constrained", False) or not kind:
-                k = 0            # token healing still picks the next token (HealingSampler); or nothing to propose
+                k = 0            # token healing still picks the next token, or nothing to propose
             elif draft_length is not None:
                 k = min(k, draft_length.choose(budget, kind))
             draft = _until_stop(drafter.propose(k), stop_ids) if k > 0 else []
@@ -188,9 +169,7 @@ def _finish(generated: list[int], max_tokens: int, should_stop: Callable[[list[i
 
 
 def generated_text(tokenizer: Any, ids: Sequence[int], heal: str) -> str:
-    """The text of generated tokens as the answer has it: with token
-    healing, without the prompt text they re-write (``heal``; "" until they
-    are past it)."""
+    """The text of generated tokens without the healed prompt text ``heal`` ("" until past it)."""
     whole = tokenizer.decode(list(ids), skip_special_tokens=True)
     if heal:
         return whole[len(heal):] if whole.startswith(heal) else ""
@@ -203,7 +182,7 @@ class Detok:
 
     def __init__(self, tokenizer: Any, skip: str = "") -> None:
         self.tokenizer = tokenizer
-        self.skip = skip             # token healing: the prompt text the generation starts by re-writing
+        self.skip = skip             # token healing: the prompt text generation re-writes first
         self.tokens: list[int] = []
         self.current = ""
 
@@ -218,11 +197,8 @@ class Detok:
         self.current = text
 
     def stopper(self, may_stop: Callable[[str], bool]) -> Callable[[list[int]], bool]:
-        """The decode loop's ``should_stop``: ``may_stop`` over the text of
-        the tokens generated so far (asked again about the same tokens, as
-        the loop does before drafting and after the step, it answers as
-        before without asking ``may_stop``: the same text gets the same
-        answer)."""
+        """The decode loop's ``should_stop``: ``may_stop`` over the generated text, the last
+        answer reused when asked again about the same tokens (the loop asks twice per step)."""
         last: list[tuple[list[int], bool]] = []
 
         def should_stop(tokens: list[int]) -> bool:

@@ -1,11 +1,6 @@
-"""Samplers: logits [V] → one token id, passed into generation as
-callables; and token healing's constraint on the first tokens.
-
-Token healing: a cursor inside a word leaves the prompt ending in a token
-the model rarely saw there, so :func:`soldaemon.fim.make_prompt` drops it
-(``FimPrompt.heal``) and :class:`HealingSampler` constrains the first
-generated tokens to text that agrees with it; the caller strips the dropped
-text again (docs/quality.md).
+"""Samplers (logits [V] → one token id) and token healing: :func:`soldaemon.fim.make_prompt` drops
+the prompt's last tokens back to the word's start (``FimPrompt.heal``), :class:`HealingSampler`
+constrains the first tokens to agree with them, the caller strips that text again.
 """
 
 from __future__ import annotations
@@ -39,8 +34,7 @@ class Greedy:
         return int(torch.argmax(logits))
 
     def accept(self, logits: torch.Tensor, draft: Sequence[int]) -> Accepted:
-        """Greedy verification: the draft's tokens while each is the argmax
-        of its row, then the argmax after them (one host sync)."""
+        """Keep draft tokens while each is its row's argmax, then that row's argmax (one sync)."""
         greedy = torch.argmax(logits, dim=-1).tolist()
         kept = 0
         while kept < len(draft) and draft[kept] == greedy[kept]:
@@ -72,33 +66,29 @@ class TopP:
         probs = torch.softmax(logits.float().cpu() / self.temperature, dim=-1)
         if self.top_p < 1.0:
             sorted_p, order = torch.sort(probs, descending=True)
-            keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < self.top_p  # always keeps the top token
+            keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < self.top_p  # keeps the top token
             sorted_p = sorted_p * keep
             choice = torch.multinomial(sorted_p / sorted_p.sum(), 1, generator=self.gen)
             return int(order[choice])
         return int(torch.multinomial(probs, 1, generator=self.gen))
 
     def accept(self, logits: torch.Tensor, draft: Sequence[int]) -> Accepted:
-        """Speculative sampling, coupled: ``logits`` [1+k, V] over [token,
-        *draft]; each row drawn as a step would draw it, the draft kept while
-        the draws equal it. The tokens are those a decode without drafts
-        draws from the same seed: drafting changes the time, never the answer."""
+        """Coupled speculative sampling over ``logits`` [1+k, V]: each row drawn as a step would,
+        the draft kept while draws equal it, so drafting never changes a seeded answer."""
         return row_by_row(self, logits, draft)
 
-    # how many of the most likely tokens a device-side nucleus looks at first
-    # (a top-p of a code model's distribution is almost always inside them)
+    # the device nucleus looks at these likeliest tokens first (nearly always enough)
     TOP_K = 256
 
     def _on_device(self, logits: torch.Tensor) -> int:
-        """The same sampling on the device (CUDA), one host sync: the nucleus
-        among the TOP_K likeliest tokens, the full sort only when they fall short."""
+        """The same sampling on CUDA with one host sync; sorts all only when TOP_K falls short."""
         dev_gen = self._device_generator(logits.device)
         probs = torch.softmax(logits.float() / self.temperature, dim=-1)
         if self.top_p >= 1.0:
             return int(torch.multinomial(probs, 1, generator=dev_gen))
         k = min(self.TOP_K, probs.shape[-1])
         vals, order = torch.topk(probs, k)              # sorted, on the device
-        if k < probs.shape[-1] and bool(vals.sum() < self.top_p):   # a scalar's sync: rare
+        if k < probs.shape[-1] and bool(vals.sum() < self.top_p):   # a sync, rarely reached
             vals, order = torch.sort(probs, descending=True)
         keep = torch.cumsum(vals, -1) - vals < self.top_p   # always keeps the top token
         return int(order[torch.multinomial(vals * keep, 1, generator=dev_gen)])
@@ -107,21 +97,20 @@ class TopP:
         gen = getattr(self, "_dev_gen", None)
         if gen is None or gen.device != device:
             gen = torch.Generator(device=device)
-            gen.manual_seed(int(torch.randint(0, 2**62, (1,), generator=self.gen)))   # from the seeded host generator
+            gen.manual_seed(int(torch.randint(0, 2**62, (1,), generator=self.gen)))
             self._dev_gen = gen
         return gen
 
 
 def accept_draft(sampler: Sampler, logits: torch.Tensor, draft: Sequence[int]) -> Accepted:
-    """``sampler``'s verification of ``draft``: its ``accept``, else row by row."""
+    """``sampler``'s verification of ``draft``: its ``accept``, else :func:`row_by_row`."""
     accept = getattr(sampler, "accept", None)
     return accept(logits, draft) if accept is not None else row_by_row(sampler, logits, draft)
 
 
 def row_by_row(sampler: Sampler, logits: torch.Tensor, draft: Sequence[int]) -> Accepted:
-    """``draft`` verified by ``sampler``'s own picks, one row after another:
-    kept while each pick equals it; the first pick that does not (or the
-    one after the whole draft) is the next token."""
+    """``draft`` kept while ``sampler``'s pick per row equals it; the first other pick (or the one
+    after the whole draft) is the next token."""
     for i, d in enumerate(draft):
         token = sampler(logits[i])
         if token != d:
@@ -134,8 +123,8 @@ def make_sampler(temperature: float, top_p: float = 1.0, seed: int | None = None
 
 
 class TokenTexts:
-    """The text of every token id, indexed by prefix and by exact text; built
-    once per tokenizer (byte-level BPE only: ``make_prompt`` heals no other)."""
+    """Every token id's text, indexed by prefix and exact text (byte-level BPE: the only kind
+    ``make_prompt`` heals)."""
 
     def __init__(self, tokenizer: Any, vocab_size: int | None = None) -> None:
         n = vocab_size if vocab_size is not None else len(tokenizer)
@@ -152,8 +141,7 @@ class TokenTexts:
         return len(self.texts)
 
     def allowed(self, rest: str) -> list[int]:
-        """Ids whose text agrees with ``rest``: starts with it, or is a
-        non-empty proper prefix of it."""
+        """Ids whose text starts with ``rest`` or is a non-empty proper prefix of it."""
         lo = bisect.bisect_left(self._sorted, rest)
         hi = bisect.bisect_left(self._sorted, rest + "\U0010ffff")
         ids = self._ids[lo:hi]
@@ -163,8 +151,8 @@ class TokenTexts:
 
 
 class HealingSampler:
-    """``inner`` with the first token(s) constrained to agree with ``heal``;
-    ``constrained`` (so drafts wait) until the text covers it."""
+    """``inner`` with the first tokens constrained to agree with ``heal``; ``constrained`` (drafts
+    wait) until the text covers it."""
 
     def __init__(self, inner: Sampler, texts: TokenTexts, heal: str) -> None:
         self.inner = inner
@@ -181,10 +169,10 @@ class HealingSampler:
             return self.inner(logits)
         ids = [i for i in self.texts.allowed(self.rest) if i < logits.shape[-1]]
         if not self.rest.strip():
-            # healed indentation: the code comes after it, not more blanks (docs/quality.md)
+            # healed indentation: code follows, not more blanks
             rest = len(self.rest)
             ids = [i for i in ids if len(self.texts.texts[i]) < rest or self.texts.texts[i].strip()] or ids
-        if not ids:              # nothing agrees (cannot happen with a full vocabulary): give up healing
+        if not ids:              # nothing agrees (not with a full vocabulary): give up healing
             self.rest = ""
             return self.inner(logits)
         index = torch.tensor(ids, dtype=torch.long, device=logits.device)
@@ -195,10 +183,10 @@ class HealingSampler:
         return token
 
     def accept(self, logits: torch.Tensor, draft: Sequence[int]) -> Accepted:
-        """``inner``'s verification (drafts wait until healing is done)."""
+        """``inner``'s verification."""
         return accept_draft(self.inner, logits, draft)
 
     def take(self, token: int) -> None:
-        """Account for a generated ``token``: what of ``heal`` is left."""
+        """Consume ``token``'s text from what is left of ``heal``."""
         text = self.texts.texts[token]
         self.rest = self.rest[len(text):] if self.rest.startswith(text) else ""

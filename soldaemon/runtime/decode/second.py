@@ -1,9 +1,6 @@
-"""The model's second choice for a first line that repeats the line below
-(which the ending drops, and with it the answer; ``completion.second_choice``):
-:func:`second_choice` finds the position along the rejected line where the
-model's best other token came closest (one forward, the prompt cached), and
-:class:`Replay` decodes again from there. :func:`token_scores` is the same
-forward over a whole answer (the block candidates' ranking).
+"""The model's second choice for a first line the ending drops as repeating the line below
+(``completion.second_choice``): :func:`second_choice` finds where the best other token came
+closest, :class:`Replay` decodes from there. :func:`token_scores`: one forward over an answer.
 """
 
 from __future__ import annotations
@@ -24,14 +21,13 @@ class Choice:
 
     tokens: list[int]   # the rejected line's tokens before ``at``, then the other token
     at: int
-    gap: float          # how much less likely the other token was: natural-log odds, >= 0
+    gap: float          # how much less likely the other token was, in log-odds (>= 0)
 
 
 def second_choice(session: KVSession, prompt: Sequence[int], line: Sequence[int], stop_ids: frozenset[int],
                   healing: Sampler | None = None, precise_until: int | None = None) -> Choice | None:
-    """The closest other token along the rejected ``line`` (its newline
-    included) after ``prompt``, or None; ``healing``: a fresh token-healing
-    sampler, constraining the alternatives as it did the first decode."""
+    """The closest other token along rejected ``line`` (newline included), or None; ``healing``:
+    a fresh token-healing sampler, constraining the alternatives as in the first decode."""
     if not line:
         return None
     pre = session.prefill(prompt, precise_until=precise_until)
@@ -59,15 +55,14 @@ def second_choice(session: KVSession, prompt: Sequence[int], line: Sequence[int]
 
 @dataclass(frozen=True)
 class TokenScores:
-    """Per generated token, its log-probability (``logp``)."""
+    """Each generated token's log-probability."""
 
     logp: list[float]
 
 
 def token_scores(session: KVSession, prompt: Sequence[int], tokens: Sequence[int],
                  precise_until: int | None = None) -> TokenScores:
-    """:class:`TokenScores` of ``tokens`` generated after ``prompt``: one
-    forward over them (the prompt is in the KV cache)."""
+    """:class:`TokenScores` of ``tokens`` after ``prompt``: one forward, the prompt cached."""
     if not tokens:
         return TokenScores([])
     pre = session.prefill(prompt, precise_until=precise_until)
@@ -77,8 +72,8 @@ def token_scores(session: KVSession, prompt: Sequence[int], tokens: Sequence[int
 
 
 class Replay:
-    """``inner`` after replaying ``forced`` tokens whatever the logits (told to
-    ``inner``'s ``take``); ``constrained`` while replaying, so drafts wait."""
+    """``inner`` after replaying ``forced`` tokens (told to ``inner``'s ``take``); ``constrained``
+    while replaying, so drafts wait."""
 
     def __init__(self, inner: Sampler, forced: Sequence[int]) -> None:
         self.inner = inner
@@ -101,5 +96,5 @@ class Replay:
         return self.inner(logits)
 
     def accept(self, logits: torch.Tensor, draft: Sequence[int]) -> Accepted:
-        """``inner``'s verification (drafts wait until the replay is done)."""
+        """``inner``'s verification."""
         return accept_draft(self.inner, logits, draft)

@@ -1,19 +1,7 @@
-"""The local engine's model part: tokens from a prompt, for the shared
-pipeline (:mod:`soldaemon.pipeline`).
-
-:class:`LocalModelPart` owns what a generation touches: the generation lock
-(shared with the memory scheduler, which moves weights only while it is
-free), the access to the KV session pool, the drafts, the counters, the
-parked run and the answer foreseen by speculative FIM
-(:mod:`soldaemon.runtime.engine.foresight`). Others ask it through its
-methods; the session a request runs on is looked up per request, never kept
-as a "current session" for others to read.
-
-One generation in flight is a :class:`Run`. A single greedy generation that
-is superseded after its first token is parked (suspended, its KV session
-kept) so that the next keystroke, when the user typed what it had already
-produced, resumes it instead of starting over (:meth:`LocalModelPart.early`
-hands it to the pipeline as a :class:`~soldaemon.pipeline.sources.Source`).
+"""The local engine's model part for the shared pipeline (:mod:`soldaemon.pipeline`).
+:class:`LocalModelPart` owns what a generation touches: the generation lock (shared with the
+memory scheduler), the KV session pool, drafts, counters, the parked :class:`Run` and the
+foreseen answer (:mod:`.foresight`). A request's session is looked up per request, never kept.
 """
 
 from __future__ import annotations
@@ -62,19 +50,17 @@ class EngineStats:
 
 @dataclass(frozen=True)
 class Drafts:
-    """What speculation drafts with: the draft model (``model.draft_model``)
-    and the draft sizing measured at warm-up (None: the fixed
-    ``completion.draft_tokens`` until then)."""
+    """The draft model (``model.draft_model``) and the warm-up's draft sizing (None:
+    ``completion.draft_tokens`` fixed)."""
 
     model: DraftModel | None = None
-    length: DraftLength | None = None          # prompt lookup's (and a sampled decode's, made from it)
+    length: DraftLength | None = None          # prompt lookup's (sampled decodes derive theirs)
     model_length: DraftLength | None = None    # the draft model's, with its step's cost
 
 
 @dataclass(frozen=True)
 class Warmup:
-    """What the engine's warm-up measured: the part drafts with ``drafts``
-    from then on (:meth:`LocalModelPart.warmed`)."""
+    """What the engine's warm-up measured (:meth:`LocalModelPart.warmed`)."""
 
     drafts: Drafts
     forward_ms: dict[int, float] | None        # one forward of T tokens, per T (speculation on)
@@ -83,15 +69,15 @@ class Warmup:
 
 
 def _stats(s: GenStats, tokens: int) -> Stats:
-    """The pipeline's stats of a decode (``tokens``: generated for this request)."""
+    """The pipeline's stats of a decode; ``tokens``: generated for this request."""
     return Stats(first_ns=s.first_token_ns, first_wall_ns=s.first_token_wall_ns, prefill_ms=s.prefill_ms,
                  cached_tokens=s.cached_tokens, generated_tokens=tokens, draft_tokens=s.draft_tokens,
                  accepted_tokens=s.accepted_tokens)
 
 
 def _both(first: Stats, again: Stats) -> Stats:
-    """The stats of a request decoded twice (a second choice): the prompt's
-    and the forwards' counts of both, the first token of the answer shown."""
+    """Stats of a request decoded twice (second choice): both decodes' counts, ``again``'s
+    first token."""
     return dataclasses.replace(again, prefill_ms=first.prefill_ms + again.prefill_ms,
                                cached_tokens=first.cached_tokens,
                                generated_tokens=first.generated_tokens + again.generated_tokens,
@@ -100,8 +86,8 @@ def _both(first: Stats, again: Stats) -> Stats:
 
 
 class Run:
-    """One generation in flight: the suspended token generator and what the
-    part needs to stream, finish — or park and later resume — it."""
+    """One generation in flight. A single greedy one superseded after its first token is parked
+    (suspended, its KV session kept) and resumed when the next request typed what it produced."""
 
     def __init__(self, req: CompletionRequest, cancel: CancelToken, deadline_ns: int | None, decode: Detok,
                  ending: Ending, prompt_tokens: int, *, resumable: bool) -> None:
@@ -115,13 +101,12 @@ class Run:
         self.gen: Iterator[TokenEvent] = iter(())
         self.stats = GenStats()
         self.finish: FinishReason = "stop"
-        self.parked = False          # superseded while decoding: kept (suspended) for the next keystroke
+        self.parked = False          # superseded mid-decode: kept for the next keystroke
         self.typed = ""              # what the user typed of this generation's text
         self.tokens_before = 0       # tokens generated before the current request adopted it
 
     def cancelled(self) -> bool:
-        """What the generator sees: a supersede does not stop a resumable
-        generation that is decoding; the engine parks it instead."""
+        """Cancel as the generator sees it: a resumable decoding run is parked, not stopped."""
         return self.cancel.cancelled and not self.should_park()
 
     def should_park(self) -> bool:
@@ -135,10 +120,8 @@ class Run:
         return self.decode.current[len(self.typed):]
 
     def typed_by(self, req: CompletionRequest) -> str | None:
-        """The text ``req`` typed along this parked generation, or None when
-        it cannot take the generation over: another document or suffix, a
-        prefix that does not extend this one by text the generation already
-        produced, other sampling, or its KV session changed since."""
+        """The text ``req`` typed along this parked run, or None when ``req`` cannot take it over
+        (other document, suffix or sampling; typed text it did not produce; its session changed)."""
         old = self.req
         if (req.uri != old.uri or req.suffix != old.suffix or req.n != 1 or req.temperature > 0
                 or req.context != old.context or req.multiline != old.multiline or req.language != old.language
@@ -154,7 +137,7 @@ class Run:
         return typed
 
     def park(self, session: KVSession) -> None:
-        """Left suspended; ``session`` holds its prompt and tokens."""
+        """Suspend on ``session``, which holds its prompt and tokens."""
         self.session, self.session_version = session, session.version
 
     session: KVSession | None = None
@@ -172,16 +155,10 @@ class Run:
 
 
 class LocalModelPart:
-    """The local engine's part of the pipeline
-    (:class:`soldaemon.pipeline.ModelPart`): prefill and decode on the KV
-    session of the request's document, with drafts, token healing and
-    cancel; the speculative answer and the parked generation as early
-    answers. Driven from the engine's worker thread.
-
-    ``lock`` is the generation lock: held around every forward of a
-    request, a warm or a resumed run; the memory scheduler (``memory``)
-    takes the same lock to move weights. ``settings``: the engine's config
-    holder, read at each request."""
+    """The local :class:`~soldaemon.pipeline.completion.ModelPart`: decode on the document's KV
+    session; the foreseen answer and the parked run as early answers. Worker thread only.
+    ``lock``: the generation lock, held around every forward; ``memory`` takes it to move
+    weights."""
 
     def __init__(self, pool: SessionPool, tokenizer: Any, template: FimTemplate, settings: Settings, *,
                  lock: threading.Lock, memory: MemoryScheduler | None, drafts: Drafts = Drafts()) -> None:
@@ -193,27 +170,24 @@ class LocalModelPart:
         self.draft_length: DraftLength | None = None
         self.draft_model: DraftModel | None = None
         self.draft_model_length: DraftLength | None = None
-        # draft sizing of sampled decodes (_decode): (made from, its own)
+        # sampled decodes' draft sizing: (made from, its own)
         self._sampled_length: tuple[DraftLength, DraftLength] | None = None
         self.use_drafts(drafts)
         self._pool = pool
         self._lock = lock
         self._memory = memory
-        self._parked: Run | None = None              # a superseded generation kept for the next keystroke
-        self._prefill_chunk: int | None = None       # at most this many prompt tokens per forward (prefill_chunks)
+        self._parked: Run | None = None              # see Run
+        self._prefill_chunk: int | None = None       # prompt tokens per forward cap
         self._token_texts: TokenTexts | None = None  # token healing's vocabulary index
 
     @property
     def config(self) -> Config:
-        """The engine's config now."""
         return self.settings.config
 
     @contextlib.contextmanager
     def between_requests(self) -> Iterator[None]:
-        """Hold the generation lock for one short piece of background work
-        (the kernel re-timing, :mod:`soldaemon.runtime.forward.retime`): no
-        request runs meanwhile. Waits 1 ms first, so that a request waiting
-        for the lock takes it (threading.Lock is not fair)."""
+        """Hold the generation lock for short background work (kernel re-timing). Sleeps 1 ms
+        first so a waiting request takes the lock (threading.Lock is not fair)."""
         time.sleep(0.001)
         with self._lock:
             yield
@@ -221,16 +195,14 @@ class LocalModelPart:
     # -- for the pipeline (ModelPart) ------------------------------------------
 
     def scope(self, req: CompletionRequest) -> contextlib.AbstractContextManager[None]:
-        """Around one request: notes activity for idle release, restores
-        released weights first, pins them for ``priority: high``."""
+        """The memory scheduler's request scope: weights restored, pinned for ``priority: high``."""
         memory = self._memory
         return contextlib.nullcontext() if memory is None else memory.request(req.priority)
 
     def early(self, req: CompletionRequest, cancel: CancelToken, deadline: int | None,
               typed_through: bool) -> Source | None:
-        """A speculative answer kept for ``req``, or the parked generation
-        resumed when ``req`` typed what it had produced; a parked generation
-        that cannot be resumed is closed."""
+        """The foreseen answer for ``req``, or the parked run resumed; a parked run not resumed
+        is closed."""
         parked, self._parked = self._parked, None
         if typed_through:
             if parked is not None:
@@ -251,22 +223,16 @@ class LocalModelPart:
 
     @contextlib.contextmanager
     def generating(self, req: CompletionRequest) -> Iterator[None]:
-        """One generation at a time: inside, the generation lock is held."""
+        """Hold the generation lock."""
         with self._lock:
             yield
 
     def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, ending: Ending,
                  cancel: CancelToken, deadline: int | None, *, keep_logp: bool = False,
                  reference: Sequence[int] = ()) -> Stream:
-        """Prefill and decode one candidate on the KV session of ``req``'s
-        document (drafts, healing, stop checks); yields the decoded text
-        after each step. A greedy single candidate superseded mid-decode is
-        parked. When its first line, on a line of its own, is the line below
-        the cursor, it is decoded again from the model's closest other
-        choice in that line (completion.second_choice;
-        :mod:`soldaemon.runtime.decode.second`). ``reference``: another
-        answer's tokens to draft from first (:class:`AlongReference`; the
-        greedy answer, for a sampled block candidate). Called inside
+        """Decode one candidate on ``req``'s session, yielding the text after each step; a first
+        line that repeats the line below is decoded again from the model's second choice
+        (``completion.second_choice``). ``reference``: tokens to draft along. Inside
         :meth:`generating`."""
         session = self._session(req.uri)
         sampler = self._sampler(req, prompt, candidate)
@@ -277,7 +243,7 @@ class LocalModelPart:
             return gen
         first = run.decode
         line = self._first_line(first)
-        left = req.max_tokens - len(first.tokens)     # max_tokens holds for both decodes together
+        left = req.max_tokens - len(first.tokens)     # max_tokens covers both decodes
         if left <= len(line) or cancel.cancelled or (deadline is not None and time.perf_counter_ns() >= deadline):
             return gen
         choice = second_choice(session, prompt.ids, line, self.template.stop_ids,
@@ -294,7 +260,7 @@ class LocalModelPart:
         return dataclasses.replace(again, stats=_both(gen.stats, again.stats))
 
     def scorer(self) -> Scorer:
-        """This part samples and ranks block candidates itself."""
+        """This part samples and ranks block candidates."""
         return self
 
     def texts(self, prompt: FimPrompt) -> Callable[[Sequence[int]], str]:
@@ -302,9 +268,8 @@ class LocalModelPart:
         return Detok(self.tokenizer, prompt.heal).text
 
     def score(self, req: CompletionRequest, prompt: FimPrompt, ids: Sequence[int]) -> TokenScores:
-        """The scores of ``ids`` generated after ``prompt`` on ``req``'s
-        session (:func:`token_scores`; the pipeline's block candidates,
-        :mod:`soldaemon.pipeline.candidates`). Called inside :meth:`generating`."""
+        """:func:`token_scores` of ``ids`` after ``prompt`` on ``req``'s session. Inside
+        :meth:`generating`."""
         return token_scores(self._session(req.uri), prompt.ids, ids, precise_until(prompt))
 
     def _sampler(self, req: CompletionRequest, prompt: FimPrompt, candidate: int) -> Sampler:
@@ -314,8 +279,7 @@ class LocalModelPart:
         return sampler
 
     def _first_line(self, decode: Detok) -> list[int]:
-        """The tokens of ``decode``'s first line, the one that holds its
-        newline included (all of them when it has none)."""
+        """``decode``'s tokens through the one holding the first newline (all when none)."""
         for n in range(1, len(decode.tokens) + 1):
             if "\n" in decode.text(decode.tokens[:n]):
                 return decode.tokens[:n]
@@ -325,11 +289,9 @@ class LocalModelPart:
                 ending: Ending, cancel: CancelToken, deadline: int | None, keep_logp: bool,
                 max_tokens: int | None = None,
                 reference: Sequence[int] = ()) -> Generator[str, None, tuple[Run, Generation]]:
-        """One decode of ``prompt`` on ``session``; yields its text after each
-        step and returns its run (parked or closed) and generation. Drafts:
-        along ``reference`` when given, else the draft model for a greedy
-        decode when there is one, else prompt lookup; verified so that the
-        sampler's output stands (:func:`generate`)."""
+        """One decode of ``prompt`` on ``session``, yielding its text after each step; returns its
+        run (parked or closed) and generation. Drafts along ``reference``, else the draft model
+        (greedy), else prompt lookup."""
         decode = Detok(self.tokenizer, prompt.heal)
         logp: list[float] | None = [] if keep_logp else None   # asked for: as it decodes
         drafter: DraftProposer | None = None
@@ -343,13 +305,10 @@ class LocalModelPart:
             else:
                 drafter = PromptLookup()
             if not sampler.greedy and draft_length is not None:
-                # a sampled decode keeps a draft token with its probability:
-                # its acceptance rates are its own
+                # sampled decodes accept drafts at their own rates
                 if self._sampled_length is None or self._sampled_length[0] is not draft_length:
                     self._sampled_length = (draft_length, draft_length.fresh())
                 draft_length = self._sampled_length[1]
-        # A single greedy generation survives being superseded once it
-        # decodes: parked, the next keystroke may resume it (early).
         run = Run(req, cancel, deadline, decode, ending, len(prompt.ids), resumable=req.n == 1 and sampler.greedy)
         run.gen = generate(
             session, prompt.ids, sampler=sampler, stop_ids=self.template.stop_ids,
@@ -357,7 +316,6 @@ class LocalModelPart:
             should_stop=decode.stopper(ending.may_stop),
             deadline_ns=run.deadline, drafter=drafter,
             draft_k=cc.draft_tokens, draft_length=draft_length,
-            # the middle token and the typed line: at decode cost (session.prefill)
             precise_until=precise_until(prompt),
             logp=logp,
         )
@@ -377,7 +335,7 @@ class LocalModelPart:
 
     def recover(self, req: CompletionRequest, cancel: CancelToken, exc: Exception,
                 streamed: bool, candidate: int) -> Iterator[Event] | None:
-        """No other engine to hand a failure to."""
+        """No fallback engine: re-raise."""
         return None
 
     def account(self, t: Timings) -> None:
@@ -392,22 +350,19 @@ class LocalModelPart:
     # -- for the engine and foresight ------------------------------------------
 
     def use_drafts(self, drafts: Drafts) -> None:
-        """Draft with ``drafts`` from the next generation on (the engine:
-        a draft model attached, the sizing its warm-up measured)."""
+        """Draft with ``drafts`` from the next generation on."""
         self.draft_model, self.draft_length, self.draft_model_length = drafts.model, drafts.length, drafts.model_length
         self._sampled_length = None
 
     def warmed(self, warmup: Warmup) -> None:
-        """After the engine's warm-up: draft as it measured, and count
-        requests from zero (the warm-up's are not the user's)."""
+        """Draft as the warm-up measured; reset the counters (warm-up requests are not counted)."""
         self.use_drafts(warmup.drafts)
         self.stats = EngineStats()
 
     def prefill(self, uri: str, ids: list[int], *, precise_until: int | None,
                 cancel: CancelToken) -> PrefillResult | None:
-        """Make the KV session of ``uri`` hold ``ids`` (a warm), under the
-        generation lock; None when ``cancel`` stopped it between chunks
-        (the session then holds a valid prefix)."""
+        """Warm ``uri``'s session with ``ids`` under the lock; None when cancelled (a valid
+        prefix stays)."""
         with self._lock:
             try:
                 return self._session(uri).prefill(ids, cancelled=lambda: cancel.cancelled,
@@ -417,8 +372,7 @@ class LocalModelPart:
 
     @contextlib.contextmanager
     def prefill_chunks(self, tokens: int) -> Iterator[None]:
-        """Inside: generations compute at most ``tokens`` prompt tokens per
-        forward (speculation: a cancel then waits at most that long)."""
+        """Inside, at most ``tokens`` prompt tokens per forward (bounds how long a cancel waits)."""
         saved, self._prefill_chunk = self._prefill_chunk, tokens
         try:
             yield
@@ -426,16 +380,13 @@ class LocalModelPart:
             self._prefill_chunk = saved
 
     def forget(self) -> None:
-        """Drop the parked generation, the foreseen answer and every KV
-        session's contents, as if just loaded."""
+        """Drop the parked run, the foreseen answer and every session's KV, as if just loaded."""
         with self._lock:
             self._drop_computed()
 
     def swap(self, apply: Callable[[], str | None]) -> str | None:
-        """Run ``apply`` (a change of the kernels every forward runs) between
-        requests; when it succeeds (None), drop what earlier forwards computed
-        (as :meth:`forget`), so that no prompt mixes two kernels' bits.
-        Returns ``apply``'s answer."""
+        """Run ``apply`` (a kernel change) between requests and return its answer; on success (None)
+        drop everything computed (as :meth:`forget`) so no prompt mixes two kernels' bits."""
         time.sleep(0.001)           # a request waiting for the lock takes it first
         with self._lock:
             why = apply()
@@ -451,7 +402,7 @@ class LocalModelPart:
         self.foreseen.clear()
 
     def token_texts(self) -> TokenTexts:
-        """Every token's text, for token healing (built at first use)."""
+        """Every token's text, for token healing (built lazily)."""
         if self._token_texts is None:
             self._token_texts = TokenTexts(self.tokenizer)
         return self._token_texts
@@ -459,10 +410,8 @@ class LocalModelPart:
     # -- inside ----------------------------------------------------------------
 
     def _session(self, uri: str) -> KVSession:
-        """The KV session of ``uri`` (call with the lock held). Acquiring
-        another document's session ends a parked generation: the pool may
-        fold or recycle its session, and a resumed run must continue on
-        exactly the KV it left."""
+        """``uri``'s KV session (lock held). Closes a parked run of another document: the pool may
+        fold or recycle its session, and a resumed run needs exactly the KV it left."""
         if self._parked is not None and self._parked.req.uri != uri:
             self._parked.close()
             self._parked = None
@@ -476,8 +425,7 @@ class LocalModelPart:
             run.close()
 
     def _drive(self, run: Run) -> Iterator[None]:
-        """Pull ``run``'s token events, one yield per step that added text;
-        park the run when it is superseded mid-decode."""
+        """Pull ``run``'s events, yielding per step that adds text; mark it parked if superseded."""
         for ev in run.gen:
             run.stats = ev.stats
             if ev.tokens:
@@ -492,11 +440,8 @@ class LocalModelPart:
                 return
 
     def _resume(self, run: Run) -> Stream:
-        """Continue a parked generation (parked while it decoded) adopted by
-        a request whose prefix is the parked one plus text the generation
-        had already produced: yields its text after that, first as it
-        stands, then after each step; returns its generation for this
-        request. Parked again when superseded again."""
+        """Continue an adopted parked run: yield its text past what was typed, now and after each
+        step; return its generation for this request. Parked again if superseded again."""
         with self._lock:
             session = self._session(run.req.uri)
             try:

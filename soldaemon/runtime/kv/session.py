@@ -1,10 +1,7 @@
-"""KV bookkeeping for one sequence: which token ids its KV cache holds.
+"""KV bookkeeping per sequence: which token ids a session's cache holds, and the pool of sessions.
 
-``prefill`` computes only the tokens that differ from what the cache already
-holds (longest common prefix), in chunks, checking for cancellation between
-chunks. ``decode_step`` and ``verify`` append. Truncation is free: the next
-forward simply writes at a lower position. A session owns its cache and
-gives it to every forward and graph replay it runs.
+``prefill`` computes only what differs from the cached prefix, in cancellable chunks;
+``decode_step`` and ``verify`` append; truncation is free (the next forward overwrites).
 """
 
 from __future__ import annotations
@@ -39,11 +36,8 @@ class PrefillResult:
 
 
 class TokenUpload:
-    """Token ids → a long tensor on the device. On CUDA without a device
-    sync: ``torch.tensor(list, device=cuda)`` copies from pageable memory,
-    which waits for the stream's queued work; here the ids go through a
-    ring of pinned host buffers, copied non-blocking (a buffer is rewritten
-    only after its copy, ``slots`` forwards ago, has run)."""
+    """Token ids → a long tensor on the device, without a device sync on CUDA: a ring of
+    ``slots`` pinned host buffers copied non-blocking, each reused only after its copy ran."""
 
     def __init__(self, device: torch.device, slots: int = 4) -> None:
         self.device = device
@@ -74,8 +68,7 @@ class TokenUpload:
 class KVSession:
     def __init__(self, backend: Backend, *, chunk: int = 512, cache: Any = None) -> None:
         self.backend = backend
-        # this session's KV cache (every forward is given it); the one the
-        # backend made at construction when not given
+        # given to every forward; default: the backend's own
         self.cache = cache if cache is not None else backend.cache
         self.chunk = chunk
         # the longest forward the backend runs with its decode weights
@@ -92,24 +85,14 @@ class KVSession:
 
     def _forward(self, ids: Sequence[int], pos: int, *, last_only: bool = True,
                  precise: bool = False) -> torch.Tensor:
-        """The eager forward of ``ids`` at ``pos`` over this session's cache."""
         return self.backend.forward(self._upload(ids), pos, cache=self.cache, last_only=last_only, precise=precise)
 
     def prefill(self, ids: Sequence[int], *, cancelled: Callable[[], bool] = lambda: False,
                 precise_until: int | None = None) -> PrefillResult:
-        """Make the cache hold exactly ``ids``; return the next-token logits.
-
-        Reuses the common prefix with what the cache holds. Raises Cancelled between chunks; the cache then
-        holds a valid prefix of ``ids`` (kept for the next request).
-
-        ``precise_until``: positions from there on are computed like decode
-        steps (the backend's decode weights, e.g. float16 on a CPU), the
-        ones before with the model's own; None: all with the model's. The
-        rule depends on positions only, so the cache holds the same values
-        whichever earlier prompt it was reused from. The engine passes the
-        position of the middle token, which the typed line follows (see
-        :func:`soldaemon.fim.make_prompt`'s ``lead_from``): a keystroke then
-        computes its one or two new tokens at decode cost."""
+        """Make the cache hold exactly ``ids``, reusing the common prefix; return the next-token
+        logits. Raises Cancelled between chunks, a valid prefix of ``ids`` cached. From
+        ``precise_until`` (the middle token: typing costs decode steps) on, decode weights compute
+        (None: none do); by position only, so reused KV is the same whatever prompt made it."""
         if not ids:
             raise ValueError("empty prompt")
         if len(ids) >= self.n_ctx:
@@ -131,8 +114,7 @@ class KVSession:
 
     def _compute(self, ids: Sequence[int], start: int, stop: int,
                  cancelled: Callable[[], bool], split: int) -> torch.Tensor | None:
-        """Compute ids[start:stop] in chunks: before ``split`` precisely,
-        from it on in chunks a decode step's weights take."""
+        """Compute ids[start:stop] in chunks: precisely before ``split``, decode weights after."""
         logits = None
         pos = start
         while pos < stop:
@@ -141,7 +123,6 @@ class KVSession:
             precise = pos < split
             end = min(stop, split, pos + self.chunk) if precise else min(stop, pos + self.half_chunk)
             piece = ids[pos:end]
-            # the typed line (past the split: decode cost) replays a graph where there is one
             rows = None if precise else self._replay(piece, pos)
             if rows is None:
                 rows = self._forward(piece, pos, precise=precise)
@@ -151,11 +132,8 @@ class KVSession:
         return logits
 
     def _replay(self, tokens: Sequence[int], pos: int) -> torch.Tensor | None:
-        """Logits [T, V] of a short forward (a decode step, a verify, the
-        typed line) of ``tokens`` at ``pos`` through a graph replay — this
-        session's own copy of the graph's output, which the next replay
-        overwrites —, or None: graphs are off or hold no graph for it (the
-        caller runs the eager forward)."""
+        """Logits [T, V] of ``tokens`` at ``pos`` by CUDA graph replay, cloned (the next replay
+        overwrites the graph's output); None when no graph fits (the caller runs eager)."""
         graphs = self.backend.graphs
         if graphs is None:
             return None
@@ -166,12 +144,11 @@ class KVSession:
         return None if rows is None else rows.clone()
 
     def decode_step(self, token: int) -> torch.Tensor:
-        """Append ``token``; return the logits [V] for the next one (this
-        session's own tensor: no later step of any session changes it)."""
+        """Append ``token``; return the next token's logits [V], a tensor no later step changes."""
         if len(self.tokens) + 1 >= self.n_ctx:
             raise ValueError("KV cache full")
         self.version += 1
-        rows = self._replay([token], len(self.tokens))       # a CUDA graph replay (None: eager)
+        rows = self._replay([token], len(self.tokens))
         if rows is None:
             rows = self._forward([token], len(self.tokens))
         logits = rows[0]
@@ -180,12 +157,12 @@ class KVSession:
         return logits
 
     def verify(self, tokens: Sequence[int]) -> torch.Tensor:
-        """Append ``tokens`` (the last sampled token + a draft) in one forward
-        pass; return logits [T, V]. The caller truncates rejected tokens."""
+        """Append ``tokens`` (last sampled token + draft) in one forward; return logits [T, V].
+        The caller truncates rejected tokens."""
         if len(self.tokens) + len(tokens) >= self.n_ctx:
             raise ValueError("KV cache full")
         self.version += 1
-        logits = self._replay(tokens, len(self.tokens))       # the path decode runs: a graph replay (None: eager)
+        logits = self._replay(tokens, len(self.tokens))
         if logits is None:
             logits = self._forward(tokens, len(self.tokens), last_only=False)
         self.tokens.extend(tokens)
@@ -193,7 +170,7 @@ class KVSession:
         return logits
 
     def truncate(self, n: int, logits: torch.Tensor | None = None) -> None:
-        """Keep the first ``n`` tokens; ``logits`` are those after them, if known."""
+        """Keep the first ``n`` tokens; ``logits``: the logits after them, if known."""
         self.version += 1
         del self.tokens[n:]
         self.prompt_len = min(self.prompt_len, n)
@@ -201,17 +178,10 @@ class KVSession:
 
 
 class SessionPool:
-    """A small LRU of sessions, one per recently used document, so that
-    switching files does not throw away the other file's reuse. ``acquire``
-    returns the document's session, or recycles the least recently used one.
-
-    ``fold_threshold`` 0 (``sol.kv_folding_entropy_threshold``): each session
-    owns a full KV buffer. Above 0: one full buffer — the active session's,
-    the compute buffer — and every parked session is folded
-    (:mod:`.kvfold`): trimmed to the tokens it holds, low-attention blocks
-    stored as int8; acquiring it dequantizes it into the compute buffer.
-    Folding needs the backend's last queries (``record_queries``); without
-    them a parked session is only trimmed."""
+    """An LRU of sessions, one per recent document; ``acquire`` recycles the least recent.
+    ``fold_threshold`` (``sol.kv_folding_entropy_threshold``) 0: a full KV buffer per session.
+    Above 0: one shared compute buffer; parked (inactive) sessions are folded (:mod:`.fold`),
+    unfolded on acquire; without the backend's last queries they are only trimmed."""
 
     def __init__(self, backend: Backend, slots: int, *, fold_threshold: float = 0.0) -> None:
         if slots < 1:
@@ -221,7 +191,7 @@ class SessionPool:
         self.slots = slots
         self.fold_threshold = fold_threshold
         self._by_key: dict[str, KVSession] = {}   # insertion order = LRU order
-        self._free: list[KVSession] = []          # slots made by caches() that no document holds yet
+        self._free: list[KVSession] = []          # made by caches(), not yet a document's
         self._folded: dict[str, FoldedKV] = {}    # parked sessions' KV (folding on)
         self._active: str | None = None
         self._created = 0
@@ -237,7 +207,7 @@ class SessionPool:
         session = self._by_key.pop(key, None)
         if session is None:
             if self._free:
-                session = self._free.pop(0)            # a slot made up front (caches())
+                session = self._free.pop(0)
             elif len(self._by_key) >= self.slots:
                 session = self._by_key.pop(next(iter(self._by_key)))  # least recently used
                 session.truncate(0)
@@ -250,11 +220,8 @@ class SessionPool:
         return session
 
     def caches(self) -> list[Any]:
-        """Every slot's KV cache, the missing ones made now: a fixed pool, so
-        that the graphs captured per cache at warm-up
-        (:meth:`~soldaemon.runtime.forward.cudagraph.GraphDecoder.warm_up`)
-        serve every document — a new one takes the least recently used
-        slot. With folding on, the one compute buffer every session shares."""
+        """Every slot's KV cache, made now if missing, so the graphs captured per cache at warm-up
+        serve every document; with folding on, the one shared compute buffer."""
         if self.folding:
             return [self.backend.cache]
         while self._created < self.slots:
@@ -264,8 +231,7 @@ class SessionPool:
         return [s.cache for s in (*self._by_key.values(), *self._free)]
 
     def truncate_all(self) -> None:
-        """Empty every session the pool holds, as if none had been used: the
-        next prefill of each computes its whole prompt."""
+        """Empty every session: the next prefill of each computes its whole prompt."""
         for session in list(self._by_key.values()):
             session.truncate(0)
 
@@ -302,7 +268,7 @@ class SessionPool:
         k, v = cast("tuple[torch.Tensor, torch.Tensor]", session.cache)
         n = len(session.tokens)
         if n == 0:
-            return                      # nothing to keep
+            return
         last_q = self.backend.last_q
         scores = None
         if last_q is not None and should_score(n, self.backend.last_q_cache is k):
@@ -310,13 +276,10 @@ class SessionPool:
         self._folded[key] = fold_blocks(k, v, n, blocks_to_fold(scores, self.fold_threshold))
 
     def kv_stats(self) -> dict[str, Any]:
-        """Parked sessions' KV bytes: stored (measured), trimmed-unfolded,
-        and full-buffer, so that the trimming and folding savings show
-        apart. ``fold_ratio``: share of the parked KV (trimmed bytes) that
-        is stored folded."""
+        """Parked sessions' KV bytes stored, trimmed and full, so trim and fold savings show
+        apart; ``fold_ratio``: the folded share of the trimmed bytes."""
         per_session = self.backend.kv_bytes_per_session
-        # health/debug read this from the server thread while the worker
-        # parks and folds: take one snapshot (a single C-level copy)
+        # read from the server thread while the worker folds: one snapshot (a C-level copy)
         parked = list(self._folded.values())
         stored = sum(f.nbytes() for f in parked)
         trimmed = sum(f.trimmed_bytes() for f in parked)
@@ -331,8 +294,7 @@ class SessionPool:
         }
 
     def kv_bytes(self) -> int:
-        """Measured bytes of every KV tensor the pool holds (full buffers and
-        folded sessions), each storage counted once."""
+        """Bytes of every KV tensor the pool holds, each storage counted once."""
         seen: dict[int, int] = {}
         tensors: list[torch.Tensor] = []
         for s in [*self._by_key.values(), *self._free]:
