@@ -126,6 +126,10 @@ def test_pool_parks_folded_sessions(tiny: Path) -> None:
     got = pool.acquire("a").prefill(a_ids[:-1] + [5])
     assert got.cached == len(a_ids) - 1
     assert torch.allclose(got.logits, want, atol=0.05 * float(want.abs().max()))  # close, not equal
+    # emptied (a kernel swap): the parked copies go too, and nothing is reused
+    pool.truncate_all()
+    assert pool.kv_stats()["parked"] == 0 and pool.kv_bytes() == b.kv_bytes_per_session
+    assert pool.acquire("b").prefill(b_ids).cached == 0
 
 
 def _switching_engine(tiny: Path, free_below: str | None) -> dict:

@@ -231,9 +231,11 @@ class SessionPool:
         return [s.cache for s in (*self._by_key.values(), *self._free)]
 
     def truncate_all(self) -> None:
-        """Empty every session: the next prefill of each computes its whole prompt."""
+        """Empty every session and drop the parked (folded) copies: the next prefill of each
+        computes its whole prompt, and no KV of earlier forwards stays in memory."""
         for session in list(self._by_key.values()):
             session.truncate(0)
+        self._folded.clear()
 
     def _acquire_folding(self, key: str) -> KVSession:
         if key == self._active and key in self._by_key:
