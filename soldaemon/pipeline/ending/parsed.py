@@ -303,7 +303,7 @@ class ParsedEnding(TextEnding):
         # a run a rule stopped is trusted no more than one that hit max_tokens
         by_model = finish == "stop" and rule is None
         text, cut = postprocess_why(raw, prefix=self.prefix, suffix=self.suffix, multiline=True,
-                                    max_lines=self.max_lines, floor=self.floor if by_model else None)
+                                    max_lines=self.max_lines, floor=self.floor if by_model else None, cur=self._cur)
         end = cut or (finish if finish in STOPPED else "model")
         if text:
             shown, whole = self.window.longest_fit(text)

@@ -83,7 +83,7 @@ class TextEnding:
 
     def shown(self, raw: str, finish: str, rule: str | None) -> Answer:
         text, cut = postprocess_why(raw, prefix=self.prefix, suffix=self.suffix, multiline=self.multiline,
-                                    max_lines=self.max_lines)
+                                    max_lines=self.max_lines, floor=self.floor, cur=self._cur)
         return Answer(text, cut or (finish if finish in STOPPED else "model"))
 
 
@@ -361,10 +361,11 @@ def postprocess(
 
 
 def postprocess_why(
-    text: str, *, prefix: str, suffix: str, multiline: bool, max_lines: int, floor: int | None = None
+    text: str, *, prefix: str, suffix: str, multiline: bool, max_lines: int, floor: int | None = None,
+    cur: Cursor | None = None,
 ) -> tuple[str, str | None]:
     """:func:`postprocess` and the rule that cut (or None). ``floor`` (columns): only a line
-    indented less ends the block."""
-    cur = cursor_at(prefix, suffix)
+    indented less ends the block. ``cur``: the cursor of ``prefix``/``suffix`` when known."""
+    cur = cur if cur is not None else cursor_at(prefix, suffix)
     lines, rule = _cut_lines(text.split("\n"), LineScanner(cur, multiline, max_lines, floor))
     return _finish(lines, cur), rule
