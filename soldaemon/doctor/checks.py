@@ -524,7 +524,8 @@ def startup_checks() -> list[Check]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT,
-                        help=f"port of a running daemon to probe (default {DEFAULT_PORT})")
+                        help="with no daemon found: the port to check for another program "
+                             f"(default {DEFAULT_PORT})")
 
 
 def run(args: argparse.Namespace, config: Any = None) -> int:
