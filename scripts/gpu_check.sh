@@ -186,7 +186,7 @@ for shape in "${shape_list[@]}"; do
     model=$MODELS/model-$shape
     if [ "$MODE" = cpu ]; then
         # 8 layers, so that a budget can offload some beside the staging ring
-        step "build-$shape" "$PY" -c "from soldaemon.testing.tiny import build_tiny_model as b; b('$model', layers=8)"
+        step "build-$shape" "$PY" -c "from soldaemon_bench.tiny import build_tiny_model as b; b('$model', layers=8)"
         # float32 pinned: the eager path is compared with transformers' forward only under a dense
         # plan (a device's is; the tiny model's auto plan on a CPU is int8 while speculation is on)
         step "latency-$shape" "$PY" scripts/gpu_latency.py --model "$model" --device cpu --emulate-graphs \
@@ -195,7 +195,7 @@ for shape in "${shape_list[@]}"; do
         step "memory-$shape" "$PY" scripts/gpu_memory.py --model "$model" --device cpu --prompt-tokens 160 \
             --tokens 4 --repeats 1 --pcts 100 25 --json "$STEPS/mem-$shape.json"
     else
-        step "build-$shape" "$PY" -c "from soldaemon.testing.tiny import build_shaped_model as b; b('$model', '$shape')"
+        step "build-$shape" "$PY" -c "from soldaemon_bench.tiny import build_shaped_model as b; b('$model', '$shape')"
         step "latency-$shape" ${LAYER[@]+"${LAYER[@]}"} "$PY" scripts/gpu_latency.py --model "$model" --device cuda --require-graphs \
             --holes 4 --tokens 48 --check-steps 48 --prefill-tokens 1024 --lines 2 \
             --attention-positions 255 1000 4000 ${COMPILED[@]+"${COMPILED[@]}"} --json "$STEPS/lat-$shape.json"

@@ -40,8 +40,6 @@ def _module_of(frame: FrameType) -> str | None:
     name = frame.f_globals.get("__name__", "")
     if not isinstance(name, str) or name.split(".")[0] not in PACKAGES:
         return None
-    if name.startswith("soldaemon.testing"):
-        return None
     return name
 
 
@@ -159,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     from soldaemon.api import CancelToken, CompletionRequest, Done
     from soldaemon.config import config_from_dict
     from soldaemon.runtime.engine.local import load_engine
-    from soldaemon.testing.tiny import build_tiny_model
+    from soldaemon_bench.tiny import build_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         model = build_tiny_model(Path(tmp) / "tiny")

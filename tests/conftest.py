@@ -83,6 +83,6 @@ def engine_args(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     traceback; there is no fallback to the scripted engine (a test that
     wants that one names ``tests.fixtures.daemon.FAKE_ENGINE``)."""
     import soldaemon.runtime.engine.local  # noqa: F401
-    from soldaemon.testing.tiny import build_tiny_model
+    from soldaemon_bench.tiny import build_tiny_model
 
     return ["--model", str(build_tiny_model(tmp_path_factory.mktemp("tiny-model")))]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from soldaemon.cli import main
-from soldaemon.testing.tiny import build_tiny_model
+from soldaemon_bench.tiny import build_tiny_model
 from soldaemon_bench.holes import cut_line_holes, default_corpus
 from soldaemon_bench.trace import Typist, make_trace
 

@@ -21,7 +21,7 @@ from soldaemon.runtime.decode.second import token_scores
 from soldaemon.runtime.engine.local import LocalEngine, load_engine
 from soldaemon.runtime.forward.backend import LeanBackend
 from soldaemon.runtime.kv.session import KVSession
-from soldaemon.testing.tiny import build_tiny_model
+from soldaemon_bench.tiny import build_tiny_model
 
 # -- the ranking, over a tokenizer of one character per token ---------------------
 

@@ -18,7 +18,7 @@ from soldaemon.runtime.forward.backend import LeanBackend
 from soldaemon.runtime.forward.compiled import CompileChoice, decide
 from soldaemon.runtime.forward.cudagraph import GraphDecoder
 from soldaemon.runtime.forward.layer import decoder_layer
-from soldaemon.testing.tiny import build_tiny_model
+from soldaemon_bench.tiny import build_tiny_model
 
 # Recorded decode-step timings (ms), the shapes a device run gives: a layer
 # whose fused kernels win, and one where the compiled step is no faster.

@@ -13,7 +13,7 @@ import torch
 from soldaemon.runtime.forward.backend import LeanBackend
 from soldaemon.runtime.forward.cudagraph import GraphDecoder, buckets
 from soldaemon.runtime.kv.session import KVSession
-from soldaemon.testing.tiny import build_tiny_model
+from soldaemon_bench.tiny import build_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -210,3 +210,18 @@ def test_slugs_as_github_writes_them() -> None:
 def test_relative_links_lead_to_a_file_and_heading() -> None:
     bad = [b for md in markdown_pages() for b in broken_links(md)]
     assert not bad, f"{len(bad)} broken relative link(s):\n" + "\n".join(bad)
+
+
+def test_every_result_file_is_in_the_index_and_linked_from_the_docs() -> None:
+    """docs/results/ holds only what the docs cite: each file has a row in its index
+    (date, commit, machine, command) and a link from README.md, CHANGELOG.md or a page."""
+    folder = REPO / "docs" / "results"
+    index = (folder / "README.md").read_text(encoding="utf-8")
+    pages = "\n".join((REPO / p).read_text(encoding="utf-8") for p in tracked()
+                      if p.endswith(".md") and not p.startswith("docs/results/"))
+    files = [p.name for p in folder.iterdir() if p.name != "README.md"]
+    assert files
+    missing = [f for f in files if f"]({f})" not in index]
+    uncited = [f for f in files if f"results/{f}" not in pages]
+    assert not missing, f"not in docs/results/README.md: {missing}"
+    assert not uncited, f"cited by no page (delete them; git keeps them): {uncited}"

@@ -23,7 +23,7 @@ from soldaemon.runtime.engine.local import load_engine
 from soldaemon.runtime.decode.generate import generate
 from soldaemon.runtime.decode.sampling import Greedy
 from soldaemon.runtime.kv.session import KVSession
-from soldaemon.testing.tiny import build_tiny_model
+from soldaemon_bench.tiny import build_tiny_model
 
 
 @pytest.fixture(scope="module")

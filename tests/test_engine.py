@@ -13,7 +13,7 @@ from soldaemon.cli import parse_location, split_at
 from soldaemon.config import config_from_dict
 from soldaemon.errors import BadRequest
 from soldaemon.runtime.engine.local import LocalEngine, load_engine
-from soldaemon.testing.tiny import build_tiny_model
+from soldaemon_bench.tiny import build_tiny_model
 
 PREFIX = "import os\n\n\ndef join_all(parts):\n    result = []\n    for part in parts:\n        result.append("
 SUFFIX = ")\n    return result\n"

@@ -19,7 +19,7 @@ from soldaemon.runtime.forward.backend import LeanBackend
 from soldaemon.runtime.forward.kernels import KERNEL_FNS, onednn_int8_exact, pack
 from soldaemon.runtime.forward.layer import (CAUSAL, GROUPED, STEPWISE, Shape, causal_attention, grouped_attention,
                                              rms_norm, rope, signed_sin, stepwise_attention)
-from soldaemon.testing.tiny import build_tiny_model
+from soldaemon_bench.tiny import build_tiny_model
 
 INT8 = KernelPlan("int8", "int8-dynamic", "int8-dynamic", "float32", "float32")
 

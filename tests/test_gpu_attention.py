@@ -20,7 +20,7 @@ from soldaemon.runtime.forward.cudagraph import GraphDecoder
 from soldaemon.runtime.forward.layer import (ATTENTION_LOG, causal_mask, group_mask, grouped_attention,
                                              plan_attention)
 from soldaemon.runtime.kv.session import KVSession
-from soldaemon.testing.tiny import build_tiny_model
+from soldaemon_bench.tiny import build_tiny_model
 
 N_CTX = 4160          # buckets 256 … 4096 and 4160
 

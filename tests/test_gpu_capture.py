@@ -21,7 +21,7 @@ from soldaemon.runtime.forward.cudagraph import GraphDecoder
 from soldaemon.runtime.engine.local import load_engine
 from soldaemon.runtime.kv.fold import fold_blocks
 from soldaemon.runtime.memory.scheduler import MemoryScheduler
-from soldaemon.testing.tiny import build_tiny_model
+from soldaemon_bench.tiny import build_tiny_model
 
 
 @pytest.fixture(scope="module")

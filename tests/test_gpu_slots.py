@@ -19,7 +19,7 @@ from soldaemon.runtime.forward.backend import LeanBackend
 from soldaemon.runtime.forward.cudagraph import GraphDecoder
 from soldaemon.runtime.kv.session import SessionPool
 from soldaemon.runtime.memory.scheduler import MemoryScheduler, under_pressure
-from soldaemon.testing.tiny import build_tiny_model
+from soldaemon_bench.tiny import build_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from soldaemon.runtime.forward.backend import LeanBackend
 from soldaemon.runtime.forward.cudagraph import GraphDecoder
 from soldaemon_bench.graphcheck import (TOLERANCES, AnchorDeviation, GraphAgreement, compare_graphs, tolerance_for,
                                           transformers_reference)
-from soldaemon.testing.tiny import build_tiny_model
+from soldaemon_bench.tiny import build_tiny_model
 
 
 @pytest.fixture(scope="module")

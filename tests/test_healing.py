@@ -13,7 +13,7 @@ import torch
 from soldaemon.fim import Budget, Place, detect_template, encode_text, heal_tokens, make_prompt
 from soldaemon.runtime.decode.sampling import HealingSampler, TokenTexts
 from soldaemon.runtime.decode.sampling import Greedy
-from soldaemon.testing.tiny import build_tokenizer
+from soldaemon_bench.tiny import build_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +191,7 @@ def test_healing_off_by_config_gives_an_unhealed_prompt(tmp_path: Path) -> None:
     from soldaemon.api import CompletionRequest
     from soldaemon.config import config_from_dict
     from soldaemon.runtime.engine.local import load_engine
-    from soldaemon.testing.tiny import build_tiny_model
+    from soldaemon_bench.tiny import build_tiny_model
 
     path = build_tiny_model(tmp_path / "tiny")
     req = CompletionRequest(id="1", uri="file:///t.py", prefix="x = foo.ba", suffix="\n", max_tokens=4)

@@ -22,7 +22,7 @@ DATA = Path(__file__).parent / "data" / "kernel_tables"
 
 @pytest.fixture(scope="module")
 def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from soldaemon.testing.tiny import build_tiny_model
+    from soldaemon_bench.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-plan"))
 

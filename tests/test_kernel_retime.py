@@ -49,7 +49,7 @@ def _quick_measure() -> Any:
 
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from soldaemon.testing.tiny import build_tiny_model
+    from soldaemon_bench.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-retime"))
 

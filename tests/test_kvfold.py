@@ -13,7 +13,7 @@ from soldaemon.config import SolConfig
 from soldaemon.runtime.forward.backend import LeanBackend
 from soldaemon.runtime.kv.fold import BLOCK, block_scores, fold, unfold
 from soldaemon.runtime.kv.session import SessionPool
-from soldaemon.testing.tiny import build_tiny_model
+from soldaemon_bench.tiny import build_tiny_model
 
 L, KV, H, HD, N_CTX = 3, 2, 4, 16, 512
 

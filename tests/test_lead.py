@@ -15,7 +15,7 @@ from soldaemon.config import config_from_dict
 from soldaemon.fim.prompt import HEAL_MAX_TOKENS
 from soldaemon.pipeline.prompt import MAX_LEAD_LINES, LeadAnchors, lead_from
 from soldaemon.runtime.engine.local import LocalEngine, load_engine
-from soldaemon.testing.tiny import build_tiny_model
+from soldaemon_bench.tiny import build_tiny_model
 from tests.test_fim import QWEN_SPECIALS, b, byte_tokenizer, sid
 
 HEAD = "import os\n\n\ndef f(x):\n    y = x + 1\n"

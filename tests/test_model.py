@@ -14,7 +14,7 @@ import pytest
 from soldaemon.errors import ModelError, ModelHashMismatch, ModelPartsMissing, NoFimTokens, OutOfMemory
 from soldaemon.weights import loader
 from soldaemon.weights.embedded import QWEN25_CODER_05B, EmbeddedModel, assemble_gguf, find_parts
-from soldaemon.testing.tiny import build_tiny_model
+from soldaemon_bench.tiny import build_tiny_model
 
 
 def _fake_parts(root: Path, chunks: list[bytes], name: str) -> EmbeddedModel:

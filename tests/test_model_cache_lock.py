@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from soldaemon.testing.tiny import build_tiny_model
+from soldaemon_bench.tiny import build_tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
 

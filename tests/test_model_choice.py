@@ -158,7 +158,7 @@ def test_a_config_given_to_a_running_engine_gets_the_served_models_windows(tmp_p
     speculation-off column and ``bench --quality`` without ``--models`` ran
     the 0.5B at the generic 1024/256/128 until 2026-12-04, b77bf1e)."""
     from soldaemon.runtime.engine.local import LocalEngine
-    from soldaemon.testing.tiny import build_tiny_model
+    from soldaemon_bench.tiny import build_tiny_model
     from soldaemon.weights.loader import load_model
 
     loaded = load_model(str(build_tiny_model(tmp_path / "tiny")), device="cpu", dtype="auto", progress=False)

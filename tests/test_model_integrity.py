@@ -18,7 +18,7 @@ import torch
 
 from soldaemon.errors import ModelHashMismatch
 from soldaemon.weights import integrity, loader
-from soldaemon.testing.tiny import build_tiny_model
+from soldaemon_bench.tiny import build_tiny_model
 from tests.fixtures.daemon import spawn
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from soldaemon.cli import main
 from soldaemon.errors import BadRequest
-from soldaemon.testing.tiny import build_tiny_model
+from soldaemon_bench.tiny import build_tiny_model
 from soldaemon_bench.holes import Hole, cut_holes, default_corpus
 from soldaemon_bench.quality import edit_similarity, exact_match, first_line_match, levenshtein, parses, score
 

@@ -8,7 +8,7 @@ from soldaemon.config import config_from_dict
 from soldaemon.fim import detect_template
 from soldaemon.pipeline.prompt import build_fim_prompt, context_selector
 from soldaemon.pipeline.relevance import ContextSelector, choose, imports_of, pack, rank, split_snippets
-from soldaemon.testing.tiny import build_tokenizer
+from soldaemon_bench.tiny import build_tokenizer
 
 GEOMETRY = '''import math
 

@@ -230,7 +230,7 @@ class ScriptedEngine:
 
 @pytest.fixture(scope="module")
 def tiny_tokenizer() -> Any:
-    from soldaemon.testing.tiny import build_tokenizer
+    from soldaemon_bench.tiny import build_tokenizer
 
     return build_tokenizer()
 
@@ -408,7 +408,7 @@ def test_budget_closes_the_upstream_stream(tiny_tokenizer: Any, scripted: Script
 
 def test_fallback_to_the_local_model_when_the_engine_is_down(tiny_tokenizer: Any, tmp_path: Path) -> None:
     from soldaemon.runtime.engine.local import load_engine
-    from soldaemon.testing.tiny import build_tiny_model
+    from soldaemon_bench.tiny import build_tiny_model
 
     tiny = build_tiny_model(tmp_path / "tiny")
     local_config = config_from_dict({"model": {"path": str(tiny)}, "device": {"threads": 1}})
@@ -460,7 +460,7 @@ def test_daemon_supersede_closes_the_upstream_stream(start_daemon: Any, scripted
     """A newer keystroke for the same document supersedes the request in
     flight: through a real daemon, its upstream stream is closed (the
     engine sees the client go) and it ends "superseded"."""
-    from soldaemon.testing.tiny import build_tiny_model
+    from soldaemon_bench.tiny import build_tiny_model
 
     scripted.mode = "forever"
     tiny = build_tiny_model(tmp_path / "tiny")
@@ -500,7 +500,7 @@ def test_daemon_supersede_closes_the_upstream_stream(start_daemon: Any, scripted
 def test_daemon_falls_back_to_its_local_model(start_daemon: Any, tmp_path: Path) -> None:
     """A real ``soldaemon serve`` with the engine down and fallback_local:
     the completion comes from the local (tiny) model; health says so."""
-    from soldaemon.testing.tiny import build_tiny_model
+    from soldaemon_bench.tiny import build_tiny_model
 
     tiny = build_tiny_model(tmp_path / "tiny")
     url = f"http://127.0.0.1:{_free_port()}"
@@ -756,7 +756,7 @@ def test_secret_files_never_reach_the_remote_engine(start_daemon: Any, scripted:
     """Through a real daemon on the remote backend: a secret file's context
     chunk is dropped before the prompt is built, and completing inside a
     secret file is refused without a request upstream."""
-    from soldaemon.testing.tiny import build_tiny_model
+    from soldaemon_bench.tiny import build_tiny_model
 
     tiny = build_tiny_model(tmp_path / "tiny")
     daemon = start_daemon(args=[], extra_config={

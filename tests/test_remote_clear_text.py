@@ -15,7 +15,7 @@ from soldaemon.remote.engine import RemoteEngine
 
 @pytest.fixture(scope="module")
 def tiny_tokenizer() -> Any:
-    from soldaemon.testing.tiny import build_tokenizer
+    from soldaemon_bench.tiny import build_tokenizer
 
     return build_tokenizer()
 

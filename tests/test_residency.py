@@ -27,7 +27,7 @@ from soldaemon.errors import BudgetTooSmall
 from soldaemon.policy.residency import UnitInfo, plan_residency
 from soldaemon.runtime.memory.scheduler import MemoryScheduler
 from soldaemon.runtime.memory.weightstore import WeightStore
-from soldaemon.testing.tiny import build_tiny_model
+from soldaemon_bench.tiny import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = 6

@@ -18,7 +18,7 @@ from soldaemon.runtime.forward import backend as backend_mod
 from soldaemon.runtime.forward.backend import LeanBackend, make_backend
 from soldaemon.runtime.forward.rotation import BlockRotation, Rotations, hadamard, rotation_applies
 from soldaemon.runtime.kv.session import KVSession
-from soldaemon.testing.tiny import build_tiny_model
+from soldaemon_bench.tiny import build_tiny_model
 
 INT8 = KernelPlan("int8", "int8-dynamic", "int8-dynamic", "int8", "int8-dynamic")
 WEIGHT_ONLY = KernelPlan("int8", "int8", "int8", "int8", "int8")

@@ -21,7 +21,7 @@ from soldaemon.runtime.decode.generate import generate
 from soldaemon.runtime.decode.sampling import Greedy, TopP, make_sampler
 from soldaemon.errors import Cancelled
 from soldaemon.runtime.kv.session import KVSession, common_prefix
-from soldaemon.testing.tiny import build_tiny_model
+from soldaemon_bench.tiny import build_tiny_model
 
 
 @pytest.fixture(scope="module")

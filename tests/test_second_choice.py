@@ -19,7 +19,7 @@ from soldaemon.runtime.decode.second import Replay, second_choice
 from soldaemon.runtime.engine.local import LocalEngine, load_engine
 from soldaemon.runtime.forward.backend import LeanBackend
 from soldaemon.runtime.kv.session import KVSession
-from soldaemon.testing.tiny import build_tiny_model
+from soldaemon_bench.tiny import build_tiny_model
 
 
 @pytest.fixture(scope="module")

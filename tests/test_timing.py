@@ -17,7 +17,7 @@ from soldaemon.runtime.forward import timing
 from soldaemon.runtime.forward.backend import LeanBackend
 from soldaemon.runtime.decode.draft import DraftModel
 from soldaemon.runtime.engine.local import load_engine
-from soldaemon.testing.tiny import build_tiny_model
+from soldaemon_bench.tiny import build_tiny_model
 
 QUEUED_S = 0.15   # device work each forward leaves queued (s): well above a tiny step
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from soldaemon.cli import main
-from soldaemon.testing.tiny import build_tiny_model
+from soldaemon_bench.tiny import build_tiny_model
 from soldaemon_bench.holes import default_corpus
 from soldaemon_bench.jumps import JUMP, JUMP_KEYS, JUMP_PAUSE, function_of, jump_targets
 from soldaemon_bench.trace import make_trace

@@ -11,7 +11,7 @@ from soldaemon.policy import windows
 from soldaemon.policy.kernel_plan import KernelPlan, TimingTable
 from soldaemon.policy.windows import FLOOR, fit_windows, prompt_ms
 from soldaemon.runtime.engine.local import load_engine
-from soldaemon.testing.tiny import build_tiny_model
+from soldaemon_bench.tiny import build_tiny_model
 
 
 def test_windows_that_fit_the_budget_are_the_models_own() -> None:

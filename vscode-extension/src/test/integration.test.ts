@@ -33,7 +33,7 @@ const RUN_LSP = "import sys; from lsp.server import main; sys.exit(main())";
 function findPython(): string | undefined {
     const env = { ...process.env, PYTHONPATH };
     const canImport = (py: string): boolean =>
-        spawnSync(py, ["-c", "import soldaemon.cli, soldaemon.testing.tiny, lsp.server"], { stdio: "ignore", timeout: 60_000, env }).status === 0;
+        spawnSync(py, ["-c", "import soldaemon.cli, soldaemon_bench.tiny, lsp.server"], { stdio: "ignore", timeout: 60_000, env }).status === 0;
     const candidates = [process.env.SOLDAEMON_PYTHON, path.join(REPO, ".venv", "bin", "python"), "python3"];
     return candidates.find((py): py is string => !!py && (py.includes(path.sep) ? fs.existsSync(py) : true) && canImport(py));
 }
@@ -124,7 +124,7 @@ describe("the extension through sol-lsp against a real soldaemon (tiny model)", 
     before(async () => {
         if (!fs.existsSync(path.join(modelDir, "tiny.json"))) {
             fs.mkdirSync(path.dirname(modelDir), { recursive: true });
-            execFileSync(py!, ["-m", "soldaemon.testing.tiny", modelDir], { env, stdio: ["ignore", "ignore", "pipe"], timeout: 120_000 });
+            execFileSync(py!, ["-m", "soldaemon_bench.tiny", modelDir], { env, stdio: ["ignore", "ignore", "pipe"], timeout: 120_000 });
         }
         daemon = await serve(modelDir, 0, env, logs);
         const record = JSON.parse(fs.readFileSync(path.join(env.SOLDAEMON_STATE_DIR!, "daemon.json"), "utf8")) as { url: string };

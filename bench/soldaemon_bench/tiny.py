@@ -130,7 +130,7 @@ def build_shaped_model(path: str | Path, shape: str, *, layers: int | None = Non
                   make)
 
 
-if __name__ == "__main__":  # python -m soldaemon.testing.tiny DIR
+if __name__ == "__main__":  # python -m soldaemon_bench.tiny DIR
     import sys
 
     print(build_tiny_model(sys.argv[1] if len(sys.argv) > 1 else "tiny-model"))

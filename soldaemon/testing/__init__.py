@@ -1,1 +1,0 @@
-"""Helpers for tests and demos that need a model but not a good one."""
