@@ -67,10 +67,6 @@ class Document:
     def __post_init__(self) -> None:
         self._starts = line_starts(self.text)
 
-    @property
-    def line_count(self) -> int:
-        return len(self._starts)
-
     def line_span(self, line: int) -> tuple[int, int]:
         """``(start, end)`` offsets of ``line`` without its terminator, clamped."""
         if line >= len(self._starts):

@@ -129,11 +129,11 @@ def test_real_15b_loads_by_name_and_completes_code() -> None:
     command installs the ``model-1-5b`` extra)."""
     import torch
 
-    from soldaemon.weights.loader import load_embedded
+    from soldaemon.weights.loader import load_model
 
     if not is_installed(QWEN25_CODER_15B) and not os.environ.get("CI"):
         pytest.skip("the 1.5B's parts are not installed: " + install_command(QWEN25_CODER_15B))
-    loaded = load_embedded("qwen2.5-coder-1.5b", device="cpu", dtype="auto", progress=False)
+    loaded = load_model(None, name="qwen2.5-coder-1.5b", device="cpu", dtype="auto", progress=False)
     cfg = loaded.model.config
     assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads) == (28, 1536, 12, 2)
     assert loaded.name == QWEN25_CODER_15B.name

@@ -42,7 +42,7 @@ def speculate(engine: LocalEngine, req: CompletionRequest, item: str, cancel: Ca
 
 def _memory(engine: LocalEngine) -> tuple[object, ...]:
     """The per-document memory later answers depend on, and the counters."""
-    return dict(engine.lead_anchors._anchors), dict(engine.pipeline.documents.shown), engine.stats.requests
+    return dict(engine.pipeline.documents.anchors._anchors), dict(engine.pipeline.documents.shown), engine.stats.requests
 
 
 def test_complete_after_warm_computes_only_what_was_typed(engine: LocalEngine) -> None:

@@ -39,6 +39,19 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _qkv(w: Any, t: torch.Tensor | None, part: int) -> torch.Tensor | None:
+    """q's, k's or v's rows (``part`` 0, 1, 2) of a packed q/k/v tensor."""
+    if t is None:
+        return None
+    start = (0, w.q_rows, w.q_rows + w.kv_rows)[part]
+    return t[start:start + (w.q_rows if part == 0 else w.kv_rows)]
+
+
+def _gu(t: torch.Tensor | None, part: int) -> torch.Tensor | None:
+    """gate's or up's rows (``part`` 0, 1) of the packed gate/up tensor."""
+    return None if t is None else t.chunk(2)[part]
+
+
 def _layer_apart(shape: Shape, w: Any, x: torch.Tensor, lin: Any, cos: torch.Tensor, sin_signed: torch.Tensor,
                  k_cache: torch.Tensor, v_cache: torch.Tensor, at: int | torch.Tensor, window: int,
                  mask: torch.Tensor | None, *, attention: str = GROUPED, q_out: torch.Tensor | None = None,
@@ -49,11 +62,13 @@ def _layer_apart(shape: Shape, w: Any, x: torch.Tensor, lin: Any, cos: torch.Ten
     H, KV, hd = shape.n_heads, shape.n_kv, shape.head_dim
     dt = x.dtype
     sin = signed_sin(sin_signed)                     # its own inverse: the plain table
-    bq, bk, bv = (None, None, None) if w.bqkv is None else (w._qkv(w.bqkv, 0), w._qkv(w.bqkv, 1), w._qkv(w.bqkv, 2))
+    bq, bk, bv = (_qkv(w, w.bqkv, i) for i in range(3))
     h = lin.prepare(rms_norm(x, w.ln1, shape.eps))
-    q = lin.multiply(h, w.wq, bq, w.sq, dt).view(T, H, hd).transpose(0, 1)
-    k = lin.multiply(h, w.wk, bk, w.sk, dt).view(T, KV, hd).transpose(0, 1)
-    v = lin.multiply(h, w.wv, bv, w.sv, dt).view(T, KV, hd).transpose(0, 1)
+    wq, wk, wv = (_qkv(w, w.wqkv, i) for i in range(3))
+    sq, sk, sv = (_qkv(w, w.sqkv, i) for i in range(3))
+    q = lin.multiply(h, wq, bq, sq, dt).view(T, H, hd).transpose(0, 1)
+    k = lin.multiply(h, wk, bk, sk, dt).view(T, KV, hd).transpose(0, 1)
+    v = lin.multiply(h, wv, bv, sv, dt).view(T, KV, hd).transpose(0, 1)
     q = q * cos + _rotate_half(q) * sin
     k = k * cos + _rotate_half(k) * sin
     assert isinstance(at, int) and q_out is None
@@ -68,7 +83,8 @@ def _layer_apart(shape: Shape, w: Any, x: torch.Tensor, lin: Any, cos: torch.Ten
         o = grouped_attention(q, keys, vals, shape.scale, mask)
     x = x + lin(o.transpose(0, 1).reshape(T, H * hd), w.wo, w.bo, w.so)
     h = lin.prepare(rms_norm(x, w.ln2, shape.eps))
-    gu = F.silu(lin.multiply(h, w.wg, None, w.sg, dt), inplace=True).mul_(lin.multiply(h, w.wu, None, w.su, dt))
+    gate, up = (lin.multiply(h, _gu(w.wgu, i), None, _gu(w.sgu, i), dt) for i in range(2))
+    gu = F.silu(gate, inplace=True).mul_(up)
     if shape.inner is not None:
         gu = shape.inner.rotate_rows(gu, shape.inner_exact)
     return x + lin(gu, w.wd, None, w.sd)

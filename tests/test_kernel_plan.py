@@ -325,7 +325,7 @@ def test_onednn_activations_are_the_int8_values_offset_by_128() -> None:
 def test_kernels_match_the_dense_product_and_treat_rows_alone() -> None:
     import torch
 
-    from soldaemon.runtime.forward.kernels import KERNEL_FNS, pack, unpack
+    from soldaemon.runtime.forward.kernels import KERNEL_FNS, pack
 
     torch.manual_seed(0)
     w = torch.randn(96, 64) * 0.05
@@ -334,8 +334,6 @@ def test_kernels_match_the_dense_product_and_treat_rows_alone() -> None:
     ref = torch.nn.functional.linear(x, w, b)
     for kernel, storage in KERNELS.items():
         pw, ps = pack(storage, w)
-        if storage not in ("int4", "int8-onednn"):
-            assert unpack(pw, ps, torch.float32).shape == w.shape
         y = KERNEL_FNS[kernel](x, pw, b, ps)
         assert y.dtype == x.dtype and y.shape == ref.shape
         # 4-bit groups of random weights: a step of a fifteenth of each group's range

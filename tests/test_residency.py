@@ -144,7 +144,7 @@ def test_outputs_identical_under_any_budget_and_budget_never_exceeded(tiny_path:
 def test_offload_frees_the_module_storage(tiny_path: Path) -> None:
     b = _backend(tiny_path, half=False)
     store = _store(b, prefetch_depth=1)
-    w = b.layers[3].wg
+    w = b.layers[3].wgu
     before = store.device_bytes()
     store.apply_plan(store.make_plan(_budget_for(store, 2), 0))
     assert w.untyped_storage().nbytes() == 0      # the HF parameter itself gave its memory up

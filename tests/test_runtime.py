@@ -270,9 +270,9 @@ def test_each_phase_runs_its_planned_kernel(tiny) -> None:
     mixed = LeanBackend(model, 1024, plan=MIXED)
     dyn = LeanBackend(model, 1024, plan=KernelPlan("int8", "int8-dynamic", "int8-dynamic", "float32", "float32"))
     wo = LeanBackend(model, 1024, plan=KernelPlan("int8", "int8", "int8", "float32", "float32"))
-    assert mixed.layers[0].wq.dtype == torch.int8 and mixed.layers[0].sq is not None
+    assert mixed.layers[0].wqkv.dtype == torch.int8 and mixed.layers[0].sqkv is not None
     q_proj = model.model.layers[0].self_attn.q_proj.weight      # the reference shares the module's (q/k/v packed
-    assert full.layers[0].wq.untyped_storage().data_ptr() == q_proj.untyped_storage().data_ptr()   # as one)
+    assert full.layers[0].wqkv.untyped_storage().data_ptr() == q_proj.untyped_storage().data_ptr()   # as one)
     short = mixed.forward(ids[:5], 0)                         # 5 tokens: a short forward
     assert torch.equal(short, wo.forward(ids[:5], 0))         # the short-forward kernel
     assert not torch.equal(dyn.forward(ids[:5], 0), short)

@@ -514,8 +514,7 @@ def startup_checks() -> list[Check]:
     """The doctor's checks minus the daemon probe, for the daemon's start and ``health``.
     ``nvidia-smi`` (the NVML fallback) gets a 2 s timeout. Never raises."""
     try:
-        machine = readers.read_machine(
-            port=None, run=lambda argv: readers.run_nvidia_smi(argv, timeout_s=2.0))
+        machine = readers.read_machine(run=lambda argv: readers.run_nvidia_smi(argv, timeout_s=2.0))
         return judge_machine(machine, own_pid=os.getpid())
     except Exception as exc:                      # health must never take the daemon down
         return [Check("doctor", "warn", f"start-up checks failed: {type(exc).__name__}: {exc}")]
@@ -530,7 +529,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, config: Any = None) -> int:
     """Read the machine, judge, print; 1 if any check fails, else 0."""
-    machine = readers.read_machine(port=None, device=config.device.device if config is not None else None)
+    machine = readers.read_machine(device=config.device.device if config is not None else None)
     machine = replace(machine, daemon=probe_running_daemon(config, args.port))
     layers, threads = configured_plan_key(config)
     path = str(config.model.path) if config is not None and config.model.path else None

@@ -319,13 +319,6 @@ def load_model(path: str | None = None, *, name: str | None = None, device: str 
     return LoadedModel(model, tok, shown, directory, gguf, dev, dt, time.perf_counter() - t0)
 
 
-def load_embedded(name: str, *, device: str = "auto", dtype: str = "auto",
-                  progress: bool = True) -> LoadedModel:
-    """:func:`load_model` of the embedded model ``name``; raises ModelError (ModelPartsMissing
-    when its parts are not installed)."""
-    return load_model(None, name=name, device=device, dtype=dtype, progress=progress)
-
-
 def _load_verified(directory: Path, dev: torch.device, dt: torch.dtype, progress: bool) -> tuple[Any, Any]:
     """Weights and tokenizer from ``directory``, checked; raises ModelError (ModelHashMismatch
     on a cache that does not match its marker)."""

@@ -12,7 +12,7 @@ from typing import Any, Callable
 from soldaemon.errors import ProbeUnavailable
 
 # Re-exported; read_gpus and read_machine look these names up here, so tests patch them here.
-from soldaemon.doctor.readers.host import (DEFAULT_PORT, VECTOR_FLAGS, parse_cpuinfo, probe_daemon, read_cache,
+from soldaemon.doctor.readers.host import (DEFAULT_PORT, VECTOR_FLAGS, parse_cpuinfo, read_cache,
                                            read_cpu, read_cuda_view, read_torch)
 from soldaemon.doctor.readers.nvml import cuda_version_from_int, load_nvml, read_nvml
 from soldaemon.doctor.readers.readings import (CachedModel, CacheReading, ComputeMode, CpuReading, CudaDevice, CudaView,
@@ -48,7 +48,6 @@ def read_gpus(nvml_loader: Callable[[], Any] | None = None, run: Runner | None =
 
 def read_machine(
     *,
-    port: int | None = DEFAULT_PORT,
     nvml_loader: Callable[[], Any] | None = None,
     run: Runner | None = None,
     cache_root: Path | None = None,
@@ -56,14 +55,14 @@ def read_machine(
     cpu_reader: Callable[[], CpuReading] | None = None,
     device: str | None = None,
 ) -> MachineReading:
-    """Everything the doctor judges. ``port=None`` skips the daemon probe (used at the daemon's
-    own start); ``device`` is the configured ``device.device``. Never raises."""
+    """Everything the doctor judges but the daemon (:func:`soldaemon.doctor.daemon.probe_running_daemon`
+    reads that); ``device`` is the configured ``device.device``. Never raises."""
     gpu = read_gpus(nvml_loader, run)
     return MachineReading(
         gpu=gpu,
         cpu=(cpu_reader or read_cpu)(),
         torch=(torch_reader or read_torch)(),
         cache=read_cache(cache_root),
-        daemon=probe_daemon(port) if port is not None else None,
+        daemon=None,
         cuda_view=read_cuda_view(device) if gpu.gpus else None,
     )

@@ -9,13 +9,11 @@ import os
 import platform
 import shutil
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from soldaemon import paths
 from soldaemon.doctor.readers.readings import (CacheReading, CachedModel, CpuReading, CudaDevice, CudaView,
-                                               DaemonReading, TorchReading)
+                                               TorchReading)
 
 
 # The vector extensions that matter to torch's CPU kernels, x86 then Arm.
@@ -205,18 +203,3 @@ def read_cache(root: Path | None = None, *, max_depth: int = 3) -> CacheReading:
 
 
 DEFAULT_PORT = 8765
-
-
-def probe_daemon(port: int = DEFAULT_PORT, *, host: str = "127.0.0.1", timeout_s: float = 1.0) -> DaemonReading:
-    """``GET http://host:port/healthz``, ignoring proxy settings. Never raises."""
-    url = f"http://{host}:{port}/healthz"
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(url, timeout=timeout_s) as resp:
-            body = resp.read(2048).decode("utf-8", "replace")
-            return DaemonReading(url=url, reachable=True, status=int(resp.status), detail=body.strip()[:200])
-    except urllib.error.HTTPError as exc:
-        return DaemonReading(url=url, reachable=True, status=int(exc.code), detail=str(exc.reason)[:200])
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        return DaemonReading(url=url, reachable=False, status=None, detail=str(reason)[:200])

@@ -50,10 +50,6 @@ def _parser(language: str) -> Any | None:
     return tree_sitter.Parser(tree_sitter.Language(getattr(module, spec[1])()))
 
 
-def has_grammar(language: str) -> bool:
-    return _parser(language) is not None
-
-
 def _top_level(line: str) -> bool:
     """Whether ``line`` starts a new top-level statement."""
     return bool(line) and not line[0].isspace() and not line.startswith(_GOES_ON)

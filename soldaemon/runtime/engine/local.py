@@ -21,7 +21,6 @@ from soldaemon.errors import ConfigError, ModelError
 from soldaemon.fim import FimPrompt, FimTemplate, detect_template
 from soldaemon.weights.loader import LoadedModel, load_model
 from soldaemon.pipeline.completion import Pipeline, Settings
-from soldaemon.pipeline.prompt import LeadAnchors
 from soldaemon.pipeline.relevance import ContextSelector
 from soldaemon.runtime.forward.backend import LEAN_ARCHITECTURES, Backend, LeanBackend, make_backend
 from soldaemon.policy.kernel_plan import KernelPlan, TimingTable, steps_on_blocked_copy
@@ -380,10 +379,6 @@ class LocalEngine:
                        completion=config.completion.served_by(self.served_model))
 
     # the pipeline's per-document memory, under the names the benchmark and tests use
-
-    @property
-    def lead_anchors(self) -> LeadAnchors:
-        return self.pipeline.documents.anchors
 
     @property
     def context_selector(self) -> ContextSelector | None:

@@ -139,18 +139,6 @@ def _pack_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch._convert_weight_to_int4pack_for_cpu(q, 2), sz
 
 
-def unpack(w: torch.Tensor, s: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-    """The dense weight a packed one stands for, in ``dtype`` (dense and int8
-    storage; the int4 layout is the product kernel's own)."""
-    if s is not None and s.dim() != 1:
-        raise ValueError("int4 weights cannot be unpacked here")
-    if w.is_mkldnn:
-        raise ValueError("blocked (oneDNN) weights cannot be unpacked here")
-    if s is None:
-        return w.to(dtype)
-    return (w.to(torch.float32) * s[:, None]).to(dtype)
-
-
 class Kernel:
     """A linear kernel in two steps: ``prepare`` the activations once (cast, or quantize per row),
     then ``multiply`` them by any number of weights in its storage. Calling it does both."""

@@ -54,9 +54,6 @@ class BlockRotation:
     def rotate(self, x: torch.Tensor) -> torch.Tensor:
         return self._blocks(x, self.m)
 
-    def unrotate(self, x: torch.Tensor) -> torch.Tensor:
-        return self._blocks(x, self.mt)
-
     def _rows(self, x: torch.Tensor, m: torch.Tensor, exact: bool) -> torch.Tensor:
         """[T, n] rows times ``m``'s blocks; row by row, as a decode step, unless ``exact``."""
         if exact or x.shape[0] == 1:

@@ -31,38 +31,6 @@ class LayerWeights:
     q_rows: int = 0                    # H*hd: where k's rows start in wqkv (v's: q_rows + kv_rows)
     kv_rows: int = 0                   # KV*hd
 
-    def _qkv(self, t: torch.Tensor | None, part: int) -> torch.Tensor | None:
-        if t is None:
-            return None
-        start = (0, self.q_rows, self.q_rows + self.kv_rows)[part]
-        return t[start:start + (self.q_rows if part == 0 else self.kv_rows)]
-
-    def _gu(self, t: torch.Tensor | None, part: int) -> torch.Tensor | None:
-        return None if t is None else t.chunk(2)[part]
-
-    # one product's rows (views of the packed tensors; dense and int8 storage):
-    # for readers of a single product (tests, scripts), not the forward
-    @property
-    def wq(self) -> torch.Tensor | None: return self._qkv(self.wqkv, 0)
-    @property
-    def wk(self) -> torch.Tensor | None: return self._qkv(self.wqkv, 1)
-    @property
-    def wv(self) -> torch.Tensor | None: return self._qkv(self.wqkv, 2)
-    @property
-    def sq(self) -> torch.Tensor | None: return self._qkv(self.sqkv, 0)
-    @property
-    def sk(self) -> torch.Tensor | None: return self._qkv(self.sqkv, 1)
-    @property
-    def sv(self) -> torch.Tensor | None: return self._qkv(self.sqkv, 2)
-    @property
-    def wg(self) -> torch.Tensor | None: return self._gu(self.wgu, 0)
-    @property
-    def wu(self) -> torch.Tensor | None: return self._gu(self.wgu, 1)
-    @property
-    def sg(self) -> torch.Tensor | None: return self._gu(self.sgu, 0)
-    @property
-    def su(self) -> torch.Tensor | None: return self._gu(self.sgu, 1)
-
 
 PACKED = ("wqkv", "wo", "wgu", "wd")   # LayerWeights' product weights
 
