@@ -142,11 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     ids = torch.tensor(ids_list, dtype=torch.long, device=dev)
     plan, _table = choose_kernels(loaded, "auto", progress=False)    # the daemon's own plan for this device
     backend = LeanBackend(loaded.model, len(ids_list) + args.tokens + 8, plan=plan, release=True)
-    store = WeightStore(backend.weight_sets(), backend.fixed_weights(), dev, prefetch_depth=args.depth,
+    store = WeightStore(backend.layers, backend.fixed_weights(), dev, prefetch_depth=args.depth,
                         fallback_timeout_ms=args.fallback_timeout_ms)
     backend.read_through(store)
     bw = measure_copy_bandwidth(dev)
-    decode_variant = 0                                 # one weight copy: every forward reads variant 0
     gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     print(f"device: {gpu}   model: {loaded.name} ({loaded.dtype})   layers: {store.n_layers}   "
           f"copy bandwidth: {bw:.2f} GB/s   prefetch_depth: {args.depth}")
@@ -160,8 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     for pct in args.pcts:
         k = round(store.n_layers * pct / 100)
         budget = _budget(store, k)
-        plan = store.make_plan(budget, 0, bandwidth_gbs=bw, first_layers=k)
-        store.apply_plan(plan)
+        residency = store.make_plan(budget, 0, bandwidth_gbs=bw, first_layers=k)
+        store.apply_plan(residency)
         _run(backend, ids[:16], 2)                     # warm: kernels, slots, the copier
         store.stats = PrefetchStats()                  # count the timed runs only
         alloc0 = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else None
@@ -173,8 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         ttft, per_tok, toks = best
         # predicted: copies of the offloaded layers at the measured bandwidth,
         # overlapped with the all-resident compute when prefetching
-        copy_prefill = store.offloaded_copy_bytes(0) / (bw * 1e9) * 1e3
-        copy_decode = store.offloaded_copy_bytes(decode_variant) / (bw * 1e9) * 1e3
+        copy_prefill = copy_decode = store.offloaded_copy_bytes() / (bw * 1e9) * 1e3
 
         def predict(compute: float, copy: float) -> float:
             return max(compute, copy) if args.depth > 0 else compute + copy

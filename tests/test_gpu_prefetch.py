@@ -31,7 +31,7 @@ class Stream:
 
 
 def test_a_cuda_copy_is_ordered_on_the_stream_not_waited_for() -> None:
-    job = CopyJob(layer=3, variant=0, slot=1, issued=0.0)
+    job = CopyJob(layer=3, slot=1, issued=0.0)
     job.cuda_event = Event(done=False)
     stream = Stream()
     order_after(job, stream)
@@ -41,7 +41,7 @@ def test_a_cuda_copy_is_ordered_on_the_stream_not_waited_for() -> None:
 
 
 def test_a_cpu_copy_is_still_waited_for_with_its_timeout() -> None:
-    job = CopyJob(layer=0, variant=0, slot=0, issued=0.0)
+    job = CopyJob(layer=0, slot=0, issued=0.0)
     assert wait_copy(job, 0.01) is False           # not done: the caller falls back
     job.done.set()
     assert wait_copy(job, 0.01) is True

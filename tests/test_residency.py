@@ -49,7 +49,7 @@ def _backend(path: Path, half: bool = True) -> LeanBackend:
 
 
 def _store(b: LeanBackend, **kw) -> WeightStore:
-    store = WeightStore(b.weight_sets(), b.fixed_weights(), b.device, **kw)
+    store = WeightStore(b.layers, b.fixed_weights(), b.device, **kw)
     b.read_through(store)
     return store
 

@@ -21,8 +21,8 @@ class UnitInfo:
     uid: int              # index in the store's units
     layer: int
     part: str             # "layer" | "attn" | "mlp"
-    nbytes: int           # device bytes when resident, all weight variants together
-    copy_bytes: int       # bytes copied per use (the model-dtype variant)
+    nbytes: int           # device bytes when resident
+    copy_bytes: int       # bytes copied per use
 
 
 @dataclass(frozen=True)

@@ -297,10 +297,6 @@ class LeanBackend:
         """Tensors outside the decoder layers (never offloaded)."""
         return [t for t in (self.embed_w, self.embed_s, self.norm, self.head_w, self.head_s) if t is not None]
 
-    def weight_sets(self) -> list[list[LayerWeights]]:
-        """The layer lists a WeightStore manages, updated in place: one, the plan's storage."""
-        return [self.layers]
-
     def record_queries(self, on: bool = True) -> None:
         """Keep each layer's last-token query (after RoPE) of the latest forward in ``last_q``."""
         if on and self._q_buffer is None:
@@ -450,7 +446,7 @@ class LeanBackend:
                           attention: str, lin: Any) -> torch.Tensor:
         """The layer loop when some layers live in host memory: weights come from the store
         (resident or a prefetched slot), and the store hears when each layer is done."""
-        store.begin_forward(0)
+        store.begin_forward()
         for i in range(len(self.layers)):
             w, stall_ms, outcome, copied = store.layer(i)
             t0 = time.perf_counter()
@@ -506,20 +502,6 @@ class HFBackend:
         )
         return out.logits[0].float()
 
-
-
-class Offloadable(Backend, Protocol):
-    """A backend whose layer weights the weight store can move: what the memory scheduler needs."""
-
-    residency: WeightStore | None   # the store the forward reads through (None: plain tensors)
-
-    def read_through(self, store: WeightStore) -> None: ...
-
-    def weight_sets(self) -> list[list[LayerWeights]]: ...
-
-    def fixed_weights(self) -> list[torch.Tensor]: ...
-
-    def record_queries(self, on: bool = True) -> None: ...
 
 
 def make_backend(hf_model: Any, n_ctx: int, *, plan: KernelPlan | None = None, release: bool = False,

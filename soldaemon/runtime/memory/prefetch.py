@@ -15,10 +15,9 @@ import torch
 
 @dataclass
 class CopyJob:
-    """A copy of one layer's offloaded tensors (one variant) into a slot."""
+    """A copy of one layer's offloaded tensors into a slot."""
 
     layer: int
-    variant: int
     slot: int
     issued: float                                 # time.perf_counter()
     done: threading.Event = field(default_factory=threading.Event)
@@ -38,7 +37,7 @@ class CopyJob:
 class PrefetchStats:
     hits: int = 0          # weights were in the slot when the layer needed them
     late: int = 0          # prefetch issued, arrived within fallback_timeout_ms (the forward waited)
-    misses: int = 0        # not prefetched: copied synchronously (first use, other variant)
+    misses: int = 0        # not prefetched: copied synchronously (first use)
     fallbacks: int = 0     # prefetch not ready within fallback_timeout_ms: synchronous copy
     stall_ms: float = 0.0  # time forwards waited for weights
     bytes_copied: int = 0

@@ -18,7 +18,7 @@ import torch
 from soldaemon.policy.memory import (
     idle_release_due, idle_release_on, kv_folding_free_below, kv_memory_short, should_replan,
 )
-from soldaemon.runtime.forward.backend import Offloadable
+from soldaemon.runtime.forward.backend import LeanBackend
 from soldaemon.runtime.memory.weightstore import WeightStore, measure_copy_bandwidth
 
 log = logging.getLogger("soldaemon.residency")
@@ -94,7 +94,7 @@ class MemoryScheduler:
     ``idle_release_s`` idle (True), or on ``pressure()`` once idle PRESSURE_MIN_IDLE_S (False);
     default: pressure on CUDA where NVML reads it, else the timer."""
 
-    def __init__(self, backend: Offloadable, sol: Any, gen_lock: threading.Lock, *, kv_reserve_bytes: int,
+    def __init__(self, backend: LeanBackend, sol: Any, gen_lock: threading.Lock, *, kv_reserve_bytes: int,
                  idle_release: bool | None = None,
                  free_bytes: Callable[[], tuple[int, int]] | None = None,
                  pressure: Callable[[], bool] | None = None, on_timer: bool | None = None) -> None:
@@ -102,7 +102,7 @@ class MemoryScheduler:
         self.sol = sol
         self.gen_lock = gen_lock
         self.kv_reserve_bytes = kv_reserve_bytes
-        self.store = WeightStore(backend.weight_sets(), backend.fixed_weights(), backend.device,
+        self.store = WeightStore(backend.layers, backend.fixed_weights(), backend.device,
                                  policy=sol.weight_offload_policy, prefetch_depth=sol.prefetch_depth,
                                  fallback_timeout_ms=sol.fallback_timeout_ms,
                                  heatmap_window_s=sol.layer_heatmap_window, kv_policy=self.kv_snapshot)
@@ -130,7 +130,7 @@ class MemoryScheduler:
             self._timer.start()
         # the pool quantizes parked sessions only while the backend records queries: the lever
         # update_kv_folding pulls while free memory is under sol.kv_folding_free_below
-        self.kv_free_below = kv_folding_free_below(sol, records_queries=True)   # Offloadable names record_queries
+        self.kv_free_below = kv_folding_free_below(sol, records_queries=True)
         self._free_bytes = free_bytes or (lambda: device_free_bytes(backend.device))
         self.kv_quantizing: bool | None = None    # None: not managed (folding off, or always quantizing)
         self.kv_switches = 0                       # times kv_quantizing changed after the first decision

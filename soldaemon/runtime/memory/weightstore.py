@@ -30,13 +30,13 @@ _ALIGN = 64  # bytes: slot views start on this boundary
 class _Unit:
     info: UnitInfo
     names: tuple[str, ...]
-    # variant → name → the tensor the backend holds (HF parameters may view it); offload
-    # shrinks its storage to nothing, restore grows it back and copies the host data in
-    tensors: list[dict[str, torch.Tensor]]
+    # name → the tensor the backend holds (HF parameters may view it); offload shrinks its
+    # storage to nothing, restore grows it back and copies the host data in
+    tensors: dict[str, torch.Tensor]
     resident: bool = True
-    host: list[dict[str, torch.Tensor]] | None = None   # made at first offload, kept
+    host: dict[str, torch.Tensor] | None = None   # made at first offload, kept
     # each tensor's storage size while resident (None: not resizable, swapped instead)
-    storage_bytes: list[dict[str, int | None]] | None = None
+    storage_bytes: dict[str, int | None] | None = None
 
 
 def measure_copy_bandwidth(device: torch.device, nbytes: int = 64 << 20, reps: int = 3) -> float:
@@ -63,18 +63,17 @@ class WeightStore:
     it after ``backend.read_through(store)``. All layers start resident; :meth:`apply_plan` moves
     units. Call everything but the snapshots with the generation lock held."""
 
-    def __init__(self, weight_sets: Sequence[Sequence[Any]], fixed: Sequence[torch.Tensor], device: torch.device,
+    def __init__(self, layers: Sequence[Any], fixed: Sequence[torch.Tensor], device: torch.device,
                  *, policy: str = "layer", prefetch_depth: int = 2, fallback_timeout_ms: float = 50.0,
                  heatmap_window_s: float = 60.0, kv_policy: Callable[[], dict[str, Any]] | None = None) -> None:
-        """``weight_sets[v][i]``: layer i's LayerWeights in variant v. ``fixed``: tensors never
-        offloaded. ``kv_policy``: gives the KV folding state the prefetch snapshot shows."""
+        """``layers[i]``: layer i's LayerWeights (the list is the backend's, updated in place).
+        ``fixed``: tensors never offloaded. ``kv_policy``: gives the KV folding state the prefetch snapshot shows."""
         if policy not in ("layer", "block"):
             raise ValueError(f"weight_offload_policy must be 'layer' or 'block', got {policy!r}")
         self.device = device
         self.cuda = device.type == "cuda"
-        self.weight_sets = [list(ws) for ws in weight_sets]
-        self.n_variants = len(self.weight_sets)
-        self.n_layers = len(self.weight_sets[0])
+        self.layers = layers
+        self.n_layers = len(layers)
         self.policy = policy
         self.prefetch_depth = prefetch_depth
         self.fallback_timeout_s = fallback_timeout_ms / 1e3
@@ -89,25 +88,22 @@ class WeightStore:
         self._layer_units: list[list[int]] = [[] for _ in range(self.n_layers)]
         for i in range(self.n_layers):
             for part, names in parts:
-                present = tuple(n for n in names if getattr(self.weight_sets[0][i], n) is not None)
-                dev = [{n: getattr(ws[i], n) for n in present} for ws in self.weight_sets]
-                nbytes = _unique_bytes([t for d in dev for t in d.values()])
-                copy_bytes = sum(_nbytes(t) for t in dev[0].values())
+                dev = {n: getattr(layers[i], n) for n in names if getattr(layers[i], n) is not None}
+                nbytes = _unique_bytes(list(dev.values()))
                 uid = len(self.units)
-                self.units.append(_Unit(UnitInfo(uid, i, part, nbytes, copy_bytes), present, dev))
+                self.units.append(_Unit(UnitInfo(uid, i, part, nbytes, sum(map(_nbytes, dev.values()))),
+                                        tuple(dev), dev))
                 self._layer_units[i].append(uid)
-        self._fixed = list(fixed) + [getattr(ws[i], n) for ws in self.weight_sets
-                                     for i in range(self.n_layers) for n in ALWAYS_RESIDENT]
-        # the biggest layer's offloadable bytes in any variant: one slot
-        self.slot_bytes = max(sum(_aligned(_nbytes(getattr(ws[i], n))) for uid in self._layer_units[i]
+        self._fixed = list(fixed) + [getattr(w, n) for w in layers for n in ALWAYS_RESIDENT]
+        # the biggest layer's offloadable bytes: one slot
+        self.slot_bytes = max(sum(_aligned(_nbytes(getattr(layers[i], n))) for uid in self._layer_units[i]
                                   for n in self.units[uid].names)
-                              for ws in self.weight_sets for i in range(self.n_layers))
+                              for i in range(self.n_layers))
         self._slots: list[torch.Tensor] = []          # [slot_bytes] uint8 each, the ring
         self._fallback: torch.Tensor | None = None   # [slot_bytes] uint8
         self._jobs: list[CopyJob | None] = []           # per slot: the copy it holds or is receiving
         self._order: list[int] = []                   # offloaded layers in execution order
         self._rank: dict[int, int] = {}               # layer → index in _order
-        self._fwd_variant = 0
         self._fwd: ForwardRecord | None = None
         self._copier: Copier | None = None
         self.all_resident = True
@@ -133,11 +129,11 @@ class WeightStore:
             tensors.append(self._fallback)
         for u in self.units:
             if u.resident:
-                tensors.extend(t for d in u.tensors for t in d.values())
+                tensors.extend(u.tensors.values())
         return _unique_bytes(tensors)
 
     def host_bytes(self) -> int:
-        return _unique_bytes([t for u in self.units if u.host for d in u.host for t in d.values()])
+        return _unique_bytes([t for u in self.units if u.host for t in u.host.values()])
 
     # -- planning -----------------------------------------------------------------
 
@@ -184,26 +180,25 @@ class WeightStore:
     def offloaded_layers(self) -> int:
         return len(self._order)
 
-    def offloaded_copy_bytes(self, variant: int) -> int:
-        """Bytes one forward in ``variant`` copies to the device: every offloaded layer's."""
-        return sum(self._layer_copy_bytes(i, variant) for i in self._order)
+    def offloaded_copy_bytes(self) -> int:
+        """Bytes one forward copies to the device: every offloaded layer's."""
+        return sum(self._layer_copy_bytes(i) for i in self._order)
 
     def _offload(self, u: _Unit) -> None:
         if not u.resident:
             return
         if u.host is None:
-            u.host = [{n: _host_copy(t, self.cuda) for n, t in d.items()} for d in u.tensors]
+            u.host = {n: _host_copy(t, self.cuda) for n, t in u.tensors.items()}
         if u.storage_bytes is None:
-            u.storage_bytes = [{n: t.untyped_storage().nbytes() if t.untyped_storage().resizable() else None
-                                for n, t in d.items()} for d in u.tensors]
-        for d, sizes in zip(u.tensors, u.storage_bytes):
-            for n, t in d.items():
-                # the storage is shared with the HF module's views: freed for all; one that cannot
-                # shrink (a file mapping) is a parameter no view holds: its data is swapped out
-                if sizes[n] is None:
-                    t.data = torch.empty(0, dtype=t.dtype, device=t.device)
-                else:
-                    t.untyped_storage().resize_(0)
+            u.storage_bytes = {n: t.untyped_storage().nbytes() if t.untyped_storage().resizable() else None
+                               for n, t in u.tensors.items()}
+        for n, t in u.tensors.items():
+            # the storage is shared with the HF module's views: freed for all; one that cannot
+            # shrink (a file mapping) is a parameter no view holds: its data is swapped out
+            if u.storage_bytes[n] is None:
+                t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+            else:
+                t.untyped_storage().resize_(0)
         u.resident = False
 
     def _restore(self, u: _Unit) -> None:
@@ -211,14 +206,13 @@ class WeightStore:
             return
         assert u.host is not None and u.storage_bytes is not None
         with torch.no_grad():
-            for d, h, sizes in zip(u.tensors, u.host, u.storage_bytes):
-                for n, t in d.items():
-                    size = sizes[n]
-                    if size is None:
-                        t.data = h[n].to(self.device, non_blocking=self.cuda, copy=True)
-                        continue
-                    t.untyped_storage().resize_(size)           # the same storage: every view sees it again
-                    t.copy_(h[n], non_blocking=self.cuda)
+            for n, t in u.tensors.items():
+                size = u.storage_bytes[n]
+                if size is None:
+                    t.data = u.host[n].to(self.device, non_blocking=self.cuda, copy=True)
+                    continue
+                t.untyped_storage().resize_(size)           # the same storage: every view sees it again
+                t.copy_(u.host[n], non_blocking=self.cuda)
         if self.cuda:
             torch.cuda.current_stream(self.device).synchronize()
         u.resident = True
@@ -302,9 +296,8 @@ class WeightStore:
 
     # -- the forward's side ----------------------------------------------------------
 
-    def begin_forward(self, variant: int) -> None:
+    def begin_forward(self) -> None:
         """Called by the forward before layer 0 (offloaded path only)."""
-        self._fwd_variant = variant
         L = self.n_layers
         self._fwd = ForwardRecord(0.0, None if self.cuda else [0.0] * L, ["resident"] * L, [0] * L, [0.0] * L)
         for j in range(min(self.prefetch_depth, len(self._order))):
@@ -313,8 +306,7 @@ class WeightStore:
     def layer(self, i: int) -> tuple[Any, float, str, int]:
         """Layer i's weights for this forward: (LayerWeights, stall ms,
         outcome, bytes copied). Offloaded parts come from a slot."""
-        v = self._fwd_variant
-        w = self.weight_sets[v][i]
+        w = self.layers[i]
         j = self._rank.get(i)
         if j is None:
             return w, 0.0, "resident", 0
@@ -326,9 +318,9 @@ class WeightStore:
         t0 = time.perf_counter()
         outcome = "hit"
         nbytes = 0
-        if job is None or job.layer != i or job.variant != v or job.cancelled:
+        if job is None or job.layer != i or job.cancelled:
             outcome = "miss"
-            job = self._copy_now(i, v, slot)
+            job = self._copy_now(i, slot)
         elif self.cuda:
             # the compute stream waits on the copy's event below: no host wait,
             # no fallback copy (a second copy of the same bytes would only queue)
@@ -338,15 +330,15 @@ class WeightStore:
                 outcome = "late"
             else:
                 outcome = "fallback"
-                job = self._fallback_copy(i, v, waited_s=time.perf_counter() - t0)
+                job = self._fallback_copy(i, waited_s=time.perf_counter() - t0)
         if not job.used:   # a copy's bytes are counted at its first use
-            nbytes = self._layer_copy_bytes(i, v)
+            nbytes = self._layer_copy_bytes(i)
             job.used = True
         if self.cuda:
             order_after(job, torch.cuda.current_stream(self.device))
         stall = (time.perf_counter() - t0) * 1e3
         fields = {n: t for u in self._layer_units[i] for n, t in
-                  (self.units[u].tensors[v].items() if self.units[u].resident else
+                  (self.units[u].tensors.items() if self.units[u].resident else
                    ((n, job.views[n]) for n in self.units[u].names))}
         return replace(w, **fields), stall, outcome, nbytes
 
@@ -377,7 +369,7 @@ class WeightStore:
 
     def end_forward(self) -> None:
         """After the last layer: record the heatmap and start fetching the
-        first offloaded layers for the next forward (same variant)."""
+        first offloaded layers for the next forward."""
         if self._fwd is not None:
             self._fwd.t = time.monotonic()
             self.heatmap.add(self._fwd)
@@ -392,16 +384,16 @@ class WeightStore:
 
     # -- copies ---------------------------------------------------------------------
 
-    def _layer_copy_bytes(self, i: int, v: int) -> int:
-        return sum(_nbytes(t) for name, t in self._sources(i, v))
+    def _layer_copy_bytes(self, i: int) -> int:
+        return sum(_nbytes(t) for name, t in self._sources(i))
 
-    def _sources(self, i: int, v: int) -> list[tuple[str, torch.Tensor]]:
+    def _sources(self, i: int) -> list[tuple[str, torch.Tensor]]:
         out: list[tuple[str, torch.Tensor]] = []
         for uid in self._layer_units[i]:
             u = self.units[uid]
             if not u.resident:
                 assert u.host is not None
-                out.extend(u.host[v].items())
+                out.extend(u.host.items())
         return out
 
     def _views(self, buf: torch.Tensor, srcs: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -414,22 +406,22 @@ class WeightStore:
         return views
 
     def _issue(self, j: int) -> None:
-        """Start copying the j-th offloaded layer (this forward's variant)
-        into its slot, unless the slot already holds or is receiving it."""
-        i, v = self._order[j], self._fwd_variant
+        """Start copying the j-th offloaded layer into its slot, unless the slot already
+        holds or is receiving it."""
+        i = self._order[j]
         slot = j % len(self._slots)
         old = self._jobs[slot]
-        if old is not None and old.layer == i and old.variant == v and not old.cancelled:
+        if old is not None and old.layer == i and not old.cancelled:
             return
         if old is not None:
             old.cancelled = True
-        srcs = self._sources(i, v)
-        job = CopyJob(i, v, slot, time.perf_counter(), views=self._views(self._slots[slot], srcs))
+        srcs = self._sources(i)
+        job = CopyJob(i, slot, time.perf_counter(), views=self._views(self._slots[slot], srcs))
         self._jobs[slot] = job
         assert self._copier is not None
         self._copier.submit(job, srcs, self.copy_delay_s, old)
 
-    def _copy_now(self, i: int, v: int, slot: int) -> CopyJob:
+    def _copy_now(self, i: int, slot: int) -> CopyJob:
         """Synchronous copy into ``slot`` (nothing was prefetched for it)."""
         old = self._jobs[slot]
         if old is not None:
@@ -438,18 +430,18 @@ class WeightStore:
                 order_after(old, torch.cuda.current_stream(self.device))
             else:
                 wait_copy(old, None)
-        srcs = self._sources(i, v)
-        job = CopyJob(i, v, slot, -1.0, views=self._views(self._slots[slot], srcs))
+        srcs = self._sources(i)
+        job = CopyJob(i, slot, -1.0, views=self._views(self._slots[slot], srcs))
         for name, src in srcs:
             job.views[name].copy_(src, non_blocking=self.cuda)
         job.done.set()
         self._jobs[slot] = job
         return job
 
-    def _fallback_copy(self, i: int, v: int, waited_s: float) -> CopyJob:
+    def _fallback_copy(self, i: int, waited_s: float) -> CopyJob:
         assert self._fallback is not None
-        srcs = self._sources(i, v)
-        job = CopyJob(i, v, -1, -1.0, views=self._views(self._fallback, srcs))
+        srcs = self._sources(i)
+        job = CopyJob(i, -1, -1.0, views=self._views(self._fallback, srcs))
         for name, src in srcs:
             job.views[name].copy_(src, non_blocking=self.cuda)
         job.done.set()
