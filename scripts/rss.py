@@ -1,10 +1,13 @@
 """Resident memory of the daemon's engine: after load, after N completions
 on holes cut from real code, and once idle (the free C heap handed back, as
 the worker does after a second without requests); psutil, anonymous vs
-file-backed from /proc/self/smaps_rollup where Linux has it.
+file-backed from /proc/self/smaps_rollup where Linux has it. After each
+completion the heap is handed back as the worker does (the heap keeper:
+when resident memory grew 64 MB since the last hand-back), unless
+``--no-heap-keeper``.
 
     python scripts/rss.py [--completions 500] [--precision auto] [--blocked-copy true|false]
-                          [--heap-after-each] [--json FILE]
+                          [--heap-after-each | --no-heap-keeper] [--json FILE]
 
 Loads the engine exactly as ``soldaemon serve`` does (load_engine, warm-up),
 then completes holes from the standard library: each hole twice in a row
@@ -50,12 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heap-after-each", action="store_true",
                     help="hand the free heap back after every completion (what the daemon does after 1 s idle): "
                          "the cost of a request that follows an idle pause")
+    ap.add_argument("--no-heap-keeper", action="store_true",
+                    help="no hand-back between completions (the worker before the heap keeper)")
     args = ap.parse_args(argv)
     from soldaemon.api import CancelToken, CompletionRequest, Done
     from soldaemon.config import config_from_dict
     from soldaemon_bench.holes import cut_line_holes, default_corpus
     from soldaemon.runtime.engine.local import load_engine
-    from soldaemon.runtime.memory.heap import return_free_heap
+    from soldaemon.runtime.memory.heap import HeapKeeper, return_free_heap
 
     before = _mem()
     t0 = time.perf_counter()
@@ -66,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     engine = load_engine(config_from_dict({"model": model}), progress=False)
     gc.collect()
     loaded = _mem()
+    keeper = HeapKeeper()
+    kept = 0
     holes = cut_line_holes(default_corpus(), max(1, args.completions // 3 + 1), seed=7)
     done_n = 0
     t1 = time.perf_counter()
@@ -81,11 +88,15 @@ def main(argv: list[str] | None = None) -> int:
             done_n += 1
             if args.heap_after_each:
                 return_free_heap()
+            elif not args.no_heap_keeper:
+                kept += keeper.after_request()
             if j == 1 and done.items and done.items[0][:1] and done_n < args.completions:
                 typed = CompletionRequest(id=f"t{done_n}", uri=uri, prefix=prefix + done.items[0][:1],
                                           suffix=h.suffix, language="python", max_tokens=args.max_tokens)
                 list(engine.complete(typed, CancelToken()))
                 done_n += 1
+                if not args.no_heap_keeper and not args.heap_after_each:
+                    kept += keeper.after_request()
         i += 1
     gc.collect()
     after = _mem()
@@ -95,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"precision": args.precision, "plan": plan.get("summary"), "weight_mb":
               round((plan.get("weight_bytes") or 0) / 2**20, 1), "before_load": before, "after_load": loaded,
               "after_completions": after, "after_idle": idle, "heap_after_each": args.heap_after_each,
+              "heap_keeper_returns": None if args.no_heap_keeper or args.heap_after_each else kept,
               "completions": done_n, "load_s": round(t1 - t0, 1),
               "completions_s": round(time.perf_counter() - t1, 1), "sessions": len(engine.pool),
               "kv_mb": round(engine.pool.kv_bytes() / 2**20, 1)}

@@ -363,3 +363,21 @@ async def test_the_worker_returns_the_heap_once_idle_after_work(monkeypatch: pyt
     finally:
         engine.gate.set()
         worker.stop()
+
+
+@pytest.mark.asyncio
+async def test_the_worker_asks_the_heap_keeper_after_every_request() -> None:
+    asked: list[str] = []
+    engine = GatedEngine()
+    engine.gate.set()
+    worker = await started_worker(engine)
+    worker.heap.after_request = lambda: asked.append("after") is None and False   # type: ignore[method-assign]
+    c = Collector()
+    try:
+        for rid in ("a", "b"):
+            worker.submit(c.job("complete", rid, max_tokens=1))
+            await c.end(rid)
+        await asyncio.sleep(0.05)
+        assert asked == ["after", "after"]
+    finally:
+        worker.stop()

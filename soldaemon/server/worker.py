@@ -20,7 +20,7 @@ from soldaemon.server.fairqueue import FairQueue
 from soldaemon.policy.priority import job_rank
 from soldaemon.pipeline.clock import Clock
 from soldaemon.protocol import ErrorFrame, error_frame
-from soldaemon.runtime.memory.heap import return_free_heap
+from soldaemon.runtime.memory.heap import HeapKeeper, return_free_heap
 
 log = logging.getLogger("soldaemon.server")
 
@@ -76,6 +76,7 @@ class Worker:
         self._thread: threading.Thread | None = None
         self.engine: Engine | None = None
         self.heap_returns = 0       # times the C heap's free pages went back to the system
+        self.heap = HeapKeeper()
         self.ahead = Ahead()        # the engine's work ahead (speculative FIM): runs only while the queue is empty
 
     @property
@@ -145,7 +146,7 @@ class Worker:
                 if self.ahead.pending:      # idle with work ahead pending
                     self.ahead.run()
                 else:                       # idle for HEAP_IDLE_S after work
-                    self.heap_returns += return_free_heap()
+                    self.heap_returns += self.heap.returned(return_free_heap())
                     worked = False
                 continue
             worked = True
@@ -162,6 +163,7 @@ class Worker:
             finally:
                 with self._lock:
                     job.state = "finished"
+            self.heap_returns += self.heap.after_request()   # after the answer went out
 
     def _run(self, engine: Engine, job: Job) -> None:
         queue_ms = job.age_ms()
