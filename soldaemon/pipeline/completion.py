@@ -33,7 +33,8 @@ HOLD_BACK = " \t)]}>\"'`;,"
 
 class Settings:
     """An engine's one config, shared by its parts: each reads ``config`` per request, none keeps
-    a copy; :meth:`use` replaces it between requests. ``adapt`` is applied to every config given."""
+    a copy; :meth:`use` replaces it between requests. ``adapt`` is applied to every config given;
+    ``candidates``: the block candidates it ranks (``completion.candidates`` resolved)."""
 
     def __init__(self, config: Config, adapt: Callable[[Config], Config] | None = None) -> None:
         self._adapt = adapt
@@ -43,6 +44,7 @@ class Settings:
         """Apply ``config`` (adapted) from the next request on."""
         self._given = config
         self.config = config if self._adapt is None else self._adapt(config)
+        self.candidates = self.config.completion.candidate_count()
 
     def adapt_again(self) -> None:
         """Re-adapt the config given last (what ``adapt`` reads changed)."""
@@ -261,7 +263,7 @@ class Pipeline:
 
     def _may_rank(self, req: CompletionRequest, ending: Ending) -> bool:
         """Whether the answer may be chosen among candidates (greedy, single, multi-line)."""
-        return self.config.completion.candidate_count() > 1 and ending.multiline and req.n == 1 and req.temperature == 0
+        return self.settings.candidates > 1 and ending.multiline and req.n == 1 and req.temperature == 0
 
     def _chosen(self, req: CompletionRequest, prompt: FimPrompt, ending: Ending, gen: Generation,
                 text: str, end: str, scorer: candidates.Scorer, cancel: CancelToken,
@@ -279,7 +281,7 @@ class Pipeline:
             log.info("candidates id=%s: none sampled, the greedy answer is sure (mean log-p %.3f)", req.id, best)
             return text, end, 0
         best_text, best_end, seen, sampled = text, end, {text}, 0
-        for c in range(1, self.config.completion.candidate_count()):
+        for c in range(1, self.settings.candidates):
             if cancel.cancelled or (deadline is not None and time.perf_counter_ns() >= deadline):
                 break
             ending.restart()
