@@ -72,7 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     gc.collect()
     loaded = _mem()
     keeper = HeapKeeper()
-    kept = 0
+    kept, keep_ms = 0, 0.0
+
+    def keep() -> None:
+        nonlocal kept, keep_ms
+        t = time.perf_counter()
+        kept += keeper.after_request()
+        keep_ms += (time.perf_counter() - t) * 1e3
     holes = cut_line_holes(default_corpus(), max(1, args.completions // 3 + 1), seed=7)
     done_n = 0
     t1 = time.perf_counter()
@@ -89,14 +95,14 @@ def main(argv: list[str] | None = None) -> int:
             if args.heap_after_each:
                 return_free_heap()
             elif not args.no_heap_keeper:
-                kept += keeper.after_request()
+                keep()
             if j == 1 and done.items and done.items[0][:1] and done_n < args.completions:
                 typed = CompletionRequest(id=f"t{done_n}", uri=uri, prefix=prefix + done.items[0][:1],
                                           suffix=h.suffix, language="python", max_tokens=args.max_tokens)
                 list(engine.complete(typed, CancelToken()))
                 done_n += 1
                 if not args.no_heap_keeper and not args.heap_after_each:
-                    kept += keeper.after_request()
+                    keep()
         i += 1
     gc.collect()
     after = _mem()
@@ -107,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
               round((plan.get("weight_bytes") or 0) / 2**20, 1), "before_load": before, "after_load": loaded,
               "after_completions": after, "after_idle": idle, "heap_after_each": args.heap_after_each,
               "heap_keeper_returns": None if args.no_heap_keeper or args.heap_after_each else kept,
+              "heap_keeper_ms": round(keep_ms, 1),
               "completions": done_n, "load_s": round(t1 - t0, 1),
               "completions_s": round(time.perf_counter() - t1, 1), "sessions": len(engine.pool),
               "kv_mb": round(engine.pool.kv_bytes() / 2**20, 1)}
