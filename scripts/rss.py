@@ -7,7 +7,7 @@ when resident memory grew 64 MB since the last hand-back), unless
 ``--no-heap-keeper``.
 
     python scripts/rss.py [--completions 500] [--precision auto] [--blocked-copy true|false]
-                          [--heap-after-each | --no-heap-keeper] [--json FILE]
+                          [--heap-after-each | --no-heap-keeper | --heap-growth-mb MB] [--json FILE]
 
 Loads the engine exactly as ``soldaemon serve`` does (load_engine, warm-up),
 then completes holes from the standard library: each hole twice in a row
@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heap-after-each", action="store_true",
                     help="hand the free heap back after every completion (what the daemon does after 1 s idle): "
                          "the cost of a request that follows an idle pause")
+    ap.add_argument("--heap-growth-mb", type=int, help="the heap keeper's bound (default: the worker's)")
     ap.add_argument("--no-heap-keeper", action="store_true",
                     help="no hand-back between completions (the worker before the heap keeper)")
     args = ap.parse_args(argv)
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = load_engine(config_from_dict({"model": model}), progress=False)
     gc.collect()
     loaded = _mem()
-    keeper = HeapKeeper()
+    keeper = HeapKeeper() if args.heap_growth_mb is None else HeapKeeper(args.heap_growth_mb << 20)
     kept, keep_ms = 0, 0.0
 
     def keep() -> None:
