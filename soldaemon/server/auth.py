@@ -6,7 +6,6 @@ loopback binding unless allowed. The daemon's side; clients read the token with
 from __future__ import annotations
 
 import hmac
-import os
 import secrets
 from pathlib import Path
 from typing import Sequence
@@ -14,6 +13,7 @@ from typing import Sequence
 from soldaemon.discovery import check_private_dir, check_token_file, is_loopback_host
 from soldaemon.errors import ConfigError
 from soldaemon.server.handshake import host_is_loopback
+from soldaemon.server.statefiles import write_private
 
 TOKEN_BYTES = 32  # random bytes; the file holds their URL-safe base64 (43 chars)
 
@@ -45,19 +45,8 @@ def load_or_create_token(path: Path) -> str:
                           hint="check that the state directory is writable, or set server.token_file") from None
     check_private_dir(path.parent)
     try:
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        try:
-            with os.fdopen(fd, "w", encoding="ascii") as f:
-                f.write(secrets.token_urlsafe(TOKEN_BYTES) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                pass  # another daemon won the race; use its token
-        finally:
-            tmp.unlink(missing_ok=True)
+        # not over a file already there: another daemon won the race, and its token is used
+        write_private(path, secrets.token_urlsafe(TOKEN_BYTES) + "\n", overwrite=False)
     except OSError as exc:
         raise ConfigError(f"cannot create the token file {path}: {exc.strerror or exc}",
                           hint="check that the state directory is writable, or set server.token_file") from None

@@ -161,13 +161,9 @@ def write_last_error(exc: SolError) -> None:
     """Write ``last-error.json`` (why this start failed) for the editor that started the
     daemon. Never raises."""
     with contextlib.suppress(Exception):
-        path = statefiles.ensure_state_dir() / LAST_ERROR_NAME
-        tmp = path.with_name(f".{LAST_ERROR_NAME}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"time": time.time(), "pid": os.getpid(), "code": exc.code, "message": exc.message,
-                       "hint": exc.hint, "exit_code": exc.exit_code}, f)
-        os.replace(tmp, path)
+        statefiles.write_private(statefiles.ensure_state_dir() / LAST_ERROR_NAME, json.dumps(
+            {"time": time.time(), "pid": os.getpid(), "code": exc.code, "message": exc.message,
+             "hint": exc.hint, "exit_code": exc.exit_code}))
 
 
 def _as_sol_error(exc: BaseException) -> SolError | None:

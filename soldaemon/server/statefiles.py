@@ -18,22 +18,35 @@ def ensure_state_dir(path: Path | None = None) -> Path:
     return make_private_dir(path or state_dir())
 
 
-def write_daemon_record(url: str, token_path: Path) -> Path:
-    """Write ``daemon.json`` atomically through a fresh private temporary file (``O_EXCL |
-    O_NOFOLLOW``: never an existing file or a planted link), fsynced, then renamed."""
-    path = record_path()
-    ensure_state_dir(path.parent)
+def write_private(path: Path, text: str, *, overwrite: bool = True) -> bool:
+    """Write ``text`` to ``path`` (0600) through a fresh private temporary file (``O_EXCL |
+    O_NOFOLLOW``: never an existing file or a planted link), fsynced, then renamed over ``path``;
+    ``overwrite=False`` links it instead and leaves a file already there (returns False)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump({"pid": os.getpid(), "url": url, "token_file": str(token_path)}, f)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if overwrite:
+            os.replace(tmp, path)
+            return True
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        return True
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+def write_daemon_record(url: str, token_path: Path) -> Path:
+    """Write ``daemon.json`` atomically (:func:`write_private`)."""
+    path = record_path()
+    ensure_state_dir(path.parent)
+    write_private(path, json.dumps({"pid": os.getpid(), "url": url, "token_file": str(token_path)}))
     return path
 
 
