@@ -34,7 +34,7 @@ from soldaemon.policy.draft import DraftLength
 from soldaemon.policy.windows import Fitted, fit_windows, prompt_ms
 from soldaemon.runtime.decode.draft import DraftModel
 from soldaemon.runtime.engine.foresight import ahead_of, speculate, warm
-from soldaemon.runtime.engine.part import Drafts, EngineStats, LocalModelPart, Warmup
+from soldaemon.runtime.engine.part import Drafts, EngineStats, LocalModelPart
 from soldaemon.errors import BudgetTooSmall
 from soldaemon.runtime.memory.scheduler import MemoryScheduler
 from soldaemon.runtime.kv.session import SessionPool
@@ -181,12 +181,11 @@ class LocalEngine:
         """Stream one completion: the shared pipeline over this engine's model part."""
         return self.pipeline.run(req, cancel, self.part)
 
-    def warmup(self) -> Warmup:
+    def warmup(self) -> Drafts:
         """Ready kernels, allocator pools and CUDA graphs with one short completion, choose the
         step copy, fit the windows and measure draft costs; returns what the part drafts with."""
         req = CompletionRequest(id="warmup", prefix="def add(a, b):\n    return ", suffix="\n", max_tokens=4)
         self.complete_all(req)
-        captured = 0
         if (self.config.device.cuda_graphs and isinstance(self.backend, LeanBackend)
                 and self.backend.device.type == "cuda"):
             graphs = GraphDecoder(self.backend)
@@ -194,17 +193,15 @@ class LocalEngine:
             self.backend.graphs = graphs
             self.layer_compile = choose_layer(graphs)   # compiled where faster (runtime/forward/compiled.py)
             graphs.warm_up(caches=self.pool.caches(), later=True)   # the other KV slots' after a request
-            captured = graphs.captures
             self.complete_all(req)               # one step through the graphs before the first user
         self.choose_step_copy()
         self._fit_windows()
-        drafts, costs = self._measured_drafts()
-        record = Warmup(drafts, costs, captured, bool(getattr(self.backend, "steps_on_rows", False)))
+        drafts = self._measured_drafts()
         self.pool.acquire(SCRATCH_URI).truncate(0)
-        self.part.warmed(record)
+        self.part.warmed(drafts)
         self.forget_shown()
         return_free_heap()
-        return record
+        return drafts
 
     def _fit_windows(self) -> None:
         """Fit the ``"auto"`` prompt windows to the kernels the backend runs now."""
@@ -218,11 +215,11 @@ class LocalEngine:
                  self.fitted.outline, self.fitted.why)
         self.settings.adapt_again()
 
-    def _measured_drafts(self) -> tuple[Drafts, dict[int, float] | None]:
-        """Draft sizing from forward costs measured now (speculation on), and those costs."""
+    def _measured_drafts(self) -> Drafts:
+        """Draft sizing from forward costs measured now (speculation on)."""
         drafts, cc = Drafts(model=self.part.draft_model), self.config.completion
         if not cc.speculative:
-            return drafts, None
+            return drafts
         costs = self.measure_forward_costs()
         drafts = Drafts(model=drafts.model, length=DraftLength(costs, cc.draft_tokens))
         log.info("forward cost by tokens (ms): %s", {t: round(c, 1) for t, c in costs.items()})
@@ -230,7 +227,7 @@ class LocalEngine:
             step = drafts.model.measure()
             drafts = Drafts(drafts.model, drafts.length, DraftLength(costs, cc.draft_tokens, draft_ms=step))
             log.info("draft model step: %.1f ms", step)
-        return drafts, costs
+        return drafts
 
     def use_kernels(self, plan: KernelPlan) -> str | None:
         """Swap ``plan``'s kernels in between requests: None when swapped, else why not. What
@@ -247,7 +244,7 @@ class LocalEngine:
                 self._fit_windows()
             if self.config.completion.speculative:
                 with self.part.between_requests():
-                    self.part.use_drafts(self._measured_drafts()[0])
+                    self.part.use_drafts(self._measured_drafts())
                     self.pool.acquire(SCRATCH_URI).truncate(0)
         return why
 

@@ -58,16 +58,6 @@ class Drafts:
     model_length: DraftLength | None = None    # the draft model's, with its step's cost
 
 
-@dataclass(frozen=True)
-class Warmup:
-    """What the engine's warm-up measured (:meth:`LocalModelPart.warmed`)."""
-
-    drafts: Drafts
-    forward_ms: dict[int, float] | None        # one forward of T tokens, per T (speculation on)
-    graphs_captured: int                       # CUDA graphs captured before the first request
-    steps_on_blocked_copy: bool                # decode steps read the blocked copy of the weights
-
-
 def _stats(s: GenStats, tokens: int) -> Stats:
     """The pipeline's stats of a decode; ``tokens``: generated for this request."""
     return Stats(first_ns=s.first_token_ns, first_wall_ns=s.first_token_wall_ns, prefill_ms=s.prefill_ms,
@@ -354,9 +344,9 @@ class LocalModelPart:
         self.draft_model, self.draft_length, self.draft_model_length = drafts.model, drafts.length, drafts.model_length
         self._sampled_length = None
 
-    def warmed(self, warmup: Warmup) -> None:
+    def warmed(self, drafts: Drafts) -> None:
         """Draft as the warm-up measured; reset the counters (warm-up requests are not counted)."""
-        self.use_drafts(warmup.drafts)
+        self.use_drafts(drafts)
         self.stats = EngineStats()
 
     def prefill(self, uri: str, ids: list[int], *, precise_until: int | None,
