@@ -13,7 +13,7 @@ import torch
 
 from soldaemon.policy.draft import AlongReference, DraftLength, PromptLookup
 from soldaemon.runtime.decode.generate import generate
-from soldaemon.runtime.decode.sampling import Greedy, TopP, accept_draft
+from soldaemon.runtime.decode.sampling import Greedy, TopP, row_by_row
 from soldaemon.runtime.forward.backend import LeanBackend
 from soldaemon.runtime.kv.session import KVSession
 from tests.test_runtime import tiny  # noqa: F401  (the fixture: the tiny model and its tokenizer)
@@ -56,7 +56,7 @@ def test_a_verified_draft_keeps_the_samplers_own_draws(top_p: float, draft: list
 def test_greedy_verification_keeps_the_argmaxes() -> None:
     assert Greedy().accept(ROWS, [0, 2]) == (2, 0)                      # both argmaxes, then row 2's first
     assert Greedy().accept(ROWS, [0, 1]) == (1, 2)                      # row 1's argmax is 2
-    assert accept_draft(Greedy(), ROWS, [1, 2]) == (0, 0)
+    assert Greedy().accept(ROWS, [1, 2]) == row_by_row(Greedy(), ROWS, [1, 2]) == (0, 0)
 
 
 # -- drafts along a reference ------------------------------------------------------

@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from soldaemon.api import FinishReason
 from soldaemon.policy.draft import DraftLength, DraftProposer
-from soldaemon.runtime.decode.sampling import Sampler, accept_draft
+from soldaemon.runtime.decode.sampling import Sampler
 from soldaemon.runtime.kv.session import KVSession
 from soldaemon.runtime.forward.timing import elapsed_ms
 
@@ -89,7 +89,7 @@ def generate(
             drafter.extend(new)
             k = min(draft_k, budget)
             kind = drafter.kind()
-            if getattr(sampler, "constrained", False) or not kind:
+            if sampler.constrained or not kind:
                 k = 0            # token healing still picks the next token, or nothing to propose
             elif draft_length is not None:
                 k = min(k, draft_length.choose(budget, kind))
@@ -101,7 +101,7 @@ def generate(
             base = len(session.tokens)
             t_fwd = time.perf_counter_ns()
             logits = session.verify([token, *draft])                       # [1+k, V]
-            verdict = accept_draft(sampler, logits, draft)                 # one host sync (greedy)
+            verdict = sampler.accept(logits, draft)                 # one host sync (greedy)
             if draft_length is not None:
                 draft_length.observe(1 + len(draft), (time.perf_counter_ns() - t_fwd) / 1e6)
             stats.steps += 1

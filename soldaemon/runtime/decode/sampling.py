@@ -11,14 +11,6 @@ from typing import Any, NamedTuple, Protocol, Sequence
 import torch
 
 
-class Sampler(Protocol):
-    greedy: bool
-
-    def __call__(self, logits: torch.Tensor) -> int:
-        """logits: [V] float32. Returns the token id (one host sync)."""
-        ...
-
-
 class Accepted(NamedTuple):
     """What a sampler keeps of a verified draft: the first ``kept`` draft
     tokens, then ``token`` (drawn from row ``kept``)."""
@@ -27,7 +19,34 @@ class Accepted(NamedTuple):
     token: int
 
 
-class Greedy:
+class Sampler(Protocol):
+    greedy: bool
+
+    @property
+    def constrained(self) -> bool:
+        """True while the next pick is forced or masked: drafts wait."""
+
+    def __call__(self, logits: torch.Tensor) -> int:
+        """logits: [V] float32. Returns the token id (one host sync)."""
+
+    def accept(self, logits: torch.Tensor, draft: Sequence[int]) -> Accepted:
+        """The verification of ``draft`` over ``logits`` [1+k, V]: what a step-by-step decode
+        would have picked."""
+
+    def take(self, token: int) -> None:
+        """``token`` was emitted without this sampler's pick (a replayed or forced token)."""
+
+
+class Free:
+    """A sampler's parts for one that nothing constrains."""
+
+    constrained = False
+
+    def take(self, token: int) -> None:
+        pass
+
+
+class Greedy(Free):
     greedy = True
 
     def __call__(self, logits: torch.Tensor) -> int:
@@ -42,7 +61,7 @@ class Greedy:
         return Accepted(kept, greedy[kept])
 
 
-class TopP:
+class TopP(Free):
     """Temperature + nucleus sampling with its own seeded generator."""
 
     greedy = False
@@ -100,12 +119,6 @@ class TopP:
             gen.manual_seed(int(torch.randint(0, 2**62, (1,), generator=self.gen)))
             self._dev_gen = gen
         return gen
-
-
-def accept_draft(sampler: Sampler, logits: torch.Tensor, draft: Sequence[int]) -> Accepted:
-    """``sampler``'s verification of ``draft``: its ``accept``, else :func:`row_by_row`."""
-    accept = getattr(sampler, "accept", None)
-    return accept(logits, draft) if accept is not None else row_by_row(sampler, logits, draft)
 
 
 def row_by_row(sampler: Sampler, logits: torch.Tensor, draft: Sequence[int]) -> Accepted:
@@ -184,7 +197,7 @@ class HealingSampler:
 
     def accept(self, logits: torch.Tensor, draft: Sequence[int]) -> Accepted:
         """``inner``'s verification."""
-        return accept_draft(self.inner, logits, draft)
+        return self.inner.accept(logits, draft)
 
     def take(self, token: int) -> None:
         """Consume ``token``'s text from what is left of ``heal``."""

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from soldaemon.runtime.decode.sampling import Accepted, Greedy, Sampler, accept_draft
+from soldaemon.runtime.decode.sampling import Accepted, Greedy, Sampler
 from soldaemon.runtime.kv.session import KVSession
 
 
@@ -47,9 +47,8 @@ def second_choice(session: KVSession, prompt: Sequence[int], line: Sequence[int]
             gap = float(logp[line[j]] - logp[alt])
             if best is None or gap < best.gap:
                 best = Choice([*line[:j], alt], j, max(gap, 0.0))
-        take = getattr(state, "take", None)
-        if take is not None:
-            take(line[j])
+        if state is not None:
+            state.take(line[j])
     return best
 
 
@@ -83,18 +82,19 @@ class Replay:
 
     @property
     def constrained(self) -> bool:
-        return self.i < len(self.forced) or bool(getattr(self.inner, "constrained", False))
+        return self.i < len(self.forced) or self.inner.constrained
 
     def __call__(self, logits: torch.Tensor) -> int:
         if self.i < len(self.forced):
             token = self.forced[self.i]
             self.i += 1
-            take = getattr(self.inner, "take", None)
-            if take is not None:
-                take(token)
+            self.inner.take(token)
             return token
         return self.inner(logits)
 
     def accept(self, logits: torch.Tensor, draft: Sequence[int]) -> Accepted:
         """``inner``'s verification."""
-        return accept_draft(self.inner, logits, draft)
+        return self.inner.accept(logits, draft)
+
+    def take(self, token: int) -> None:
+        self.inner.take(token)
