@@ -538,8 +538,24 @@ def test_one_resident_copy_after_release(tiny_model_path: Path) -> None:
 # -- decode steps on the blocked copy (measured in the forward) --------------------------------
 
 
-def test_steps_move_to_the_blocked_copy_only_where_real_steps_measured_faster() -> None:
-    from soldaemon.policy.kernel_plan import steps_on_blocked_copy
+def test_steps_move_to_the_blocked_copy_where_a_cold_completion_is_faster_there() -> None:
+    from soldaemon.policy.kernel_plan import Workload, steps_on_blocked_copy
+
+    assert Workload.decode_steps == 24
+    # recorded on the Xeon of model 207 (docs/kernels.md): real steps 70 against 81 ms on the
+    # blocked copy, the table's 1,024-token prompt 1,288 against 465 ms on it: 24 slower steps
+    # (+264 ms) against a prompt 823 ms faster -- every forward on the blocked copy
+    assert steps_on_blocked_copy([70.0, 69.0, 71.0, 70.0], [81.0, 80.0, 82.0, 81.0], prompt_saved_ms=823.0)
+    assert not steps_on_blocked_copy([70.0, 69.0, 71.0, 70.0], [81.0, 80.0, 82.0, 81.0])   # steps alone
+    # Zen 4 (below): +4.3 ms a step (+103 ms) against its table's prompt 716 -> 563 ms (153 saved)
+    assert steps_on_blocked_copy([24.6, 25.1, 24.2], [28.9, 28.4, 29.6], prompt_saved_ms=153.0)
+    # the steps' loss over the workload beyond what the prompt saves: the plain copy
+    assert not steps_on_blocked_copy([24.6, 25.1, 24.2], [28.9, 28.4, 29.6], prompt_saved_ms=100.0)
+    assert not steps_on_blocked_copy([50.0, 50.0, 50.0], [60.0, 60.0, 60.0], prompt_saved_ms=200.0)
+    assert steps_on_blocked_copy([50.0, 50.0, 50.0], [58.0, 58.0, 58.0], prompt_saved_ms=200.0)
+    assert not steps_on_blocked_copy([50.0, 50.0], [58.0, 58.0], prompt_saved_ms=500.0)   # too few rounds
+
+    # with no prompt time saved, real steps alone decide:
 
     # recorded: the 0.5B's real decode steps after a 1,000-token prompt, medians of rounds of 12,
     # alternating (2026-12-04): a 2-core Xeon KVM guest with AMX -- the blocked copy ~20 % faster

@@ -393,20 +393,19 @@ def _choose(table: TimingTable, precision: str, allowed: frozenset[str] | None, 
                       step_ms=round(step, 3), verify_ms=round(verify, 3), reason=reason, rows=rows)
 
 
-# Decode steps move to the blocked copy when no slower there: the plan keeps the copy only where
-# forwards of more rows pay, so reading it for every forward loses nothing (docs/kernels.md).
-STEP_COPY_MARGIN = 1.0
-
-
-def steps_on_blocked_copy(one_copy_ms: list[float], blocked_ms: list[float],
-                          margin: float = STEP_COPY_MARGIN) -> bool:
-    """Whether one-row forwards should read the blocked copy too (else the engine drops it),
-    from real decode steps timed both ways in alternating rounds (one median per round; >= 3).
-    True when its median is at most ``margin`` times the one copy's and it wins most rounds;
-    the table cannot say, since it times one layer cache-hot."""
+def steps_on_blocked_copy(one_copy_ms: list[float], blocked_ms: list[float], prompt_saved_ms: float = 0.0,
+                          steps: int = Workload.decode_steps) -> bool:
+    """Whether every forward should read the blocked copy (else the engine drops it), from real
+    decode steps timed both ways in alternating rounds (one median per round; >= 3; the table
+    times one layer cache-hot) and the prompt time the copy saves (predicted for the
+    :class:`Workload`'s prompt): True when the workload's cold completion, its prompt and
+    ``steps`` steps, is no slower on it. With nothing saved its steps must be faster in median
+    and in most rounds."""
     if len(one_copy_ms) < 3 or len(one_copy_ms) != len(blocked_ms):
         return False
-    ordered = sorted(one_copy_ms), sorted(blocked_ms)
     mid = len(one_copy_ms) // 2
+    plain, blocked = sorted(one_copy_ms)[mid], sorted(blocked_ms)[mid]
+    if prompt_saved_ms > 0:
+        return steps * (blocked - plain) <= prompt_saved_ms
     wins = sum(b < a for a, b in zip(one_copy_ms, blocked_ms))
-    return ordered[1][mid] <= margin * ordered[0][mid] and 2 * wins > len(one_copy_ms)
+    return blocked <= plain and 2 * wins > len(one_copy_ms)

@@ -23,7 +23,7 @@ from soldaemon.weights.loader import LoadedModel, load_model
 from soldaemon.pipeline.completion import Pipeline, Settings
 from soldaemon.pipeline.relevance import ContextSelector
 from soldaemon.runtime.forward.backend import LEAN_ARCHITECTURES, Backend, LeanBackend, make_backend
-from soldaemon.policy.kernel_plan import KernelPlan, TimingTable, steps_on_blocked_copy
+from soldaemon.policy.kernel_plan import KernelPlan, TimingTable, Workload, steps_on_blocked_copy
 from soldaemon.runtime.forward.kernels import compute_dtype_for, verify_exact_kernels
 from soldaemon.runtime.engine.autoselect import choose_draft, choose_embedded
 from soldaemon.runtime.forward.precision import choose_kernels, lean_or_float32, may_keep_blocked_copy, precision_info
@@ -294,8 +294,9 @@ class LocalEngine:
         return done
 
     def choose_step_copy(self, rounds: int = 4, steps: int = 4) -> None:
-        """Time real decode steps on both copies (:func:`steps_on_blocked_copy`) and keep one:
-        the blocked copy for every forward, or the plain one. CPU plans with a blocked copy only."""
+        """Time real decode steps on both copies and keep one (:func:`steps_on_blocked_copy`,
+        with the prompt time the table predicts the blocked copy saves): the blocked copy for
+        every forward, or the plain one. CPU plans with a blocked copy only."""
         b = self.backend
         if not isinstance(b, LeanBackend) or b.rows_layers is None or b.device.type != "cpu":
             return
@@ -315,13 +316,20 @@ class LocalEngine:
                     samples.append(elapsed_ms(t0, b.device))
                     session.truncate(n)
                 medians[on].append(sorted(samples)[steps // 2])
-        b.steps_on_rows = steps_on_blocked_copy(medians[False], medians[True])
+        saved = 0.0
+        if self.kernel_timings is not None:
+            tokens = Workload.prompt_tokens
+            saved = (prompt_ms(self.kernel_timings, replace(b.plan, rows=None), tokens)
+                     - prompt_ms(self.kernel_timings, b.plan, tokens))
+        b.steps_on_rows = steps_on_blocked_copy(medians[False], medians[True], saved)
         session.truncate(0)
-        log.info("decode step on the one copy %s ms, on the blocked copy %s ms: %s",
-                 [round(m, 1) for m in medians[False]], [round(m, 1) for m in medians[True]],
+        log.info("decode step on the one copy %s ms, on the blocked copy %s ms; a %d-token prompt %.0f ms "
+                 "faster on it: %s", [round(m, 1) for m in medians[False]], [round(m, 1) for m in medians[True]],
+                 Workload.prompt_tokens, saved,
                  "every forward reads the blocked copy" if b.steps_on_rows else "the blocked copy is dropped")
         if not b.steps_on_rows:
-            b.drop_row_copy("real decode steps were not faster on it")
+            b.drop_row_copy(f"a cold completion was not faster on it ({Workload.decode_steps} real decode "
+                            f"steps against a prompt {saved:.0f} ms faster)")
         elif self.memory is None or (not self.memory.idle_release and self.memory.budget is None):
             # nothing reads the plain copy of the layers now (the store never offloads without a budget)
             freed = b.keep_only_row_copy()
