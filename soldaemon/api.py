@@ -128,12 +128,8 @@ class CancelToken:
 
     @property
     def reason(self) -> FinishReason:
-        """The wire's finish reason of an answer this token stopped."""
+        """The finish reason of an answer this token stopped: whoever stops on a token reports it."""
         return "superseded" if self.superseded else "cancelled"
-
-    def finish(self, reason: FinishReason) -> FinishReason:
-        """``reason``, except that a stop this token caused reports the operation that caused it."""
-        return self.reason if self.cancelled and reason in ("cancelled", "superseded") else reason
 
 
 class Engine(Protocol):

@@ -85,6 +85,21 @@ def test_cancel_mid_decode(engine: LocalEngine) -> None:
     assert done.timings.generated_tokens < 200
 
 
+def test_a_superseded_run_that_cannot_park_ends_superseded(engine: LocalEngine) -> None:
+    """A sampled run is not parked: superseded mid-decode, it stops, and the engine's own Done
+    (no worker in between) names the operation that stopped it."""
+    cancel = CancelToken()
+    events = []
+    for ev in engine.complete(CompletionRequest(id="s", prefix=PREFIX, suffix="", max_tokens=200, temperature=0.8,
+                                                seed=3, multiline="multi"), cancel):
+        events.append(ev)
+        if isinstance(ev, Delta):
+            cancel.supersede()
+    done = events[-1]
+    assert isinstance(done, Done) and done.finish_reason == "superseded"
+    assert done.timings.generated_tokens < 200
+
+
 def test_budget_ends_generation(engine: LocalEngine) -> None:
     _, done = _run(engine, CompletionRequest(id="b", prefix=PREFIX, suffix="", max_tokens=500, budget_ms=1,
                                              multiline="multi"))

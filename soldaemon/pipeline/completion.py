@@ -164,7 +164,7 @@ class Pipeline:
         if rests:
             early = typed(rests)
         if isinstance(early, Source):
-            yield from self._deliver(req, early, cancel, clock, state, model, counted)
+            yield from self._deliver(req, early, clock, state, model, counted)
             return
         if early is not None:
             yield from self._relay(req, early, state, model, counted)
@@ -204,8 +204,7 @@ class Pipeline:
                 gens[0] = dataclasses.replace(gens[0], stats=dataclasses.replace(
                     gens[0].stats, generated_tokens=gens[0].stats.generated_tokens + sampled))
                 streamed = greedy if greedy.strip() and items[0] != greedy else None
-        last = gens[-1].finish if gens else "stop"
-        finish = cancel.finish(last)
+        finish = gens[-1].finish if gens else "stop"
         yield self._finish(req, items, finish, _timings(clock, gens, len(prompt.ids), prompt_ms), state, model,
                            counted, ends, streamed)
 
@@ -225,7 +224,7 @@ class Pipeline:
                     first_ns, first_wall = time.perf_counter_ns(), time.time_ns()
                 yield Delta(req.id, new)
 
-    def _deliver(self, req: CompletionRequest, source: Source, cancel: CancelToken, clock: Clock,
+    def _deliver(self, req: CompletionRequest, source: Source, clock: Clock,
                  state: DocumentState, model: ModelPart, counted: bool) -> Iterator[Event]:
         """A prompt-less answer, previewed, cut for ``req`` and timed from its arrival. Started
         under another multi-line plan, it is cut by the text rules alone and its end is unknown;
@@ -244,11 +243,10 @@ class Pipeline:
                          .shown(gen.raw, gen.finish, None).text]
         else:
             first_ns = first_wall = 0
-        finish = cancel.finish(gen.finish)
         timings = clock.timings(first_ns=first_ns, first_wall_ns=first_wall, prompt_tokens=source.prompt_tokens,
                                 cached_tokens=source.prompt_tokens, generated_tokens=gen.stats.generated_tokens,
                                 source=source.kind)
-        yield self._finish(req, items, finish, timings, state, model, counted and source.counted, ends,
+        yield self._finish(req, items, gen.finish, timings, state, model, counted and source.counted, ends,
                            also=source.also)
 
     def _ending(self, req: CompletionRequest) -> Ending:

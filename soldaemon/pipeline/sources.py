@@ -31,7 +31,7 @@ class Generation:
     """One generation, as its stream returns it when done."""
 
     raw: str                       # the text generated
-    finish: FinishReason           # "cancelled": the request's cancel says why
+    finish: FinishReason           # stopped by a cancel: the token's reason
     stats: Stats = Stats()
     ids: tuple[int, ...] = ()      # its tokens, where the model part has them
     logp: tuple[float, ...] | None = None   # per ``ids``, when asked for and known

@@ -292,7 +292,7 @@ class RemoteEngine:
         with _Watch(cancel, deadline) as watch:
             stream = self._open(body, cancel, deadline, watch)
             if stream is None:  # cancelled or out of budget before the engine answered
-                attempt.finish = "cancelled" if cancel.cancelled else "budget"
+                attempt.finish = cancel.reason if cancel.cancelled else "budget"
                 return
             try:
                 for piece in stream.pieces():
@@ -321,7 +321,7 @@ class RemoteEngine:
         if attempt.closed_by is None and watch.fired is not None:
             attempt.closed_by = watch.fired
         if attempt.closed_by is not None:
-            attempt.finish = {"cancel": "cancelled", "budget": "budget", "stop": "stop"}[attempt.closed_by]  # type: ignore[assignment]
+            attempt.finish = {"cancel": cancel.reason, "budget": "budget", "stop": "stop"}[attempt.closed_by]  # type: ignore[assignment]
             self.stats.upstream_closed += 1
 
     def _open(self, body: dict[str, Any], cancel: CancelToken, deadline: int | None,

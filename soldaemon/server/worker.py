@@ -204,9 +204,7 @@ class Worker:
 
     @staticmethod
     def _final(job: Job, done: Done, queue_ms: float) -> Done:
-        reason = job.cancel.finish(done.finish_reason)
-        return dataclasses.replace(done, id=job.id, finish_reason=reason,
-                                   timings=_with_arrival(done.timings, job, queue_ms))
+        return dataclasses.replace(done, id=job.id, timings=_with_arrival(done.timings, job, queue_ms))
 
 
 def _with_arrival(t: Timings, job: Job, queue_ms: float) -> Timings:

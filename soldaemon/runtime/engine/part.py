@@ -316,7 +316,7 @@ class LocalModelPart:
             for _ in self._drive(run):
                 yield decode.current
         except Cancelled:
-            run.finish = "cancelled"
+            run.finish = cancel.reason
         finally:
             session.chunk = chunk
             self._park_or_close(run, session)
@@ -422,7 +422,7 @@ class LocalModelPart:
                 run.decode.push(ev.tokens)
                 yield
             if ev.finish_reason:
-                run.finish = ev.finish_reason
+                run.finish = run.cancel.reason if ev.finish_reason == "cancelled" else ev.finish_reason
                 return
             if run.should_park():
                 run.parked = True
@@ -441,7 +441,7 @@ class LocalModelPart:
                     for _ in self._drive(run):
                         yield run.text()
                 except Cancelled:
-                    run.finish = "cancelled"
+                    run.finish = run.cancel.reason
             finally:
                 self._park_or_close(run, session)
         return Generation(run.text(), run.finish, Stats(generated_tokens=len(run.decode.tokens) - run.tokens_before))
