@@ -72,31 +72,22 @@ def test_cancel_before_start(engine: LocalEngine) -> None:
     assert done.finish_reason == "superseded"
 
 
-def test_cancel_mid_decode(engine: LocalEngine) -> None:
+@pytest.mark.parametrize("operation, sampled, reason", [("cancel", False, "cancelled"),
+                                                       ("supersede", True, "superseded")])
+def test_a_stop_mid_decode_ends_with_the_tokens_reason(engine: LocalEngine, operation: str, sampled: bool,
+                                                      reason: str) -> None:
+    """Cancelled, or superseded where the run cannot park (a sampled one), decoding stops and the
+    engine's own Done (no worker in between) names the operation that stopped it."""
     cancel = CancelToken()
     events = []
+    sampling = {"temperature": 0.8, "seed": 3} if sampled else {}
     for ev in engine.complete(CompletionRequest(id="c", prefix=PREFIX, suffix="", max_tokens=200,
-                                                multiline="multi"), cancel):
+                                                multiline="multi", **sampling), cancel):
         events.append(ev)
         if isinstance(ev, Delta):
-            cancel.cancel()
+            getattr(cancel, operation)()
     done = events[-1]
-    assert isinstance(done, Done) and done.finish_reason == "cancelled"
-    assert done.timings.generated_tokens < 200
-
-
-def test_a_superseded_run_that_cannot_park_ends_superseded(engine: LocalEngine) -> None:
-    """A sampled run is not parked: superseded mid-decode, it stops, and the engine's own Done
-    (no worker in between) names the operation that stopped it."""
-    cancel = CancelToken()
-    events = []
-    for ev in engine.complete(CompletionRequest(id="s", prefix=PREFIX, suffix="", max_tokens=200, temperature=0.8,
-                                                seed=3, multiline="multi"), cancel):
-        events.append(ev)
-        if isinstance(ev, Delta):
-            cancel.supersede()
-    done = events[-1]
-    assert isinstance(done, Done) and done.finish_reason == "superseded"
+    assert isinstance(done, Done) and done.finish_reason == reason
     assert done.timings.generated_tokens < 200
 
 
