@@ -80,9 +80,8 @@ def test_a_stop_mid_decode_ends_with_the_tokens_reason(engine: LocalEngine, oper
     engine's own Done (no worker in between) names the operation that stopped it."""
     cancel = CancelToken()
     events = []
-    sampling = {"temperature": 0.8, "seed": 3} if sampled else {}
-    for ev in engine.complete(CompletionRequest(id="c", prefix=PREFIX, suffix="", max_tokens=200,
-                                                multiline="multi", **sampling), cancel):
+    for ev in engine.complete(CompletionRequest(id="c", prefix=PREFIX, suffix="", max_tokens=200, multiline="multi",
+                                                temperature=0.8 if sampled else 0.0, seed=3), cancel):
         events.append(ev)
         if isinstance(ev, Delta):
             getattr(cancel, operation)()
