@@ -1,4 +1,4 @@
-"""soldaemon doctor: readers replay recorded NVML / nvidia-smi readings of fake
+"""soldaemon doctor: readers replay recorded NVML readings of fake
 devices (tests/data/doctor, see its README for provenance); judges are checked
 for every verdict of every check; nothing may ever run a command that changes
 a setting."""
@@ -23,20 +23,12 @@ import pytest
 from soldaemon.doctor import readers
 from soldaemon.doctor import checks as doctor
 from soldaemon.doctor.checks import Check, judge, judge_machine
-from soldaemon.errors import CommandFailed, ProbeUnavailable
-from soldaemon.doctor.readers import (READ_ONLY_ARGVS, SMI_APPS_ARGV, SMI_BANNER_ARGV, SMI_CORE_ARGV, SMI_QUERY_ARGV,
-                                      SMI_STATE_ARGV, CacheReading, CpuReading, GpuProbe, GpuReading, MachineReading, TorchReading)
+from soldaemon.errors import ProbeUnavailable
+from soldaemon.doctor.readers import CacheReading, CpuReading, GpuProbe, GpuReading, MachineReading, TorchReading
 from soldaemon.doctor.readers.nvml import ReadOnlyNvml
 
 DATA = Path(__file__).parent / "data" / "doctor"
 GiB = 1024 ** 3
-
-# Options of nvidia-smi that change state; none may ever reach a runner.
-SETTING_FLAGS = ("-pm", "--persistence-mode", "-e", "--ecc-config", "-r", "--gpu-reset", "-ac",
-                 "--applications-clocks", "-rac", "-lgc", "--lock-gpu-clocks", "-rgc", "-lmc",
-                 "-pl", "--power-limit", "-c", "--compute-mode", "-mig", "--multi-instance-gpu",
-                 "-am", "-caa", "-p", "--reset-ecc-errors", "-dm", "-fdm")
-
 
 # ------------------------------------------------------------------------ fakes
 
@@ -124,30 +116,6 @@ class FakeNvml:
         return value
 
 
-class FakeSmi:
-    """Replays one smi_*/ folder as the nvidia-smi runner; records argv."""
-
-    FILES = {SMI_QUERY_ARGV: "query-gpu.csv", SMI_CORE_ARGV: "query-gpu-core.csv",
-             SMI_APPS_ARGV: "query-compute-apps.csv", SMI_STATE_ARGV: "query-gpu-state.csv",
-             SMI_BANNER_ARGV: "nvidia-smi.txt"}
-
-    def __init__(self, folder: str | None = None, *, error: BaseException | None = None) -> None:
-        self.folder = DATA / folder if folder else None
-        self.error = error
-        self.argvs: list[list[str]] = []
-
-    def __call__(self, argv: list[str]) -> str:
-        self.argvs.append(list(argv))
-        if self.error is not None:
-            raise self.error
-        assert self.folder is not None
-        name = self.FILES[tuple(argv)]           # KeyError: an argv nobody allowed
-        err = self.folder / (name.rsplit(".", 1)[0] + ".err")
-        if err.exists():
-            raise CommandFailed(2, err.read_text())
-        return (self.folder / name).read_text()
-
-
 def nvml(name: str, **kw: Any) -> FakeNvml:
     return FakeNvml(json.loads((DATA / f"{name}.json").read_text()), **kw)
 
@@ -159,26 +127,11 @@ def nvml_readings(name: str) -> list[GpuReading]:
     return out
 
 
-def smi_readings(folder: str) -> list[GpuReading]:
-    fake = FakeSmi(folder)
-    out = readers.read_nvidia_smi(fake)
-    assert_read_only_argvs(fake.argvs)
-    return out
-
-
 def assert_read_only_nvml(fake: FakeNvml) -> None:
     assert fake.calls, "nothing was read"
     for name in fake.calls:
         assert name in {"nvmlInit", "nvmlShutdown"} or name.startswith(("nvmlSystemGet", "nvmlDeviceGet")), name
     assert fake.shutdown
-
-
-def assert_read_only_argvs(argvs: list[list[str]]) -> None:
-    assert argvs, "nvidia-smi was never asked"
-    for argv in argvs:
-        assert tuple(argv) in READ_ONLY_ARGVS, argv
-        assert not set(argv) & set(SETTING_FLAGS), argv
-        assert all(a == "nvidia-smi" or a.startswith(("--query-", "--format=")) for a in argv), argv
 
 
 def by_name(checks: list[Check]) -> dict[str, Check]:
@@ -280,150 +233,24 @@ def test_read_nvml_refuses_setters() -> None:
 
 
 def test_real_pynvml_on_this_machine_never_raises() -> None:
-    probe = readers.read_gpus(run=FakeSmi(error=FileNotFoundError("nvidia-smi")))
+    probe = readers.read_gpus()
     if probe.source is None:
-        assert probe.nvml_error and probe.smi_error == "not found"
+        assert probe.nvml_error
     else:                                           # a GPU machine: the readings are real
         assert probe.gpus
 
 
-# ----------------------------------------------------------- nvidia-smi reader
-
-
-def comparable(r: GpuReading) -> dict[str, Any]:
-    d = dataclasses.asdict(r)
-    for k in ("source", "notes", "temperature_slowdown_c", "mig_slices"):      # the last two: NVML's only
-        d.pop(k)
-    return d
-
-
-def test_nvidia_smi_reads_the_same_machine_as_nvml() -> None:
-    from_nvml = nvml_readings("nvml_h200")
-    from_smi = smi_readings("smi_h200")
-    assert [g.source for g in from_smi] == ["nvidia-smi", "nvidia-smi"]
-    assert [comparable(g) for g in from_smi] == [comparable(g) for g in from_nvml]
-    for a, b in zip(from_nvml, from_smi):
-        assert {n: c.verdict for n, c in verdicts(a).items()} == {n: c.verdict for n, c in verdicts(b).items()}
-
-
-def test_nvidia_smi_runs_only_the_read_only_queries() -> None:
-    fake = FakeSmi("smi_h200")
-    readers.read_nvidia_smi(fake)
-    assert fake.argvs == [list(SMI_QUERY_ARGV), list(SMI_BANNER_ARGV), list(SMI_APPS_ARGV), list(SMI_STATE_ARGV)]
-    assert_read_only_argvs(fake.argvs)
-    assert SMI_QUERY_ARGV[2] == "--format=csv,noheader,nounits"
-
-
-def test_nvidia_smi_not_applicable_values() -> None:
-    (g,) = smi_readings("smi_gtx1080ti")
-    assert g.compute_capability == (6, 1)
-    assert g.ecc_enabled is None and g.ecc_pending is None and g.remap_failure is None
-    assert g.persistence_mode is False
-    assert g.cuda_driver_version == "12.2"
-    assert g.processes and g.processes[0].name == "/usr/local/bin/ollama"
-    assert g.processes[0].used_bytes == 6144 * 1024 * 1024
-
-
-def test_nvidia_smi_old_driver_falls_back_to_basic_fields() -> None:
-    fake = FakeSmi("smi_p100_old_driver")
-    (g,) = readers.read_nvidia_smi(fake)
-    assert fake.argvs[:2] == [list(SMI_QUERY_ARGV), list(SMI_CORE_ARGV)]
-    assert_read_only_argvs(fake.argvs)
-    assert g.name == "Tesla P100-PCIE-16GB" and g.driver_version == "418.226.00"
-    assert g.cuda_driver_version == "10.1"
-    assert g.compute_capability is None and g.clock_event_reasons is None
-    assert g.ecc_enabled is True and g.processes == ()
-    assert any("basic field set" in n for n in g.notes)
-
-
-@pytest.mark.parametrize("error,reason", [
-    (FileNotFoundError("nvidia-smi"), "not found"),
-    (CommandFailed(9, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
-                      "Make sure that the latest NVIDIA driver is installed and running.\n"),
-     "NVIDIA-SMI has failed"),
-    (CommandFailed(None, "timed out after 5 s"), "timed out"),
-    (PermissionError(13, "Permission denied"), "Permission denied"),
-])
-def test_nvidia_smi_unusable(error: BaseException, reason: str) -> None:
-    with pytest.raises(ProbeUnavailable, match=reason):
-        readers.read_nvidia_smi(FakeSmi(error=error))
-
-
-def test_nvidia_smi_no_devices_is_an_empty_list() -> None:
-    assert readers.read_nvidia_smi(FakeSmi(error=CommandFailed(6, "No devices were found\n"))) == []
-
-
-def test_real_runner_refuses_anything_but_the_queries() -> None:
-    for argv in (["nvidia-smi", "-pm", "1"], ["nvidia-smi", "-r", "-i", "0"], ["sh", "-c", "nvidia-smi"],
-                 ["nvidia-smi", "-e", "0"], ["nvidia-smi", "--query-gpu=name"]):
-        with pytest.raises(ValueError, match="read-only"):
-            readers.run_nvidia_smi(argv)
-
-
-def test_real_runner_missing_binary(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(FileNotFoundError):
-        readers.run_nvidia_smi(list(SMI_BANNER_ARGV))
-
-
-FAKE_SMI_SCRIPT = """#!{python}
-import json, sys, pathlib
-with open({log!r}, "a") as fh:
-    fh.write(json.dumps(sys.argv[1:]) + "\\n")
-folder = pathlib.Path({folder!r})
-args = sys.argv[1:]
-if not args:
-    sys.stdout.write((folder / "nvidia-smi.txt").read_text())
-elif args[0].startswith("--query-compute-apps="):
-    sys.stdout.write((folder / "query-compute-apps.csv").read_text())
-elif args[0].startswith("--query-gpu=index,display_active,"):
-    sys.stdout.write((folder / "query-gpu-state.csv").read_text())
-elif args[0].startswith("--query-gpu="):
-    sys.stdout.write((folder / "query-gpu.csv").read_text())
-else:
-    sys.stderr.write("unexpected " + repr(args))
-    sys.exit(2)
-"""
-
-
-@pytest.fixture()
-def fake_smi_binary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An executable ``nvidia-smi`` on PATH that logs its argv (one JSON list
-    per line) and prints the smi_h200 recording."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    log = tmp_path / "argv.log"
-    script = bindir / "nvidia-smi"
-    script.write_text(FAKE_SMI_SCRIPT.format(python=sys.executable, log=str(log),
-                                             folder=str(DATA / "smi_h200")))
-    script.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
-    return log
-
-
-def test_real_runner_through_a_fake_binary(fake_smi_binary: Path) -> None:
-    readings = readers.read_nvidia_smi(readers.run_nvidia_smi)
-    assert [g.name for g in readings] == ["NVIDIA H200", "NVIDIA H200"]
-    logged = [json.loads(line) for line in fake_smi_binary.read_text().splitlines()]
-    assert_read_only_argvs([["nvidia-smi", *a] for a in logged])
-    assert len(logged) == 4
-    assert [g.temperature_c for g in readings] == [34, 61]
-
-
-def test_doctor_run_end_to_end_only_queries(fake_smi_binary: Path, monkeypatch: pytest.MonkeyPatch,
-                                            tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """NVML fails, so the doctor falls back to the (fake) nvidia-smi binary:
-    every command it ran is a read-only query, although its output is full of
-    fix commands like ``nvidia-smi -pm 1``."""
-    monkeypatch.setattr(readers, "load_nvml",
-                        lambda: FakeNvml(init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
+def test_doctor_run_end_to_end_only_reads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """``soldaemon doctor`` end to end calls only NVML's read functions, although its output is
+    full of fix commands like ``nvidia-smi -pm 1``."""
+    fake = nvml("nvml_h200")
+    monkeypatch.setattr(readers, "load_nvml", lambda: fake)
     monkeypatch.setattr(readers, "read_torch", lambda: TorchReading(*TORCH_CU124))
     monkeypatch.setenv("SOLDAEMON_CACHE_DIR", str(tmp_path / "cache"))
     assert doctor.run(argparse.Namespace(json=False, port=closed_port())) == 0
-    out = capsys.readouterr().out
-    assert "[warn] gpu1.processes" in out
-    logged = [json.loads(line) for line in fake_smi_binary.read_text().splitlines()]
-    assert_read_only_argvs([["nvidia-smi", *a] for a in logged])
+    assert "[warn] gpu1.processes" in capsys.readouterr().out
+    assert_read_only_nvml(fake)
 
 
 # ------------------------------------------------------------ GPU verdicts
@@ -436,8 +263,8 @@ RECORDED_VERDICTS = [
     ("nvml_rtx4090_desktop", TORCH_CU124, "gpu0", "ok", "compute 8.9 (Ada Lovelace)"),
     ("nvml_a100_failing", TORCH_CU121, "gpu0", "ok", "compute 8.0 (Ampere)"),
     ("nvml_t4_degraded", TORCH_CU121, "gpu0", "warn", "Turing): safe mode: no native bf16 before Ampere"),
-    ("smi_gtx1080ti", TORCH_CU121, "gpu0", "warn", "may ship no kernels"),
-    ("smi_p100_old_driver", TORCH_CU121, "gpu0", "warn", "compute capability not reported"),
+    ("nvml_gtx1080ti", TORCH_CU121, "gpu0", "warn", "may ship no kernels"),
+    ("nvml_p100_old_driver", TORCH_CU121, "gpu0", "warn", "compute capability not reported"),
     ("nvml_k80_old", TORCH_CU121, "gpu0", "fail", "no kernels for compute capability below 5.0"),
     # driver vs torch's CUDA
     ("nvml_h200", TORCH_CU124, "cuda", "ok", "supports CUDA 12.4; torch 2.5.1+cu124 uses CUDA 12.4: compatible"),
@@ -445,23 +272,23 @@ RECORDED_VERDICTS = [
     ("nvml_rtx4090_desktop", TORCH_CU128, "cuda", "warn", "minor-version compatibility"),
     ("nvml_rtx4090_desktop", ("2.5.1+cpu", None), "cuda", "warn", "CPU-only; install a CUDA build"),
     ("nvml_k80_old", TORCH_CU121, "cuda", "fail", "runtime is newer than the driver supports"),
-    ("smi_p100_old_driver", TORCH_CU121, "cuda", "fail", "supports CUDA 10.1"),
+    ("nvml_p100_old_driver", TORCH_CU121, "cuda", "fail", "supports CUDA 10.1"),
     ("nvml_h200", (None, None), "cuda", "fail", "torch is not importable"),
     # persistence
     ("nvml_h200", TORCH_CU124, "gpu0.persistence", "ok", "on"),
     ("nvml_rtx4090_desktop", TORCH_CU124, "gpu0.persistence", "ok", "off; a display is attached"),
     ("nvml_t4_degraded", TORCH_CU121, "gpu0.persistence", "warn", "off (headless)"),
-    ("smi_gtx1080ti", TORCH_CU121, "gpu0.persistence", "warn", "off"),
+    ("nvml_gtx1080ti", TORCH_CU121, "gpu0.persistence", "warn", "off"),
     # ECC
     ("nvml_h200", TORCH_CU124, "gpu0.ecc", "ok", "no uncorrected errors"),
-    ("smi_p100_old_driver", TORCH_CU121, "gpu0.ecc", "ok", "ECC on"),
+    ("nvml_p100_old_driver", TORCH_CU121, "gpu0.ecc", "ok", "ECC on"),
     ("nvml_rtx4090_desktop", TORCH_CU124, "gpu0.ecc", "info", "ECC off"),
-    ("smi_gtx1080ti", TORCH_CU121, "gpu0.ecc", "info", "not supported"),
+    ("nvml_gtx1080ti", TORCH_CU121, "gpu0.ecc", "info", "not supported"),
     ("nvml_t4_degraded", TORCH_CU121, "gpu0.ecc", "warn", "page retirement is pending until the GPU is reset; 2 uncorrected"),
     ("nvml_a100_failing", TORCH_CU121, "gpu0.ecc", "fail", "row remapping has failed"),
     # PCIe
     ("nvml_h200", TORCH_CU124, "gpu0.pcie", "ok", "PCIe Gen5 x16 (max Gen5 x16)"),
-    ("smi_gtx1080ti", TORCH_CU121, "gpu0.pcie", "ok", "Gen3 x16"),
+    ("nvml_gtx1080ti", TORCH_CU121, "gpu0.pcie", "ok", "Gen3 x16"),
     ("nvml_rtx4090_desktop", TORCH_CU124, "gpu0.pcie", "warn", "drop to a lower generation at idle"),
     ("nvml_t4_degraded", TORCH_CU121, "gpu0.pcie", "warn", "PCIe Gen3 x8 (max Gen3 x16): the link trained narrower"),
     ("nvml_a100_failing", TORCH_CU121, "gpu0.pcie", "warn", "supports Gen4, the slot or platform limits it to Gen3"),
@@ -469,7 +296,7 @@ RECORDED_VERDICTS = [
     ("nvml_h200", TORCH_CU124, "gpu0.clocks", "ok", "idle, clocks rise under load"),
     ("nvml_a100_failing", TORCH_CU121, "gpu0.clocks", "ok", "at its power cap"),
     ("nvml_k80_old", TORCH_CU121, "gpu0.clocks", "ok", "SM 324/875 MHz"),
-    ("smi_p100_old_driver", TORCH_CU121, "gpu0.clocks", "ok", "reasons not reported"),
+    ("nvml_p100_old_driver", TORCH_CU121, "gpu0.clocks", "ok", "reasons not reported"),
     ("nvml_t4_degraded", TORCH_CU121, "gpu0.clocks", "warn", "software thermal slowdown, hardware thermal slowdown"),
     # memory
     ("nvml_h200", TORCH_CU124, "gpu0.memory", "ok", "139.8 GiB free of 140.4 GiB"),
@@ -480,13 +307,13 @@ RECORDED_VERDICTS = [
     ("nvml_rtx4090_desktop", TORCH_CU124, "gpu0.processes", "ok", "display only: /usr/lib/xorg/Xorg (pid 1843, 345 MiB)"),
     ("nvml_h200", TORCH_CU124, "gpu1.processes", "warn", "/usr/bin/python3 (pid 9001, 122880 MiB)"),
     ("nvml_t4_degraded", TORCH_CU121, "gpu0.processes", "warn", "python3 (pid 4242"),
-    ("smi_gtx1080ti", TORCH_CU121, "gpu0.processes", "warn", "ollama"),
+    ("nvml_gtx1080ti", TORCH_CU121, "gpu0.processes", "warn", "ollama"),
     ("nvml_k80_old", TORCH_CU121, "gpu0.processes", "info", "cannot be listed"),
 ]
 
 
 def machine_checks(recording: str, torch: tuple[str | None, str | None]) -> dict[str, Check]:
-    readings = smi_readings(recording) if recording.startswith("smi_") else nvml_readings(recording)
+    readings = nvml_readings(recording)
     checks: list[Check] = []
     for i, r in enumerate(readings):
         checks += judge(r, torch[1], torch_version=torch[0], include_driver=i == 0)
@@ -524,10 +351,10 @@ def test_fixes_are_the_commands_a_user_runs() -> None:
     assert k80["cuda"].fix and k80["cuda"].fix.endswith("https://download.pytorch.org/whl/cu118")
     cpu_only = machine_checks("nvml_rtx4090_desktop", ("2.5.1+cpu", None))
     assert cpu_only["cuda"].fix and cpu_only["cuda"].fix.endswith("/whl/cu126")
-    gtx = machine_checks("smi_gtx1080ti", TORCH_CU121)
+    gtx = machine_checks("nvml_gtx1080ti", TORCH_CU121)
     assert gtx["gpu0"].fix and "get_arch_list" in gtx["gpu0"].fix
     assert doctor.torch_install_fix("10.1") is None
-    p100 = machine_checks("smi_p100_old_driver", TORCH_CU121)
+    p100 = machine_checks("nvml_p100_old_driver", TORCH_CU121)
     assert p100["cuda"].fix == "upgrade the NVIDIA driver"
     assert doctor.torch_install_fix("12.4") and doctor.torch_install_fix("12.4").endswith("/cu124")  # type: ignore[union-attr]
 
@@ -603,8 +430,7 @@ def test_arch_names() -> None:
 
 
 def no_gpu_probe() -> GpuProbe:
-    return readers.read_gpus(lambda: FakeNvml(init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND),
-                              FakeSmi(error=FileNotFoundError("nvidia-smi")))
+    return readers.read_gpus(lambda: FakeNvml(init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
 
 
 def cpu(**kw: Any) -> CpuReading:
@@ -620,40 +446,29 @@ EMPTY_CACHE = CacheReading(path="/tmp/none", exists=False, models=(), disk_free_
 
 def test_no_gpu_says_so_plainly_and_checks_what_applies() -> None:
     probe = no_gpu_probe()
-    assert probe == GpuProbe(source=None, gpus=(), nvml_error="NVML Shared Library Not Found",
-                             smi_error="not found")
+    assert probe == GpuProbe(source=None, gpus=(), nvml_error="NVML Shared Library Not Found")
     m = MachineReading(gpu=probe, cpu=cpu(), torch=TorchReading("2.13.0+cpu", None), cache=EMPTY_CACHE,
                        daemon=None)
     checks = judge_machine(m)
     assert [c.name for c in checks] == ["gpu", "torch", "cpu.cores", "cpu.ram", "cpu.vector", "model_cache",
                                         "kernel_plan", "model_choice"]
-    assert checks[0] == Check("gpu", "info", "no NVIDIA GPU found (NVML: NVML Shared Library Not Found; "
-                                              "nvidia-smi: not found) — running on CPU")
+    assert checks[0] == Check("gpu", "info", "no NVIDIA GPU found (NVML: NVML Shared Library Not Found) "
+                                              "— running on CPU")
     text = doctor.format_human(checks)
     assert text.splitlines()[0] == checks[0].detail             # a plain line, no verdict tag
     assert not any(c.name.startswith("gpu0") or c.name == "cuda" for c in checks)
 
 
 def test_no_gpu_when_nvml_loads_but_sees_none() -> None:
-    probe = readers.read_gpus(lambda: FakeNvml(), FakeSmi(error=CommandFailed(6, "No devices were found")))
-    assert (probe.nvml_error, probe.smi_error) == ("no devices", "no devices")
+    assert readers.read_gpus(lambda: FakeNvml()) == GpuProbe(source=None, gpus=(), nvml_error="no devices")
 
 
-def test_pynvml_missing_falls_back_to_nvidia_smi() -> None:
+def test_pynvml_missing_is_the_reason_given() -> None:
     def no_pynvml() -> Any:
         raise ProbeUnavailable("pynvml not importable (No module named 'pynvml')")
 
-    fake = FakeSmi("smi_gtx1080ti")
-    probe = readers.read_gpus(no_pynvml, fake)
-    assert probe.source == "nvidia-smi" and probe.nvml_error and "pynvml" in probe.nvml_error
-    assert [g.name for g in probe.gpus] == ["NVIDIA GeForce GTX 1080 Ti"]
-    assert_read_only_argvs(fake.argvs)
-
-
-def test_nvml_working_means_nvidia_smi_is_not_run() -> None:
-    fake = FakeSmi(error=AssertionError("must not run"))
-    probe = readers.read_gpus(lambda: nvml("nvml_t4_degraded"), fake)
-    assert probe.source == "nvml" and fake.argvs == []
+    probe = readers.read_gpus(no_pynvml)
+    assert probe.source is None and probe.nvml_error and "pynvml" in probe.nvml_error
 
 
 # ------------------------------------------------------------------------ CPU
@@ -805,20 +620,16 @@ def test_summarize_shape() -> None:
 
 
 def patch_machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, recording: str | None,
-                  torch: tuple[str | None, str | None] = TORCH_CU121) -> FakeSmi:
-    """Route doctor.run's readers to recordings; returns the nvidia-smi fake."""
+                  torch: tuple[str | None, str | None] = TORCH_CU121) -> None:
+    """Route doctor.run's readers to recordings (``None``: no NVML)."""
     if recording is None:
         monkeypatch.setattr(readers, "load_nvml",
                             lambda: FakeNvml(init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
-        smi = FakeSmi(error=FileNotFoundError("nvidia-smi"))
     else:
         monkeypatch.setattr(readers, "load_nvml", lambda: nvml(recording))
-        smi = FakeSmi(error=AssertionError("NVML worked; nvidia-smi must not run"))
-    monkeypatch.setattr(readers, "run_nvidia_smi", smi)
     monkeypatch.setattr(readers, "read_torch", lambda: TorchReading(*torch))
     monkeypatch.setattr(readers, "read_cpu", lambda: cpu())
     monkeypatch.setenv("SOLDAEMON_CACHE_DIR", str(tmp_path / "cache"))
-    return smi
 
 
 def test_run_json_shape_and_exit_codes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
@@ -843,14 +654,12 @@ def test_run_json_shape_and_exit_codes(monkeypatch: pytest.MonkeyPatch, tmp_path
 
 def test_run_without_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                          capsys: pytest.CaptureFixture[str]) -> None:
-    smi = patch_machine(monkeypatch, tmp_path, None, torch=("2.13.0+cpu", None))
+    patch_machine(monkeypatch, tmp_path, None, torch=("2.13.0+cpu", None))
     assert doctor.main(["--port", str(closed_port())]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == ("no NVIDIA GPU found (NVML: NVML Shared Library Not Found; nvidia-smi: not found) "
-                      "— running on CPU")
+    assert out[0] == "no NVIDIA GPU found (NVML: NVML Shared Library Not Found) — running on CPU"
     assert any(line.startswith("[warn] cpu.cores: 2 logical") for line in out)
     assert any(line.startswith("[info] daemon: no daemon answering") for line in out)
-    assert smi.argvs == [list(SMI_QUERY_ARGV)]
     assert doctor.main(["--json", "--port", str(closed_port())]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["checks"][0]["name"] == "gpu" and doc["reading"]["gpu"]["gpus"] == []

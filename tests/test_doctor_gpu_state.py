@@ -21,7 +21,7 @@ from soldaemon.doctor.checks import Check
 from soldaemon.doctor.readers import CudaDevice, CudaView, GpuReading
 from soldaemon.doctor.readers.host import _cuda_device
 from tests.test_doctor import (DATA, TORCH_CU121, TORCH_CU124, by_name, closed_port, machine_checks, nvml,
-                               nvml_readings, patch_machine, smi_readings, verdicts)
+                               nvml_readings, patch_machine, verdicts)
 
 STATE_CHECKS = ("persistence", "mig", "compute_mode", "power", "temperature")
 
@@ -66,14 +66,14 @@ def test_old_binding_and_missing_fields_read_unknown() -> None:
         assert got[f"gpu0.{name}"].verdict == "info" and "unknown" in got[f"gpu0.{name}"].detail, name
 
 
-def test_nvidia_smi_reads_the_state_and_na_is_unknown() -> None:
-    (gtx,) = smi_readings("smi_gtx1080ti")
+def test_state_a_driver_does_not_report_is_unknown() -> None:
+    (gtx,) = nvml_readings("nvml_gtx1080ti")
     assert gtx.display_active is False and gtx.mig_enabled is None and gtx.compute_mode == "Default"
     assert (gtx.power_limit_w, gtx.power_max_limit_w, gtx.temperature_c) == (250.0, 300.0, None)
-    (p100,) = smi_readings("smi_p100_old_driver")                        # the state query is refused
-    assert p100.compute_mode is None and p100.temperature_c is None and p100.name == "Tesla P100-PCIE-16GB"
-    assert any(n.startswith("nvidia-smi state: Field \"display_active\"") for n in p100.notes)
-    assert verdicts(p100, TORCH_CU121)["gpu0.temperature"].detail == "temperature unknown (not reported)"
+    assert verdicts(gtx, TORCH_CU121)["gpu0.temperature"].detail == "temperature unknown (not reported)"
+    (p100,) = nvml_readings("nvml_p100_old_driver")                      # an old driver's NVML lacks it
+    assert p100.display_active is None and p100.name == "Tesla P100-PCIE-16GB"
+    assert any(n.startswith("nvmlDeviceGetDisplayActive: ") for n in p100.notes)
 
 
 def test_torch_properties_in_nvml_spelling() -> None:

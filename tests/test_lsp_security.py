@@ -9,7 +9,6 @@ send what no well-behaved client would."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import queue
 import subprocess
@@ -306,11 +305,11 @@ def test_doctor_from_sol_lsp_never_imports_a_project_package(tmp_path: Path,
 
 
 def test_doctor_never_runs_a_projects_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Finding 8: with ``.`` (and an empty entry) on ``PATH``, the current
-    directory's ``nvidia-smi`` is not the one run."""
+    """Finding 8: with ``.`` (and an empty entry) on ``PATH``, reading the machine runs no
+    ``nvidia-smi`` from the current directory (the doctor reads GPUs through NVML only)."""
     import os
 
-    from soldaemon.doctor.readers.smi import SMI_BANNER_ARGV, run_nvidia_smi
+    from soldaemon.doctor import readers
 
     marker = tmp_path / "ran"
     smi = tmp_path / "nvidia-smi"
@@ -318,6 +317,5 @@ def test_doctor_never_runs_a_projects_nvidia_smi(tmp_path: Path, monkeypatch: py
     smi.chmod(0o755)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PATH", os.pathsep.join([".", "", os.environ.get("PATH", "")]))
-    with contextlib.suppress(Exception):     # none on this machine's PATH, or a real one failing: not the project's
-        run_nvidia_smi(list(SMI_BANNER_ARGV))
+    readers.read_machine(cache_root=tmp_path / "cache")
     assert not marker.exists()

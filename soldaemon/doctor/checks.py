@@ -339,8 +339,7 @@ def _judge_processes(p: str, r: GpuReading, own_pid: int | None) -> Check:
 
 def no_gpu_line(probe: GpuProbe) -> str:
     """The plain sentence for a machine without a usable NVIDIA GPU."""
-    return (f"no NVIDIA GPU found (NVML: {probe.nvml_error or 'no devices'}; "
-            f"nvidia-smi: {probe.smi_error or 'not tried'}) — running on CPU")
+    return f"no NVIDIA GPU found (NVML: {probe.nvml_error or 'no devices'}) — running on CPU"
 
 
 def judge_torch(t: TorchReading, has_gpu: bool) -> Check:
@@ -512,9 +511,9 @@ def log_checks(checks: Sequence[Check], log: logging.Logger | None = None) -> No
 
 def startup_checks() -> list[Check]:
     """The doctor's checks minus the daemon probe, for the daemon's start and ``health``.
-    ``nvidia-smi`` (the NVML fallback) gets a 2 s timeout. Never raises."""
+    Never raises."""
     try:
-        machine = readers.read_machine(run=lambda argv: readers.run_nvidia_smi(argv, timeout_s=2.0))
+        machine = readers.read_machine()
         return judge_machine(machine, own_pid=os.getpid())
     except Exception as exc:                      # health must never take the daemon down
         return [Check("doctor", "warn", f"start-up checks failed: {type(exc).__name__}: {exc}")]

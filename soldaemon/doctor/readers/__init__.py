@@ -1,8 +1,8 @@
-"""Reading the machine for the doctor (no judging): :mod:`.nvml`, :mod:`.smi`, :mod:`.host`,
+"""Reading the machine for the doctor (no judging): :mod:`.nvml`, :mod:`.host`,
 data types in :mod:`.readings`. Readings are frozen and JSON-able; an unreported value is
 ``None`` with the reason in ``notes``; only a wholly unusable source raises
-:class:`ProbeUnavailable`. Read-only: nothing here changes a GPU setting. The NVML module and
-the ``nvidia-smi`` runner are injectable, so tests replay recorded readings."""
+:class:`ProbeUnavailable`. Read-only: nothing here changes a GPU setting. The NVML module is
+injectable, so tests replay recorded readings."""
 
 from __future__ import annotations
 
@@ -17,39 +17,23 @@ from soldaemon.doctor.readers.host import (DEFAULT_PORT, VECTOR_FLAGS, parse_cpu
 from soldaemon.doctor.readers.nvml import cuda_version_from_int, load_nvml, read_nvml
 from soldaemon.doctor.readers.readings import (CachedModel, CacheReading, ComputeMode, CpuReading, CudaDevice, CudaView,
                                                DaemonReading, GpuProbe, GpuProcess, GpuReading, GpuSource,
-                                               MachineReading, MigSlice, Runner, TorchReading)
-from soldaemon.doctor.readers.smi import (READ_ONLY_ARGVS, SMI_APP_FIELDS, SMI_APPS_ARGV, SMI_BANNER_ARGV,
-                                          SMI_CORE_ARGV, SMI_CORE_FIELDS, SMI_FIELDS, SMI_QUERY_ARGV, SMI_STATE_ARGV,
-                                          SMI_STATE_FIELDS, read_nvidia_smi, run_nvidia_smi)
+                                               MachineReading, MigSlice, TorchReading)
 
 
-def read_gpus(nvml_loader: Callable[[], Any] | None = None, run: Runner | None = None) -> GpuProbe:
-    """NVML first, ``nvidia-smi`` as the fallback. Never raises: a failed source leaves its
-    reason in the result."""
-    loader = nvml_loader if nvml_loader is not None else load_nvml
-    runner = run if run is not None else run_nvidia_smi
-    nvml_error: str
+def read_gpus(nvml_loader: Callable[[], Any] | None = None) -> GpuProbe:
+    """Every GPU NVML sees. Never raises: a failed read leaves its reason in the result."""
     try:
-        gpus = read_nvml(loader())
-        if gpus:
-            return GpuProbe(source="nvml", gpus=tuple(gpus))
-        nvml_error = "no devices"
+        gpus = read_nvml((nvml_loader or load_nvml)())
     except ProbeUnavailable as exc:
-        nvml_error = str(exc)
-    try:
-        gpus = read_nvidia_smi(runner)
-        if gpus:
-            return GpuProbe(source="nvidia-smi", gpus=tuple(gpus), nvml_error=nvml_error)
-        smi_error = "no devices"
-    except ProbeUnavailable as exc:
-        smi_error = str(exc)
-    return GpuProbe(source=None, gpus=(), nvml_error=nvml_error, smi_error=smi_error)
+        return GpuProbe(source=None, gpus=(), nvml_error=str(exc))
+    if not gpus:
+        return GpuProbe(source=None, gpus=(), nvml_error="no devices")
+    return GpuProbe(source="nvml", gpus=tuple(gpus))
 
 
 def read_machine(
     *,
     nvml_loader: Callable[[], Any] | None = None,
-    run: Runner | None = None,
     cache_root: Path | None = None,
     torch_reader: Callable[[], TorchReading] | None = None,
     cpu_reader: Callable[[], CpuReading] | None = None,
@@ -57,7 +41,7 @@ def read_machine(
 ) -> MachineReading:
     """Everything the doctor judges but the daemon (:func:`soldaemon.doctor.daemon.probe_running_daemon`
     reads that); ``device`` is the configured ``device.device``. Never raises."""
-    gpu = read_gpus(nvml_loader, run)
+    gpu = read_gpus(nvml_loader)
     return MachineReading(
         gpu=gpu,
         cpu=(cpu_reader or read_cpu)(),

@@ -4,11 +4,10 @@ the source did not report, the reason in ``notes``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 
-GpuSource = Literal["nvml", "nvidia-smi"]
-Runner = Callable[[list[str]], str]
+GpuSource = Literal["nvml"]
 
 
 @dataclass(frozen=True)
@@ -88,7 +87,7 @@ class GpuReading:
     processes: tuple[GpuProcess, ...] | None = None   # None: could not list
     display_active: bool | None = None        # a display is driven by this GPU now
     mig_enabled: bool | None = None           # MIG mode (current); None: no MIG on this GPU
-    mig_slices: tuple[MigSlice, ...] | None = None    # None: not read (MIG off, nvidia-smi)
+    mig_slices: tuple[MigSlice, ...] | None = None    # None: not read (MIG off)
     compute_mode: ComputeMode | None = None
     power_limit_w: float | None = None        # the enforced limit; W
     power_default_limit_w: float | None = None    # the board's default; W
@@ -100,13 +99,11 @@ class GpuReading:
 
 @dataclass(frozen=True)
 class GpuProbe:
-    """What the GPU readers found; ``source`` is ``None`` when neither found a GPU, and
-    ``nvml_error`` / ``smi_error`` say why (``None`` for a source not needed)."""
+    """What NVML found; ``source`` is ``None`` when it found no GPU, and ``nvml_error`` says why."""
 
     source: GpuSource | None
     gpus: tuple[GpuReading, ...]
     nvml_error: str | None = None
-    smi_error: str | None = None
 
 
 @dataclass(frozen=True)
