@@ -44,7 +44,6 @@ class Suggestion:
     request_id: str
     items: tuple[str, ...]             # the texts to insert at the cursor
     indices: tuple[int, ...]           # per item: its index in the done.items of its request
-    line: int
     line_prefix: str                   # the cursor line before the cursor
     cached: bool = False
     ids: tuple[str, ...] = ()          # per item: the daemon request (empty: request_id)
@@ -113,9 +112,6 @@ class Completer:
         self._warm_tasks: dict[str, asyncio.Task[None]] = {}
         self.on_rest_ready: Callable[[str], None] | None = None   # the rest of an early answer is there
 
-    def opened(self, doc: Document) -> None:
-        self.ring.opened(doc.uri, self.documents)
-
     def edited(self, doc: Document, offset: int) -> None:
         """After a ``didChange``: remember the spot; warm it when typing pauses."""
         self.ring.touch(doc.uri, doc.line_of(offset))
@@ -169,7 +165,7 @@ class Completer:
         if not self.may_send(uri):
             log.info("lsp %s: not completing in %s (%s)", tag, uri, self.ring.policy.refusal(uri))
             return None
-        offset = self.documents.offset_at(doc, position)
+        offset = doc.offset_at(position, self.documents.encoding)
         version = doc.version
         seen = self._seen.get(uri)
         self._seen[uri] = _Seen(version, offset)
@@ -182,7 +178,7 @@ class Completer:
         line_start, line_end = doc.line_span(line)
         line_prefix = doc.text[line_start:offset]
         line_suffix = doc.text[offset:max(offset, line_end)]
-        cached = self._typed_through(doc, offset, line, line_prefix, line_suffix)
+        cached = self._typed_through(doc, offset, line_prefix, line_suffix)
         rest = self._rests.get(uri)
         if cached is None and rest is not None and self._typed_all_of(rest, doc, offset):
             # the early lines were typed or accepted: wait for the rest, on its way
@@ -190,7 +186,7 @@ class Completer:
                 await asyncio.wait_for(asyncio.shield(rest.task), self.settings.timeout_ms / 1000)
             if self._generation.get(uri) != generation or doc.version != version:
                 return None
-            cached = self._typed_through(doc, offset, line, line_prefix, line_suffix)
+            cached = self._typed_through(doc, offset, line_prefix, line_suffix)
         keep = rest.request_id if cached is not None and rest is not None else None
         for older in self.client.in_flight("complete"):  # a newer request: older work is stale
             if older != keep:        # ... except the rest of the early answer being typed through
@@ -229,7 +225,7 @@ class Completer:
         if shown_early is not None:
             log.info("lsp %s → %s: %d early line(s) after %.1fms; the rest follows", tag, request.id,
                      shown_early.count("\n") + 1, (t_done - t0) * 1000)
-            return Suggestion(request.id, (shown_early,), (0,), line, line_prefix, ids=(request.id,),
+            return Suggestion(request.id, (shown_early,), (0,), line_prefix, ids=(request.id,),
                               line_suffix=line_suffix)
         assert answer is not None
         stages = (f"debounce={(t_built - t0) * 1000:.1f}ms build={(t_sent - t_built) * 1000:.1f}ms "
@@ -258,7 +254,7 @@ class Completer:
                                           ids=raw.ids + (extra.id,) * len(extra.items),
                                           indices=raw.indices + tuple(range(len(extra.items))))
         self._answers[uri] = raw
-        return Suggestion(request.id, tuple(items), tuple(indices), line, line_prefix, ids=tuple(ids),
+        return Suggestion(request.id, tuple(items), tuple(indices), line_prefix, ids=tuple(ids),
                           line_suffix=line_suffix)
 
     async def _add_alternatives(self, greedy: CompletionRequest, items: list[str], indices: list[int],
@@ -286,28 +282,23 @@ class Completer:
         log.info("lsp %s → %s: %d alternative(s) of %d sampled", tag, request.id, len(items) - 1, want)
         return answer
 
-    def _typed_through(self, doc: Document, offset: int, line: int, line_prefix: str,
-                       line_suffix: str) -> Suggestion | None:
+    def _typed_through(self, doc: Document, offset: int, line_prefix: str, line_suffix: str) -> Suggestion | None:
         prev = self._answers.get(doc.uri)
         if prev is None:
             return None
         typed = typed_since(prev.prefix, prev.suffix, doc.text[:offset], doc.text[offset:])
         if typed is None or (not typed and not prev.again):
             return None
-        items: list[str] = []
-        indices: list[int] = []
-        ids: list[str] = []
-        for i, left in rests_after(typed, prev.items):
-            rest = "\n".join(left.split("\n")[: self.settings.max_lines]).rstrip()
-            if rest and rest not in items:
-                items.append(rest)
-                indices.append(prev.indices[i] if i < len(prev.indices) else i)
-                ids.append(prev.ids[i] if i < len(prev.ids) else prev.request_id)
+        rests = rests_after(typed, prev.items)
+        items, kept = tidy_items(tuple(left for _, left in rests), self.settings.max_lines)
         if not items:
             return None
+        at = [rests[k][0] for k in kept]           # each item's index in prev.items
+        indices = [prev.indices[i] if i < len(prev.indices) else i for i in at]
+        ids = [prev.ids[i] if i < len(prev.ids) else prev.request_id for i in at]
         if prev.again:
             self._answers[doc.uri] = dataclasses.replace(prev, again=False)
-        return Suggestion(prev.request_id, tuple(items), tuple(indices), line, line_prefix, cached=True,
+        return Suggestion(prev.request_id, tuple(items), tuple(indices), line_prefix, cached=True,
                           ids=tuple(ids), line_suffix=line_suffix)
 
     async def _ask(self, request: CompletionRequest, doc: Document, offset: int, line_prefix: str,

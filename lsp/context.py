@@ -3,7 +3,6 @@ were recently edited or opened; the daemon picks the relevant snippets."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from soldaemon.api import ContextChunk
@@ -16,7 +15,6 @@ from lsp.documents import DocumentStore
 class _Anchor:
     uri: str
     line: int
-    stamp: float
     snapshot: str | None = None        # set once the document is closed
     whole: bool = False                # an open, not an edit: the whole document
 
@@ -52,10 +50,10 @@ class ContextRing:
         for index, anchor in enumerate(self._anchors):
             if anchor.uri == uri and anchor.snapshot is None and abs(anchor.line - line) <= half:
                 del self._anchors[index]
-                anchor.line, anchor.stamp, anchor.whole = line, time.monotonic(), False
+                anchor.line, anchor.whole = line, False
                 self._anchors.append(anchor)
                 return
-        self._anchors.append(_Anchor(uri, line, time.monotonic()))
+        self._anchors.append(_Anchor(uri, line))
         if len(self._anchors) > self.max_entries:
             del self._anchors[: len(self._anchors) - self.max_entries]
 

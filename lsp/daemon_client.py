@@ -363,24 +363,19 @@ class DaemonClient:
     def _handle(self, raw: str | bytes) -> None:
         """Route one daemon frame; never raises (a bad frame is logged)."""
         try:
-            self._route(raw)
-        except Exception:
-            log.exception("failed to handle a daemon frame")
-
-    def _route(self, raw: str | bytes) -> None:
-        try:
             msg = decode_server(raw)
+            if isinstance(msg, Delta):
+                pending = self._pending.get(msg.id)
+                if pending is not None and pending.on_delta is not None:
+                    pending.on_delta(msg)
+            elif isinstance(msg, (Done, ErrorFrame)):
+                self._finish(msg)
+            elif isinstance(msg, Status):
+                self._on_daemon_status(msg)
         except ProtocolError as exc:
             log.warning("ignoring a daemon frame: %s", exc.message)
-            return
-        if isinstance(msg, Delta):
-            pending = self._pending.get(msg.id)
-            if pending is not None and pending.on_delta is not None:
-                pending.on_delta(msg)
-        elif isinstance(msg, (Done, ErrorFrame)):
-            self._finish(msg)
-        elif isinstance(msg, Status):
-            self._on_daemon_status(msg)
+        except Exception:
+            log.exception("failed to handle a daemon frame")
 
     def _finish(self, msg: Answer) -> None:
         rid = msg.id or ""

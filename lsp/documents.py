@@ -41,8 +41,7 @@ def column_to_index(line: str, character: int, encoding: Encoding) -> int:
         return min(character, len(line))
     counted = 0
     for index, ch in enumerate(line):
-        width = (len(ch.encode("utf-8", "surrogatepass")) if encoding == "utf-8"
-                 else (2 if ord(ch) > 0xFFFF else 1))
+        width = units(ch, encoding)
         if counted + width > character:
             return index
         counted += width
@@ -153,6 +152,3 @@ class DocumentStore:
 
     def close(self, uri: str) -> Document | None:
         return self._docs.pop(uri, None)
-
-    def offset_at(self, doc: Document, position: types.Position) -> int:
-        return doc.offset_at(position, self.encoding)

@@ -8,20 +8,15 @@ from typing import Any
 
 from soldaemon.protocol import CompletionEvent
 
-SOL_DID_SHOW = "sol/didShowCompletion"
-SOL_DID_PARTIALLY_ACCEPT = "sol/didPartiallyAcceptCompletion"
-SOL_DID_REJECT = "sol/didRejectCompletion"
-COPILOT_DID_SHOW = "textDocument/didShowCompletion"
-COPILOT_DID_PARTIALLY_ACCEPT = "textDocument/didPartiallyAcceptCompletion"
 ACCEPT_COMMAND = "sol.accepted"
 
 # notification → the daemon's event kind
 NOTIFICATIONS: dict[str, str] = {
-    SOL_DID_SHOW: "shown",
-    COPILOT_DID_SHOW: "shown",
-    SOL_DID_PARTIALLY_ACCEPT: "partial",
-    COPILOT_DID_PARTIALLY_ACCEPT: "partial",
-    SOL_DID_REJECT: "rejected",
+    "sol/didShowCompletion": "shown",
+    "textDocument/didShowCompletion": "shown",
+    "sol/didPartiallyAcceptCompletion": "partial",
+    "textDocument/didPartiallyAcceptCompletion": "partial",
+    "sol/didRejectCompletion": "rejected",
 }
 MAX_ITEM_INDEX = 7          # the protocol's max_n - 1
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Sequence
 
 import soldaemon
-from soldaemon.discovery import Fallback, StartLock, Target, find_daemon, make_private_dir, read_daemon_record
+from soldaemon.discovery import StartLock, Target, find_daemon, make_private_dir, read_daemon_record
 from soldaemon.errors import ConfigError
 from soldaemon.paths import state_dir
 
@@ -31,7 +31,7 @@ log = logging.getLogger("sol.lsp.launcher")
 def resolve_target(settings: Settings) -> Target:
     """``url`` and ``token_file`` from the settings, else the running daemon's record. Raises
     :class:`Unavailable` with no record or token file, :class:`ConfigError` for an unsafe one."""
-    return find_daemon(Fallback(), url=settings.url or None, token_path=settings.token_file)
+    return find_daemon(url=settings.url or None, token_path=settings.token_file)
 
 
 STAGE_PREFIX = "soldaemon: "          # a daemon's progress line on its stdout (daemon.out)
@@ -114,14 +114,14 @@ class DaemonLauncher:
     """Starts ``soldaemon serve`` (an argv, never a shell) in its own session in the private
     state directory, at most one at a time; a failed start is retried after ``cooldown_s``."""
 
-    def __init__(self, argv: Sequence[str], *, timeout_s: float = 180.0, cooldown_s: float = 60.0,
-                 log_path: Path | None = None, lock: StartLock | None = None,
-                 idle_exit_s: float | None = None) -> None:
+    cooldown_s = 60.0
+
+    def __init__(self, argv: Sequence[str], *, timeout_s: float = 180.0, log_path: Path | None = None,
+                 lock: StartLock | None = None, idle_exit_s: float | None = None) -> None:
         if not argv:
             raise ValueError("empty daemon command")
         self.argv = list(argv)
         self.timeout_s = timeout_s
-        self.cooldown_s = cooldown_s
         self.log_path = log_path
         self.idle_exit_s = idle_exit_s
         self.proc: subprocess.Popen[bytes] | None = None
@@ -171,7 +171,7 @@ class DaemonLauncher:
     def stage(self) -> str | None:
         """What a starting daemon (any window's) is doing: the last ``soldaemon: ...`` line of
         ``daemon.out``, or None."""
-        out_path = (self.log_path or state_dir() / "daemon.log").with_suffix(".out")
+        out_path = (self.log_path or daemon_log_path()).with_suffix(".out")
         try:
             with open(out_path, "rb") as f:
                 f.seek(max(0, f.seek(0, os.SEEK_END) - STAGE_TAIL_BYTES))
@@ -196,8 +196,7 @@ class DaemonLauncher:
             return False  # ours is alive: still preparing, or too slow (then check() says so)
         if self.started_at and time.monotonic() - self.started_at < self.cooldown_s:
             return False  # a start failed recently
-        log_path = self.log_path or state_dir() / "daemon.log"
-        self.log_path = log_path
+        log_path = self.log_path = self.log_path or daemon_log_path()
         t0 = time.perf_counter()
         try:
             make_private_dir(log_path.parent)   # a planted daemon.log link must not be followed

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, BinaryIO, Generator, Sequence
 
@@ -23,17 +23,15 @@ from soldaemon import __version__
 from lsp.completer import Completer, DaemonRequestFailed, Suggestion
 from lsp.context import ContextRing
 from lsp.daemon_client import DaemonClient
-from lsp.events import ACCEPT_COMMAND, NOTIFICATIONS, SOL_DID_PARTIALLY_ACCEPT, SOL_DID_SHOW, to_event
-from lsp.events import event_target as _event_target  # noqa: F401 (tests import it from here)
+from lsp.events import ACCEPT_COMMAND, NOTIFICATIONS, to_event
 from lsp.launcher import DaemonLauncher, daemon_log_path, default_daemon_command, resolve_target, run_doctor
 from lsp.documents import DocumentStore, normalize_encoding, units
 from lsp.framing import run_strict
 from lsp.settings import OPTIONS, Launch, Settings, SettingsError, parse_args
-from lsp.status import OPEN_LOG, RUN_DOCTOR, SOL_STATUS, Progress, SolStatusParams, StatusReporter
+from lsp.status import OPEN_LOG, RUN_DOCTOR, Progress, StatusReporter
 from soldaemon.privacy.rules import ContextPolicy, folder_paths
 
-__all__ = ["ACCEPT_COMMAND", "SOL_DID_PARTIALLY_ACCEPT", "SOL_DID_SHOW", "SOL_STATUS", "SolLanguageServer",
-           "SolStatusParams", "StatusReporter", "build_server", "main"]
+__all__ = ["SolLanguageServer", "build_server", "main"]
 
 log = logging.getLogger("sol.lsp")
 
@@ -50,6 +48,16 @@ class RequestFailed(JsonRpcException):
 
     CODE = types.LSPErrorCodes.RequestFailed.value
     MESSAGE = "Request Failed"
+
+
+def _own_handler_only(method: str) -> Any:
+    """pygls' built-in ``method`` without its copy of the documents: the server's handler alone."""
+    @lsp_method(method)
+    def handler(self: LanguageServerProtocol, params: Any) -> Generator[Any, Any, None]:
+        user_handler = self.fm.features.get(method)
+        if user_handler is not None:
+            yield user_handler, (params,), None
+    return handler
 
 
 class SolProtocol(LanguageServerProtocol):
@@ -69,23 +77,9 @@ class SolProtocol(LanguageServerProtocol):
         result.capabilities.experimental = {"soldaemon": {"notifications": sorted(NOTIFICATIONS)}}
         return result
 
-    @lsp_method(types.TEXT_DOCUMENT_DID_OPEN)
-    def lsp_text_document__did_open(self, params: types.DidOpenTextDocumentParams) -> Generator[Any, Any, None]:
-        yield from self._to_handler(types.TEXT_DOCUMENT_DID_OPEN, params)
-
-    @lsp_method(types.TEXT_DOCUMENT_DID_CHANGE)
-    def lsp_text_document__did_change(self, params: types.DidChangeTextDocumentParams) -> Generator[Any, Any, None]:
-        yield from self._to_handler(types.TEXT_DOCUMENT_DID_CHANGE, params)
-
-    @lsp_method(types.TEXT_DOCUMENT_DID_CLOSE)
-    def lsp_text_document__did_close(self, params: types.DidCloseTextDocumentParams) -> Generator[Any, Any, None]:
-        yield from self._to_handler(types.TEXT_DOCUMENT_DID_CLOSE, params)
-
-    def _to_handler(self, method: str, params: Any) -> Generator[Any, Any, None]:
-        """The server's own handler of ``method``, as pygls runs it."""
-        handler = self.fm.features.get(method)
-        if handler is not None:
-            yield handler, (params,), None
+    lsp_text_document__did_open = _own_handler_only(types.TEXT_DOCUMENT_DID_OPEN)
+    lsp_text_document__did_change = _own_handler_only(types.TEXT_DOCUMENT_DID_CHANGE)
+    lsp_text_document__did_close = _own_handler_only(types.TEXT_DOCUMENT_DID_CLOSE)
 
 
 class SolLanguageServer(LanguageServer):
@@ -147,10 +141,9 @@ class SolLanguageServer(LanguageServer):
         window = params.capabilities.window
         self.client_has_progress = bool(window and window.work_done_progress)
         experimental = params.capabilities.experimental
-        declared = isinstance(experimental, dict) and isinstance(experimental.get("soldaemon"), dict) \
+        self.client_wants_status = isinstance(experimental, dict) and isinstance(experimental.get("soldaemon"), dict) \
             and experimental["soldaemon"].get("status") is True
-        self.client_wants_status = declared
-        self.reporter.enabled = declared or settings.status_notifications
+        self.reporter.enabled = self.client_wants_status or settings.status_notifications
         self.client_has_show_document = bool(window and window.show_document and window.show_document.support)
         self.client_name = client = params.client_info.name if params.client_info else "unknown client"
         log.info("initialize: %s, position encoding %s, inline completion %s", client,
@@ -214,10 +207,8 @@ class SolLanguageServer(LanguageServer):
             self.completer.ring.set_policy(self.policy)
 
     def start_daemon_client(self) -> None:
-        """Create the daemon client and completer and start connecting (once)."""
-        if self.daemon is not None:
-            log.warning("initialize received again; keeping the existing daemon connection")
-            return
+        """Create the daemon client and completer and start connecting (``initialize`` comes once:
+        :class:`SolProtocol`)."""
         s = self.settings
         launcher = None
         if s.start_daemon:
@@ -365,7 +356,7 @@ def build_server(settings: Settings) -> SolLanguageServer:
     def did_open(ls: SolLanguageServer, params: types.DidOpenTextDocumentParams) -> None:
         doc = ls.documents.open(params.text_document)
         if ls.completer is not None:
-            ls.completer.opened(doc)
+            ls.completer.ring.opened(doc.uri, ls.documents)
             if ls.daemon is not None and ls.completer.enabled(doc) and ls.completer.may_send(doc.uri):
                 ls.daemon.poke()        # the first pause gets a suggestion: start the daemon now
 
@@ -414,15 +405,9 @@ def build_server(settings: Settings) -> SolLanguageServer:
         ls.reconfigure(params)
 
     for method, kind in NOTIFICATIONS.items():
-        server.feature(method)(_forwarder(kind))
+        server.feature(method)(functools.partial(server.forward_event, kind))
 
     return server
-
-
-def _forwarder(kind: str) -> Any:
-    def forward(ls: SolLanguageServer, params: Any) -> None:
-        ls.forward_event(kind, params)
-    return forward
 
 
 def apply_log_level(level: str | None) -> None:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence, TypeVar, get_args
 
 from soldaemon.api import DOCUMENT_PREFIX_CHARS, DOCUMENT_SUFFIX_CHARS
 
@@ -20,78 +21,6 @@ Multiline = Literal["auto", "single", "multi"]
 
 class SettingsError(ValueError):
     """An option has an invalid value."""
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Everything sol-lsp can be told. Times are milliseconds unless named ``_s``."""
-
-    url: str | None = None                  # None: the running daemon's record (daemon.json)
-    token_file: Path | None = None          # None: the daemon's record, else state_dir()/token
-    config: str | None = None               # sol_config.yaml for the daemon sol-lsp starts (--config)
-    start_daemon: bool = True               # start `soldaemon serve` when none answers
-    daemon_command: tuple[str, ...] = ()    # argv for that; () = soldaemon serve
-    start_timeout_s: float = 180.0          # how long a started daemon may take to be ready
-    daemon_idle_exit_s: float = 1800.0      # a daemon we start exits after this long unused; 0: never
-    # a document these turn off sends nothing and starts no daemon
-    enable: bool = True
-    languages: tuple[tuple[str, bool], ...] = ()  # (language id, on); "*": the default; () = all on
-    status_notifications: bool = False      # send sol/status (the client said it handles it)
-    early_lines: bool = False               # show a block's first lines early; sol/completionReady when the rest is
-    # Requests
-    debounce_ms: float = 25.0               # automatic triggers wait this long for more typing
-    timeout_ms: float = 5000.0              # a daemon answer later than this is cancelled
-    budget_ms: float | None = None          # the daemon's own budget per request
-    max_tokens: int = 128                   # a block of max_lines lines often needs more than 64
-    max_lines: int = 8                      # lines in an item, cap
-    multiline: Multiline = "auto"
-    max_prefix_chars: int = DOCUMENT_PREFIX_CHARS   # 128,000: the outline reads beyond the token windows
-    max_suffix_chars: int = DOCUMENT_SUFFIX_CHARS   # 64,000
-    completion_items: CompletionItems = "auto"  # textDocument/completion: auto = only without inline
-    alternatives: int = 3                   # candidates for an invoked completion (greedy first)
-    alternatives_temperature: float = 0.8   # sampling temperature of the extra candidates
-    # Context and warm-up
-    context_chunks: int = 8                 # 0: send no extra context
-    context_lines: int = 40
-    context_include: tuple[str, ...] = ()   # globs sent even if they match a secret pattern
-    context_exclude: tuple[str, ...] = ()   # globs never sent, on top of the secret patterns
-    complete_in_secret_files: bool = False  # complete inside files the context rule refuses
-    log_level: str | None = None            # sol-lsp's own logging; None: --log-level
-    warm: bool = True
-    warm_delay_ms: float = 250.0            # idle time after an edit before a warm
-    # Status and reconnection
-    slow_ms: float = 1500.0                 # a completion slower than this reports "slow"
-    backoff_initial_ms: float = 250.0
-    backoff_max_ms: float = 10_000.0
-    connect_timeout_ms: float = 3000.0
-    failure_message_after_s: float = 10.0   # a failure this old is persistent: one showMessage
-
-    def language_enabled(self, language: str | None) -> bool:
-        """Whether documents of LSP language id ``language`` get completions."""
-        if not self.enable:
-            return False
-        table = dict(self.languages)
-        return table.get(language or "", table.get("*", True))
-
-    def with_options(self, options: Mapping[str, Any] | None) -> tuple[Settings, list[str]]:
-        """These settings with ``initializationOptions`` applied, and the keys ignored (unknown, or
-        ``"<key> (command line only)"``). Raises :class:`SettingsError` for a bad value."""
-        if not options:
-            return self, []
-        if not isinstance(options, Mapping):
-            raise SettingsError("initializationOptions must be an object")
-        changes: dict[str, Any] = {}
-        ignored: list[str] = []
-        by_key = {opt.key: opt for opt in OPTIONS}
-        for key, value in options.items():
-            opt = by_key.get(key)
-            if opt is None:
-                ignored.append(key)
-            elif opt.launch_only:
-                ignored.append(f"{key} (command line only)")
-            else:
-                changes[opt.field] = opt.parse(value, key)
-        return dataclasses.replace(self, **changes), ignored
 
 
 # Parsers take JSON values (initializationOptions) and strings (flags) alike.
@@ -220,15 +149,11 @@ class Choice:
         return {"type": "string", "enum": list(self.choices)}
 
 
-def _choice(*choices: str) -> Choice:
-    return Choice(choices)
-
-
 @dataclass(frozen=True)
 class Option:
     field: str                     # Settings field
-    key: str                       # initializationOptions key
-    flag: str                      # command-line flag; "": none (the setting only)
+    key: str                       # initializationOptions key: the field's name in camelCase
+    flag: str                      # command-line flag, --field-name; "": none (the setting only)
     parse: Callable[[Any, str], Any]
     help: str
     launch_only: bool = False      # command line only, never from initializationOptions
@@ -241,77 +166,119 @@ class Option:
         return rule() if rule is not None else None
 
 
-OPTIONS: tuple[Option, ...] = (
-    Option("url", "url", "--url", _url, "the daemon's ws:// URL (default: the running daemon's, from its record "
-           "daemon.json)", launch_only=True),
-    Option("token_file", "tokenFile", "--token-file", _path,
-           "the daemon's token file (default: the running daemon's, else the state directory's)", launch_only=True),
-    Option("config", "config", "--config", _text, "sol_config.yaml for the daemon sol-lsp starts "
-           "(passed as soldaemon --config)", launch_only=True),
-    Option("start_daemon", "startDaemon", "--start-daemon", _bool, "start `soldaemon serve` when no daemon answers",
-           launch_only=True),
-    Option("daemon_command", "daemonCommand", "--daemon-command", _argv,
-           "the command that starts the daemon (default: soldaemon serve)", launch_only=True),
-    Option("daemon_idle_exit_s", "daemonIdleExitS", "--daemon-idle-exit-s", Number(0, 30 * 86_400),
-           "a daemon sol-lsp starts exits after this many seconds without a connection (0: never)",
-           launch_only=True),
-    Option("enable", "enable", "--enable", _bool,
-           "complete at all; off: nothing is sent to the daemon and no daemon is started"),
-    Option("languages", "languages", "--languages", _languages,
-           "completions per language id, e.g. '*=true,markdown=false' ({\"*\": true, \"markdown\": false} "
-           "in initializationOptions); '*' is the default for ids not named"),
-    Option("status_notifications", "statusNotifications", "", _bool,
-           "send sol/status notifications (clients that handle them; also the client capability "
-           "experimental.soldaemon.status)"),
-    Option("early_lines", "earlyLines", "", _bool,
-           "inline completions: show a multi-line answer's first whole lines as soon as they are written and "
-           "send sol/completionReady {uri} when the rest is there (for clients that then ask again at the "
-           "cursor: without that, the rest shows only once the user types or accepts)"),
-    Option("start_timeout_s", "startTimeoutS", "--start-timeout-s", Number(1, 3600),
-           "seconds a started daemon may take to become ready"),
-    Option("debounce_ms", "debounceMs", "--debounce-ms", Number(0, 2000),
-           "automatic triggers wait this long for more typing"),
-    Option("timeout_ms", "timeoutMs", "--timeout-ms", Number(50, 120_000),
-           "a completion not answered within this is cancelled and returns empty"),
-    Option("budget_ms", "budgetMs", "--budget-ms", Number(1, 120_000, nullable=True),
-           "the daemon's wall-clock budget per completion"),
-    Option("max_tokens", "maxTokens", "--max-tokens", Number(1, 2048, integer=True), "generated tokens, cap"),
-    Option("max_lines", "maxLines", "--max-lines", Number(1, 1000, integer=True), "lines in a completion, cap"),
-    Option("multiline", "multiline", "--multiline", _choice("auto", "single", "multi"), "auto, single or multi"),
-    Option("max_prefix_chars", "maxPrefixChars", "--max-prefix-chars", Number(1, 900_000, integer=True),
-           "document text before the cursor sent, cap"),
-    Option("max_suffix_chars", "maxSuffixChars", "--max-suffix-chars", Number(0, 900_000, integer=True),
-           "document text after the cursor sent, cap"),
-    Option("completion_items", "completionItems", "--completion-items", _choice("auto", "always", "never"),
-           "answer textDocument/completion: auto = only for clients without inline completion"),
-    Option("alternatives", "alternatives", "--alternatives", Number(1, 3, integer=True),
-           "candidates for an invoked completion: the greedy one, then sampled ones"),
-    Option("alternatives_temperature", "alternativesTemperature", "--alternatives-temperature",
-           Number(0.05, 2.0), "sampling temperature of the extra candidates"),
-    Option("context_chunks", "contextChunks", "--context-chunks", Number(0, 32, integer=True),
-           "chunks of other recently edited/open documents sent as context"),
-    Option("context_lines", "contextLines", "--context-lines", Number(2, 400, integer=True), "lines per chunk"),
-    Option("context_include", "contextInclude", "--context-include", _globs,
-           "globs sent as context although they match a secret-file pattern", launch_only=True),
-    Option("context_exclude", "contextExclude", "--context-exclude", _globs,
-           "globs never sent as context (on top of the secret-file patterns)"),
-    Option("complete_in_secret_files", "completeInSecretFiles", "--complete-in-secret-files", _bool,
-           "complete inside files that may not be sent as context (.env, keys, outside the workspace)",
-           launch_only=True),
-    Option("log_level", "logLevel", "", _choice("debug", "info", "warning", "error"),
-           "sol-lsp's log level (the command line's is --log-level)"),
-    Option("warm", "warm", "--warm", _bool, "prefill the daemon's cache in the background after edits"),
-    Option("warm_delay_ms", "warmDelayMs", "--warm-delay-ms", Number(0, 60_000),
-           "idle time after an edit before the background warm"),
-    Option("slow_ms", "slowMs", "--slow-ms", Number(1, 600_000), "a completion slower than this reports 'slow'"),
-    Option("backoff_initial_ms", "backoffInitialMs", "--backoff-initial-ms", Number(10, 60_000),
-           "first reconnect delay"),
-    Option("backoff_max_ms", "backoffMaxMs", "--backoff-max-ms", Number(10, 600_000), "longest reconnect delay"),
-    Option("connect_timeout_ms", "connectTimeoutMs", "--connect-timeout-ms", Number(50, 60_000),
-           "websocket handshake timeout"),
-    Option("failure_message_after_s", "failureMessageAfterS", "--failure-message-after-s", Number(0, 86_400),
-           "show one message when the daemon has been unreachable this long"),
-)
+_T = TypeVar("_T")
+
+
+def _option(default: _T, parse: Callable[[Any, str], Any], help: str, *, flag: bool = True,
+            launch_only: bool = False) -> _T:
+    """A :class:`Settings` field with its default and its :class:`Option` (made in :data:`OPTIONS`)."""
+    return dataclasses.field(default=default, metadata={"option": (parse, help, flag, launch_only)})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything sol-lsp can be told, in :data:`OPTIONS` order. Times are milliseconds unless
+    named ``_s``."""
+
+    url: str | None = _option(None, _url, "the daemon's ws:// URL (default: the running daemon's, from its "
+                              "record daemon.json)", launch_only=True)
+    token_file: Path | None = _option(None, _path, "the daemon's token file (default: the running daemon's, "
+                                      "else the state directory's)", launch_only=True)
+    config: str | None = _option(None, _text, "sol_config.yaml for the daemon sol-lsp starts "
+                                 "(passed as soldaemon --config)", launch_only=True)
+    start_daemon: bool = _option(True, _bool, "start `soldaemon serve` when no daemon answers", launch_only=True)
+    daemon_command: tuple[str, ...] = _option((), _argv, "the command that starts the daemon (default: soldaemon "
+                                              "serve)", launch_only=True)
+    daemon_idle_exit_s: float = _option(1800.0, Number(0, 30 * 86_400), "a daemon sol-lsp starts exits after this "
+                                        "many seconds without a connection (0: never)", launch_only=True)
+    enable: bool = _option(True, _bool, "complete at all; off: nothing is sent to the daemon and no daemon is "
+                           "started")
+    languages: tuple[tuple[str, bool], ...] = _option(
+        (), _languages, "completions per language id, e.g. '*=true,markdown=false' ({\"*\": true, \"markdown\": "
+        "false} in initializationOptions); '*' is the default for ids not named")
+    status_notifications: bool = _option(False, _bool, "send sol/status notifications (clients that handle them; "
+                                         "also the client capability experimental.soldaemon.status)", flag=False)
+    early_lines: bool = _option(
+        False, _bool, "inline completions: show a multi-line answer's first whole lines as soon as they are "
+        "written and send sol/completionReady {uri} when the rest is there (for clients that then ask again at "
+        "the cursor: without that, the rest shows only once the user types or accepts)", flag=False)
+    start_timeout_s: float = _option(180.0, Number(1, 3600), "seconds a started daemon may take to become ready")
+    debounce_ms: float = _option(25.0, Number(0, 2000), "automatic triggers wait this long for more typing")
+    timeout_ms: float = _option(5000.0, Number(50, 120_000), "a completion not answered within this is cancelled "
+                                "and returns empty")
+    budget_ms: float | None = _option(None, Number(1, 120_000, nullable=True),
+                                      "the daemon's wall-clock budget per completion")
+    # a block of max_lines lines often needs more than 64 tokens
+    max_tokens: int = _option(128, Number(1, 2048, integer=True), "generated tokens, cap")
+    max_lines: int = _option(8, Number(1, 1000, integer=True), "lines in a completion, cap")
+    multiline: Multiline = _option("auto", Choice(get_args(Multiline)), "auto, single or multi")
+    # 128,000 and 64,000: the outline reads beyond the token windows
+    max_prefix_chars: int = _option(DOCUMENT_PREFIX_CHARS, Number(1, 900_000, integer=True),
+                                    "document text before the cursor sent, cap")
+    max_suffix_chars: int = _option(DOCUMENT_SUFFIX_CHARS, Number(0, 900_000, integer=True),
+                                    "document text after the cursor sent, cap")
+    completion_items: CompletionItems = _option("auto", Choice(get_args(CompletionItems)), "answer "
+                                                "textDocument/completion: auto = only for clients without inline "
+                                                "completion")
+    alternatives: int = _option(3, Number(1, 3, integer=True), "candidates for an invoked completion: the greedy "
+                                "one, then sampled ones")
+    alternatives_temperature: float = _option(0.8, Number(0.05, 2.0), "sampling temperature of the extra candidates")
+    context_chunks: int = _option(8, Number(0, 32, integer=True), "chunks of other recently edited/open documents "
+                                  "sent as context")
+    context_lines: int = _option(40, Number(2, 400, integer=True), "lines per chunk")
+    context_include: tuple[str, ...] = _option((), _globs, "globs sent as context although they match a "
+                                               "secret-file pattern", launch_only=True)
+    context_exclude: tuple[str, ...] = _option((), _globs, "globs never sent as context (on top of the secret-file "
+                                               "patterns)")
+    complete_in_secret_files: bool = _option(False, _bool, "complete inside files that may not be sent as context "
+                                             "(.env, keys, outside the workspace)", launch_only=True)
+    log_level: str | None = _option(None, Choice(("debug", "info", "warning", "error")),
+                                    "sol-lsp's log level (the command line's is --log-level)", flag=False)
+    warm: bool = _option(True, _bool, "prefill the daemon's cache in the background after edits")
+    warm_delay_ms: float = _option(250.0, Number(0, 60_000), "idle time after an edit before the background warm")
+    slow_ms: float = _option(1500.0, Number(1, 600_000), "a completion slower than this reports 'slow'")
+    backoff_initial_ms: float = _option(250.0, Number(10, 60_000), "first reconnect delay")
+    backoff_max_ms: float = _option(10_000.0, Number(10, 600_000), "longest reconnect delay")
+    connect_timeout_ms: float = _option(3000.0, Number(50, 60_000), "websocket handshake timeout")
+    failure_message_after_s: float = _option(10.0, Number(0, 86_400), "show one message when the daemon has been "
+                                             "unreachable this long")
+
+    def language_enabled(self, language: str | None) -> bool:
+        """Whether documents of LSP language id ``language`` get completions."""
+        if not self.enable:
+            return False
+        table = dict(self.languages)
+        return table.get(language or "", table.get("*", True))
+
+    def with_options(self, options: Mapping[str, Any] | None) -> tuple[Settings, list[str]]:
+        """These settings with ``initializationOptions`` applied, and the keys ignored (unknown, or
+        ``"<key> (command line only)"``). Raises :class:`SettingsError` for a bad value."""
+        if not options:
+            return self, []
+        if not isinstance(options, Mapping):
+            raise SettingsError("initializationOptions must be an object")
+        changes: dict[str, Any] = {}
+        ignored: list[str] = []
+        by_key = {opt.key: opt for opt in OPTIONS}
+        for key, value in options.items():
+            opt = by_key.get(key)
+            if opt is None:
+                ignored.append(key)
+            elif opt.launch_only:
+                ignored.append(f"{key} (command line only)")
+            else:
+                changes[opt.field] = opt.parse(value, key)
+        return dataclasses.replace(self, **changes), ignored
+
+
+def _named(f: dataclasses.Field[Any]) -> Option:
+    """A field's :class:`Option`, its key and flag named after the field."""
+    parse, help, flag, launch_only = f.metadata["option"]
+    key = re.sub(r"_([a-z])", lambda m: m.group(1).upper(), f.name)
+    return Option(f.name, key, "--" + f.name.replace("_", "-") if flag else "", parse, help, launch_only)
+
+
+OPTIONS: tuple[Option, ...] = tuple(_named(f) for f in dataclasses.fields(Settings))
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import logging
 import statistics
 import time
 from collections import deque
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import attrs
 from lsprotocol import types
@@ -46,24 +46,6 @@ class _Server(Protocol):
     def protocol(self) -> Any: ...
     def window_show_message(self, params: types.ShowMessageParams) -> None: ...
     def error_action(self, title: str) -> None: ...
-
-
-class Latency:
-    """Round trips of the completions that ran on the daemon (ms)."""
-
-    def __init__(self, window: int = LATENCY_WINDOW) -> None:
-        self._times: deque[float] = deque(maxlen=window)
-
-    def add(self, ms: float) -> None:
-        self._times.append(ms)
-
-    @property
-    def last_ms(self) -> float | None:
-        return round(self._times[-1], 1) if self._times else None
-
-    @property
-    def median_ms(self) -> float | None:
-        return round(statistics.median(self._times), 1) if self._times else None
 
 
 class Progress:
@@ -127,15 +109,13 @@ class StatusReporter:
     ``busy`` ones, and at most one ``window/showMessageRequest`` per outage and per
     ``MESSAGE_INTERVAL_S``."""
 
-    def __init__(self, server: _Server, progress: Progress | None = None,
-                 latency: Latency | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, server: _Server, progress: Progress | None = None) -> None:
         self.server = server
         self.progress = progress
-        self.latency = latency or Latency()
+        self.round_trips: deque[float] = deque(maxlen=LATENCY_WINDOW)   # of completions run on the daemon, ms
         self.last = StatusUpdate("connecting")
         self.enabled = False            # send sol/status (set from the client's declaration)
         self.withheld_text: str | None = None   # what the last request sent had redacted
-        self._clock = clock
         self._shown_this_outage = False
         self._last_shown = -MESSAGE_INTERVAL_S
 
@@ -151,7 +131,7 @@ class StatusReporter:
         if update.state == "ready":
             self._shown_this_outage = False
             return
-        now = self._clock()
+        now = time.monotonic()
         if update.persistent and not self._shown_this_outage and now - self._last_shown >= MESSAGE_INTERVAL_S:
             self._shown_this_outage = True
             self._last_shown = now
@@ -178,9 +158,10 @@ class StatusReporter:
         """Send ``sol/status`` for the current state (while ``enabled``)."""
         if not self.enabled:
             return
-        u = self.last
+        u, times = self.last, self.round_trips
         self.server.protocol.notify(SOL_STATUS, SolStatusParams(
-            u.state, u.message, u.url, self.latency.last_ms, self.latency.median_ms, self.withheld_text))
+            u.state, u.message, u.url, round(times[-1], 1) if times else None,
+            round(statistics.median(times), 1) if times else None, self.withheld_text))
 
     def withheld(self, what: str | None) -> None:
         """Tell the client when what the last request had redacted changes."""
@@ -190,5 +171,5 @@ class StatusReporter:
 
     def completed(self, round_trip_ms: float) -> None:
         """Record a completion's round trip and tell the client."""
-        self.latency.add(round_trip_ms)
+        self.round_trips.append(round_trip_ms)
         self.notify()

@@ -51,7 +51,7 @@ def accepted_line(line: str, item: types.InlineCompletionItem, cursor: int) -> s
 
 def items_for(line: str, cursor: int, completion: str) -> list[types.InlineCompletionItem]:
     server = SolLanguageServer(Settings())
-    s = Suggestion("c1", (completion,), (0,), 0, line[:cursor], line_suffix=line[cursor:])
+    s = Suggestion("c1", (completion,), (0,), line[:cursor], line_suffix=line[cursor:])
     return server.inline_items(s, types.Position(0, cursor))
 
 
