@@ -14,24 +14,10 @@ from typing import TYPE_CHECKING, Any, Callable
 from soldaemon import __version__
 from soldaemon.config import Config, load_config
 from soldaemon.errors import BadRequest, SolError
+from soldaemon.server import arguments as server   # light: each command's code is imported when it runs
 
 if TYPE_CHECKING:
     from soldaemon.api import CompletionRequest, Delta, Done
-
-
-def _add_model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="a local Hugging Face model directory or .gguf file (default: the embedded model)")
-    p.add_argument("--device", help="auto, cpu, cuda or cuda:N (default from config)")
-    p.add_argument("--threads", type=int, help="CPU threads for torch (default from config)")
-
-
-def apply_model_options(config: Config, args: argparse.Namespace) -> Config:
-    overrides: dict[str, object] = {}
-    for arg, key in (("model", "model.path"), ("device", "device.device"), ("threads", "device.threads")):
-        value = getattr(args, arg, None)
-        if value is not None:
-            overrides[key] = value
-    return config.with_overrides(overrides, source="command line") if overrides else config
 
 
 def parse_location(spec: str) -> tuple[Path, int, int]:
@@ -48,14 +34,10 @@ def parse_location(spec: str) -> tuple[Path, int, int]:
 
 def split_at(text: str, line: int, col: int) -> tuple[str, str]:
     """Split ``text`` at 1-based ``line``/``col``; a column past the line's end means its end."""
-    lines = text.split("\n")
-    lines = [ln + "\n" for ln in lines[:-1]] + ([lines[-1]] if lines[-1] else [])   # editors break at \n only
-    if line > len(lines) + 1 or (line == len(lines) + 1 and text.endswith("\n") is False and lines):
-        raise BadRequest(f"line {line} is past the end of the file ({len(lines)} lines)")
-    offset = sum(len(s) for s in lines[: line - 1])
-    current = lines[line - 1] if line - 1 < len(lines) else ""
-    body = current.rstrip("\r\n")
-    offset += min(col - 1, len(body))
+    lines = text.split("\n")   # editors break at \n only
+    if line > len(lines):
+        raise BadRequest(f"line {line} is past the end of the file ({len(lines) - (lines[-1] == '')} lines)")
+    offset = sum(len(ln) + 1 for ln in lines[: line - 1]) + min(col - 1, len(lines[line - 1].rstrip("\r")))
     return text[:offset], text[offset:]
 
 
@@ -72,7 +54,7 @@ def cmd_complete(args: argparse.Namespace, config: Config) -> int:
     prefix, suffix = split_at(text, line, col)
     req = CompletionRequest(
         id="cli", prefix=prefix, suffix=suffix, uri=path.resolve().as_uri(),
-        language=_language_of(path), max_tokens=args.max_tokens or config.completion.max_tokens,
+        language=_LANGS.get(path.suffix.lower()), max_tokens=args.max_tokens or config.completion.max_tokens,
         multiline=args.multiline or config.completion.multiline, temperature=config.completion.temperature,
         top_p=config.completion.top_p,
     )
@@ -81,11 +63,11 @@ def cmd_complete(args: argparse.Namespace, config: Config) -> int:
         if args.stream:
             print(ev.text, end="", flush=True, file=sys.stderr)
 
-    local = args.local or any(getattr(args, a, None) is not None for a in ("model", "device", "threads"))
+    local = args.local or any(getattr(args, a, None) is not None for a, _ in server.MODEL_OPTIONS)
     done: Done | None = None if local else _complete_on_daemon(config, req, stream)
     where = "daemon"
     if done is None:
-        done, where = _complete_here(apply_model_options(config, args), req, stream,
+        done, where = _complete_here(server.with_options(config, args), req, stream,
                                      progress=not args.quiet and sys.stderr.isatty()), "loaded here"
     if args.stream:
         print(file=sys.stderr)
@@ -145,14 +127,9 @@ _LANGS = {".py": "python", ".js": "javascript", ".ts": "typescript", ".rs": "rus
           ".h": "c", ".cpp": "cpp", ".java": "java", ".rb": "ruby", ".lua": "lua", ".sh": "shellscript"}
 
 
-def _language_of(path: Path) -> str | None:
-    return _LANGS.get(path.suffix.lower())
-
-
 def cmd_serve(args: argparse.Namespace, config: Config) -> int:
     from soldaemon.server.command import run
 
-    config = apply_model_options(config, args)
     return run(args, config)
 
 
@@ -179,8 +156,7 @@ def cmd_doctor(args: argparse.Namespace, config: Config) -> int:
 def cmd_bench(args: argparse.Namespace, config: Config) -> int:
     from soldaemon_bench import bench
 
-    config = apply_model_options(config, args)
-    return bench.run(args, config)
+    return bench.run(args, server.with_options(config, args))
 
 
 class _Command(argparse.ArgumentParser):
@@ -215,7 +191,7 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
         # the benchmarks are their own distribution (bench/pyproject.toml), not in this wheel
         p.error("the benchmarks are a separate package, soldaemon-bench: pip install -e ./bench "
                 "(in a soldaemon checkout)")    # exits 2
-    _add_model_options(p)
+    server.add_model_options(p)
     bench.add_arguments(p)
 
 
@@ -226,9 +202,6 @@ def _doctor_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    # each command's code is imported only when it runs (status starts without torch)
-    from soldaemon.server import arguments as server
-
     parser = argparse.ArgumentParser(prog="soldaemon", description="a local, resident code-completion daemon")
     parser.add_argument("--version", action="version", version=f"soldaemon {__version__}")
     parser.add_argument("--config", help="sol_config.yaml (default: $SOLDAEMON_CONFIG, "
@@ -238,8 +211,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="load the model and serve the websocket API")
     server.add_arguments(p)
-    p.add_argument("--device", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--threads", type=int, help="CPU threads for torch")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("status", help="ask a running daemon how it is")
@@ -255,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "loaded here) and print it with one timing line")
     p.add_argument("location", help="FILE:LINE:COL, 1-based")
     p.add_argument("--local", action="store_true", help="load a model here even when a daemon runs")
-    _add_model_options(p)
+    server.add_model_options(p)
     p.add_argument("--max-tokens", type=int)
     p.add_argument("--multiline", choices=("auto", "single", "multi"))
     p.add_argument("--stream", action="store_true", help="also stream the raw preview to stderr")

@@ -80,8 +80,6 @@ class Unavailable(SolError):
 class ProtocolError(BadRequest):
     """A frame the daemon cannot accept; ``request_id``: its ``id`` when readable."""
 
-    code = "bad_request"
-
     def __init__(self, message: str, *, request_id: str | None = None, hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.request_id = request_id
@@ -180,16 +178,7 @@ class AddressInUse(Unavailable):
 
 
 class ProbeUnavailable(Exception):
-    """A whole source (NVML, ``nvidia-smi``) cannot be used; ``str(exc)``: why, briefly."""
-
-
-class CommandFailed(Exception):
-    """``nvidia-smi`` exited non-zero (``returncode`` None: timed out)."""
-
-    def __init__(self, returncode: int | None, output: str) -> None:
-        super().__init__(output.strip() or f"exit status {returncode}")
-        self.returncode = returncode
-        self.output = output
+    """A whole source (NVML) cannot be used; ``str(exc)``: why, briefly."""
 
 
 # Control flow inside the engine

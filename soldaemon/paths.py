@@ -15,17 +15,11 @@ _DIRS = PlatformDirs("soldaemon", appauthor=False)   # reads the environment on 
 
 
 def cache_dir() -> Path:
-    override = os.environ.get("SOLDAEMON_CACHE_DIR")
-    if override:
-        return Path(override)
-    return Path(_DIRS.user_cache_dir)
+    return Path(os.environ.get("SOLDAEMON_CACHE_DIR") or _DIRS.user_cache_dir)
 
 
 def state_dir() -> Path:
-    override = os.environ.get("SOLDAEMON_STATE_DIR")
-    if override:
-        return Path(override)
-    return Path(_DIRS.user_state_dir)
+    return Path(os.environ.get("SOLDAEMON_STATE_DIR") or _DIRS.user_state_dir)
 
 
 def config_home() -> Path:

@@ -340,13 +340,10 @@ def _decode_client(data: bytes | str, limits: Limits) -> ClientMessage:
     size = len(data) if isinstance(data, bytes) else len(data.encode("utf-8", "surrogatepass"))
     if size > limits.max_message_bytes:
         raise TooLarge(f"message is larger than {limits.max_message_bytes} bytes")
-    if isinstance(data, bytes):
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise BadUtf8("message is not valid UTF-8") from None
-    else:
-        text = data
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+    except UnicodeDecodeError:
+        raise BadUtf8("message is not valid UTF-8") from None
     try:
         obj = json.loads(text, parse_constant=_reject_constant)
     except (ValueError, RecursionError):
@@ -373,7 +370,7 @@ def _decode_client(data: bytes | str, limits: Limits) -> ClientMessage:
         return Health(_optional_id(r))
     if kind == "debug":
         return _read_debug(r)
-    r.fail(UnknownType, "unknown message type",)
+    r.fail(UnknownType, "unknown message type")
 
 
 # Encoding
@@ -457,12 +454,10 @@ def encode_client(msg: ClientMessage) -> str:
             obj["accepted_chars"] = msg.accepted_chars
     elif isinstance(msg, Health):
         obj = {"type": "health"}
-        if msg.id is not None:
-            obj["id"] = msg.id
     else:
         obj = {"type": "debug", "parts": list(msg.parts)}
-        if msg.id is not None:
-            obj["id"] = msg.id
+    if isinstance(msg, (Health, Debug)) and msg.id is not None:
+        obj["id"] = msg.id
     obj["v"] = PROTOCOL_VERSION
     return _dumps(obj)
 

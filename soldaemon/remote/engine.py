@@ -34,25 +34,11 @@ WATCH_INTERVAL_S = 0.002       # how often the watcher looks at cancel and the b
 
 @dataclass
 class RemoteStats:
-    requests: int = 0
     prompt_tokens: int = 0         # summed over requests (daemon's count)
     cached_tokens: int = 0         # of which the engine reported reused (when it reports it)
     failures: int = 0              # requests ended by an engine failure
     fallbacks: int = 0             # requests answered by the local model
     upstream_closed: int = 0       # streams the daemon closed early (cancel, stop, budget)
-
-
-@dataclass
-class _Attempt:
-    """One candidate's generation: the text so far and how it ended."""
-
-    raw: str = ""
-    finish: FinishReason = "stop"
-    chunks: int = 0
-    usage: dict[str, Any] | None = None
-    first_ns: int = 0
-    first_wall_ns: int = 0
-    closed_by: str | None = None   # "cancel" | "budget" | "stop"
 
 
 class _Watch:
@@ -185,10 +171,6 @@ class RemoteEngine:
             return "failed"
         return "loading" if self._local_started else "not loaded"
 
-    def debug_snapshots(self) -> dict[str, Any]:
-        """No memory scheduler on this path: both snapshots are empty."""
-        return {"heatmap": {}, "prefetch": {}}
-
     def warm(self, req: CompletionRequest, cancel: CancelToken) -> Timings:
         """Build the prompt only: the engine caches its own prefixes and may be shared."""
         clock = Clock.now(req)
@@ -219,16 +201,50 @@ class RemoteEngine:
 
     def generate(self, req: CompletionRequest, prompt: FimPrompt, candidate: int, ending: Ending,
                  cancel: CancelToken, deadline: int | None, *, keep_logp: bool = False) -> Stream:
-        """One candidate over the HTTP stream, yielding the raw text after each piece."""
-        attempt = _Attempt()
-        yield from self._generate(self._body(req, prompt, candidate), attempt, ending, cancel, deadline)
-        usage = attempt.usage or {}
+        """One candidate over the HTTP stream, yielding the raw text after each piece; a cancel, the
+        budget or the ending's stop closes the stream."""
+        raw = ""
+        finish: FinishReason = "stop"
+        chunks = first_ns = first_wall_ns = 0
+        usage: dict[str, Any] = {}
+        closed_by: str | None = None   # "cancel" | "budget" | "stop"
+        with _Watch(cancel, deadline) as watch:
+            stream = self._open(self._body(req, prompt, candidate), cancel, deadline, watch)
+            if stream is None:  # cancelled or out of budget before the engine answered
+                return Generation("", cancel.reason if cancel.cancelled else "budget")
+            try:
+                for piece in stream.pieces():
+                    if piece.usage is not None:
+                        usage = piece.usage
+                    if piece.text:
+                        if not first_ns:
+                            first_ns, first_wall_ns = time.perf_counter_ns(), time.time_ns()
+                        chunks += 1
+                        raw += piece.text
+                        yield raw
+                        if ending.may_stop(raw):  # the rest would be cut: stop the engine
+                            closed_by = "stop"
+                            stream.close()
+                            break
+                    if piece.finish_reason is not None:
+                        finish = "length" if piece.finish_reason == "length" else "stop"
+                self.probe.note(True)
+            except (RemoteUnavailable, RemoteTimeout) as exc:
+                if not stream.closed:
+                    self.backoff.failed(exc.message)
+                    self.probe.note(False, exc.message)
+                raise
+            finally:
+                stream.release()
+        closed_by = closed_by or watch.fired
+        if closed_by is not None:
+            finish = {"cancel": cancel.reason, "budget": "budget", "stop": "stop"}[closed_by]  # type: ignore[assignment]
+            self.stats.upstream_closed += 1
         details = usage.get("prompt_tokens_details")
         cached = details["cached_tokens"] if isinstance(details, dict) and isinstance(
             details.get("cached_tokens"), int) else 0
-        return Generation(attempt.raw, attempt.finish,
-                          Stats(first_ns=attempt.first_ns, first_wall_ns=attempt.first_wall_ns, cached_tokens=cached,
-                                generated_tokens=int(usage.get("completion_tokens") or attempt.chunks)))
+        return Generation(raw, finish, Stats(first_ns=first_ns, first_wall_ns=first_wall_ns, cached_tokens=cached,
+                                             generated_tokens=int(usage.get("completion_tokens") or chunks)))
 
     def scorer(self) -> None:
         """Block candidates are not sampled upstream."""
@@ -246,7 +262,6 @@ class RemoteEngine:
         return self._fallback(req, cancel, exc.message)
 
     def account(self, t: Timings) -> None:
-        self.stats.requests += 1
         self.stats.prompt_tokens += t.prompt_tokens
         self.stats.cached_tokens += t.cached_tokens
 
@@ -286,44 +301,6 @@ class RemoteEngine:
         names = [str(n) for n in self.tokenizer.convert_ids_to_tokens(ids) if n]
         return list(dict.fromkeys(names))[:4]
 
-    def _generate(self, body: dict[str, Any], attempt: _Attempt, ending: Ending, cancel: CancelToken,
-                  deadline: int | None) -> Iterator[str]:
-        """Stream into ``attempt``, yielding the raw text so far; a cancel or the budget ends it."""
-        with _Watch(cancel, deadline) as watch:
-            stream = self._open(body, cancel, deadline, watch)
-            if stream is None:  # cancelled or out of budget before the engine answered
-                attempt.finish = cancel.reason if cancel.cancelled else "budget"
-                return
-            try:
-                for piece in stream.pieces():
-                    if piece.usage is not None:
-                        attempt.usage = piece.usage
-                    if piece.text:
-                        if not attempt.first_ns:
-                            attempt.first_ns, attempt.first_wall_ns = time.perf_counter_ns(), time.time_ns()
-                        attempt.chunks += 1
-                        attempt.raw += piece.text
-                        yield attempt.raw
-                        if ending.may_stop(attempt.raw):  # the rest would be cut: stop the engine
-                            attempt.closed_by = "stop"
-                            stream.close()
-                            break
-                    if piece.finish_reason is not None:
-                        attempt.finish = "length" if piece.finish_reason == "length" else "stop"
-                self.probe.note(True)
-            except (RemoteUnavailable, RemoteTimeout) as exc:
-                if not stream.closed:
-                    self.backoff.failed(exc.message)
-                    self.probe.note(False, exc.message)
-                raise
-            finally:
-                stream.release()
-        if attempt.closed_by is None and watch.fired is not None:
-            attempt.closed_by = watch.fired
-        if attempt.closed_by is not None:
-            attempt.finish = {"cancel": cancel.reason, "budget": "budget", "stop": "stop"}[attempt.closed_by]  # type: ignore[assignment]
-            self.stats.upstream_closed += 1
-
     def _open(self, body: dict[str, Any], cancel: CancelToken, deadline: int | None,
               watch: _Watch) -> UpstreamStream | None:
         """An open stream after up to ``1 + backend.retries`` tries, or None when cancelled or out
@@ -332,16 +309,15 @@ class RemoteEngine:
         tries = 1 + bc.retries
         for attempt in range(tries):
             wait = self.backoff.remaining()
-            if wait > 0:
-                if attempt == 0 or not _sleep(wait, cancel, deadline):
-                    if cancel.cancelled or _past(deadline):
-                        return None
-                    raise RemoteUnavailable(
-                        f"the engine at {self.endpoint.shown} is unreachable ({self.backoff.last_error}); "
-                        f"backing off, next try in {wait:.1f} s",
-                        hint="start or fix the engine; set backend.fallback_local to answer locally meanwhile")
+            if wait > 0 and attempt > 0:
+                _sleep(wait, cancel, deadline)
             if cancel.cancelled or _past(deadline):
                 return None
+            if wait > 0 and attempt == 0:
+                raise RemoteUnavailable(
+                    f"the engine at {self.endpoint.shown} is unreachable ({self.backoff.last_error}); "
+                    f"backing off, next try in {wait:.1f} s",
+                    hint="start or fix the engine; set backend.fallback_local to answer locally meanwhile")
             stream = UpstreamStream(self.endpoint, body, self._headers,
                                     connect_timeout_s=bc.connect_timeout_s, timeout_s=bc.timeout_s)
             watch.follow(stream)
@@ -419,15 +395,10 @@ def _past(deadline: int | None) -> bool:
     return deadline is not None and time.perf_counter_ns() >= deadline
 
 
-def _sleep(seconds: float, cancel: CancelToken, deadline: int | None) -> bool:
-    """Wait ``seconds`` unless cancelled or past the deadline (then False)."""
+def _sleep(seconds: float, cancel: CancelToken, deadline: int | None) -> None:
+    """Wait ``seconds``, or until cancelled or past the deadline."""
     end = time.monotonic() + seconds
-    while True:
-        if cancel.cancelled or _past(deadline):
-            return False
-        left = end - time.monotonic()
-        if left <= 0:
-            return True
+    while not cancel.cancelled and not _past(deadline) and (left := end - time.monotonic()) > 0:
         time.sleep(min(left, 0.01))
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -72,16 +73,13 @@ class UpstreamStream:
                 return
             raise RemoteTimeout(f"the engine at {self.endpoint.shown} did not answer within {self.timeout_s:g} s",
                                 hint="it may be overloaded; raise backend.timeout_s or check the engine") from None
-        except httpx.ConnectError as exc:
-            raise CouldNotConnect(failure_reason(exc)) from exc
-        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+        except httpx.TransportError as exc:   # the caller treats a stream closed meanwhile as cancelled
             if self.closed:
                 return
-            raise CouldNotConnect(f"the connection was dropped before an answer ({failure_reason(exc)})") from exc
-        except httpx.TransportError as exc:
-            if self.closed:
-                return
-            raise CouldNotConnect(failure_reason(exc)) from exc
+            why = failure_reason(exc)
+            if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)):
+                why = f"the connection was dropped before an answer ({why})"
+            raise CouldNotConnect(why) from exc
         self._resp = resp
         if resp.status_code != 200:
             raise _http_error(self.endpoint, resp)
@@ -131,9 +129,7 @@ class UpstreamStream:
                 raise RemoteUnavailable(f"the stream from {self.endpoint.shown} broke mid-completion "
                                         f"({failure_reason(exc)})", hint="the engine may have stopped; retry") from None
             if block is None:
-                if self.closed:
-                    return
-                if finished:
+                if self.closed or finished:
                     return
                 raise RemoteUnavailable(f"the engine at {self.endpoint.shown} closed the stream mid-completion",
                                         hint="the engine may have stopped or restarted; retry")
@@ -169,10 +165,8 @@ class UpstreamStream:
     def _shutdown(self) -> None:
         sock = self._sock
         if sock is not None:
-            try:
+            with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)  # wakes a read blocked on another thread
-            except OSError:
-                pass
 
     def release(self) -> None:
         """Free the connection (the reading thread, when done with it)."""
@@ -220,15 +214,13 @@ def _http_error(endpoint: Endpoint, resp: httpx.Response) -> RemoteHttpError:
     except (httpx.TransportError, httpx.StreamError):
         raw = b""
     detail = raw.decode("utf-8", "replace").strip()
-    try:
+    with contextlib.suppress(ValueError):
         obj = json.loads(raw)
         err = obj.get("error", obj.get("detail", obj.get("message"))) if isinstance(obj, dict) else None
         if isinstance(err, dict):
             err = err.get("message", err)
         if err is not None:
             detail = str(err)
-    except ValueError:
-        pass
     detail = detail[:300]
     hints = {
         401: "the engine wants an API key: set backend.api_key_env or backend.api_key_file",

@@ -23,8 +23,6 @@ class Ahead:
         self._lock = threading.Lock()
         self._pending: tuple[str, Callable[[CancelToken], object]] | None = None   # (after request id, work)
         self._running: CancelToken | None = None
-        self.runs = 0           # pieces of work started
-        self.preempted = 0      # of which cancelled by a request
 
     @property
     def pending(self) -> bool:
@@ -44,9 +42,8 @@ class Ahead:
         with self._lock:
             self._pending = None
             running = self._running
-        if running is not None and not running.cancelled:
+        if running is not None:
             running.supersede()
-            self.preempted += 1
 
     def run(self) -> None:
         """Run the pending work to its end or until :meth:`preempt`. Never raises: failures are
@@ -56,7 +53,6 @@ class Ahead:
             if pending is None:
                 return
             cancel = self._running = CancelToken()
-        self.runs += 1
         after, work = pending
         try:
             work(cancel)

@@ -75,9 +75,7 @@ def origin_ok(origin: str | None, allowed: Sequence[str]) -> bool:
 def host_header_ok(host_header: str | None, listening_on_loopback: bool) -> bool:
     """On loopback the ``Host`` header must name a loopback host (against DNS rebinding);
     anything goes when remote access is on (the token still applies)."""
-    if not listening_on_loopback:
-        return True
-    return host_is_loopback(host_header)
+    return not listening_on_loopback or host_is_loopback(host_header)
 
 
 def authorization_header(token: str) -> tuple[str, str]:

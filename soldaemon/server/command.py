@@ -28,7 +28,8 @@ from soldaemon.errors import AddressInUse, ConfigError, ModelError, OutOfMemory,
 from soldaemon.server.daemon import Daemon
 from soldaemon.server.gate import gated_connection
 from soldaemon.server.handshake import HandshakeGate
-from soldaemon.server.engine_loader import engine_loader, overridden
+from soldaemon.server.arguments import SERVE_OPTIONS, with_options
+from soldaemon.server.engine_loader import engine_loader
 from soldaemon.server.settings import ServerSettings
 
 if TYPE_CHECKING:
@@ -37,8 +38,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("soldaemon.server")
 
 
-async def serve(settings: ServerSettings, load: Callable[[], Engine], model_label: str,
-                *, ready_out: Any = None, port_fallback: bool = False) -> int:
+async def serve(settings: ServerSettings, load: Callable[[], Engine], model_label: str, *,
+                port_fallback: bool = False) -> int:
     """Run the daemon until SIGTERM/SIGINT; return the exit status. The port is bound before
     the slow model load so a taken port fails at once (``port_fallback`` takes a free one
     instead; the record names it). Raises :class:`SolError` for start-up problems."""
@@ -60,7 +61,7 @@ async def serve(settings: ServerSettings, load: Callable[[], Engine], model_labe
     def listen(port: int) -> Any:
         return ws_serve(
             daemon.handler, settings.host, port,
-            process_request=daemon.process_request, max_size=settings.max_message_bytes,
+            process_request=daemon.process_request, max_size=settings.limits.max_message_bytes,
             compression=None, server_header=f"soldaemon/{__version__}", max_queue=64,
             open_timeout=settings.handshake_timeout_s,
             create_connection=gated_connection(
@@ -110,7 +111,7 @@ async def serve(settings: ServerSettings, load: Callable[[], Engine], model_labe
         info = daemon.engine_info
         print(f"soldaemon ready on {url} model={info.get('model', model_label)} "
               f"device={info.get('device', '?')} token file: {settings.token_path}",
-              file=ready_out or sys.stdout, flush=True)
+              flush=True)
         idle_exit = asyncio.ensure_future(daemon.exit_when_unused(stop))
         try:
             await stop.wait()
@@ -190,7 +191,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
         except ValueError:
             raise ConfigError(f"SOLDAEMON_IDLE_EXIT_S: expected seconds, got {env_idle!r}") from None
     try:
-        config = overridden(config, args)
+        config = with_options(config, args, SERVE_OPTIONS)
         load, label = engine_loader(args, config)
         fallback = os.environ.get("SOLDAEMON_PORT_FALLBACK", "") == "1"
         return asyncio.run(serve(ServerSettings.from_config(config.server, config.completion), load, label,

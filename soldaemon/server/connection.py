@@ -1,12 +1,17 @@
 """One websocket connection: decode, rate limit, supersede and cancel its own jobs, and write
 frames in order through one writer task. It sees the daemon only through :class:`Hub`
-(:mod:`.daemon` imports this module, not the other way round)."""
+(:mod:`.daemon` imports this module, not the other way round).
+
+Sharing the daemon (queue order is :mod:`.fairqueue`): above half of ``max_in_flight`` a
+connection over its share is refused ``busy``, so a newcomer always gets in; ``high`` priority
+is the client's word, capped at :data:`MAX_HIGH_QUEUED` queued per connection."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import itertools
 import logging
 import time
@@ -17,21 +22,31 @@ from websockets.exceptions import ConnectionClosed
 
 from soldaemon.api import Delta, Done
 from soldaemon.errors import Busy, DuplicateId, RateLimited, SolError, UnknownId
-from soldaemon.server.fairness import allowed_priority, over_share, release_memory
+from soldaemon.protocol import (Cancel, ClientMessage, Complete, CompletionEvent, Debug, ErrorFrame, Health, Status,
+                                Warm, decode_client, encode_server, error_frame)
+from soldaemon.runtime.memory.heap import return_free_heap
 from soldaemon.server.metrics import Metrics
-from soldaemon.protocol import (Cancel, ClientMessage, Complete, CompletionEvent, Debug, ErrorFrame, Health, Limits,
-                                Status, Warm, decode_client, encode_server, error_frame)
 from soldaemon.server.settings import ServerSettings
 from soldaemon.server.worker import Job, JobKind, Worker
 
 log = logging.getLogger("soldaemon.server")
+
+MIN_SHARE = 4          # requests a connection may always hold above half load
+MAX_HIGH_QUEUED = 2    # high-priority requests queued per connection
+
+
+def over_share(conn_jobs: int, daemon_jobs: int, active_connections: int, max_in_flight: int) -> bool:
+    """True when a connection holding ``conn_jobs`` is over its share (``max_in_flight / 2 /
+    active_connections``, at least :data:`MIN_SHARE`); the caller checks the hard limits."""
+    if daemon_jobs < max_in_flight // 2:
+        return False
+    return conn_jobs >= max(MIN_SHARE, max_in_flight // 2 // max(1, active_connections))
 
 
 class Hub(Protocol):
     """What a connection uses of the shared :class:`soldaemon.server.daemon.Daemon`."""
 
     settings: ServerSettings
-    limits: Limits
     worker: Worker
     metrics: Metrics
     jobs: set[Job]
@@ -102,8 +117,9 @@ class Connection:
             while not self._outbox.empty():      # drop what the client never read
                 self._outbox.get_nowait()
             self._outbox_bytes = 0
-            if piled_up > 1024 * 1024:
-                release_memory()
+            if piled_up > 1024 * 1024:   # the unread frames must not stay in the process
+                gc.collect()
+                return_free_heap()
 
     def send(self, msg: Delta | Done | ErrorFrame | Status) -> None:
         """Queue a frame for the writer. A client with more than ``max_outbox_frames`` (or
@@ -144,7 +160,7 @@ class Connection:
         allowed = self._bucket.take()  # every frame counts, valid or not
         request_id: str | None = None
         try:
-            msg = decode_client(data, self.daemon.limits)
+            msg = decode_client(data, self.daemon.settings.limits)
             request_id = _message_id(msg)
             if not allowed:
                 raise RateLimited("too many messages on this connection; this one was dropped",
@@ -188,7 +204,7 @@ class Connection:
             if old.request.uri == req.uri and (kind == "complete" or old.kind == "warm"):
                 self.daemon.worker.supersede(old)
         high = sum(1 for j in self.jobs.values() if j.state == "queued" and j.request.priority == "high")
-        if req.priority == "high" and allowed_priority("high", high) != "high":
+        if req.priority == "high" and high >= MAX_HIGH_QUEUED:
             req = dataclasses.replace(req, priority="normal")
         job = Job.arrive(kind, req, self.deliver, owner=self.cid)
         self.jobs[req.id] = job

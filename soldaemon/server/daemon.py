@@ -43,7 +43,6 @@ class Daemon:
     def __init__(self, settings: ServerSettings, token: str, model_label: str,
                  loop: asyncio.AbstractEventLoop) -> None:
         self.settings = settings
-        self.limits = settings.limits
         self.token = token
         self.model_label = model_label
         self.machine: dict[str, Any] | None = None   # doctor.summarize() of the start-up checks
@@ -125,29 +124,23 @@ class Daemon:
 
     def _engine_stats(self) -> Mapping[str, Any]:
         engine = self.worker.engine
-        if engine is None:
-            return {}
-        return _safe_call(engine.diagnosis)
+        return _safe_call(engine.diagnosis) if engine is not None else {}
 
     def hello_body(self) -> dict[str, Any]:
         return {"protocol": PROTOCOL_VERSION, "daemon": __version__, "state": self.state,
                 "model": self.engine_info.get("model", self.model_label),
-                "limits": dataclasses.asdict(self.limits)}
+                "limits": dataclasses.asdict(self.settings.limits)}
 
     def health_body(self) -> dict[str, Any]:
         """The ``health`` status body and ``GET /healthz`` document."""
-        diagnosis: dict[str, Any] | None = None
-        counters: dict[str, Any] = {}
-        if self.worker.engine is not None:
-            raw = _safe_call(self.worker.engine.diagnosis)
-            diagnosis = {key: raw.get(key) for key in SOL_DIAGNOSIS_KEYS}
-            counters = {k: v for k, v in raw.items() if k not in SOL_DIAGNOSIS_KEYS}
+        engine = self.worker.engine
+        raw = _safe_call(engine.diagnosis) if engine is not None else {}
         return {
             "state": self.state, "protocol": PROTOCOL_VERSION, "daemon": __version__,
-            "sol_diagnosis": diagnosis,
+            "sol_diagnosis": {key: raw.get(key) for key in SOL_DIAGNOSIS_KEYS} if engine is not None else None,
             "device": self.engine_info.get("device"), "model": self.engine_info.get("model", self.model_label),
             "uptime_s": round(time.monotonic() - self._started, 3),
-            "engine": self.engine_info, "counters": counters,
+            "engine": self.engine_info, "counters": {k: v for k, v in raw.items() if k not in SOL_DIAGNOSIS_KEYS},
             "machine": self.machine,
             "load": dict(self._live()),
             "events": self.metrics.event_counts(),
@@ -157,11 +150,8 @@ class Daemon:
 
     def debug_body(self, parts: tuple[str, ...]) -> dict[str, Any]:
         """The engine's ``debug_snapshots()`` for ``parts``; empty objects when it has none."""
-        snapshots: Mapping[str, Any] = {}
-        engine = self.worker.engine
-        get = getattr(engine, "debug_snapshots", None)
-        if callable(get):
-            snapshots = _safe_call(get)
+        get = getattr(self.worker.engine, "debug_snapshots", None)
+        snapshots = _safe_call(get) if callable(get) else {}
         return {part: snapshots.get(part) or {} for part in parts}
 
     def process_request(self, conn: ServerConnection, request: Request) -> Response | None:

@@ -15,17 +15,6 @@ if TYPE_CHECKING:
     from soldaemon.config import Config
 
 
-def overridden(config: Config, args: argparse.Namespace) -> Config:
-    """``config`` with the command line's ``serve`` options applied."""
-    overrides: dict[str, object] = {}
-    for arg, key in (("host", "server.host"), ("port", "server.port"), ("model", "model.path"),
-                     ("allow_remote", "server.allow_remote"), ("idle_exit_s", "server.idle_exit_s")):
-        value = getattr(args, arg, None)
-        if value is not None:
-            overrides[key] = value
-    return config.with_overrides(overrides, source="command line") if overrides else config
-
-
 def engine_loader(args: argparse.Namespace, config: Config) -> tuple[Callable[[], Engine], str]:
     """``(loader, label)``: the engine's loader (run later, on the worker thread), its log label."""
     spec = getattr(args, "engine", None)

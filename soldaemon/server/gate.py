@@ -1,6 +1,6 @@
 """A websocket connection class that counts each socket in a
 :class:`~soldaemon.server.handshake.HandshakeGate` from the TCP accept until its opening
-handshake ends. ``serve(..., create_connection=gated_connection(gate))``."""
+handshake ends. ``serve(..., create_connection=gated_connection(gate, on_evict))``."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ from websockets.asyncio.server import ServerConnection
 from soldaemon.server.handshake import HandshakeGate
 
 
-def gated_connection(gate: HandshakeGate[Any],
-                     on_evict: Callable[[str], None] | None = None) -> type[ServerConnection]:
+def gated_connection(gate: HandshakeGate[Any], on_evict: Callable[[str], None]) -> type[ServerConnection]:
     """A :class:`ServerConnection` subclass bound to ``gate``; ``on_evict`` gets the peer of each
     handshake the bounds close."""
 
@@ -23,8 +22,7 @@ def gated_connection(gate: HandshakeGate[Any],
             peer = transport.get_extra_info("peername")
             host = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
             for victim in gate.admit(self, host):
-                if on_evict is not None:
-                    on_evict(host)
+                on_evict(host)
                 victim.transport.abort()
 
         async def handshake(self, *args: Any, **kwargs: Any) -> None:

@@ -47,22 +47,22 @@ def host_is_loopback(value: str | None) -> bool:
     return host is not None and is_loopback_host(host)
 
 
+REFUSAL_LOG_S = 10.0
+
+
 class RefusalLog:
     """Logs a reason's first refusal at once, then at most one line per reason and
-    ``interval_s`` with the count since, so a flood of bad handshakes costs a few lines."""
+    :data:`REFUSAL_LOG_S` with the count since, so a flood of bad handshakes costs a few lines."""
 
-    def __init__(self, emit: Callable[[str], None], interval_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, emit: Callable[[str], None]) -> None:
         self._emit = emit
-        self._interval = interval_s
-        self._clock = clock
         self._last: dict[str, float] = {}       # reason → when it was last logged
         self._pending: dict[str, int] = {}      # reason → refusals not logged since
 
     def refused(self, reason: str, detail: str = "") -> None:
-        now = self._clock()
+        now = time.monotonic()
         last = self._last.get(reason)
-        if last is not None and now - last < self._interval:
+        if last is not None and now - last < REFUSAL_LOG_S:
             self._pending[reason] = self._pending.get(reason, 0) + 1
             return
         more = self._pending.pop(reason, 0)

@@ -11,47 +11,37 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from soldaemon.api import Done, Timings
+from soldaemon.api import Done
 
 # seconds; batch-1 TTFT lives between a few ms (GPU, cached) and seconds (CPU)
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
 E2E_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 
 
-class _EngineCollector(Collector):
-    """Reads the engine's counters and the running KV hit ratio at scrape time."""
+class _ReadCollector(Collector):
+    """The metrics read at scrape time: the engine's counters, the running KV hit ratio, and
+    ``sol_accept_rate`` only once a client reported a shown event (many never send one, and 0
+    there would be a lie)."""
 
     def __init__(self, metrics: Metrics, engine_stats: Callable[[], Mapping[str, Any]]) -> None:
         self._metrics = metrics
         self._engine_stats = engine_stats
 
     def collect(self) -> Iterator[Metric]:
-        stats = self._engine_stats()
         fallback = CounterMetricFamily(
             "sol_fallback", "Prefetches not ready in time: the synchronous path was taken (engine).")
-        fallback.add_metric([], float(stats.get("fallback_count", 0) or 0))
+        fallback.add_metric([], float(self._engine_stats().get("fallback_count", 0) or 0))
         yield fallback
         ratio = GaugeMetricFamily(
             "sol_kv_cache_hit_ratio", "Prompt tokens whose KV was reused / all prompt tokens, since start.")
         ratio.add_metric([], self._metrics.kv_hit_ratio())
         yield ratio
-
-
-class _AcceptRateCollector(Collector):
-    """``sol_accept_rate``, exported only once a client reported a shown event: many clients
-    never send one, and 0 there would be a lie."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self._metrics = metrics
-
-    def collect(self) -> Iterator[Metric]:
         rate = self._metrics.accept_rate()
-        if rate is None:
-            return
-        gauge = GaugeMetricFamily("sol_accept_rate", "Accepted / shown completions since start, counting "
-                                  "only clients that report shown events (absent before the first).")
-        gauge.add_metric([], rate)
-        yield gauge
+        if rate is not None:
+            gauge = GaugeMetricFamily("sol_accept_rate", "Accepted / shown completions since start, counting "
+                                      "only clients that report shown events (absent before the first).")
+            gauge.add_metric([], rate)
+            yield gauge
 
 
 class Metrics:
@@ -84,8 +74,7 @@ class Metrics:
                           ("connections", "Open websocket connections.")):
             gauge = Gauge(f"sol_{name}", doc, registry=r)
             gauge.set_function(lambda name=name: float(live().get(name, 0)))  # type: ignore[misc]
-        r.register(_EngineCollector(self, engine_stats))
-        r.register(_AcceptRateCollector(self))
+        r.register(_ReadCollector(self, engine_stats))
         self._prompt_total = 0
         self._cached_total = 0
 
@@ -94,13 +83,18 @@ class Metrics:
 
     def record_done(self, kind: str, done: Done) -> None:
         """Count a request that ended with ``done`` (histograms: completions only)."""
+        t = done.timings
         self.requests.labels(kind, done.finish_reason).inc()
-        self._count_tokens(done.timings)
+        self.prompt_tokens.inc(t.prompt_tokens)
+        self.cached_tokens.inc(t.cached_tokens)
+        self.generated_tokens.inc(t.generated_tokens)
+        self._prompt_total += t.prompt_tokens
+        self._cached_total += t.cached_tokens
         if kind == "complete":
-            if done.timings.generated_tokens > 0 and done.timings.ttft_ms > 0:
-                self.ttft.observe(done.timings.ttft_ms / 1000.0)
+            if t.generated_tokens > 0 and t.ttft_ms > 0:
+                self.ttft.observe(t.ttft_ms / 1000.0)
             if done.finish_reason in ("stop", "length", "budget"):
-                self.e2e.observe(done.timings.total_ms / 1000.0)
+                self.e2e.observe(t.total_ms / 1000.0)
 
     def record_error(self, kind: str, code: str) -> None:
         """Count a request that ended with an error frame."""
@@ -128,13 +122,6 @@ class Metrics:
         rate = self.accept_rate()
         counts["accept_rate"] = round(rate, 4) if rate is not None else None
         return counts
-
-    def _count_tokens(self, t: Timings) -> None:
-        self.prompt_tokens.inc(t.prompt_tokens)
-        self.cached_tokens.inc(t.cached_tokens)
-        self.generated_tokens.inc(t.generated_tokens)
-        self._prompt_total += t.prompt_tokens
-        self._cached_total += t.cached_tokens
 
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition and its content type."""

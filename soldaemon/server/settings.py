@@ -3,12 +3,12 @@ show."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from soldaemon.paths import state_dir
-from soldaemon.protocol import Limits
+from soldaemon.protocol import DEFAULT_LIMITS, Limits
 
 if TYPE_CHECKING:
     from soldaemon.config import CompletionConfig, ServerConfig
@@ -25,7 +25,6 @@ class ServerSettings:
     allow_remote: bool = False
     allowed_origins: tuple[str, ...] = ()
     token_path: Path = field(default_factory=lambda: state_dir() / "token")
-    max_message_bytes: int = 1_048_576             # one frame, bytes
     rate_limit_per_s: float = 200.0                # frames/s per connection; burst = 2×
     drain_timeout_s: float = 5.0                   # s
     max_in_flight_per_connection: int = 32
@@ -37,28 +36,15 @@ class ServerSettings:
     max_handshakes: int = 64                       # handshakes in progress; past it the oldest is closed
     max_handshakes_per_peer: int = 16              # the same, per peer address
     idle_exit_s: float = 0.0                       # s without a connection before exiting; 0: never
-    # defaults for fields a complete message leaves out (config completion:)
-    default_max_tokens: int = 128
-    default_budget_ms: float | None = None
-    default_multiline: str = "auto"
-    default_temperature: float = 0.0
-    default_top_p: float = 1.0
+    # the frame size limit, and the defaults of fields a complete message leaves out (config completion:)
+    limits: Limits = DEFAULT_LIMITS
 
     @classmethod
-    def from_config(cls, server: ServerConfig, completion: CompletionConfig | None = None) -> ServerSettings:
-        settings = cls(host=server.host, port=server.port, allow_remote=server.allow_remote,
-                       allowed_origins=tuple(server.allowed_origins), token_path=server.token_path(),
-                       max_message_bytes=server.max_message_bytes, rate_limit_per_s=server.rate_limit_per_s,
-                       drain_timeout_s=server.drain_timeout_s, idle_exit_s=server.idle_exit_s)
-        if completion is None:
-            return settings
-        return replace(settings, default_max_tokens=completion.max_tokens, default_budget_ms=completion.budget_ms,
-                       default_multiline=completion.multiline, default_temperature=completion.temperature,
-                       default_top_p=completion.top_p)
-
-    @property
-    def limits(self) -> Limits:
-        return Limits(max_message_bytes=self.max_message_bytes, default_max_tokens=self.default_max_tokens,
-                      default_budget_ms=self.default_budget_ms, default_multiline=self.default_multiline,
-                      default_temperature=self.default_temperature, default_top_p=self.default_top_p)
-
+    def from_config(cls, server: ServerConfig, completion: CompletionConfig) -> ServerSettings:
+        limits = Limits(max_message_bytes=server.max_message_bytes, default_max_tokens=completion.max_tokens,
+                        default_budget_ms=completion.budget_ms, default_multiline=completion.multiline,
+                        default_temperature=completion.temperature, default_top_p=completion.top_p)
+        return cls(host=server.host, port=server.port, allow_remote=server.allow_remote,
+                   allowed_origins=tuple(server.allowed_origins), token_path=server.token_path(),
+                   rate_limit_per_s=server.rate_limit_per_s, drain_timeout_s=server.drain_timeout_s,
+                   idle_exit_s=server.idle_exit_s, limits=limits)

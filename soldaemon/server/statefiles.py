@@ -18,10 +18,10 @@ def ensure_state_dir(path: Path | None = None) -> Path:
     return make_private_dir(path or state_dir())
 
 
-def write_private(path: Path, text: str, *, overwrite: bool = True) -> bool:
+def write_private(path: Path, text: str, *, overwrite: bool = True) -> None:
     """Write ``text`` to ``path`` (0600) through a fresh private temporary file (``O_EXCL |
     O_NOFOLLOW``: never an existing file or a planted link), fsynced, then renamed over ``path``;
-    ``overwrite=False`` links it instead and leaves a file already there (returns False)."""
+    ``overwrite=False`` links it instead and leaves a file already there."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
@@ -31,12 +31,9 @@ def write_private(path: Path, text: str, *, overwrite: bool = True) -> bool:
             os.fsync(f.fileno())
         if overwrite:
             os.replace(tmp, path)
-            return True
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return False
-        return True
+        else:
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()

@@ -58,10 +58,11 @@ class Job:
         """Milliseconds since arrival."""
         return (time.perf_counter_ns() - self.request.received_ns) / 1e6
 
-    def timings_without_engine(self) -> Timings:
-        """Timings for a job that ended before the engine saw it: all queue time."""
+    def ended(self, reason: FinishReason) -> Done:
+        """The ``Done`` of a job that ended without the engine's answer: its timings all queue time."""
         now = time.perf_counter_ns()
-        return Clock(self.request.received_ns, self.arrival_ns, now).timings(first_ns=None, end_ns=now)
+        return Done(self.id, (), reason, Clock(self.request.received_ns, self.arrival_ns, now).timings(
+            first_ns=None, end_ns=now))
 
 
 class Worker:
@@ -124,7 +125,7 @@ class Worker:
                 self._queued -= 1
         stop()
         if was_queued:
-            job.deliver(job, Done(job.id, (), job.cancel.reason, job.timings_without_engine()))
+            job.deliver(job, job.ended(job.cancel.reason))
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the thread after its current job (call once every job was withdrawn)."""
@@ -169,7 +170,7 @@ class Worker:
         queue_ms = job.age_ms()
         req = job.request
         if req.budget_ms is not None and queue_ms >= req.budget_ms:  # spent waiting: skip the prefill
-            self._post(job.deliver, job, Done(job.id, (), "budget", job.timings_without_engine()))
+            self._post(job.deliver, job, job.ended("budget"))
             return
         try:
             if job.kind == "warm":
@@ -181,7 +182,8 @@ class Worker:
             try:
                 for event in events:
                     if isinstance(event, Done):
-                        self._post(job.deliver, job, self._final(job, event, queue_ms))
+                        timings = _with_arrival(event.timings, job, queue_ms)
+                        self._post(job.deliver, job, dataclasses.replace(event, id=job.id, timings=timings))
                         if not job.cancel.cancelled:
                             self.ahead.offer(engine, req, event)
                         return
@@ -195,16 +197,11 @@ class Worker:
         except Exception as exc:
             if job.cancel.cancelled:
                 log.debug("request %s raised after cancel: %r", job.id, exc)
-                done = Done(job.id, (), job.cancel.reason, job.timings_without_engine())
-                self._post(job.deliver, job, done)
+                self._post(job.deliver, job, job.ended(job.cancel.reason))
             else:
                 if not isinstance(exc, SolError):
                     log.exception("engine failed on request %s", job.id)
                 self._post(job.deliver, job, error_frame(exc, job.id))
-
-    @staticmethod
-    def _final(job: Job, done: Done, queue_ms: float) -> Done:
-        return dataclasses.replace(done, id=job.id, timings=_with_arrival(done.timings, job, queue_ms))
 
 
 def _with_arrival(t: Timings, job: Job, queue_ms: float) -> Timings:
