@@ -344,6 +344,6 @@ def test_a_line_at_column_0_inside_a_docstring_starts_no_window() -> None:
     ("s = 'unclosed (\nt = 1", 0),             # an unclosed one-line string ends at its line
 ])
 def test_open_brackets_skip_strings_and_comments(text: str, depth: int) -> None:
-    from soldaemon.pipeline.ending.parsed import _open_brackets
+    from soldaemon.pipeline.ending.parsed import _scan
 
-    assert _open_brackets(text) == depth
+    assert _scan(text)[0] == depth

@@ -12,6 +12,7 @@ from transformers import PreTrainedTokenizerFast
 from soldaemon import fim
 from soldaemon.api import DOCUMENT_GRAIN, ContextChunk, document_window
 from soldaemon.errors import NoFimTokens
+from soldaemon.fim.windows import fit_prefix, fit_suffix
 
 QWEN_SPECIALS = [
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|fim_prefix|>", "<|fim_middle|>",
@@ -446,18 +447,26 @@ def numbered(n: int, start: int = 0) -> str:
     return "".join(f"row {i:04d} = value\n" for i in range(start, start + n))  # 17 tokens
 
 
+def window_prefix(prefix: str, tokenizer: PreTrainedTokenizerFast, max_tokens: int, grain_lines: int = 16) -> str:
+    return fit_prefix(prefix, tokenizer, max_tokens, grain_lines, lambda t: fim.encode_text(tokenizer, t))[0]
+
+
+def window_suffix(suffix: str, tokenizer: PreTrainedTokenizerFast, max_tokens: int) -> str:
+    return fit_suffix(suffix, tokenizer, max_tokens, lambda t: fim.encode_text(tokenizer, t))[0]
+
+
 def test_window_prefix_whole_when_it_fits(qwen: PreTrainedTokenizerFast) -> None:
     text = numbered(10) + "x = "
-    assert fim.window_prefix(text, qwen, 1000) == text
+    assert window_prefix(text, qwen, 1000) == text
 
 
 def test_window_prefix_zero_budget(qwen: PreTrainedTokenizerFast) -> None:
-    assert fim.window_prefix("abc\ndef", qwen, 0) == ""
+    assert window_prefix("abc\ndef", qwen, 0) == ""
 
 
 def test_window_prefix_cuts_on_the_grid(qwen: PreTrainedTokenizerFast) -> None:
     text = numbered(200) + "    result = "  # 200 * 17 + 13 tokens
-    out = fim.window_prefix(text, qwen, 1024)
+    out = window_prefix(text, qwen, 1024)
     # 59 lines (1003 tokens) + the cursor line fit; the grid (16) rounds the
     # cut up from line 141 to line 144.
     assert out == numbered(56, start=144) + "    result = "
@@ -471,7 +480,7 @@ def test_window_prefix_is_stable_while_typing(qwen: PreTrainedTokenizerFast) -> 
     typed = ""
     for ch in "result = compute(alpha, beta, gamma) + other_function_name(delta) * 2" * 4:
         typed += ch
-        out = fim.window_prefix(base + typed, qwen, budget)
+        out = window_prefix(base + typed, qwen, budget)
         assert out.endswith(typed)
         assert len(fim.encode_text(qwen, out)) <= budget
         cut_line = (base + typed)[: len(base + typed) - len(out)].count("\n")
@@ -489,44 +498,44 @@ def test_window_prefix_is_stable_while_typing(qwen: PreTrainedTokenizerFast) -> 
 
 def test_window_prefix_new_lines_do_not_move_the_cut(qwen: PreTrainedTokenizerFast) -> None:
     base = numbered(120)
-    first = fim.window_prefix(base + "a = 1", qwen, 1024)
-    second = fim.window_prefix(base + "a = 1\nb", qwen, 1024)
+    first = window_prefix(base + "a = 1", qwen, 1024)
+    second = window_prefix(base + "a = 1\nb", qwen, 1024)
     assert second.startswith(first)
 
 
 def test_window_prefix_long_last_line_cut_inside(qwen: PreTrainedTokenizerFast) -> None:
     text = "first\n" + "x" * 50
-    out = fim.window_prefix(text, qwen, 20)
+    out = window_prefix(text, qwen, 20)
     assert out == "x" * 20
 
 
 def test_window_prefix_small_budget_lowers_the_grain(qwen: PreTrainedTokenizerFast) -> None:
     text = numbered(40) + "y"
-    out = fim.window_prefix(text, qwen, 100)  # grain 1: 5 lines (85 tokens) + "y"
+    out = window_prefix(text, qwen, 100)  # grain 1: 5 lines (85 tokens) + "y"
     assert out == numbered(5, start=35) + "y"
 
 
 def test_window_prefix_custom_grain(qwen: PreTrainedTokenizerFast) -> None:
     text = numbered(400) + "z"
-    out = fim.window_prefix(text, qwen, 4096, grain_lines=50)
+    out = window_prefix(text, qwen, 4096, grain_lines=50)
     assert out == numbered(200, start=200) + "z"  # 240 lines would fit: from 160
 
 
 def test_window_suffix_keeps_whole_lines_from_the_start(qwen: PreTrainedTokenizerFast) -> None:
     text = ")\n" + numbered(100)
-    out = fim.window_suffix(text, qwen, 100)
+    out = window_suffix(text, qwen, 100)
     assert out == ")\n" + numbered(5)  # 2 + 5 * 17 = 87 tokens; 6 lines: 104
-    assert fim.window_suffix(text, qwen, 10_000) == text
-    assert fim.window_suffix(text, qwen, 0) == ""
+    assert window_suffix(text, qwen, 10_000) == text
+    assert window_suffix(text, qwen, 0) == ""
 
 
 def test_window_suffix_long_first_line_cut_inside(qwen: PreTrainedTokenizerFast) -> None:
-    assert fim.window_suffix("y" * 50 + "\nz\n", qwen, 7) == "y" * 7
+    assert window_suffix("y" * 50 + "\nz\n", qwen, 7) == "y" * 7
 
 
 def test_window_unicode(qwen: PreTrainedTokenizerFast) -> None:
     text = "".join(f"# 日本語 {i}\n" for i in range(50)) + "s = '"
-    out = fim.window_prefix(text, qwen, 200)
+    out = window_prefix(text, qwen, 200)
     assert len(fim.encode_text(qwen, out)) <= 200
     assert out.endswith("s = '") and (out.startswith("# ") or out == "s = '")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
@@ -46,9 +45,7 @@ class MemoryBudget:
         if isinstance(value, int):
             return cls(mb=value)
         if isinstance(value, float):
-            if not math.isfinite(value) or not 0.0 < value <= 1.0:
-                raise ValueError("a plain float must be a fraction in (0, 1]")
-            return cls(fraction=value)
+            return cls(fraction=value)      # __post_init__ refuses one outside (0, 1], nan and inf too
         if isinstance(value, str):
             match = _SIZE_RE.fullmatch(value)
             if match is None:
@@ -67,13 +64,6 @@ class MemoryBudget:
             return self.mb * _MIB
         assert self.fraction is not None
         return int(total_bytes * self.fraction)
-
-    def to_yaml(self) -> int | float:
-        """The value that parses back to this budget."""
-        if self.mb is not None:
-            return self.mb
-        assert self.fraction is not None
-        return self.fraction
 
     def __str__(self) -> str:
         if self.mb is not None:

@@ -44,11 +44,9 @@ class Config:
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain YAML-able data; ``config_from_dict(c.to_dict())`` is ``c`` but for ``source``."""
-        out: dict[str, dict[str, Any]] = {}
-        for name in SECTIONS:
-            section = getattr(self, name)
-            out[name] = {f.name: _plain(getattr(section, f.name)) for f in dataclasses.fields(section)}
-        return out
+        sections = {name: getattr(self, name) for name in SECTIONS}
+        return {name: {f.name: _plain(getattr(section, f.name)) for f in dataclasses.fields(section)}
+                for name, section in sections.items()}
 
     def with_overrides(
         self, overrides: Mapping[str, object], source: str = "<overrides>"
@@ -78,21 +76,14 @@ def _plain(value: object) -> object:
         return str(value)
     if isinstance(value, tuple):
         return [_plain(v) for v in value]
-    if isinstance(value, MemoryBudget):
-        return value.to_yaml()
+    if isinstance(value, MemoryBudget):     # what parses back to it
+        return value.mb if value.mb is not None else value.fraction
     return value
 
 
 def _show(value: object) -> str:
     """A value as the user wrote it (YAML-ish), truncated."""
-    if value is None:
-        text = "null"
-    elif isinstance(value, bool):
-        text = "true" if value else "false"
-    elif isinstance(value, str):
-        text = json.dumps(value)
-    else:
-        text = repr(value)
+    text = json.dumps(value) if value is None or isinstance(value, (bool, str)) else repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -125,13 +116,8 @@ class _Problems:
 
     def unknown(self, dotted: str, key: object, known: list[str], elsewhere: list[str]) -> None:
         name = str(key)
-        close = difflib.get_close_matches(name, known, n=1)
-        if close:
-            tip = f"; did you mean '{close[0]}'?"
-        elif elsewhere:
-            tip = f"; did you mean '{elsewhere[0]}'?"
-        else:
-            tip = f"; known keys here: {', '.join(known)}"
+        guess = difflib.get_close_matches(name, known, n=1) or elsewhere
+        tip = f"; did you mean '{guess[0]}'?" if guess else f"; known keys here: {', '.join(known)}"
         self.items.append(f"{self.where(dotted)}: {dotted}: unknown key {_show(key)}{tip}")
 
     def raise_if_any(self) -> None:
@@ -152,13 +138,8 @@ RETIRED: dict[str, str] = {
 
 def _elsewhere(key: str, exclude: str | None) -> list[str]:
     """Dotted names of sections or keys elsewhere that are exactly ``key``."""
-    found: list[str] = []
-    for name, cls in SECTIONS.items():
-        if name == exclude:
-            continue
-        if key in {f.name for f in dataclasses.fields(cls)}:
-            found.append(f"{name}.{key}")
-    return found
+    return [f"{name}.{key}" for name, cls in SECTIONS.items()
+            if name != exclude and key in {f.name for f in dataclasses.fields(cls)}]
 
 
 def _build_section(

@@ -36,9 +36,7 @@ def int_in(lo: int, hi: int | None = None) -> Check:
     expected = f"an integer in {lo}..{hi}" if hi is not None else f"an integer >= {lo}"
 
     def check(value: object, _base: Path | None) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise Bad(expected)
-        if value < lo or (hi is not None and value > hi):
+        if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
             raise Bad(expected)
         return value
 
@@ -54,28 +52,21 @@ def int_or_auto(lo: int, hi: int | None = None) -> Check:
             return "auto"
         try:
             return inner(value, base)
-        except Bad:
-            raise Bad(f'"auto" or an integer in {lo}..{hi}' if hi is not None
-                       else f'"auto" or an integer >= {lo}') from None
+        except Bad as bad:
+            raise Bad('"auto" or ' + bad.expected) from None
 
     return check
 
 
 def float_in(lo: float, *, lo_open: bool = False, hi: float | None = None) -> Check:
     """A finite number ``> lo`` (``lo_open``) or ``>= lo``, and ``<= hi`` when given."""
-    low = f"> {lo:g}" if lo_open else f">= {lo:g}"
-    if hi is None:
-        expected = f"a number {low}"
-    else:
-        expected = f"a number {low} and <= {hi:g}"
+    expected = f"a number {'>' if lo_open else '>='} {lo:g}" + (f" and <= {hi:g}" if hi is not None else "")
 
     def check(value: object, _base: Path | None) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise Bad(expected)
         number = float(value)
-        if not math.isfinite(number):
-            raise Bad(expected)
-        if number < lo or (lo_open and number == lo) or (hi is not None and number > hi):
+        if not math.isfinite(number) or number < lo or (lo_open and number == lo) or (hi is not None and number > hi):
             raise Bad(expected)
         return number
 

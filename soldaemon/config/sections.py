@@ -3,7 +3,7 @@ default and its check. docs/config.md describes every key and why it is there.""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 

@@ -6,20 +6,16 @@ Every function is pure given the tokenizer (a caller may lend a :class:`WindowMe
 
 from __future__ import annotations
 
-from soldaemon.fim.comments import DEFAULT_LINE_COMMENT, comment_header
+from soldaemon.fim.comments import comment_header
 from soldaemon.fim.encoding import encode_text
 from soldaemon.fim.layout import build_prompt
 from soldaemon.fim.outline import below_outline, fit_outlines, scope_outline
-from soldaemon.fim.prompt import (Budget, FimPrompt, Place, heal_token, heal_tokens, lead_reserve, line_anchor,
-                                  make_prompt)
-from soldaemon.fim.templates import SUPPORTED_FAMILIES, Family, FimOrder, FimTemplate, detect_template
-from soldaemon.fim.windows import WindowMemo, window_prefix, window_suffix
+from soldaemon.fim.prompt import Budget, FimPrompt, Place, heal_tokens, lead_reserve, line_anchor, make_prompt
+from soldaemon.fim.templates import FimOrder, FimTemplate, detect_template
+from soldaemon.fim.windows import WindowMemo
 
 __all__ = [
     "Budget",
-    "DEFAULT_LINE_COMMENT",
-    "SUPPORTED_FAMILIES",
-    "Family",
     "FimOrder",
     "FimPrompt",
     "FimTemplate",
@@ -31,12 +27,9 @@ __all__ = [
     "detect_template",
     "encode_text",
     "fit_outlines",
-    "heal_token",
     "heal_tokens",
     "lead_reserve",
     "line_anchor",
     "make_prompt",
     "scope_outline",
-    "window_prefix",
-    "window_suffix",
 ]

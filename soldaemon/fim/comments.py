@@ -4,35 +4,23 @@ separator token."""
 from __future__ import annotations
 
 # Line-comment markers by LSP language id; block markers for the rest.
-_LINE_COMMENT: dict[str, str] = {}
-for _lang in (
-    "python", "ruby", "shellscript", "sh", "bash", "zsh", "perl", "r", "yaml", "toml",
-    "dockerfile", "makefile", "powershell", "coffeescript", "elixir", "julia", "nim",
-    "cmake", "nix", "graphql", "tcl",
-):
-    _LINE_COMMENT[_lang] = "#"
-for _lang in (
-    "c", "cpp", "csharp", "java", "javascript", "javascriptreact", "typescript",
-    "typescriptreact", "go", "rust", "swift", "kotlin", "scala", "dart", "php",
-    "objective-c", "objective-cpp", "groovy", "zig", "jsonc", "fsharp", "proto",
-    "solidity", "scss", "less", "d", "vala", "verilog", "systemverilog", "glsl", "hlsl",
-    "cuda", "cuda-cpp",
-):
-    _LINE_COMMENT[_lang] = "//"
-for _lang in ("sql", "lua", "haskell", "elm", "ada", "plsql", "purescript", "vhdl"):
-    _LINE_COMMENT[_lang] = "--"
-for _lang in ("clojure", "lisp", "scheme", "racket", "commonlisp", "ini", "asm"):
-    _LINE_COMMENT[_lang] = ";"
-for _lang in ("latex", "tex", "erlang", "matlab", "prolog"):
-    _LINE_COMMENT[_lang] = "%"
-_LINE_COMMENT["vb"] = "'"
-_LINE_COMMENT["fortran"] = "!"
+_LINE_COMMENT: dict[str, str] = {lang: marker for marker, langs in (
+    ("#", ("python", "ruby", "shellscript", "sh", "bash", "zsh", "perl", "r", "yaml", "toml",
+           "dockerfile", "makefile", "powershell", "coffeescript", "elixir", "julia", "nim",
+           "cmake", "nix", "graphql", "tcl")),
+    ("//", ("c", "cpp", "csharp", "java", "javascript", "javascriptreact", "typescript",
+            "typescriptreact", "go", "rust", "swift", "kotlin", "scala", "dart", "php",
+            "objective-c", "objective-cpp", "groovy", "zig", "jsonc", "fsharp", "proto",
+            "solidity", "scss", "less", "d", "vala", "verilog", "systemverilog", "glsl", "hlsl",
+            "cuda", "cuda-cpp")),
+    ("--", ("sql", "lua", "haskell", "elm", "ada", "plsql", "purescript", "vhdl")),
+    (";", ("clojure", "lisp", "scheme", "racket", "commonlisp", "ini", "asm")),
+    ("%", ("latex", "tex", "erlang", "matlab", "prolog")),
+    ("'", ("vb",)),
+    ("!", ("fortran",)),
+) for lang in langs}
 _BLOCK_COMMENT: dict[str, tuple[str, str]] = {
-    "html": ("<!--", "-->"),
-    "xml": ("<!--", "-->"),
-    "markdown": ("<!--", "-->"),
-    "vue": ("<!--", "-->"),
-    "svelte": ("<!--", "-->"),
+    **dict.fromkeys(("html", "xml", "markdown", "vue", "svelte"), ("<!--", "-->")),
     "css": ("/*", "*/"),
     "ocaml": ("(*", "*)"),
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -36,20 +37,14 @@ def encode_text(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     bad = {tid for _, tid in present}
     if not bad.intersection(ids):
         return ids
-    cuts: set[int] = set()
-    for content, _ in present:
-        start = text.find(content)
-        while start >= 0:
-            cuts.add(start + 1)
-            start = text.find(content, start + 1)
+    # a cut one character into every occurrence, overlapping ones too
+    cuts = {m.start() + 1 for content, _ in present for m in re.finditer(f"(?={re.escape(content)})", text)}
+    bounds = [0, *sorted(cuts), len(text)]
     out: list[int] = []
-    last = 0
-    for cut in sorted(cuts) + [len(text)]:
-        piece = text[last:cut]
-        last = cut
-        if piece:
-            penc = tokenizer(piece, add_special_tokens=False, split_special_tokens=True)
-            out.extend(int(i) for i in penc["input_ids"])
+    for a, b in zip(bounds, bounds[1:]):
+        if a < b:
+            piece = tokenizer(text[a:b], add_special_tokens=False, split_special_tokens=True)
+            out.extend(int(i) for i in piece["input_ids"])
     return out
 
 

@@ -26,18 +26,13 @@ def _encode_no_dummy(template: FimTemplate, tokenizer: Any, text: str) -> list[i
     return encode_text(tokenizer, text)
 
 
-def prefix_encoder(template: FimTemplate, tokenizer: Any) -> Callable[[str], list[int]]:
-    """The encoder for the first text after the PRE token."""
+def encoders(template: FimTemplate, tokenizer: Any) -> tuple[Callable[[str], list[int]], Callable[[str], list[int]]]:
+    """The encoders for the first text after the PRE token and for text that follows other tokens
+    (suffix, later pieces): two distinct functions."""
     if template.family == "codellama":
-        return lambda text: _encode_no_dummy(template, tokenizer, " " + text)
-    return lambda text: encode_text(tokenizer, text)
-
-
-def plain_encoder(template: FimTemplate, tokenizer: Any) -> Callable[[str], list[int]]:
-    """The encoder for text that follows other tokens (suffix, later pieces)."""
-    if template.family == "codellama":
-        return lambda text: _encode_no_dummy(template, tokenizer, text)
-    return lambda text: encode_text(tokenizer, text)
+        return (lambda text: _encode_no_dummy(template, tokenizer, " " + text),
+                lambda text: _encode_no_dummy(template, tokenizer, text))
+    return lambda text: encode_text(tokenizer, text), lambda text: encode_text(tokenizer, text)
 
 
 def build_prompt(
@@ -63,9 +58,7 @@ def build_prompt(
         bool(chunks) or current_path is not None or repo_name is not None
     )
     if not repo_level:
-        head: list[int] = []
-        for _, code in chunks:
-            head.extend(code)
+        head = [t for _, code in chunks for t in code]
         ids.extend(_fim_body(template, head, prefix_ids, suffix_ids, order, lead_ids))
         return ids
 

@@ -46,17 +46,7 @@ def scope_outline(prefix: str, n_cut: int, suffix: str, *, near_lines: int = 12)
     if cut_lines <= 0:
         return []
     in_string = _string_lines(lines[:cut_lines])
-    pri: dict[int, int] = {}
-    cursor = lines[-1]
-    limit = _indent_width(cursor) if cursor.strip() else len(cursor.expandtabs(4))
-    for i in range(len(lines) - 2, -1, -1):
-        if limit == 0:
-            break
-        line = lines[i]
-        if line.strip() and _indent_width(line) < limit and not (i < cut_lines and i in in_string):
-            limit = _indent_width(line)
-            if i < cut_lines and _looks_like_header(line):
-                pri[i] = 0
+    pri = {i: 0 for i, _, _ in _enclosing(lines, in_string) if i < cut_lines}
     near = "".join(lines[-near_lines:]) + "".join(split_lines(suffix)[:near_lines // 2])
     names = set(_IDENT.findall(near))
     for i in range(cut_lines):
@@ -68,7 +58,7 @@ def scope_outline(prefix: str, n_cut: int, suffix: str, *, near_lines: int = 12)
             pri.setdefault(i, 1)
         elif _IMPORT.match(line):
             pri.setdefault(i, 2)
-    depths = {ind for ind, _ in _enclosing(lines)} | {0}
+    depths = {ind for _, ind, _ in _enclosing(lines)} | {0}
     others = 0
     for i in range(cut_lines - 1, -1, -1):
         if i not in pri and i not in in_string and _DEF.match(lines[i]) and _indent_width(lines[i]) in depths:
@@ -91,18 +81,20 @@ def _statements(lines: list[str], pri: dict[int, int], stop: int) -> list[tuple[
     return [item for k, item in enumerate(out) if last[item[1]] == k]
 
 
-def _enclosing(prefix_lines: list[str]) -> list[tuple[int, str]]:
-    """``(indentation, line)`` of the scope headers enclosing the last line, innermost first."""
+def _enclosing(prefix_lines: list[str], skip: set[int] | frozenset[int] = frozenset()) -> list[tuple[int, int, str]]:
+    """``(index, indentation, line)`` of the scope headers enclosing the last line, innermost
+    first; the lines in ``skip`` (inside strings) are passed over."""
     cursor = prefix_lines[-1] if prefix_lines else ""
     limit = _indent_width(cursor) if cursor.strip() else len(cursor.expandtabs(4))
     out = []
-    for line in reversed(prefix_lines[:-1]):
+    for i in range(len(prefix_lines) - 2, -1, -1):
         if limit == 0:
             break
-        if line.strip() and _indent_width(line) < limit:
+        line = prefix_lines[i]
+        if line.strip() and _indent_width(line) < limit and i not in skip:
             limit = _indent_width(line)
             if _looks_like_header(line):
-                out.append((limit, line))
+                out.append((i, limit, line))
     return out
 
 
@@ -117,7 +109,7 @@ def below_outline(prefix: str, suffix: str, n_kept: int, visible: str, *,
     if kept_lines >= len(lines):
         return []
     in_string = _string_lines(lines)
-    headers = _enclosing(split_lines(prefix))
+    headers = [(ind, h) for _, ind, h in _enclosing(split_lines(prefix))]
     if not headers:
         return []
     cls = next(((ind, h) for ind, h in headers if h.lstrip().startswith("class ")), None)

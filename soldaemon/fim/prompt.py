@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 from soldaemon.fim.comments import comment_header
 from soldaemon.fim.encoding import encode_text
-from soldaemon.fim.layout import build_prompt, plain_encoder, prefix_encoder
+from soldaemon.fim.layout import build_prompt, encoders
 from soldaemon.fim.outline import below_outline, fit_outlines, scope_outline
 from soldaemon.fim.templates import FimOrder, FimTemplate
 from soldaemon.fim.windows import WindowMemo, fit_prefix, fit_suffix
@@ -45,7 +45,7 @@ class Budget:
     suffix: int              # tokens: the suffix window
     context: int = 1024      # tokens: the outline and the context chunks
     outline: int = 0         # tokens of ``context`` the outline takes first (0: none)
-    grain_lines: int = 16    # lines: the grid the prefix window's start moves on (windows.window_prefix)
+    grain_lines: int = 16    # lines: the grid the prefix window's start moves on (windows.fit_prefix)
 
     @property
     def outline_tokens(self) -> int:
@@ -161,7 +161,7 @@ def make_prompt(template: FimTemplate, tokenizer: PreTrainedTokenizerBase, place
                 order: FimOrder = "psm", heal: bool = False, memo: WindowMemo | None = None) -> FimPrompt:
     """The prompt of ``place`` within ``budget`` in ``order``, token-healed
     when ``heal`` and the family allows; ``memo`` holds recent windows."""
-    enc = Encoders(prefix_encoder(template, tokenizer), plain_encoder(template, tokenizer))
+    enc = Encoders(*encoders(template, tokenizer))
     memo = memo if memo is not None else WindowMemo(size=0)
     context = pack_context(template, tokenizer, place, budget.chunk_tokens, enc)
     can_heal = heal and not template.dummy_prefix
@@ -182,9 +182,7 @@ def make_prompt(template: FimTemplate, tokenizer: PreTrainedTokenizerBase, place
 
 
 def _chunk_fields(chunk: ContextChunk | tuple[str, str]) -> tuple[str, str]:
-    if isinstance(chunk, tuple):
-        return chunk[0], chunk[1]
-    return chunk.uri, chunk.text
+    return (chunk[0], chunk[1]) if isinstance(chunk, tuple) else (chunk.uri, chunk.text)
 
 
 def pack_context(template: FimTemplate, tokenizer: Any, place: Place, tokens: int, enc: Encoders) -> Context:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Sequence
+from typing import TYPE_CHECKING, Literal, Sequence
 
 from soldaemon.errors import NoFimTokens
 
@@ -14,13 +14,6 @@ if TYPE_CHECKING:
 
 Family = Literal["qwen2.5-coder", "starcoder2", "deepseek-coder", "codellama"]
 FimOrder = Literal["psm", "spm"]
-
-SUPPORTED_FAMILIES: tuple[Family, ...] = (
-    "qwen2.5-coder",
-    "starcoder2",
-    "deepseek-coder",
-    "codellama",
-)
 
 
 @dataclass(frozen=True)
@@ -50,10 +43,10 @@ class _FamilySpec:
     prefix: tuple[str, ...]
     suffix: tuple[str, ...]
     middle: tuple[str, ...]
-    repo_name: tuple[str, ...]
-    file_sep: tuple[str, ...]
     stops: tuple[str, ...]
-    wants_bos: bool
+    repo_name: tuple[str, ...] = ()
+    file_sep: tuple[str, ...] = ()
+    wants_bos: bool = False
 
 
 _FAMILIES: tuple[_FamilySpec, ...] = (
@@ -68,7 +61,6 @@ _FAMILIES: tuple[_FamilySpec, ...] = (
             "<|endoftext|>", "<|im_end|>", "<|fim_pad|>", "<|file_sep|>",
             "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|repo_name|>",
         ),
-        wants_bos=False,
     ),
     _FamilySpec(
         family="starcoder2",
@@ -81,15 +73,12 @@ _FAMILIES: tuple[_FamilySpec, ...] = (
             "<|endoftext|>", "<file_sep>", "<fim_prefix>", "<fim_suffix>",
             "<fim_middle>", "<fim_pad>",
         ),
-        wants_bos=False,
     ),
     _FamilySpec(
         family="deepseek-coder",
         prefix=("<｜fim▁begin｜>",),
         suffix=("<｜fim▁hole｜>",),
         middle=("<｜fim▁end｜>",),
-        repo_name=(),
-        file_sep=(),
         stops=(
             "<｜end▁of▁sentence｜>", "<|EOT|>", "<｜fim▁begin｜>", "<｜fim▁hole｜>",
             "<｜fim▁end｜>",
@@ -102,8 +91,6 @@ _FAMILIES: tuple[_FamilySpec, ...] = (
         prefix=("▁<PRE>", "<PRE>"),
         suffix=("▁<SUF>", "<SUF>"),
         middle=("▁<MID>", "<MID>"),
-        repo_name=(),
-        file_sep=(),
         stops=("▁<EOT>", "<EOT>", "</s>", "▁<PRE>", "<PRE>", "▁<SUF>", "<SUF>", "▁<MID>", "<MID>"),
         wants_bos=True,
     ),
@@ -116,11 +103,6 @@ def _lookup(vocab: dict[str, int], spellings: Sequence[str]) -> int | None:
         if tid is not None:
             return int(tid)
     return None
-
-
-def _tokenizer_name(tokenizer: Any) -> str:
-    name = getattr(tokenizer, "name_or_path", "") or ""
-    return str(name) if name else type(tokenizer).__name__
 
 
 def detect_template(tokenizer: PreTrainedTokenizerBase) -> FimTemplate:
@@ -138,7 +120,7 @@ def detect_template(tokenizer: PreTrainedTokenizerBase) -> FimTemplate:
         if isinstance(eos, int):
             stops.add(eos)
         bos = tokenizer.bos_token_id if spec.wants_bos else None
-        template = FimTemplate(
+        return FimTemplate(
             family=spec.family,
             prefix_id=pre,
             suffix_id=suf,
@@ -149,8 +131,7 @@ def detect_template(tokenizer: PreTrainedTokenizerBase) -> FimTemplate:
             bos_id=int(bos) if isinstance(bos, int) else None,
             dummy_prefix=adds_dummy_prefix(tokenizer),
         )
-        return template
-    name = _tokenizer_name(tokenizer)
+    name = str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
     raise NoFimTokens(
         f"{name}: the tokenizer has no fill-in-the-middle tokens, so this model "
         "cannot complete code between a prefix and a suffix. Supported families: "

@@ -3,12 +3,7 @@ grid of lines, and the memo of recent windows."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Sequence
-
-from soldaemon.fim.encoding import encode_text
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+from typing import Any, Callable, Sequence
 
 
 def split_lines(text: str) -> list[str]:
@@ -111,7 +106,9 @@ def fit_prefix(
     grain_lines: int,
     encode: Callable[[str], list[int]],
 ) -> tuple[str, list[int]]:
-    """:func:`window_prefix` and its ids through ``encode`` (verified to fit)."""
+    """The end of ``prefix`` that fits ``max_tokens`` and its ids through ``encode`` (verified to
+    fit): cut at the earliest line that is a multiple of ``grain_lines`` and fits (so typing on
+    the last line keeps the cut); else at the earliest fitting line, else inside the cursor line."""
     if max_tokens <= 0 or not prefix:
         return "", encode("")
     grain = _effective_grain(grain_lines, max_tokens)
@@ -140,29 +137,14 @@ def fit_prefix(
     return "", encode("")
 
 
-def window_prefix(
-    prefix: str,
-    tokenizer: PreTrainedTokenizerBase,
-    max_tokens: int,
-    *,
-    grain_lines: int = 16,
-) -> str:
-    """The end of ``prefix`` that fits ``max_tokens``, cut at the earliest line that is a multiple
-    of ``grain_lines`` and fits (so typing on the last line keeps the cut); else at the earliest
-    fitting line, else at a token boundary inside the cursor line."""
-    text, _ = fit_prefix(
-        prefix, tokenizer, max_tokens, grain_lines, lambda t: encode_text(tokenizer, t)
-    )
-    return text
-
-
 def fit_suffix(
     suffix: str,
     tokenizer: Any,
     max_tokens: int,
     encode: Callable[[str], list[int]],
 ) -> tuple[str, list[int]]:
-    """:func:`window_suffix` and its ids through ``encode`` (verified to fit)."""
+    """The start of ``suffix`` that fits ``max_tokens``, cut at a line end (else inside line 1),
+    and its ids through ``encode`` (verified to fit)."""
     if max_tokens <= 0 or not suffix:
         return "", encode("")
     lines = split_lines(suffix)
@@ -188,12 +170,6 @@ def fit_suffix(
     return "", encode("")
 
 
-def window_suffix(suffix: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> str:
-    """The start of ``suffix`` that fits ``max_tokens``, cut at a line end (else inside line 1)."""
-    text, _ = fit_suffix(suffix, tokenizer, max_tokens, lambda t: encode_text(tokenizer, t))
-    return text
-
-
 class WindowMemo:
     """The last ``size`` windows :func:`make_prompt` computed, by their
     inputs, least recently used dropped; owned by the caller."""
@@ -203,25 +179,15 @@ class WindowMemo:
         self._entries: dict[tuple[Any, ...], tuple[str, tuple[int, ...]]] = {}
         self.hits = 0
 
-    def get(self, key: tuple[Any, ...]) -> tuple[str, list[int]] | None:
-        found = self._entries.pop(key, None)
-        if found is None:
-            return None
-        self._entries[key] = found
-        self.hits += 1
-        return found[0], list(found[1])
-
-    def put(self, key: tuple[Any, ...], text: str, ids: Sequence[int]) -> None:
-        self._entries.pop(key, None)
-        self._entries[key] = (text, tuple(ids))
-        while len(self._entries) > self.size:
-            self._entries.pop(next(iter(self._entries)))
-
     def through(self, key: tuple[Any, ...], compute: Callable[[], tuple[str, list[int]]]) -> tuple[str, list[int]]:
         """The entry of ``key``, else ``compute()``'s result, kept."""
-        found = self.get(key)
+        found = self._entries.pop(key, None)
         if found is not None:
-            return found
-        text, ids = compute()
-        self.put(key, text, ids)
-        return text, list(ids)
+            self.hits += 1
+        else:
+            text, ids = compute()
+            found = (text, tuple(ids))
+        self._entries[key] = found
+        while len(self._entries) > self.size:
+            self._entries.pop(next(iter(self._entries)))
+        return found[0], list(found[1])

@@ -197,7 +197,8 @@ class Pipeline:
                     break
             streamed: str | None = None
             scorer = model.scorer()
-            if scorer is not None and self._may_sample(req, ending, gens):
+            # sample block candidates after a rankable answer that ended whole
+            if scorer is not None and self._may_rank(req, ending) and len(gens) == 1 and gens[0].whole and gens[0].ids:
                 greedy = items[0]
                 items[0], ends[0], sampled = self._chosen(req, prompt, ending, gens[0], items[0], ends[0], scorer,
                                                           cancel, deadline)
@@ -253,11 +254,6 @@ class Pipeline:
         """``req``'s ending (restarted per generation)."""
         cc = self.config.completion
         return ending_for(req.prefix, req.suffix, req.language, req.multiline, cc.max_lines, cc.block_end)
-
-    def _may_sample(self, req: CompletionRequest, ending: Ending, gens: list[Generation]) -> bool:
-        """Whether to sample block candidates: a rankable answer that ended whole."""
-        return self._may_rank(req, ending) and len(gens) == 1 and gens[0].whole \
-            and bool(gens[0].ids)
 
     def _may_rank(self, req: CompletionRequest, ending: Ending) -> bool:
         """Whether the answer may be chosen among candidates (greedy, single, multi-line)."""
@@ -352,16 +348,11 @@ def yield_all(text: Stream) -> Generation:
 # -- the streamed preview ---------------------------------------------------
 
 
-def preview(raw: str, multiline: bool, hold_back: str = HOLD_BACK) -> str:
-    """What may stream of ``raw``: its first line when single-line, ``hold_back`` stripped."""
-    text = raw if multiline else raw.split("\n", 1)[0]
-    return text.rstrip(hold_back) if hold_back else text
-
-
 class Previewer:
     """Turns the growing raw text into append-only ``Delta`` texts: ``push(raw)`` returns the new
-    characters, or "" when none (or the preview would rewrite what was sent). ``held(raw)``: True
-    while nothing may show yet (:meth:`Ending.may_repeat_below`)."""
+    characters of what may stream (the first line when single-line, ``hold_back`` stripped), or ""
+    when none (or the preview would rewrite what was sent). ``held(raw)``: True while nothing may
+    show yet (:meth:`Ending.may_repeat_below`)."""
 
     def __init__(self, multiline: bool, held: Callable[[str], bool] | None = None,
                  hold_back: str = HOLD_BACK) -> None:
@@ -373,7 +364,7 @@ class Previewer:
     def push(self, raw: str) -> str:
         if self.held is not None and not self.emitted and self.held(raw):
             return ""
-        shown = preview(raw, self.multiline, self.hold_back)
+        shown = (raw if self.multiline else raw.split("\n", 1)[0]).rstrip(self.hold_back)   # "": strips nothing
         if shown.startswith(self.emitted) and len(shown) > len(self.emitted):
             new = shown[len(self.emitted):]
             self.emitted = shown

@@ -91,10 +91,8 @@ def split_snippets(text: str) -> list[tuple[int, str]]:
     lines = text.splitlines(keepends=True)
     starts = [0] + [i for i, ln in enumerate(lines) if i > 0 and _TOP.match(ln)
                     and not (i > 0 and lines[i - 1].startswith("@"))]
-    blocks: list[tuple[int, int]] = []
-    for a, b in zip(starts, starts[1:] + [len(lines)]):
-        for s in range(a, b, SNIPPET_LINES):
-            blocks.append((s, min(b, s + SNIPPET_LINES)))
+    blocks = [(s, min(b, s + SNIPPET_LINES)) for a, b in zip(starts, starts[1:] + [len(lines)])
+              for s in range(a, b, SNIPPET_LINES)]
     merged: list[tuple[int, int]] = []
     for a, b in blocks:
         if merged and merged[-1][1] - merged[-1][0] < MIN_SNIPPET_LINES and b - merged[-1][0] <= SNIPPET_LINES:
@@ -109,12 +107,7 @@ _ANY_ASSIGN = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?::[^=]*)?=(?!=)")
 
 def _defined(text: str, assign: re.Pattern[str] = _ASSIGN) -> set[str]:
     """Names ``text`` defines: defs, classes and ``assign``'s assignments (top-level by default)."""
-    out: set[str] = set()
-    for line in text.splitlines():
-        m = _DEF.match(line) or assign.match(line)
-        if m:
-            out.add(m.group(1))
-    return out
+    return {m.group(1) for line in text.splitlines() if (m := _DEF.match(line) or assign.match(line))}
 
 
 @functools.lru_cache(maxsize=256)
@@ -173,9 +166,7 @@ def choose(snippets: Sequence[Snippet], max_chars: int) -> list[Snippet]:
     chosen: list[Snippet] = []
     total = 0
     for s in snippets:
-        if not s.relevant:
-            continue
-        if total + len(s.text) > max_chars:
+        if not s.relevant or total + len(s.text) > max_chars:
             continue
         chosen.append(s)
         total += len(s.text)

@@ -13,20 +13,16 @@ class DraftProposer(Protocol):
 
     def reset(self, history: Sequence[int]) -> None:
         """Start a new generation; ``history`` is the context + prompt tokens."""
-        ...
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Append accepted/generated tokens to the history."""
-        ...
 
     def propose(self, k: int) -> list[int]:
         """Up to ``k`` draft tokens to follow the history; [] when none."""
-        ...
 
     def kind(self) -> int:
         """What the next proposal rests on, as a small int with its own acceptance rate in
         :class:`DraftLength`; 0 when there is nothing to propose."""
-        ...
 
 
 class PromptLookup:
@@ -55,10 +51,6 @@ class PromptLookup:
                     break
                 self.index[tuple(toks[end - 1 - n:end - 1])] = end - 1
 
-    def _match(self) -> tuple[int, int]:
-        """:meth:`match_of` the history itself."""
-        return self.match_of(self.tokens)
-
     def match_of(self, toks: Sequence[int]) -> tuple[int, int]:
         """(n, start): the longest n-gram ending ``toks`` that this history holds with a token
         after it, and that token's position; (0, 0) when none."""
@@ -71,13 +63,13 @@ class PromptLookup:
         return 0, 0
 
     def propose(self, k: int) -> list[int]:
-        n, start = self._match()
+        n, start = self.match_of(self.tokens)
         return self.tokens[start:start + k] if n else []
 
     def kind(self) -> int:
         """The n-gram length the next proposal rests on (0: none); longer matches are accepted
         far more often, so each length keeps its own rate."""
-        return self._match()[0]
+        return self.match_of(self.tokens)[0]
 
 
 class AlongReference:

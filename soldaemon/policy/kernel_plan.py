@@ -122,12 +122,9 @@ class TimingTable:
     background: bool = False          # timed by a serving daemon in the background (measured_at: when)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"blocks": {k: {str(r): ms for r, ms in v.items()} for k, v in self.blocks.items()},
+        return {**asdict(self), "blocks": {k: {str(r): ms for r, ms in v.items()} for k, v in self.blocks.items()},
                 "head": {k: {str(r): ms for r, ms in v.items()} for k, v in self.head.items()},
-                "n_layers": self.n_layers, "machine": self.machine, "load_1m": self.load_1m,
-                "cores": self.cores, "measured_at": self.measured_at, "model": self.model,
-                "replaced_load_1m": self.replaced_load_1m, "products": list(self.products),
-                "background": self.background}
+                "products": list(self.products)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TimingTable:

@@ -168,11 +168,8 @@ class Heatmap:
                     r["bytes_copied"] += rec.copied[i]
                 if rec.stall_ms is not None:
                     r["stall_ms"] += rec.stall_ms[i]
-        out: list[dict[str, Any]] = []
-        for r, n in zip(rows, timed):
-            out.append({**r, "compute_ms": round(r["compute_ms"], 3), "stall_ms": round(r["stall_ms"], 3),
-                        "mean_ms": round(r["compute_ms"] / n, 4) if n else None})
-        return out
+        return [{**r, "compute_ms": round(r["compute_ms"], 3), "stall_ms": round(r["stall_ms"], 3),
+                 "mean_ms": round(r["compute_ms"] / n, 4) if n else None} for r, n in zip(rows, timed)]
 
     def heat(self) -> dict[int, tuple[int, float]]:
         """layer → (calls, stall_ms) in the window: the planner's input."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import os
 import posixpath
 import re
@@ -235,28 +236,22 @@ def _base(uri: str) -> str:
     return posixpath.basename(urllib.parse.urlsplit(uri).path) or "document"
 
 
-_ROOTS: dict[str, str] = {}
+@functools.lru_cache(maxsize=4096)
+def _project_root(folder: str) -> str:
+    """The nearest directory from local ``folder`` up holding ``.git``, ``.hg`` or ``.svn``, else ``folder``."""
+    probe = folder
+    while probe not in ("", "/"):
+        if any(os.path.exists(os.path.join(probe, marker)) for marker in (".git", ".hg", ".svn")):
+            return probe
+        probe = posixpath.dirname(probe)
+    return folder
 
 
 def _project_relative(uri: str) -> str:
-    """``uri``'s path below the nearest directory holding ``.git``, ``.hg`` or
-    ``.svn`` (else its own directory); an untitled URI as is."""
+    """``uri``'s path below its project's root (:func:`_project_root`; a remote file: its own
+    directory); an untitled URI as is."""
     where = _split(uri)
     if where is None:
         return uri
-    scheme, path = where.scheme, where.path
-    folder = posixpath.dirname(path)
-    root = _ROOTS.get(folder)
-    if root is None:
-        root = folder
-        if scheme == "file":
-            probe = folder
-            while probe not in ("", "/"):
-                if any(os.path.exists(os.path.join(probe, marker)) for marker in (".git", ".hg", ".svn")):
-                    root = probe
-                    break
-                probe = posixpath.dirname(probe)
-        if len(_ROOTS) > 4096:
-            _ROOTS.clear()
-        _ROOTS[folder] = root
-    return posixpath.relpath(path, root)
+    folder = posixpath.dirname(where.path)
+    return posixpath.relpath(where.path, _project_root(folder) if where.scheme == "file" else folder)

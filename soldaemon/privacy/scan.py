@@ -2,13 +2,15 @@
 Text is scanned as sent (prefix+suffix, a file's chunks joined) for private keys, detect-secrets'
 findings widened to the token, secret-named assignments, high-entropy tokens and a string open at
 the cursor; findings are cached per line. The ``redact*`` functions never raise; without
-detect-secrets this module's own rules still run (:data:`DETECTOR` says which)."""
+detect-secrets this module's own rules still run."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
@@ -46,19 +48,17 @@ _CACHE_LINES = 50_000
 _LINE_CACHE: dict[str, tuple[Span, ...]] = {}
 _lock = threading.Lock()
 
-DETECTOR = "detect-secrets"
 _settings: Any = None       # detect-secrets' default_settings, loaded on first use; False: not installed
 
 
 def _load_detector() -> Any:
     """detect-secrets' settings context, imported on first use; None when not installed."""
-    global _settings, DETECTOR
+    global _settings
     if _settings is None:
         try:
             from detect_secrets.settings import default_settings
             _settings = default_settings
         except ImportError:      # a dependency; a broken install still runs this module's own rules
-            DETECTOR = "this module's rules only (detect-secrets is not installed)"
             _settings = False
     return _settings or None
 
@@ -124,10 +124,7 @@ def _widen(text: str, start: int, end: int) -> tuple[int, int]:
 
 def _entropy(word: str) -> float:
     """Shannon entropy of ``word``'s characters; bits per character."""
-    counts: dict[str, int] = {}
-    for ch in word:
-        counts[ch] = counts.get(ch, 0) + 1
-    return -sum(n / len(word) * math.log2(n / len(word)) for n in counts.values())
+    return -sum(n / len(word) * math.log2(n / len(word)) for n in Counter(word).values())
 
 
 _ALNUM_RUN = re.compile(r"[A-Za-z0-9]{16,}")
@@ -189,12 +186,9 @@ def _scan_lines(lines: Sequence[str], filename: str) -> list[tuple[Span, ...]]:
     missing = [piece for line in dict.fromkeys(lines) for _, piece in _pieces(line) if piece not in _LINE_CACHE]
     if missing:
         settings = _load_detector()
-        if settings is not None:
-            with settings():
-                plugins = _Plugins()
-                found = {piece: tuple(_detect(piece, filename, plugins)) for piece in missing}
-        else:
-            found = {piece: tuple(_detect(piece, filename, None)) for piece in missing}
+        with settings() if settings is not None else contextlib.nullcontext():
+            plugins = _Plugins() if settings is not None else None
+            found = {piece: tuple(_detect(piece, filename, plugins)) for piece in missing}
         if len(_LINE_CACHE) + len(found) > _CACHE_LINES:
             _LINE_CACHE.clear()
         _LINE_CACHE.update(found)
@@ -299,14 +293,8 @@ def _merge(spans: list[Span]) -> list[Span]:
 
 
 def _replace(text: str, spans: Sequence[Span]) -> str:
-    parts: list[str] = []
-    last = 0
-    for start, end, _kind in spans:
-        parts.append(text[last:start])
-        parts.append(REDACTED_MARK)
-        last = end
-    parts.append(text[last:])
-    return "".join(parts)
+    kept = zip([0, *(end for _, end, _ in spans)], [*(start for start, _, _ in spans), len(text)])
+    return REDACTED_MARK.join(text[a:b] for a, b in kept)
 
 
 def _split_back(pieces: Sequence[str], sep: str, spans: Sequence[Span]) -> tuple[Redacted, ...]:
@@ -349,7 +337,4 @@ def redact_chunks(texts: Sequence[str], filename: str = "document") -> tuple[Red
 
 def describe(kinds: tuple[str, ...] | list[str]) -> str:
     """``"2 × Private Key, 1 × AWS Access Key"``: what was withheld, for a status line."""
-    counts: dict[str, int] = {}
-    for kind in kinds:
-        counts[kind] = counts.get(kind, 0) + 1
-    return ", ".join(f"{n} × {kind}" for kind, n in counts.items())
+    return ", ".join(f"{n} × {kind}" for kind, n in Counter(kinds).items())

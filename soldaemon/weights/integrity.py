@@ -46,7 +46,8 @@ def full_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fsync(path: Path) -> None:
+def fsync(path: Path) -> None:
+    """fsync a file or a directory (after a rename inside it)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -59,7 +60,7 @@ def write_marker(directory: Path, info: dict[str, Any]) -> None:
     the file records) and the directories. Call last, before the rename into place."""
     files: dict[str, dict[str, Any]] = {}
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):
-        _fsync(path)
+        fsync(path)
         files[path.relative_to(directory).as_posix()] = {
             "size": path.stat().st_size, "sample": sample_digest(path), "sha256": full_digest(path)}
     marker = directory / MARKER
@@ -68,12 +69,7 @@ def write_marker(directory: Path, info: dict[str, Any]) -> None:
         f.flush()
         os.fsync(f.fileno())
     for sub in sorted({p.parent for p in directory.rglob("*")} | {directory}):
-        _fsync(sub)
-
-
-def fsync_dir(directory: Path) -> None:
-    """fsync a directory (after a rename inside it)."""
-    _fsync(directory)
+        fsync(sub)
 
 
 def recorded_files(directory: Path) -> dict[str, dict[str, Any]] | None:

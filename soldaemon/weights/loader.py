@@ -69,8 +69,7 @@ def resolve_dtype(name: str, device: torch.device, directory: Path | None = None
             # bf16 only where it is native (Ampere+); older cards run fp16
             return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
         return torch.float32  # CPUs without native bf16/fp16 math are fastest in fp32
-    table = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-    return table[name]
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
 
 def prepare_model_dir(path: str | None, *, name: str | None = None,
@@ -78,7 +77,9 @@ def prepare_model_dir(path: str | None, *, name: str | None = None,
     """``(hf_dir, gguf_path, name)`` of ``path``, else of the embedded model ``name``, a GGUF
     converted when needed. Raises ModelError."""
     if path is None:
-        return prepare_embedded(resolve_model_name(name), progress=progress)
+        model = resolve_model_name(name)
+        gguf = assemble_gguf(_embedded_gguf(model), model, progress=progress)
+        return convert_gguf(gguf, _embedded_cache(model), progress=progress), gguf, model.name
     p = Path(path).expanduser()
     if not p.exists():
         raise ModelError(f"model.path '{p}' does not exist", hint="point model.path at a Hugging Face model directory or a .gguf file")
@@ -89,12 +90,6 @@ def prepare_model_dir(path: str | None, *, name: str | None = None,
     if p.suffix.lower() != ".gguf":
         raise ModelError(f"model.path '{p}' is neither a directory nor a .gguf file")
     return convert_gguf(p, paths.cache_dir() / "models" / _gguf_cache_name(p), progress=progress), p, p.stem
-
-
-def prepare_embedded(model: EmbeddedModel, *, progress: bool = True) -> tuple[Path, Path, str]:
-    """Assemble, verify and convert ``model``'s GGUF; returns as :func:`prepare_model_dir`."""
-    gguf = assemble_gguf(_embedded_gguf(model), model, progress=progress)
-    return convert_gguf(gguf, _embedded_cache(model), progress=progress), gguf, model.name
 
 
 def _embedded_gguf(model: EmbeddedModel) -> Path:
@@ -145,27 +140,23 @@ def _gguf_tokenizer(gguf: Path, dest: Path) -> Path:
     with cache_lock(dest, exclusive=True):
         if _usable(dest):           # another process wrote it while we waited
             return dest
-        return _tokenizer_locked(gguf, dest)
+        import transformers
 
-
-def _tokenizer_locked(gguf: Path, dest: Path) -> Path:
-    import transformers
-
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    log.info("reading the tokenizer of %s (once)", gguf.name)
-    try:
-        try:
-            tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        except (ValueError, OSError, KeyError, RuntimeError) as exc:
-            raise ModelError(f"cannot read the tokenizer of GGUF '{gguf}': {exc}") from None
-        tmp.mkdir(parents=True)
-        tok.save_pretrained(str(tmp))
-        integrity.write_marker(tmp, {"format": CACHE_FORMAT, "source": gguf.name, "tokenizer_only": True})
-        replace_dir(tmp, dest)
-        integrity.fsync_dir(dest.parent)
-    finally:
+        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
+        log.info("reading the tokenizer of %s (once)", gguf.name)
+        try:
+            try:
+                tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            except (ValueError, OSError, KeyError, RuntimeError) as exc:
+                raise ModelError(f"cannot read the tokenizer of GGUF '{gguf}': {exc}") from None
+            tmp.mkdir(parents=True)
+            tok.save_pretrained(str(tmp))
+            integrity.write_marker(tmp, {"format": CACHE_FORMAT, "source": gguf.name, "tokenizer_only": True})
+            replace_dir(tmp, dest)
+            integrity.fsync(dest.parent)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return dest
 
 
@@ -183,9 +174,8 @@ def load_tokenizer(path: str | None, *, name: str | None = None, progress: bool 
 
 
 def is_complete(directory: Path) -> bool:
-    marker = directory / MARKER
     try:
-        return json.loads(marker.read_text()).get("format") == CACHE_FORMAT
+        return json.loads((directory / MARKER).read_text()).get("format") == CACHE_FORMAT
     except (OSError, ValueError):
         return False
 
@@ -206,56 +196,52 @@ def convert_gguf(gguf: Path, dest: Path, *, progress: bool = True) -> Path:
     """De-quantize ``gguf`` into a safetensors copy at ``dest``, atomically and under its cache
     lock; a ``dest`` that matches its marker is kept."""
     with cache_lock(dest, exclusive=True):
-        return _convert_locked(gguf, dest, progress)
+        if is_complete(dest):
+            problem = integrity.quick_check(dest)
+            if problem is None:
+                return dest
+            log.error("the model cache %s is corrupt (%s); rebuilding it from %s", dest, problem, gguf.name)
+            shutil.rmtree(dest, ignore_errors=True)
+        elif dest.exists():
+            log.warning("removing incomplete model cache %s", dest)
+            shutil.rmtree(dest, ignore_errors=True)
+        import transformers
 
-
-def _convert_locked(gguf: Path, dest: Path, progress: bool) -> Path:
-    if is_complete(dest):
-        problem = integrity.quick_check(dest)
-        if problem is None:
-            return dest
-        log.error("the model cache %s is corrupt (%s); rebuilding it from %s", dest, problem, gguf.name)
-        shutil.rmtree(dest, ignore_errors=True)
-    elif dest.exists():
-        log.warning("removing incomplete model cache %s", dest)
-        shutil.rmtree(dest, ignore_errors=True)
-    import transformers
-
-    if not progress:
-        transformers.utils.logging.disable_progress_bar()
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    t0 = time.perf_counter()
-    log.info("converting %s to a cached safetensors copy (once; about a minute)", gguf.name)
-    if progress:
-        print(f"soldaemon: converting {gguf.name} once into {dest} (about a minute)…", flush=True)
-    try:
-        try:
-            tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-            model = transformers.AutoModelForCausalLM.from_pretrained(
-                str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-            )
-        except (ValueError, OSError, KeyError, RuntimeError) as exc:
-            raise ModelError(
-                f"cannot read GGUF '{gguf}': {exc}",
-                hint="transformers must support its architecture and quantization; a Hugging Face model directory always works",
-            ) from None
-        # plain tensors now: without the GGUF quantizer it saves as an ordinary checkpoint
-        model.hf_quantizer = None  # type: ignore[assignment]
-        model.config.__dict__.pop("quantization_config", None)
-        model.to(STORE_DTYPE)  # type: ignore[arg-type]
-        model.config.dtype = STORE_DTYPE
-        tmp.mkdir(parents=True)
-        model.save_pretrained(str(tmp))
-        tok.save_pretrained(str(tmp))
-        integrity.write_marker(tmp, {"format": CACHE_FORMAT, "source": gguf.name,
-                                     "seconds": round(time.perf_counter() - t0, 1)})
-        replace_dir(tmp, dest)
-        integrity.fsync_dir(dest.parent)
-    finally:
+        if not progress:
+            transformers.utils.logging.disable_progress_bar()
+        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-    log.info("converted in %.1f s", time.perf_counter() - t0)
-    return dest
+        t0 = time.perf_counter()
+        log.info("converting %s to a cached safetensors copy (once; about a minute)", gguf.name)
+        if progress:
+            print(f"soldaemon: converting {gguf.name} once into {dest} (about a minute)…", flush=True)
+        try:
+            try:
+                tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+                model = transformers.AutoModelForCausalLM.from_pretrained(
+                    str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+                )
+            except (ValueError, OSError, KeyError, RuntimeError) as exc:
+                raise ModelError(
+                    f"cannot read GGUF '{gguf}': {exc}",
+                    hint="transformers must support its architecture and quantization; a Hugging Face model directory always works",
+                ) from None
+            # plain tensors now: without the GGUF quantizer it saves as an ordinary checkpoint
+            model.hf_quantizer = None  # type: ignore[assignment]
+            model.config.__dict__.pop("quantization_config", None)
+            model.to(STORE_DTYPE)  # type: ignore[arg-type]
+            model.config.dtype = STORE_DTYPE
+            tmp.mkdir(parents=True)
+            model.save_pretrained(str(tmp))
+            tok.save_pretrained(str(tmp))
+            integrity.write_marker(tmp, {"format": CACHE_FORMAT, "source": gguf.name,
+                                         "seconds": round(time.perf_counter() - t0, 1)})
+            replace_dir(tmp, dest)
+            integrity.fsync(dest.parent)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        log.info("converted in %.1f s", time.perf_counter() - t0)
+        return dest
 
 
 def check_memory(directory: Path, device: torch.device, dtype: torch.dtype) -> None:
@@ -264,7 +250,7 @@ def check_memory(directory: Path, device: torch.device, dtype: torch.dtype) -> N
     stored = sum(f.stat().st_size for f in files)
     if not stored:
         return
-    stored_itemsize = _stored_itemsize(directory)
+    stored_itemsize = 4 if "32" in _stored_dtype_name(directory) else 2
     need = stored // stored_itemsize * torch.empty((), dtype=dtype).element_size()
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
@@ -287,10 +273,6 @@ def _stored_dtype_name(directory: Path) -> str:
     except (OSError, ValueError):
         return "float32"
     return str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
-
-
-def _stored_itemsize(directory: Path) -> int:
-    return 4 if "32" in _stored_dtype_name(directory) else 2
 
 
 def load_model(path: str | None = None, *, name: str | None = None, device: str = "auto",

@@ -6,8 +6,9 @@ trailing whitespace); indentation is in columns, a tab counting 4.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from soldaemon.api import Multiline
 
@@ -100,10 +101,6 @@ def _opens_block(before: str) -> bool:
     return False
 
 
-def _is_comment(stripped: str) -> bool:
-    return stripped.startswith(_COMMENT_STARTS)
-
-
 def _cursor_line(prefix: str) -> str:
     return prefix[prefix.rfind("\n") + 1:]
 
@@ -135,7 +132,7 @@ def decide_multiline(prefix: str, suffix: str, mode: Multiline) -> bool:
     stripped = before.strip()
     if not stripped:
         return True
-    if _is_comment(stripped):
+    if stripped.startswith(_COMMENT_STARTS):
         return False
     return _opens_block(before)
 
@@ -156,20 +153,18 @@ class Cursor:
     next_indent: int = 0     # indentation of ``next_line`` (0 when there is none)
 
 
+def lines_below(suffix: str) -> Iterator[str]:
+    """The lines of ``suffix`` after the cursor's, one at a time (a long suffix is never split whole)."""
+    end = suffix.find("\n")
+    while end >= 0:
+        start, end = end + 1, suffix.find("\n", end + 1)
+        yield suffix[start:] if end < 0 else suffix[start:end]
+
+
 def cursor_at(prefix: str, suffix: str) -> Cursor:
     before = _cursor_line(prefix)
-    nl = suffix.find("\n")
     rest = _rest_of_line(suffix)
-    found: list[str] = []
-    pos = nl + 1 if nl >= 0 else len(suffix)
-    while pos < len(suffix) and len(found) < 1 + _LATER_LINES:
-        end = suffix.find("\n", pos)
-        line = suffix[pos:] if end < 0 else suffix[pos:end]
-        if line.strip():
-            found.append(line.rstrip())
-        if end < 0:
-            break
-        pos = end + 1
+    found = [line.rstrip() for line in itertools.islice(filter(str.strip, lines_below(suffix)), 1 + _LATER_LINES)]
     indent = indent_of(before) if before.strip() else len(before.expandtabs(4))
     column0 = _column0(before, rest)
     if column0:

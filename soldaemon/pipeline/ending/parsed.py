@@ -11,7 +11,7 @@ from functools import lru_cache
 from typing import Any, Iterator
 
 from soldaemon.api import Multiline
-from soldaemon.pipeline.ending.lines import Cursor, indent_of
+from soldaemon.pipeline.ending.lines import Cursor, bracket_depth, indent_of
 from soldaemon.pipeline.ending.text import STOPPED, Answer, TextEnding, postprocess_why
 
 # LSP language id -> (grammar module, its function returning the language)
@@ -159,7 +159,7 @@ def _indent_fits(before: str, insert: str, after: str) -> bool:
 
     def ok(text: str) -> bool:
         last = _last_code_line(text)
-        if last is None or _open_brackets(text) > 0:
+        if last is None or _scan(text)[0] > 0:       # inside brackets
             return True
         opens = last.endswith(":") and not last.endswith("::")
         if nxt is None:
@@ -200,11 +200,6 @@ def bodies_fit(before: str, insert: str) -> bool:
 def _scan_before(before: str) -> tuple[int, bool]:
     """:func:`_scan` of the lines before the cursor's (cached per window)."""
     return _scan(before[:before.rfind("\n") + 1])
-
-
-def _open_brackets(text: str) -> int:
-    """Brackets left open at the end of ``text``, outside strings and comments."""
-    return _scan(text)[0]
 
 
 def _scan(text: str) -> tuple[int, bool]:
@@ -320,11 +315,7 @@ def may_be_unfinished(prefix: str, suffix: str, mode: Multiline) -> bool:
     rest = suffix.split("\n", 1)[0]
     if mode != "auto" or rest.strip(" \t\r)]}\"'`;,") or not line.rstrip().endswith(_UNFINISHED):
         return False
-    depth = 0
-    for ch in line:
-        depth += ch in "([{"
-        depth -= ch in ")]}" and depth > 0
-    return depth > 0
+    return bracket_depth(line) > 0
 
 
 def error_at_cursor(window: Window) -> bool:

@@ -9,7 +9,7 @@ from typing import Callable, Literal
 
 from soldaemon.pipeline.ending.lines import (
     BRACE_CONTINUES, CLOSE_TO_OPEN, CLOSERS, CONTINUES, LATER_MIN_CHARS, QUOTES, Cursor, bracket_depth, cursor_at,
-    first_repeats, header_word, indent_of, keyword, on_own_line, repeats_suffix, starts_definition)
+    first_repeats, header_word, indent_of, keyword, lines_below, on_own_line, repeats_suffix, starts_definition)
 
 # Dropped from a completion's end when the suffix supplies them after the cursor.
 _TAIL_PUNCT = frozenset(CLOSERS + QUOTES + ";,: \t")
@@ -38,18 +38,16 @@ class TextEnding:
         self.floor = floor
         self._cur = cur if cur is not None else cursor_at(prefix, suffix)
         self.rule: str | None = None   # the rule that stopped generation
-        self._reset()
-
-    def restart(self) -> None:
-        self._reset()
+        self.restart()
 
     def may_repeat_below(self) -> Callable[[str], bool]:
         return may_repeat_below(self._cur)
 
     def repeats_below(self, text: str) -> bool:
-        return repeats_below(self._cur, text)
+        """Whether :func:`postprocess` drops all of ``text``: its first line repeats a line below."""
+        return first_repeats(self._cur, text.split("\n", 1)[0])
 
-    def _reset(self) -> None:
+    def restart(self) -> None:
         self._scanner = LineScanner(self._cur, self.multiline, self.max_lines, self.floor)
         self._pos = 0
         self._stopped = False
@@ -60,7 +58,7 @@ class TextEnding:
             return True
         text = text_so_far
         if len(text) < self._pos:  # not an extension: start over
-            self._reset()
+            self.restart()
         scanner = self._scanner
         while True:
             nl = text.find("\n", self._pos)
@@ -129,20 +127,10 @@ class LineScanner:
 
     def suffix_closes(self, closer: str, indent: int) -> bool:
         """Whether the suffix's first line at or left of ``indent`` starts with ``closer``."""
-        suffix = self.cur.suffix
-        nl = suffix.find("\n")
-        if nl < 0:
-            return False
-        pos = nl + 1
-        while pos < len(suffix):
-            end = suffix.find("\n", pos)
-            line = suffix[pos:] if end < 0 else suffix[pos:end]
+        for line in lines_below(self.cur.suffix):
             stripped = line.strip()
             if stripped and indent_of(line) <= indent:
                 return stripped.startswith(closer)
-            if end < 0:
-                break
-            pos = end + 1
         return False
 
     def closer_kept(self, closer: str, indent: int) -> bool:
@@ -272,13 +260,8 @@ class LineScanner:
         self.i = i + 1
 
 
-def repeats_below(cur: Cursor, text: str) -> bool:
-    """Whether :func:`postprocess` drops all of ``text``: its first line repeats a line below."""
-    return first_repeats(cur, text.split("\n", 1)[0])
-
-
 def may_repeat_below(cur: Cursor) -> Callable[[str], bool]:
-    """The preview's test: True while the first line may become one :func:`repeats_below` drops."""
+    """The preview's test: True while the first line may become one :meth:`TextEnding.repeats_below` drops."""
     if not on_own_line(cur) or cur.next_line is None:
         return lambda _text: False
     lines = [cur.next_line, *(ln for ln in cur.later_lines if len(ln.strip()) >= LATER_MIN_CHARS)]
@@ -340,16 +323,6 @@ def _finish(lines: list[str], cur: Cursor) -> str:
     return text if text.strip() else ""
 
 
-def _cut_lines(lines: list[str], scanner: LineScanner) -> tuple[list[str], str | None]:
-    for line in lines:
-        cut = scanner.decide(line, complete=True)
-        if cut is not None:
-            kind, at, rule = cut
-            return (lines[: at + 1] if kind == "after" else lines[:at]), rule
-        scanner.advance(line)
-    return lines, None
-
-
 def postprocess(
     text: str, *, prefix: str, suffix: str, multiline: bool, max_lines: int
 ) -> str:
@@ -367,5 +340,12 @@ def postprocess_why(
     """:func:`postprocess` and the rule that cut (or None). ``floor`` (columns): only a line
     indented less ends the block. ``cur``: the cursor of ``prefix``/``suffix`` when known."""
     cur = cur if cur is not None else cursor_at(prefix, suffix)
-    lines, rule = _cut_lines(text.split("\n"), LineScanner(cur, multiline, max_lines, floor))
-    return _finish(lines, cur), rule
+    scanner = LineScanner(cur, multiline, max_lines, floor)
+    lines = text.split("\n")
+    for line in lines:
+        cut = scanner.decide(line, complete=True)
+        if cut is not None:
+            kind, at, rule = cut
+            return _finish(lines[: at + 1] if kind == "after" else lines[:at], cur), rule
+        scanner.advance(line)
+    return _finish(lines, cur), None
