@@ -150,11 +150,11 @@ def test_type_through_answers_without_the_model(engine: LocalEngine) -> None:
     _, first = _run(engine, CompletionRequest(id="1", uri=uri, prefix=TYPED_PREFIX, suffix=SUFFIX, max_tokens=12))
     text = first.items[0]
     assert len(text) >= 2, f"the tiny model's completion changed: {text!r}"
-    steps_before = engine.stats.requests
+    steps_before = engine.part.stats.requests
     deltas, done = _run(engine, CompletionRequest(id="2", uri=uri, prefix=TYPED_PREFIX + text[0], suffix=SUFFIX))
     assert done.timings.source == "type-through"
     assert done.items == (text[1:],) and "".join(d.text for d in deltas) == text[1:]
-    assert done.timings.prompt_tokens == 0 and engine.stats.requests == steps_before  # no model work
+    assert done.timings.prompt_tokens == 0 and engine.part.stats.requests == steps_before  # no model work
     # typing something else goes back to the model
     _, other = _run(engine, CompletionRequest(id="3", uri=uri, prefix=PREFIX + "\u00e9", suffix=SUFFIX, max_tokens=4))
     assert other.timings.source == "model"
@@ -197,10 +197,10 @@ def test_a_superseded_generation_is_resumed_when_the_user_types_along(engine: Lo
     assert first.finish_reason == "superseded"
     typed = streamed[:2]
     assert text.startswith(typed)
-    resumed_before = engine.stats.resumed
+    resumed_before = engine.part.stats.resumed
     deltas, done = _run(engine, CompletionRequest(id="b", uri=uri, prefix=TYPED_PREFIX + typed, suffix=SUFFIX,
                                                   max_tokens=24, multiline="multi"))
-    assert done.timings.source == "resumed" and engine.stats.resumed == resumed_before + 1
+    assert done.timings.source == "resumed" and engine.part.stats.resumed == resumed_before + 1
     assert done.items == (text[len(typed):],)
     assert text[len(typed):].startswith("".join(d.text for d in deltas))
     assert done.timings.cached_tokens == done.timings.prompt_tokens   # no prompt recomputed

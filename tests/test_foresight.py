@@ -42,7 +42,7 @@ def speculate(engine: LocalEngine, req: CompletionRequest, item: str, cancel: Ca
 
 def _memory(engine: LocalEngine) -> tuple[object, ...]:
     """The per-document memory later answers depend on, and the counters."""
-    return dict(engine.pipeline.documents.anchors._anchors), dict(engine.pipeline.documents.shown), engine.stats.requests
+    return dict(engine.pipeline.documents.anchors._anchors), dict(engine.pipeline.documents.shown), engine.part.stats.requests
 
 
 def test_complete_after_warm_computes_only_what_was_typed(engine: LocalEngine) -> None:
@@ -80,7 +80,7 @@ def test_warm_and_speculation_leave_the_per_document_state_alone(engine: LocalEn
     uri = "file:///state.py"
     run_done(engine, _req("s0", uri, PREFIX))
     before = _memory(engine)
-    selector = engine.context_selector
+    selector = engine.pipeline.documents.selector
     chosen = dict(selector._last) if selector is not None else None
     engine.warm(_req("w", uri, OTHER, "\n"), CancelToken())      # elsewhere in the same document
     spec = speculate(engine, _req("x", uri, OTHER, "\n"), "y", CancelToken())   # and ahead of accepting "y"

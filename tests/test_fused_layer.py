@@ -39,12 +39,13 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def _qkv(w: Any, t: torch.Tensor | None, part: int) -> torch.Tensor | None:
+def _qkv(shape: Shape, t: torch.Tensor | None, part: int) -> torch.Tensor | None:
     """q's, k's or v's rows (``part`` 0, 1, 2) of a packed q/k/v tensor."""
     if t is None:
         return None
-    start = (0, w.q_rows, w.q_rows + w.kv_rows)[part]
-    return t[start:start + (w.q_rows if part == 0 else w.kv_rows)]
+    q_rows, kv_rows = shape.n_heads * shape.head_dim, shape.n_kv * shape.head_dim
+    start = (0, q_rows, q_rows + kv_rows)[part]
+    return t[start:start + (q_rows if part == 0 else kv_rows)]
 
 
 def _gu(t: torch.Tensor | None, part: int) -> torch.Tensor | None:
@@ -62,10 +63,10 @@ def _layer_apart(shape: Shape, w: Any, x: torch.Tensor, lin: Any, cos: torch.Ten
     H, KV, hd = shape.n_heads, shape.n_kv, shape.head_dim
     dt = x.dtype
     sin = signed_sin(sin_signed)                     # its own inverse: the plain table
-    bq, bk, bv = (_qkv(w, w.bqkv, i) for i in range(3))
+    bq, bk, bv = (_qkv(shape, w.bqkv, i) for i in range(3))
     h = lin.prepare(rms_norm(x, w.ln1, shape.eps))
-    wq, wk, wv = (_qkv(w, w.wqkv, i) for i in range(3))
-    sq, sk, sv = (_qkv(w, w.sqkv, i) for i in range(3))
+    wq, wk, wv = (_qkv(shape, w.wqkv, i) for i in range(3))
+    sq, sk, sv = (_qkv(shape, w.sqkv, i) for i in range(3))
     q = lin.multiply(h, wq, bq, sq, dt).view(T, H, hd).transpose(0, 1)
     k = lin.multiply(h, wk, bk, sk, dt).view(T, KV, hd).transpose(0, 1)
     v = lin.multiply(h, wv, bv, sv, dt).view(T, KV, hd).transpose(0, 1)

@@ -40,7 +40,7 @@ def test_allowed_is_exactly_the_tokens_that_agree(texts: TokenTexts, rest: str) 
 
 def test_sampler_forces_agreeing_tokens_until_the_healed_text_is_covered(texts: TokenTexts) -> None:
     gen = torch.Generator().manual_seed(0)
-    V = len(texts)
+    V = len(texts.texts)
     for heal in ["resu", " ", "append(", "x"]:
         for _ in range(5):
             s = HealingSampler(Greedy(), texts, heal)
@@ -61,7 +61,7 @@ def test_sampler_forces_agreeing_tokens_until_the_healed_text_is_covered(texts: 
 
 def test_the_constrained_pick_is_the_best_agreeing_token(texts: TokenTexts) -> None:
     heal = "resu"
-    logits = torch.zeros(len(texts))
+    logits = torch.zeros(len(texts.texts))
     best = max(texts.allowed(heal), key=lambda i: len(texts.texts[i]))   # the longest agreeing token
     logits[best] = 5.0
     other = next(i for i, t in enumerate(texts.texts) if t and not _agrees(t, heal))
@@ -75,7 +75,7 @@ def test_healed_indentation_is_followed_by_code_not_more_blanks(texts: TokenText
     with code, never by a token of blanks only that reaches past it: the
     model, offered those, wrote blanks to the end of its budget (10 of 64
     block holes empty, docs/quality.md)."""
-    V = len(texts)
+    V = len(texts.texts)
     heal = "    "
     covering = [i for i in texts.allowed(heal) if not texts.texts[i].strip() and len(texts.texts[i]) >= len(heal)]
     assert covering, "the tokenizer has a token of 4 or more blanks"

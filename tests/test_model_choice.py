@@ -87,7 +87,7 @@ def _candidates(plans: dict[str, KernelPlan]) -> list[model_choice.Candidate]:
 def test_auto_serves_the_15b_with_its_draft_on_a_gpu_like_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     gpu = {"qwen2.5-coder-0.5b": _plan(2.1, 2.4, cold=14.0), "qwen2.5-coder-1.5b": _plan(4.3, 4.9, cold=31.0)}
     monkeypatch.setattr(model_choice, "candidates", lambda *a, **k: _candidates(gpu))
-    monkeypatch.setattr(model_choice, "available_bytes", lambda device: 64 << 30)
+    monkeypatch.setattr(model_choice, "device_free_bytes", lambda device: (64 << 30, 64 << 30))
     config = config_from_dict({"device": {"device": "cpu"}})
     name, why = model_choice.choose_embedded(config)
     assert name == "qwen2.5-coder-1.5b" and why is not None and why["within_budget"]
@@ -95,7 +95,7 @@ def test_auto_serves_the_15b_with_its_draft_on_a_gpu_like_machine(monkeypatch: p
     draft, reason = model_choice.choose_draft(config, name)
     assert draft == "qwen2.5-coder-0.5b" and "pays" in reason
     # memory for one model only: no draft
-    monkeypatch.setattr(model_choice, "available_bytes", lambda device: 4 << 30)
+    monkeypatch.setattr(model_choice, "device_free_bytes", lambda device: (4 << 30, 64 << 30))
     assert model_choice.choose_draft(config, name)[0] is None
     off = config_from_dict({"device": {"device": "cpu"}, "model": {"draft": "off"}})
     assert model_choice.choose_draft(off, name) == (None, "off")

@@ -95,9 +95,9 @@ def test_replayed_tokens_count_for_token_healing(tiny) -> None:
     healing = HealingSampler(Greedy(), texts, " return")
     space = texts.texts.index(" ")
     replay = Replay(healing, [space])
-    assert replay(torch.zeros(len(texts))) == space
+    assert replay(torch.zeros(len(texts.texts))) == space
     assert healing.rest == "return" and replay.constrained     # the rest of the healed text still binds
-    token = replay(torch.zeros(len(texts)))
+    token = replay(torch.zeros(len(texts.texts)))
     assert texts.texts[token].startswith("return") or "return".startswith(texts.texts[token])
 
 

@@ -9,8 +9,6 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from soldaemon.policy.draft import DraftProposer
-
 if TYPE_CHECKING:
     from soldaemon.runtime.forward.backend import Backend
 
@@ -56,20 +54,15 @@ class DraftModel:
 
     def measure(self, n: int = 64) -> float:
         """Median ms of a draft step after an ``n``-token context, to the end of device work."""
-        import time
+        import statistics
 
-        from soldaemon.runtime.forward.timing import elapsed_ms, synchronize
+        from soldaemon.runtime.forward.timing import timed
 
-        device = self.session.backend.device
+        session = self.session
         ids = [int(t) for t in torch.randint(0, min(self.vocab_limit, 30000), (n,))]
-        self.session.truncate(0)
-        self.session.prefill(ids)
-        samples = []
-        for t in ids[:5]:
-            synchronize(device)
-            t0 = time.perf_counter_ns()
-            self.session.decode_step(t)
-            samples.append(elapsed_ms(t0, device))
-        self.session.truncate(0)
-        self.step_ms = sorted(samples)[len(samples) // 2]
+        session.truncate(0)
+        session.prefill(ids)
+        self.step_ms = statistics.median_high(timed(lambda: session.decode_step(t), session.backend.device)[1]
+                                              for t in ids[:5])
+        session.truncate(0)
         return self.step_ms

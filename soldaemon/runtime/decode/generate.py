@@ -5,6 +5,7 @@ are checked before every step, so a cancel takes effect within one step.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
@@ -144,10 +145,7 @@ def _logp(logits: Any, token: int) -> float:
 
 
 def _until_stop(draft: list[int], stop_ids: frozenset[int]) -> list[int]:
-    for i, t in enumerate(draft):
-        if t in stop_ids:
-            return draft[:i]
-    return draft
+    return list(itertools.takewhile(lambda t: t not in stop_ids, draft))
 
 
 def _done(generated: list[int], should_stop: Callable[[list[int]], bool], cancelled: Callable[[], bool],
@@ -191,10 +189,7 @@ class Detok:
 
     def push(self, tokens: list[int]) -> None:
         self.tokens.extend(tokens)
-        text = self.text(self.tokens)
-        if text.endswith("\ufffd"):
-            text = text.rstrip("\ufffd")
-        self.current = text
+        self.current = self.text(self.tokens).rstrip("\ufffd")
 
     def stopper(self, may_stop: Callable[[str], bool]) -> Callable[[list[int]], bool]:
         """The decode loop's ``should_stop``: ``may_stop`` over the generated text, the last

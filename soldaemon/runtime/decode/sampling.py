@@ -150,9 +150,6 @@ class TokenTexts:
             if t:
                 self._exact.setdefault(t, []).append(i)
 
-    def __len__(self) -> int:
-        return len(self.texts)
-
     def allowed(self, rest: str) -> list[int]:
         """Ids whose text starts with ``rest`` or is a non-empty proper prefix of it."""
         lo = bisect.bisect_left(self._sorted, rest)

@@ -34,21 +34,20 @@ def second_choice(session: KVSession, prompt: Sequence[int], line: Sequence[int]
     rows = [pre.logits.float()]
     if len(line) > 1:
         rows += list(session.verify(list(line[:-1])).float())
-    state = healing
     best: Choice | None = None
     refused = list(stop_ids)
     for j, row in enumerate(rows):
         masked = row.clone()
         masked[[line[j], *refused]] = float("-inf")
-        pick = copy.copy(state) if state is not None else Greedy()
+        pick = copy.copy(healing) if healing is not None else Greedy()
         alt = pick(masked)
         if torch.isfinite(masked[alt]):
             logp = torch.log_softmax(row, dim=-1)
             gap = float(logp[line[j]] - logp[alt])
             if best is None or gap < best.gap:
                 best = Choice([*line[:j], alt], j, max(gap, 0.0))
-        if state is not None:
-            state.take(line[j])
+        if healing is not None:
+            healing.take(line[j])
     return best
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -17,7 +17,8 @@ from soldaemon.weights.embedded import EMBEDDED_MODELS, EmbeddedModel, is_instal
 from soldaemon.weights.loader import resolve_device
 from soldaemon.policy.draft import DraftLength
 from soldaemon.policy.kernel_plan import EXACT_VERIFY, KernelPlan, Workload
-from soldaemon.runtime.forward.kernels import compute_dtype_for, plan_for
+from soldaemon.runtime.forward.kernels import compute_dtype_for, plan_for, progress_say
+from soldaemon.runtime.memory.scheduler import device_free_bytes
 
 log = logging.getLogger("soldaemon.engine")
 
@@ -36,19 +37,6 @@ class Candidate:
     weight_bytes: int
 
 
-def _say(progress: bool) -> Callable[[str], None]:
-    return (lambda m: print(f"soldaemon: {m}", flush=True)) if progress else (lambda m: log.info("%s", m))
-
-
-def available_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        return int(free)
-    import psutil
-
-    return int(psutil.virtual_memory().available)
-
-
 def candidates(config: Config, device: torch.device, *, progress: bool = False) -> list[Candidate]:
     """Every installed embedded model with the kernel plan it would run (timed now if uncached)."""
     precision = config.model.precision
@@ -57,7 +45,7 @@ def candidates(config: Config, device: torch.device, *, progress: bool = False) 
     for name, model in EMBEDDED_MODELS.items():
         if model.shapes is None or not is_installed(model):
             continue
-        plan, _table, _cached = plan_for(model.shapes.config(), device, compute, precision, say=_say(progress),
+        plan, _table, _cached = plan_for(model.shapes.config(), device, compute, precision, say=progress_say(progress),
                                          exact=EXACT_VERIFY if config.completion.speculative else None)
         weight_bytes = int(model.shapes.weight_count() * _STORAGE_BYTES.get(plan.storage, 4.0))
         out.append(Candidate(name, model, plan, weight_bytes))
@@ -78,7 +66,7 @@ def choose_embedded(config: Config, *, progress: bool = False) -> tuple[str, dic
     found = candidates(config, device, progress=progress)
     if not found:
         return "auto", None          # nothing installed: the loader names what to install
-    room = MEMORY_SHARE * available_bytes(device)
+    room = MEMORY_SHARE * device_free_bytes(device)[0]
     figures = [ModelFigures(c.name, c.model.size, float(c.plan.cold_ms or float("inf")),
                             float(c.plan.step_ms or float("inf")),
                             fits_memory=c.weight_bytes + _kv_bytes(config, c.model) <= room)
@@ -126,7 +114,7 @@ def choose_draft(config: Config, served: str, *, progress: bool = False) -> tupl
         return None, "no smaller embedded model is installed"
     pick = min(smaller, key=lambda c: c.model.size)
     both = target.weight_bytes + pick.weight_bytes + _kv_bytes(config, target.model) + _kv_bytes(config, pick.model)
-    if both > MEMORY_SHARE * available_bytes(device):
+    if both > MEMORY_SHARE * device_free_bytes(device)[0]:
         return None, f"{served} and {pick.name} do not both fit in memory"
     if not draft_pays(target.plan, pick.plan, config.completion.draft_tokens):
         return None, (f"drafting with {pick.name} would not pay here (step {target.plan.step_ms:.1f} ms, "

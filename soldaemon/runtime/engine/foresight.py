@@ -58,8 +58,7 @@ def accepted_request(req: CompletionRequest, item: str) -> CompletionRequest | N
     several candidates."""
     if not item or req.n != 1 or req.temperature > 0:
         return None
-    return dataclasses.replace(req, id=f"{req.id}~ahead", prefix=req.prefix + item, version=None,
-                               budget_ms=None, priority="normal", received_ns=0)
+    return dataclasses.replace(_key(req), id=f"{req.id}~ahead", prefix=req.prefix + item)
 
 
 def ahead_of(config: CompletionConfig, req: CompletionRequest, done: Done) -> CompletionRequest | None:

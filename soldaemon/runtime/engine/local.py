@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, replace
 import logging
+import statistics
 import threading
 import time
 from typing import Any, Callable, Iterator
@@ -21,8 +22,7 @@ from soldaemon.errors import ConfigError, ModelError
 from soldaemon.fim import FimPrompt, FimTemplate, detect_template
 from soldaemon.weights.loader import LoadedModel, load_model
 from soldaemon.pipeline.completion import Pipeline, Settings
-from soldaemon.pipeline.relevance import ContextSelector
-from soldaemon.runtime.forward.backend import LEAN_ARCHITECTURES, Backend, LeanBackend, make_backend
+from soldaemon.runtime.forward.backend import Backend, LeanBackend, make_backend
 from soldaemon.policy.kernel_plan import KernelPlan, TimingTable, Workload, steps_on_blocked_copy
 from soldaemon.runtime.forward.kernels import compute_dtype_for, verify_exact_kernels
 from soldaemon.runtime.engine.autoselect import choose_draft, choose_embedded
@@ -34,11 +34,11 @@ from soldaemon.policy.draft import DraftLength
 from soldaemon.policy.windows import Fitted, fit_windows, prompt_ms
 from soldaemon.runtime.decode.draft import DraftModel
 from soldaemon.runtime.engine.foresight import ahead_of, speculate, warm
-from soldaemon.runtime.engine.part import Drafts, EngineStats, LocalModelPart
+from soldaemon.runtime.engine.part import Drafts, LocalModelPart
 from soldaemon.errors import BudgetTooSmall
 from soldaemon.runtime.memory.scheduler import MemoryScheduler
-from soldaemon.runtime.kv.session import SessionPool
-from soldaemon.runtime.forward.timing import elapsed_ms, synchronize
+from soldaemon.runtime.kv.session import KVSession, SessionPool
+from soldaemon.runtime.forward.timing import timed
 from soldaemon.runtime.memory.heap import return_free_heap
 
 log = logging.getLogger("soldaemon.engine")
@@ -139,7 +139,7 @@ class LocalEngine:
             "prefetch_hit_rate": None if hit_rate is None else round(hit_rate, 4),
             "kv_fold_ratio": self.pool.kv_stats()["fold_ratio"],
             "offloaded_layers": store.offloaded_layers if store else 0,
-            "kv_hit_ratio": round(self.stats.kv_hit_ratio, 4),
+            "kv_hit_ratio": round(self.part.stats.kv_hit_ratio, 4),
             "fallback_count": store.stats.fallbacks if store else 0,
             "draft_acceptance": (round(length.rate, 3) if (length := self.part.draft_model_length
                                                                if self.part.draft_model else self.part.draft_length)
@@ -248,11 +248,6 @@ class LocalEngine:
                     self.pool.acquire(SCRATCH_URI).truncate(0)
         return why
 
-    @property
-    def stats(self) -> EngineStats:
-        """The model part's counters."""
-        return self.part.stats
-
     def forget(self) -> None:
         """Drop every per-document memory (KV, type-through, parked and foreseen answers,
         anchors, context choices), as if just loaded."""
@@ -309,13 +304,7 @@ class LocalEngine:
         for _ in range(rounds):
             for on in (False, True):
                 b.steps_on_rows = on
-                samples = []
-                for _ in range(steps):
-                    t0 = time.perf_counter_ns()
-                    session.verify(ids[n:n + 1])
-                    samples.append(elapsed_ms(t0, b.device))
-                    session.truncate(n)
-                medians[on].append(sorted(samples)[steps // 2])
+                medians[on].append(statistics.median_high(_verify_ms(session, ids[n:n + 1]) for _ in range(steps)))
         saved = 0.0
         if self.kernel_timings is not None:
             tokens = Workload.prompt_tokens
@@ -344,16 +333,7 @@ class LocalEngine:
         session = self.pool.acquire(SCRATCH_URI)
         session.truncate(0)
         session.prefill(ids[:n])
-        costs: dict[int, float] = {}
-        for t in sizes:
-            samples = []
-            for _ in range(3):
-                synchronize(self.backend.device)
-                t0 = time.perf_counter_ns()
-                session.verify(ids[n:n + t])
-                samples.append(elapsed_ms(t0, self.backend.device))   # after the kernels, not their launch
-                session.truncate(n)
-            costs[t] = sorted(samples)[1]
+        costs = {t: statistics.median_high(_verify_ms(session, ids[n:n + t]) for _ in range(3)) for t in sizes}
         session.truncate(0)
         return costs
 
@@ -383,15 +363,14 @@ class LocalEngine:
         return replace(config, model=config.model.served_by(self.served_model, own),
                        completion=config.completion.served_by(self.served_model))
 
-    # the pipeline's per-document memory, under the names the benchmark and tests use
 
-    @property
-    def context_selector(self) -> ContextSelector | None:
-        return self.pipeline.documents.selector
-
-    @context_selector.setter
-    def context_selector(self, selector: ContextSelector | None) -> None:
-        self.pipeline.documents.selector = selector
+def _verify_ms(session: KVSession, tokens: list[int]) -> float:
+    """ms of a verify of ``tokens`` on ``session`` (to the end of its kernels, not their launch),
+    then ``session`` truncated back."""
+    n = len(session.tokens)
+    ms = timed(lambda: session.verify(tokens), session.backend.device)[1]
+    session.truncate(n)
+    return ms
 
 
 def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:
@@ -420,9 +399,9 @@ def load_engine(config: Config, *, progress: bool = True) -> LocalEngine:
     draft_name, why = (None, "model.draft_model") if mc.draft_model else choose_draft(config, name or "",
                                                                                      progress=progress)
     if mc.draft_model is not None or draft_name is not None:
-        draft = (load_model(str(mc.draft_model), device=config.device.device, dtype="stored", progress=progress)
-                 if mc.draft_model is not None else
-                 load_model(None, name=draft_name, device=config.device.device, dtype="stored", progress=progress))
+        # a model.draft_model path, else the embedded model choose_draft named (draft_name is None with a path)
+        draft = load_model(None if mc.draft_model is None else str(mc.draft_model), name=draft_name,
+                           device=config.device.device, dtype="stored", progress=progress)
         lean_or_float32(draft)
         try:
             engine.attach_draft_model(draft)

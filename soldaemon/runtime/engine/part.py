@@ -194,22 +194,14 @@ class LocalModelPart:
         """The foreseen answer for ``req``, or the parked run resumed; a parked run not resumed
         is closed."""
         parked, self._parked = self._parked, None
-        if typed_through:
-            if parked is not None:
-                parked.close()
-            return None
-        foreseen = self.foreseen.take(req)
-        if foreseen is not None:
-            if parked is not None:
-                parked.close()
-            return precomputed(foreseen)
+        foreseen = None if typed_through else self.foreseen.take(req)
+        typed = None if typed_through or foreseen is not None or parked is None else parked.typed_by(req)
+        if parked is not None and typed is not None:
+            parked.adopt(req, typed, cancel, deadline)
+            return Source(self._resume(parked), parked.ending, "resumed", prompt_tokens=parked.prompt_tokens)
         if parked is not None:
-            typed = parked.typed_by(req)
-            if typed is not None:
-                parked.adopt(req, typed, cancel, deadline)
-                return Source(self._resume(parked), parked.ending, "resumed", prompt_tokens=parked.prompt_tokens)
             parked.close()
-        return None
+        return None if foreseen is None else precomputed(foreseen)
 
     @contextlib.contextmanager
     def generating(self, req: CompletionRequest) -> Iterator[None]:
@@ -377,8 +369,7 @@ class LocalModelPart:
     def swap(self, apply: Callable[[], str | None]) -> str | None:
         """Run ``apply`` (a kernel change) between requests and return its answer; on success (None)
         drop everything computed (as :meth:`forget`) so no prompt mixes two kernels' bits."""
-        time.sleep(0.001)           # a request waiting for the lock takes it first
-        with self._lock:
+        with self.between_requests():
             why = apply()
             if why is None:
                 self._drop_computed()

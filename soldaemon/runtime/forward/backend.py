@@ -7,6 +7,7 @@ no "current cache"; which tokens a cache holds is :mod:`soldaemon.runtime.kv.ses
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import threading
 import time
@@ -19,7 +20,7 @@ from soldaemon.policy.kernel_plan import KernelPlan
 from soldaemon.runtime.forward.kernels import KERNEL_FNS, ROW_COPIES, Kernel, compute_dtype_for, embed_rows, pack
 from soldaemon.runtime.forward.rotation import (INNER_BLOCK, RESIDUAL_BLOCK, Rotations, rotation_applies,
                                                row_exact)
-from soldaemon.runtime.forward.weights import PACKED, LayerWeights, share_rows
+from soldaemon.runtime.forward.weights import PACKED, LayerWeights, share_rows, storage_bytes
 from soldaemon.runtime.forward.layer import (CAUSAL, GROUPED, STEPWISE, Shape, additive_mask, causal_mask,
                                              decoder_layer, group_mask, plan_attention, rms_norm, signed_sin)
 
@@ -122,8 +123,7 @@ class LeanBackend:
         self.attention_choice = plan_attention(self.device, kv_heads=self.n_kv, groups=self.n_heads // self.n_kv,
                                                head_dim=self.head_dim, dtype=self.dtype,
                                                layers=int(cfg.num_hidden_layers))
-        self.short_max_tokens = short_max_tokens
-        self.decode_max_tokens = short_max_tokens        # KVSession reads this name
+        self.decode_max_tokens = short_max_tokens        # rows of a forward that may run plan.short
         # short forwards of several rows attend row by row as steps do (layer.stepwise_attention): on a CPU a
         # verify then equals the steps bit for bit; a GPU's products round by batch shape anyway
         self.stepwise_short = self.device.type == "cpu"
@@ -164,7 +164,6 @@ class LeanBackend:
         self.cache = self.new_cache()
         # RoPE tables computed like transformers does (float32 outer product).
         inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.int64).to(self.device, torch.float32) / self.head_dim))
-        self.inv_freq = inv_freq                         # [hd/2]
         t = torch.arange(n_ctx, device=self.device, dtype=torch.float32)
         freqs = torch.outer(t, inv_freq)                 # [n_ctx, hd/2]
         emb = torch.cat((freqs, freqs), dim=-1)          # [n_ctx, hd]
@@ -197,7 +196,6 @@ class LeanBackend:
         """Lay the layers' and output layer's weights out again for ``kernel`` (plan.rows); where
         that fails (oneDNN missing or inexact) the plan drops ``rows``, logged."""
         make = ROW_COPIES[kernel]
-        names = PACKED
         try:
             self.rows_layers = [replace(w, wqkv=make(w.wqkv), wo=make(w.wo), wgu=make(w.wgu), wd=make(w.wd))
                                 for w in self.layers]
@@ -208,7 +206,7 @@ class LeanBackend:
             self.plan = replace(self.plan, rows=None, reason=self.plan.reason + f"; blocked copy failed: {exc}")
             return
         self.rows_linear = KERNEL_FNS[kernel]
-        self.rows_bytes = sum(getattr(w, n).numel() for w in self.layers for n in names) + self.head_w.numel()
+        self.rows_bytes = sum(getattr(w, n).numel() for w in self.layers for n in PACKED) + self.head_w.numel()
 
     def keep_only_row_copy(self) -> int:
         """When every forward reads the blocked copy (``steps_on_rows``, CPU): free the plain copy
@@ -266,18 +264,14 @@ class LeanBackend:
         self.released = True
 
     def _packed_tensors(self) -> list[torch.Tensor]:
-        out = [t for t in (self.head_w, self.head_s, self.embed_w, self.embed_s, self.norm) if t is not None]
+        out = self.fixed_weights()
         for w in self.layers:   # a blocked (opaque) tensor has no storage to read: rows_bytes counts it
             out.extend(t for t in vars(w).values() if isinstance(t, torch.Tensor) and not t.is_mkldnn)
         return out
 
     def weight_bytes(self) -> int:
         """Bytes of every weight tensor the backend holds, each storage once."""
-        seen: dict[int, int] = {}
-        for t in self._packed_tensors():
-            st = t.untyped_storage()
-            seen[st.data_ptr()] = st.nbytes()
-        return sum(seen.values()) + self.rows_bytes
+        return storage_bytes(self._packed_tensors()) + self.rows_bytes
 
     @property
     def all_resident(self) -> bool:
@@ -323,10 +317,7 @@ class LeanBackend:
 
     @property
     def kv_bytes_per_session(self) -> int:
-        n = 1
-        for d in self._kv_shape:
-            n *= d
-        return 2 * n * self.k_cache.element_size()
+        return 2 * math.prod(self._kv_shape) * self.k_cache.element_size()
 
     @torch.no_grad()
     def _layer_weights(self, layer: Any) -> LayerWeights:
@@ -342,7 +333,6 @@ class LeanBackend:
         read = (lambda lin, gain: lin.weight) if rot is None else (lambda lin, gain: rot.reader(lin.weight, gain))
         fields["wqkv"], fields["sqkv"] = pack(st, torch.cat([read(lin, ln1) for lin in qkv]))
         fields["wgu"], fields["sgu"] = pack(st, torch.cat([read(lin, ln2) for lin in gu]))
-        fields["q_rows"], fields["kv_rows"] = a.q_proj.weight.shape[0], a.k_proj.weight.shape[0]
         biases = [getattr(lin, "bias", None) for lin in qkv]
         fields["bqkv"] = None if all(b is None for b in biases) else torch.cat(
             [torch.zeros(lin.weight.shape[0], dtype=dt, device=lin.weight.device) if b is None else b.to(dt)
@@ -391,7 +381,7 @@ class LeanBackend:
             raise ValueError(f"KV cache overflow: {end} > n_ctx {self.n_ctx}")
         cos = self.cos[pos:end]                          # [T, hd]
         sin = self.sin[pos:end]
-        short = T <= self.short_max_tokens and not precise
+        short = T <= self.decode_max_tokens and not precise
         attention, mask = self._attention(T, pos, short)
         x = self.embed_tokens(tokens)                    # [T, D]
         store = self.residency
@@ -401,18 +391,15 @@ class LeanBackend:
                 store is None or store.all_resident):
             layers, lin = self.rows_layers, self.rows_linear
         kind = "prompt" if attention == CAUSAL else ("step" if T == 1 else ("verify" if short else "prefill"))
-        if store is None:
-            for i, w in enumerate(layers):
-                x = self._block(x, w, i, kv, pos, end, cos, sin, mask, attention, lin, kind if i == 0 else "")
-        elif store.all_resident:
-            timed = not store.cuda   # on CUDA host clocks only see kernel launches
+        if store is not None and not store.all_resident:
+            x = self._offloaded_layers(store, x, kv, pos, end, cos, sin, mask, attention, lin)
+        else:
             marks = [time.perf_counter()]
             for i, w in enumerate(layers):
                 x = self._block(x, w, i, kv, pos, end, cos, sin, mask, attention, lin, kind if i == 0 else "")
                 marks.append(time.perf_counter())
-            store.note_resident_forward([(b - a) * 1e3 for a, b in zip(marks, marks[1:])] if timed else None)
-        else:
-            x = self._offloaded_layers(store, x, kv, pos, end, cos, sin, mask, attention, lin)
+            if store is not None:   # on CUDA host clocks only see kernel launches
+                store.note_resident_forward(None if store.cuda else [(b - a) * 1e3 for a, b in zip(marks, marks[1:])])
         if self.last_q is not None:
             self.last_q_cache = kv[0]
         if last_only:

@@ -10,7 +10,6 @@ import json
 import logging
 import os
 import statistics
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -18,7 +17,9 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 
 from soldaemon import paths
+from soldaemon.runtime.forward.kernels import write_json
 from soldaemon.runtime.forward.layer import decoder_layer
+from soldaemon.runtime.forward.timing import timed
 
 if TYPE_CHECKING:
     from soldaemon.runtime.forward.cudagraph import GraphDecoder
@@ -90,27 +91,19 @@ def load_choice(path: Path) -> CompileChoice | None:
 
 def save_choice(path: Path, choice: CompileChoice) -> None:
     """Write the record atomically (a reader sees the old or the new one)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({**asdict(choice), "reused": False}, indent=2), encoding="utf-8")
-    os.replace(tmp, path)
+    write_json(path, {**asdict(choice), "reused": False}, indent=2)
 
 
-def time_steps(graphs: GraphDecoder, steps: int, *, token: int = 1, pos: int = 0,
-               cache: Any = None) -> list[float]:
+def time_steps(graphs: GraphDecoder, steps: int, *, cache: Any = None) -> list[float]:
     """ms of each of ``steps`` decode steps through ``graphs`` (a first, capturing step untimed).
     Raises RuntimeError when a step does not replay a graph."""
-    sync = torch.cuda.synchronize if graphs.device.type == "cuda" else (lambda *_: None)
     out: list[float] = []
     for i in range(steps + 1):
-        sync(graphs.device)
-        t0 = time.perf_counter()
-        replayed = graphs.step(token, pos + i % 8, cache)
-        sync(graphs.device)
+        replayed, ms = timed(lambda: graphs.step(1, i % 8, cache), graphs.device)
         if replayed is None:
             raise RuntimeError(f"no graph replayed ({graphs.failure or 'graphs off'})")
         if i:
-            out.append((time.perf_counter() - t0) * 1000)
+            out.append(ms)
     return out
 
 
@@ -133,20 +126,18 @@ def measure(graphs: GraphDecoder, *, steps: int = STEPS,
     try:
         scratch = backend.new_cache()
         eager = time_steps(graphs, steps, cache=scratch)
-        sync = torch.cuda.synchronize if graphs.device.type == "cuda" else (lambda *_: None)
         graphs.use_layer(compiler())
-        t0 = time.perf_counter()
-        if graphs.step(1, 0, scratch) is None:                 # compile + capture of the first graph
+        first, ms = timed(lambda: graphs.step(1, 0, scratch), graphs.device)   # compile + first capture
+        if first is None:
             raise RuntimeError(f"no graph with the compiled layer ({graphs.failure})")
-        sync(graphs.device)
-        compile_s = time.perf_counter() - t0
-        timed = time_steps(graphs, steps, cache=scratch)
+        compile_s = ms / 1e3
+        compiled_ms = time_steps(graphs, steps, cache=scratch)
     except Exception as exc:                          # inductor's errors have no common base; OOM
         what = "compile failed" if eager else "eager steps failed"
         return CompileChoice(False, statistics.median(eager) if eager else None, None, None,
                              f"{what}: {type(exc).__name__}: {exc}".splitlines()[0][:200])
     else:
-        choice = decide(eager, timed, compile_s)
+        choice = decide(eager, compiled_ms, compile_s)
         if choice.compiled:
             layer = graphs.layer
         return choice

@@ -50,7 +50,7 @@ class GraphDecoder:
         self.device = backend.device
         self.buckets = buckets(backend.n_ctx)
         self.max_graphs = max_graphs
-        self.verify_rows = tuple(sorted(r for r in verify_rows if 1 < r <= backend.short_max_tokens))
+        self.verify_rows = tuple(sorted(r for r in verify_rows if 1 < r <= backend.decode_max_tokens))
         self.emulated = emulate and self.device.type != "cuda"
         self.enabled = self.device.type == "cuda" or self.emulated
         self.failure: str | None = None if self.enabled else "not a CUDA device"
@@ -154,11 +154,8 @@ class GraphDecoder:
             return None
         self.token.fill_(token)
         self.pos.fill_(pos)
-        g, out = graph
-        g.replay()
+        out = self._replay(graph, cache)
         self.replays += 1
-        if self.b.last_q is not None:
-            self.b.last_q_cache = cache[0]
         return out[0]
 
     def verify(self, tokens: Sequence[int], pos: int, cache: Any = None) -> torch.Tensor | None:
@@ -179,12 +176,17 @@ class GraphDecoder:
         tok.copy_(host, non_blocking=True)
         torch.add(arange, pos, out=positions)
         last_row.fill_(T - 1)
+        out = self._replay(graph, cache)
+        self.verify_replays += 1
+        return out[:T]
+
+    def _replay(self, graph: tuple[Any, torch.Tensor], cache: Any) -> torch.Tensor:
+        """Replay ``graph`` (captured over ``cache``): its logits, which the next replay overwrites."""
         g, out = graph
         g.replay()
-        self.verify_replays += 1
         if self.b.last_q is not None:
             self.b.last_q_cache = cache[0]
-        return out[:T]
+        return out
 
     def invalidate(self) -> None:
         """The weights moved: drop every graph and the shared pool (capturing into a pool whose last
@@ -214,7 +216,7 @@ class GraphDecoder:
                     self.stale = False
                 if not self.usable() or (pending is not None and not self._room()):
                     break                                # graphs off, or the device's memory is short
-                if not self._capture_for(cache, window, rows):
+                if self._graph(cache, window, rows, capture=True) is None:   # capture failed
                     break
                 if pending is not None:
                     self._pending.pop(pending, None)
@@ -276,10 +278,6 @@ class GraphDecoder:
         self._windows_used.add(window)
         self._graphs[key] = found
         return found
-
-    def _capture_for(self, cache: Any, window: int, rows: int) -> bool:
-        """Ensure ``cache``'s graph of ``window`` and ``rows`` exists; False when capture failed."""
-        return self._graph(cache, window, rows, capture=True) is not None
 
     def _capture(self, cache: Any, window: int, rows: int) -> tuple[Any, torch.Tensor]:
         """A graph of a step (``rows`` 1) or a verify, bound to ``cache``'s tensors."""
@@ -344,7 +342,7 @@ class GraphDecoder:
                 break
             for window in windows:
                 for rows in (1, *self.verify_rows):
-                    if not self._capture_for(cache, window, rows):
+                    if self._graph(cache, window, rows, capture=True) is None:   # capture failed
                         return
             self.slots_captured += 1
         self.sealed = True

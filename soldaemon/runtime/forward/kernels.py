@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from soldaemon import paths
+from soldaemon.runtime.forward.timing import timed
 from soldaemon.policy.kernel_plan import (EXACT_VERIFY, HEAD_STORAGES, KERNELS, PLAN_FORMAT, PREFILL_ROWS, ROW_KERNELS,
                                           SHORT_ROWS, KernelPlan, TimingTable, choose_plan, retime_reason)
 
@@ -262,19 +263,6 @@ def embed_rows(ids: torch.Tensor, w: torch.Tensor, s: torch.Tensor | None, dtype
 # -- measurement -------------------------------------------------------------
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _time_once(fn: Callable[[], Any], device: torch.device) -> float:
-    _sync(device)
-    t0 = time.perf_counter()
-    fn()
-    _sync(device)
-    return (time.perf_counter() - t0) * 1e3
-
-
 def monotone(row_ms: dict[int, float]) -> dict[int, float]:
     """Each entry lowered to the least time at its row count or above (fewer rows never cost
     more): undoes a timing another process pre-empted."""
@@ -375,7 +363,7 @@ def measure_table(cfg: Any, device: torch.device, compute_dtype: torch.dtype, *,
                 continue
             try:
                 with turn():
-                    ms = _time_once(run, device)
+                    ms = timed(run, device)[1]
             except (RuntimeError, NotImplementedError, TypeError) as exc:
                 say(f"kernel {kernel} failed at {rows} rows: {str(exc).splitlines()[0][:120]}")
                 failed.add(kernel)
@@ -470,16 +458,26 @@ def load_table(key: str) -> TimingTable | None:
         return None
 
 
+def write_json(path: Path, doc: Any, indent: int = 1) -> None:
+    """Write ``doc`` to ``path`` atomically (a reader sees the old or the new file, never half
+    of one); raises OSError."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc, indent=indent), encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def save_table(key: str, table: TimingTable) -> None:
     """Write the table atomically (a crash never leaves half a file)."""
-    path = _plan_file(key)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"format": PLAN_FORMAT, "table": table.to_dict()}, indent=1))
-        os.replace(tmp, path)
+        write_json(_plan_file(key), {"format": PLAN_FORMAT, "table": table.to_dict()})
     except OSError as exc:
         log.warning("cannot cache the kernel timings (%s); they will be measured again next start", exc)
+
+
+def progress_say(progress: bool) -> Callable[[str], None]:
+    """Where start-up's measuring says what it does: the console (``progress``), else the log."""
+    return (lambda m: print(f"soldaemon: {m}", flush=True)) if progress else (lambda m: log.info("%s", m))
 
 
 def plan_for(cfg: Any, device: torch.device, compute_dtype: torch.dtype, precision: str = "auto", *,
@@ -492,9 +490,7 @@ def plan_for(cfg: Any, device: torch.device, compute_dtype: torch.dtype, precisi
     speculation off). Raises ValueError for a bad precision or when nothing could be measured."""
     key = plan_key(cfg, device, compute_dtype)
     table = load_table(key)
-    why = None
-    if table is not None and device.type == "cpu":
-        why = retime_reason(table, *load())
+    why = retime_reason(table, *load()) if table is not None and device.type == "cpu" else None
     if table is None or why is not None:
         t0 = time.perf_counter()
         say(f"timing the linear kernels again: {why}…" if why else

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from soldaemon.policy.attention import AttentionChoice, AttentionTimings, choose_cudnn
+from soldaemon.runtime.forward.timing import timed
 
 log = logging.getLogger("soldaemon.attention")
 
@@ -136,7 +137,7 @@ def plan_attention(device: torch.device, *, kv_heads: int, groups: int, head_dim
         if not torch.backends.cuda.cudnn_sdp_enabled():
             return None
         t0 = time.perf_counter()
-        timed: dict[bool, tuple[list[float], list[float]]] = {True: ([], []), False: ([], [])}
+        by_option: dict[bool, tuple[list[float], list[float]]] = {True: ([], []), False: ([], [])}
         try:
             for enabled in (True, False):             # each option's kernels and handles loaded, untimed
                 _attention_call(device, kv_heads, groups, head_dim, dtype, 8, 64 + enabled, enabled)
@@ -146,10 +147,10 @@ def plan_attention(device: torch.device, *, kv_heads: int, groups: int, head_dim
                     n = positions + 2 * i + enabled
                     cold = _attention_call(device, kv_heads, groups, head_dim, dtype, rows, n, enabled)
                     warm = _attention_call(device, kv_heads, groups, head_dim, dtype, rows, n, enabled)
-                    timed[enabled][0].append(cold)
-                    timed[enabled][1].append(warm)
-            choice = choose_cudnn(AttentionTimings(tuple(timed[True][0]), tuple(timed[True][1])),
-                                  AttentionTimings(tuple(timed[False][0]), tuple(timed[False][1])), layers)
+                    by_option[enabled][0].append(cold)
+                    by_option[enabled][1].append(warm)
+            choice = choose_cudnn(AttentionTimings(tuple(by_option[True][0]), tuple(by_option[True][1])),
+                                  AttentionTimings(tuple(by_option[False][0]), tuple(by_option[False][1])), layers)
         except RuntimeError as exc:                   # a cuDNN call that fails: it does not serve
             choice = AttentionChoice(False, AttentionTimings((), ()), AttentionTimings((), ()), layers,
                                      f"measuring failed: {exc}".splitlines()[0][:200])
@@ -170,11 +171,7 @@ def _attention_call(device: torch.device, kv_heads: int, groups: int, head_dim: 
     k = torch.randn(1, kv_heads, positions, head_dim, device=device, dtype=dtype, generator=gen)
     v = torch.randn(1, kv_heads, positions, head_dim, device=device, dtype=dtype, generator=gen)
     mask = additive_mask(group_mask(causal_mask(positions - rows, rows, positions, device), groups), dtype)
-    torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=head_dim ** -0.5)
-    torch.cuda.synchronize(device)
-    return (time.perf_counter() - t0) * 1000
+    return timed(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=head_dim ** -0.5), device)[1]
 
 
 _PLAN_LOCK = threading.Lock()

@@ -14,7 +14,7 @@ from soldaemon.weights.loader import LoadedModel
 from soldaemon.runtime.forward.backend import LEAN_ARCHITECTURES, LeanBackend
 from soldaemon.policy.kernel_plan import KernelPlan, TimingTable
 from soldaemon.policy.memory import blocked_copy_allowed
-from soldaemon.runtime.forward.kernels import compute_dtype_for, plan_for, verify_exact_kernels
+from soldaemon.runtime.forward.kernels import compute_dtype_for, plan_for, progress_say, verify_exact_kernels
 from soldaemon.runtime.forward.retime import Retimed
 
 log = logging.getLogger("soldaemon.engine")
@@ -34,13 +34,11 @@ def lean_or_float32(loaded: LoadedModel) -> bool:
 
 def blocked_copy_bytes(loaded: LoadedModel) -> int:
     """≈ bytes of a blocked int8 copy of ``loaded``'s weights: a byte per weight-matrix element."""
-    seen: set[int] = set()
-    total = 0
+    first: dict[int, int] = {}   # storage → the first matrix's elements: a tied output layer counts once
     for p in loaded.model.parameters():
-        if p.dim() == 2 and p.untyped_storage().data_ptr() not in seen:   # a tied output layer counts once
-            seen.add(p.untyped_storage().data_ptr())
-            total += p.numel()
-    return total
+        if p.dim() == 2:
+            first.setdefault(p.untyped_storage().data_ptr(), p.numel())
+    return sum(first.values())
 
 
 def may_keep_blocked_copy(loaded: LoadedModel, config: Any) -> bool:
@@ -66,11 +64,10 @@ def choose_kernels(loaded: LoadedModel, precision: str, *, progress: bool = True
     if not lean_or_float32(loaded):
         return None, None
     compute = compute_dtype_for(loaded.device, loaded.dtype)
-    say = (lambda m: print(f"soldaemon: {m}", flush=True)) if progress else (lambda m: log.info("%s", m))
     try:
         exact = (verify_exact_kernels(loaded.model.config) if speculative and loaded.device.type == "cpu"
                  else None)
-        plan, table, cached = plan_for(loaded.model.config, loaded.device, compute, precision, say=say,
+        plan, table, cached = plan_for(loaded.model.config, loaded.device, compute, precision, say=progress_say(progress),
                                        row_copy=row_copy, exact=exact)
     except ValueError as exc:
         raise ConfigError(f"model.precision: {exc}",

@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -49,9 +49,7 @@ class Retimed:
 
 def same_kernels(a: KernelPlan, b: KernelPlan) -> bool:
     """The two plans run the same kernels over the same storages (predictions and reasons aside)."""
-    def fields(p: KernelPlan) -> tuple[Any, ...]:
-        return (p.storage, p.prefill, p.short, p.head_storage, p.head, p.rows)
-    return fields(a) == fields(b)
+    return all(getattr(a, f) == getattr(b, f) for f in ("storage", "prefill", "short", "head_storage", "head", "rows"))
 
 
 def _rss_mb() -> float | None:
@@ -113,14 +111,6 @@ class BackgroundRetime:
             self._stop.wait(self.poll_s)
         return None
 
-    @contextlib.contextmanager
-    def _piece(self) -> Any:
-        """One timed piece: inside ``turn``; a stop ends the timing between pieces."""
-        if self._stop.is_set():
-            raise _Stopped()
-        with self.turn():
-            yield
-
     def run(self) -> Retimed | None:
         """The thread's body: wait for quiet, time, save, compare, maybe swap. Returns (and keeps in
         ``result``) what it found; None when stopped or the timing failed (logged)."""
@@ -131,11 +121,16 @@ class BackgroundRetime:
         t0, rss0 = time.perf_counter(), _rss_mb()
         peak = [rss0]
 
-        def piece() -> contextlib.AbstractContextManager[Any]:
+        @contextlib.contextmanager
+        def piece() -> Iterator[None]:
+            """One timed piece, inside ``turn``; a stop ends the timing between pieces."""
             rss = _rss_mb()
             if rss is not None and (peak[0] is None or rss > peak[0]):
                 peak[0] = rss
-            return self._piece()
+            if self._stop.is_set():
+                raise _Stopped()
+            with self.turn():
+                yield
 
         try:
             fresh = self.measure(self.cfg, self.device, self.compute_dtype, load=self.load, turn=piece,

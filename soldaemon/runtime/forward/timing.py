@@ -5,9 +5,11 @@ decides with (``DraftLength``'s forward costs, a draft model's step) reads the c
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 # device type → how to wait for its queued work
 SYNCHRONIZERS: dict[str, Callable[[torch.device], None]] = {
@@ -26,3 +28,11 @@ def elapsed_ms(t0_ns: int, device: torch.device) -> float:
     :func:`synchronize`) until the device's queued work is done."""
     synchronize(device)
     return (time.perf_counter_ns() - t0_ns) / 1e6
+
+
+def timed(fn: Callable[[], T], device: torch.device) -> tuple[T, float]:
+    """``fn()`` and its ms, from a :func:`synchronize` to the end of the device work it queued."""
+    synchronize(device)
+    t0 = time.perf_counter_ns()
+    out = fn()
+    return out, elapsed_ms(t0, device)

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 
@@ -28,8 +28,6 @@ class LayerWeights:
     so: torch.Tensor | None = None
     sgu: torch.Tensor | None = None
     sd: torch.Tensor | None = None
-    q_rows: int = 0                    # H*hd: where k's rows start in wqkv (v's: q_rows + kv_rows)
-    kv_rows: int = 0                   # KV*hd
 
 
 PACKED = ("wqkv", "wo", "wgu", "wd")   # LayerWeights' product weights
@@ -48,3 +46,9 @@ def share_rows(linears: Sequence[Any], packed: torch.Tensor, bias: torch.Tensor 
         for lin, part in zip(linears, bias.split(sizes)):
             if getattr(lin, "bias", None) is not None:
                 lin.bias.data = part
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
+    """Bytes of the storages under ``tensors``, each counted once (None: skipped)."""
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for t in tensors if t is not None}.values())

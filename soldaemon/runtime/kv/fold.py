@@ -30,11 +30,12 @@ class FoldedKV:
     k_tail: torch.Tensor        # [L, KV, n - nb*BLOCK, hd] model dtype (the partial last block)
     v_tail: torch.Tensor
 
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in vars(self).values() if isinstance(t, torch.Tensor)]
+
     def nbytes(self) -> int:
         """Bytes actually stored (measured from the tensors)."""
-        return sum(t.numel() * t.element_size() for t in (
-            self.fold, self.k_full, self.v_full, self.k_q, self.k_scale, self.v_q, self.v_scale,
-            self.k_tail, self.v_tail))
+        return sum(t.numel() * t.element_size() for t in self.tensors())
 
     def trimmed_bytes(self) -> int:
         """Bytes the same n tokens take unfolded (trimmed, full precision)."""

@@ -14,16 +14,13 @@ import torch
 
 from soldaemon.errors import Cancelled
 from soldaemon.runtime.forward.backend import Backend
-from soldaemon.policy.fold import blocks_to_fold, check_threshold, folding_on, should_score
-from soldaemon.runtime.kv.fold import FoldedKV, block_scores, fold_blocks, unfold
+from soldaemon.runtime.forward.weights import storage_bytes
+from soldaemon.policy.fold import check_threshold, folding_on, should_score
+from soldaemon.runtime.kv.fold import FoldedKV, block_scores, fold, unfold
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 
@@ -144,17 +141,9 @@ class KVSession:
         return None if rows is None else rows.clone()
 
     def decode_step(self, token: int) -> torch.Tensor:
-        """Append ``token``; return the next token's logits [V], a tensor no later step changes."""
-        if len(self.tokens) + 1 >= self.n_ctx:
-            raise ValueError("KV cache full")
-        self.version += 1
-        rows = self._replay([token], len(self.tokens))
-        if rows is None:
-            rows = self._forward([token], len(self.tokens))
-        logits = rows[0]
-        self.tokens.append(token)
-        self._last_logits = logits
-        return logits
+        """Append ``token``; return the next token's logits [V], a tensor no later step changes
+        (a one-token :meth:`verify`: the same forward)."""
+        return self.verify([token])[0]
 
     def verify(self, tokens: Sequence[int]) -> torch.Tensor:
         """Append ``tokens`` (last sampled token + draft) in one forward; return logits [T, V].
@@ -202,22 +191,40 @@ class SessionPool:
         return folding_on(self.fold_threshold)
 
     def acquire(self, key: str) -> KVSession:
-        if self.folding:
-            return self._acquire_folding(key)
+        """``key``'s session, now the most recent (a new or recycled one for a new key); with
+        folding on, the active session's KV is parked and ``key``'s unfolded into the buffer."""
+        t0 = time.perf_counter()
+        switch = self.folding and not (key == self._active and key in self._by_key)
+        if switch and self._active is not None and self._active in self._by_key:
+            self._park(self._active, self._by_key[self._active])
         session = self._by_key.pop(key, None)
         if session is None:
             if self._free:
                 session = self._free.pop(0)
             elif len(self._by_key) >= self.slots:
-                session = self._by_key.pop(next(iter(self._by_key)))  # least recently used
+                old = next(iter(self._by_key))
+                session = self._by_key.pop(old)     # least recently used
+                self._folded.pop(old, None)
                 session.truncate(0)
             else:
-                # the first session takes the cache the backend was built with
-                cache = self.backend.new_cache() if self._created else None
-                session = KVSession(self.backend, cache=cache)
-                self._created += 1
+                session = self._new_session(self.backend.cache if self.folding else None)
         self._by_key[key] = session
+        if switch:
+            session.cache = self.backend.cache
+            folded = self._folded.pop(key, None)
+            if folded is not None:
+                unfold(folded, *session.cache)
+            self._active = key
+            self.fold_ms = (time.perf_counter() - t0) * 1e3
         return session
+
+    def _new_session(self, cache: Any = None) -> KVSession:
+        """Another session over ``cache``; None: a new one, but the first session takes the
+        cache the backend was built with."""
+        if cache is None and self._created:
+            cache = self.backend.new_cache()
+        self._created += 1
+        return KVSession(self.backend, cache=cache)
 
     def caches(self) -> list[Any]:
         """Every slot's KV cache, made now if missing, so the graphs captured per cache at warm-up
@@ -225,9 +232,7 @@ class SessionPool:
         if self.folding:
             return [self.backend.cache]
         while self._created < self.slots:
-            cache = self.backend.new_cache() if self._created else None
-            self._free.append(KVSession(self.backend, cache=cache))
-            self._created += 1
+            self._free.append(self._new_session())
         return [s.cache for s in (*self._by_key.values(), *self._free)]
 
     def truncate_all(self) -> None:
@@ -237,34 +242,6 @@ class SessionPool:
             session.truncate(0)
         self._folded.clear()
 
-    def _acquire_folding(self, key: str) -> KVSession:
-        if key == self._active and key in self._by_key:
-            current = self._by_key.pop(key)
-            self._by_key[key] = current
-            return current
-        t0 = time.perf_counter()
-        buffer = self.backend.cache
-        if self._active is not None and self._active in self._by_key:
-            self._park(self._active, self._by_key[self._active])
-        session = self._by_key.pop(key, None)
-        if session is None:
-            if len(self._by_key) >= self.slots:
-                old = next(iter(self._by_key))
-                session = self._by_key.pop(old)     # least recently used
-                self._folded.pop(old, None)
-                session.truncate(0)
-            else:
-                session = KVSession(self.backend, cache=buffer)
-                self._created += 1
-        session.cache = buffer
-        folded = self._folded.pop(key, None)
-        if folded is not None:
-            unfold(folded, *buffer)
-        self._by_key[key] = session
-        self._active = key
-        self.fold_ms = (time.perf_counter() - t0) * 1e3
-        return session
-
     def _park(self, key: str, session: KVSession) -> None:
         """Fold ``session``'s KV out of the compute buffer."""
         k, v = cast("tuple[torch.Tensor, torch.Tensor]", session.cache)
@@ -272,10 +249,9 @@ class SessionPool:
         if n == 0:
             return
         last_q = self.backend.last_q
-        scores = None
-        if last_q is not None and should_score(n, self.backend.last_q_cache is k):
-            scores = block_scores(k, last_q, n, self.backend.scale)
-        self._folded[key] = fold_blocks(k, v, n, blocks_to_fold(scores, self.fold_threshold))
+        scores = (block_scores(k, last_q, n, self.backend.scale)
+                  if last_q is not None and should_score(n, self.backend.last_q_cache is k) else None)
+        self._folded[key] = fold(k, v, n, scores, self.fold_threshold)
 
     def kv_stats(self) -> dict[str, Any]:
         """Parked sessions' KV bytes stored, trimmed and full, so trim and fold savings show
@@ -297,17 +273,13 @@ class SessionPool:
 
     def kv_bytes(self) -> int:
         """Bytes of every KV tensor the pool holds, each storage counted once."""
-        seen: dict[int, int] = {}
         tensors: list[torch.Tensor] = []
         for s in [*self._by_key.values(), *self._free]:
             if isinstance(s.cache, tuple):
                 tensors.extend(t for t in s.cache if isinstance(t, torch.Tensor))
         for f in list(self._folded.values()):
-            tensors.extend((f.fold, f.k_full, f.v_full, f.k_q, f.k_scale, f.v_q, f.v_scale, f.k_tail, f.v_tail))
-        for t in tensors:
-            st = t.untyped_storage()
-            seen[st.data_ptr()] = st.nbytes()
-        return sum(seen.values())
+            tensors.extend(f.tensors())
+        return storage_bytes(tensors)
 
     def __len__(self) -> int:
         return len(self._by_key)

@@ -136,26 +136,20 @@ class MemoryScheduler:
         self.kv_switches = 0                       # times kv_quantizing changed after the first decision
         self.update_kv_folding()
 
-    def touch(self) -> None:
-        self.last_active = time.monotonic()
-
     @contextlib.contextmanager
     def request(self, priority: str = "normal") -> Iterator[None]:
         """Around one request: note activity, restore released weights (layer 0 first) and, for
         ``priority: high``, pin them until it ends."""
-        self.touch()
+        self.last_active = time.monotonic()
         if self.store.released:
             with self.gen_lock:
                 self.restore()
         self.update_kv_folding()
         try:
-            if priority == "high":
-                with self.store.pinned():
-                    yield
-            else:
+            with self.store.pinned() if priority == "high" else contextlib.nullcontext():
                 yield
         finally:
-            self.touch()
+            self.last_active = time.monotonic()
             self.recapture_soon()
 
     def recapture_soon(self) -> threading.Thread | None:
@@ -239,13 +233,10 @@ class MemoryScheduler:
         """Release when idle (on the timer, or under pressure); bytes freed (0: not now). Skips
         when a request holds the generation lock or pins layers."""
         now = time.monotonic() if now is None else now
-        if self.on_timer or self.pressure is None:
-            due = idle_release_due(now, self.last_active, self.idle_release_s,
-                                   released=self.store.released, pins=self.store.pins)
-        else:   # on memory pressure: idle a little, and another process wants the memory
-            due = (idle_release_due(now, self.last_active, PRESSURE_MIN_IDLE_S, released=self.store.released,
-                                    pins=self.store.pins) and self.pressure())
-        if not due:
+        pressure = None if self.on_timer else self.pressure   # else: idle a little, and another process wants the memory
+        idle_s = self.idle_release_s if pressure is None else PRESSURE_MIN_IDLE_S
+        if not (idle_release_due(now, self.last_active, idle_s, released=self.store.released, pins=self.store.pins)
+                and (pressure is None or pressure())):
             return 0
         if not self.gen_lock.acquire(blocking=False):
             return 0

@@ -15,6 +15,8 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from soldaemon.policy.residency import ForwardRecord, Heatmap, ResidencyPlan, UnitInfo, plan_residency
+from soldaemon.runtime.forward.timing import timed
+from soldaemon.runtime.forward.weights import storage_bytes
 from soldaemon.runtime.memory.prefetch import Copier, CopyJob, PrefetchStats, StreamCopier, ThreadCopier, order_after, wait_copy
 
 log = logging.getLogger("soldaemon.residency")
@@ -46,16 +48,8 @@ def measure_copy_bandwidth(device: torch.device, nbytes: int = 64 << 20, reps: i
     src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda)
     src.fill_(1)
     dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    best = float("inf")
-    for _ in range(reps):
-        if cuda:
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        dst.copy_(src, non_blocking=cuda)
-        if cuda:
-            torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - t0)
-    return nbytes / best / 1e9
+    best_ms = min(timed(lambda: dst.copy_(src, non_blocking=cuda), device)[1] for _ in range(reps))
+    return nbytes / (best_ms / 1e3) / 1e9
 
 
 class WeightStore:
@@ -89,7 +83,7 @@ class WeightStore:
         for i in range(self.n_layers):
             for part, names in parts:
                 dev = {n: getattr(layers[i], n) for n in names if getattr(layers[i], n) is not None}
-                nbytes = _unique_bytes(list(dev.values()))
+                nbytes = storage_bytes(list(dev.values()))
                 uid = len(self.units)
                 self.units.append(_Unit(UnitInfo(uid, i, part, nbytes, sum(map(_nbytes, dev.values()))),
                                         tuple(dev), dev))
@@ -120,38 +114,27 @@ class WeightStore:
 
     @property
     def fixed_bytes(self) -> int:
-        return _unique_bytes(self._fixed)
+        return storage_bytes(self._fixed)
 
     def device_bytes(self) -> int:
         """Measured bytes of every storage the store holds on the device, each counted once."""
-        tensors = list(self._fixed) + list(self._slots)
-        if self._fallback is not None:
-            tensors.append(self._fallback)
-        for u in self.units:
-            if u.resident:
-                tensors.extend(u.tensors.values())
-        return _unique_bytes(tensors)
+        resident = [t for u in self.units if u.resident for t in u.tensors.values()]
+        return storage_bytes([*self._fixed, *self._slots, self._fallback, *resident])
 
     def host_bytes(self) -> int:
-        return _unique_bytes([t for u in self.units if u.host for t in u.host.values()])
+        return storage_bytes([t for u in self.units if u.host for t in u.host.values()])
 
     # -- planning -----------------------------------------------------------------
 
     def make_plan(self, budget_bytes: int | None, kv_reserve_bytes: int, *,
                   bandwidth_gbs: float | None = None, first_layers: int = 2) -> ResidencyPlan:
-        compute = self._compute_ms_per_forward()
+        means = [r["mean_ms"] for r in self.heatmap.per_layer()]
+        compute = None if any(m is None for m in means) else float(sum(means))
         return plan_residency(self.unit_infos, budget_bytes=budget_bytes, fixed_bytes=self.fixed_bytes,
                               kv_reserve_bytes=kv_reserve_bytes, slot_bytes=self.slot_bytes,
                               prefetch_depth=self.prefetch_depth, heat=self.heatmap.heat(),
                               first_layers=first_layers, bandwidth_gbs=bandwidth_gbs,
                               compute_ms_per_forward=compute)
-
-    def _compute_ms_per_forward(self) -> float | None:
-        rows = self.heatmap.per_layer()
-        means = [r["mean_ms"] for r in rows]
-        if any(m is None for m in means):
-            return None
-        return float(sum(means))
 
     def apply_plan(self, plan: ResidencyPlan) -> None:
         """Move units so that exactly ``plan.resident`` is on the device: offloads first, so
@@ -242,23 +225,21 @@ class WeightStore:
 
     # -- idle release, restore, pinning -------------------------------------------
 
-    def release(self, keep_layers: int = 0) -> int:
-        """Idle release: offload every unit of layers >= ``keep_layers`` and
-        free the staging slots down to the ring the next request needs.
-        Returns the device bytes freed (measured). No-op while pinned."""
+    def release(self) -> int:
+        """Idle release: offload every unit and free the staging slots down to the ring the next
+        request needs. Returns the device bytes freed (measured). No-op while pinned."""
         if self._pins or self.released:
             return 0
         before = self.device_bytes()
         self._drain()
         for u in self.units:
-            if u.info.layer >= keep_layers:
-                self._offload(u)
+            self._offload(u)
         self._set_ring(False)
         self._set_ring(True)
         self.released = True
         self._refresh()
         freed = before - self.device_bytes()
-        log.info("idle release: %.1f MB of device memory freed (%d layers kept)", freed / 2**20, keep_layers)
+        log.info("idle release: %.1f MB of device memory freed", freed / 2**20)
         return freed
 
     def restore(self) -> float:
@@ -300,8 +281,7 @@ class WeightStore:
         """Called by the forward before layer 0 (offloaded path only)."""
         L = self.n_layers
         self._fwd = ForwardRecord(0.0, None if self.cuda else [0.0] * L, ["resident"] * L, [0] * L, [0.0] * L)
-        for j in range(min(self.prefetch_depth, len(self._order))):
-            self._issue(j)
+        self._issue_first()
 
     def layer(self, i: int) -> tuple[Any, float, str, int]:
         """Layer i's weights for this forward: (LayerWeights, stall ms,
@@ -353,14 +333,8 @@ class WeightStore:
             s = self.stats
             s.stall_ms += stall_ms
             s.bytes_copied += copied
-            if outcome == "hit":
-                s.hits += 1
-            elif outcome == "late":
-                s.late += 1
-            elif outcome == "miss":
-                s.misses += 1
-            else:
-                s.fallbacks += 1
+            counter = {"hit": "hits", "late": "late", "miss": "misses"}.get(outcome, "fallbacks")
+            setattr(s, counter, getattr(s, counter) + 1)
         rec = self._fwd
         assert rec is not None and rec.outcomes is not None and rec.copied is not None and rec.stall_ms is not None
         if rec.ms is not None and ms is not None:
@@ -374,9 +348,12 @@ class WeightStore:
             self._fwd.t = time.monotonic()
             self.heatmap.add(self._fwd)
             self._fwd = None
-        if self._order:
-            for j in range(min(self.prefetch_depth, len(self._order))):
-                self._issue(j)
+        self._issue_first()
+
+    def _issue_first(self) -> None:
+        """Start fetching the first ``prefetch_depth`` offloaded layers."""
+        for j in range(min(self.prefetch_depth, len(self._order))):
+            self._issue(j)
 
     def note_resident_forward(self, ms_by_layer: list[float] | None) -> None:
         """The all-resident fast path's heatmap record (one call per forward)."""
@@ -430,21 +407,21 @@ class WeightStore:
                 order_after(old, torch.cuda.current_stream(self.device))
             else:
                 wait_copy(old, None)
+        job = self._jobs[slot] = self._copy_into(i, slot, self._slots[slot])
+        return job
+
+    def _copy_into(self, i: int, slot: int, buf: torch.Tensor) -> CopyJob:
+        """Layer i's offloaded tensors copied into ``buf`` now: a finished job."""
         srcs = self._sources(i)
-        job = CopyJob(i, slot, -1.0, views=self._views(self._slots[slot], srcs))
+        job = CopyJob(i, slot, -1.0, views=self._views(buf, srcs))
         for name, src in srcs:
             job.views[name].copy_(src, non_blocking=self.cuda)
         job.done.set()
-        self._jobs[slot] = job
         return job
 
     def _fallback_copy(self, i: int, waited_s: float) -> CopyJob:
         assert self._fallback is not None
-        srcs = self._sources(i)
-        job = CopyJob(i, -1, -1.0, views=self._views(self._fallback, srcs))
-        for name, src in srcs:
-            job.views[name].copy_(src, non_blocking=self.cuda)
-        job.done.set()
+        job = self._copy_into(i, -1, self._fallback)
         log.warning("SOL_FALLBACK layer=%d prefetch not ready after %.1f ms (fallback_timeout_ms=%.1f): "
                     "synchronous copy", i, waited_s * 1e3, self.fallback_timeout_s * 1e3)
         return job
@@ -487,16 +464,6 @@ def _nbytes(t: torch.Tensor | None) -> int:
 
 def _aligned(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
-
-
-def _unique_bytes(tensors: Sequence[torch.Tensor | None]) -> int:
-    seen: dict[int, int] = {}
-    for t in tensors:
-        if t is None:
-            continue
-        s = t.untyped_storage()
-        seen[s.data_ptr()] = s.nbytes()
-    return sum(seen.values())
 
 
 def _host_copy(t: torch.Tensor, pin: bool) -> torch.Tensor:
