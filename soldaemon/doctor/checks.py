@@ -17,10 +17,11 @@ from typing import Any, Iterable, Literal, Sequence
 
 from soldaemon.doctor import readers
 from soldaemon.doctor import gpu_state
-from soldaemon.doctor.daemon import configured_plan_key, daemon_report, probe_running_daemon
+from soldaemon.doctor.daemon import daemon_report, probe_running_daemon, served_health
 from soldaemon.doctor.plan import model_report, plan_report
-from soldaemon.doctor.readers import (DEFAULT_PORT, CacheReading, CpuReading, DaemonReading, GpuProbe, GpuReading,
-                                      MachineReading, TorchReading)
+from soldaemon.doctor.readers import (CacheReading, CpuReading, DaemonReading, GpuReading, MachineReading,
+                                      TorchReading)
+from soldaemon.weights.embedded import EMBEDDED_MODELS
 
 Verdict = Literal["ok", "info", "warn", "fail"]
 VERDICTS: tuple[Verdict, ...] = ("ok", "info", "warn", "fail")
@@ -38,19 +39,16 @@ CONVERT_DISK_BYTES = 3 * GiB
 # Fewer logical cores than this makes CPU-only completions slow.
 CPU_MIN_CORES = 4
 FAST_PATH_CC = (8, 0)
+DEFAULT_PORT = 8765                     # the daemon's, for --port
 
-# NVML clock event ("throttle") reason bits.
+# NVML clock event ("throttle") reason bits: idle, software power cap, then the slowdowns.
 REASON_GPU_IDLE = 0x1
 REASON_SW_POWER_CAP = 0x4
-REASON_HW_SLOWDOWN = 0x8
-REASON_SW_THERMAL = 0x20
-REASON_HW_THERMAL = 0x40
-REASON_HW_POWER_BRAKE = 0x80
 _SLOWDOWNS = {
-    REASON_HW_SLOWDOWN: "hardware slowdown",
-    REASON_SW_THERMAL: "software thermal slowdown",
-    REASON_HW_THERMAL: "hardware thermal slowdown",
-    REASON_HW_POWER_BRAKE: "power brake",
+    0x8: "hardware slowdown",
+    0x20: "software thermal slowdown",
+    0x40: "hardware thermal slowdown",
+    0x80: "power brake",
 }
 
 # PyTorch wheel index tags, oldest first; a fix suggests the newest the driver can run.
@@ -136,7 +134,6 @@ def judge(
     torch_version: str | None = "unknown",
     include_driver: bool = True,
     own_pid: int | None = None,
-    needed_bytes: int = MODEL_GPU_BYTES,
     visible_devices: str | None = None,
 ) -> list[Check]:
     """All checks for one GPU. ``torch_cuda_version``: ``None`` for a CPU build;
@@ -157,7 +154,7 @@ def judge(
         _judge_ecc(p, reading),
         _judge_pcie(p, reading),
         _judge_clocks(p, reading),
-        _judge_memory(p, reading, needed_bytes),
+        _judge_memory(p, reading),
         _judge_processes(p, reading, own_pid),
         Check(f"{p}.mig", **gpu_state.mig_line(reading, visible_devices)),
         Check(f"{p}.compute_mode", **gpu_state.compute_mode_line(reading, len(others))),
@@ -298,8 +295,8 @@ def _judge_clocks(p: str, r: GpuReading) -> Check:
     return Check(n, "ok", text + (f" ({'; '.join(state)})" if state else ""))
 
 
-def _judge_memory(p: str, r: GpuReading, needed: int) -> Check:
-    n = f"{p}.memory"
+def _judge_memory(p: str, r: GpuReading) -> Check:
+    n, needed = f"{p}.memory", MODEL_GPU_BYTES
     free, total = r.memory_free_bytes, r.memory_total_bytes
     if free is None or total is None:
         return Check(n, "info", "GPU memory not reported")
@@ -337,11 +334,6 @@ def _judge_processes(p: str, r: GpuReading, own_pid: int | None) -> Check:
     return Check(n, "ok", "no other processes")
 
 
-def no_gpu_line(probe: GpuProbe) -> str:
-    """The plain sentence for a machine without a usable NVIDIA GPU."""
-    return f"no NVIDIA GPU found (NVML: {probe.nvml_error or 'no devices'}) — running on CPU"
-
-
 def judge_torch(t: TorchReading, has_gpu: bool) -> Check:
     if t.version is None:
         return Check("torch", "fail", f"torch is not importable ({t.error})",
@@ -360,8 +352,7 @@ def judge_cpu(c: CpuReading, has_gpu: bool) -> list[Check]:
         cores += f", {c.model}"
     if not has_gpu and c.logical_cores is not None and c.logical_cores < CPU_MIN_CORES:
         out.append(Check("cpu.cores", "warn", f"{cores}: few cores for CPU inference",
-                         cost="completions run on these cores: expect them to be slow",
-                         fix=None))
+                         cost="completions run on these cores: expect them to be slow"))
     else:
         out.append(Check("cpu.cores", "ok", cores))
 
@@ -421,9 +412,9 @@ def judge_daemon(d: DaemonReading) -> Check:
     return Check("daemon", **daemon_report(d))
 
 
-def judge_machine(m: MachineReading, *, own_pid: int | None = None, needed_bytes: int = MODEL_GPU_BYTES,
-                  layers: int | None = None, threads: int | None = None, model_path: str | None = None,
-                  precision: str = "auto", speculative: bool = True, blocked_copy: bool = True) -> list[Check]:
+def judge_machine(m: MachineReading, *, own_pid: int | None = None, layers: int | None = None,
+                  threads: int | None = None, model_path: str | None = None, precision: str = "auto",
+                  speculative: bool = True, blocked_copy: bool = True) -> list[Check]:
     """All checks, GPU first (``cuda_device``, then per GPU); without a GPU one ``gpu`` info
     check. ``precision``, ``speculative``, ``blocked_copy`` are the config's."""
     checks: list[Check] = []
@@ -434,33 +425,21 @@ def judge_machine(m: MachineReading, *, own_pid: int | None = None, needed_bytes
             checks.append(Check("cuda_device", **gpu_state.cuda_device_line(view, m.gpu.gpus)))
         for i, g in enumerate(m.gpu.gpus):
             checks += judge(g, m.torch.cuda, torch_version=m.torch.version, include_driver=i == 0,
-                            own_pid=own_pid, needed_bytes=needed_bytes,
-                            visible_devices=view.visible_devices if view is not None else None)
+                            own_pid=own_pid, visible_devices=view.visible_devices if view is not None else None)
     else:
-        checks.append(Check("gpu", "info", no_gpu_line(m.gpu)))
+        checks.append(Check("gpu", "info", f"no NVIDIA GPU found (NVML: {m.gpu.nvml_error or 'no devices'}) "
+                            "— running on CPU"))
     checks.append(judge_torch(m.torch, has_gpu))
     checks += judge_cpu(m.cpu, has_gpu)
     checks.append(judge_cache(m.cache))
+    settings: dict[str, Any] = {"precision": precision, "speculative": speculative, "blocked_copy": blocked_copy}
     checks.append(Check("kernel_plan", **plan_report(m.cpu.vector_flags, layers=layers, threads=threads,
-                                                     served=_served(m.daemon), model_path=model_path,
-                                                     precision=precision, speculative=speculative,
-                                                     blocked_copy=blocked_copy)))
-    checks.append(Check("model_choice", **model_report(m.cpu.vector_flags, precision=precision,
-                                                       speculative=speculative, blocked_copy=blocked_copy)))
+                                                     served=served_health(m.daemon), model_path=model_path,
+                                                     **settings)))
+    checks.append(Check("model_choice", **model_report(m.cpu.vector_flags, **settings)))
     if m.daemon is not None:
         checks.append(judge_daemon(m.daemon))
     return checks
-
-
-def _served(d: DaemonReading | None) -> dict[str, Any] | None:
-    """The running daemon's health document, when the probe got one."""
-    if d is None or not d.reachable or d.status not in (200, 503):
-        return None
-    try:
-        doc = json.loads(d.detail)
-    except ValueError:
-        return None
-    return doc if isinstance(doc, dict) and "daemon" in doc else None
 
 
 def worst(checks: Iterable[Check]) -> Verdict:
@@ -526,16 +505,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"(default {DEFAULT_PORT})")
 
 
+def _configured(config: Any) -> dict[str, Any]:
+    """:func:`judge_machine`'s settings from ``config`` (its defaults without one); ``layers``
+    stays ``None`` where the config does not fix the model (a model path, ``model.name: auto``)."""
+    if config is None:
+        return {}
+    model = None if config.model.path else EMBEDDED_MODELS.get(config.model.name)
+    return {"layers": model.shapes.layers if model is not None and model.shapes is not None else None,
+            "threads": config.device.threads, "model_path": str(config.model.path) if config.model.path else None,
+            "precision": config.model.precision, "speculative": config.completion.speculative,
+            "blocked_copy": config.model.blocked_copy}
+
+
 def run(args: argparse.Namespace, config: Any = None) -> int:
     """Read the machine, judge, print; 1 if any check fails, else 0."""
     machine = readers.read_machine(device=config.device.device if config is not None else None)
     machine = replace(machine, daemon=probe_running_daemon(config, args.port))
-    layers, threads = configured_plan_key(config)
-    path = str(config.model.path) if config is not None and config.model.path else None
-    checks = judge_machine(machine, own_pid=os.getpid(), layers=layers, threads=threads, model_path=path,
-                           precision=config.model.precision if config is not None else "auto",
-                           speculative=config.completion.speculative if config is not None else True,
-                           blocked_copy=config.model.blocked_copy if config is not None else True)
+    checks = judge_machine(machine, own_pid=os.getpid(), **_configured(config))
     if args.json:
         doc = {"schema": 1, **summarize(checks), "reading": asdict(machine)}
         print(json.dumps(doc, indent=2))

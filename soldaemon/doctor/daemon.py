@@ -1,27 +1,13 @@
-"""``soldaemon doctor``'s daemon line (the running daemon, probed with its token) and the
-configured kernel-plan key. No torch, no websockets server."""
+"""``soldaemon doctor``'s daemon line (the running daemon, probed with its token).
+No torch, no websockets server."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+from soldaemon.doctor import line as _line
 from soldaemon.doctor.readers import DaemonReading
-
-
-def _line(verdict: str, detail: str, *, cost: str | None = None, fix: str | None = None) -> dict[str, Any]:
-    return {"verdict": verdict, "detail": detail, "cost": cost, "fix": fix}
-
-
-def configured_plan_key(config: Any) -> tuple[int | None, int | None]:
-    """(embedded model layers, torch threads) for the kernel-plan line; ``None`` where the
-    config does not fix it (a model path, ``model.name: auto``)."""
-    from soldaemon.weights.embedded import EMBEDDED_MODELS
-
-    model = None if config is None or config.model.path else EMBEDDED_MODELS.get(config.model.name)
-    layers = model.shapes.layers if model is not None and model.shapes is not None else None
-    threads = config.device.threads if config is not None else None
-    return layers, threads
 
 
 def probe_running_daemon(config: Any, port: int | None) -> DaemonReading:
@@ -66,13 +52,15 @@ def _port_note(port: int) -> str:
     return ""
 
 
-def _health(body: str) -> dict[str, Any] | None:
-    """The daemon's health document, when ``body`` is one."""
+def served_health(d: DaemonReading | None) -> dict[str, Any] | None:
+    """The running daemon's health document, when the probe got one (HTTP 200 or 503)."""
+    if d is None or not d.reachable or d.status not in (200, 503):
+        return None
     try:
-        doc = json.loads(body)
+        doc = json.loads(d.detail)
     except ValueError:
         return None
-    return doc if isinstance(doc, dict) and "daemon" in doc and "state" in doc else None
+    return doc if isinstance(doc, dict) and "daemon" in doc else None
 
 
 def daemon_report(d: DaemonReading) -> dict[str, Any]:
@@ -80,8 +68,8 @@ def daemon_report(d: DaemonReading) -> dict[str, Any]:
     if not d.reachable:
         return _line("info", f"no daemon answering at {d.url} ({d.detail})" if d.url
                      else f"no daemon answering ({d.detail})")
-    health = _health(d.detail)
-    if health is not None and d.status in (200, 503):
+    health = served_health(d)
+    if health is not None and "state" in health:
         proc = health.get("process") or {}
         return _line("ok", f"soldaemon {health.get('daemon')} {health.get('state')} at {d.url} "
                      f"(pid {proc.get('pid', '?')}, model {health.get('model')} on {health.get('device')})")

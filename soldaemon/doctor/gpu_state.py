@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
+from soldaemon.doctor import line as _line
 from soldaemon.doctor.readers import CudaView, GpuReading
 
 GiB = 1024 ** 3
@@ -18,11 +19,6 @@ GiB = 1024 ** 3
 POWER_CAP_SHARE = 0.85
 # Within this many degrees C of the slowdown threshold is "near" it.
 TEMPERATURE_MARGIN_C = 5
-
-
-def _line(verdict: str, detail: str, *, cost: str | None = None, fix: str | None = None,
-          facts: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"verdict": verdict, "detail": detail, "cost": cost, "fix": fix, "facts": facts}
 
 
 def _gib(n: int | None) -> str:
@@ -150,9 +146,7 @@ def temperature_line(r: GpuReading) -> dict[str, Any]:
 
 def _cuda_index(device: str) -> int | None:
     m = re.fullmatch(r"cuda(?::(\d+))?", device.strip())
-    if m is None:
-        return None
-    return int(m.group(1) or 0)
+    return None if m is None else int(m.group(1) or 0)
 
 
 def _by_uuid(gpus: Sequence[GpuReading], uuid: str) -> GpuReading | None:
@@ -163,10 +157,6 @@ def _by_uuid(gpus: Sequence[GpuReading], uuid: str) -> GpuReading | None:
         if any(i and i.lower().startswith(u) for i in ids):
             return g
     return None
-
-
-def _same_models(gpus: Sequence[GpuReading]) -> bool:
-    return len({g.name for g in gpus}) <= 1
 
 
 def resolve_cuda_device(view: CudaView, gpus: Sequence[GpuReading]) -> tuple[GpuReading | None, str]:
@@ -189,7 +179,7 @@ def resolve_cuda_device(view: CudaView, gpus: Sequence[GpuReading]) -> tuple[Gpu
                 if g.pci_bus_id and g.pci_bus_id.lower() == d.pci_bus_id.lower():
                     return g, "by PCI bus id, from torch"
         return None, f"torch's {view.device} ({d.name}) matches no GPU NVML lists"
-    pci_order = (view.device_order or "").upper() == "PCI_BUS_ID" or _same_models(gpus)
+    pci_order = (view.device_order or "").upper() == "PCI_BUS_ID" or len({g.name for g in gpus}) <= 1
     entries = _visible(view.visible_devices) if view.visible_devices is not None else None
     if entries is None:
         if n >= len(gpus):

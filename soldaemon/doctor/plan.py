@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from soldaemon import paths
+from soldaemon.doctor import line
 from soldaemon.policy.model_choice import LatencyBudget, ModelChoice, ModelFigures, choose_model
 from soldaemon.weights.embedded import EMBEDDED_MODELS, is_installed
 from soldaemon.policy.kernel_plan import EXACT_VERIFY, PLAN_FORMAT, KernelPlan, TimingTable, choose_plan
@@ -47,40 +48,35 @@ def plan_report(cpu_flags: tuple[str, ...] | None, root: Path | None = None, *,
     if in_use is not None:
         return in_use
     if model_path is not None and layers is None:
-        return {"verdict": "info", "detail": f"model.path {model_path}: its kernel table is the daemon's to time "
-                "at its start; doctor shows the plan in use while the daemon runs", "cost": None, "fix": None,
-                "facts": None}
-    mine = _relevant(cpu_flags)
+        return line("info", f"model.path {model_path}: its kernel table is the daemon's to time "
+                    "at its start; doctor shows the plan in use while the daemon runs")
     why = "the configured model's"
     if layers is None:
         choice = _auto_choice(cpu_flags, None, root, precision, speculative, blocked_copy)[0]
         shape = EMBEDDED_MODELS[choice.name].shapes if choice is not None else None
         layers = shape.layers if shape is not None else None
         why = f"model.name auto's choice ({choice.name})" if choice is not None else "an embedded model's"
-    for path, table in read_tables(root):
-        theirs = _relevant(table.machine.get("cpu_flags", []))
-        if table.machine.get("device") == "cpu" and cpu_flags is not None and theirs != mine:
-            continue
+    for path, table in _tables_for_cpu(cpu_flags, root):
         if not (table.n_layers == layers if layers is not None else _embedded(table)):
             continue
         if threads is not None and table.machine.get("device") == "cpu" and table.machine.get("threads") != threads:
             continue
         plan = would_choose(table, precision, speculative, blocked_copy)
         if plan is None:
-            return {"verdict": "warn", "detail": f"model.precision {precision}: no kernel of the cached table "
-                    f"{path} runs it here", "cost": None, "fix": "model.precision: auto", "facts": None}
+            return line("warn", f"model.precision {precision}: no kernel of the cached table {path} runs it here",
+                        fix="model.precision: auto")
         measured = table.measured_at or path.stat().st_mtime
         facts = {"source": "cache", "file": str(path), "age_s": round(max(0.0, now - measured)),
                  **table.facts(), "why": f"the newest table of {why} shapes on this CPU"}
         detail = (f"{plan.describe()} — {why} table, timed {_age(now - measured)} ago{_load(table.facts())} "
                   f"with torch {table.machine.get('torch')}, {table.machine.get('threads')} threads on "
-                  f"{table.machine.get('cpu') or table.machine.get('gpu')} (flags: {', '.join(theirs) or 'none'})")
+                  f"{table.machine.get('cpu') or table.machine.get('gpu')} "
+                  f"(flags: {', '.join(_relevant(table.machine.get('cpu_flags'))) or 'none'})")
         return _judged(detail, facts, path)
     which = (f" for this model ({layers} layers)" if layers is not None else "") + \
         (f" with {threads} threads" if threads is not None else "")
-    return {"verdict": "info", "detail": f"no kernel plan measured yet on this machine{which}: the daemon's "
-            "first start times the linear kernels on the model's shapes (about half a minute) and caches "
-            "the result", "cost": None, "fix": None, "facts": None}
+    return line("info", f"no kernel plan measured yet on this machine{which}: the daemon's first start times "
+                "the linear kernels on the model's shapes (about half a minute) and caches the result")
 
 
 def _served_plan(health: Mapping[str, Any] | None, now: float) -> dict[str, Any] | None:
@@ -113,9 +109,9 @@ def _judged(detail: str, facts: dict[str, Any], path: Path | None) -> dict[str, 
     if facts.get("timed_under_load"):
         fix = ("start the daemon again when the machine is quiet: it times the kernels again then"
                + (f" (or rm {path})" if path is not None else ""))
-        return {"verdict": "warn", "detail": detail + "; the machine was busy while timing",
-                "cost": "timings taken under load may pick a slower plan", "fix": fix, "facts": facts}
-    return {"verdict": "ok", "detail": detail, "cost": None, "fix": None, "facts": facts}
+        return line("warn", detail + "; the machine was busy while timing",
+                    cost="timings taken under load may pick a slower plan", fix=fix, facts=facts)
+    return line("ok", detail, facts=facts)
 
 
 def _load(facts: Mapping[str, Any]) -> str:
@@ -123,14 +119,16 @@ def _load(facts: Mapping[str, Any]) -> str:
     if load is None:
         return ""
     replaced = facts.get("replaced_load_1m")
-    again = f", re-timed on a quiet start (the table it replaced: load {replaced:g})" if replaced is not None else ""
+    was = f" (the table it replaced: load {replaced:g})" if replaced is not None else ""
+    again = f", re-timed on a quiet start{was}" if was else ""
     if facts.get("background"):     # re-timed while serving (runtime/forward/retime.py)
         at = time.strftime("%Y-%m-%d %H:%M", time.localtime(facts.get("measured_at") or 0))
-        again = f", re-timed in the background at {at}" + (f" (the table it replaced: load {replaced:g})"
-                                                             if replaced is not None else "") + (
-            "; it gave another plan, swapped in while serving" if facts.get("swapped_in") else
-            "" if facts.get("plan_in_use", True) else f"; it gives another plan, used from the next start"
-            + (f" ({facts['not_swapped']})" if facts.get("not_swapped") else "") + f": {facts.get('retimed_plan')}")
+        again = f", re-timed in the background at {at}{was}"
+        if facts.get("swapped_in"):
+            again += "; it gave another plan, swapped in while serving"
+        elif not facts.get("plan_in_use", True):
+            why = f" ({facts['not_swapped']})" if facts.get("not_swapped") else ""
+            again += f"; it gives another plan, used from the next start{why}: {facts.get('retimed_plan')}"
     return f" at load {load:g}" + (f" on {cores} cores" if cores else "") + again
 
 
@@ -144,6 +142,14 @@ def _age(seconds: float) -> str:
 
 def _relevant(flags: Any) -> list[str]:
     return sorted(f for f in (flags or ()) if f in _RELEVANT)
+
+
+def _tables_for_cpu(cpu_flags: tuple[str, ...] | None, root: Path | None) -> list[tuple[Path, TimingTable]]:
+    """:func:`read_tables` less the CPU tables timed on a CPU with other :data:`_RELEVANT` flags."""
+    mine = _relevant(cpu_flags)
+    return [(path, table) for path, table in read_tables(root)
+            if table.machine.get("device") != "cpu" or cpu_flags is None
+            or _relevant(table.machine.get("cpu_flags")) == mine]
 
 
 def _embedded(table: TimingTable) -> bool:
@@ -161,12 +167,7 @@ def _embedded(table: TimingTable) -> bool:
 def _table_for(layers: int, cpu_flags: tuple[str, ...] | None, root: Path | None) -> TimingTable | None:
     """The newest cached table for ``layers`` on this CPU, preferring one timed with a thread
     per core (the daemon's default)."""
-    mine = sorted(f for f in (cpu_flags or ()) if f in _RELEVANT)
-    found = []
-    for _path, table in read_tables(root):
-        theirs = sorted(f for f in table.machine.get("cpu_flags", []) if f in _RELEVANT)
-        if table.n_layers == layers and (table.machine.get("device") != "cpu" or cpu_flags is None or theirs == mine):
-            found.append(table)
+    found = [table for _path, table in _tables_for_cpu(cpu_flags, root) if table.n_layers == layers]
     cores = os.cpu_count()
     return next((t for t in found if t.machine.get("threads") == cores), found[0] if found else None)
 
@@ -210,9 +211,9 @@ def model_report(cpu_flags: tuple[str, ...] | None, budget: LatencyBudget | None
     cached timings (memory is the daemon's to check)."""
     choice, untimed = _auto_choice(cpu_flags, budget, root, precision, speculative, blocked_copy)
     if choice is None:
-        return {"verdict": "info", "detail": "model.name auto: decided at the daemon's first start (no kernel "
-                "timings of an installed embedded model cached yet)", "cost": None, "fix": None}
+        return line("info", "model.name auto: decided at the daemon's first start (no kernel "
+                    "timings of an installed embedded model cached yet)")
     detail = f"model.name auto serves {choice.name}: {choice.reason}"
     if untimed:
         detail += f"; not timed yet: {', '.join(untimed)} (the next start times it)"
-    return {"verdict": "ok", "detail": detail, "cost": None, "fix": None}
+    return line("ok", detail)

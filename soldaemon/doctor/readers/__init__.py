@@ -12,12 +12,10 @@ from typing import Any, Callable
 from soldaemon.errors import ProbeUnavailable
 
 # Re-exported; read_gpus and read_machine look these names up here, so tests patch them here.
-from soldaemon.doctor.readers.host import (DEFAULT_PORT, VECTOR_FLAGS, parse_cpuinfo, read_cache,
-                                           read_cpu, read_cuda_view, read_torch)
-from soldaemon.doctor.readers.nvml import cuda_version_from_int, load_nvml, read_nvml
-from soldaemon.doctor.readers.readings import (CachedModel, CacheReading, ComputeMode, CpuReading, CudaDevice, CudaView,
-                                               DaemonReading, GpuProbe, GpuProcess, GpuReading, GpuSource,
-                                               MachineReading, MigSlice, TorchReading)
+from soldaemon.doctor.readers.host import parse_cpuinfo, read_cache, read_cpu, read_cuda_view, read_torch
+from soldaemon.doctor.readers.nvml import load_nvml, read_nvml
+from soldaemon.doctor.readers.readings import (CacheReading, CpuReading, CudaDevice, CudaView, DaemonReading, GpuProbe,
+                                               GpuProcess, GpuReading, MachineReading, TorchReading)
 
 
 def read_gpus(nvml_loader: Callable[[], Any] | None = None) -> GpuProbe:
@@ -31,21 +29,14 @@ def read_gpus(nvml_loader: Callable[[], Any] | None = None) -> GpuProbe:
     return GpuProbe(source="nvml", gpus=tuple(gpus))
 
 
-def read_machine(
-    *,
-    nvml_loader: Callable[[], Any] | None = None,
-    cache_root: Path | None = None,
-    torch_reader: Callable[[], TorchReading] | None = None,
-    cpu_reader: Callable[[], CpuReading] | None = None,
-    device: str | None = None,
-) -> MachineReading:
+def read_machine(*, cache_root: Path | None = None, device: str | None = None) -> MachineReading:
     """Everything the doctor judges but the daemon (:func:`soldaemon.doctor.daemon.probe_running_daemon`
     reads that); ``device`` is the configured ``device.device``. Never raises."""
-    gpu = read_gpus(nvml_loader)
+    gpu = read_gpus()
     return MachineReading(
         gpu=gpu,
-        cpu=(cpu_reader or read_cpu)(),
-        torch=(torch_reader or read_torch)(),
+        cpu=read_cpu(),
+        torch=read_torch(),
         cache=read_cache(cache_root),
         daemon=None,
         cuda_view=read_cuda_view(device) if gpu.gpus else None,

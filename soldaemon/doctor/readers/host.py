@@ -126,8 +126,7 @@ def read_cuda_view(device: str | None = None) -> CudaView:
     """The configured device (``None``, "auto", "cuda" mean "cuda:0"), CUDA's ordering
     environment, and torch's devices if this process already initialised CUDA.
     Never imports torch or initialises CUDA."""
-    dev = device if device not in (None, "auto", "cuda") else "cuda:0"
-    assert dev is not None
+    dev = "cuda:0" if device is None or device in ("auto", "cuda") else device
     return CudaView(device=dev, visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
                     device_order=os.environ.get("CUDA_DEVICE_ORDER"), torch_devices=_torch_cuda_devices())
 
@@ -176,21 +175,14 @@ def read_cache(root: Path | None = None, *, max_depth: int = 3) -> CacheReading:
     below ``root`` (default :func:`paths.cache_dir`), and the free disk space there."""
     root = root if root is not None else paths.cache_dir()
     models: list[CachedModel] = []
-    if root.is_dir():
-        stack: list[tuple[Path, int]] = [(root, 0)]
-        while stack:
-            here, depth = stack.pop()
-            if depth > 0 and _is_model_dir(here):
-                models.append(CachedModel(name=here.relative_to(root).as_posix(),
-                                          size_bytes=_dir_size(here)))
-                continue
-            if depth >= max_depth:
-                continue
-            try:
-                children = sorted(p for p in here.iterdir() if p.is_dir() and not p.is_symlink())
-            except OSError:
-                continue
-            stack.extend((c, depth + 1) for c in reversed(children))
+    for here, dirs, _files in os.walk(root):          # does not enter symlinked folders
+        folder = Path(here)
+        depth = len(folder.relative_to(root).parts)
+        if depth > 0 and _is_model_dir(folder):
+            models.append(CachedModel(name=folder.relative_to(root).as_posix(), size_bytes=_dir_size(folder)))
+            dirs.clear()
+        elif depth >= max_depth:
+            dirs.clear()
     probe = root
     while not probe.exists() and probe.parent != probe:
         probe = probe.parent
@@ -200,6 +192,3 @@ def read_cache(root: Path | None = None, *, max_depth: int = 3) -> CacheReading:
         free = None
     return CacheReading(path=str(root), exists=root.is_dir(),
                         models=tuple(sorted(models, key=lambda m: m.name)), disk_free_bytes=free)
-
-
-DEFAULT_PORT = 8765

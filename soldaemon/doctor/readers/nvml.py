@@ -17,11 +17,6 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def cuda_version_from_int(value: int) -> str:
-    """NVML's CUDA version integer (``major * 1000 + minor * 10``) as "12.4"."""
-    return f"{value // 1000}.{(value % 1000) // 10}"
-
-
 class ReadOnlyNvml:
     """Calls a pynvml-like module, turning NVMLError into ``None`` plus a note; refuses (raises
     ValueError for) any function ``_NVML_ALLOWED`` does not match."""
@@ -75,7 +70,8 @@ def read_nvml(nvml: Any) -> list[GpuReading]:
         except api.error as exc:
             raise ProbeUnavailable(str(exc)) from exc
         driver_s = _text(driver) if driver is not None else None
-        cuda_s = cuda_version_from_int(int(cuda)) if isinstance(cuda, int) and cuda > 0 else None
+        # NVML's CUDA version integer is major * 1000 + minor * 10: "12.4".
+        cuda_s = f"{cuda // 1000}.{(cuda % 1000) // 10}" if isinstance(cuda, int) and cuda > 0 else None
         return [_read_nvml_device(api, i, driver_s, cuda_s, tuple(sys_notes)) for i in range(count)]
     finally:
         try:

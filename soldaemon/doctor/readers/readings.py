@@ -7,9 +7,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 
-GpuSource = Literal["nvml"]
-
-
 @dataclass(frozen=True)
 class GpuProcess:
     """A process holding a context on a GPU; ``used_bytes`` is ``None`` where the driver does
@@ -58,7 +55,7 @@ class GpuReading:
 
     index: int
     name: str
-    source: GpuSource
+    source: Literal["nvml"]
     uuid: str | None = None
     pci_bus_id: str | None = None
     driver_version: str | None = None         # "550.90.07"
@@ -101,7 +98,7 @@ class GpuReading:
 class GpuProbe:
     """What NVML found; ``source`` is ``None`` when it found no GPU, and ``nvml_error`` says why."""
 
-    source: GpuSource | None
+    source: Literal["nvml"] | None
     gpus: tuple[GpuReading, ...]
     nvml_error: str | None = None
 
