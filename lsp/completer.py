@@ -14,7 +14,7 @@ from typing import Callable
 
 from lsprotocol import types
 
-from soldaemon.api import CompletionRequest, Delta, Done, document_window
+from soldaemon.api import CompletionRequest, Delta, Done, Priority, document_window
 from soldaemon.protocol import ErrorFrame
 from soldaemon.privacy.rules import describe, redact_request
 from soldaemon.shown import early_text, rests_after, typed_since
@@ -370,11 +370,10 @@ class Completer:
         prev = self._answers.get(doc.uri)
         if prev is None or prev.request_id != rest.request_id:
             return False
-        text = doc.text
-        return (text[:offset] == prev.prefix + rest.early and text[offset:] == prev.suffix)
+        return doc.text[:offset] == prev.prefix + rest.early and doc.text[offset:] == prev.suffix
 
     def build_request(self, doc: Document, offset: int, request_id: str, *,
-                      priority: str = "normal") -> CompletionRequest:
+                      priority: Priority = "normal") -> CompletionRequest:
         """The daemon request at ``offset``: the windowed document, context from the ring, secrets
         redacted."""
         text = doc.text
@@ -385,7 +384,7 @@ class Completer:
             version=doc.version, language=doc.language, context=context,
             max_tokens=self.settings.max_tokens, budget_ms=self.settings.budget_ms,
             multiline=self.settings.multiline,
-            priority="high" if priority == "high" else "normal",
+            priority=priority,
         ))
         if withheld:      # secrets in the text itself (soldaemon.privacy.scan): redacted, not sent
             log.info("%s: withheld from the daemon (redacted): %s", request_id, describe(withheld))

@@ -76,11 +76,8 @@ class ContextRing:
         doc = store.get(anchor.uri)
         if doc is None:
             return ""
-        if anchor.whole:
-            return doc.text[: self.max_chunk_chars]
-        half = self.chunk_lines // 2
-        first = max(0, anchor.line - half)
-        text = doc.lines(first, first + self.chunk_lines)
+        first = max(0, anchor.line - self.chunk_lines // 2)
+        text = doc.text if anchor.whole else doc.lines(first, first + self.chunk_lines)
         return text[: self.max_chunk_chars]
 
     def chunks(self, for_uri: str, store: DocumentStore) -> tuple[ContextChunk, ...]:

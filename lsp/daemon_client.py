@@ -124,15 +124,11 @@ class DaemonClient:
             self._unanswered_poke = self._launcher is not None
             self._wake.set()
 
-    @property
-    def coming(self) -> bool:
-        """Whether a daemon is starting, loading its model, or about to start."""
-        return not self.ready and (self.last_status.busy or self._unanswered_poke)
-
     async def wait_ready(self) -> bool:
-        """Wait while a daemon is :attr:`coming`: True once ready, False when none is coming."""
+        """Wait while a daemon is starting, loading its model or about to start: True once ready,
+        False when none is coming."""
         while not self.ready:
-            if not self.coming:
+            if not (self.last_status.busy or self._unanswered_poke):
                 return False
             await self._changed.wait()
         return True
@@ -142,13 +138,10 @@ class DaemonClient:
         """Send ``complete`` and return its ``done`` or ``error`` (``timeout`` after ``timeout_s``).
         Answers ``unavailable`` at once while not ready. A cancelled or timed-out wait sends the
         daemon a ``cancel``."""
-        if not self.ready or self._outbox is None:
+        pending = self._send(Complete(req), on_delta)
+        if pending is None:
             self.poke()
             return unavailable(req.id, self._not_ready_reason())
-        loop = asyncio.get_running_loop()
-        pending = _Pending("complete", loop.create_future(), time.perf_counter(), self._conn, on_delta)
-        self._pending[req.id] = pending
-        self._outbox.put_nowait(encode_client(Complete(req)))
         try:
             async with asyncio.timeout(timeout_s):
                 answer = await pending.future
@@ -178,13 +171,17 @@ class DaemonClient:
 
     def warm(self, req: CompletionRequest) -> bool:
         """Send ``warm`` (prefill only, fire and forget); False when not ready."""
+        return self._send(Warm(req)) is not None
+
+    def _send(self, frame: Complete | Warm, on_delta: Callable[[Delta], None] | None = None) -> _Pending | None:
+        """Send ``frame`` and track its answer; None when not ready."""
         if not self.ready or self._outbox is None:
-            return False
-        loop = asyncio.get_running_loop()
-        pending = _Pending("warm", loop.create_future(), time.perf_counter(), self._conn)
-        self._pending[req.id] = pending
-        self._outbox.put_nowait(encode_client(Warm(req)))
-        return True
+            return None
+        kind: Literal["complete", "warm"] = "complete" if isinstance(frame, Complete) else "warm"
+        pending = self._pending[frame.request.id] = _Pending(
+            kind, asyncio.get_running_loop().create_future(), time.perf_counter(), self._conn, on_delta)
+        self._outbox.put_nowait(encode_client(frame))
+        return pending
 
     def event(self, event: CompletionEvent) -> bool:
         """Forward an editor event (fire and forget); False when not connected."""

@@ -27,34 +27,6 @@ class AsyncReader(Protocol):
     def readexactly(self, n: int) -> Awaitable[bytes]: ...
 
 
-def parse_header_line(line: bytes, seen: dict[bytes, bytes]) -> None:
-    """Add one header line to ``seen``; :class:`FramingError` if not a known LSP header."""
-    if len(line) > MAX_HEADER_LINE:
-        raise FramingError(f"header line longer than {MAX_HEADER_LINE} bytes")
-    match = _HEADER.fullmatch(line)
-    if match is None:
-        raise FramingError(f"not an LSP header line: {line[:60]!r}")
-    name, value = match.group(1).lower(), match.group(2)
-    if name not in _ALLOWED:
-        raise FramingError(f"unexpected header {match.group(1)[:40]!r}")
-    if name in seen:
-        raise FramingError(f"duplicate header {match.group(1)[:40]!r}")
-    seen[name] = value
-
-
-def content_length(headers: dict[bytes, bytes]) -> int:
-    """The body length a header block announces (validated)."""
-    raw = headers.get(b"content-length")
-    if raw is None:
-        raise FramingError("a frame without Content-Length")
-    if not raw.isdigit() or len(raw) > 10:
-        raise FramingError(f"bad Content-Length {raw[:20]!r}")
-    length = int(raw)
-    if not 1 <= length <= MAX_FRAME_BYTES:
-        raise FramingError(f"Content-Length {length} outside 1..{MAX_FRAME_BYTES}")
-    return length
-
-
 async def read_frame(reader: AsyncReader) -> bytes | None:
     """One frame's body, or None at a clean end; raises :class:`FramingError`."""
     headers: dict[bytes, bytes] = {}
@@ -66,8 +38,23 @@ async def read_frame(reader: AsyncReader) -> bytes | None:
             return None
         if line == b"\r\n":
             break
-        parse_header_line(line, headers)
-    length = content_length(headers)
+        if len(line) > MAX_HEADER_LINE:
+            raise FramingError(f"header line longer than {MAX_HEADER_LINE} bytes")
+        match = _HEADER.fullmatch(line)
+        if match is None:
+            raise FramingError(f"not an LSP header line: {line[:60]!r}")
+        name = match.group(1).lower()
+        if name not in _ALLOWED or name in headers:
+            raise FramingError(f"{'duplicate' if name in headers else 'unexpected'} header {match.group(1)[:40]!r}")
+        headers[name] = match.group(2)
+    raw = headers.get(b"content-length")
+    if raw is None:
+        raise FramingError("a frame without Content-Length")
+    if not raw.isdigit() or len(raw) > 10:
+        raise FramingError(f"bad Content-Length {raw[:20]!r}")
+    length = int(raw)
+    if not 1 <= length <= MAX_FRAME_BYTES:
+        raise FramingError(f"Content-Length {length} outside 1..{MAX_FRAME_BYTES}")
     body = await reader.readexactly(length)
     if len(body) != length:
         raise FramingError("the stream ended inside a frame")

@@ -47,23 +47,18 @@ def daemon_log_path() -> Path:
     return state_dir() / "daemon.log"
 
 
-def doctor_command(settings: Settings) -> list[str]:
-    """``soldaemon [--config FILE] doctor`` as ``python -I`` with this soldaemon first on
-    ``sys.path``."""
+async def run_doctor(settings: Settings, *, timeout_s: float = 120.0) -> tuple[list[str], str, int | None]:
+    """Run ``soldaemon [--config FILE] doctor`` as ``python -I`` with this soldaemon first on
+    ``sys.path``, in the private state directory, stdin closed: ``(argv, output, exit status)``.
+    Raises ``OSError`` or ``TimeoutError``."""
+    import asyncio
+
     root = str(Path(soldaemon.__file__).resolve().parent.parent)
     boot = f"import sys; sys.path.insert(0, {root!r}); from soldaemon.cli import main; sys.exit(main())"
     argv = [sys.executable, "-I", "-c", boot]
     if settings.config:
         argv += ["--config", str(Path(settings.config).expanduser().absolute())]
-    return argv + ["doctor"]
-
-
-async def run_doctor(settings: Settings, *, timeout_s: float = 120.0) -> tuple[list[str], str, int | None]:
-    """Run :func:`doctor_command` in the private state directory, stdin closed:
-    ``(argv, output, exit status)``. Raises ``OSError`` or ``TimeoutError``."""
-    import asyncio
-
-    argv = doctor_command(settings)
+    argv.append("doctor")
     directory = make_private_dir(state_dir())
     proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, cwd=directory,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)

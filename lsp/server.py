@@ -91,7 +91,7 @@ class SolLanguageServer(LanguageServer):
         self.settings = settings
         self.documents = DocumentStore()
         self.client_has_inline = False
-        self.documentation_formats: tuple[types.MarkupKind, ...] = ()
+        self.client_has_markdown = False        # completion item documentation may be Markdown
         self.daemon: DaemonClient | None = None
         self.completer: Completer | None = None
         self.progress_bar = Progress(self)
@@ -137,18 +137,18 @@ class SolLanguageServer(LanguageServer):
         text_caps = params.capabilities.text_document
         self.client_has_inline = bool(text_caps and text_caps.inline_completion is not None)
         item_caps = text_caps.completion.completion_item if text_caps and text_caps.completion else None
-        self.documentation_formats = tuple(item_caps.documentation_format or ()) if item_caps else ()
+        formats = item_caps.documentation_format if item_caps else None
+        self.client_has_markdown = types.MarkupKind.Markdown in (formats or ())
         window = params.capabilities.window
         self.client_has_progress = bool(window and window.work_done_progress)
         experimental = params.capabilities.experimental
         self.client_wants_status = isinstance(experimental, dict) and isinstance(experimental.get("soldaemon"), dict) \
             and experimental["soldaemon"].get("status") is True
-        self.reporter.enabled = self.client_wants_status or settings.status_notifications
         self.client_has_show_document = bool(window and window.show_document and window.show_document.support)
         self.client_name = client = params.client_info.name if params.client_info else "unknown client"
         log.info("initialize: %s, position encoding %s, inline completion %s", client,
                  self.documents.encoding, "yes" if self.client_has_inline else "no")
-        apply_log_level(settings.log_level)
+        self.apply_shown_settings()
         self.start_daemon_client()
 
     def reconfigure(self, params: types.DidChangeConfigurationParams) -> None:
@@ -171,32 +171,23 @@ class SolLanguageServer(LanguageServer):
             return
         if ignored:
             log.warning("ignoring settings: %s", ", ".join(sorted(ignored)))
-        old_exclude, self.settings = self.settings.context_exclude, settings
-        if settings.context_exclude != old_exclude:       # contextExclude applies now, not after a restart
+        if settings.context_exclude != self.settings.context_exclude:   # applies now, not after a restart
             self.policy = dataclasses.replace(self.policy, exclude=settings.context_exclude)
-            if self.completer is not None:
-                self.completer.ring.set_policy(self.policy)
+        self.settings = settings
         if self.completer is not None:
+            self.completer.ring.set_policy(self.policy)
             self.completer.settings = settings
             self.completer.ring.max_chunks = max(0, min(settings.context_chunks, 32))
         if self.daemon is not None:
             self.daemon.slow_ms = settings.slow_ms
-        self.reporter.enabled = self.client_wants_status or settings.status_notifications
-        apply_log_level(settings.log_level)
+        self.apply_shown_settings()
         log.info("settings changed")
 
-    def initialized(self) -> None:
-        """Enable $/progress (a start under way shows at once)."""
-        self.progress_bar.enabled = self.client_has_progress
-        if self.reporter.last.busy:
-            self.progress_bar.show(self.reporter.last.message)
-
-    def saw_inline_request(self) -> None:
-        """From now on serve inline items only, never plain ones too."""
-        if not self.client_has_inline:
-            log.info("%s asks for inline completions although its capabilities did not say so; "
-                     "serving inline items only from now on", self.client_name)
-            self.client_has_inline = True
+    def apply_shown_settings(self) -> None:
+        """``sol/status`` on or off and sol-lsp's log level (``None``: the command line's)."""
+        self.reporter.enabled = self.client_wants_status or self.settings.status_notifications
+        if self.settings.log_level is not None:
+            logging.getLogger("sol").setLevel(self.settings.log_level.upper())
 
     def set_policy(self, folder_uris: Sequence[str] | None) -> None:
         """Send only files inside ``folder_uris`` (None: anywhere) that the policy allows."""
@@ -223,12 +214,9 @@ class SolLanguageServer(LanguageServer):
         ring = ContextRing(max_entries=max(16, 2 * s.context_chunks), max_chunks=s.context_chunks,
                            chunk_lines=s.context_lines, policy=self.policy)
         self.completer = Completer(s, self.documents, ring, self.daemon, on_withheld=self.reporter.withheld)
-        self.completer.on_rest_ready = self.completion_ready
+        # tell the client the rest of an early answer is there
+        self.completer.on_rest_ready = lambda uri: self.protocol.notify(COMPLETION_READY, {"uri": uri})
         self.daemon.start()
-
-    def completion_ready(self, uri: str) -> None:
-        """Tell the client the rest of an early answer is there."""
-        self.protocol.notify(COMPLETION_READY, {"uri": uri})
 
     async def stop_daemon_client(self) -> None:
         if self.completer is not None:
@@ -237,13 +225,14 @@ class SolLanguageServer(LanguageServer):
             await self.daemon.close()
 
     async def suggest(self, uri: str, position: types.Position, automatic: bool, *,
-                      alternatives: bool = False, inline: bool = False) -> Suggestion | None:
-        """The completer's answer; a daemon refusal raises :class:`RequestFailed`."""
+                      inline: bool = False) -> Suggestion | None:
+        """The completer's answer (alternatives: invoked inline requests); a daemon refusal raises
+        :class:`RequestFailed`."""
         if self.completer is None:
             return None
         try:
             return await self.completer.suggest(uri, position, automatic=automatic,
-                                                alternatives=alternatives and not automatic,
+                                                alternatives=inline and not automatic,
                                                 tag=str(self.protocol.msg_id), early=inline,
                                                 start_wait_s=None if inline else PLAIN_START_WAIT_S)
         except DaemonRequestFailed as exc:
@@ -257,9 +246,8 @@ class SolLanguageServer(LanguageServer):
         line_end = types.Position(position.line,
                                   position.character + units(s.line_suffix, self.documents.encoding))
         for i, (text, index) in enumerate(zip(s.items, s.indices)):
-            before = len(s.line_prefix) if whole_line else 0
             command = types.Command(title="soldaemon: accepted", command=ACCEPT_COMMAND,
-                                    arguments=[s.id_of(i), index, before])
+                                    arguments=[s.id_of(i), index, len(s.line_prefix) if whole_line else 0])
             if whole_line:
                 items.append(types.InlineCompletionItem(
                     insert_text=s.line_prefix + text + s.line_suffix, command=command,
@@ -282,20 +270,15 @@ class SolLanguageServer(LanguageServer):
             first_line = new_text.strip().split("\n", 1)[0]
             label = first_line if len(first_line) <= 60 else first_line[:59] + "…"
             out.append(types.CompletionItem(
-                label=label or new_text.strip()[:60], kind=types.CompletionItemKind.Text,
+                label=label, kind=types.CompletionItemKind.Text,
                 detail="soldaemon", sort_text=f"{rank:04d}", filter_text=new_text, preselect=rank == 0,
-                documentation=self._documentation(new_text, language),
+                documentation=types.MarkupContent(types.MarkupKind.Markdown, f"```{language or ''}\n{new_text}\n```")
+                if self.client_has_markdown else new_text,      # the full completion
                 insert_text_format=types.InsertTextFormat.PlainText,
                 text_edit=types.TextEdit(types.Range(start, position), new_text),
                 command=types.Command(title="soldaemon: accepted", command=ACCEPT_COMMAND,
                                       arguments=[s.id_of(rank), index])))
         return out
-
-    def _documentation(self, text: str, language: str | None) -> types.MarkupContent | str:
-        """The full completion, as Markdown when the client renders it."""
-        if types.MarkupKind.Markdown in self.documentation_formats:
-            return types.MarkupContent(types.MarkupKind.Markdown, f"```{language or ''}\n{text}\n```")
-        return text
 
     def error_action(self, title: str) -> None:
         """Carry out the failure message's action the user chose."""
@@ -342,7 +325,9 @@ def build_server(settings: Settings) -> SolLanguageServer:
 
     @server.feature(types.INITIALIZED)
     def initialized(ls: SolLanguageServer, params: types.InitializedParams) -> None:
-        ls.initialized()
+        ls.progress_bar.enabled = ls.client_has_progress     # a start under way shows at once
+        if ls.reporter.last.busy:
+            ls.progress_bar.show(ls.reporter.last.message)
 
     @server.feature(types.SHUTDOWN)
     async def shutdown(ls: SolLanguageServer, params: Any) -> None:
@@ -378,10 +363,12 @@ def build_server(settings: Settings) -> SolLanguageServer:
     @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
     async def inline_completion(ls: SolLanguageServer, params: types.InlineCompletionParams
                                 ) -> types.InlineCompletionList:
-        ls.saw_inline_request()
+        if not ls.client_has_inline:     # from now on serve inline items only, never plain ones too
+            log.info("%s asks for inline completions although its capabilities did not say so; "
+                     "serving inline items only from now on", ls.client_name)
+            ls.client_has_inline = True
         automatic = params.context.trigger_kind == types.InlineCompletionTriggerKind.Automatic
-        found = await ls.suggest(params.text_document.uri, params.position, automatic, alternatives=True,
-                                 inline=True)
+        found = await ls.suggest(params.text_document.uri, params.position, automatic, inline=True)
         return types.InlineCompletionList(items=ls.inline_items(found, params.position) if found else [])
 
     @server.feature(types.TEXT_DOCUMENT_COMPLETION, types.CompletionOptions(resolve_provider=False))
@@ -408,12 +395,6 @@ def build_server(settings: Settings) -> SolLanguageServer:
         server.feature(method)(functools.partial(server.forward_event, kind))
 
     return server
-
-
-def apply_log_level(level: str | None) -> None:
-    """Set sol-lsp's log level (``None``: leave the command line's)."""
-    if level is not None:
-        logging.getLogger("sol").setLevel(level.upper())
 
 
 def _setup_logging(launch: Launch) -> None:

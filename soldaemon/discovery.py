@@ -217,12 +217,11 @@ def read_token(path: Path) -> str:
 
 @dataclass(frozen=True)
 class Fallback:
-    """What the caller knows besides the record."""
+    """What the caller knows besides the record (never an address: the token goes only to a
+    recorded daemon)."""
 
-    url: str | None = None                  # an address named on purpose (None: no record, no daemon)
     token_path: Path | None = None          # None: default_token_path()
     allow_remote: bool = False              # a record may name a non-loopback URL
-    source: str = "sol_config.yaml"         # where ``url`` came from, for messages
 
 
 @dataclass(frozen=True)
@@ -238,21 +237,18 @@ class Target:
 
 def find_daemon(fallback: Fallback = Fallback(), *, url: str | None = None,
                 token_path: Path | None = None) -> Target:
-    """The daemon to connect to: ``url``, else a live ``daemon.json`` record, else
-    ``fallback.url``; the token from ``token_path``, else the record's, else the fallback's.
+    """The daemon to connect to: ``url``, else a live ``daemon.json`` record; the token from
+    ``token_path``, else the record's, else the fallback's.
     Raises :class:`Unavailable` (no daemon, no token file) or :class:`ConfigError`."""
     if url is not None:
         source, pid = "settings", None
     else:
         record = read_daemon_record(allow_remote=fallback.allow_remote)
-        if record is not None:
-            url, source, pid = record.url, f"daemon.json (pid {record.pid})", record.pid
-            token_path = token_path or record.token_path
-        elif fallback.url is not None:
-            url, source, pid = fallback.url, fallback.source, None
-        else:
+        if record is None:
             raise Unavailable(f"no daemon running (no live daemon record at {record_path()})",
                               hint="start the daemon: soldaemon serve")
+        url, source, pid = record.url, f"daemon.json (pid {record.pid})", record.pid
+        token_path = token_path or record.token_path
     if token_path is None:
         token_path = fallback.token_path or default_token_path()
     return Target(url, read_token(token_path), token_path, source, pid)

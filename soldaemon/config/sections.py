@@ -162,8 +162,8 @@ class ServerConfig:
         return self.token_file if self.token_file is not None else default_token_path()
 
     def fallback(self) -> Fallback:
-        """What :func:`find_daemon` takes; no address (the token goes only to a recorded daemon)."""
-        return Fallback(None, self.token_path(), self.allow_remote, "sol_config.yaml")
+        """What :func:`find_daemon` takes."""
+        return Fallback(self.token_path(), self.allow_remote)
 
 
 @dataclass(frozen=True)
