@@ -7,7 +7,7 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, NoReturn
+from typing import Any, Callable, Literal, Mapping, NoReturn
 
 from soldaemon.api import CompletionRequest, ContextChunk, Delta, Done, FinishReason, Timings
 from soldaemon.errors import (BadField, BadJson, BadUtf8, ProtocolError, SolError, TooLarge, UnknownType,
@@ -222,15 +222,14 @@ def _read_id(obj: dict[str, Any], limits: Limits) -> str | None:
 
 
 def _required_id(r: _Reader) -> str:
-    value = r.string("id", r.limits.max_id_chars, required=True)
+    value = _id_field(r, required=True)
     assert value is not None
-    if not value:
-        r.fail(BadField, "field 'id' must not be empty")
     return value
 
 
-def _optional_id(r: _Reader) -> str | None:
-    value = r.string("id", r.limits.max_id_chars, nullable=True)
+def _id_field(r: _Reader, required: bool = False) -> str | None:
+    """The ``id`` field, never empty; absent or null is None unless ``required``."""
+    value = r.string("id", r.limits.max_id_chars, required=required, nullable=not required)
     if value == "":
         r.fail(BadField, "field 'id' must not be empty")
     return value
@@ -315,7 +314,7 @@ def _read_event(r: _Reader) -> CompletionEvent:
 
 
 def _read_debug(r: _Reader) -> Debug:
-    request_id = _optional_id(r)
+    request_id = _id_field(r)
     raw = r.obj.get("parts", list(DEBUG_PARTS))
     if not isinstance(raw, list) or not all(isinstance(p, str) for p in raw):
         r.fail(BadField, "field 'parts' must be a list of strings")
@@ -358,19 +357,17 @@ def _decode_client(data: bytes | str, limits: Limits) -> ClientMessage:
     kind = obj.get("type")
     if not isinstance(kind, str):
         r.fail(BadField, "field 'type' must be a string")
-    if kind == "complete":
-        return Complete(_read_request(r))
-    if kind == "warm":
-        return Warm(_read_request(r))
-    if kind == "cancel":
-        return Cancel(_required_id(r))
-    if kind == "event":
-        return _read_event(r)
-    if kind == "health":
-        return Health(_optional_id(r))
-    if kind == "debug":
-        return _read_debug(r)
-    r.fail(UnknownType, "unknown message type")
+    read = _READERS.get(kind)
+    if read is None:
+        r.fail(UnknownType, "unknown message type")
+    return read(r)
+
+
+_READERS: dict[str, Callable[[_Reader], ClientMessage]] = {
+    "complete": lambda r: Complete(_read_request(r)), "warm": lambda r: Warm(_read_request(r)),
+    "cancel": lambda r: Cancel(_required_id(r)), "event": _read_event,
+    "health": lambda r: Health(_id_field(r)), "debug": _read_debug,
+}
 
 
 # Encoding
@@ -380,17 +377,7 @@ def _dumps(obj: dict[str, Any]) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
-def timings_to_json(t: Timings) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(t):
-        value = getattr(t, f.name)
-        out[f.name] = round(value, 3) if isinstance(value, float) else value
-    return out
-
-
-def timings_from_json(obj: Mapping[str, Any]) -> Timings:
-    names = {f.name for f in dataclasses.fields(Timings)}
-    return Timings(**{k: v for k, v in obj.items() if k in names})
+_TIMING_FIELDS = tuple(f.name for f in dataclasses.fields(Timings))
 
 
 def server_to_json(msg: ServerMessage) -> dict[str, Any]:
@@ -398,7 +385,9 @@ def server_to_json(msg: ServerMessage) -> dict[str, Any]:
         return {"type": "delta", "id": msg.id, "text": msg.text}
     if isinstance(msg, Done):
         done: dict[str, Any] = {"type": "done", "id": msg.id, "items": list(msg.items),
-                                "finish_reason": msg.finish_reason, "timings": timings_to_json(msg.timings)}
+                                "finish_reason": msg.finish_reason, "timings": {
+                                    k: round(v, 3) if isinstance(v, float) else v
+                                    for k, v in dataclasses.asdict(msg.timings).items()}}
         if msg.ends:
             done["ends"] = list(msg.ends)
         if msg.streamed is not None:
@@ -483,7 +472,8 @@ def decode_server(data: bytes | str) -> ServerMessage:
             if reason not in FINISH_REASONS:
                 raise BadField(f"unknown finish reason {reason!r}")
             return Done(str(obj["id"]), tuple(str(i) for i in obj["items"]), reason,
-                        timings_from_json(obj.get("timings") or {}), tuple(str(e) for e in obj.get("ends") or ()),
+                        Timings(**{k: v for k, v in (obj.get("timings") or {}).items() if k in _TIMING_FIELDS}),
+                        tuple(str(e) for e in obj.get("ends") or ()),
                         None if obj.get("streamed") is None else str(obj["streamed"]))
         if kind == "error":
             return ErrorFrame(obj.get("id"), str(obj["code"]), str(obj["message"]),

@@ -243,8 +243,8 @@ def test_metrics_exposition() -> None:
     m.record_done("complete", Done("a", ("x",), "stop", Timings(ttft_ms=12.0, total_ms=40.0, prompt_tokens=100,
                                                                 cached_tokens=75, generated_tokens=4)))
     m.record_done("complete", Done("b", (), "cancelled", Timings(prompt_tokens=100, cached_tokens=25)))
-    m.record_error("complete", "internal")
-    m.record_client_error("bad_json")
+    m.requests.labels("complete", "internal").inc()
+    m.client_errors.labels("bad_json").inc()
     m.record_event("accepted")
     text, content_type = m.render()
     body = text.decode()

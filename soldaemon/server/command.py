@@ -93,12 +93,11 @@ async def serve(settings: ServerSettings, load: Callable[[], Engine], model_labe
         loading = asyncio.ensure_future(daemon.load(load))
         stopping = asyncio.ensure_future(stop.wait())
         await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
         if not loading.done():
             log.info("interrupted while preparing the model")
             loading.cancel()
-            stopping.cancel()
             return 130
-        stopping.cancel()
         try:
             loading.result()
         except SolError:

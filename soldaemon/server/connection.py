@@ -35,14 +35,6 @@ MIN_SHARE = 4          # requests a connection may always hold above half load
 MAX_HIGH_QUEUED = 2    # high-priority requests queued per connection
 
 
-def over_share(conn_jobs: int, daemon_jobs: int, active_connections: int, max_in_flight: int) -> bool:
-    """True when a connection holding ``conn_jobs`` is over its share (``max_in_flight / 2 /
-    active_connections``, at least :data:`MIN_SHARE`); the caller checks the hard limits."""
-    if daemon_jobs < max_in_flight // 2:
-        return False
-    return conn_jobs >= max(MIN_SHARE, max_in_flight // 2 // max(1, active_connections))
-
-
 class Hub(Protocol):
     """What a connection uses of the shared :class:`soldaemon.server.daemon.Daemon`."""
 
@@ -114,8 +106,7 @@ class Connection:
             with contextlib.suppress(asyncio.CancelledError):
                 await writer
             piled_up = self._outbox_bytes
-            while not self._outbox.empty():      # drop what the client never read
-                self._outbox.get_nowait()
+            self._outbox = asyncio.Queue()      # drop what the client never read
             self._outbox_bytes = 0
             if piled_up > 1024 * 1024:   # the unread frames must not stay in the process
                 gc.collect()
@@ -161,13 +152,13 @@ class Connection:
         request_id: str | None = None
         try:
             msg = decode_client(data, self.daemon.settings.limits)
-            request_id = _message_id(msg)
+            request_id = msg.request.id if isinstance(msg, (Complete, Warm)) else msg.id
             if not allowed:
                 raise RateLimited("too many messages on this connection; this one was dropped",
                                   hint=f"send at most {self.daemon.settings.rate_limit_per_s:g} per second")
             self.dispatch(msg)
         except SolError as exc:
-            self.daemon.metrics.record_client_error(exc.code)
+            self.daemon.metrics.client_errors.labels(exc.code).inc()
             self.send(error_frame(exc, request_id))
         except Exception as exc:  # a bug: log it, answer cleanly, keep serving
             log.exception("connection %d: failed to handle a frame", self.cid)
@@ -196,9 +187,11 @@ class Connection:
         if req.id in self.jobs:
             raise DuplicateId("a request with this id is still in flight", request_id=req.id)
         limits = self.daemon.settings
-        if len(self.jobs) >= limits.max_in_flight_per_connection or len(self.daemon.jobs) >= limits.max_in_flight \
-                or over_share(len(self.jobs), len(self.daemon.jobs), self.daemon.active_connections(self.cid),
-                              limits.max_in_flight):
+        mine, daemon_jobs = len(self.jobs), len(self.daemon.jobs)
+        half = limits.max_in_flight // 2     # above it, a connection over its share (at least MIN_SHARE) waits
+        share = max(MIN_SHARE, half // max(1, self.daemon.active_connections(self.cid)))
+        if mine >= limits.max_in_flight_per_connection or daemon_jobs >= limits.max_in_flight \
+                or (daemon_jobs >= half and mine >= share):
             raise Busy("too many requests in flight", hint="cancel or wait for earlier requests")
         for old in list(self.jobs.values()):
             if old.request.uri == req.uri and (kind == "complete" or old.kind == "warm"):
@@ -222,9 +215,3 @@ class Connection:
             del self.jobs[job.id]
         self.daemon.job_ended(self, job, event)
         self.send(event)
-
-
-def _message_id(msg: ClientMessage) -> str | None:
-    if isinstance(msg, (Complete, Warm)):
-        return msg.request.id
-    return msg.id

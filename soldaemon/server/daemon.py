@@ -99,7 +99,7 @@ class Daemon:
                      conn.cid, job.id, job.kind, event.finish_reason, t.queue_ms, t.prompt_ms, t.prefill_ms,
                      t.ttft_ms, t.decode_ms, t.total_ms, t.prompt_tokens, t.cached_tokens, t.generated_tokens)
         else:
-            self.metrics.record_error(job.kind, event.code)
+            self.metrics.requests.labels(job.kind, event.code).inc()
             log.info("req conn=%d id=%s kind=%s outcome=error:%s total=%.1fms", conn.cid, job.id, job.kind,
                      event.code, job.age_ms())
 

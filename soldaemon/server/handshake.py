@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import time
 from collections import OrderedDict
-from typing import Callable, Generic, Hashable, Iterable, TypeVar
+from typing import Callable, Generic, Hashable, TypeVar
 
 from soldaemon.discovery import is_loopback_host
 
@@ -17,34 +17,21 @@ SINGLE_HEADERS = ("Host", "Origin", "Authorization")
 _HOST = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9.-]+))(?::(?P<port>[0-9]{1,5}))?")
 
 
-def duplicated(get_all: Callable[[str], list[str]], names: Iterable[str] = SINGLE_HEADERS) -> str | None:
-    """The first of ``names`` sent more than once, else ``None``."""
-    for name in names:
-        if len(get_all(name)) > 1:
-            return name
-    return None
-
-
-def parse_host(value: str) -> str | None:
-    """The host part of a ``Host`` value (IPv6 in brackets); ``None`` unless exactly
-    ``host[:port]``."""
-    match = _HOST.fullmatch(value.strip())
-    if match is None:
-        return None
-    port = match.group("port")
-    if port is not None and not 0 < int(port) < 65536:
-        return None
-    v6 = match.group("v6")
-    return f"[{v6}]" if v6 is not None else match.group("name")
+def duplicated(get_all: Callable[[str], list[str]]) -> str | None:
+    """The first of :data:`SINGLE_HEADERS` sent more than once, else ``None``."""
+    return next((name for name in SINGLE_HEADERS if len(get_all(name)) > 1), None)
 
 
 def host_is_loopback(value: str | None) -> bool:
-    """True for a ``Host`` naming a loopback host, strictly parsed (``[::1]evil.example``
-    is not)."""
-    if not value:
+    """True for a ``Host`` of exactly ``host[:port]`` naming a loopback host (IPv6 in brackets;
+    ``[::1]evil.example`` is not)."""
+    match = _HOST.fullmatch(value.strip()) if value else None
+    if match is None:
         return False
-    host = parse_host(value)
-    return host is not None and is_loopback_host(host)
+    port, v6 = match.group("port"), match.group("v6")
+    if port is not None and not 0 < int(port) < 65536:
+        return False
+    return is_loopback_host(f"[{v6}]" if v6 is not None else match.group("name"))
 
 
 REFUSAL_LOG_S = 10.0
@@ -100,16 +87,16 @@ class HandshakeGate(Generic[K]):
     def admit(self, conn: K, peer: str) -> list[K]:
         """Count ``conn``'s handshake; return the connections to close now."""
         self._pending[conn] = peer
-        close: list[K] = []
         mine = [c for c, p in self._pending.items() if p == peer]
         if len(mine) > self.max_per_peer:
-            close.append(mine[0])
+            victim = mine[0]
         elif len(self._pending) > self.max_total:
-            close.append(next(iter(self._pending)))
-        for victim in close:
-            self._pending.pop(victim, None)
-        self.evicted += len(close)
-        return close
+            victim = next(iter(self._pending))
+        else:
+            return []
+        del self._pending[victim]
+        self.evicted += 1
+        return [victim]
 
     def done(self, conn: K) -> None:
         """``conn``'s handshake ended (it completed, failed or closed)."""

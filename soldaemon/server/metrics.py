@@ -19,9 +19,8 @@ E2E_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 
 
 
 class _ReadCollector(Collector):
-    """The metrics read at scrape time: the engine's counters, the running KV hit ratio, and
-    ``sol_accept_rate`` only once a client reported a shown event (many never send one, and 0
-    there would be a lie)."""
+    """The metrics read at scrape time: the engine's counters, and ``sol_accept_rate`` only once
+    a client reported a shown event (many never send one, and 0 there would be a lie)."""
 
     def __init__(self, metrics: Metrics, engine_stats: Callable[[], Mapping[str, Any]]) -> None:
         self._metrics = metrics
@@ -32,10 +31,6 @@ class _ReadCollector(Collector):
             "sol_fallback", "Prefetches not ready in time: the synchronous path was taken (engine).")
         fallback.add_metric([], float(self._engine_stats().get("fallback_count", 0) or 0))
         yield fallback
-        ratio = GaugeMetricFamily(
-            "sol_kv_cache_hit_ratio", "Prompt tokens whose KV was reused / all prompt tokens, since start.")
-        ratio.add_metric([], self._metrics.kv_hit_ratio())
-        yield ratio
         rate = self._metrics.accept_rate()
         if rate is not None:
             gauge = GaugeMetricFamily("sol_accept_rate", "Accepted / shown completions since start, counting "
@@ -74,12 +69,12 @@ class Metrics:
                           ("connections", "Open websocket connections.")):
             gauge = Gauge(f"sol_{name}", doc, registry=r)
             gauge.set_function(lambda name=name: float(live().get(name, 0)))  # type: ignore[misc]
+        Gauge("sol_kv_cache_hit_ratio", "Prompt tokens whose KV was reused / all prompt tokens, since start.",
+              registry=r).set_function(
+            lambda: self._cached_total / self._prompt_total if self._prompt_total else 0.0)
         r.register(_ReadCollector(self, engine_stats))
         self._prompt_total = 0
         self._cached_total = 0
-
-    def kv_hit_ratio(self) -> float:
-        return self._cached_total / self._prompt_total if self._prompt_total else 0.0
 
     def record_done(self, kind: str, done: Done) -> None:
         """Count a request that ended with ``done`` (histograms: completions only)."""
@@ -95,13 +90,6 @@ class Metrics:
                 self.ttft.observe(t.ttft_ms / 1000.0)
             if done.finish_reason in ("stop", "length", "budget"):
                 self.e2e.observe(t.total_ms / 1000.0)
-
-    def record_error(self, kind: str, code: str) -> None:
-        """Count a request that ended with an error frame."""
-        self.requests.labels(kind, code).inc()
-
-    def record_client_error(self, code: str) -> None:
-        self.client_errors.labels(code).inc()
 
     def record_event(self, kind: str, accepted_chars: int | None = None) -> None:
         """Count an editor event; a ``partial`` one also counts its characters."""

@@ -73,16 +73,12 @@ class Worker:
         self._loop = loop
         self._queue: FairQueue[Job] = FairQueue()
         self._lock = threading.Lock()
-        self._queued = 0
+        self.queue_depth = 0        # jobs queued, not yet running (guarded by _lock)
         self._thread: threading.Thread | None = None
         self.engine: Engine | None = None
         self.heap_returns = 0       # times the C heap's free pages went back to the system
         self.heap = HeapKeeper()
         self.ahead = Ahead()        # the engine's work ahead (speculative FIM): runs only while the queue is empty
-
-    @property
-    def queue_depth(self) -> int:
-        return self._queued
 
     def start(self, load: Callable[[], Engine]) -> asyncio.Future[Engine]:
         loaded: asyncio.Future[Engine] = self._loop.create_future()
@@ -103,7 +99,7 @@ class Worker:
 
     def submit(self, job: Job) -> None:
         with self._lock:
-            self._queued += 1
+            self.queue_depth += 1
         self.ahead.preempt()        # any request outranks speculation
         self._queue.put(job_rank(job.kind, job.request.priority), job.owner, job)
 
@@ -122,7 +118,7 @@ class Worker:
             was_queued = job.state == "queued"
             if was_queued:
                 job.state = "finished"
-                self._queued -= 1
+                self.queue_depth -= 1
         stop()
         if was_queued:
             job.deliver(job, job.ended(job.cancel.reason))
@@ -158,7 +154,7 @@ class Worker:
                 if job.state != "queued":
                     continue
                 job.state = "running"
-                self._queued -= 1
+                self.queue_depth -= 1
             try:
                 self._run(engine, job)
             finally:
