@@ -130,7 +130,6 @@ def test_detect_qwen(qwen: PreTrainedTokenizerFast) -> None:
         suffix_id=261,
         middle_id=260,
         stop_ids=frozenset({256, 258, 259, 260, 261, 262, 263, 264}),
-        repo_name_id=263,
         file_sep_id=264,
         bos_id=None,
         dummy_prefix=False,
@@ -149,7 +148,7 @@ def test_detect_starcoder2(starcoder: PreTrainedTokenizerFast) -> None:
     t = fim.detect_template(starcoder)
     assert t.family == "starcoder2"
     assert (t.prefix_id, t.suffix_id, t.middle_id) == (257, 259, 258)
-    assert (t.repo_name_id, t.file_sep_id) == (261, 262)
+    assert t.file_sep_id == 262
     assert t.stop_ids == frozenset({256, 257, 258, 259, 260, 262})
     assert t.bos_id is None  # StarCoder2 prompts take no bos
 
@@ -158,7 +157,7 @@ def test_detect_deepseek(deepseek: PreTrainedTokenizerFast) -> None:
     t = fim.detect_template(deepseek)
     assert t.family == "deepseek-coder"
     assert (t.prefix_id, t.suffix_id, t.middle_id) == (259, 258, 260)
-    assert t.repo_name_id is None and t.file_sep_id is None
+    assert t.file_sep_id is None
     assert t.stop_ids == frozenset({257, 258, 259, 260, 261})
     assert t.bos_id == 256
 
@@ -267,16 +266,15 @@ def test_build_prompt_qwen_repo_context(qwen: PreTrainedTokenizerFast) -> None:
     t = fim.detect_template(qwen)
     ids = fim.build_prompt(
         t, b("x = "), b(""), [("lib/a.py", b("A = 1\n"))],
-        current_path="main.py", repo_name="proj", tokenizer=qwen,
+        current_path="main.py", tokenizer=qwen,
     )
     assert ids == [
-        263, *b("proj\n"),
         264, *b("lib/a.py\n"), *b("A = 1\n"),
         264, *b("main.py\n"),
         259, *b("x = "), 261, 260,
     ]
     assert qwen.decode(ids) == (
-        "<|repo_name|>proj\n<|file_sep|>lib/a.py\nA = 1\n"
+        "<|file_sep|>lib/a.py\nA = 1\n"
         "<|file_sep|>main.py\n<|fim_prefix|>x = <|fim_suffix|><|fim_middle|>"
     )
 
@@ -285,10 +283,10 @@ def test_build_prompt_starcoder2_repo_context(starcoder: PreTrainedTokenizerFast
     t = fim.detect_template(starcoder)
     ids = fim.build_prompt(
         t, b("x = "), b("\n"), [("a.py", b("A = 1\n"))],
-        current_path="main.py", repo_name="proj", tokenizer=starcoder,
+        current_path="main.py", tokenizer=starcoder,
     )
     assert starcoder.decode(ids) == (
-        "<repo_name>proj<file_sep>a.py\nA = 1\n"
+        "<file_sep>a.py\nA = 1\n"
         "<file_sep><fim_prefix>main.py\nx = <fim_suffix>\n<fim_middle>"
     )
 
@@ -772,9 +770,6 @@ def test_make_prompt_lone_file_has_no_path_header(qwen: PreTrainedTokenizerFast)
     t = fim.detect_template(qwen)
     p = fim.make_prompt(t, qwen, fim.Place("x = ", "\n", current_path="main.py"), fim.Budget(100, 100))
     assert qwen.decode(p.ids) == "<|fim_prefix|>x = <|fim_suffix|>\n<|fim_middle|>"
-    p = fim.make_prompt(t, qwen, fim.Place("x = ", "\n", current_path="main.py", repo_name="proj"),
-                        fim.Budget(100, 100))
-    assert qwen.decode(p.ids).startswith("<|repo_name|>proj\n<|file_sep|>main.py\n<|fim_prefix|>x = ")
 
 
 def test_document_window_is_what_an_editor_sends() -> None:

@@ -95,7 +95,7 @@ def cases() -> list[dict[str, Any]]:
         {"prefix_tokens": 200, "suffix_tokens": 60, "outline_tokens": 80, "context_tokens": 160},
         {"prefix_tokens": 160, "suffix_tokens": 80, "context": [OTHER, ("b.py", "B = 2\n")], "context_tokens": 90,
          "language": "python", "current_path": "mod.py"},
-        {"prefix_tokens": 300, "suffix_tokens": 50, "context": [OTHER], "repo_name": "proj", "current_path": "m.py",
+        {"prefix_tokens": 300, "suffix_tokens": 50, "context": [OTHER], "current_path": "m.py",
          "order": "spm"},
         {"prefix_tokens": 150, "suffix_tokens": 50, "heal": True},
         {"prefix_tokens": 150, "suffix_tokens": 50, "heal": True, "lead": "line", "outline_tokens": 60},
@@ -117,7 +117,7 @@ def cases() -> list[dict[str, Any]]:
 
 def make(template: fim.FimTemplate, tok: Any, case: dict[str, Any]) -> fim.FimPrompt:
     place = fim.Place(case["prefix"], case["suffix"], context=case.get("context", ()), language=case.get("language"),
-                      current_path=case.get("current_path"), repo_name=case.get("repo_name"),
+                      current_path=case.get("current_path"),
                       lead_from=case["lead_from"])
     budget = fim.Budget(case["prefix_tokens"], case["suffix_tokens"], context=case.get("context_tokens", 1024),
                         outline=case.get("outline_tokens", 0), grain_lines=case.get("grain_lines", 16))

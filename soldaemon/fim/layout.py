@@ -1,5 +1,5 @@
 """The token layout of a FIM prompt per family and their encoding quirks around the FIM tokens.
-Context goes after file separators (``[repo_name]name\\n([file_sep]path\\ncode)*``: Qwen2.5-Coder,
+Context goes after file separators (``([file_sep]path\\ncode)*``: Qwen2.5-Coder,
 and StarCoder2, whose own path follows ``<fim_prefix>``), else as comment headers before the prefix.
 CodeLlama follows Meta's ``infilling_prompt_tokens``: ``" " + prefix``, no ``▁`` before the suffix.
 SPM (llama.cpp's ``spm_infill``) puts the suffix first, so typing only appends."""
@@ -42,7 +42,6 @@ def build_prompt(
     context: Sequence[tuple[str, Sequence[int]]] | None = None,
     *,
     current_path: str | None = None,
-    repo_name: str | None = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
     order: FimOrder = "psm",
     lead_ids: Sequence[int] = (),
@@ -54,9 +53,7 @@ def build_prompt(
     if template.bos_id is not None:
         ids.append(template.bos_id)
     chunks = list(context or ())
-    repo_level = template.file_sep_id is not None and (
-        bool(chunks) or current_path is not None or repo_name is not None
-    )
+    repo_level = template.file_sep_id is not None and (bool(chunks) or current_path is not None)
     if not repo_level:
         head = [t for _, code in chunks for t in code]
         ids.extend(_fim_body(template, head, prefix_ids, suffix_ids, order, lead_ids))
@@ -67,9 +64,6 @@ def build_prompt(
     sep = template.file_sep_id
     assert sep is not None
     qwen = template.family == "qwen2.5-coder"
-    if repo_name is not None and template.repo_name_id is not None:
-        ids.append(template.repo_name_id)
-        ids.extend(encode_text(tokenizer, repo_name + ("\n" if qwen else "")))
     for path, code in chunks:
         ids.append(sep)
         ids.extend(encode_text(tokenizer, path + "\n"))

@@ -30,7 +30,6 @@ class Place:
     context: Sequence[ContextChunk | tuple[str, str]] = ()
     language: str | None = None            # the comment syntax of context headers (families without file separators)
     current_path: str | None = None        # this file's path, shown with other files (families with file separators)
-    repo_name: str | None = None           # the repository's name, likewise
     # where the middle starts in ``prefix`` (None: the cursor); the lead
     # ``prefix[lead_from:]`` goes after the middle token, so typing only appends
     lead_from: int | None = None
@@ -334,8 +333,8 @@ def lay_out(template: FimTemplate, tokenizer: Any, place: Place, context: Contex
             suffix_ids: list[int], order: FimOrder) -> list[int]:
     """The ids in the family's layout (:func:`build_prompt`); the file's path
     alone, without other files, is left out (docs/quality.md)."""
-    if template.has_repo_tokens and (context.chunks or place.repo_name is not None):
+    if template.has_repo_tokens and context.chunks:
         return build_prompt(template, healed.prefix_ids, suffix_ids, context.chunks, current_path=place.current_path,
-                            repo_name=place.repo_name, tokenizer=tokenizer, order=order, lead_ids=healed.lead_ids)
+                            tokenizer=tokenizer, order=order, lead_ids=healed.lead_ids)
     return build_prompt(template, context.header_ids + healed.prefix_ids, suffix_ids, order=order,
                         lead_ids=healed.lead_ids)

@@ -25,8 +25,7 @@ class FimTemplate:
     suffix_id: int
     middle_id: int
     stop_ids: frozenset[int]              # the family's end tokens and eos: sampled, never shown
-    repo_name_id: int | None = None       # repository-level tokens (Qwen2.5-Coder, StarCoder2)
-    file_sep_id: int | None = None
+    file_sep_id: int | None = None        # repository-level context (Qwen2.5-Coder, StarCoder2)
     bos_id: int | None = None             # families that want a bos (DeepSeek-Coder, CodeLlama)
     dummy_prefix: bool = False            # encoding puts SentencePiece's ``▁`` in front of every text
 
@@ -44,7 +43,6 @@ class _FamilySpec:
     suffix: tuple[str, ...]
     middle: tuple[str, ...]
     stops: tuple[str, ...]
-    repo_name: tuple[str, ...] = ()
     file_sep: tuple[str, ...] = ()
     wants_bos: bool = False
 
@@ -55,7 +53,6 @@ _FAMILIES: tuple[_FamilySpec, ...] = (
         prefix=("<|fim_prefix|>",),
         suffix=("<|fim_suffix|>",),
         middle=("<|fim_middle|>",),
-        repo_name=("<|repo_name|>",),
         file_sep=("<|file_sep|>",),
         stops=(
             "<|endoftext|>", "<|im_end|>", "<|fim_pad|>", "<|file_sep|>",
@@ -67,7 +64,6 @@ _FAMILIES: tuple[_FamilySpec, ...] = (
         prefix=("<fim_prefix>",),
         suffix=("<fim_suffix>",),
         middle=("<fim_middle>",),
-        repo_name=("<repo_name>",),
         file_sep=("<file_sep>",),
         stops=(
             "<|endoftext|>", "<file_sep>", "<fim_prefix>", "<fim_suffix>",
@@ -126,7 +122,6 @@ def detect_template(tokenizer: PreTrainedTokenizerBase) -> FimTemplate:
             suffix_id=suf,
             middle_id=mid,
             stop_ids=frozenset(int(s) for s in stops),
-            repo_name_id=_lookup(vocab, spec.repo_name),
             file_sep_id=_lookup(vocab, spec.file_sep),
             bos_id=int(bos) if isinstance(bos, int) else None,
             dummy_prefix=adds_dummy_prefix(tokenizer),
