@@ -178,12 +178,13 @@ def _run_holes(args: argparse.Namespace, config: Config, engine: Any, holes: lis
         if ctx_rel is not None and ctx_order is not None:
             engine.config = sol_configs[0][1]
             chunks = sibling_context(hole)
-            selector = engine.context_selector
-            engine.context_selector = ContextSelector(max_chars=4 * sol_configs[0][1].model.max_context_tokens)
+            documents = engine.pipeline.documents
+            selector = documents.selector
+            documents.selector = ContextSelector(max_chars=4 * sol_configs[0][1].model.max_context_tokens)
             ctx_rel.add(hole, *run_sol(engine, hole, uri, max_tokens, chunks), python=True)
-            engine.context_selector = None          # the chunks as sent
+            documents.selector = None          # the chunks as sent
             ctx_order.add(hole, *run_sol(engine, hole, uri, max_tokens, chunks), python=True)
-            engine.context_selector = selector
+            documents.selector = selector
         engine.config = own_config
         for raw, raw_pp, eng in raws:
             text, ms, n_prompt, n_gen, ttft = run_raw(eng, hole, max_tokens)
