@@ -195,10 +195,11 @@ class LocalModelPart:
         is closed."""
         parked, self._parked = self._parked, None
         foreseen = None if typed_through else self.foreseen.take(req)
-        typed = None if typed_through or foreseen is not None or parked is None else parked.typed_by(req)
-        if parked is not None and typed is not None:
-            parked.adopt(req, typed, cancel, deadline)
-            return Source(self._resume(parked), parked.ending, "resumed", prompt_tokens=parked.prompt_tokens)
+        if parked is not None and not typed_through and foreseen is None:
+            typed = parked.typed_by(req)
+            if typed is not None:
+                parked.adopt(req, typed, cancel, deadline)
+                return Source(self._resume(parked), parked.ending, "resumed", prompt_tokens=parked.prompt_tokens)
         if parked is not None:
             parked.close()
         return None if foreseen is None else precomputed(foreseen)
